@@ -1,0 +1,34 @@
+//! The `zipcache` command: `serve` runs the cache server, `bench` drives workloads.
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "zipcache", version, about = "A hybrid DRAM/SSD key-value cache with built-in compression")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve the memcached (text + meta) and Redis RESP protocols.
+    Serve(zipcache_server::ServeArgs),
+    /// Run a cachebench-style workload against ZipCache and its peers.
+    Bench(zipcache_bench::BenchArgs),
+}
+
+fn main() -> ExitCode {
+    let result = match Cli::parse().command {
+        Command::Serve(args) => zipcache_server::run(args),
+        Command::Bench(args) => zipcache_bench::run(args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("zipcache: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,339 @@
+//! Engine configuration: every tunable of the paper's design, with the defaults of SPEC §7–8.
+//!
+//! `Config::set(name, value)` is what `--set NAME=VALUE` on the command line and the keys of
+//! a TOML config file go through, so the engine, the server and the bench agree on names.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+pub use zipcache_device::DeviceCompression;
+
+use crate::error::{Error, Result};
+
+/// Wall-clock milliseconds since the Unix epoch. Injectable so tests can move time.
+pub trait Clock: Send + Sync + std::fmt::Debug {
+    fn now_ms(&self) -> u64;
+}
+
+#[derive(Debug, Default)]
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now_ms(&self) -> u64 {
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0)
+    }
+}
+
+/// Where the SSD tier lives.
+#[derive(Clone, Debug)]
+pub struct SsdConfig {
+    /// File (sparse, created if missing) or block device holding the SSD tier.
+    pub path: PathBuf,
+    /// Logical size of the SSD tier in bytes.
+    pub size: u64,
+    /// Open the device with `O_DIRECT` so the page cache never serves "SSD" reads.
+    pub direct_io: bool,
+    pub device_compression: DeviceCompression,
+    /// Logical capacity / physical capacity of the emulated compressing SSD.
+    pub logical_to_physical: f64,
+}
+
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Every DRAM byte the cache holds is charged against this.
+    pub dram_capacity: u64,
+    /// `None` runs DRAM-only (`--ssd none`): evicted leaves are dropped.
+    pub ssd: Option<SsdConfig>,
+    /// Where `close()` persists what a warm restart needs.
+    pub data_dir: Option<PathBuf>,
+    /// Logical size of a BT_DRAM leaf page.
+    pub leaf_size: usize,
+    /// Hash-partitioned sub-pages per DRAM leaf (`n`).
+    pub subpages: usize,
+    /// Size of a BT_SSD super-leaf (`m` × 4 KiB).
+    pub superleaf_size: usize,
+    /// Under-filling threshold `T` of SSD sub-pages.
+    pub fill_threshold: f64,
+    /// Per-page write buffer limit in bytes.
+    pub write_buffer: usize,
+    /// Adaptive compression bypassing: hot if access > mean + r·stddev; 0 turns it off.
+    pub bypass_r: f64,
+    /// Most DRAM the uncompressed hot sub-tier may take, as a fraction of `dram_capacity`.
+    pub bypass_max_fraction: f64,
+    /// Objects (key + value) smaller than this are tiny and live inside the page.
+    pub tiny_max: usize,
+    /// Objects up to this size are medium (compressed one by one); larger ones are large.
+    pub medium_max: usize,
+    pub max_key_size: usize,
+    pub max_value_size: usize,
+    /// Background threads merging write buffers and evicting.
+    pub background_threads: usize,
+    pub clock: Arc<dyn Clock>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            dram_capacity: 1 << 30,
+            ssd: None,
+            data_dir: None,
+            leaf_size: 4096,
+            subpages: 16,
+            superleaf_size: 64 << 10,
+            fill_threshold: 0.75,
+            write_buffer: 256,
+            bypass_r: 3.0,
+            bypass_max_fraction: 0.05,
+            tiny_max: 128,
+            medium_max: 2048,
+            max_key_size: 250,
+            max_value_size: 1 << 20,
+            background_threads: 1,
+            clock: Arc::new(SystemClock),
+        }
+    }
+}
+
+/// Parses `4096`, `4KiB`, `64MiB`, `1GiB`, `2TiB` (also `K`, `KB`, `M`, `MB`, ... as powers of 1024).
+pub fn parse_size(text: &str) -> Result<u64> {
+    let text = text.trim();
+    let digits_end = text
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(digits_end);
+    let number: f64 = number
+        .parse()
+        .map_err(|_| Error::Config(format!("not a size: {text:?}")))?;
+    let shift = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 0,
+        "k" | "kb" | "kib" => 10,
+        "m" | "mb" | "mib" => 20,
+        "g" | "gb" | "gib" => 30,
+        "t" | "tb" | "tib" => 40,
+        _ => return Err(Error::Config(format!("unknown size unit in {text:?}"))),
+    };
+    let bytes = number * (1u64 << shift) as f64;
+    if !bytes.is_finite() || bytes < 0.0 || bytes > u64::MAX as f64 {
+        return Err(Error::Config(format!("size out of range: {text:?}")));
+    }
+    Ok(bytes as u64)
+}
+
+fn parse_f64(name: &str, value: &str) -> Result<f64> {
+    value
+        .trim()
+        .parse()
+        .map_err(|_| Error::Config(format!("{name}: not a number: {value:?}")))
+}
+
+fn parse_usize(name: &str, value: &str) -> Result<usize> {
+    let v = parse_size(value).map_err(|e| Error::Config(format!("{name}: {e}")))?;
+    usize::try_from(v).map_err(|_| Error::Config(format!("{name}: too large")))
+}
+
+impl Config {
+    /// The setting names `--set NAME=VALUE` accepts.
+    pub const SETTINGS: &'static [&'static str] = &[
+        "dram",
+        "leaf_size",
+        "subpages",
+        "superleaf_size",
+        "fill_threshold",
+        "write_buffer",
+        "bypass_r",
+        "bypass_max_fraction",
+        "tiny_max",
+        "medium_max",
+        "max_key_size",
+        "max_value_size",
+        "background_threads",
+        "device_compression",
+        "direct_io",
+        "logical_to_physical",
+    ];
+
+    /// Applies one `NAME=VALUE` setting. SSD-only settings are kept for when an SSD is set.
+    pub fn set(&mut self, name: &str, value: &str) -> Result<()> {
+        match name {
+            "dram" | "dram_capacity" => self.dram_capacity = parse_size(value)?,
+            "leaf_size" => self.leaf_size = parse_usize(name, value)?,
+            "subpages" => self.subpages = parse_usize(name, value)?,
+            "superleaf_size" => self.superleaf_size = parse_usize(name, value)?,
+            "fill_threshold" => self.fill_threshold = parse_f64(name, value)?,
+            "write_buffer" => self.write_buffer = parse_usize(name, value)?,
+            "bypass_r" => self.bypass_r = parse_f64(name, value)?,
+            "bypass_max_fraction" => self.bypass_max_fraction = parse_f64(name, value)?,
+            "tiny_max" => self.tiny_max = parse_usize(name, value)?,
+            "medium_max" => self.medium_max = parse_usize(name, value)?,
+            "max_key_size" => self.max_key_size = parse_usize(name, value)?,
+            "max_value_size" => self.max_value_size = parse_usize(name, value)?,
+            "background_threads" => self.background_threads = parse_usize(name, value)?,
+            "device_compression" => {
+                let mode = match value.trim() {
+                    "emulate" => DeviceCompression::Emulate,
+                    "none" => DeviceCompression::None,
+                    "hardware" => DeviceCompression::Hardware,
+                    other => {
+                        return Err(Error::Config(format!(
+                            "device_compression must be emulate, none or hardware, not {other:?}"
+                        )));
+                    }
+                };
+                self.ssd_mut()?.device_compression = mode;
+            }
+            "direct_io" => {
+                let on = matches!(value.trim(), "1" | "true" | "on" | "yes");
+                self.ssd_mut()?.direct_io = on;
+            }
+            "logical_to_physical" => {
+                self.ssd_mut()?.logical_to_physical = parse_f64(name, value)?;
+            }
+            _ => {
+                return Err(Error::Config(format!(
+                    "unknown setting {name:?}; known: {}",
+                    Self::SETTINGS.join(", ")
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    fn ssd_mut(&mut self) -> Result<&mut SsdConfig> {
+        self.ssd
+            .as_mut()
+            .ok_or_else(|| Error::Config("this setting needs an SSD tier".into()))
+    }
+
+    /// Size of one DRAM sub-page.
+    pub fn subpage_size(&self) -> usize {
+        self.leaf_size / self.subpages.max(1)
+    }
+
+    /// Rejects settings the engine cannot run with, before anything is allocated.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |msg: String| Err(Error::Config(msg));
+        if !(1024..=1 << 20).contains(&self.leaf_size) {
+            return bad(format!(
+                "leaf_size {} must be within 1 KiB..1 MiB",
+                self.leaf_size
+            ));
+        }
+        if self.subpages == 0 || self.subpages > 256 || self.leaf_size % self.subpages != 0 {
+            return bad(format!(
+                "subpages {} must be 1..=256 and divide leaf_size {}",
+                self.subpages, self.leaf_size
+            ));
+        }
+        if self.tiny_max > self.medium_max {
+            return bad("tiny_max must not exceed medium_max".into());
+        }
+        if self.max_key_size == 0 || self.max_key_size > 255 {
+            return bad(format!(
+                "max_key_size {} must be 1..=255",
+                self.max_key_size
+            ));
+        }
+        // A sub-page must hold the largest in-page record: a tiny object with its
+        // metadata, or a medium pointer with the longest key.
+        let largest_record = crate::record::max_inline_record(self);
+        if largest_record > self.subpage_size() {
+            return bad(format!(
+                "a sub-page of {} B cannot hold a {} B record; raise leaf_size or lower subpages, tiny_max or max_key_size",
+                self.subpage_size(),
+                largest_record
+            ));
+        }
+        if self.max_value_size == 0 || self.max_value_size > 1 << 30 {
+            return bad("max_value_size must be within 1 B..1 GiB".into());
+        }
+        if self.dram_capacity < 1 << 20 {
+            return bad(format!(
+                "dram_capacity {} is below 1 MiB",
+                self.dram_capacity
+            ));
+        }
+        if !(self.bypass_r >= 0.0 && self.bypass_r.is_finite()) {
+            return bad("bypass_r must be >= 0".into());
+        }
+        if !(0.0..=0.5).contains(&self.bypass_max_fraction) {
+            return bad("bypass_max_fraction must be within 0..=0.5".into());
+        }
+        if self.background_threads == 0 || self.background_threads > 64 {
+            return bad("background_threads must be 1..=64".into());
+        }
+        if let Some(ssd) = &self.ssd {
+            if self.superleaf_size < 4096
+                || self.superleaf_size % 4096 != 0
+                || self.superleaf_size > 1 << 20
+            {
+                return bad("superleaf_size must be a multiple of 4 KiB up to 1 MiB".into());
+            }
+            if !(self.fill_threshold > 0.1 && self.fill_threshold <= 1.0) {
+                return bad("fill_threshold must be within (0.1, 1]".into());
+            }
+            if ssd.size < 16 * self.superleaf_size as u64 {
+                return bad("ssd size must hold at least 16 super-leaves".into());
+            }
+            if !(ssd.logical_to_physical >= 1.0 && ssd.logical_to_physical <= 64.0) {
+                return bad("logical_to_physical must be within 1..=64".into());
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse_with_binary_units() {
+        assert_eq!(parse_size("4096").unwrap(), 4096);
+        assert_eq!(parse_size("4KiB").unwrap(), 4096);
+        assert_eq!(parse_size("64MiB").unwrap(), 64 << 20);
+        assert_eq!(parse_size("1.5GiB").unwrap(), 3 << 29);
+        assert!(parse_size("12 parsecs").is_err());
+        assert!(parse_size("").is_err());
+    }
+
+    #[test]
+    fn set_accepts_spec_names_and_rejects_unknown() {
+        let mut c = Config::default();
+        c.set("leaf_size", "4KiB").unwrap();
+        c.set("subpages", "16").unwrap();
+        c.set("write_buffer", "128").unwrap();
+        c.set("bypass_r", "0").unwrap();
+        c.set("medium_max", "2KiB").unwrap();
+        assert_eq!(c.write_buffer, 128);
+        assert_eq!(c.bypass_r, 0.0);
+        assert!(c.set("no_such_thing", "1").is_err());
+        assert!(
+            c.set("device_compression", "emulate").is_err(),
+            "needs an SSD"
+        );
+        c.validate().unwrap();
+    }
+
+    #[test]
+    fn validate_rejects_unworkable_layouts() {
+        let mut c = Config {
+            subpages: 64,
+            ..Config::default()
+        };
+        assert!(
+            c.validate().is_err(),
+            "64 B sub-pages cannot hold a 250 B key"
+        );
+        c.subpages = 3;
+        assert!(c.validate().is_err());
+        let c = Config {
+            dram_capacity: 1000,
+            ..Config::default()
+        };
+        assert!(c.validate().is_err());
+    }
+}

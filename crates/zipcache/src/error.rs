@@ -1,0 +1,21 @@
+//! Errors the engine returns. Bad input is an error, never a panic.
+
+use std::io;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("key is empty")]
+    EmptyKey,
+    #[error("key of {len} bytes exceeds the limit of {max} bytes")]
+    KeyTooLarge { len: usize, max: usize },
+    #[error("value of {len} bytes exceeds the limit of {max} bytes")]
+    ValueTooLarge { len: usize, max: usize },
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    #[error("I/O error: {0}")]
+    Io(#[from] io::Error),
+    #[error("the cache is closed")]
+    Closed,
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,50 @@
+//! ZipCache: a hybrid DRAM/SSD key-value cache with compression built into its design.
+//!
+//! See `docs/ARCHITECTURE.md` for how the paper's techniques map to modules.
+
+pub mod config;
+pub mod error;
+pub mod stats;
+
+mod cache;
+mod record;
+
+pub use cache::ZipCache;
+pub use config::{Clock, Config, SsdConfig, SystemClock, parse_size};
+pub use error::{Error, Result};
+pub use stats::Stats;
+
+/// A stored object as `get_item` returns it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Item {
+    pub value: Vec<u8>,
+    /// Opaque client flags (memcached's `flags`); 0 when never set.
+    pub flags: u32,
+    /// Compare-and-swap version; 0 when the writer did not ask for one.
+    pub cas: u64,
+    /// Absolute expiry, Unix milliseconds by the engine's clock; `None` = never expires.
+    pub expires_at_ms: Option<u64>,
+}
+
+/// How `put_with` stores an object.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PutOptions {
+    /// Absolute expiry in Unix milliseconds (engine clock); `None` = never.
+    pub expires_at_ms: Option<u64>,
+    pub flags: u32,
+    /// Stamp the object with a fresh CAS version (memcached clients need one; it costs
+    /// 8 bytes per object, so plain `put` does not ask for it).
+    pub assign_cas: bool,
+}
+
+/// What an `update` closure decides to do with the key it was shown.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Update {
+    /// Leave the key as it is.
+    Keep,
+    Put {
+        value: Vec<u8>,
+        options: PutOptions,
+    },
+    Delete,
+}

@@ -1,0 +1,85 @@
+//! What `ZipCache::stats()` reports. Field names follow SPEC §4 and are part of the
+//! interface: the server's `stats`/INFO and the bench's JSON print them as they are.
+
+/// A snapshot of the engine's counters and gauges.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
+pub struct Stats {
+    // --- DRAM budget and its breakdown (bytes) ---
+    pub dram_capacity: u64,
+    /// Sum of everything below: the bytes charged to `dram_capacity`.
+    pub dram_used: u64,
+    /// Compressed leaf pages.
+    pub dram_compressed_page_bytes: u64,
+    /// Uncompressed leaf pages of the hot (bypassed) sub-tier.
+    pub dram_hot_page_bytes: u64,
+    /// Per-page write buffers.
+    pub dram_write_buffer_bytes: u64,
+    /// Individually compressed medium objects.
+    pub dram_medium_bytes: u64,
+    /// Leaf descriptors and inner nodes of BT_DRAM and BT_LO, and BT_SSD inner nodes.
+    pub dram_index_bytes: u64,
+
+    // --- objects ---
+    /// Distinct keys resident in any tier (an object both in DRAM and on SSD counts once
+    /// where the engine can tell; see `ssd_objects`).
+    pub objects_resident: u64,
+    pub dram_objects: u64,
+    pub dram_leaves: u64,
+    pub hot_leaves: u64,
+    pub ssd_objects: u64,
+    pub large_objects: u64,
+    /// Uncompressed bytes of DRAM-tier objects / DRAM bytes holding them.
+    pub compression_ratio_dram: f64,
+
+    // --- operations ---
+    pub gets: u64,
+    pub hits: u64,
+    pub dram_hits: u64,
+    pub large_hits: u64,
+    pub ssd_hits: u64,
+    pub misses: u64,
+    pub puts: u64,
+    pub deletes: u64,
+    pub scans: u64,
+    pub expired: u64,
+    pub hit_ratio: f64,
+    pub dram_hit_ratio: f64,
+    pub ssd_hit_ratio: f64,
+
+    // --- background work ---
+    pub merges: u64,
+    pub foreground_merges: u64,
+    pub leaf_splits: u64,
+    pub evicted_leaves: u64,
+    pub evicted_objects: u64,
+    pub bypass_threshold: f64,
+
+    // --- SSD tier (SPEC §4); zero / None without an SSD ---
+    #[serde(rename = "V_obj")]
+    pub v_obj: u64,
+    #[serde(rename = "V_host")]
+    pub v_host: u64,
+    #[serde(rename = "V_NAND")]
+    pub v_nand: u64,
+    pub wa_host: Option<f64>,
+    pub wr_nand: Option<f64>,
+    pub wa: Option<f64>,
+    pub zeta: Option<f64>,
+    pub ssd_index_bytes: u64,
+    pub ssd_leaf_bytes: u64,
+    pub ssd_superleaves: u64,
+    pub ssd_gets: u64,
+    pub ssd_reads: u64,
+    pub ssd_reads_per_ssd_get: Option<f64>,
+    pub ssd_evicted_superleaves: u64,
+    pub ssd_physical_used: u64,
+    pub ssd_logical_capacity: u64,
+    pub ssd_physical_capacity: u64,
+    pub checksum_failures: u64,
+    pub io_errors: u64,
+}
+
+/// `num / den`, or `None` when nothing was counted.
+pub(crate) fn ratio(num: u64, den: u64) -> Option<f64> {
+    (den > 0).then(|| num as f64 / den as f64)
+}
