@@ -1,12 +1,36 @@
 //! The device layer: everything ZipCache's SSD tier knows about storage.
 //!
 //! The SSD tier speaks only [`BlockDevice`]: 4 KiB logical blocks (LBAs) that can be
-//! read, written, trimmed and flushed. Implementations live one per module.
+//! read, written, trimmed and flushed. Implementations live one per module:
+//!
+//! * [`FileDevice`] — a file or block device through `pread`/`pwrite`, `O_DIRECT` by default;
+//! * [`CompressingDevice`] — wraps any device and emulates an SSD with transparent per-4KB
+//!   zlib compression (the paper's ScaleFlux CSD 3000), accounting physical bytes and `V_NAND`;
+//! * [`MemDevice`] — sparse and in memory, for fast tests of the layers above;
+//! * [`FaultyDevice`] — wraps a device and injects I/O errors and bit flips, for tests.
 
 use std::io;
+use std::ops::Range;
+use std::sync::Arc;
+
+mod aligned;
+mod counters;
+mod emulated;
+mod faulty;
+mod file;
+mod memory;
+
+pub use aligned::AlignedBuf;
+pub use emulated::{AccountingOrigin, CompressingDevice, EmulatorOptions, RebuildReason};
+pub use faulty::{FaultOp, FaultyDevice, InjectedFault};
+pub use file::{FileDevice, FileOptions};
+pub use memory::MemDevice;
 
 /// The unit of every device I/O, and the size of one SSD sub-page.
 pub const BLOCK_SIZE: usize = 4096;
+
+/// [`BLOCK_SIZE`] as a `u64`, for byte offsets and capacities.
+pub const BLOCK_BYTES: u64 = BLOCK_SIZE as u64;
 
 /// How the device treats the bytes the host writes (SPEC §3, `device_compression`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
@@ -21,28 +45,56 @@ pub enum DeviceCompression {
     Hardware,
 }
 
-/// Counters a device exposes. Byte counts are totals since the device was opened.
+/// Counters a device exposes. Byte counts are totals since the device was opened, except
+/// `physical_used`, which describes what the device holds now (and survives a warm restart
+/// of a [`CompressingDevice`]).
+///
+/// A physical field (`physical_capacity`, `physical_used`, `nand_bytes_written`) of 0 means
+/// **unknown**: raw devices and [`DeviceCompression::Hardware`] cannot observe NAND.
 #[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize)]
 pub struct DeviceStats {
     /// Logical capacity in bytes (may exceed physical capacity under compression).
     pub logical_capacity: u64,
-    /// Physical (NAND) capacity in bytes.
+    /// Physical (NAND) capacity in bytes; 0 = unknown.
     pub physical_capacity: u64,
     /// Physical bytes currently holding live blocks (after compression).
     pub physical_used: u64,
     /// `V_host`: bytes the host wrote through the interface.
     pub host_bytes_written: u64,
-    /// `V_NAND`: bytes that reached NAND after per-4KB compression.
+    /// `V_NAND`: bytes that reached NAND after per-4KB compression; 0 = unknown.
     pub nand_bytes_written: u64,
+    /// Bytes the host read through the interface.
     pub host_bytes_read: u64,
+    /// Read calls that succeeded.
     pub reads: u64,
+    /// Write calls that succeeded.
     pub writes: u64,
+    /// Trim calls that succeeded.
     pub trims: u64,
+}
+
+impl DeviceStats {
+    /// Physical bytes still free, or `None` when the device cannot observe NAND.
+    /// Saturates at 0: an emulated device may hold more than its physical capacity, because
+    /// it never refuses a write (see [`CompressingDevice`]).
+    pub fn physical_free(&self) -> Option<u64> {
+        (self.physical_capacity > 0)
+            .then(|| self.physical_capacity.saturating_sub(self.physical_used))
+    }
+
+    /// `wr_nand = V_host / V_NAND` (SPEC §4), or `None` while either is unknown or zero.
+    pub fn wr_nand(&self) -> Option<f64> {
+        (self.nand_bytes_written > 0 && self.host_bytes_written > 0)
+            .then(|| self.host_bytes_written as f64 / self.nand_bytes_written as f64)
+    }
 }
 
 /// A device of 4 KiB logical blocks. Buffers are whole blocks: `buf.len()` is a multiple
 /// of [`BLOCK_SIZE`]. Implementations accept any buffer; an [`AlignedBuf`] avoids a copy
 /// on devices opened with `O_DIRECT`.
+///
+/// Out-of-range LBAs and buffers that are not whole blocks are rejected with
+/// [`io::ErrorKind::InvalidInput`]; no method panics on bad input.
 pub trait BlockDevice: Send + Sync {
     /// Number of logical blocks.
     fn block_count(&self) -> u64;
@@ -54,5 +106,197 @@ pub trait BlockDevice: Send + Sync {
     fn trim(&self, lba: u64, count: u64) -> io::Result<()>;
     /// Makes every completed write durable.
     fn flush(&self) -> io::Result<()>;
+    /// A snapshot of the device's counters.
     fn stats(&self) -> DeviceStats;
+
+    /// Waits until background accounting (an emulated controller) has caught up with every
+    /// write and trim that returned before this call, so [`BlockDevice::stats`] is exact.
+    /// Devices without background work return at once.
+    fn drain(&self) -> io::Result<()> {
+        Ok(())
+    }
+
+    /// Physical bytes free now, or `None` when the device cannot observe NAND.
+    /// Reflects only writes the controller has accounted; call [`BlockDevice::drain`]
+    /// first for an exact figure.
+    fn physical_free(&self) -> Option<u64> {
+        self.stats().physical_free()
+    }
+
+    /// LBA ranges that may hold data (written and not trimmed), ascending and disjoint;
+    /// blocks outside them read as zeros. `None` when the device cannot tell.
+    fn data_extents(&self) -> io::Result<Option<Vec<Range<u64>>>> {
+        Ok(None)
+    }
+}
+
+/// Lets the engine share one device between owners and wrap trait objects.
+impl<D: BlockDevice + ?Sized> BlockDevice for Arc<D> {
+    fn block_count(&self) -> u64 {
+        (**self).block_count()
+    }
+    fn read(&self, lba: u64, buf: &mut [u8]) -> io::Result<()> {
+        (**self).read(lba, buf)
+    }
+    fn write(&self, lba: u64, buf: &[u8]) -> io::Result<()> {
+        (**self).write(lba, buf)
+    }
+    fn trim(&self, lba: u64, count: u64) -> io::Result<()> {
+        (**self).trim(lba, count)
+    }
+    fn flush(&self) -> io::Result<()> {
+        (**self).flush()
+    }
+    fn stats(&self) -> DeviceStats {
+        (**self).stats()
+    }
+    fn drain(&self) -> io::Result<()> {
+        (**self).drain()
+    }
+    fn physical_free(&self) -> Option<u64> {
+        (**self).physical_free()
+    }
+    fn data_extents(&self) -> io::Result<Option<Vec<Range<u64>>>> {
+        (**self).data_extents()
+    }
+}
+
+/// Lets a `Box<dyn BlockDevice>` chosen at run time be wrapped like a concrete device.
+impl<D: BlockDevice + ?Sized> BlockDevice for Box<D> {
+    fn block_count(&self) -> u64 {
+        (**self).block_count()
+    }
+    fn read(&self, lba: u64, buf: &mut [u8]) -> io::Result<()> {
+        (**self).read(lba, buf)
+    }
+    fn write(&self, lba: u64, buf: &[u8]) -> io::Result<()> {
+        (**self).write(lba, buf)
+    }
+    fn trim(&self, lba: u64, count: u64) -> io::Result<()> {
+        (**self).trim(lba, count)
+    }
+    fn flush(&self) -> io::Result<()> {
+        (**self).flush()
+    }
+    fn stats(&self) -> DeviceStats {
+        (**self).stats()
+    }
+    fn drain(&self) -> io::Result<()> {
+        (**self).drain()
+    }
+    fn physical_free(&self) -> Option<u64> {
+        (**self).physical_free()
+    }
+    fn data_extents(&self) -> io::Result<Option<Vec<Range<u64>>>> {
+        (**self).data_extents()
+    }
+}
+
+/// Checks that `len` bytes starting at `lba` are whole blocks inside a device of
+/// `block_count` blocks, and returns the number of blocks.
+///
+/// Every device validates through here so that a bad request is an
+/// [`io::ErrorKind::InvalidInput`] error with the same wording everywhere.
+pub fn check_io(block_count: u64, lba: u64, len: usize) -> io::Result<u64> {
+    if len % BLOCK_SIZE != 0 {
+        return Err(invalid_input(format!(
+            "buffer of {len} bytes is not a whole number of {BLOCK_SIZE}-byte blocks"
+        )));
+    }
+    let blocks = (len / BLOCK_SIZE) as u64;
+    check_range(block_count, lba, blocks)?;
+    Ok(blocks)
+}
+
+/// Checks that `count` blocks starting at `lba` lie inside a device of `block_count` blocks.
+pub fn check_range(block_count: u64, lba: u64, count: u64) -> io::Result<()> {
+    match lba.checked_add(count) {
+        Some(end) if end <= block_count => Ok(()),
+        _ => Err(invalid_input(format!(
+            "blocks {lba}..{lba}+{count} are outside the device's {block_count} blocks"
+        ))),
+    }
+}
+
+pub(crate) fn invalid_input(message: String) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidInput, message)
+}
+
+#[cfg(test)]
+pub(crate) mod test_util {
+    use super::BLOCK_SIZE;
+
+    /// Incompressible bytes without a `rand` dependency: xorshift64* is far beyond what
+    /// zlib can model, so its output costs a full block on the emulated NAND.
+    pub fn random_bytes(seed: u64, len: usize) -> Vec<u8> {
+        let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        let mut out = Vec::with_capacity(len + 8);
+        while out.len() < len {
+            state ^= state >> 12;
+            state ^= state << 25;
+            state ^= state >> 27;
+            out.extend_from_slice(&state.wrapping_mul(0x2545_F491_4F6C_DD1D).to_le_bytes());
+        }
+        out.truncate(len);
+        out
+    }
+
+    /// A block whose first `(1 - eta)` fraction is random and the rest zeros: the paper's
+    /// and FIO's compressibility parameter η.
+    pub fn block_with_eta(seed: u64, eta: f64) -> Vec<u8> {
+        let random = ((1.0 - eta) * BLOCK_SIZE as f64) as usize;
+        let mut block = random_bytes(seed, random);
+        block.resize(BLOCK_SIZE, 0);
+        block
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn check_io_accepts_whole_blocks_inside_the_device() {
+        assert_eq!(check_io(10, 0, 0).ok(), Some(0));
+        assert_eq!(check_io(10, 8, 2 * BLOCK_SIZE).ok(), Some(2));
+    }
+
+    #[test]
+    fn check_io_rejects_partial_blocks_and_out_of_range() {
+        for (lba, len) in [
+            (0, 100),
+            (9, 2 * BLOCK_SIZE),
+            (u64::MAX, BLOCK_SIZE),
+            (11, 0),
+        ] {
+            let err = check_io(10, lba, len).err().map(|e| e.kind());
+            assert_eq!(
+                err,
+                Some(io::ErrorKind::InvalidInput),
+                "lba {lba} len {len}"
+            );
+        }
+    }
+
+    #[test]
+    fn physical_free_is_unknown_without_physical_capacity() {
+        let mut stats = DeviceStats::default();
+        assert_eq!(stats.physical_free(), None);
+        stats.physical_capacity = 100;
+        stats.physical_used = 130;
+        assert_eq!(stats.physical_free(), Some(0));
+        stats.physical_used = 30;
+        assert_eq!(stats.physical_free(), Some(70));
+    }
+
+    #[test]
+    fn wr_nand_divides_host_by_nand_bytes() {
+        let stats = DeviceStats {
+            host_bytes_written: 8192,
+            nand_bytes_written: 2048,
+            ..DeviceStats::default()
+        };
+        assert_eq!(stats.wr_nand(), Some(4.0));
+        assert_eq!(DeviceStats::default().wr_nand(), None);
+    }
 }

@@ -1,0 +1,512 @@
+//! A file or block device as a [`BlockDevice`], through `pread`/`pwrite`.
+
+use std::cell::RefCell;
+use std::fs::{File, OpenOptions};
+use std::io::{self, Seek, SeekFrom};
+use std::ops::Range;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
+use std::os::unix::fs::{FileExt, FileTypeExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+use crate::aligned::{AlignedBuf, is_aligned};
+use crate::counters::IoCounters;
+use crate::{
+    BLOCK_BYTES, BLOCK_SIZE, BlockDevice, DeviceStats, check_io, check_range, invalid_input,
+};
+
+/// Blocks per bounce copy for unaligned buffers under `O_DIRECT`: large enough that a
+/// super-leaf (64 KiB) goes in one system call, small enough to keep per thread forever.
+const BOUNCE_BLOCKS: usize = 16;
+
+thread_local! {
+    // Per thread, so concurrent callers never contend for it and no call allocates.
+    static BOUNCE: RefCell<AlignedBuf> = RefCell::new(AlignedBuf::zeroed(BOUNCE_BLOCKS));
+}
+
+/// How [`FileDevice::open_with`] opens its file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FileOptions {
+    /// Open with `O_DIRECT` so reads hit the device rather than the page cache (SPEC §3:
+    /// a benchmark served from the page cache is not an SSD benchmark). Default `true`;
+    /// turn off for filesystems that reject `O_DIRECT`.
+    pub direct_io: bool,
+    /// Create the file if it does not exist. Default `true`.
+    pub create: bool,
+}
+
+impl Default for FileOptions {
+    fn default() -> Self {
+        Self {
+            direct_io: true,
+            create: true,
+        }
+    }
+}
+
+/// A regular file (sparse, sized to the logical capacity) or a block device.
+///
+/// Reads and writes are positional (`pread`/`pwrite`), so any number of threads may use one
+/// `FileDevice` at once. With `O_DIRECT`, buffers that are not 4096-aligned are copied
+/// through a per-thread aligned bounce buffer; pass an [`AlignedBuf`] to avoid the copy.
+/// Trim punches a hole (`fallocate(PUNCH_HOLE | KEEP_SIZE)`), so trimmed blocks free their
+/// space and read as zeros.
+///
+/// Physical figures in [`DeviceStats`] are 0 (unknown): wrap the device in a
+/// [`crate::CompressingDevice`] to account them.
+#[derive(Debug)]
+pub struct FileDevice {
+    file: File,
+    path: PathBuf,
+    block_count: u64,
+    direct_io: bool,
+    counters: IoCounters,
+}
+
+impl FileDevice {
+    /// Opens (creating if needed) `path` with `O_DIRECT` as a device of `logical_size` bytes.
+    pub fn open(path: impl AsRef<Path>, logical_size: u64) -> io::Result<Self> {
+        Self::open_with(path, logical_size, &FileOptions::default())
+    }
+
+    /// Opens `path` as a device of `logical_size` bytes (a positive multiple of 4 KiB).
+    ///
+    /// A regular file shorter than that is extended sparsely; a longer one is an error rather
+    /// than silently truncated (it may hold a larger cache's data). A block device must be at
+    /// least `logical_size` bytes; only its first `logical_size` bytes are used.
+    ///
+    /// With `direct_io`, a filesystem that refuses `O_DIRECT` (tmpfs before Linux 6.6, some
+    /// FUSE and network filesystems) yields an `InvalidInput` error that says so.
+    pub fn open_with(
+        path: impl AsRef<Path>,
+        logical_size: u64,
+        options: &FileOptions,
+    ) -> io::Result<Self> {
+        let path = path.as_ref();
+        if logical_size == 0 || logical_size % BLOCK_BYTES != 0 {
+            return Err(invalid_input(format!(
+                "{}: device size {logical_size} is not a positive multiple of {BLOCK_SIZE} bytes",
+                path.display()
+            )));
+        }
+        let mut open_options = OpenOptions::new();
+        open_options.read(true).write(true).create(options.create);
+        if options.direct_io {
+            open_options.custom_flags(libc::O_DIRECT);
+        }
+        let file = open_options
+            .open(path)
+            .map_err(|err| explain_open_error(err, path, options.direct_io))?;
+        let metadata = file.metadata().map_err(|err| with_path(err, path))?;
+        if metadata.file_type().is_block_device() {
+            let device_size = (&file)
+                .seek(SeekFrom::End(0))
+                .map_err(|err| with_path(err, path))?;
+            if device_size < logical_size {
+                return Err(invalid_input(format!(
+                    "{}: block device holds {device_size} bytes, fewer than the {logical_size} requested",
+                    path.display()
+                )));
+            }
+        } else if metadata.len() < logical_size {
+            file.set_len(logical_size)
+                .map_err(|err| with_path(err, path))?;
+        } else if metadata.len() > logical_size {
+            return Err(invalid_input(format!(
+                "{}: file holds {} bytes, more than the {logical_size} requested; refusing to truncate it",
+                path.display(),
+                metadata.len()
+            )));
+        }
+        let device = Self {
+            file,
+            path: path.to_path_buf(),
+            block_count: logical_size / BLOCK_BYTES,
+            direct_io: options.direct_io,
+            counters: IoCounters::default(),
+        };
+        if options.direct_io {
+            device.probe_direct_io()?;
+        }
+        Ok(device)
+    }
+
+    /// The path the device was opened from.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Whether the file was opened with `O_DIRECT`.
+    pub fn is_direct(&self) -> bool {
+        self.direct_io
+    }
+
+    /// Some filesystems accept `O_DIRECT` at open and refuse it at the first I/O; finding out
+    /// at open time turns a baffling EINVAL in the middle of a run into a clear error.
+    fn probe_direct_io(&self) -> io::Result<()> {
+        let mut block = AlignedBuf::zeroed(1);
+        self.file
+            .read_exact_at(&mut block, 0)
+            .map_err(|err| explain_open_error(err, &self.path, true))
+    }
+
+    fn read_blocks(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        if !self.direct_io || is_aligned(buf) {
+            return self.file.read_exact_at(buf, offset);
+        }
+        BOUNCE.with_borrow_mut(|bounce| {
+            let mut chunk_offset = offset;
+            for chunk in buf.chunks_mut(bounce.len()) {
+                let aligned = &mut bounce[..chunk.len()];
+                self.file.read_exact_at(aligned, chunk_offset)?;
+                chunk.copy_from_slice(aligned);
+                chunk_offset += chunk.len() as u64;
+            }
+            Ok(())
+        })
+    }
+
+    fn write_blocks(&self, offset: u64, buf: &[u8]) -> io::Result<()> {
+        if !self.direct_io || is_aligned(buf) {
+            return self.file.write_all_at(buf, offset);
+        }
+        BOUNCE.with_borrow_mut(|bounce| {
+            let mut chunk_offset = offset;
+            for chunk in buf.chunks(bounce.len()) {
+                let aligned = &mut bounce[..chunk.len()];
+                aligned.copy_from_slice(chunk);
+                self.file.write_all_at(aligned, chunk_offset)?;
+                chunk_offset += chunk.len() as u64;
+            }
+            Ok(())
+        })
+    }
+
+    /// Filesystems without hole punching still owe the caller zeros on read.
+    fn write_zeros(&self, lba: u64, count: u64) -> io::Result<()> {
+        let zeros = AlignedBuf::zeroed(BOUNCE_BLOCKS);
+        let mut done = 0;
+        while done < count {
+            let blocks = (count - done).min(BOUNCE_BLOCKS as u64);
+            let bytes = blocks as usize * BLOCK_SIZE;
+            self.file
+                .write_all_at(&zeros[..bytes], (lba + done) * BLOCK_BYTES)?;
+            done += blocks;
+        }
+        Ok(())
+    }
+
+    /// `lseek(SEEK_DATA | SEEK_HOLE)` from `offset`; `Ok(None)` when no data/hole follows.
+    fn seek_extent(&self, offset: u64, whence: libc::c_int) -> io::Result<Option<u64>> {
+        let offset = to_off_t(offset)?;
+        // SAFETY: `lseek` takes no pointers; the descriptor is owned by `self.file` and stays
+        // open for this call. Moving the file offset is harmless: every read and write here
+        // is positional (pread/pwrite) and never uses it.
+        let position = unsafe { libc::lseek(self.file.as_raw_fd(), offset, whence) };
+        if position >= 0 {
+            return Ok(Some(position as u64));
+        }
+        let err = io::Error::last_os_error();
+        if err.raw_os_error() == Some(libc::ENXIO) {
+            Ok(None)
+        } else {
+            Err(err)
+        }
+    }
+}
+
+impl BlockDevice for FileDevice {
+    fn block_count(&self) -> u64 {
+        self.block_count
+    }
+
+    fn read(&self, lba: u64, buf: &mut [u8]) -> io::Result<()> {
+        if check_io(self.block_count, lba, buf.len())? == 0 {
+            return Ok(());
+        }
+        self.read_blocks(lba * BLOCK_BYTES, buf)?;
+        self.counters.record_read(buf.len());
+        Ok(())
+    }
+
+    fn write(&self, lba: u64, buf: &[u8]) -> io::Result<()> {
+        if check_io(self.block_count, lba, buf.len())? == 0 {
+            return Ok(());
+        }
+        self.write_blocks(lba * BLOCK_BYTES, buf)?;
+        self.counters.record_write(buf.len());
+        Ok(())
+    }
+
+    fn trim(&self, lba: u64, count: u64) -> io::Result<()> {
+        check_range(self.block_count, lba, count)?;
+        if count == 0 {
+            return Ok(());
+        }
+        let offset = to_off_t(lba * BLOCK_BYTES)?;
+        let len = to_off_t(count * BLOCK_BYTES)?;
+        let mode = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+        // SAFETY: `fallocate` takes no pointers; the descriptor is owned by `self.file` and
+        // stays open for this call, and the range was checked to lie inside the device.
+        let result = unsafe { libc::fallocate(self.file.as_raw_fd(), mode, offset, len) };
+        if result != 0 {
+            let err = io::Error::last_os_error();
+            if err.raw_os_error() != Some(libc::EOPNOTSUPP) {
+                return Err(err);
+            }
+            self.write_zeros(lba, count)?;
+        }
+        self.counters.record_trim();
+        Ok(())
+    }
+
+    fn flush(&self) -> io::Result<()> {
+        self.file.sync_data()
+    }
+
+    fn stats(&self) -> DeviceStats {
+        self.counters.snapshot(self.block_count * BLOCK_BYTES)
+    }
+
+    fn data_extents(&self) -> io::Result<Option<Vec<Range<u64>>>> {
+        let end = self.block_count * BLOCK_BYTES;
+        let mut extents: Vec<Range<u64>> = Vec::new();
+        let mut offset = 0;
+        while offset < end {
+            let data = match self.seek_extent(offset, libc::SEEK_DATA) {
+                Ok(Some(data)) if data < end => data,
+                Ok(_) => break,
+                // Block devices and some filesystems cannot say where data is.
+                Err(err) if err.raw_os_error() == Some(libc::EINVAL) => return Ok(None),
+                Err(err) => return Err(with_path(err, &self.path)),
+            };
+            let hole = self
+                .seek_extent(data, libc::SEEK_HOLE)
+                .map_err(|err| with_path(err, &self.path))?
+                .unwrap_or(end)
+                .min(end);
+            let extent = data / BLOCK_BYTES..hole.div_ceil(BLOCK_BYTES);
+            match extents.last_mut() {
+                Some(last) if last.end >= extent.start => last.end = extent.end,
+                _ => extents.push(extent),
+            }
+            offset = hole.max(data + 1);
+        }
+        Ok(Some(extents))
+    }
+}
+
+impl AsRawFd for FileDevice {
+    fn as_raw_fd(&self) -> RawFd {
+        self.file.as_raw_fd()
+    }
+}
+
+impl AsFd for FileDevice {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.file.as_fd()
+    }
+}
+
+fn to_off_t(offset: u64) -> io::Result<libc::off_t> {
+    libc::off_t::try_from(offset)
+        .map_err(|_| invalid_input(format!("offset {offset} does not fit in off_t")))
+}
+
+fn with_path(err: io::Error, path: &Path) -> io::Error {
+    io::Error::new(err.kind(), format!("{}: {err}", path.display()))
+}
+
+fn explain_open_error(err: io::Error, path: &Path, direct_io: bool) -> io::Error {
+    if direct_io && err.raw_os_error() == Some(libc::EINVAL) {
+        return invalid_input(format!(
+            "{}: the filesystem rejects O_DIRECT (EINVAL); open it with direct I/O off \
+             (FileOptions {{ direct_io: false, .. }}), e.g. on tmpfs",
+            path.display()
+        ));
+    }
+    with_path(err, path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_util::random_bytes;
+
+    fn temp_device(blocks: u64) -> (tempfile::TempDir, FileDevice) {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let device = FileDevice::open(dir.path().join("ssd"), blocks * BLOCK_BYTES).expect("open");
+        (dir, device)
+    }
+
+    fn extents(ranges: &[(u64, u64)]) -> Option<Vec<Range<u64>>> {
+        Some(ranges.iter().map(|&(start, end)| start..end).collect())
+    }
+
+    fn open_flags(device: &FileDevice) -> libc::c_int {
+        let fdinfo = std::fs::read_to_string(format!("/proc/self/fdinfo/{}", device.as_raw_fd()))
+            .expect("fdinfo");
+        let flags = fdinfo
+            .lines()
+            .find_map(|line| line.strip_prefix("flags:"))
+            .expect("flags line");
+        libc::c_int::from_str_radix(flags.trim(), 8).expect("octal flags")
+    }
+
+    #[test]
+    fn opens_with_o_direct_by_default() {
+        let (_dir, device) = temp_device(16);
+        assert!(device.is_direct());
+        assert_ne!(open_flags(&device) & libc::O_DIRECT, 0);
+    }
+
+    #[test]
+    fn direct_io_can_be_turned_off() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let options = FileOptions {
+            direct_io: false,
+            ..FileOptions::default()
+        };
+        let device =
+            FileDevice::open_with(dir.path().join("ssd"), 4 * BLOCK_BYTES, &options).expect("open");
+        assert!(!device.is_direct());
+        assert_eq!(open_flags(&device) & libc::O_DIRECT, 0);
+    }
+
+    #[test]
+    fn creates_a_sparse_file_of_the_logical_size() {
+        let (dir, device) = temp_device(1024);
+        let metadata = std::fs::metadata(dir.path().join("ssd")).expect("metadata");
+        assert_eq!(metadata.len(), 1024 * BLOCK_BYTES);
+        assert_eq!(device.block_count(), 1024);
+        assert_eq!(device.data_extents().expect("extents"), extents(&[]));
+        assert_eq!(device.stats().logical_capacity, 1024 * BLOCK_BYTES);
+    }
+
+    #[test]
+    fn read_after_write_with_aligned_buffers() {
+        let (_dir, device) = temp_device(64);
+        let data = AlignedBuf::copy_from(&random_bytes(1, 3 * BLOCK_SIZE));
+        device.write(10, &data).expect("write");
+        let mut back = AlignedBuf::zeroed(3);
+        device.read(10, &mut back).expect("read");
+        assert_eq!(&back[..], &data[..]);
+        let stats = device.stats();
+        assert_eq!((stats.reads, stats.writes), (1, 1));
+        assert_eq!(stats.host_bytes_written, 3 * BLOCK_BYTES);
+        assert_eq!(stats.host_bytes_read, 3 * BLOCK_BYTES);
+    }
+
+    #[test]
+    fn unaligned_buffers_work_under_o_direct() {
+        let (_dir, device) = temp_device(64);
+        // 40 blocks spans several bounce chunks; offset 1 guarantees misalignment.
+        let blocks = 40;
+        let mut backing = vec![0u8; blocks * BLOCK_SIZE + 1];
+        let data = random_bytes(2, blocks * BLOCK_SIZE);
+        backing[1..].copy_from_slice(&data);
+        let unaligned = &backing[1..];
+        assert!(!is_aligned(unaligned));
+        device.write(5, unaligned).expect("unaligned write");
+
+        let mut back = vec![0u8; blocks * BLOCK_SIZE + 1];
+        device.read(5, &mut back[1..]).expect("unaligned read");
+        assert_eq!(&back[1..], &data[..]);
+        let mut aligned = AlignedBuf::zeroed(blocks);
+        device.read(5, &mut aligned).expect("aligned read");
+        assert_eq!(&aligned[..], &data[..]);
+    }
+
+    #[test]
+    fn trim_reads_zeros_and_punches_a_hole() {
+        let (_dir, device) = temp_device(64);
+        let data = AlignedBuf::copy_from(&random_bytes(3, 8 * BLOCK_SIZE));
+        device.write(8, &data).expect("write");
+        assert_eq!(device.data_extents().expect("extents"), extents(&[(8, 16)]));
+
+        device.trim(10, 3).expect("trim");
+        let mut back = AlignedBuf::zeroed(8);
+        device.read(8, &mut back).expect("read");
+        assert_eq!(&back[..2 * BLOCK_SIZE], &data[..2 * BLOCK_SIZE]);
+        assert!(back[2 * BLOCK_SIZE..5 * BLOCK_SIZE].iter().all(|&b| b == 0));
+        assert_eq!(&back[5 * BLOCK_SIZE..], &data[5 * BLOCK_SIZE..]);
+        assert_eq!(
+            device.data_extents().expect("extents"),
+            extents(&[(8, 10), (13, 16)])
+        );
+        assert_eq!(device.stats().trims, 1);
+    }
+
+    #[test]
+    fn out_of_range_and_partial_blocks_are_invalid_input() {
+        let (_dir, device) = temp_device(8);
+        let mut block = AlignedBuf::zeroed(2);
+        let kinds = [
+            device.read(7, &mut block).err(),
+            device.write(8, &block[..BLOCK_SIZE]).err(),
+            device.write(0, &block[..100]).err(),
+            device.read(u64::MAX, &mut block[..BLOCK_SIZE]).err(),
+            device.trim(4, 5).err(),
+            device.trim(u64::MAX, 2).err(),
+        ]
+        .map(|err| err.map(|e| e.kind()));
+        assert_eq!(kinds, [Some(io::ErrorKind::InvalidInput); 6]);
+        let stats = device.stats();
+        assert_eq!((stats.reads, stats.writes, stats.trims), (0, 0, 0));
+    }
+
+    #[test]
+    fn bad_sizes_are_rejected_at_open() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("ssd");
+        for size in [0, 100, BLOCK_BYTES + 1] {
+            let err = FileDevice::open(&path, size).err().map(|e| e.kind());
+            assert_eq!(err, Some(io::ErrorKind::InvalidInput), "size {size}");
+        }
+        FileDevice::open(&path, 8 * BLOCK_BYTES).expect("create");
+        let err = FileDevice::open(&path, 4 * BLOCK_BYTES)
+            .err()
+            .map(|e| e.kind());
+        assert_eq!(err, Some(io::ErrorKind::InvalidInput), "shrinking");
+        let grown = FileDevice::open(&path, 16 * BLOCK_BYTES).expect("grow");
+        assert_eq!(grown.block_count(), 16);
+    }
+
+    #[test]
+    fn missing_file_without_create_is_not_found() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let options = FileOptions {
+            create: false,
+            ..FileOptions::default()
+        };
+        let err = FileDevice::open_with(dir.path().join("absent"), BLOCK_BYTES, &options).err();
+        assert_eq!(err.map(|e| e.kind()), Some(io::ErrorKind::NotFound));
+    }
+
+    #[test]
+    fn o_direct_einval_is_explained() {
+        let err = explain_open_error(
+            io::Error::from_raw_os_error(libc::EINVAL),
+            Path::new("/dev/shm/x"),
+            true,
+        );
+        assert_eq!(err.kind(), io::ErrorKind::InvalidInput);
+        assert!(err.to_string().contains("O_DIRECT"), "{err}");
+    }
+
+    #[test]
+    fn data_survives_reopen() {
+        let (dir, device) = temp_device(32);
+        let data = AlignedBuf::copy_from(&random_bytes(4, BLOCK_SIZE));
+        device.write(31, &data).expect("write");
+        device.flush().expect("flush");
+        drop(device);
+        let device = FileDevice::open(dir.path().join("ssd"), 32 * BLOCK_BYTES).expect("reopen");
+        let mut back = AlignedBuf::zeroed(1);
+        device.read(31, &mut back).expect("read");
+        assert_eq!(&back[..], &data[..]);
+        assert_eq!(
+            device.data_extents().expect("extents"),
+            extents(&[(31, 32)])
+        );
+    }
+}
