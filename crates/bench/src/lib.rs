@@ -1,10 +1,393 @@
 //! `zipcache bench`: cachebench-style workloads against ZipCache and its peers.
+//!
+//! * [`workload`]: keys, locality, op mix; [`values`]: value sizes and bytes (synthetic η or
+//!   a real dataset), verifiable on every GET;
+//! * [`targets`]: the caches, in-process and over the network; [`peers`]: starting and
+//!   stopping memcached / redis;
+//! * [`driver`]: the fill and look-aside loops; [`report`]: the table and JSON;
+//! * [`sweep`] and [`plot`]: the paper's figures.
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use indicatif::{ProgressBar, ProgressStyle};
+use serde::Serialize;
+
+pub mod driver;
+pub mod peers;
+pub mod plot;
+pub mod procfs;
+pub mod report;
+pub mod sweep;
+pub mod targets;
+pub mod values;
+pub mod workload;
+
+use report::TargetResult;
+use targets::Budget;
+use values::{Content, Dataset, SizeDist, ValueGen};
+use workload::{HotPlacement, KeyChooser, Locality, OpMix};
 
 /// Arguments of `zipcache bench` (SPEC §8).
 #[derive(clap::Args, Debug)]
-pub struct BenchArgs {}
+#[command(args_conflicts_with_subcommands = true)]
+pub struct BenchArgs {
+    #[command(subcommand)]
+    pub command: Option<BenchCommand>,
+    /// Comma-separated: zipcache, foyer, segcache, memcached, memcached-ext, redis (started
+    /// by the bench), or zipcache://H:P, memcached://H:P, redis://H:P (already running).
+    #[arg(long, default_value = "zipcache")]
+    pub target: String,
+    /// Write the results as a JSON array, one object per target.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    #[command(flatten)]
+    pub params: Params,
+}
+
+#[derive(clap::Subcommand, Debug)]
+pub enum BenchCommand {
+    /// Run the paper's experiments and draw their figures (PNG + markdown table).
+    Sweep(sweep::SweepArgs),
+}
+
+/// What the look-aside loop does, or whether to fill once.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum Mode {
+    /// GET; on a miss wait `--backend-latency-us`, then PUT (cachebench's look-aside loop).
+    Lookaside,
+    /// Insert keys 0..N-1 once, then report how many objects are resident.
+    Fill,
+}
+
+impl Mode {
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Lookaside => "lookaside",
+            Mode::Fill => "fill",
+        }
+    }
+}
+
+fn size_arg(text: &str) -> Result<u64, String> {
+    zipcache::parse_size(text).map_err(|e| e.to_string())
+}
+
+fn setting_arg(text: &str) -> Result<(String, String), String> {
+    let (name, value) = text
+        .split_once('=')
+        .ok_or_else(|| format!("--set takes NAME=VALUE, not {text:?}"))?;
+    Ok((name.trim().to_string(), value.trim().to_string()))
+}
+
+/// The workload and budgets; also written as `workload` into every JSON result.
+#[derive(clap::Args, Clone, Debug, Serialize)]
+pub struct Params {
+    #[arg(long, value_enum, default_value = "lookaside")]
+    pub mode: Mode,
+    /// DRAM budget of every target.
+    #[arg(long, default_value = "64MiB", value_parser = size_arg)]
+    pub dram: u64,
+    /// SSD budget of targets with a flash tier (zipcache, foyer, memcached-ext).
+    #[arg(long, default_value = "1GiB", value_parser = size_arg)]
+    pub ssd_size: u64,
+    /// `--ssd none`: DRAM only.
+    #[arg(long, value_parser = ["none"], conflicts_with = "ssd_size")]
+    pub ssd: Option<String>,
+    /// Where targets keep their files (a subdirectory per target, removed afterwards).
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
+    /// Engine setting NAME=VALUE for the zipcache target (repeatable).
+    #[arg(long = "set", value_parser = setting_arg)]
+    pub settings: Vec<(String, String)>,
+    /// Number of distinct keys (ids 0..N-1).
+    #[arg(long, conflicts_with = "working_set")]
+    pub keys: Option<u64>,
+    /// Working-set size in bytes; sets --keys to this / (key size + mean value size).
+    #[arg(long, value_parser = size_arg)]
+    pub working_set: Option<u64>,
+    #[arg(long, default_value_t = 16)]
+    pub key_size: usize,
+    #[arg(long, default_value_t = 64)]
+    pub value_size: usize,
+    /// Value sizes as `SIZE WEIGHT` lines (overrides --value-size).
+    #[arg(long)]
+    pub value_size_file: Option<PathBuf>,
+    /// Compressibility of synthetic values: this fraction of each value is zeros.
+    #[arg(long, default_value_t = 0.5)]
+    pub eta: f64,
+    /// `synthetic` (η-controlled), or a real dataset of the PyPI package vega_datasets:
+    /// airports, seattle-weather, stocks, cars, iris, ...
+    #[arg(long, default_value = "synthetic")]
+    pub values: String,
+    /// strong (80% of requests to 8% of keys), moderate (20%), weak (64%), zero, zipf:S.
+    #[arg(long, default_value = "moderate", value_parser = |s: &str| s.parse::<Locality>())]
+    pub locality: Locality,
+    #[arg(long, value_enum, default_value = "random")]
+    pub hot: HotPlacement,
+    #[arg(long, default_value_t = 1.0)]
+    pub get_ratio: f64,
+    #[arg(long, default_value_t = 0.0)]
+    pub put_ratio: f64,
+    #[arg(long, default_value_t = 0.0)]
+    pub delete_ratio: f64,
+    #[arg(long, default_value_t = 0.0)]
+    pub scan_ratio: f64,
+    /// Objects per SCAN.
+    #[arg(long, default_value_t = 16)]
+    pub scan_limit: usize,
+    #[arg(long, default_value_t = 2)]
+    pub threads: usize,
+    /// Measured operations (default 1,000,000 unless --duration is given).
+    #[arg(long)]
+    pub ops: Option<u64>,
+    /// Measured seconds.
+    #[arg(long)]
+    pub duration: Option<f64>,
+    /// Operations before measuring starts (not in any figure).
+    #[arg(long, default_value_t = 0)]
+    pub warmup_ops: u64,
+    /// Look-aside: time a miss waits for the backend before its PUT (paper: 1000).
+    #[arg(long, default_value_t = 1000)]
+    pub backend_latency_us: u64,
+    /// Hard cap on any phase, so no run is unbounded.
+    #[arg(long, default_value_t = 900.0)]
+    pub time_limit: f64,
+    /// Network targets: connections per bench thread.
+    #[arg(long, default_value_t = 4)]
+    pub connections: usize,
+    /// Network targets: requests in flight per connection.
+    #[arg(long, default_value_t = 16)]
+    pub pipeline: usize,
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+}
+
+/// Measured operations when neither --ops nor --duration is given.
+const DEFAULT_OPS: u64 = 1_000_000;
+/// Keys when neither --keys nor --working-set is given.
+const DEFAULT_KEYS: u64 = 1_000_000;
+
+impl Params {
+    fn value_gen(&self) -> Result<ValueGen, String> {
+        let sizes = match &self.value_size_file {
+            Some(path) => SizeDist::from_file(path)?,
+            None if self.value_size == 0 => return Err("--value-size must be at least 1".into()),
+            None => SizeDist::Fixed(self.value_size),
+        };
+        if !(0.0..=1.0).contains(&self.eta) {
+            return Err(format!("--eta must be within 0..=1, not {}", self.eta));
+        }
+        let content = match self.values.as_str() {
+            "synthetic" => Content::Synthetic { eta: self.eta },
+            name => Content::Dataset(Arc::new(Dataset::load(name)?)),
+        };
+        Ok(ValueGen {
+            sizes,
+            content,
+            seed: self.seed,
+        })
+    }
+
+    pub fn ssd_budget(&self) -> Option<u64> {
+        self.ssd.is_none().then_some(self.ssd_size)
+    }
+
+    /// Resolves the parameters into a runnable workload.
+    pub fn workload(&self) -> Result<driver::Workload, String> {
+        let values = self.value_gen()?;
+        let mean_object = self.key_size as f64 + values.sizes.mean();
+        let keys = match (self.keys, self.working_set) {
+            (Some(keys), _) => keys,
+            (None, Some(bytes)) => (bytes as f64 / mean_object) as u64,
+            (None, None) => DEFAULT_KEYS,
+        };
+        if keys == 0 {
+            return Err("the working set holds no key".into());
+        }
+        if workload::digits(keys - 1) > self.key_size {
+            return Err(format!(
+                "--key-size {} is too short for {keys} keys (needs {} digits)",
+                self.key_size,
+                workload::digits(keys - 1)
+            ));
+        }
+        if self.threads == 0 {
+            return Err("--threads must be at least 1".into());
+        }
+        let limit = Duration::from_secs_f64(self.time_limit.max(0.001));
+        Ok(driver::Workload {
+            keys,
+            key_size: self.key_size,
+            chooser: KeyChooser::new(keys, self.locality, self.hot, self.seed)?,
+            values,
+            mix: OpMix::new(
+                self.get_ratio,
+                self.put_ratio,
+                self.delete_ratio,
+                self.scan_ratio,
+            )?,
+            scan_limit: self.scan_limit,
+            threads: self.threads,
+            ops: match (self.ops, self.duration) {
+                (None, None) => Some(DEFAULT_OPS),
+                (ops, _) => ops,
+            },
+            duration: self
+                .duration
+                .map_or(limit, |d| Duration::from_secs_f64(d.max(0.0)).min(limit)),
+            warmup_ops: self.warmup_ops,
+            backend_latency: Duration::from_micros(self.backend_latency_us),
+            seed: self.seed,
+        })
+    }
+
+    fn budget(&self, data_dir: PathBuf, w: &driver::Workload) -> Budget {
+        Budget {
+            dram: self.dram,
+            ssd: self.ssd_budget(),
+            data_dir,
+            mean_object: self.key_size + w.values.sizes.mean().ceil() as usize,
+            settings: self.settings.clone(),
+            threads: self.threads,
+            connections: self.connections,
+            pipeline: self.pipeline,
+        }
+    }
+}
+
+fn progress_bar(target: &str, total: Option<u64>) -> ProgressBar {
+    if !std::io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let bar = match total {
+        Some(total) => ProgressBar::new(total).with_style(
+            ProgressStyle::with_template("{prefix:>14} {wide_bar} {pos}/{len} {per_sec} eta {eta}")
+                .expect("valid template"),
+        ),
+        None => ProgressBar::new_spinner().with_style(
+            ProgressStyle::with_template("{prefix:>14} {spinner} {pos} ops {per_sec} {elapsed}")
+                .expect("valid template"),
+        ),
+    };
+    bar.with_prefix(target.to_string())
+}
+
+/// Lets Ctrl-C stop the load loops so started peers are stopped on the way out.
+fn stop_on_ctrl_c() {
+    static INSTALLED: std::sync::Once = std::sync::Once::new();
+    INSTALLED.call_once(|| {
+        // A host program may own SIGINT already; then Ctrl-C ends the process as usual
+        // and the peers, in our process group, get the same SIGINT.
+        let _ =
+            ctrlc::set_handler(|| driver::STOP.store(true, std::sync::atomic::Ordering::Relaxed));
+    });
+}
+
+/// Where targets keep files: `--data-dir` or a fresh directory under the system temp dir.
+fn data_root(params: &Params) -> PathBuf {
+    params.data_dir.clone().unwrap_or_else(|| {
+        std::env::temp_dir().join(format!("zipcache-bench-{}", std::process::id()))
+    })
+}
+
+/// Runs the workload against one target: opens (or starts) it, loads, reports, closes.
+pub fn run_target(
+    spec: &str,
+    params: &Params,
+    w: &driver::Workload,
+) -> Result<TargetResult, String> {
+    let dir_name: String = spec
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    let dir = data_root(params).join(dir_name);
+    if dir.exists() {
+        std::fs::remove_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    }
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let target = targets::open(spec, &params.budget(dir.clone(), w))?;
+    let total = match params.mode {
+        Mode::Fill => Some(w.keys),
+        Mode::Lookaside => w.ops,
+    };
+    let bar = progress_bar(spec, total);
+    let run = match params.mode {
+        Mode::Fill => driver::fill(target.as_ref(), w, &bar),
+        Mode::Lookaside => driver::lookaside(target.as_ref(), w, &bar),
+    };
+    bar.finish_and_clear();
+    let dram_only = target.dram_only();
+    let closed = target.close();
+    // Only the per-target directory this function created is removed.
+    let _ = std::fs::remove_dir_all(&dir);
+    let result = TargetResult::new(spec, dram_only, run?, params);
+    closed?;
+    Ok(result)
+}
+
+/// Runs every target of `list` with the same workload; a target that fails is reported and
+/// the others still run.
+pub fn run_all(list: &str, params: &Params) -> (Vec<TargetResult>, Vec<String>) {
+    stop_on_ctrl_c();
+    let mut results = Vec::new();
+    let mut failures = Vec::new();
+    let w = match params.workload() {
+        Ok(w) => w,
+        Err(e) => return (results, vec![e]),
+    };
+    for spec in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        if driver::STOP.load(std::sync::atomic::Ordering::Relaxed) {
+            failures.push("interrupted".into());
+            break;
+        }
+        match run_target(spec, params, &w) {
+            Ok(result) => {
+                if result.wrong_values > 0 {
+                    eprintln!(
+                        "!!! {spec}: {} GETs returned a WRONG VALUE (not what was stored)",
+                        result.wrong_values
+                    );
+                    failures.push(format!("{spec}: {} wrong values", result.wrong_values));
+                }
+                results.push(result);
+            }
+            Err(e) => {
+                eprintln!("{spec}: {e}");
+                failures.push(format!("{spec}: {e}"));
+            }
+        }
+    }
+    if params.data_dir.is_none() {
+        let _ = std::fs::remove_dir(data_root(params));
+    }
+    (results, failures)
+}
 
 /// Runs `zipcache bench`; the error is the message printed to the operator.
-pub fn run(_args: BenchArgs) -> Result<(), String> {
-    Err("not built yet".into())
+pub fn run(args: BenchArgs) -> Result<(), String> {
+    if let Some(BenchCommand::Sweep(sweep_args)) = args.command {
+        return sweep::run(&sweep_args);
+    }
+    let (results, failures) = run_all(&args.target, &args.params);
+    if !results.is_empty() {
+        print!("{}", report::table(&results));
+    }
+    if let Some(path) = &args.json {
+        report::write_json(path, &results)?;
+    }
+    if failures.is_empty() {
+        Ok(())
+    } else {
+        Err(failures.join("; "))
+    }
 }

@@ -1,0 +1,211 @@
+//! foyer (crate `foyer`), in-process: its hybrid cache with an LZ4-compressed disk tier, or
+//! its in-memory cache alone with `--ssd none`.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+use foyer::{
+    BlockEngineConfig, Cache, CacheBuilder, Compression, DeviceBuilder, FsDeviceBuilder,
+    HybridCache, HybridCacheBuilder, Source,
+};
+use tokio::runtime::Runtime;
+
+use super::{Budget, Client, Engine, EngineClient, Snapshot, Target};
+use crate::procfs;
+
+type Bytes = Vec<u8>;
+
+enum Tiers {
+    Hybrid(HybridCache<Bytes, Bytes>),
+    Memory(Cache<Bytes, Bytes>),
+}
+
+struct FoyerEngine {
+    tiers: Tiers,
+    /// foyer's disk tier runs on tokio; the bench threads enter this runtime per call.
+    runtime: Runtime,
+    dram_hits: AtomicU64,
+    ssd_hits: AtomicU64,
+}
+
+pub struct FoyerTarget {
+    engine: Arc<FoyerEngine>,
+    batch: usize,
+}
+
+/// foyer charges an entry `key + value` bytes against its memory capacity.
+fn weight(key: &Bytes, value: &Bytes) -> usize {
+    key.len() + value.len()
+}
+
+/// Disk block (foyer's unit of reclaim): its 16 MiB default, smaller for small disks so a
+/// disk holds enough blocks to reclaim one at a time.
+fn block_size(disk: u64) -> usize {
+    (disk / 64)
+        .clamp(1 << 20, 16 << 20)
+        .next_power_of_two()
+        .min(16 << 20) as usize
+}
+
+impl FoyerTarget {
+    pub fn open(budget: &Budget) -> Result<FoyerTarget, String> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .map_err(|e| format!("foyer: tokio runtime: {e}"))?;
+        let dram = budget.dram as usize;
+        let tiers = match budget.ssd {
+            None => Tiers::Memory(CacheBuilder::new(dram).with_weighter(weight).build()),
+            Some(disk) => {
+                let dir = budget.data_dir.join("foyer");
+                std::fs::create_dir_all(&dir).map_err(|e| format!("foyer: {e}"))?;
+                let device = FsDeviceBuilder::new(&dir)
+                    .with_capacity(disk as usize)
+                    .with_direct(true)
+                    .build()
+                    .map_err(|e| format!("foyer device: {e}"))?;
+                let build = HybridCacheBuilder::new()
+                    .with_name("bench")
+                    .memory(dram)
+                    .with_weighter(weight)
+                    .storage()
+                    .with_engine_config(
+                        BlockEngineConfig::new(device).with_block_size(block_size(disk)),
+                    )
+                    .with_compression(Compression::Lz4)
+                    .build();
+                Tiers::Hybrid(
+                    runtime
+                        .block_on(build)
+                        .map_err(|e| format!("foyer hybrid: {e}"))?,
+                )
+            }
+        };
+        Ok(FoyerTarget {
+            engine: Arc::new(FoyerEngine {
+                tiers,
+                runtime,
+                dram_hits: AtomicU64::new(0),
+                ssd_hits: AtomicU64::new(0),
+            }),
+            batch: budget.batch(),
+        })
+    }
+}
+
+impl Engine for FoyerEngine {
+    fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, String> {
+        let (value, source) = match &self.tiers {
+            Tiers::Memory(cache) => match cache.get(key) {
+                Some(entry) => (Some(entry.value().clone()), Source::Memory),
+                None => (None, Source::Memory),
+            },
+            Tiers::Hybrid(cache) => {
+                match self
+                    .runtime
+                    .block_on(cache.get(key))
+                    .map_err(|e| e.to_string())?
+                {
+                    Some(entry) => (Some(entry.value().clone()), entry.source()),
+                    None => (None, Source::Memory),
+                }
+            }
+        };
+        if value.is_some() {
+            let counter = match source {
+                Source::Disk => &self.ssd_hits,
+                _ => &self.dram_hits,
+            };
+            counter.fetch_add(1, Relaxed);
+        }
+        Ok(value)
+    }
+
+    fn put(&self, key: &[u8], value: &[u8]) -> Result<(), String> {
+        match &self.tiers {
+            Tiers::Memory(cache) => drop(cache.insert(key.to_vec(), value.to_vec())),
+            Tiers::Hybrid(cache) => {
+                // Inserting may hand an evicted entry to the disk writer, a tokio task.
+                let _runtime = self.runtime.enter();
+                drop(cache.insert(key.to_vec(), value.to_vec()));
+            }
+        }
+        Ok(())
+    }
+
+    fn delete(&self, key: &[u8]) -> Result<bool, String> {
+        match &self.tiers {
+            Tiers::Memory(cache) => Ok(cache.remove(key).is_some()),
+            Tiers::Hybrid(cache) => {
+                let _runtime = self.runtime.enter();
+                // foyer's hybrid remove does not say whether the key was there.
+                let was_cached = cache.contains(key);
+                cache.remove(key);
+                Ok(was_cached)
+            }
+        }
+    }
+}
+
+impl Target for FoyerTarget {
+    fn name(&self) -> &str {
+        "foyer"
+    }
+
+    fn client(&self) -> Result<Box<dyn Client>, String> {
+        Ok(Box::new(EngineClient {
+            engine: self.engine.clone(),
+            batch: self.batch,
+        }))
+    }
+
+    fn snapshot(&self) -> Result<Snapshot, String> {
+        let engine = &self.engine;
+        let (usage, written) = match &engine.tiers {
+            Tiers::Memory(cache) => (cache.usage(), None),
+            Tiers::Hybrid(cache) => (
+                cache.memory().usage(),
+                Some(cache.statistics().disk_write_bytes() as u64),
+            ),
+        };
+        Ok(Snapshot {
+            dram_hits: Some(engine.dram_hits.load(Relaxed)),
+            ssd_hits: Some(engine.ssd_hits.load(Relaxed)),
+            dram_bytes_used: Some(usage as u64),
+            rss_bytes: procfs::rss_bytes(std::process::id()),
+            host_bytes_written: written,
+            ..Snapshot::default()
+        })
+    }
+
+    fn dram_only(&self) -> bool {
+        matches!(self.engine.tiers, Tiers::Memory(_))
+    }
+
+    fn probe_resident(&self) -> bool {
+        true
+    }
+
+    fn close(self: Box<Self>) -> Result<(), String> {
+        if let Tiers::Hybrid(cache) = &self.engine.tiers {
+            self.engine
+                .runtime
+                .block_on(cache.close())
+                .map_err(|e| format!("foyer close: {e}"))?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn block_size_fits_small_and_large_disks() {
+        assert_eq!(block_size(64 << 20), 1 << 20);
+        assert_eq!(block_size(1 << 30), 16 << 20);
+        assert_eq!(block_size(100 << 30), 16 << 20);
+    }
+}

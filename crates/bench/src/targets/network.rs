@@ -1,0 +1,410 @@
+//! Network targets: memcached text protocol (memcached, memcached + extstore, `zipcache
+//! serve`) and RESP (redis). Each bench thread opens several connections and pipelines a
+//! batch over them, like memtier_benchmark, so one client thread keeps a server busy.
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, BufWriter, Read, Write};
+use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use super::{Budget, Client, Reply, Request, Snapshot, Target};
+use crate::peers::{self, Peer};
+use crate::procfs;
+
+/// Longest a server may take to answer before the run fails rather than hangs.
+const IO_TIMEOUT: Duration = Duration::from_secs(30);
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Protocol {
+    Memcached,
+    Resp,
+}
+
+struct Conn {
+    reader: BufReader<TcpStream>,
+    writer: BufWriter<TcpStream>,
+}
+
+fn io_err(e: std::io::Error) -> String {
+    format!("connection: {e}")
+}
+
+impl Conn {
+    fn open(addr: SocketAddr) -> Result<Conn, String> {
+        let stream = TcpStream::connect_timeout(&addr, IO_TIMEOUT)
+            .map_err(|e| format!("connect {addr}: {e}"))?;
+        stream.set_nodelay(true).map_err(io_err)?;
+        stream.set_read_timeout(Some(IO_TIMEOUT)).map_err(io_err)?;
+        let writer = BufWriter::with_capacity(64 << 10, stream.try_clone().map_err(io_err)?);
+        Ok(Conn {
+            reader: BufReader::with_capacity(64 << 10, stream),
+            writer,
+        })
+    }
+
+    fn line(&mut self) -> Result<String, String> {
+        let mut line = String::new();
+        let n = self.reader.read_line(&mut line).map_err(io_err)?;
+        if n == 0 {
+            return Err("server closed the connection".into());
+        }
+        line.truncate(line.trim_end_matches(['\r', '\n']).len());
+        Ok(line)
+    }
+
+    /// `len` bytes of payload followed by CRLF.
+    fn payload(&mut self, len: usize) -> Result<Vec<u8>, String> {
+        let mut data = vec![0; len + 2];
+        self.reader.read_exact(&mut data).map_err(io_err)?;
+        data.truncate(len);
+        Ok(data)
+    }
+
+    /// Writes `request`; false if the protocol has no such command (nothing is sent).
+    fn send(&mut self, protocol: Protocol, request: &Request) -> Result<bool, String> {
+        encode(&mut self.writer, protocol, request).map_err(io_err)
+    }
+
+    fn receive(&mut self, protocol: Protocol, request: &Request) -> Result<Reply, String> {
+        match protocol {
+            Protocol::Memcached => self.receive_memcached(request),
+            Protocol::Resp => self.receive_resp(request),
+        }
+    }
+
+    fn receive_memcached(&mut self, request: &Request) -> Result<Reply, String> {
+        let line = self.line()?;
+        Ok(match (request, line.as_str()) {
+            (Request::Get(_), "END") => Reply::Value(None),
+            (Request::Get(_), _) if line.starts_with("VALUE ") => {
+                let len: usize = line
+                    .split(' ')
+                    .nth(3)
+                    .and_then(|n| n.parse().ok())
+                    .ok_or_else(|| format!("bad VALUE line {line:?}"))?;
+                let data = self.payload(len)?;
+                let end = self.line()?;
+                if end != "END" {
+                    return Err(format!("expected END, got {end:?}"));
+                }
+                Reply::Value(Some(data))
+            }
+            (Request::Put(..), "STORED") => Reply::Stored,
+            (Request::Delete(_), "DELETED") => Reply::Deleted(true),
+            (Request::Delete(_), "NOT_FOUND") => Reply::Deleted(false),
+            _ => Reply::Error(line),
+        })
+    }
+
+    fn receive_resp(&mut self, request: &Request) -> Result<Reply, String> {
+        let line = self.line()?;
+        Ok(match (request, line.as_bytes().first()) {
+            (_, Some(b'-')) => Reply::Error(line),
+            (Request::Get(_), Some(b'$')) => match line[1..].parse::<i64>() {
+                Ok(len) if len < 0 => Reply::Value(None),
+                Ok(len) => Reply::Value(Some(self.payload(len as usize)?)),
+                Err(_) => return Err(format!("bad bulk header {line:?}")),
+            },
+            (Request::Put(..), Some(b'+')) => Reply::Stored,
+            (Request::Delete(_), Some(b':')) => Reply::Deleted(line[1..].trim() != "0"),
+            _ => return Err(format!("unexpected reply {line:?}")),
+        })
+    }
+
+    /// `stats` (memcached) or `INFO` + `DBSIZE` (redis) as name → value.
+    fn stats(&mut self, protocol: Protocol) -> Result<HashMap<String, String>, String> {
+        let mut stats = HashMap::new();
+        match protocol {
+            Protocol::Memcached => {
+                self.writer.write_all(b"stats\r\n").map_err(io_err)?;
+                self.writer.flush().map_err(io_err)?;
+                loop {
+                    let line = self.line()?;
+                    if line == "END" {
+                        break;
+                    }
+                    let mut parts = line.splitn(3, ' ');
+                    match (parts.next(), parts.next(), parts.next()) {
+                        (Some("STAT"), Some(name), Some(value)) => {
+                            stats.insert(name.to_string(), value.to_string());
+                        }
+                        _ => return Err(format!("unexpected stats line {line:?}")),
+                    }
+                }
+            }
+            Protocol::Resp => {
+                resp_command(&mut self.writer, &[b"INFO"]).map_err(io_err)?;
+                resp_command(&mut self.writer, &[b"DBSIZE"]).map_err(io_err)?;
+                self.writer.flush().map_err(io_err)?;
+                let header = self.line()?;
+                let len: usize = header
+                    .strip_prefix('$')
+                    .and_then(|n| n.parse().ok())
+                    .ok_or_else(|| format!("bad INFO reply {header:?}"))?;
+                let info = String::from_utf8_lossy(&self.payload(len)?).into_owned();
+                for line in info.lines() {
+                    if let Some((name, value)) = line.split_once(':') {
+                        stats.insert(name.to_string(), value.trim().to_string());
+                    }
+                }
+                let dbsize = self.line()?;
+                stats.insert("dbsize".into(), dbsize.trim_start_matches(':').to_string());
+            }
+        }
+        Ok(stats)
+    }
+}
+
+fn encode(w: &mut impl Write, protocol: Protocol, request: &Request) -> std::io::Result<bool> {
+    match (protocol, request) {
+        (Protocol::Memcached, Request::Get(key)) => {
+            w.write_all(b"get ")?;
+            w.write_all(key)?;
+            w.write_all(b"\r\n")?;
+        }
+        (Protocol::Memcached, Request::Put(key, value)) => {
+            w.write_all(b"set ")?;
+            w.write_all(key)?;
+            write!(w, " 0 0 {}\r\n", value.len())?;
+            w.write_all(value)?;
+            w.write_all(b"\r\n")?;
+        }
+        (Protocol::Memcached, Request::Delete(key)) => {
+            w.write_all(b"delete ")?;
+            w.write_all(key)?;
+            w.write_all(b"\r\n")?;
+        }
+        (Protocol::Resp, Request::Get(key)) => resp_command(w, &[b"GET", key])?,
+        (Protocol::Resp, Request::Put(key, value)) => resp_command(w, &[b"SET", key, value])?,
+        (Protocol::Resp, Request::Delete(key)) => resp_command(w, &[b"DEL", key])?,
+        (_, Request::Scan(..)) => return Ok(false),
+    }
+    Ok(true)
+}
+
+fn resp_command(w: &mut impl Write, args: &[&[u8]]) -> std::io::Result<()> {
+    write!(w, "*{}\r\n", args.len())?;
+    for arg in args {
+        write!(w, "${}\r\n", arg.len())?;
+        w.write_all(arg)?;
+        w.write_all(b"\r\n")?;
+    }
+    Ok(())
+}
+
+/// A bench thread's connections; a batch is spread over them round-robin and pipelined.
+struct NetClient {
+    protocol: Protocol,
+    conns: Vec<Conn>,
+    pipeline: usize,
+}
+
+impl Client for NetClient {
+    fn execute(
+        &mut self,
+        requests: &[Request],
+        replies: &mut Vec<(Reply, Duration)>,
+    ) -> Result<(), String> {
+        let start = Instant::now();
+        let n = self.conns.len();
+        let mut sent = vec![false; requests.len()];
+        for (i, request) in requests.iter().enumerate() {
+            sent[i] = self.conns[i % n].send(self.protocol, request)?;
+        }
+        for conn in &mut self.conns {
+            conn.writer.flush().map_err(io_err)?;
+        }
+        let mut answers: Vec<Option<(Reply, Duration)>> = vec![None; requests.len()];
+        for (c, conn) in self.conns.iter_mut().enumerate() {
+            for i in (c..requests.len()).step_by(n) {
+                answers[i] = Some(if sent[i] {
+                    (conn.receive(self.protocol, &requests[i])?, start.elapsed())
+                } else {
+                    (Reply::Unsupported, Duration::ZERO)
+                });
+            }
+        }
+        replies.extend(answers.into_iter().flatten());
+        Ok(())
+    }
+
+    fn batch_size(&self) -> usize {
+        self.conns.len() * self.pipeline
+    }
+}
+
+/// A server reached over TCP, either started by the bench or already running.
+pub struct NetTarget {
+    name: String,
+    addr: SocketAddr,
+    protocol: Protocol,
+    /// Kept for its PID (RSS, CPU, bytes written); dropping it stops the server.
+    peer: Option<Peer>,
+    control: Mutex<Conn>,
+    connections: usize,
+    pipeline: usize,
+    dram_only: bool,
+}
+
+impl NetTarget {
+    /// Starts `memcached`, `memcached-ext` or `redis` with the budget.
+    pub fn spawn(name: &str, budget: &Budget) -> Result<NetTarget, String> {
+        let dir = &budget.data_dir;
+        std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let server_threads = budget.threads.clamp(1, 4);
+        let (peer, protocol, dram_only) = match name {
+            "memcached" => (
+                peers::memcached(budget.dram, None, dir, server_threads)?,
+                Protocol::Memcached,
+                true,
+            ),
+            "memcached-ext" => {
+                let ssd = budget
+                    .ssd
+                    .ok_or("memcached-ext needs an SSD budget (--ssd-size), not --ssd none")?;
+                (
+                    peers::memcached(budget.dram, Some(ssd), dir, server_threads)?,
+                    Protocol::Memcached,
+                    false,
+                )
+            }
+            _ => (peers::redis(budget.dram, dir)?, Protocol::Resp, true),
+        };
+        let addr = peer.addr;
+        Self::new(name, addr, protocol, Some(peer), budget, dram_only)
+    }
+
+    /// A server already running at `addr` (`HOST:PORT`).
+    pub fn remote(
+        name: &str,
+        addr: &str,
+        protocol: Protocol,
+        budget: &Budget,
+    ) -> Result<NetTarget, String> {
+        let addr = addr
+            .to_socket_addrs()
+            .map_err(|e| format!("{name}: {e}"))?
+            .next()
+            .ok_or_else(|| format!("{name}: no address"))?;
+        Self::new(name, addr, protocol, None, budget, false)
+    }
+
+    fn new(
+        name: &str,
+        addr: SocketAddr,
+        protocol: Protocol,
+        peer: Option<Peer>,
+        budget: &Budget,
+        dram_only: bool,
+    ) -> Result<NetTarget, String> {
+        Ok(NetTarget {
+            name: name.into(),
+            addr,
+            protocol,
+            control: Mutex::new(Conn::open(addr)?),
+            peer,
+            connections: budget.connections.max(1),
+            pipeline: budget.pipeline.max(1),
+            dram_only,
+        })
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.peer.as_ref().map(Peer::pid)
+    }
+}
+
+fn stat<T: std::str::FromStr>(stats: &HashMap<String, String>, name: &str) -> Option<T> {
+    stats.get(name)?.parse().ok()
+}
+
+/// A §4 ratio as `zipcache serve` prints it; it prints what it cannot say as text.
+fn ratio_stat(stats: &HashMap<String, String>, name: &str) -> Option<f64> {
+    stat::<f64>(stats, name).filter(|v| v.is_finite())
+}
+
+impl Target for NetTarget {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn client(&self) -> Result<Box<dyn Client>, String> {
+        let conns = (0..self.connections)
+            .map(|_| Conn::open(self.addr))
+            .collect::<Result<_, _>>()?;
+        Ok(Box::new(NetClient {
+            protocol: self.protocol,
+            conns,
+            pipeline: self.pipeline,
+        }))
+    }
+
+    fn snapshot(&self) -> Result<Snapshot, String> {
+        let stats = self
+            .control
+            .lock()
+            .map_err(|_| "control connection poisoned")?
+            .stats(self.protocol)?;
+        let pid = self.pid();
+        let mut snap = Snapshot {
+            rss_bytes: pid.and_then(procfs::rss_bytes),
+            server_cpu_seconds: pid.and_then(procfs::cpu_seconds),
+            ..Snapshot::default()
+        };
+        match self.protocol {
+            Protocol::Resp => {
+                let hits: Option<u64> = stat(&stats, "keyspace_hits");
+                let misses: Option<u64> = stat(&stats, "keyspace_misses");
+                snap.gets = hits.zip(misses).map(|(h, m)| h + m);
+                snap.dram_hits = hits;
+                snap.ssd_hits = Some(0);
+                snap.dram_bytes_used = stat(&stats, "used_memory");
+                snap.objects_resident = stat(&stats, "dbsize");
+                snap.rss_bytes = snap.rss_bytes.or(stat(&stats, "used_memory_rss"));
+            }
+            // `zipcache serve` prints the engine's §4 names in `stats`.
+            Protocol::Memcached if stats.contains_key("dram_hits") => {
+                snap.gets = stat(&stats, "gets");
+                snap.dram_hits = stat(&stats, "dram_hits");
+                snap.ssd_hits = stat(&stats, "ssd_hits");
+                snap.dram_bytes_used = stat(&stats, "dram_used");
+                snap.objects_resident = stat(&stats, "objects_resident");
+                snap.compression_ratio_dram = ratio_stat(&stats, "compression_ratio_dram");
+                snap.wa_host = ratio_stat(&stats, "wa_host");
+                snap.wr_nand = ratio_stat(&stats, "wr_nand");
+                snap.wa = ratio_stat(&stats, "wa");
+                snap.zeta = ratio_stat(&stats, "zeta");
+                snap.ssd_objects = stat(&stats, "ssd_objects");
+                snap.ssd_index_bytes = stat(&stats, "ssd_index_bytes");
+                snap.ssd_reads_per_ssd_get = ratio_stat(&stats, "ssd_reads_per_ssd_get");
+                snap.host_bytes_written = stat(&stats, "V_host");
+            }
+            Protocol::Memcached => {
+                let hits: Option<u64> = stat(&stats, "get_hits");
+                let flash: u64 = stat(&stats, "get_extstore").unwrap_or(0);
+                snap.gets = stat(&stats, "cmd_get");
+                snap.dram_hits = hits.map(|h| h.saturating_sub(flash));
+                snap.ssd_hits = Some(flash);
+                snap.dram_bytes_used = stat(&stats, "bytes");
+                snap.objects_resident = stat(&stats, "curr_items");
+                if stats.contains_key("extstore_bytes_written") {
+                    snap.ssd_objects = stat(&stats, "extstore_objects_used");
+                    snap.host_bytes_written = pid
+                        .and_then(procfs::wchar)
+                        .or(stat(&stats, "extstore_bytes_written"));
+                }
+            }
+        }
+        Ok(snap)
+    }
+
+    fn dram_only(&self) -> bool {
+        self.dram_only
+    }
+
+    fn close(self: Box<Self>) -> Result<(), String> {
+        // Dropping `peer` stops the server by its PID.
+        Ok(())
+    }
+}

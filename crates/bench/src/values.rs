@@ -1,0 +1,334 @@
+//! Value bytes: sizes, η-compressible synthetic content and real-data content, generated
+//! deterministically from (key id, version) so every GET can be verified.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+
+/// The SplitMix64 finaliser: a fast, well-mixed hash of a 64-bit word.
+pub fn mix64(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// Bytes of the version stamp at the start of a synthetic value's random part.
+const STAMP: usize = 8;
+
+/// Value sizes: one size, or a weighted distribution (fixed per key so a GET knows the size).
+#[derive(Clone, Debug)]
+pub enum SizeDist {
+    Fixed(usize),
+    Weighted {
+        sizes: Vec<usize>,
+        /// Cumulative weights, normalised so the last is 1.
+        cumulative: Vec<f64>,
+    },
+}
+
+impl SizeDist {
+    /// Reads `SIZE WEIGHT` (or `SIZE,WEIGHT`) lines; `#` starts a comment.
+    pub fn from_file(path: &Path) -> Result<SizeDist, String> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("--value-size-file {}: {e}", path.display()))?;
+        let mut sizes = Vec::new();
+        let mut weights = Vec::new();
+        for (n, line) in text.lines().enumerate() {
+            let line = line.split('#').next().unwrap_or("").trim();
+            if line.is_empty() {
+                continue;
+            }
+            let mut fields = line.split([',', ' ', '\t']).filter(|f| !f.is_empty());
+            let bad = || format!("{}:{}: expected `SIZE WEIGHT`", path.display(), n + 1);
+            let size = zipcache::parse_size(fields.next().ok_or_else(bad)?).map_err(|_| bad())?;
+            let weight: f64 = fields
+                .next()
+                .map_or(Ok(1.0), str::parse)
+                .map_err(|_| bad())?;
+            if size == 0 || !weight.is_finite() || weight <= 0.0 {
+                return Err(bad());
+            }
+            sizes.push(size as usize);
+            weights.push(weight);
+        }
+        if sizes.is_empty() {
+            return Err(format!("{}: no sizes", path.display()));
+        }
+        let total: f64 = weights.iter().sum();
+        let cumulative = weights
+            .iter()
+            .scan(0.0, |acc, w| {
+                *acc += w / total;
+                Some(*acc)
+            })
+            .collect();
+        Ok(SizeDist::Weighted { sizes, cumulative })
+    }
+
+    pub fn size_of(&self, key_id: u64, seed: u64) -> usize {
+        match self {
+            SizeDist::Fixed(size) => *size,
+            SizeDist::Weighted { sizes, cumulative } => {
+                let u = (mix64(key_id ^ mix64(seed ^ 0x5151)) >> 11) as f64 / (1u64 << 53) as f64;
+                let i = cumulative.partition_point(|c| *c <= u).min(sizes.len() - 1);
+                sizes[i]
+            }
+        }
+    }
+
+    /// Mean size, for sizing working sets and budgets.
+    pub fn mean(&self) -> f64 {
+        match self {
+            SizeDist::Fixed(size) => *size as f64,
+            SizeDist::Weighted { sizes, cumulative } => {
+                let mut prev = 0.0;
+                sizes
+                    .iter()
+                    .zip(cumulative)
+                    .map(|(s, c)| {
+                        let w = c - prev;
+                        prev = *c;
+                        *s as f64 * w
+                    })
+                    .sum()
+            }
+        }
+    }
+}
+
+/// What the bytes of a value are.
+#[derive(Clone, Debug)]
+pub enum Content {
+    /// The paper's (and FIO's) method: fraction `eta` of the value is zeros, the rest random.
+    Synthetic { eta: f64 },
+    /// Records of a real public dataset, concatenated from a per-key starting row.
+    Dataset(Arc<Dataset>),
+}
+
+/// Generates and verifies values.
+#[derive(Clone, Debug)]
+pub struct ValueGen {
+    pub sizes: SizeDist,
+    pub content: Content,
+    pub seed: u64,
+}
+
+impl ValueGen {
+    /// The value of `key_id` at `version`. Synthetic values carry their version (xor a key
+    /// hash, so the stamp looks random) in their first bytes, which lets a reader check a
+    /// value whose version it does not know.
+    pub fn value(&self, key_id: u64, version: u64) -> Vec<u8> {
+        let len = self.sizes.size_of(key_id, self.seed);
+        match &self.content {
+            Content::Synthetic { eta } => {
+                let random = random_len(len, *eta);
+                let version = if random >= STAMP { version } else { 0 };
+                let mut value = vec![0u8; len];
+                let mut state = mix64(self.seed ^ mix64(key_id) ^ mix64(version ^ 0xabcd));
+                for chunk in value[..random].chunks_mut(8) {
+                    state = mix64(state);
+                    chunk.copy_from_slice(&state.to_le_bytes()[..chunk.len()]);
+                }
+                if random >= STAMP {
+                    let stamp = version ^ self.key_hash(key_id);
+                    value[..STAMP].copy_from_slice(&stamp.to_le_bytes());
+                }
+                value
+            }
+            Content::Dataset(dataset) => dataset.fill(mix64(self.seed ^ key_id), len),
+        }
+    }
+
+    fn key_hash(&self, key_id: u64) -> u64 {
+        mix64(key_id ^ self.seed.rotate_left(17))
+    }
+
+    /// Whether `bytes` is a value this generator could have produced for `key_id`.
+    pub fn verify(&self, key_id: u64, bytes: &[u8]) -> bool {
+        let version = match &self.content {
+            Content::Synthetic { eta } if random_len(bytes.len(), *eta) >= STAMP => {
+                let stamp = u64::from_le_bytes(bytes[..STAMP].try_into().expect("8 bytes"));
+                stamp ^ self.key_hash(key_id)
+            }
+            _ => 0,
+        };
+        self.value(key_id, version) == bytes
+    }
+}
+
+/// Bytes of a synthetic value of `len` bytes that are random rather than zeros.
+pub fn random_len(len: usize, eta: f64) -> usize {
+    len - ((len as f64 * eta).round() as usize).min(len)
+}
+
+/// A real dataset, as rows of text.
+#[derive(Debug)]
+pub struct Dataset {
+    pub name: String,
+    pub path: PathBuf,
+    rows: Vec<Vec<u8>>,
+}
+
+/// The PyPI package the real-data value sources come from.
+pub const DATASET_PACKAGE: &str = "vega_datasets";
+
+impl Dataset {
+    /// Loads dataset `name` (a file of the `vega_datasets` package, e.g. `airports`,
+    /// `seattle-weather`, `cars`): CSV rows, or JSON records re-serialised one per row.
+    pub fn load(name: &str) -> Result<Dataset, String> {
+        let dir = dataset_dir()?;
+        let path = ["csv", "json"]
+            .iter()
+            .map(|ext| dir.join(format!("{name}.{ext}")))
+            .find(|p| p.is_file())
+            .ok_or_else(|| {
+                format!(
+                    "no dataset {name:?} in {} (has: {})",
+                    dir.display(),
+                    available(&dir).join(", ")
+                )
+            })?;
+        let text =
+            std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let rows: Vec<Vec<u8>> = if path.extension().is_some_and(|e| e == "json") {
+            let records: Vec<serde_json::Value> = serde_json::from_str(&text)
+                .map_err(|e| format!("{}: not a JSON array: {e}", path.display()))?;
+            records.iter().map(|r| r.to_string().into_bytes()).collect()
+        } else {
+            // Skip the header: a cache holds records, not column names.
+            text.lines()
+                .skip(1)
+                .map(|l| l.as_bytes().to_vec())
+                .collect()
+        };
+        if rows.is_empty() {
+            return Err(format!("{}: no rows", path.display()));
+        }
+        Ok(Dataset {
+            name: name.into(),
+            path,
+            rows,
+        })
+    }
+
+    /// `len` bytes of consecutive rows (newline-separated) starting at row `start % rows`.
+    fn fill(&self, start: u64, len: usize) -> Vec<u8> {
+        let mut out = Vec::with_capacity(len + 128);
+        let mut row = (start % self.rows.len() as u64) as usize;
+        while out.len() < len {
+            out.extend_from_slice(&self.rows[row]);
+            out.push(b'\n');
+            row = (row + 1) % self.rows.len();
+        }
+        out.truncate(len);
+        out
+    }
+}
+
+fn available(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().into_string().ok()?;
+            let stem = name
+                .strip_suffix(".csv")
+                .or_else(|| name.strip_suffix(".json"))?;
+            Some(stem.to_string())
+        })
+        .collect();
+    names.sort();
+    names
+}
+
+/// The data directory of the installed `vega_datasets` package: `$ZIPCACHE_DATASETS_DIR`, or
+/// asked of `python3`, which knows where its site-packages are.
+fn dataset_dir() -> Result<PathBuf, String> {
+    if let Some(dir) = std::env::var_os("ZIPCACHE_DATASETS_DIR") {
+        return Ok(PathBuf::from(dir));
+    }
+    let missing = || {
+        format!(
+            "real-data values need the PyPI package {DATASET_PACKAGE}: `pip install {DATASET_PACKAGE}` \
+             (or point ZIPCACHE_DATASETS_DIR at a directory of its CSV/JSON files)"
+        )
+    };
+    let output = Command::new("python3")
+        .args([
+            "-c",
+            "import os, vega_datasets; print(os.path.dirname(vega_datasets.__file__))",
+        ])
+        .output()
+        .map_err(|_| missing())?;
+    if !output.status.success() {
+        return Err(missing());
+    }
+    let dir = PathBuf::from(String::from_utf8_lossy(&output.stdout).trim()).join("_data");
+    if dir.is_dir() {
+        Ok(dir)
+    } else {
+        Err(missing())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn synthetic(size: usize, eta: f64) -> ValueGen {
+        ValueGen {
+            sizes: SizeDist::Fixed(size),
+            content: Content::Synthetic { eta },
+            seed: 11,
+        }
+    }
+
+    #[test]
+    fn eta_is_the_fraction_of_zeros() {
+        for eta in [0.0, 0.25, 0.5, 0.75, 1.0] {
+            let generator = synthetic(1000, eta);
+            for key in 0..50 {
+                let value = generator.value(key, key * 3);
+                assert_eq!(value.len(), 1000);
+                let zeros = value.iter().filter(|b| **b == 0).count();
+                let expected = (1000.0 * eta) as usize;
+                // Random bytes are zero one time in 256.
+                assert!(
+                    zeros >= expected && zeros <= expected + 15,
+                    "eta {eta}: {zeros} zeros"
+                );
+                assert!(value[1000 - expected..].iter().all(|b| *b == 0));
+            }
+        }
+    }
+
+    #[test]
+    fn values_verify_whatever_their_version() {
+        let generator = synthetic(64, 0.5);
+        let v7 = generator.value(5, 7);
+        assert_ne!(v7, generator.value(5, 8));
+        assert!(generator.verify(5, &v7));
+        assert!(!generator.verify(6, &v7), "another key's value must fail");
+        let mut corrupt = v7.clone();
+        corrupt[20] ^= 1;
+        assert!(!generator.verify(5, &corrupt));
+        // Too little random room for a stamp: only version 0 exists, still verifiable.
+        let tiny = synthetic(8, 0.5);
+        assert_eq!(tiny.value(3, 9), tiny.value(3, 0));
+        assert!(tiny.verify(3, &tiny.value(3, 9)));
+    }
+
+    #[test]
+    fn size_distribution_is_stable_per_key() {
+        let dir = std::env::temp_dir().join(format!("zc-sizes-{}", std::process::id()));
+        std::fs::write(&dir, "# size weight\n32 1\n1KiB 3\n").unwrap();
+        let dist = SizeDist::from_file(&dir).unwrap();
+        std::fs::remove_file(&dir).unwrap();
+        assert!((dist.mean() - (32.0 * 0.25 + 1024.0 * 0.75)).abs() < 1e-9);
+        let big = (0..10_000).filter(|k| dist.size_of(*k, 1) == 1024).count();
+        assert!((7_000..8_000).contains(&big), "{big}");
+        assert_eq!(dist.size_of(77, 1), dist.size_of(77, 1));
+    }
+}

@@ -1,0 +1,145 @@
+//! Short runs against a real memcached (started and stopped by the bench) and the
+//! in-process zipcache engine, checked through the JSON the bench writes.
+
+use std::process::Command;
+
+use clap::Parser;
+use zipcache_bench::report::REQUIRED_FIELDS;
+use zipcache_bench::{BenchArgs, run};
+
+#[derive(Parser)]
+struct Cli {
+    #[command(flatten)]
+    bench: BenchArgs,
+}
+
+fn bench(args: &[&str]) -> Vec<serde_json::Value> {
+    let json = std::env::temp_dir().join(format!(
+        "zc-bench-test-{}-{}.json",
+        std::process::id(),
+        args.join("").len()
+    ));
+    let argv = ["bench", "--json", json.to_str().unwrap()]
+        .into_iter()
+        .chain(args.iter().copied());
+    let cli = Cli::try_parse_from(argv).expect("flags parse");
+    run(cli.bench).expect("bench run");
+    let text = std::fs::read_to_string(&json).unwrap();
+    std::fs::remove_file(&json).unwrap();
+    serde_json::from_str(&text).unwrap()
+}
+
+fn require_memcached() {
+    let found = Command::new("memcached").arg("--version").output().is_ok();
+    assert!(
+        found,
+        "memcached is not installed: apt-get install -y memcached (Debian package `memcached`)"
+    );
+}
+
+fn check_schema(result: &serde_json::Value) {
+    let object = result.as_object().expect("each result is an object");
+    for field in REQUIRED_FIELDS {
+        assert!(
+            object.contains_key(*field),
+            "missing field {field}: {result}"
+        );
+    }
+    let latency = &result["get_latency_us"];
+    for p in ["p50", "p90", "p99", "p999"] {
+        assert!(latency.get(p).is_some(), "get_latency_us.{p} missing");
+    }
+    assert!(result["workload"]["keys"].is_u64() || result["workload"]["keys"].is_null());
+}
+
+#[test]
+fn lookaside_against_memcached_and_zipcache() {
+    require_memcached();
+    let results = bench(&[
+        "--target",
+        "memcached,zipcache",
+        "--keys",
+        "20000",
+        "--dram",
+        "16MiB",
+        "--ssd",
+        "none",
+        "--ops",
+        "60000",
+        "--warmup-ops",
+        "40000",
+        "--locality",
+        "strong",
+        "--put-ratio",
+        "0.05",
+        "--delete-ratio",
+        "0.01",
+        "--backend-latency-us",
+        "50",
+    ]);
+    assert_eq!(results.len(), 2);
+    for result in &results {
+        check_schema(result);
+        let target = result["target"].as_str().unwrap();
+        assert_eq!(result["wrong_values"], 0, "{target} returned wrong values");
+        assert_eq!(result["errors"], 0, "{target}: {}", result["first_error"]);
+        let hit_ratio = result["hit_ratio"].as_f64().unwrap();
+        assert!(hit_ratio > 0.5, "{target}: hit ratio {hit_ratio}");
+        assert!(result["throughput_ops"].as_f64().unwrap() > 0.0);
+        assert!(result["get_latency_us"]["p50"].as_f64().unwrap() > 0.0);
+    }
+    assert!(
+        results[0]["rss_bytes"].as_u64().unwrap() > 0,
+        "memcached RSS"
+    );
+}
+
+#[test]
+fn fill_reports_resident_objects() {
+    require_memcached();
+    let results = bench(&[
+        "--target",
+        "memcached,zipcache,segcache",
+        "--mode",
+        "fill",
+        "--keys",
+        "30000",
+        "--dram",
+        "64MiB",
+        "--ssd",
+        "none",
+        "--eta",
+        "0.5",
+    ]);
+    for result in &results {
+        check_schema(result);
+        let target = result["target"].as_str().unwrap();
+        assert_eq!(result["errors"], 0, "{target}: {}", result["first_error"]);
+        // Everything fits: every key is resident.
+        assert_eq!(result["objects_resident"], 30000, "{target}");
+    }
+}
+
+#[test]
+fn real_dataset_values_verify() {
+    let results = bench(&[
+        "--target",
+        "zipcache",
+        "--keys",
+        "2000",
+        "--dram",
+        "8MiB",
+        "--ssd",
+        "none",
+        "--ops",
+        "5000",
+        "--values",
+        "airports",
+        "--value-size",
+        "200",
+        "--backend-latency-us",
+        "0",
+    ]);
+    assert_eq!(results[0]["wrong_values"], 0);
+    assert!(results[0]["hits"].as_u64().unwrap() > 0);
+}
