@@ -124,8 +124,8 @@ pub enum RebuildReason {
 ///
 /// Accounting rules:
 /// * a block's physical size is its zlib level-6 size, capped at 4096 (stored raw); an
-///   all-zero block costs what zlib makes of 4 KiB of zeros (a handful of bytes), computed
-///   once and reused;
+///   all-zero block costs what zlib makes of 4 KiB of zeros (26 bytes), computed once and
+///   reused;
 /// * `V_NAND` (`nand_bytes_written`) adds the physical size of every block written;
 ///   `physical_used` is the sum of the sizes of live blocks (an overwrite replaces, a trim
 ///   frees);
@@ -201,6 +201,11 @@ impl<D: BlockDevice> CompressingDevice<D> {
         };
         let compression_threads = Arc::new(Mutex::new(Vec::new()));
         if mode == DeviceCompression::Hardware {
+            // Writes in this mode go unaccounted, so a table left by an emulating run would
+            // be stale the next time one opens the device.
+            if let Some(path) = &options.sidecar {
+                remove_if_present(path)?;
+            }
             return Ok(Self {
                 inner,
                 mode,
@@ -304,17 +309,17 @@ impl<D: BlockDevice> CompressingDevice<D> {
     }
 
     /// Flushes the inner device, persists the accounting and stops the controllers,
-    /// reporting errors that dropping the device would have to ignore.
+    /// reporting the errors that dropping the device would have to ignore.
     pub fn close(mut self) -> io::Result<()> {
-        self.shutdown()
+        let flushed = self.flush();
+        self.stop_controllers();
+        flushed
     }
 
-    fn shutdown(&mut self) -> io::Result<()> {
-        let persisted = self.flush();
+    fn stop_controllers(&mut self) {
         for controller in std::mem::take(&mut self.controllers) {
             controller.stop();
         }
-        persisted
     }
 
     /// Deletes a persisted sidecar before the first mutation after it was written, so a
@@ -483,7 +488,14 @@ impl<D: BlockDevice> Drop for CompressingDevice<D> {
     fn drop(&mut self) {
         // Errors cannot be reported from drop; `close` reports them. A sidecar that failed
         // to persist is simply absent, and the next open rebuilds.
-        let _ = self.shutdown();
+        if self
+            .sidecar
+            .as_ref()
+            .is_some_and(|sidecar| !sidecar.on_disk.load(Ordering::Acquire))
+        {
+            let _ = self.flush();
+        }
+        self.stop_controllers();
     }
 }
 
@@ -1028,6 +1040,29 @@ mod tests {
         assert_eq!(device.physical_free(), None);
         assert_eq!(device.physical_size(7), None);
         assert_eq!(device.accounting_origin(), &AccountingOrigin::NotTracked);
+    }
+
+    #[test]
+    fn hardware_mode_discards_a_stale_sidecar() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let sidecar = EmulatorOptions::sidecar_for(&dir.path().join("ssd"));
+        let device = file_emulator(dir.path());
+        write_mixed_blocks(&device);
+        device.close().expect("close");
+        assert!(sidecar.exists());
+        let hardware = CompressingDevice::open_file(
+            dir.path().join("ssd"),
+            BLOCKS * BLOCK_BYTES,
+            &FileOptions::default(),
+            EmulatorOptions {
+                mode: DeviceCompression::Hardware,
+                ..EmulatorOptions::default()
+            },
+        )
+        .expect("open in hardware mode");
+        assert!(!sidecar.exists(), "its writes would go unaccounted");
+        drop(hardware);
+        assert!(!sidecar.exists());
     }
 
     #[test]
