@@ -59,6 +59,8 @@ pub struct FileDevice {
     path: PathBuf,
     block_count: u64,
     direct_io: bool,
+    /// `lseek(SEEK_DATA)` on a block device reports it all as data, which says nothing.
+    is_block_device: bool,
     counters: IoCounters,
 }
 
@@ -97,7 +99,8 @@ impl FileDevice {
             .open(path)
             .map_err(|err| explain_open_error(err, path, options.direct_io))?;
         let metadata = file.metadata().map_err(|err| with_path(err, path))?;
-        if metadata.file_type().is_block_device() {
+        let is_block_device = metadata.file_type().is_block_device();
+        if is_block_device {
             let device_size = (&file)
                 .seek(SeekFrom::End(0))
                 .map_err(|err| with_path(err, path))?;
@@ -122,6 +125,7 @@ impl FileDevice {
             path: path.to_path_buf(),
             block_count: logical_size / BLOCK_BYTES,
             direct_io: options.direct_io,
+            is_block_device,
             counters: IoCounters::default(),
         };
         if options.direct_io {
@@ -268,6 +272,9 @@ impl BlockDevice for FileDevice {
     }
 
     fn data_extents(&self) -> io::Result<Option<Vec<Range<u64>>>> {
+        if self.is_block_device {
+            return Ok(None);
+        }
         let end = self.block_count * BLOCK_BYTES;
         let mut extents: Vec<Range<u64>> = Vec::new();
         let mut offset = 0;
@@ -275,7 +282,7 @@ impl BlockDevice for FileDevice {
             let data = match self.seek_extent(offset, libc::SEEK_DATA) {
                 Ok(Some(data)) if data < end => data,
                 Ok(_) => break,
-                // Block devices and some filesystems cannot say where data is.
+                // Filesystems without SEEK_DATA support cannot say where data is.
                 Err(err) if err.raw_os_error() == Some(libc::EINVAL) => return Ok(None),
                 Err(err) => return Err(with_path(err, &self.path)),
             };

@@ -8,6 +8,22 @@
 //!   zlib compression (the paper's ScaleFlux CSD 3000), accounting physical bytes and `V_NAND`;
 //! * [`MemDevice`] — sparse and in memory, for fast tests of the layers above;
 //! * [`FaultyDevice`] — wraps a device and injects I/O errors and bit flips, for tests.
+//!
+//! ```
+//! use zipcache_device::{BlockDevice, CompressingDevice, EmulatorOptions, MemDevice, BLOCK_SIZE};
+//!
+//! // In production: CompressingDevice::open_file(path, size, &FileOptions::default(), options).
+//! let ssd = CompressingDevice::new(MemDevice::new(1024), EmulatorOptions::default())?;
+//! let mut sub_page = vec![0u8; BLOCK_SIZE];
+//! sub_page[..1024].fill(7); // a quarter-filled sub-page; the zeros compress away
+//! ssd.write(3, &sub_page)?;
+//! ssd.drain()?; // wait for the emulated controller before reading exact stats
+//! let stats = ssd.stats();
+//! assert_eq!(stats.host_bytes_written, 4096);
+//! assert!(stats.nand_bytes_written < 100);
+//! assert_eq!(stats.physical_capacity, stats.logical_capacity / 4);
+//! # Ok::<(), std::io::Error>(())
+//! ```
 
 use std::io;
 use std::ops::Range;
