@@ -411,6 +411,9 @@ impl<D: BlockDevice> BlockDevice for CompressingDevice<D> {
         let _no_flush_in_between = self.sidecar.as_ref().map(|s| s.gate.read());
         self.invalidate_sidecar()?;
         self.inner.trim(lba, count)?;
+        if count == 0 {
+            return Ok(());
+        }
         match (self.mode, &self.accounting) {
             (DeviceCompression::Emulate, Some(_)) => {
                 // Through the queues, behind any write of these LBAs still waiting there.
@@ -418,7 +421,7 @@ impl<D: BlockDevice> BlockDevice for CompressingDevice<D> {
                     controller.submit(Job::Trim {
                         lbas: lba..lba + count,
                     })?;
-                    // Trims are rare and the capacity manager waits for the space they
+                    // Trims are rare and the capacity manager acts on the space they
                     // free, so here (unlike writes) a wake-up is worth its cost.
                     controller.thread.thread().unpark();
                 }

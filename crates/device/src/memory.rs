@@ -83,6 +83,9 @@ impl BlockDevice for MemDevice {
 
     fn trim(&self, lba: u64, count: u64) -> io::Result<()> {
         check_range(self.block_count, lba, count)?;
+        if count == 0 {
+            return Ok(());
+        }
         let range = lba..lba + count;
         for (index, shard) in (0..SHARDS).zip(self.shards.iter()) {
             let mut shard = shard.write();
