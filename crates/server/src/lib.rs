@@ -1,10 +1,103 @@
 //! `zipcache serve`: memcached text/meta and RESP2 servers over the engine.
+//!
+//! Layout (after mini-redis): `connection` runs the read → execute-all → write-once
+//! loop; `memcache::parse` and `resp::parse` only frame bytes into requests; the
+//! `memcache::{text, meta}` and `resp::commands` modules execute them against the engine;
+//! `server` owns threads, listeners and admission; `settings` the flags.
 
-/// Arguments of `zipcache server` (SPEC §8).
-#[derive(clap::Args, Debug)]
-pub struct ServeArgs {}
+mod connection;
+mod memcache;
+mod metrics_http;
+mod resp;
+mod server;
+mod settings;
+mod stats;
 
-/// Runs `zipcache server`; the error is the message printed to the operator.
-pub fn run(_args: ServeArgs) -> Result<(), String> {
-    Err("not built yet".into())
+use std::sync::Arc;
+
+use tokio::signal::unix::{SignalKind, signal};
+use zipcache::ZipCache;
+
+pub use server::{Runtime, ServerHandle, ServerOptions, start};
+pub use settings::{ServeArgs, Settings};
+
+/// Exposed for the fuzz targets and property tests: framing must never panic.
+pub mod fuzzing {
+    pub fn memcached_frame(input: &[u8]) {
+        let _ = crate::memcache::parse::parse(input, 1 << 20);
+    }
+
+    pub fn resp_frame(input: &[u8]) {
+        let _ = crate::resp::parse::parse(input);
+    }
+}
+
+/// Runs `zipcache serve`; the error is the message printed to the operator.
+pub fn run(args: ServeArgs) -> Result<(), String> {
+    let settings = Settings::resolve(args)?;
+    let config = settings.engine_config()?;
+    println!("{}", settings.describe(&config));
+    std::fs::create_dir_all(&settings.data_dir)
+        .map_err(|e| format!("cannot create {}: {e}", settings.data_dir.display()))?;
+    // Every connection is a descriptor; ask for enough, as memcached does.
+    let wanted = settings.max_connections as u64 + 256;
+    match rlimit::increase_nofile_limit(wanted) {
+        Ok(got) if got < wanted => {
+            eprintln!(
+                "zipcache: warning: open-file limit is {got}, below max-connections + 256 = {wanted}"
+            )
+        }
+        _ => {}
+    }
+
+    let signals = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    // Handlers are installed before serving so a signal never hits the default action.
+    let (mut terminate, mut interrupt) = {
+        let _guard = signals.enter();
+        let term = signal(SignalKind::terminate()).map_err(|e| e.to_string())?;
+        let int = signal(SignalKind::interrupt()).map_err(|e| e.to_string())?;
+        (term, int)
+    };
+
+    let max_value = config.max_value_size;
+    let cache =
+        Arc::new(ZipCache::open(config).map_err(|e| format!("cannot open the cache: {e}"))?);
+    let handle = start(cache, settings.server_options(max_value))
+        .map_err(|e| format!("cannot listen: {e}"))?;
+    let addr = |a: Option<std::net::SocketAddr>| a.map_or("off".to_string(), |a| a.to_string());
+    println!(
+        "listening memcached={} resp={} metrics={}",
+        addr(handle.memcached_addr),
+        addr(handle.resp_addr),
+        addr(handle.metrics_addr)
+    );
+
+    signals.block_on(async {
+        tokio::select! {
+            _ = terminate.recv() => {}
+            _ = interrupt.recv() => {}
+        }
+    });
+    println!("shutting down: finishing in-flight requests (signal again to exit at once)");
+    let (done, finished) = tokio::sync::oneshot::channel();
+    std::thread::spawn(move || {
+        let cache = handle.shutdown();
+        let closed = match Arc::try_unwrap(cache) {
+            Ok(cache) => cache.close().map_err(|e| format!("closing the cache: {e}")),
+            Err(_) => Err("the cache is still in use; not closed cleanly".to_string()),
+        };
+        let _ = done.send(closed);
+    });
+    signals.block_on(async {
+        tokio::select! {
+            _ = terminate.recv() => std::process::exit(1),
+            _ = interrupt.recv() => std::process::exit(1),
+            closed = finished => closed.unwrap_or_else(|_| Err("shutdown thread failed".into())),
+        }
+    })?;
+    println!("stopped cleanly");
+    Ok(())
 }

@@ -1,0 +1,88 @@
+//! The connection loop shared by both protocols: read, execute every complete request
+//! in the buffer (pipelining), append all replies to one buffer, write once.
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::watch;
+
+/// What one protocol session does with the front of its read buffer.
+pub enum Step {
+    /// No complete request at the front: read more.
+    NeedMore,
+    /// A request spanning this many bytes was executed (its reply, if any, appended).
+    Consumed(usize),
+    /// Write what is buffered, then close (quit, or a protocol error the peer would not
+    /// recover from either).
+    Close,
+}
+
+pub trait Session {
+    fn step(&mut self, input: &[u8], out: &mut Vec<u8>) -> Step;
+}
+
+/// Replies are written out once they pass this size even mid-pipeline, so a pipeline
+/// of large GETs cannot grow the write buffer without bound.
+const FLUSH_AT: usize = 256 * 1024;
+const READ_CHUNK: usize = 16 * 1024;
+/// A session never needs more buffered input than one request; a request larger than
+/// this (a huge multi-bulk MSET, say) is refused by closing the connection.
+const MAX_INPUT: usize = 64 << 20;
+
+pub async fn serve<S: Session>(
+    mut stream: TcpStream,
+    mut session: S,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    // Latency over batching: replies go out as soon as a read's requests are done.
+    let _ = stream.set_nodelay(true);
+    let mut input: Vec<u8> = Vec::with_capacity(READ_CHUNK);
+    let mut out: Vec<u8> = Vec::with_capacity(READ_CHUNK);
+    loop {
+        if input.len() >= MAX_INPUT {
+            return;
+        }
+        input.reserve(READ_CHUNK);
+        let read = tokio::select! {
+            read = stream.read_buf(&mut input) => read,
+            // In-flight requests finished synchronously before we got here.
+            _ = shutdown.changed() => return,
+        };
+        match read {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {}
+        }
+        let mut pos = 0;
+        let mut close = false;
+        while pos < input.len() {
+            match session.step(&input[pos..], &mut out) {
+                Step::NeedMore => break,
+                Step::Consumed(n) => pos += n,
+                Step::Close => {
+                    close = true;
+                    break;
+                }
+            }
+            if out.len() >= FLUSH_AT {
+                if stream.write_all(&out).await.is_err() {
+                    return;
+                }
+                out.clear();
+            }
+        }
+        input.drain(..pos);
+        if !out.is_empty() {
+            if stream.write_all(&out).await.is_err() {
+                return;
+            }
+            out.clear();
+        }
+        if close {
+            let _ = stream.shutdown().await;
+            return;
+        }
+        // A buffer grown for one huge value should not stay that large while idle.
+        if input.is_empty() && input.capacity() > 4 * READ_CHUNK {
+            input = Vec::with_capacity(READ_CHUNK);
+        }
+    }
+}

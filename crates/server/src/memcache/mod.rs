@@ -1,0 +1,195 @@
+//! memcached text and meta protocol sessions.
+
+mod meta;
+pub mod parse;
+mod text;
+
+use std::sync::Arc;
+
+use zipcache::{Item, PutOptions, Update};
+
+use crate::connection::{Session, Step};
+use crate::server::Shared;
+use crate::stats::Counters;
+use parse::{Parsed, Request};
+
+/// memcached treats exptimes above 30 days as absolute Unix times.
+const RELATIVE_EXPTIME_MAX: i64 = 60 * 60 * 24 * 30;
+
+/// An exptime resolved against the engine clock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Expiry {
+    Never,
+    At(u64),
+    /// Negative or in the past: the write behaves as a delete.
+    Past,
+}
+
+impl Expiry {
+    fn from_exptime(exptime: i64, now_ms: u64) -> Expiry {
+        if exptime == 0 {
+            Expiry::Never
+        } else if exptime < 0 {
+            Expiry::Past
+        } else if exptime > RELATIVE_EXPTIME_MAX {
+            let at = exptime as u64 * 1000;
+            if at <= now_ms {
+                Expiry::Past
+            } else {
+                Expiry::At(at)
+            }
+        } else {
+            Expiry::At(now_ms + exptime as u64 * 1000)
+        }
+    }
+
+    fn from_item(item: &Item) -> Expiry {
+        item.expires_at_ms.map_or(Expiry::Never, Expiry::At)
+    }
+
+    fn expires_at_ms(self) -> Option<u64> {
+        match self {
+            Expiry::At(t) => Some(t),
+            Expiry::Never | Expiry::Past => None,
+        }
+    }
+
+    /// The update storing `value` with this expiry and `flags` (a past expiry deletes).
+    fn store(self, value: Vec<u8>, flags: u32) -> Update {
+        if self == Expiry::Past {
+            return Update::Delete;
+        }
+        Update::Put {
+            value,
+            options: PutOptions {
+                expires_at_ms: self.expires_at_ms(),
+                flags,
+                assign_cas: true,
+            },
+        }
+    }
+}
+
+/// Seconds left before `item` expires, as memcached reports it (`-1` = never).
+fn ttl_seconds(item: &Item, now_ms: u64) -> i64 {
+    item.expires_at_ms
+        .map_or(-1, |t| t.saturating_sub(now_ms).div_ceil(1000) as i64)
+}
+
+/// The reply line for an engine error.
+fn engine_error(error: &zipcache::Error) -> String {
+    match error {
+        zipcache::Error::EmptyKey | zipcache::Error::KeyTooLarge { .. } => {
+            parse::BAD_FORMAT.to_string()
+        }
+        zipcache::Error::ValueTooLarge { .. } => parse::TOO_LARGE.to_string(),
+        other => format!("SERVER_ERROR {other}"),
+    }
+}
+
+fn line(out: &mut Vec<u8>, text: &str) {
+    out.extend_from_slice(text.as_bytes());
+    out.extend_from_slice(b"\r\n");
+}
+
+/// memcached's counter parse: leading decimal digits, then whitespace or the end.
+fn parse_counter(value: &[u8]) -> Option<u64> {
+    let digits = value.iter().take_while(|b| b.is_ascii_digit()).count();
+    if digits == 0 || value.get(digits).is_some_and(|b| !b.is_ascii_whitespace()) {
+        return None;
+    }
+    std::str::from_utf8(&value[..digits]).ok()?.parse().ok()
+}
+
+const NON_NUMERIC: &str = "CLIENT_ERROR cannot increment or decrement non-numeric value";
+
+/// One memcached connection.
+pub struct MemcacheSession {
+    shared: Arc<Shared>,
+    /// Bytes of an oversized data block still to be discarded.
+    swallow: usize,
+}
+
+impl MemcacheSession {
+    pub fn new(shared: Arc<Shared>) -> MemcacheSession {
+        MemcacheSession { shared, swallow: 0 }
+    }
+}
+
+impl Session for MemcacheSession {
+    fn step(&mut self, input: &[u8], out: &mut Vec<u8>) -> Step {
+        if self.swallow > 0 {
+            let n = self.swallow.min(input.len());
+            self.swallow -= n;
+            return Step::Consumed(n);
+        }
+        match parse::parse(input, self.shared.max_value) {
+            Parsed::Incomplete => Step::NeedMore,
+            Parsed::Close => Step::Close,
+            Parsed::Request { request, len } => {
+                if self.execute(request, out) {
+                    Step::Consumed(len)
+                } else {
+                    Step::Close
+                }
+            }
+            Parsed::Swallow {
+                request,
+                len,
+                swallow,
+            } => {
+                // The skipped bytes hold no requests, so replying before they arrive
+                // keeps replies in request order.
+                self.swallow = swallow;
+                self.execute(request, out);
+                Step::Consumed(len)
+            }
+        }
+    }
+}
+
+impl MemcacheSession {
+    /// Executes one request; false closes the connection.
+    fn execute(&mut self, request: Request<'_>, out: &mut Vec<u8>) -> bool {
+        Counters::bump(&self.shared.counters.commands);
+        match request {
+            Request::Quit => return false,
+            Request::Meta(meta) => meta::execute(&self.shared, &meta, out),
+            Request::Error(message) => {
+                Counters::bump(&self.shared.counters.protocol_errors);
+                line(out, message);
+            }
+            other => text::execute(&self.shared, other, out),
+        }
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exptime_follows_memcached_rules() {
+        let now = 1_700_000_000_000;
+        assert_eq!(Expiry::from_exptime(0, now), Expiry::Never);
+        assert_eq!(Expiry::from_exptime(-1, now), Expiry::Past);
+        assert_eq!(Expiry::from_exptime(10, now), Expiry::At(now + 10_000));
+        assert_eq!(Expiry::from_exptime(1_000_000_000, now), Expiry::Past);
+        assert_eq!(
+            Expiry::from_exptime(1_800_000_000, now),
+            Expiry::At(1_800_000_000_000)
+        );
+    }
+
+    #[test]
+    fn counters_parse_like_strtoull() {
+        assert_eq!(parse_counter(b"10"), Some(10));
+        assert_eq!(parse_counter(b"9 "), Some(9));
+        assert_eq!(parse_counter(b"9 x"), Some(9));
+        assert_eq!(parse_counter(b"x"), None);
+        assert_eq!(parse_counter(b""), None);
+        assert_eq!(parse_counter(b"12a"), None);
+        assert_eq!(parse_counter(b"99999999999999999999999"), None);
+    }
+}

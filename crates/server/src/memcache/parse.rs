@@ -1,0 +1,611 @@
+//! memcached text-protocol framing: one request line (plus its data block for storage
+//! commands) into a [`Request`] borrowing from the read buffer. Execution lives in
+//! `text.rs` and `meta.rs`; this file only decides what the bytes mean and how many of
+//! them the request spans, replying with memcached 1.6's own error strings.
+
+/// Longest key memcached accepts; longer keys get `CLIENT_ERROR bad command line format`.
+pub const KEY_MAX: usize = 250;
+/// A request line without a newline after this many bytes closes the connection, as
+/// memcached does — except retrievals, whose key lists may legitimately be long.
+const LINE_MAX: usize = 2048;
+const RETRIEVAL_LINE_MAX: usize = 256 * 1024;
+/// Longest opaque (`O`) token of a meta command.
+const OPAQUE_MAX: usize = 32;
+
+pub const BAD_FORMAT: &str = "CLIENT_ERROR bad command line format";
+const BAD_CHUNK: &str = "CLIENT_ERROR bad data chunk";
+pub const TOO_LARGE: &str = "SERVER_ERROR object too large for cache";
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StoreMode {
+    Set,
+    Add,
+    Replace,
+    Append,
+    Prepend,
+    /// `cas`, or `ms` with a `C` token.
+    Cas(u64),
+}
+
+#[derive(Debug, PartialEq)]
+pub enum Request<'a> {
+    /// get / gets / gat / gats.
+    Retrieve {
+        keys: Vec<&'a [u8]>,
+        with_cas: bool,
+        touch: Option<i64>,
+    },
+    Store {
+        mode: StoreMode,
+        key: &'a [u8],
+        flags: u32,
+        exptime: i64,
+        data: &'a [u8],
+        noreply: bool,
+    },
+    Arith {
+        key: &'a [u8],
+        delta: u64,
+        incr: bool,
+        noreply: bool,
+    },
+    Delete {
+        key: &'a [u8],
+        noreply: bool,
+    },
+    Touch {
+        key: &'a [u8],
+        exptime: i64,
+        noreply: bool,
+    },
+    FlushAll {
+        delay: i64,
+        noreply: bool,
+    },
+    Stats(Option<&'a [u8]>),
+    Version,
+    Verbosity {
+        noreply: bool,
+    },
+    Quit,
+    Meta(Meta<'a>),
+    /// A value over the size limit: its data block is skipped, then `TOO_LARGE` is sent.
+    /// A `set` also drops the key's old value, as memcached does.
+    TooLarge {
+        key: &'a [u8],
+        drop_old: bool,
+        noreply: bool,
+    },
+    /// The request was consumed and gets this line as its reply.
+    Error(&'static str),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MetaKind {
+    Get,
+    Set,
+    Delete,
+    Arith,
+    Noop,
+    Debug,
+}
+
+/// A meta command: its key, its flags in request order (return flags echo that order),
+/// and for `ms` the data block.
+#[derive(Debug, PartialEq)]
+pub struct Meta<'a> {
+    pub kind: MetaKind,
+    pub key: &'a [u8],
+    pub flags: Vec<MetaFlag<'a>>,
+    pub data: &'a [u8],
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MetaFlag<'a> {
+    pub letter: u8,
+    pub token: &'a [u8],
+}
+
+impl<'a> Meta<'a> {
+    pub fn has(&self, letter: u8) -> bool {
+        self.flags.iter().any(|f| f.letter == letter)
+    }
+
+    pub fn token(&self, letter: u8) -> Option<&'a [u8]> {
+        self.flags
+            .iter()
+            .find(|f| f.letter == letter)
+            .map(|f| f.token)
+    }
+}
+
+/// Result of looking at the front of the read buffer.
+#[derive(Debug, PartialEq)]
+pub enum Parsed<'a> {
+    /// Not a whole request yet.
+    Incomplete,
+    /// A request spanning `len` bytes.
+    Request { request: Request<'a>, len: usize },
+    /// Skip `len` bytes first (the line), then `swallow` more as they arrive (a data block
+    /// too large to buffer), then execute `request`.
+    Swallow {
+        request: Request<'a>,
+        len: usize,
+        swallow: usize,
+    },
+    /// Unrecoverable (an endless line): close the connection like memcached does.
+    Close,
+}
+
+pub fn parse(input: &[u8], max_value: usize) -> Parsed<'_> {
+    let Some(newline) = input.iter().position(|&b| b == b'\n') else {
+        let limit = if is_retrieval(input) {
+            RETRIEVAL_LINE_MAX
+        } else {
+            LINE_MAX
+        };
+        return if input.len() > limit {
+            Parsed::Close
+        } else {
+            Parsed::Incomplete
+        };
+    };
+    let line_len = newline + 1;
+    let line = input[..newline]
+        .strip_suffix(b"\r")
+        .unwrap_or(&input[..newline]);
+    let tokens: Vec<&[u8]> = line
+        .split(|&b| b == b' ')
+        .filter(|t| !t.is_empty())
+        .collect();
+    let rest = &input[line_len..];
+    let request = match tokens.first().copied() {
+        Some(b"get") | Some(b"gets") | Some(b"gat") | Some(b"gats") => retrieval(&tokens),
+        Some(b"set") => return storage(&tokens, StoreMode::Set, line_len, rest, max_value),
+        Some(b"add") => return storage(&tokens, StoreMode::Add, line_len, rest, max_value),
+        Some(b"replace") => {
+            return storage(&tokens, StoreMode::Replace, line_len, rest, max_value);
+        }
+        Some(b"append") => {
+            return storage(&tokens, StoreMode::Append, line_len, rest, max_value);
+        }
+        Some(b"prepend") => {
+            return storage(&tokens, StoreMode::Prepend, line_len, rest, max_value);
+        }
+        Some(b"cas") => return storage(&tokens, StoreMode::Cas(0), line_len, rest, max_value),
+        Some(b"incr") => arith(&tokens, true),
+        Some(b"decr") => arith(&tokens, false),
+        Some(b"delete") => delete(&tokens),
+        Some(b"touch") => touch(&tokens),
+        Some(b"flush_all") => flush_all(&tokens),
+        Some(b"stats") => stats(&tokens),
+        Some(b"version") => Request::Version,
+        Some(b"verbosity") if (2..=3).contains(&tokens.len()) => Request::Verbosity {
+            noreply: noreply(&tokens),
+        },
+        Some(b"quit") if tokens.len() == 1 => Request::Quit,
+        Some(b"mn") => Request::Meta(Meta {
+            kind: MetaKind::Noop,
+            key: b"",
+            flags: Vec::new(),
+            data: b"",
+        }),
+        Some(b"me") => meta(&tokens, MetaKind::Debug),
+        Some(b"mg") => meta(&tokens, MetaKind::Get),
+        Some(b"md") => meta(&tokens, MetaKind::Delete),
+        Some(b"ma") => meta(&tokens, MetaKind::Arith),
+        Some(b"ms") => return meta_set(&tokens, line_len, rest, max_value),
+        _ => Request::Error("ERROR"),
+    };
+    Parsed::Request {
+        request,
+        len: line_len,
+    }
+}
+
+fn is_retrieval(input: &[u8]) -> bool {
+    [&b"get "[..], b"gets ", b"gat ", b"gats "]
+        .iter()
+        .any(|p| input.starts_with(p))
+}
+
+fn noreply(tokens: &[&[u8]]) -> bool {
+    tokens.last() == Some(&&b"noreply"[..])
+}
+
+fn number<T: std::str::FromStr>(token: &[u8]) -> Option<T> {
+    std::str::from_utf8(token).ok()?.parse().ok()
+}
+
+/// memcached's exptime is a 32-bit signed number.
+fn exptime(token: &[u8]) -> Option<i64> {
+    number::<i32>(token).map(i64::from)
+}
+
+fn key_ok(key: &[u8]) -> bool {
+    key.len() <= KEY_MAX
+}
+
+fn retrieval<'a>(tokens: &[&'a [u8]]) -> Request<'a> {
+    let command = tokens[0];
+    let with_cas = command.ends_with(b"s");
+    let (touch, keys) = if command.starts_with(b"gat") {
+        if tokens.len() < 2 {
+            return Request::Error("ERROR");
+        }
+        let Some(t) = exptime(tokens[1]) else {
+            return Request::Error("CLIENT_ERROR invalid exptime argument");
+        };
+        (Some(t), &tokens[2..])
+    } else {
+        if tokens.len() < 2 {
+            return Request::Error("ERROR");
+        }
+        (None, &tokens[1..])
+    };
+    if !keys.iter().all(|k| key_ok(k)) {
+        return Request::Error(BAD_FORMAT);
+    }
+    Request::Retrieve {
+        keys: keys.to_vec(),
+        with_cas,
+        touch,
+    }
+}
+
+/// Frames a data block of `len` bytes after the line: waits for all of it plus `\r\n`.
+fn data_block(rest: &[u8], len: usize) -> Option<Result<&[u8], ()>> {
+    let total = len.checked_add(2)?;
+    if rest.len() < total {
+        return None;
+    }
+    Some(if &rest[len..total] == b"\r\n" {
+        Ok(&rest[..len])
+    } else {
+        Err(())
+    })
+}
+
+fn storage<'a>(
+    tokens: &[&'a [u8]],
+    mode: StoreMode,
+    line_len: usize,
+    rest: &'a [u8],
+    max_value: usize,
+) -> Parsed<'a> {
+    let is_cas = matches!(mode, StoreMode::Cas(_));
+    let arity = if is_cas { 6 } else { 5 };
+    let error = |e| Parsed::Request {
+        request: Request::Error(e),
+        len: line_len,
+    };
+    if tokens.len() != arity && !(tokens.len() == arity + 1 && noreply(tokens)) {
+        return error("ERROR");
+    }
+    let key = tokens[1];
+    if !key_ok(key) {
+        return error(BAD_FORMAT);
+    }
+    let (Some(flags), Some(exptime), Some(len)) = (
+        number::<u32>(tokens[2]),
+        exptime(tokens[3]),
+        number::<i32>(tokens[4]),
+    ) else {
+        return error(BAD_FORMAT);
+    };
+    let Ok(len) = usize::try_from(len) else {
+        return error(BAD_FORMAT);
+    };
+    let mode = if is_cas {
+        match number::<u64>(tokens[5]) {
+            Some(unique) => StoreMode::Cas(unique),
+            None => return error(BAD_FORMAT),
+        }
+    } else {
+        mode
+    };
+    let noreply = noreply(tokens);
+    if len > max_value {
+        return Parsed::Swallow {
+            request: Request::TooLarge {
+                key,
+                drop_old: mode == StoreMode::Set,
+                noreply,
+            },
+            len: line_len,
+            swallow: len + 2,
+        };
+    }
+    match data_block(rest, len) {
+        None => Parsed::Incomplete,
+        Some(Err(())) => Parsed::Request {
+            request: Request::Error(BAD_CHUNK),
+            len: line_len + len + 2,
+        },
+        Some(Ok(data)) => Parsed::Request {
+            request: Request::Store {
+                mode,
+                key,
+                flags,
+                exptime,
+                data,
+                noreply,
+            },
+            len: line_len + len + 2,
+        },
+    }
+}
+
+fn arith<'a>(tokens: &[&'a [u8]], incr: bool) -> Request<'a> {
+    if tokens.len() != 3 && !(tokens.len() == 4 && noreply(tokens)) {
+        return Request::Error("ERROR");
+    }
+    if !key_ok(tokens[1]) {
+        return Request::Error(BAD_FORMAT);
+    }
+    match number::<u64>(tokens[2]) {
+        Some(delta) => Request::Arith {
+            key: tokens[1],
+            delta,
+            incr,
+            noreply: noreply(tokens),
+        },
+        None => Request::Error("CLIENT_ERROR invalid numeric delta argument"),
+    }
+}
+
+fn delete<'a>(tokens: &[&'a [u8]]) -> Request<'a> {
+    if !(2..=4).contains(&tokens.len()) {
+        return Request::Error("ERROR");
+    }
+    if !key_ok(tokens[1]) {
+        return Request::Error(BAD_FORMAT);
+    }
+    // Only the legacy hold time "0" and "noreply" may follow the key.
+    let valid = match tokens.len() {
+        2 => true,
+        3 => tokens[2] == b"0" || noreply(tokens),
+        _ => tokens[2] == b"0" && noreply(tokens),
+    };
+    if !valid {
+        return Request::Error(
+            "CLIENT_ERROR bad command line format.  Usage: delete <key> [noreply]",
+        );
+    }
+    Request::Delete {
+        key: tokens[1],
+        noreply: noreply(tokens),
+    }
+}
+
+fn touch<'a>(tokens: &[&'a [u8]]) -> Request<'a> {
+    if tokens.len() != 3 && !(tokens.len() == 4 && noreply(tokens)) {
+        return Request::Error("ERROR");
+    }
+    if !key_ok(tokens[1]) {
+        return Request::Error(BAD_FORMAT);
+    }
+    match exptime(tokens[2]) {
+        Some(exptime) => Request::Touch {
+            key: tokens[1],
+            exptime,
+            noreply: noreply(tokens),
+        },
+        None => Request::Error("CLIENT_ERROR invalid exptime argument"),
+    }
+}
+
+fn flush_all<'a>(tokens: &[&'a [u8]]) -> Request<'a> {
+    if tokens.len() > 3 {
+        return Request::Error("ERROR");
+    }
+    let noreply = noreply(tokens);
+    let delay_token = tokens.get(1).filter(|t| **t != b"noreply");
+    let delay = match delay_token {
+        None => 0,
+        Some(t) => match exptime(t) {
+            Some(d) => d,
+            None => return Request::Error("CLIENT_ERROR invalid exptime argument"),
+        },
+    };
+    Request::FlushAll { delay, noreply }
+}
+
+fn stats<'a>(tokens: &[&'a [u8]]) -> Request<'a> {
+    match tokens.len() {
+        1 => Request::Stats(None),
+        2 => Request::Stats(Some(tokens[1])),
+        _ => Request::Error("ERROR"),
+    }
+}
+
+/// Flags each meta command accepts (memcached 1.6; `b`, `E` and `x` are not supported).
+fn valid_flags(kind: MetaKind) -> &'static [u8] {
+    match kind {
+        MetaKind::Get => b"cfhklOqstuvNRT",
+        MetaKind::Set => b"cCFIkOqsTMN",
+        MetaKind::Delete => b"CIkOqT",
+        MetaKind::Arith => b"CNJDTMOqtcvk",
+        MetaKind::Noop | MetaKind::Debug => b"",
+    }
+}
+
+fn meta_flags<'a>(kind: MetaKind, tokens: &[&'a [u8]]) -> Result<Vec<MetaFlag<'a>>, &'static str> {
+    let valid = valid_flags(kind);
+    let mut flags: Vec<MetaFlag<'a>> = Vec::with_capacity(tokens.len());
+    for token in tokens {
+        let letter = token[0];
+        if !valid.contains(&letter) {
+            return Err("CLIENT_ERROR invalid flag");
+        }
+        if flags.iter().any(|f| f.letter == letter) {
+            return Err("CLIENT_ERROR duplicate flag");
+        }
+        if letter == b'O' && token.len() - 1 > OPAQUE_MAX {
+            return Err("CLIENT_ERROR opaque token too long");
+        }
+        flags.push(MetaFlag {
+            letter,
+            token: &token[1..],
+        });
+    }
+    Ok(flags)
+}
+
+fn meta<'a>(tokens: &[&'a [u8]], kind: MetaKind) -> Request<'a> {
+    if tokens.len() < 2 {
+        return if kind == MetaKind::Debug {
+            Request::Error(BAD_FORMAT)
+        } else {
+            Request::Error("ERROR")
+        };
+    }
+    let key = tokens[1];
+    if !key_ok(key) {
+        return Request::Error(BAD_FORMAT);
+    }
+    match meta_flags(kind, &tokens[2..]) {
+        Ok(flags) => Request::Meta(Meta {
+            kind,
+            key,
+            flags,
+            data: b"",
+        }),
+        Err(e) => Request::Error(e),
+    }
+}
+
+fn meta_set<'a>(
+    tokens: &[&'a [u8]],
+    line_len: usize,
+    rest: &'a [u8],
+    max_value: usize,
+) -> Parsed<'a> {
+    let error = |e| Parsed::Request {
+        request: Request::Error(e),
+        len: line_len,
+    };
+    if tokens.len() < 2 {
+        return error("ERROR");
+    }
+    let key = tokens[1];
+    let Some(len) = tokens.get(2).and_then(|t| number::<u32>(t)) else {
+        return error(BAD_FORMAT);
+    };
+    let len = len as usize;
+    // From here on the data block follows, so every error skips it as memcached does.
+    let flags = if key_ok(key) {
+        meta_flags(MetaKind::Set, &tokens[3..])
+    } else {
+        Err(BAD_FORMAT)
+    };
+    let flags = match flags {
+        Ok(flags) if len <= max_value => flags,
+        Ok(flags) => {
+            let noreply = flags.iter().any(|f| f.letter == b'q');
+            let mode = flags.iter().find(|f| f.letter == b'M').map(|f| f.token);
+            return Parsed::Swallow {
+                request: Request::TooLarge {
+                    key,
+                    drop_old: matches!(mode, None | Some(b"S") | Some(b"s")),
+                    noreply,
+                },
+                len: line_len,
+                swallow: len + 2,
+            };
+        }
+        Err(e) => {
+            return Parsed::Swallow {
+                request: Request::Error(e),
+                len: line_len,
+                swallow: len + 2,
+            };
+        }
+    };
+    match data_block(rest, len) {
+        None => Parsed::Incomplete,
+        Some(Err(())) => Parsed::Request {
+            request: Request::Error(BAD_CHUNK),
+            len: line_len + len + 2,
+        },
+        Some(Ok(data)) => Parsed::Request {
+            request: Request::Meta(Meta {
+                kind: MetaKind::Set,
+                key,
+                flags,
+                data,
+            }),
+            len: line_len + len + 2,
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(input: &[u8]) -> (Request<'_>, usize) {
+        match parse(input, 1 << 20) {
+            Parsed::Request { request, len } => (request, len),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn storage_waits_for_the_whole_data_block() {
+        assert_eq!(parse(b"set k 0 0 5\r\nab", 1 << 20), Parsed::Incomplete);
+        let (req, len) = request(b"set k 1 2 5 noreply\r\nhello\r\nget k\r\n");
+        assert_eq!(len, 28);
+        assert_eq!(
+            req,
+            Request::Store {
+                mode: StoreMode::Set,
+                key: b"k",
+                flags: 1,
+                exptime: 2,
+                data: b"hello",
+                noreply: true
+            }
+        );
+    }
+
+    #[test]
+    fn errors_match_memcached() {
+        assert_eq!(request(b"get\r\n").0, Request::Error("ERROR"));
+        assert_eq!(request(b"set k x 0 1\r\n").0, Request::Error(BAD_FORMAT));
+        assert_eq!(request(b"set k 0 0 -1\r\n").0, Request::Error(BAD_FORMAT));
+        assert_eq!(
+            request(b"set k 0 0 1\r\nab\r\n").1,
+            16,
+            "bad chunk spans len + 2"
+        );
+        assert_eq!(request(b"delete a b c d e\r\n").0, Request::Error("ERROR"));
+        let key = vec![b'k'; 251];
+        let line = [b"get ".as_slice(), &key, b"\r\n"].concat();
+        assert_eq!(request(&line).0, Request::Error(BAD_FORMAT));
+        assert_eq!(
+            request(b"mg k v v\r\n").0,
+            Request::Error("CLIENT_ERROR duplicate flag")
+        );
+        assert_eq!(
+            request(b"mg k zz\r\n").0,
+            Request::Error("CLIENT_ERROR invalid flag")
+        );
+    }
+
+    #[test]
+    fn oversized_values_are_swallowed() {
+        match parse(b"set k 0 0 2000000\r\n", 1 << 20) {
+            Parsed::Swallow { swallow, len, .. } => assert_eq!((swallow, len), (2_000_002, 19)),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn endless_lines_close_but_long_multigets_wait() {
+        assert_eq!(parse(&[b'x'; 3000], 1 << 20), Parsed::Close);
+        let mut get = b"get ".to_vec();
+        get.extend_from_slice(&[b'k'; 3000]);
+        assert_eq!(parse(&get, 1 << 20), Parsed::Incomplete);
+    }
+}

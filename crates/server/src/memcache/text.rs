@@ -1,0 +1,339 @@
+//! The classic memcached text commands.
+
+use std::time::Duration;
+
+use zipcache::Update;
+
+use super::parse::{Request, StoreMode, TOO_LARGE};
+use super::{Expiry, NON_NUMERIC, engine_error, line, parse_counter};
+use crate::server::Shared;
+use crate::stats::{Counters, engine_metrics};
+
+pub fn execute(shared: &Shared, request: Request<'_>, out: &mut Vec<u8>) {
+    match request {
+        Request::Retrieve {
+            keys,
+            with_cas,
+            touch,
+        } => retrieve(shared, &keys, with_cas, touch, out),
+        Request::Store {
+            mode,
+            key,
+            flags,
+            exptime,
+            data,
+            noreply,
+        } => {
+            Counters::bump(&shared.counters.cmd_set);
+            let reply = store(shared, mode, key, flags, exptime, data);
+            reply_unless(noreply, &reply, out);
+        }
+        Request::Arith {
+            key,
+            delta,
+            incr,
+            noreply,
+        } => {
+            let reply = arith(shared, key, delta, incr);
+            reply_unless(noreply, &reply, out);
+        }
+        Request::Delete { key, noreply } => {
+            let reply = match shared.cache.delete(key) {
+                Ok(true) => "DELETED".to_string(),
+                Ok(false) => "NOT_FOUND".to_string(),
+                Err(e) => engine_error(&e),
+            };
+            reply_unless(noreply, &reply, out);
+        }
+        Request::Touch {
+            key,
+            exptime,
+            noreply,
+        } => {
+            Counters::bump(&shared.counters.cmd_touch);
+            let reply = match touch(shared, key, exptime) {
+                Ok(Some(_)) => "TOUCHED".to_string(),
+                Ok(None) => "NOT_FOUND".to_string(),
+                Err(e) => engine_error(&e),
+            };
+            reply_unless(noreply, &reply, out);
+        }
+        Request::TooLarge {
+            key,
+            drop_old,
+            noreply,
+        } => {
+            // memcached unlinks the old value so a failed set never leaves it stale.
+            if drop_old {
+                let _ = shared.cache.delete(key);
+            }
+            reply_unless(noreply, TOO_LARGE, out);
+        }
+        Request::FlushAll { delay, noreply } => {
+            let reply = flush_all(shared, delay);
+            reply_unless(noreply, &reply, out);
+        }
+        Request::Stats(section) => stats(shared, section, out),
+        Request::Version => line(
+            out,
+            concat!("VERSION 1.6.0-zipcache-", env!("CARGO_PKG_VERSION")),
+        ),
+        Request::Verbosity { noreply } => reply_unless(noreply, "OK", out),
+        // The session handles these before dispatching here.
+        Request::Quit | Request::Meta(_) | Request::Error(_) => {}
+    }
+}
+
+fn reply_unless(noreply: bool, reply: &str, out: &mut Vec<u8>) {
+    if !noreply {
+        line(out, reply);
+    }
+}
+
+/// Reads (and for gat/gats re-dates) `key`: the stored item, if live.
+pub fn touch(
+    shared: &Shared,
+    key: &[u8],
+    exptime: i64,
+) -> zipcache::Result<Option<zipcache::Item>> {
+    let expiry = Expiry::from_exptime(exptime, shared.cache.now_ms());
+    let (item, _) = shared.cache.update(key, |current| match current {
+        None => (Update::Keep, None),
+        Some(item) => (
+            expiry.store(item.value.clone(), item.flags),
+            Some(item.clone()),
+        ),
+    })?;
+    Ok(item)
+}
+
+fn retrieve(
+    shared: &Shared,
+    keys: &[&[u8]],
+    with_cas: bool,
+    touch_exptime: Option<i64>,
+    out: &mut Vec<u8>,
+) {
+    for key in keys {
+        Counters::bump(&shared.counters.cmd_get);
+        let found = match touch_exptime {
+            Some(exptime) => {
+                Counters::bump(&shared.counters.cmd_touch);
+                touch(shared, key, exptime)
+            }
+            None => shared.cache.get_item(key),
+        };
+        let item = match found {
+            Ok(item) => item,
+            Err(e) => {
+                line(out, &engine_error(&e));
+                return;
+            }
+        };
+        shared.counters.hit_or_miss(item.is_some());
+        if let Some(item) = item {
+            out.extend_from_slice(b"VALUE ");
+            out.extend_from_slice(key);
+            let header = if with_cas {
+                format!(" {} {} {}\r\n", item.flags, item.value.len(), item.cas)
+            } else {
+                format!(" {} {}\r\n", item.flags, item.value.len())
+            };
+            out.extend_from_slice(header.as_bytes());
+            out.extend_from_slice(&item.value);
+            out.extend_from_slice(b"\r\n");
+        }
+    }
+    line(out, "END");
+}
+
+/// Outcome of a storage command, shared with `ms`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StoreOutcome {
+    Stored,
+    NotStored,
+    Exists,
+    NotFound,
+}
+
+/// Runs a storage command atomically; returns the outcome and the new CAS.
+pub fn store_item(
+    shared: &Shared,
+    mode: StoreMode,
+    key: &[u8],
+    flags: u32,
+    expiry: Expiry,
+    data: &[u8],
+) -> zipcache::Result<(StoreOutcome, Option<u64>)> {
+    if mode == StoreMode::Set {
+        // The common case needs no read: a plain write.
+        return match expiry.store(data.to_vec(), flags) {
+            Update::Put { options, .. } => shared
+                .cache
+                .put_with(key, data, options)
+                .map(|cas| (StoreOutcome::Stored, Some(cas))),
+            _ => shared
+                .cache
+                .delete(key)
+                .map(|_| (StoreOutcome::Stored, None)),
+        };
+    }
+    shared.cache.update(key, |current| match (mode, current) {
+        (StoreMode::Set, _) | (StoreMode::Add, None) => {
+            (expiry.store(data.to_vec(), flags), StoreOutcome::Stored)
+        }
+        (StoreMode::Add, Some(_)) => (Update::Keep, StoreOutcome::NotStored),
+        (StoreMode::Replace | StoreMode::Append | StoreMode::Prepend, None) => {
+            (Update::Keep, StoreOutcome::NotStored)
+        }
+        (StoreMode::Cas(_), None) => (Update::Keep, StoreOutcome::NotFound),
+        (StoreMode::Cas(unique), Some(item)) if item.cas != unique => {
+            (Update::Keep, StoreOutcome::Exists)
+        }
+        (StoreMode::Replace | StoreMode::Cas(_), Some(_)) => {
+            (expiry.store(data.to_vec(), flags), StoreOutcome::Stored)
+        }
+        // Appends keep the item's own flags and expiry, as memcached does.
+        (StoreMode::Append, Some(item)) => (
+            Expiry::from_item(item).store([&item.value[..], data].concat(), item.flags),
+            StoreOutcome::Stored,
+        ),
+        (StoreMode::Prepend, Some(item)) => (
+            Expiry::from_item(item).store([data, &item.value[..]].concat(), item.flags),
+            StoreOutcome::Stored,
+        ),
+    })
+}
+
+fn store(
+    shared: &Shared,
+    mode: StoreMode,
+    key: &[u8],
+    flags: u32,
+    exptime: i64,
+    data: &[u8],
+) -> String {
+    let expiry = Expiry::from_exptime(exptime, shared.cache.now_ms());
+    match store_item(shared, mode, key, flags, expiry, data) {
+        Ok((StoreOutcome::Stored, _)) => "STORED".into(),
+        Ok((StoreOutcome::NotStored, _)) => "NOT_STORED".into(),
+        Ok((StoreOutcome::Exists, _)) => "EXISTS".into(),
+        Ok((StoreOutcome::NotFound, _)) => "NOT_FOUND".into(),
+        Err(e) => engine_error(&e),
+    }
+}
+
+/// What incr/decr found.
+pub enum Counted {
+    Missing,
+    NonNumeric,
+    Value(u64),
+}
+
+/// incr wraps at 2^64, decr stops at 0 (memcached semantics). `pad` keeps the stored
+/// length when the number gets shorter, as memcached's in-place update does.
+pub fn apply_delta(current: &[u8], delta: u64, incr: bool, pad: bool) -> Option<(u64, Vec<u8>)> {
+    let old = parse_counter(current)?;
+    let new = if incr {
+        old.wrapping_add(delta)
+    } else {
+        old.saturating_sub(delta)
+    };
+    let mut text = new.to_string().into_bytes();
+    if pad && text.len() < current.len() {
+        text.resize(current.len(), b' ');
+    }
+    Some((new, text))
+}
+
+fn arith(shared: &Shared, key: &[u8], delta: u64, incr: bool) -> String {
+    let result = shared.cache.update(key, |current| match current {
+        None => (Update::Keep, Counted::Missing),
+        Some(item) => match apply_delta(&item.value, delta, incr, true) {
+            None => (Update::Keep, Counted::NonNumeric),
+            Some((n, text)) => (
+                Expiry::from_item(item).store(text, item.flags),
+                Counted::Value(n),
+            ),
+        },
+    });
+    match result {
+        Ok((Counted::Missing, _)) => "NOT_FOUND".into(),
+        Ok((Counted::NonNumeric, _)) => NON_NUMERIC.into(),
+        Ok((Counted::Value(n), _)) => n.to_string(),
+        Err(e) => engine_error(&e),
+    }
+}
+
+fn flush_all(shared: &Shared, delay: i64) -> String {
+    if delay <= 0 {
+        return match shared.cache.flush_all() {
+            Ok(()) => "OK".into(),
+            Err(e) => engine_error(&e),
+        };
+    }
+    let cache = shared.cache.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_secs(delay as u64)).await;
+        let _ = cache.flush_all();
+    });
+    "OK".into()
+}
+
+fn stat(out: &mut Vec<u8>, name: &str, value: impl std::fmt::Display) {
+    out.extend_from_slice(format!("STAT {name} {value}\r\n").as_bytes());
+}
+
+fn stats(shared: &Shared, section: Option<&[u8]>, out: &mut Vec<u8>) {
+    let engine = shared.cache.stats();
+    match section {
+        None => {
+            stat(out, "pid", std::process::id());
+            stat(out, "uptime", shared.started.elapsed().as_secs());
+            stat(out, "time", shared.cache.now_ms() / 1000);
+            stat(out, "version", env!("CARGO_PKG_VERSION"));
+            stat(out, "threads", shared.info.threads);
+            stat(out, "curr_items", engine.objects_resident);
+            stat(out, "bytes", engine.dram_used);
+            stat(out, "limit_maxbytes", engine.dram_capacity);
+            for (name, value) in shared.counters.snapshot() {
+                stat(out, name, value);
+            }
+            for (name, value) in engine_metrics(&engine) {
+                stat(out, &name, value);
+            }
+        }
+        Some(b"settings") => {
+            stat(out, "maxconns", shared.info.max_connections);
+            stat(out, "interface", shared.info.listen);
+            stat(out, "tcpport", shared.info.memcached_port);
+            stat(out, "num_threads", shared.info.threads);
+            stat(out, "item_size_max", shared.max_value);
+            stat(out, "key_max", super::parse::KEY_MAX);
+            stat(out, "maxbytes", engine.dram_capacity);
+            stat(out, "evictions", "on");
+            stat(out, "cas_enabled", "yes");
+        }
+        Some(b"items") => {
+            // One "slab class": the engine has size classes, not memcached slabs.
+            stat(out, "items:1:number", engine.objects_resident);
+            stat(out, "items:1:number_dram", engine.dram_objects);
+            stat(out, "items:1:number_ssd", engine.ssd_objects);
+            stat(out, "items:1:evicted", engine.evicted_objects);
+            stat(out, "items:1:expired_unfetched", engine.expired);
+        }
+        Some(b"slabs") => {
+            stat(out, "active_slabs", 1);
+            stat(out, "total_malloced", engine.dram_used);
+        }
+        Some(b"reset") => {
+            line(out, "RESET");
+            return;
+        }
+        Some(_) => {
+            line(out, "ERROR");
+            return;
+        }
+    }
+    line(out, "END");
+}

@@ -1,0 +1,220 @@
+//! RESP2 request framing: multi-bulk arrays (`*N\r\n$len\r\n...`) and the inline form
+//! (`SET k v\r\n`) that redis-cli and telnet send. Limits and error texts follow Redis;
+//! a framing error is answered and the connection closed, as Redis does.
+
+use std::borrow::Cow;
+
+/// Redis's default `proto-max-bulk-len` is 512 MiB; a cache with 1 MiB values needs far
+/// less, and a smaller bound caps what one client can make us buffer.
+const MAX_BULK: usize = 16 << 20;
+const MAX_MULTIBULK: usize = 1024 * 1024;
+const MAX_INLINE: usize = 64 * 1024;
+
+#[derive(Debug, PartialEq)]
+pub enum Parsed<'a> {
+    Incomplete,
+    /// A command (possibly empty: an empty inline line) spanning `len` bytes.
+    Command {
+        args: Vec<Cow<'a, [u8]>>,
+        len: usize,
+    },
+    /// Reply with this error and close.
+    Error(String),
+}
+
+pub fn parse(input: &[u8]) -> Parsed<'_> {
+    match input.first() {
+        None => Parsed::Incomplete,
+        Some(b'*') => multibulk(input),
+        Some(_) => inline(input),
+    }
+}
+
+/// The line starting at `from`, without its `\r\n`, and the offset after it.
+fn line_at(input: &[u8], from: usize) -> Option<(&[u8], usize)> {
+    let end = from + input.get(from..)?.windows(2).position(|w| w == b"\r\n")?;
+    Some((&input[from..end], end + 2))
+}
+
+fn integer(text: &[u8]) -> Option<i64> {
+    std::str::from_utf8(text).ok()?.parse().ok()
+}
+
+fn multibulk(input: &[u8]) -> Parsed<'_> {
+    let Some((header, mut pos)) = line_at(input, 0) else {
+        return if input.len() > MAX_INLINE {
+            Parsed::Error("ERR Protocol error: too big mbulk count string".into())
+        } else {
+            Parsed::Incomplete
+        };
+    };
+    let count = match integer(&header[1..]) {
+        Some(n) if n <= MAX_MULTIBULK as i64 => n,
+        _ => return Parsed::Error("ERR Protocol error: invalid multibulk length".into()),
+    };
+    let count = usize::try_from(count).unwrap_or(0);
+    let mut args = Vec::with_capacity(count.min(1024));
+    for _ in 0..count {
+        let Some(&first) = input.get(pos) else {
+            return Parsed::Incomplete;
+        };
+        if first != b'$' {
+            return Parsed::Error(expected_dollar(first));
+        }
+        let Some((len_line, data_start)) = line_at(input, pos) else {
+            return if input.len() - pos > MAX_INLINE {
+                Parsed::Error("ERR Protocol error: too big bulk count string".into())
+            } else {
+                Parsed::Incomplete
+            };
+        };
+        let len = match integer(&len_line[1..]) {
+            Some(n) if (0..=MAX_BULK as i64).contains(&n) => n as usize,
+            _ => return Parsed::Error("ERR Protocol error: invalid bulk length".into()),
+        };
+        let end = data_start + len;
+        if input.len() < end + 2 {
+            return Parsed::Incomplete;
+        }
+        if &input[end..end + 2] != b"\r\n" {
+            return Parsed::Error("ERR Protocol error: invalid bulk format".into());
+        }
+        args.push(Cow::Borrowed(&input[data_start..end]));
+        pos = end + 2;
+    }
+    Parsed::Command { args, len: pos }
+}
+
+fn expected_dollar(found: u8) -> String {
+    format!(
+        "ERR Protocol error: expected '$', got '{}'",
+        char::from(found).escape_default()
+    )
+}
+
+fn inline(input: &[u8]) -> Parsed<'_> {
+    let Some(newline) = input.iter().position(|&b| b == b'\n') else {
+        return if input.len() > MAX_INLINE {
+            Parsed::Error("ERR Protocol error: too big inline request".into())
+        } else {
+            Parsed::Incomplete
+        };
+    };
+    let line = input[..newline]
+        .strip_suffix(b"\r")
+        .unwrap_or(&input[..newline]);
+    match split_args(line) {
+        Some(args) => Parsed::Command {
+            args,
+            len: newline + 1,
+        },
+        None => Parsed::Error("ERR Protocol error: unbalanced quotes in request".into()),
+    }
+}
+
+/// Splits an inline command like Redis's `sdssplitargs`: whitespace separates, and
+/// "double" (with \n \r \t \\ \" \xHH escapes) or 'single' quotes group.
+fn split_args(line: &[u8]) -> Option<Vec<Cow<'_, [u8]>>> {
+    let mut args = Vec::new();
+    let mut i = 0;
+    while i < line.len() {
+        if line[i].is_ascii_whitespace() {
+            i += 1;
+            continue;
+        }
+        let quote = line[i];
+        if quote != b'"' && quote != b'\'' {
+            let start = i;
+            while i < line.len() && !line[i].is_ascii_whitespace() {
+                i += 1;
+            }
+            args.push(Cow::Borrowed(&line[start..i]));
+            continue;
+        }
+        let mut arg = Vec::new();
+        i += 1;
+        loop {
+            let &b = line.get(i)?;
+            i += 1;
+            if b == quote {
+                // A closing quote must be followed by a space or the end.
+                if line.get(i).is_some_and(|c| !c.is_ascii_whitespace()) {
+                    return None;
+                }
+                break;
+            }
+            if b != b'\\' {
+                arg.push(b);
+                continue;
+            }
+            let &escaped = line.get(i)?;
+            i += 1;
+            match (quote, escaped) {
+                (b'"', b'n') => arg.push(b'\n'),
+                (b'"', b'r') => arg.push(b'\r'),
+                (b'"', b't') => arg.push(b'\t'),
+                (b'"', b'x') => match line.get(i..i + 2).and_then(hex_byte) {
+                    Some(byte) => {
+                        arg.push(byte);
+                        i += 2;
+                    }
+                    None => arg.push(b'x'),
+                },
+                (b'\'', b'\'') => arg.push(b'\''),
+                (b'\'', other) => {
+                    arg.push(b'\\');
+                    arg.push(other);
+                }
+                (_, other) => arg.push(other),
+            }
+        }
+        args.push(Cow::Owned(arg));
+    }
+    Some(args)
+}
+
+fn hex_byte(digits: &[u8]) -> Option<u8> {
+    u8::from_str_radix(std::str::from_utf8(digits).ok()?, 16).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn command(input: &[u8]) -> (Vec<Vec<u8>>, usize) {
+        match parse(input) {
+            Parsed::Command { args, len } => {
+                (args.into_iter().map(|a| a.into_owned()).collect(), len)
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn multibulk_frames() {
+        assert_eq!(parse(b"*2\r\n$3\r\nGET\r\n$1\r"), Parsed::Incomplete);
+        let (args, len) = command(b"*2\r\n$3\r\nGET\r\n$1\r\nk\r\n*1");
+        assert_eq!(args, vec![b"GET".to_vec(), b"k".to_vec()]);
+        assert_eq!(len, 20);
+        assert_eq!(command(b"*0\r\n").0.len(), 0);
+        assert!(matches!(parse(b"*x\r\n"), Parsed::Error(_)));
+        assert!(matches!(parse(b"*1\r\n$-5\r\n"), Parsed::Error(_)));
+        assert!(matches!(parse(b"*1\r\n:5\r\n"), Parsed::Error(_)));
+    }
+
+    #[test]
+    fn inline_commands_split_like_redis() {
+        let (args, _) = command(b"set \"a b\" 'c\\'d' \"\\x41\\n\"\r\n");
+        assert_eq!(
+            args,
+            vec![
+                b"set".to_vec(),
+                b"a b".to_vec(),
+                b"c'd".to_vec(),
+                b"A\n".to_vec()
+            ]
+        );
+        assert!(matches!(parse(b"get \"k\r\n"), Parsed::Error(_)));
+        assert_eq!(command(b"\r\n").0.len(), 0);
+    }
+}

@@ -1,0 +1,308 @@
+//! Listeners, threads and connection admission.
+//!
+//! `Runtime::PerCore` (the default): one OS thread per core, each with its own tokio
+//! `current_thread` runtime and its own `SO_REUSEPORT` listener per port, so the kernel
+//! spreads connections over threads and a request is parsed, executed and answered on
+//! the thread that read it — no cross-thread wake-ups, which cost 35–90 µs on the VMs
+//! we run on. `Runtime::Shared` (one work-stealing runtime) exists to measure that
+//! choice against (docs/SERVER.md).
+
+use std::io;
+use std::net::{IpAddr, SocketAddr, TcpListener as StdListener};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use socket2::{Domain, Protocol, Socket, Type};
+use tokio::io::AsyncWriteExt;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, watch};
+use zipcache::ZipCache;
+
+use crate::connection;
+use crate::memcache::MemcacheSession;
+use crate::metrics_http;
+use crate::resp::RespSession;
+use crate::stats::Counters;
+
+/// How long shutdown waits for open connections to finish their current requests.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Runtime {
+    /// A current_thread runtime per thread, SO_REUSEPORT listeners per thread.
+    PerCore,
+    /// One multi-threaded work-stealing runtime sharing one listener per port.
+    Shared,
+}
+
+/// What `start` serves and how.
+#[derive(Clone, Debug)]
+pub struct ServerOptions {
+    pub listen: IpAddr,
+    /// `None` disables that protocol; port 0 picks a free port.
+    pub memcached_port: Option<u16>,
+    pub resp_port: Option<u16>,
+    pub metrics_port: Option<u16>,
+    pub threads: usize,
+    pub max_connections: usize,
+    /// The engine's value size limit (memcached rejects larger values before reading them).
+    pub max_value_size: usize,
+    pub runtime: Runtime,
+}
+
+impl Default for ServerOptions {
+    fn default() -> Self {
+        ServerOptions {
+            listen: IpAddr::from([127, 0, 0, 1]),
+            memcached_port: Some(0),
+            resp_port: Some(0),
+            metrics_port: None,
+            threads: 1,
+            max_connections: 4096,
+            max_value_size: zipcache::Config::default().max_value_size,
+            runtime: Runtime::PerCore,
+        }
+    }
+}
+
+/// Facts about the running server that `stats settings`, INFO and CONFIG GET report.
+pub struct ServerInfo {
+    pub listen: IpAddr,
+    pub memcached_port: u16,
+    pub resp_port: u16,
+    pub threads: usize,
+    pub max_connections: usize,
+}
+
+/// State every connection of every thread shares.
+pub struct Shared {
+    pub cache: Arc<ZipCache>,
+    pub counters: Counters,
+    pub info: ServerInfo,
+    pub max_value: usize,
+    pub started: Instant,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Service {
+    Memcached,
+    Resp,
+    Metrics,
+}
+
+/// A running server: its bound addresses, and `shutdown` to stop it.
+pub struct ServerHandle {
+    pub memcached_addr: Option<SocketAddr>,
+    pub resp_addr: Option<SocketAddr>,
+    pub metrics_addr: Option<SocketAddr>,
+    shared: Arc<Shared>,
+    stop: watch::Sender<bool>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl ServerHandle {
+    /// Stops accepting, lets every connection finish the requests it has read, waits for
+    /// the threads (at most a few seconds for stuck clients) and returns the engine.
+    pub fn shutdown(self) -> Arc<ZipCache> {
+        let _ = self.stop.send(true);
+        for thread in self.threads {
+            let _ = thread.join();
+        }
+        self.shared.cache.clone()
+    }
+
+    pub fn connections(&self) -> u64 {
+        self.shared
+            .counters
+            .curr_connections
+            .load(Ordering::Relaxed)
+    }
+}
+
+fn bind(addr: SocketAddr, reuse_port: bool) -> io::Result<StdListener> {
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    socket.set_reuse_address(true)?;
+    if reuse_port {
+        socket.set_reuse_port(true)?;
+    }
+    socket.set_nonblocking(true)?;
+    socket.bind(&addr.into())?;
+    socket.listen(1024)?;
+    Ok(socket.into())
+}
+
+/// Binds one listener per thread on the same port (the first picks it when it is 0).
+fn bind_group(ip: IpAddr, port: u16, count: usize) -> io::Result<Vec<StdListener>> {
+    let first = bind(SocketAddr::new(ip, port), true)?;
+    let addr = first.local_addr()?;
+    let mut listeners = vec![first];
+    for _ in 1..count {
+        listeners.push(bind(addr, true)?);
+    }
+    Ok(listeners)
+}
+
+pub fn start(cache: Arc<ZipCache>, options: ServerOptions) -> io::Result<ServerHandle> {
+    let threads = options.threads.max(1);
+    let per_port = match options.runtime {
+        Runtime::PerCore => threads,
+        Runtime::Shared => 1,
+    };
+    let group = |port: Option<u16>| -> io::Result<Vec<StdListener>> {
+        match port {
+            Some(port) => bind_group(options.listen, port, per_port),
+            None => Ok(Vec::new()),
+        }
+    };
+    let memcached = group(options.memcached_port)?;
+    let resp = group(options.resp_port)?;
+    let metrics = match options.metrics_port {
+        Some(port) => Some(bind(SocketAddr::new(options.listen, port), false)?),
+        None => None,
+    };
+    let addr_of = |listeners: &[StdListener]| listeners.first().and_then(|l| l.local_addr().ok());
+    let memcached_addr = addr_of(&memcached);
+    let resp_addr = addr_of(&resp);
+    let metrics_addr = metrics.as_ref().and_then(|l| l.local_addr().ok());
+    let shared = Arc::new(Shared {
+        cache,
+        counters: Counters::default(),
+        info: ServerInfo {
+            listen: options.listen,
+            memcached_port: memcached_addr.map_or(0, |a| a.port()),
+            resp_port: resp_addr.map_or(0, |a| a.port()),
+            threads,
+            max_connections: options.max_connections,
+        },
+        max_value: options.max_value_size,
+        started: Instant::now(),
+    });
+    let (stop, stopped) = watch::channel(false);
+
+    // Listener sets: per-core gives each thread one listener of each port.
+    let mut sets: Vec<Vec<(Service, StdListener)>> = (0..per_port).map(|_| Vec::new()).collect();
+    for (protocol, listeners) in [(Service::Memcached, memcached), (Service::Resp, resp)] {
+        for (i, listener) in listeners.into_iter().enumerate() {
+            sets[i].push((protocol, listener));
+        }
+    }
+    if let Some(listener) = metrics {
+        sets[0].push((Service::Metrics, listener));
+    }
+
+    let mut handles = Vec::new();
+    for (i, set) in sets.into_iter().enumerate() {
+        let runtime = match options.runtime {
+            Runtime::PerCore => tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?,
+            Runtime::Shared => tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(threads)
+                .enable_all()
+                .build()?,
+        };
+        let shared = shared.clone();
+        let stopped = stopped.clone();
+        let handle = std::thread::Builder::new()
+            .name(format!("zipcache-io-{i}"))
+            .spawn(move || runtime.block_on(serve_thread(set, shared, stopped)))?;
+        handles.push(handle);
+    }
+    Ok(ServerHandle {
+        memcached_addr,
+        resp_addr,
+        metrics_addr,
+        shared,
+        stop,
+        threads: handles,
+    })
+}
+
+/// Accepts on this thread's listeners until shutdown, then waits for its connections.
+async fn serve_thread(
+    set: Vec<(Service, StdListener)>,
+    shared: Arc<Shared>,
+    mut stopped: watch::Receiver<bool>,
+) {
+    // Each connection holds a sender; when all are dropped, `recv` returns None.
+    let (alive, mut drained) = mpsc::channel::<()>(1);
+    for (protocol, listener) in set {
+        let Ok(listener) = TcpListener::from_std(listener) else {
+            continue;
+        };
+        tokio::spawn(accept_loop(
+            protocol,
+            listener,
+            shared.clone(),
+            stopped.clone(),
+            alive.clone(),
+        ));
+    }
+    drop(alive);
+    let _ = stopped.wait_for(|stop| *stop).await;
+    let _ = tokio::time::timeout(DRAIN_TIMEOUT, drained.recv()).await;
+}
+
+async fn accept_loop(
+    protocol: Service,
+    listener: TcpListener,
+    shared: Arc<Shared>,
+    mut stopped: watch::Receiver<bool>,
+    alive: mpsc::Sender<()>,
+) {
+    loop {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            _ = stopped.wait_for(|stop| *stop) => return,
+        };
+        let Ok((stream, _)) = accepted else {
+            // Out of file descriptors and the like: back off instead of spinning.
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            continue;
+        };
+        if protocol == Service::Metrics {
+            tokio::spawn(metrics_http::respond(stream, shared.clone()));
+            continue;
+        }
+        let counters = &shared.counters;
+        if counters.curr_connections.load(Ordering::Relaxed) >= shared.info.max_connections as u64 {
+            Counters::bump(&counters.rejected_connections);
+            reject(stream, protocol);
+            continue;
+        }
+        Counters::bump(&counters.curr_connections);
+        Counters::bump(&counters.total_connections);
+        let shared = shared.clone();
+        let stopped = stopped.clone();
+        let alive = alive.clone();
+        tokio::spawn(async move {
+            match protocol {
+                Service::Memcached => {
+                    connection::serve(stream, MemcacheSession::new(shared.clone()), stopped).await
+                }
+                _ => connection::serve(stream, RespSession::new(shared.clone()), stopped).await,
+            }
+            shared
+                .counters
+                .curr_connections
+                .fetch_sub(1, Ordering::Relaxed);
+            drop(alive);
+        });
+    }
+}
+
+/// Tells a client over the connection limit why it is dropped, in its own protocol
+/// (memcached's and Redis's wording), without waiting on it.
+fn reject(stream: TcpStream, protocol: Service) {
+    let message: &[u8] = match protocol {
+        Service::Memcached => b"SERVER_ERROR Too many open connections\r\n",
+        _ => b"-ERR max number of clients reached\r\n",
+    };
+    let _ = stream.try_write(message);
+    tokio::spawn(async move {
+        let mut stream = stream;
+        let _ = stream.shutdown().await;
+    });
+}

@@ -1,0 +1,314 @@
+//! `zipcache serve` flags, the TOML config file that may carry the same settings, and
+//! their resolution into engine and server settings (CLI over file over defaults).
+
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+
+use crate::server::{Runtime, ServerOptions};
+
+/// Arguments of `zipcache serve` (SPEC §8). Every flag may also be given in the
+/// `--config` file under the same name; the command line wins.
+#[derive(clap::Args, Debug, Default)]
+pub struct ServeArgs {
+    /// Address to listen on [default: 127.0.0.1].
+    #[arg(long)]
+    pub listen: Option<IpAddr>,
+    /// memcached text/meta protocol port; 0 picks a free one [default: 11211].
+    #[arg(long)]
+    pub memcached_port: Option<u16>,
+    /// Redis RESP2 port; 0 picks a free one [default: 6379].
+    #[arg(long)]
+    pub resp_port: Option<u16>,
+    /// DRAM budget of the cache, e.g. 512MiB [default: 1GiB].
+    #[arg(long)]
+    pub dram: Option<String>,
+    /// Where the SSD file and warm-restart state live [default: ./zipcache-data].
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
+    /// Logical size of the SSD tier file [default: 8GiB].
+    #[arg(long, conflicts_with = "ssd")]
+    pub ssd_size: Option<String>,
+    /// `none` runs DRAM-only.
+    #[arg(long, value_parser = ["none"])]
+    pub ssd: Option<String>,
+    /// Per-4 KiB compression of the SSD: emulate | none | hardware [default: emulate].
+    #[arg(long, value_parser = ["emulate", "none", "hardware"])]
+    pub device_compression: Option<String>,
+    /// TOML file with any of these settings (kebab-case keys, `set = ["NAME=VALUE"]`).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Engine setting NAME=VALUE (repeatable), e.g. --set bypass_r=0.
+    #[arg(long = "set", value_name = "NAME=VALUE")]
+    pub set: Vec<String>,
+    /// Most simultaneous client connections [default: 4096].
+    #[arg(long)]
+    pub max_connections: Option<usize>,
+    /// I/O threads [default: number of cores].
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// Serve Prometheus text at http://LISTEN:PORT/metrics [default: off].
+    #[arg(long)]
+    pub metrics_port: Option<u16>,
+    /// per-core (thread per core, SO_REUSEPORT) or shared (one work-stealing runtime).
+    #[arg(long, value_enum)]
+    pub runtime: Option<Runtime>,
+}
+
+/// The config file: the same names as the flags.
+#[derive(serde::Deserialize, Debug, Default)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+struct FileSettings {
+    listen: Option<IpAddr>,
+    memcached_port: Option<u16>,
+    resp_port: Option<u16>,
+    dram: Option<String>,
+    data_dir: Option<PathBuf>,
+    ssd_size: Option<String>,
+    ssd: Option<String>,
+    device_compression: Option<String>,
+    #[serde(default)]
+    set: Vec<String>,
+    max_connections: Option<usize>,
+    threads: Option<usize>,
+    metrics_port: Option<u16>,
+    runtime: Option<String>,
+}
+
+/// Every setting with its effective value.
+#[derive(Debug)]
+pub struct Settings {
+    pub listen: IpAddr,
+    pub memcached_port: u16,
+    pub resp_port: u16,
+    pub dram: u64,
+    pub data_dir: PathBuf,
+    /// `None` = DRAM-only.
+    pub ssd_size: Option<u64>,
+    pub device_compression: String,
+    pub set: Vec<(String, String)>,
+    pub max_connections: usize,
+    pub threads: usize,
+    pub metrics_port: Option<u16>,
+    pub runtime: Runtime,
+}
+
+fn read_file(path: &Path) -> Result<FileSettings, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    toml::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+fn size(name: &str, text: &str) -> Result<u64, String> {
+    zipcache::parse_size(text).map_err(|e| format!("--{name}: {e}"))
+}
+
+impl Settings {
+    pub fn resolve(args: ServeArgs) -> Result<Settings, String> {
+        let file = match &args.config {
+            Some(path) => read_file(path)?,
+            None => FileSettings::default(),
+        };
+        let runtime = match (args.runtime, file.runtime.as_deref()) {
+            (Some(r), _) => r,
+            (None, None | Some("per-core")) => Runtime::PerCore,
+            (None, Some("shared")) => Runtime::Shared,
+            (None, Some(other)) => {
+                return Err(format!("runtime must be per-core or shared, not {other:?}"));
+            }
+        };
+        // A size on the command line overrides `ssd = "none"` in the file and vice versa.
+        let ssd_none = match (&args.ssd, &args.ssd_size) {
+            (Some(_), _) => true,
+            (None, Some(_)) => false,
+            (None, None) => match file.ssd.as_deref() {
+                None => false,
+                Some("none") => true,
+                Some(other) => return Err(format!("ssd must be \"none\", not {other:?}")),
+            },
+        };
+        let ssd_size = if ssd_none {
+            None
+        } else {
+            Some(size(
+                "ssd-size",
+                args.ssd_size.or(file.ssd_size).as_deref().unwrap_or("8GiB"),
+            )?)
+        };
+        let mut set = Vec::new();
+        for pair in file.set.iter().chain(&args.set) {
+            let (name, value) = pair
+                .split_once('=')
+                .ok_or_else(|| format!("--set {pair:?}: expected NAME=VALUE"))?;
+            set.push((name.trim().to_string(), value.trim().to_string()));
+        }
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        Ok(Settings {
+            listen: args
+                .listen
+                .or(file.listen)
+                .unwrap_or(IpAddr::from([127, 0, 0, 1])),
+            memcached_port: args.memcached_port.or(file.memcached_port).unwrap_or(11211),
+            resp_port: args.resp_port.or(file.resp_port).unwrap_or(6379),
+            dram: size("dram", args.dram.or(file.dram).as_deref().unwrap_or("1GiB"))?,
+            data_dir: args
+                .data_dir
+                .or(file.data_dir)
+                .unwrap_or_else(|| "zipcache-data".into()),
+            ssd_size,
+            device_compression: args
+                .device_compression
+                .or(file.device_compression)
+                .unwrap_or_else(|| "emulate".into()),
+            set,
+            max_connections: args
+                .max_connections
+                .or(file.max_connections)
+                .unwrap_or(4096)
+                .max(1),
+            threads: args.threads.or(file.threads).unwrap_or(cores).max(1),
+            metrics_port: args.metrics_port.or(file.metrics_port),
+            runtime,
+        })
+    }
+
+    /// The engine configuration these settings describe.
+    pub fn engine_config(&self) -> Result<zipcache::Config, String> {
+        let mut config = zipcache::Config {
+            dram_capacity: self.dram,
+            data_dir: Some(self.data_dir.clone()),
+            ssd: self.ssd_size.map(|size| zipcache::SsdConfig {
+                path: self.data_dir.join("ssd.bin"),
+                size,
+                direct_io: true,
+                device_compression: zipcache::config::DeviceCompression::Emulate,
+                logical_to_physical: 4.0,
+            }),
+            ..zipcache::Config::default()
+        };
+        if config.ssd.is_some() {
+            config
+                .set("device_compression", &self.device_compression)
+                .map_err(|e| e.to_string())?;
+        }
+        for (name, value) in &self.set {
+            config
+                .set(name, value)
+                .map_err(|e| format!("--set {name}={value}: {e}"))?;
+        }
+        config.validate().map_err(|e| e.to_string())?;
+        Ok(config)
+    }
+
+    pub fn server_options(&self, max_value_size: usize) -> ServerOptions {
+        ServerOptions {
+            listen: self.listen,
+            memcached_port: Some(self.memcached_port),
+            resp_port: Some(self.resp_port),
+            metrics_port: self.metrics_port,
+            threads: self.threads,
+            max_connections: self.max_connections,
+            max_value_size,
+            runtime: self.runtime,
+        }
+    }
+
+    /// The start-up banner: every effective setting, defaults included.
+    pub fn describe(&self, config: &zipcache::Config) -> String {
+        let ssd = match (self.ssd_size, &config.ssd) {
+            (Some(size), Some(ssd)) => format!(
+                "{} ({size} bytes logical, device-compression {:?}, direct-io {}, logical:physical {})",
+                ssd.path.display(),
+                ssd.device_compression,
+                ssd.direct_io,
+                ssd.logical_to_physical
+            ),
+            _ => "none (DRAM only)".into(),
+        };
+        let metrics = self.metrics_port.map_or("off".to_string(), |p| {
+            format!("{}:{p}/metrics", self.listen)
+        });
+        format!(
+            "zipcache serve settings:\n  listen           {}\n  memcached-port   {}\n  resp-port        {}\n  dram             {} bytes\n  data-dir         {}\n  ssd              {ssd}\n  max-connections  {}\n  threads          {} ({:?} runtime)\n  metrics          {metrics}\n  engine: leaf_size={} subpages={} superleaf_size={} fill_threshold={} write_buffer={} bypass_r={} bypass_max_fraction={} tiny_max={} medium_max={} max_key_size={} max_value_size={} background_threads={}",
+            self.listen,
+            self.memcached_port,
+            self.resp_port,
+            self.dram,
+            self.data_dir.display(),
+            self.max_connections,
+            self.threads,
+            self.runtime,
+            config.leaf_size,
+            config.subpages,
+            config.superleaf_size,
+            config.fill_threshold,
+            config.write_buffer,
+            config.bypass_r,
+            config.bypass_max_fraction,
+            config.tiny_max,
+            config.medium_max,
+            config.max_key_size,
+            config.max_value_size,
+            config.background_threads,
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_follow_the_spec() {
+        let s = Settings::resolve(ServeArgs::default()).unwrap();
+        assert_eq!((s.memcached_port, s.resp_port), (11211, 6379));
+        assert_eq!(s.dram, 1 << 30);
+        assert_eq!(s.ssd_size, Some(8 << 30));
+        assert_eq!(s.data_dir, PathBuf::from("zipcache-data"));
+        let config = s.engine_config().unwrap();
+        let ssd = config.ssd.unwrap();
+        assert_eq!(ssd.path, PathBuf::from("zipcache-data/ssd.bin"));
+        assert!(ssd.direct_io);
+    }
+
+    #[test]
+    fn command_line_overrides_the_file() {
+        let dir = std::env::temp_dir().join(format!("zipcache-settings-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("serve.toml");
+        std::fs::write(
+            &file,
+            "dram = \"64MiB\"\nresp-port = 7000\nssd = \"none\"\nset = [\"bypass_r=0\"]\n",
+        )
+        .unwrap();
+        let args = ServeArgs {
+            config: Some(file),
+            resp_port: Some(7001),
+            set: vec!["write_buffer=128".into()],
+            ..ServeArgs::default()
+        };
+        let s = Settings::resolve(args).unwrap();
+        assert_eq!((s.dram, s.resp_port, s.ssd_size), (64 << 20, 7001, None));
+        let config = s.engine_config().unwrap();
+        assert_eq!((config.bypass_r, config.write_buffer), (0.0, 128));
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn unknown_file_keys_and_settings_are_errors() {
+        let dir =
+            std::env::temp_dir().join(format!("zipcache-settings-bad-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("serve.toml");
+        std::fs::write(&file, "no-such-flag = 1\n").unwrap();
+        let args = ServeArgs {
+            config: Some(file),
+            ..ServeArgs::default()
+        };
+        assert!(Settings::resolve(args).is_err());
+        let args = ServeArgs {
+            set: vec!["nonsense=1".into()],
+            ..ServeArgs::default()
+        };
+        assert!(Settings::resolve(args).unwrap().engine_config().is_err());
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+}
