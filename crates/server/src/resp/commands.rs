@@ -5,7 +5,7 @@ use std::ops::Bound;
 
 use zipcache::{Item, PutOptions, Update};
 
-use super::{RespSession, glob, reply};
+use super::{Reply, RespSession, glob};
 use crate::server::Shared;
 use crate::stats::{Counters, engine_metrics};
 
@@ -79,11 +79,11 @@ fn integer(arg: &[u8]) -> Option<i64> {
     std::str::from_utf8(arg).ok()?.parse().ok()
 }
 
-fn engine_error(out: &mut Vec<u8>, error: &zipcache::Error) {
-    reply::error(out, &format!("ERR {error}"));
+fn engine_error(out: &mut Reply, error: &zipcache::Error) {
+    out.error(&format!("ERR {error}"));
 }
 
-pub fn execute(session: &mut RespSession, args: &[&[u8]], out: &mut Vec<u8>) -> Flow {
+pub fn execute(session: &mut RespSession, args: &[&[u8]], out: &mut Reply) -> Flow {
     let name = String::from_utf8_lossy(args[0]).to_ascii_lowercase();
     let Some(&(name, arity)) = COMMANDS.iter().find(|(n, _)| *n == name) else {
         unknown_command(args, out);
@@ -91,10 +91,9 @@ pub fn execute(session: &mut RespSession, args: &[&[u8]], out: &mut Vec<u8>) -> 
     };
     let argc = args.len() as i32;
     if (arity > 0 && argc != arity) || (arity < 0 && argc < -arity) {
-        reply::error(
-            out,
-            &format!("ERR wrong number of arguments for '{name}' command"),
-        );
+        out.error(&format!(
+            "ERR wrong number of arguments for '{name}' command"
+        ));
         return Flow::Continue;
     }
     let shared = &*session.shared;
@@ -107,12 +106,12 @@ pub fn execute(session: &mut RespSession, args: &[&[u8]], out: &mut Vec<u8>) -> 
         "getdel" => getset(shared, args[1], None, out),
         "append" => append(shared, args[1], args[2], out),
         "strlen" => shared.cache.get(args[1]).map(|v| {
-            reply::integer(out, v.map_or(0, |v| v.len() as i64));
+            out.integer(v.map_or(0, |v| v.len() as i64));
         }),
         "del" | "unlink" => delete(shared, &args[1..], out),
         "exists" => exists(shared, &args[1..], out),
         "type" => shared.cache.get_item(args[1]).map(|item| {
-            reply::simple(out, if item.is_some() { "string" } else { "none" });
+            out.simple(if item.is_some() { "string" } else { "none" });
         }),
         "mget" => mget(shared, &args[1..], out),
         "mset" => mset(shared, args, out),
@@ -133,35 +132,35 @@ pub fn execute(session: &mut RespSession, args: &[&[u8]], out: &mut Vec<u8>) -> 
         "scan" => scan(shared, args, out),
         "zcrange" => range(shared, args, out),
         "dbsize" => {
-            reply::integer(out, shared.cache.stats().objects_resident as i64);
+            out.integer(shared.cache.stats().objects_resident as i64);
             Ok(())
         }
         "info" => {
-            reply::bulk(out, info(shared, &args[1..]).as_bytes());
+            out.bulk(info(shared, &args[1..]).as_bytes());
             Ok(())
         }
         "ping" => {
             match args.len() {
-                1 => reply::simple(out, "PONG"),
-                2 => reply::bulk(out, args[1]),
-                _ => reply::error(out, "ERR wrong number of arguments for 'ping' command"),
+                1 => out.simple("PONG"),
+                2 => out.bulk(args[1]),
+                _ => out.error("ERR wrong number of arguments for 'ping' command"),
             }
             Ok(())
         }
         "echo" => {
-            reply::bulk(out, args[1]);
+            out.bulk(args[1]);
             Ok(())
         }
-        "flushall" | "flushdb" => shared.cache.flush_all().map(|()| reply::simple(out, "OK")),
+        "flushall" | "flushdb" => shared.cache.flush_all().map(|()| out.simple("OK")),
         "quit" => {
-            reply::simple(out, "OK");
+            out.simple("OK");
             return Flow::Close;
         }
         "select" => {
             match integer(args[1]) {
-                Some(0) => reply::simple(out, "OK"),
-                Some(_) => reply::error(out, "ERR DB index is out of range"),
-                None => reply::error(out, NOT_INTEGER),
+                Some(0) => out.simple("OK"),
+                Some(_) => out.error("ERR DB index is out of range"),
+                None => out.error(NOT_INTEGER),
             }
             Ok(())
         }
@@ -192,7 +191,7 @@ pub fn execute(session: &mut RespSession, args: &[&[u8]], out: &mut Vec<u8>) -> 
     Flow::Continue
 }
 
-fn unknown_command(args: &[&[u8]], out: &mut Vec<u8>) {
+fn unknown_command(args: &[&[u8]], out: &mut Reply) {
     let mut listed = String::new();
     for arg in &args[1..] {
         let room = 128usize.saturating_sub(listed.len());
@@ -204,21 +203,17 @@ fn unknown_command(args: &[&[u8]], out: &mut Vec<u8>) {
     }
     let name = String::from_utf8_lossy(args[0]);
     let name: String = name.chars().take(128).collect();
-    reply::error(
-        out,
-        &format!("ERR unknown command '{name}', with args beginning with: {listed}"),
-    );
+    out.error(&format!(
+        "ERR unknown command '{name}', with args beginning with: {listed}"
+    ));
 }
 
-fn unknown_subcommand(args: &[&[u8]], out: &mut Vec<u8>) {
-    reply::error(
-        out,
-        &format!(
-            "ERR unknown subcommand '{}'. Try {} HELP.",
-            String::from_utf8_lossy(args[1]),
-            String::from_utf8_lossy(args[0]).to_ascii_uppercase()
-        ),
-    );
+fn unknown_subcommand(args: &[&[u8]], out: &mut Reply) {
+    out.error(&format!(
+        "ERR unknown subcommand '{}'. Try {} HELP.",
+        String::from_utf8_lossy(args[1]),
+        String::from_utf8_lossy(args[0]).to_ascii_uppercase()
+    ));
 }
 
 fn put_options(expires_at_ms: Option<u64>) -> PutOptions {
@@ -240,11 +235,11 @@ fn rewrite(item: Option<&Item>, value: Vec<u8>) -> Update {
     }
 }
 
-fn get(shared: &Shared, key: &[u8], out: &mut Vec<u8>) -> zipcache::Result<()> {
+fn get(shared: &Shared, key: &[u8], out: &mut Reply) -> zipcache::Result<()> {
     Counters::bump(&shared.counters.cmd_get);
     let value = shared.cache.get(key)?;
     shared.counters.hit_or_miss(value.is_some());
-    reply::maybe_bulk(out, value.as_deref());
+    out.maybe_bulk(value.as_deref());
     Ok(())
 }
 
@@ -323,12 +318,12 @@ fn set_options(shared: &Shared, args: &[&[u8]]) -> Result<SetOptions, String> {
     Ok(options)
 }
 
-fn set(shared: &Shared, args: &[&[u8]], out: &mut Vec<u8>) -> zipcache::Result<()> {
+fn set(shared: &Shared, args: &[&[u8]], out: &mut Reply) -> zipcache::Result<()> {
     Counters::bump(&shared.counters.cmd_set);
     let options = match set_options(shared, &args[3..]) {
         Ok(options) => options,
         Err(message) => {
-            reply::error(out, &message);
+            out.error(&message);
             return Ok(());
         }
     };
@@ -342,7 +337,7 @@ fn set(shared: &Shared, args: &[&[u8]], out: &mut Vec<u8>) -> zipcache::Result<(
             SetExpiry::Never | SetExpiry::Keep => None,
         };
         shared.cache.put_with(key, value, put_options(at))?;
-        reply::simple(out, "OK");
+        out.simple("OK");
         return Ok(());
     }
     let ((stored, old), _) = shared.cache.update(key, |current| {
@@ -367,9 +362,9 @@ fn set(shared: &Shared, args: &[&[u8]], out: &mut Vec<u8>) -> zipcache::Result<(
         (update, (true, old))
     })?;
     match (options.get, stored) {
-        (true, _) => reply::maybe_bulk(out, old.as_deref()),
-        (false, true) => reply::simple(out, "OK"),
-        (false, false) => reply::nil(out),
+        (true, _) => out.maybe_bulk(old.as_deref()),
+        (false, true) => out.simple("OK"),
+        (false, false) => out.nil(),
     }
     Ok(())
 }
@@ -379,7 +374,7 @@ fn set_if(
     key: &[u8],
     value: &[u8],
     condition: SetCondition,
-    out: &mut Vec<u8>,
+    out: &mut Reply,
 ) -> zipcache::Result<()> {
     Counters::bump(&shared.counters.cmd_set);
     let (stored, _) = shared
@@ -394,7 +389,7 @@ fn set_if(
                 true,
             ),
         })?;
-    reply::integer(out, stored as i64);
+    out.integer(stored as i64);
     Ok(())
 }
 
@@ -402,7 +397,7 @@ fn set_expiring(
     shared: &Shared,
     name: &str,
     args: &[&[u8]],
-    out: &mut Vec<u8>,
+    out: &mut Reply,
 ) -> zipcache::Result<()> {
     Counters::bump(&shared.counters.cmd_set);
     let unit = if name == "setex" { 1000 } else { 1 };
@@ -411,9 +406,9 @@ fn set_expiring(
             shared
                 .cache
                 .put_with(args[1], args[3], put_options(Some(at)))?;
-            reply::simple(out, "OK");
+            out.simple("OK");
         }
-        Err(message) => reply::error(out, &message),
+        Err(message) => out.error(&message),
     }
     Ok(())
 }
@@ -423,7 +418,7 @@ fn getset(
     shared: &Shared,
     key: &[u8],
     new: Option<&[u8]>,
-    out: &mut Vec<u8>,
+    out: &mut Reply,
 ) -> zipcache::Result<()> {
     let (old, _) = shared.cache.update(key, |current| {
         let update = match new {
@@ -436,11 +431,11 @@ fn getset(
         };
         (update, current.map(|i| i.value.clone()))
     })?;
-    reply::maybe_bulk(out, old.as_deref());
+    out.maybe_bulk(old.as_deref());
     Ok(())
 }
 
-fn append(shared: &Shared, key: &[u8], suffix: &[u8], out: &mut Vec<u8>) -> zipcache::Result<()> {
+fn append(shared: &Shared, key: &[u8], suffix: &[u8], out: &mut Reply) -> zipcache::Result<()> {
     let (len, _) = shared.cache.update(key, |current| {
         let value = match current {
             Some(item) => [&item.value[..], suffix].concat(),
@@ -449,29 +444,29 @@ fn append(shared: &Shared, key: &[u8], suffix: &[u8], out: &mut Vec<u8>) -> zipc
         let len = value.len();
         (rewrite(current, value), len)
     })?;
-    reply::integer(out, len as i64);
+    out.integer(len as i64);
     Ok(())
 }
 
-fn delete(shared: &Shared, keys: &[&[u8]], out: &mut Vec<u8>) -> zipcache::Result<()> {
+fn delete(shared: &Shared, keys: &[&[u8]], out: &mut Reply) -> zipcache::Result<()> {
     let mut deleted = 0;
     for key in keys {
         deleted += shared.cache.delete(key)? as i64;
     }
-    reply::integer(out, deleted);
+    out.integer(deleted);
     Ok(())
 }
 
-fn exists(shared: &Shared, keys: &[&[u8]], out: &mut Vec<u8>) -> zipcache::Result<()> {
+fn exists(shared: &Shared, keys: &[&[u8]], out: &mut Reply) -> zipcache::Result<()> {
     let mut found = 0;
     for key in keys {
         found += shared.cache.get_item(key)?.is_some() as i64;
     }
-    reply::integer(out, found);
+    out.integer(found);
     Ok(())
 }
 
-fn mget(shared: &Shared, keys: &[&[u8]], out: &mut Vec<u8>) -> zipcache::Result<()> {
+fn mget(shared: &Shared, keys: &[&[u8]], out: &mut Reply) -> zipcache::Result<()> {
     // Fetch first: an engine error must not leave a half-written array.
     let mut values = Vec::with_capacity(keys.len());
     for key in keys {
@@ -480,23 +475,23 @@ fn mget(shared: &Shared, keys: &[&[u8]], out: &mut Vec<u8>) -> zipcache::Result<
         shared.counters.hit_or_miss(value.is_some());
         values.push(value);
     }
-    reply::array(out, values.len());
+    out.array(values.len());
     for value in &values {
-        reply::maybe_bulk(out, value.as_deref());
+        out.maybe_bulk(value.as_deref());
     }
     Ok(())
 }
 
-fn mset(shared: &Shared, args: &[&[u8]], out: &mut Vec<u8>) -> zipcache::Result<()> {
+fn mset(shared: &Shared, args: &[&[u8]], out: &mut Reply) -> zipcache::Result<()> {
     if args.len().is_multiple_of(2) {
-        reply::error(out, "ERR wrong number of arguments for 'mset' command");
+        out.error("ERR wrong number of arguments for 'mset' command");
         return Ok(());
     }
     for pair in args[1..].chunks_exact(2) {
         Counters::bump(&shared.counters.cmd_set);
         shared.cache.put_with(pair[0], pair[1], put_options(None))?;
     }
-    reply::simple(out, "OK");
+    out.simple("OK");
     Ok(())
 }
 
@@ -504,12 +499,12 @@ fn incr_by(
     shared: &Shared,
     key: &[u8],
     delta: Result<i64, &str>,
-    out: &mut Vec<u8>,
+    out: &mut Reply,
 ) -> zipcache::Result<()> {
     let delta = match delta {
         Ok(d) => d,
         Err(message) => {
-            reply::error(out, message);
+            out.error(message);
             return Ok(());
         }
     };
@@ -528,21 +523,21 @@ fn incr_by(
         }
     })?;
     match result {
-        Ok(n) => reply::integer(out, n),
-        Err(message) => reply::error(out, message),
+        Ok(n) => out.integer(n),
+        Err(message) => out.error(message),
     }
     Ok(())
 }
 
-fn expire(shared: &Shared, name: &str, args: &[&[u8]], out: &mut Vec<u8>) -> zipcache::Result<()> {
+fn expire(shared: &Shared, name: &str, args: &[&[u8]], out: &mut Reply) -> zipcache::Result<()> {
     let Some(n) = integer(args[2]) else {
-        reply::error(out, NOT_INTEGER);
+        out.error(NOT_INTEGER);
         return Ok(());
     };
     let unit: i64 = if name == "expire" { 1000 } else { 1 };
     let now = shared.cache.now_ms() as i64;
     let Some(at) = n.checked_mul(unit).and_then(|ms| ms.checked_add(now)) else {
-        reply::error(out, &format!("ERR invalid expire time in '{name}' command"));
+        out.error(&format!("ERR invalid expire time in '{name}' command"));
         return Ok(());
     };
     let condition = match args.get(3).map(|a| a.to_ascii_uppercase()) {
@@ -551,7 +546,7 @@ fn expire(shared: &Shared, name: &str, args: &[&[u8]], out: &mut Vec<u8>) -> zip
             Some(c)
         }
         Some(_) => {
-            reply::error(out, "ERR Unsupported option");
+            out.error("ERR Unsupported option");
             return Ok(());
         }
     };
@@ -584,11 +579,11 @@ fn expire(shared: &Shared, name: &str, args: &[&[u8]], out: &mut Vec<u8>) -> zip
         };
         (update, true)
     })?;
-    reply::integer(out, changed as i64);
+    out.integer(changed as i64);
     Ok(())
 }
 
-fn ttl(shared: &Shared, key: &[u8], millis: bool, out: &mut Vec<u8>) -> zipcache::Result<()> {
+fn ttl(shared: &Shared, key: &[u8], millis: bool, out: &mut Reply) -> zipcache::Result<()> {
     let item = shared.cache.get_item(key)?;
     let now = shared.cache.now_ms();
     let ttl = match item.map(|i| i.expires_at_ms) {
@@ -599,11 +594,11 @@ fn ttl(shared: &Shared, key: &[u8], millis: bool, out: &mut Vec<u8>) -> zipcache
             if millis { left } else { (left + 500) / 1000 }
         }
     };
-    reply::integer(out, ttl);
+    out.integer(ttl);
     Ok(())
 }
 
-fn persist(shared: &Shared, key: &[u8], out: &mut Vec<u8>) -> zipcache::Result<()> {
+fn persist(shared: &Shared, key: &[u8], out: &mut Reply) -> zipcache::Result<()> {
     let (changed, _) = shared.cache.update(key, |current| match current {
         Some(item) if item.expires_at_ms.is_some() => (
             Update::Put {
@@ -618,7 +613,7 @@ fn persist(shared: &Shared, key: &[u8], out: &mut Vec<u8>) -> zipcache::Result<(
         ),
         _ => (Update::Keep, false),
     })?;
-    reply::integer(out, changed as i64);
+    out.integer(changed as i64);
     Ok(())
 }
 
@@ -637,13 +632,13 @@ fn unhex(text: &[u8]) -> Option<Vec<u8>> {
 
 /// SCAN's cursor is the hex of the last key returned, so a scan resumes in key order
 /// after it, whatever was inserted or evicted meanwhile; "0" starts and ends a scan.
-fn scan(shared: &Shared, args: &[&[u8]], out: &mut Vec<u8>) -> zipcache::Result<()> {
+fn scan(shared: &Shared, args: &[&[u8]], out: &mut Reply) -> zipcache::Result<()> {
     let after = match args[1] {
         b"0" => None,
         cursor => match unhex(cursor) {
             Some(key) if !key.is_empty() => Some(key),
             _ => {
-                reply::error(out, "ERR invalid cursor");
+                out.error("ERR invalid cursor");
                 return Ok(());
             }
         },
@@ -654,25 +649,25 @@ fn scan(shared: &Shared, args: &[&[u8]], out: &mut Vec<u8>) -> zipcache::Result<
     let mut options = args[2..].chunks(2);
     for option in options.by_ref() {
         let [name, value] = option else {
-            reply::error(out, SYNTAX);
+            out.error(SYNTAX);
             return Ok(());
         };
         match name.to_ascii_uppercase().as_slice() {
             b"COUNT" => match integer(value) {
                 Some(n) if n >= 1 => count = (n as usize).min(SCAN_MAX_COUNT),
                 Some(_) => {
-                    reply::error(out, SYNTAX);
+                    out.error(SYNTAX);
                     return Ok(());
                 }
                 None => {
-                    reply::error(out, NOT_INTEGER);
+                    out.error(NOT_INTEGER);
                     return Ok(());
                 }
             },
             b"MATCH" => pattern = Some(value),
             b"TYPE" => strings_only = value.eq_ignore_ascii_case(b"string"),
             _ => {
-                reply::error(out, SYNTAX);
+                out.error(SYNTAX);
                 return Ok(());
             }
         }
@@ -693,29 +688,29 @@ fn scan(shared: &Shared, args: &[&[u8]], out: &mut Vec<u8>) -> zipcache::Result<
         .map(|(k, _)| k.as_slice())
         .filter(|k| strings_only && pattern.is_none_or(|p| glob::matches(p, k)))
         .collect();
-    reply::array(out, 2);
-    reply::bulk(out, next.as_bytes());
-    reply::array(out, keys.len());
+    out.array(2);
+    out.bulk(next.as_bytes());
+    out.array(keys.len());
     for key in keys {
-        reply::bulk(out, key);
+        out.bulk(key);
     }
     Ok(())
 }
 
 /// `ZCRANGE start end [LIMIT n]`: key/value pairs with start <= key < end in key order;
 /// `-` and `+` stand for the open ends.
-fn range(shared: &Shared, args: &[&[u8]], out: &mut Vec<u8>) -> zipcache::Result<()> {
+fn range(shared: &Shared, args: &[&[u8]], out: &mut Reply) -> zipcache::Result<()> {
     let limit = match &args[3..] {
         [] => RANGE_DEFAULT_LIMIT,
         [word, n] if word.eq_ignore_ascii_case(b"LIMIT") => match integer(n) {
             Some(n) if n >= 0 => (n as usize).min(RANGE_MAX_LIMIT),
             _ => {
-                reply::error(out, NOT_INTEGER);
+                out.error(NOT_INTEGER);
                 return Ok(());
             }
         },
         _ => {
-            reply::error(out, SYNTAX);
+            out.error(SYNTAX);
             return Ok(());
         }
     };
@@ -728,10 +723,10 @@ fn range(shared: &Shared, args: &[&[u8]], out: &mut Vec<u8>) -> zipcache::Result
         key => Bound::Excluded(key),
     };
     let items = shared.cache.scan::<&[u8]>((start, end), limit)?;
-    reply::array(out, items.len() * 2);
+    out.array(items.len() * 2);
     for (key, item) in &items {
-        reply::bulk(out, key);
-        reply::bulk(out, &item.value);
+        out.bulk(key);
+        out.bulk(&item.value);
     }
     Ok(())
 }
@@ -831,17 +826,17 @@ fn info(shared: &Shared, sections: &[&[u8]]) -> String {
     text
 }
 
-fn command(args: &[&[u8]], out: &mut Vec<u8>) {
+fn command(args: &[&[u8]], out: &mut Reply) {
     match args.get(1).map(|a| a.to_ascii_uppercase()).as_deref() {
         // Clients only need COMMAND to answer; an empty table makes them fall back to
         // plain behaviour.
-        None | Some(b"DOCS") | Some(b"INFO") => reply::array(out, 0),
-        Some(b"COUNT") => reply::integer(out, COMMANDS.len() as i64),
+        None | Some(b"DOCS") | Some(b"INFO") => out.array(0),
+        Some(b"COUNT") => out.integer(COMMANDS.len() as i64),
         Some(_) => unknown_subcommand(args, out),
     }
 }
 
-fn config(shared: &Shared, args: &[&[u8]], out: &mut Vec<u8>) {
+fn config(shared: &Shared, args: &[&[u8]], out: &mut Reply) {
     match args[1].to_ascii_uppercase().as_slice() {
         b"GET" if args.len() >= 3 => {
             let parameters = [
@@ -862,89 +857,83 @@ fn config(shared: &Shared, args: &[&[u8]], out: &mut Vec<u8>) {
                         .any(|p| glob::matches(&p.to_ascii_lowercase(), name.as_bytes()))
                 })
                 .collect();
-            reply::array(out, found.len() * 2);
+            out.map(found.len());
             for (name, value) in found {
-                reply::bulk(out, name.as_bytes());
-                reply::bulk(out, value.as_bytes());
+                out.bulk(name.as_bytes());
+                out.bulk(value.as_bytes());
             }
         }
-        b"RESETSTAT" => reply::simple(out, "OK"),
-        b"SET" => reply::error(
-            out,
-            "ERR CONFIG SET is not supported; restart with --set NAME=VALUE",
-        ),
+        b"RESETSTAT" => out.simple("OK"),
+        b"SET" => out.error("ERR CONFIG SET is not supported; restart with --set NAME=VALUE"),
         _ => unknown_subcommand(args, out),
     }
 }
 
-fn client(session: &mut RespSession, args: &[&[u8]], out: &mut Vec<u8>) {
+fn client(session: &mut RespSession, args: &[&[u8]], out: &mut Reply) {
     match (args[1].to_ascii_uppercase().as_slice(), args.len()) {
-        (b"ID", 2) => reply::integer(out, session.id as i64),
-        (b"GETNAME", 2) => reply::maybe_bulk(out, session.name.as_deref()),
+        (b"ID", 2) => out.integer(session.id as i64),
+        (b"GETNAME", 2) => out.maybe_bulk(session.name.as_deref()),
         (b"SETNAME", 3) => {
             if args[2].iter().any(|&b| !(b'!'..=b'~').contains(&b)) {
-                reply::error(
-                    out,
+                out.error(
                     "ERR Client names cannot contain spaces, newlines or special characters.",
                 );
             } else {
                 session.name = (!args[2].is_empty()).then(|| args[2].to_vec());
-                reply::simple(out, "OK");
+                out.simple("OK");
             }
         }
         // Client libraries announce themselves; nothing to keep.
-        (b"SETINFO", 4) => reply::simple(out, "OK"),
+        (b"SETINFO", 4) => out.simple("OK"),
         _ => unknown_subcommand(args, out),
     }
 }
 
-fn hello(session: &mut RespSession, args: &[&[u8]], out: &mut Vec<u8>) {
-    match args.get(1).map(|v| integer(v)) {
-        None | Some(Some(2)) => {}
+fn hello(session: &mut RespSession, args: &[&[u8]], out: &mut Reply) {
+    let resp3 = match args.get(1).map(|v| integer(v)) {
+        None => session.resp3,
+        Some(Some(version @ (2 | 3))) => version == 3,
         Some(Some(_)) => {
-            reply::error(out, "NOPROTO sorry, this protocol version is not supported");
+            out.error("NOPROTO sorry, this protocol version is not supported");
             return;
         }
         Some(None) => {
-            reply::error(
-                out,
-                "ERR Protocol version is not an integer or out of range",
-            );
+            out.error("ERR Protocol version is not an integer or out of range");
             return;
         }
-    }
+    };
     let mut rest = args.get(2..).unwrap_or(&[]).iter();
     while let Some(option) = rest.next() {
         match (option.to_ascii_uppercase().as_slice(), rest.next()) {
             (b"SETNAME", Some(name)) => session.name = Some(name.to_vec()),
             (b"AUTH", Some(_)) if rest.next().is_some() => {}
             _ => {
-                reply::error(
-                    out,
-                    &format!(
-                        "ERR Syntax error in HELLO option '{}'",
-                        String::from_utf8_lossy(option)
-                    ),
-                );
+                out.error(&format!(
+                    "ERR Syntax error in HELLO option '{}'",
+                    String::from_utf8_lossy(option)
+                ));
                 return;
             }
         }
     }
-    reply::array(out, 14);
+    session.resp3 = resp3;
+    // The reply already speaks the protocol version just chosen.
+    out.resp3 = resp3;
+    out.map(7);
     for (key, value) in [("server", "redis"), ("version", REDIS_VERSION)] {
-        reply::bulk(out, key.as_bytes());
-        reply::bulk(out, value.as_bytes());
+        out.bulk(key.as_bytes());
+        out.bulk(value.as_bytes());
     }
-    reply::bulk(out, b"proto");
-    reply::integer(out, 2);
-    reply::bulk(out, b"id");
-    reply::integer(out, session.id as i64);
+    out.bulk(b"proto");
+    out.integer(if session.resp3 { 3 } else { 2 });
+    out.bulk(b"id");
+    out.integer(session.id as i64);
     for (key, value) in [("mode", "standalone"), ("role", "master")] {
-        reply::bulk(out, key.as_bytes());
-        reply::bulk(out, value.as_bytes());
+        out.bulk(key.as_bytes());
+        out.bulk(value.as_bytes());
     }
-    reply::bulk(out, b"modules");
-    reply::array(out, 0);
+    out.bulk(b"modules");
+    out.array(0);
 }
 
 #[cfg(test)]

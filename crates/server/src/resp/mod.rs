@@ -19,6 +19,7 @@ pub struct RespSession {
     shared: Arc<Shared>,
     id: u64,
     name: Option<Vec<u8>>,
+    resp3: bool,
 }
 
 impl RespSession {
@@ -27,17 +28,22 @@ impl RespSession {
             shared,
             id: NEXT_CLIENT_ID.fetch_add(1, Ordering::Relaxed),
             name: None,
+            resp3: false,
         }
     }
 }
 
 impl Session for RespSession {
-    fn step(&mut self, input: &[u8], out: &mut Vec<u8>) -> Step {
+    fn step(&mut self, input: &[u8], buf: &mut Vec<u8>) -> Step {
+        let mut out = Reply {
+            buf,
+            resp3: self.resp3,
+        };
         match parse::parse(input) {
             parse::Parsed::Incomplete => Step::NeedMore,
             parse::Parsed::Error(message) => {
                 Counters::bump(&self.shared.counters.protocol_errors);
-                reply::error(out, &message);
+                out.error(&message);
                 Step::Close
             }
             parse::Parsed::Command { args, len } => {
@@ -46,7 +52,7 @@ impl Session for RespSession {
                 }
                 Counters::bump(&self.shared.counters.commands);
                 let args: Vec<&[u8]> = args.iter().map(|a| a.as_ref()).collect();
-                match commands::execute(self, &args, out) {
+                match commands::execute(self, &args, &mut out) {
                     commands::Flow::Continue => Step::Consumed(len),
                     commands::Flow::Close => Step::Close,
                 }
@@ -55,48 +61,66 @@ impl Session for RespSession {
     }
 }
 
-/// RESP2 reply encoding.
-mod reply {
-    pub fn simple(out: &mut Vec<u8>, text: &str) {
-        out.push(b'+');
-        out.extend_from_slice(text.as_bytes());
-        out.extend_from_slice(b"\r\n");
+/// Reply encoding for the protocol version the client chose with HELLO: RESP3 differs
+/// from RESP2 only in how nil and maps are written, for the replies we send.
+pub struct Reply<'a> {
+    pub buf: &'a mut Vec<u8>,
+    pub resp3: bool,
+}
+
+impl Reply<'_> {
+    pub fn simple(&mut self, text: &str) {
+        self.buf.push(b'+');
+        self.buf.extend_from_slice(text.as_bytes());
+        self.buf.extend_from_slice(b"\r\n");
     }
 
     /// `message` starts with the error code (`ERR ...`); line breaks would end the reply
     /// early, so they become spaces.
-    pub fn error(out: &mut Vec<u8>, message: &str) {
-        out.push(b'-');
-        out.extend(
+    pub fn error(&mut self, message: &str) {
+        self.buf.push(b'-');
+        self.buf.extend(
             message
                 .bytes()
                 .map(|b| if b == b'\r' || b == b'\n' { b' ' } else { b }),
         );
-        out.extend_from_slice(b"\r\n");
+        self.buf.extend_from_slice(b"\r\n");
     }
 
-    pub fn integer(out: &mut Vec<u8>, n: i64) {
-        out.extend_from_slice(format!(":{n}\r\n").as_bytes());
+    pub fn integer(&mut self, n: i64) {
+        self.buf.extend_from_slice(format!(":{n}\r\n").as_bytes());
     }
 
-    pub fn bulk(out: &mut Vec<u8>, value: &[u8]) {
-        out.extend_from_slice(format!("${}\r\n", value.len()).as_bytes());
-        out.extend_from_slice(value);
-        out.extend_from_slice(b"\r\n");
+    pub fn bulk(&mut self, value: &[u8]) {
+        self.buf
+            .extend_from_slice(format!("${}\r\n", value.len()).as_bytes());
+        self.buf.extend_from_slice(value);
+        self.buf.extend_from_slice(b"\r\n");
     }
 
-    pub fn nil(out: &mut Vec<u8>) {
-        out.extend_from_slice(b"$-1\r\n");
+    pub fn nil(&mut self) {
+        self.buf
+            .extend_from_slice(if self.resp3 { b"_\r\n" } else { b"$-1\r\n" });
     }
 
-    pub fn maybe_bulk(out: &mut Vec<u8>, value: Option<&[u8]>) {
+    pub fn maybe_bulk(&mut self, value: Option<&[u8]>) {
         match value {
-            Some(v) => bulk(out, v),
-            None => nil(out),
+            Some(v) => self.bulk(v),
+            None => self.nil(),
         }
     }
 
-    pub fn array(out: &mut Vec<u8>, len: usize) {
-        out.extend_from_slice(format!("*{len}\r\n").as_bytes());
+    pub fn array(&mut self, len: usize) {
+        self.buf.extend_from_slice(format!("*{len}\r\n").as_bytes());
+    }
+
+    /// A map of `pairs` entries; RESP2 sends it as a flat array.
+    pub fn map(&mut self, pairs: usize) {
+        if self.resp3 {
+            self.buf
+                .extend_from_slice(format!("%{pairs}\r\n").as_bytes());
+        } else {
+            self.array(pairs * 2);
+        }
     }
 }

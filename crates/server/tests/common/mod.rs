@@ -1,0 +1,189 @@
+//! Shared by the integration tests: an in-process server on ephemeral loopback ports,
+//! external tools found or failed loudly, and child processes stopped by PID.
+#![allow(dead_code)] // each test binary uses its own subset
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use zipcache::{Config, ZipCache};
+use zipcache_server::{ServerHandle, ServerOptions, start};
+
+pub struct TestServer {
+    handle: Option<ServerHandle>,
+    pub memcached: SocketAddr,
+    pub resp: SocketAddr,
+}
+
+impl TestServer {
+    pub fn start() -> TestServer {
+        TestServer::with_options(ServerOptions {
+            threads: 2,
+            ..ServerOptions::default()
+        })
+    }
+
+    pub fn with_options(options: ServerOptions) -> TestServer {
+        let config = Config {
+            dram_capacity: 256 << 20,
+            ..Config::default()
+        };
+        let cache = Arc::new(ZipCache::open(config).expect("open the engine"));
+        let handle = start(cache, options).expect("start the server");
+        TestServer {
+            memcached: handle.memcached_addr.expect("memcached port"),
+            resp: handle.resp_addr.expect("resp port"),
+            handle: Some(handle),
+        }
+    }
+
+    pub fn handle(&self) -> &ServerHandle {
+        self.handle.as_ref().expect("running")
+    }
+
+    pub fn stop(mut self) -> Arc<ZipCache> {
+        self.handle.take().expect("running").shutdown()
+    }
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        if let Some(handle) = self.handle.take() {
+            handle.shutdown();
+        }
+    }
+}
+
+/// The path of an external tool, or a failure naming the package that provides it.
+pub fn require_tool(name: &str, package: &str) -> PathBuf {
+    let found = std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|dir| dir.join(name))
+            .find(|p| p.is_file())
+    });
+    found.unwrap_or_else(|| {
+        panic!("`{name}` is not installed: install the {package} package (the project's test script does)")
+    })
+}
+
+/// A child process killed by its PID when dropped.
+pub struct ChildGuard(pub Child);
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Runs a tool to completion with a time limit; returns (success, stdout + stderr).
+pub fn run_tool(command: &mut Command, limit: Duration) -> (bool, String) {
+    let mut child = command
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn tool");
+    let mut stdout = child.stdout.take().expect("stdout");
+    let mut stderr = child.stderr.take().expect("stderr");
+    let out_reader = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = stdout.read_to_string(&mut s);
+        s
+    });
+    let err_reader = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = stderr.read_to_string(&mut s);
+        s
+    });
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            break Some(status);
+        }
+        if started.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let output = format!(
+        "{}{}",
+        out_reader.join().unwrap_or_default(),
+        err_reader.join().unwrap_or_default()
+    );
+    match status {
+        Some(status) => (status.success(), output),
+        None => (false, format!("timed out after {limit:?}\n{output}")),
+    }
+}
+
+/// A line-oriented test client.
+pub struct Client {
+    reader: BufReader<TcpStream>,
+}
+
+impl Client {
+    pub fn connect(addr: SocketAddr) -> Client {
+        let stream = TcpStream::connect(addr).expect("connect");
+        stream
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .expect("timeout");
+        Client {
+            reader: BufReader::new(stream),
+        }
+    }
+
+    pub fn send(&mut self, bytes: &[u8]) {
+        self.reader.get_mut().write_all(bytes).expect("send");
+    }
+
+    /// One reply line, without its line ending.
+    pub fn line(&mut self) -> String {
+        let mut line = String::new();
+        self.reader.read_line(&mut line).expect("read");
+        line.trim_end_matches(['\r', '\n']).to_string()
+    }
+
+    pub fn bytes(&mut self, n: usize) -> Vec<u8> {
+        let mut buf = vec![0; n];
+        self.reader.read_exact(&mut buf).expect("read");
+        buf
+    }
+
+    /// Sends `request` and returns the next `lines` reply lines.
+    pub fn ask(&mut self, request: &str, lines: usize) -> Vec<String> {
+        self.send(request.as_bytes());
+        (0..lines).map(|_| self.line()).collect()
+    }
+
+    /// True once the server has closed the connection (reads EOF).
+    pub fn closed(&mut self) -> bool {
+        let mut rest = Vec::new();
+        self.reader.read_to_end(&mut rest).is_ok()
+    }
+}
+
+pub fn py_script(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/py")
+        .join(name)
+}
+
+/// Checks the python modules the client tests import, naming the pip package if missing.
+pub fn require_python_modules(modules: &[(&str, &str)]) {
+    require_tool("python3", "python3");
+    for (module, package) in modules {
+        let ok = Command::new("python3")
+            .args(["-c", &format!("import {module}")])
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(
+            ok,
+            "python module `{module}` is missing: pip install {package}"
+        );
+    }
+}

@@ -1,0 +1,108 @@
+//! Real memcached and Redis tools against an in-process server.
+
+mod common;
+
+use std::process::Command;
+use std::time::Duration;
+
+use common::{TestServer, require_tool, run_tool};
+
+#[test]
+fn memccapable_ascii_suite_passes_in_full() {
+    let tool = require_tool("memccapable", "libmemcached-tools");
+    let server = TestServer::start();
+    let port = server.memcached.port().to_string();
+    let (ok, output) = run_tool(
+        Command::new(tool).args(["-h", "127.0.0.1", "-p", &port, "-a"]),
+        Duration::from_secs(60),
+    );
+    assert!(ok, "memccapable failed:\n{output}");
+    let passed = output.lines().filter(|l| l.contains("[pass]")).count();
+    assert_eq!(passed, 27, "expected 27 ascii tests to pass:\n{output}");
+    assert!(output.contains("All tests passed"), "{output}");
+}
+
+#[test]
+fn memcaslap_runs_without_errors() {
+    let tool = require_tool("memcaslap", "libmemcached-tools");
+    let server = TestServer::start();
+    let target = server.memcached.to_string();
+    let (ok, output) = run_tool(
+        Command::new(tool).args(["-s", &target, "-T", "2", "-c", "16", "-t", "3s", "-X", "64"]),
+        Duration::from_secs(30),
+    );
+    assert!(ok, "memcaslap failed:\n{output}");
+    let lower = output.to_lowercase();
+    assert!(
+        !lower.contains("error") && !lower.contains("fail"),
+        "{output}"
+    );
+    let gets: u64 = output
+        .lines()
+        .find_map(|l| l.strip_prefix("cmd_get: "))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(0);
+    assert!(gets > 0, "memcaslap did no gets:\n{output}");
+    assert!(output.contains("get_misses: 0"), "{output}");
+}
+
+#[test]
+fn redis_benchmark_set_get_pipelined_completes() {
+    let tool = require_tool("redis-benchmark", "redis-tools");
+    let server = TestServer::start();
+    let port = server.resp.port().to_string();
+    let (ok, output) = run_tool(
+        Command::new(tool).args([
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &port,
+            "-t",
+            "set,get",
+            "-n",
+            "20000",
+            "-P",
+            "16",
+            "-q",
+        ]),
+        Duration::from_secs(60),
+    );
+    assert!(ok, "redis-benchmark failed:\n{output}");
+    for test in ["SET:", "GET:"] {
+        assert!(
+            output
+                .lines()
+                .any(|l| l.contains(test) && l.contains("requests per second")),
+            "{test} missing:\n{output}"
+        );
+    }
+    assert!(
+        !output.contains("ERR") && !output.to_lowercase().contains("error"),
+        "{output}"
+    );
+}
+
+#[test]
+fn redis_cli_inline_and_scan_work() {
+    let tool = require_tool("redis-cli", "redis-tools");
+    let server = TestServer::start();
+    let port = server.resp.port().to_string();
+    let cli = |args: &[&str]| {
+        let (ok, output) = run_tool(
+            Command::new(&tool)
+                .args(["-h", "127.0.0.1", "-p", &port])
+                .args(args),
+            Duration::from_secs(10),
+        );
+        assert!(ok, "redis-cli {args:?}: {output}");
+        output
+    };
+    assert_eq!(cli(&["SET", "user:1", "a"]).trim(), "OK");
+    cli(&["SET", "user:2", "b"]);
+    cli(&["SET", "other", "c"]);
+    let scanned = cli(&["--scan", "--pattern", "user:*"]);
+    let mut keys: Vec<&str> = scanned.lines().collect();
+    keys.sort();
+    assert_eq!(keys, ["user:1", "user:2"]);
+    assert!(cli(&["INFO", "zipcache"]).contains("compression_ratio_dram:"));
+}
