@@ -222,7 +222,10 @@ impl Config {
                 self.leaf_size
             ));
         }
-        if self.subpages == 0 || self.subpages > 256 || self.leaf_size % self.subpages != 0 {
+        if self.subpages == 0
+            || self.subpages > 256
+            || !self.leaf_size.is_multiple_of(self.subpages)
+        {
             return bad(format!(
                 "subpages {} must be 1..=256 and divide leaf_size {}",
                 self.subpages, self.leaf_size
@@ -250,9 +253,9 @@ impl Config {
         if self.max_value_size == 0 || self.max_value_size > 1 << 30 {
             return bad("max_value_size must be within 1 B..1 GiB".into());
         }
-        if self.dram_capacity < 1 << 20 {
+        if self.dram_capacity < 64 << 10 {
             return bad(format!(
-                "dram_capacity {} is below 1 MiB",
+                "dram_capacity {} is below 64 KiB",
                 self.dram_capacity
             ));
         }
@@ -267,7 +270,7 @@ impl Config {
         }
         if let Some(ssd) = &self.ssd {
             if self.superleaf_size < 4096
-                || self.superleaf_size % 4096 != 0
+                || !self.superleaf_size.is_multiple_of(4096)
                 || self.superleaf_size > 1 << 20
             {
                 return bad("superleaf_size must be a multiple of 4 KiB up to 1 MiB".into());

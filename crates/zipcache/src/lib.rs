@@ -6,8 +6,20 @@ pub mod config;
 pub mod error;
 pub mod stats;
 
+mod btree;
+mod bypass;
 mod cache;
+mod counters;
+mod dram_tier;
+mod early_termination;
+mod eviction;
+mod leaf_page;
+mod memory;
+#[cfg(test)]
+mod model_tests;
 mod record;
+mod subpage_hash;
+mod write_buffer;
 
 pub use cache::ZipCache;
 pub use config::{Clock, Config, SsdConfig, SystemClock, parse_size};

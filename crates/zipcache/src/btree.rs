@@ -1,0 +1,405 @@
+//! The one B+ tree of ZipCache: an ordered index from key ranges to leaves.
+//!
+//! BT_DRAM, BT_SSD and BT_LO are all `BTree<L>` with different leaf types. The tree only
+//! routes a key to the leaf whose range holds it; what a leaf stores, and how, is the
+//! leaf type's business.
+//!
+//! Inner nodes are immutable and shared (`Arc`); a change copies the path from the root
+//! to the changed node and publishes the new root with one atomic swap. Readers therefore
+//! take no lock at all: they load the root and walk down. Writers of the structure (leaf
+//! splits and removals, which are rare next to GETs) serialize on one mutex.
+//!
+//! Every entry carries the low fence of its subtree, so a leaf covers
+//! `[its low, next leaf's low)`. The first leaf's low is the empty key and it is never
+//! removed, so every key has a leaf.
+//!
+//! A reader may route by a root that was replaced a moment later; the leaf types keep
+//! their own fences under their own locks and send the reader back to the root when the
+//! key is no longer theirs (see `dram_tier`).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use arc_swap::ArcSwap;
+use parking_lot::Mutex;
+
+use crate::memory::alloc_size;
+
+/// Entries per inner node before it splits. 64 keeps a path copy cheap (a few hundred
+/// pointer copies) and the tree shallow (three levels index 260 k leaves).
+const FANOUT: usize = 64;
+
+pub type Fence = Arc<[u8]>;
+
+enum Children<L> {
+    Leaves(Vec<(Fence, Arc<L>)>),
+    Nodes(Vec<(Fence, Arc<Node<L>>)>),
+}
+
+struct Node<L> {
+    children: Children<L>,
+}
+
+impl<L> Node<L> {
+    fn len(&self) -> usize {
+        match &self.children {
+            Children::Leaves(v) => v.len(),
+            Children::Nodes(v) => v.len(),
+        }
+    }
+
+    fn low(&self) -> Fence {
+        match &self.children {
+            Children::Leaves(v) => v[0].0.clone(),
+            Children::Nodes(v) => v[0].0.clone(),
+        }
+    }
+
+    /// DRAM this node holds: its entry vector and the fence keys it introduced.
+    fn bytes(&self) -> u64 {
+        let entry = size_of::<(Fence, Arc<()>)>();
+        let fences: usize = match &self.children {
+            Children::Leaves(v) => v.iter().map(|(k, _)| alloc_size(k.len() + 16)).sum(),
+            Children::Nodes(_) => 0,
+        };
+        (alloc_size(size_of::<Node<L>>() + 16) + alloc_size(self.len() * entry) + fences) as u64
+    }
+}
+
+/// Index of the entry whose range holds `key`: the last entry with `low <= key`.
+fn route<T>(entries: &[(Fence, T)], key: &[u8]) -> usize {
+    entries
+        .partition_point(|(low, _)| low.as_ref() <= key)
+        .saturating_sub(1)
+}
+
+pub struct BTree<L> {
+    root: ArcSwap<Node<L>>,
+    /// Serializes structural changes; never held while waiting for a leaf lock.
+    writer: Mutex<()>,
+    node_bytes: AtomicU64,
+    leaves: AtomicU64,
+    depth: AtomicU64,
+}
+
+impl<L> BTree<L> {
+    /// A tree of one leaf covering every key.
+    pub fn new(first: Arc<L>) -> Self {
+        let root = Node {
+            children: Children::Leaves(vec![(Fence::from(&[][..]), first)]),
+        };
+        let bytes = root.bytes();
+        BTree {
+            root: ArcSwap::from_pointee(root),
+            writer: Mutex::new(()),
+            node_bytes: AtomicU64::new(bytes),
+            leaves: AtomicU64::new(1),
+            depth: AtomicU64::new(1),
+        }
+    }
+
+    /// The leaf whose range holds `key`, with that range's low fence.
+    pub fn find(&self, key: &[u8]) -> (Fence, Arc<L>) {
+        let root = self.root.load();
+        let mut node: &Node<L> = &root;
+        loop {
+            match &node.children {
+                Children::Nodes(v) => node = &v[route(v, key)].1,
+                Children::Leaves(v) => {
+                    let (low, leaf) = &v[route(v, key)];
+                    return (low.clone(), leaf.clone());
+                }
+            }
+        }
+    }
+
+    /// The leaf after the one whose low fence is `low`, in key order, if any.
+    pub fn next_leaf(&self, low: &[u8]) -> Option<(Fence, Arc<L>)> {
+        let root = self.root.load();
+        let mut found = None;
+        Self::for_each_from(&root, low, &mut |fence, leaf| {
+            if fence.as_ref() > low {
+                found = Some((fence.clone(), leaf.clone()));
+                false
+            } else {
+                true
+            }
+        });
+        found
+    }
+
+    /// The leaf just before the one whose low fence is `low`: the one holding the keys
+    /// immediately below `low`.
+    pub fn prev_leaf(&self, low: &[u8]) -> Option<(Fence, Arc<L>)> {
+        let below = |entries_low: &[u8]| entries_low < low;
+        let root = self.root.load();
+        let mut node: &Node<L> = &root;
+        loop {
+            match &node.children {
+                Children::Nodes(v) => {
+                    let i = v.partition_point(|(l, _)| below(l)).checked_sub(1)?;
+                    node = &v[i].1;
+                }
+                Children::Leaves(v) => {
+                    let i = v.partition_point(|(l, _)| below(l)).checked_sub(1)?;
+                    return Some((v[i].0.clone(), v[i].1.clone()));
+                }
+            }
+        }
+    }
+
+    /// Calls `visit` for every leaf in key order, on one consistent snapshot of the tree.
+    pub fn for_each_leaf(&self, mut visit: impl FnMut(&Fence, &Arc<L>)) {
+        let root = self.root.load();
+        Self::for_each_from(&root, &[], &mut |fence, leaf| {
+            visit(fence, leaf);
+            true
+        });
+    }
+
+    /// Visits leaves in order starting with the one holding `key`; stops when `visit`
+    /// returns false. Returns false if it was stopped.
+    fn for_each_from(
+        node: &Node<L>,
+        key: &[u8],
+        visit: &mut dyn FnMut(&Fence, &Arc<L>) -> bool,
+    ) -> bool {
+        match &node.children {
+            Children::Leaves(v) => v[route(v, key)..]
+                .iter()
+                .all(|(fence, leaf)| visit(fence, leaf)),
+            Children::Nodes(v) => v[route(v, key)..]
+                .iter()
+                .all(|(_, child)| Self::for_each_from(child, key, visit)),
+        }
+    }
+
+    /// Puts `leaf` into the tree with low fence `low`; it takes over `[low, next low)` from
+    /// the leaf that held `low` until now. The caller holds that leaf's lock and has
+    /// already shrunk its range, so no reader can be served wrongly in between.
+    /// Returns the change in inner-node bytes.
+    pub fn insert(&self, low: Fence, leaf: Arc<L>) -> i64 {
+        let _writer = self.writer.lock();
+        let root = self.root.load_full();
+        let mut delta = Delta::default();
+        let (left, right) = Self::insert_into(&root, low, leaf, &mut delta);
+        let new_root = match right {
+            None => left,
+            Some(right) => {
+                self.depth.fetch_add(1, Ordering::Relaxed);
+                let node = Node {
+                    children: Children::Nodes(vec![(left.low(), left), (right.low(), right)]),
+                };
+                delta.added += node.bytes();
+                Arc::new(node)
+            }
+        };
+        self.root.store(new_root);
+        self.leaves.fetch_add(1, Ordering::Relaxed);
+        self.apply(delta)
+    }
+
+    fn insert_into(
+        node: &Node<L>,
+        low: Fence,
+        leaf: Arc<L>,
+        delta: &mut Delta,
+    ) -> (Arc<Node<L>>, Option<Arc<Node<L>>>) {
+        delta.removed += node.bytes();
+        let children = match &node.children {
+            Children::Leaves(v) => {
+                let at = v.partition_point(|(l, _)| l.as_ref() <= low.as_ref());
+                let v = with_inserted(v, at, (low, leaf));
+                split_if_full(v, Children::Leaves)
+            }
+            Children::Nodes(v) => {
+                let at = route(v, &low);
+                let (left, right) = Self::insert_into(&v[at].1, low, leaf, delta);
+                let mut v = match right {
+                    Some(right) => with_inserted(v, at + 1, (right.low(), right)),
+                    None => v.clone(),
+                };
+                v[at] = (left.low(), left);
+                split_if_full(v, Children::Nodes)
+            }
+        };
+        let (left, right) = children;
+        let left = Arc::new(Node { children: left });
+        delta.added += left.bytes();
+        let right = right.map(|c| {
+            let n = Arc::new(Node { children: c });
+            delta.added += n.bytes();
+            n
+        });
+        (left, right)
+    }
+
+    /// Takes the leaf with low fence `low` out of the tree; its range joins the leaf
+    /// before it. The caller holds both leaves' locks and has already widened the
+    /// left neighbour's range. The first leaf (empty low fence) is never removed.
+    /// Returns the change in inner-node bytes.
+    pub fn remove(&self, low: &[u8]) -> i64 {
+        debug_assert!(!low.is_empty(), "the first leaf is never removed");
+        let _writer = self.writer.lock();
+        let root = self.root.load_full();
+        let mut delta = Delta::default();
+        let Some(new_root) = Self::remove_from(&root, low, &mut delta) else {
+            return 0;
+        };
+        // A root with one inner child is a level too many.
+        let mut new_root = new_root;
+        loop {
+            let only_child = match &new_root.children {
+                Children::Nodes(v) if v.len() == 1 => v[0].1.clone(),
+                _ => break,
+            };
+            delta.removed += new_root.bytes();
+            self.depth.fetch_sub(1, Ordering::Relaxed);
+            new_root = only_child;
+        }
+        self.root.store(new_root);
+        self.leaves.fetch_sub(1, Ordering::Relaxed);
+        self.apply(delta)
+    }
+
+    /// The node without the leaf at `low`; `None` if that leaf is not in this subtree.
+    /// An emptied node comes back with no children and its parent drops it.
+    fn remove_from(node: &Node<L>, low: &[u8], delta: &mut Delta) -> Option<Arc<Node<L>>> {
+        let children = match &node.children {
+            Children::Leaves(v) => {
+                let at = v.iter().position(|(l, _)| l.as_ref() == low)?;
+                let mut v = v.clone();
+                v.remove(at);
+                Children::Leaves(v)
+            }
+            Children::Nodes(v) => {
+                let at = route(v, low);
+                let child = Self::remove_from(&v[at].1, low, delta)?;
+                let mut v = v.clone();
+                if child.len() == 0 {
+                    v.remove(at);
+                } else {
+                    v[at] = (child.low(), child);
+                }
+                Children::Nodes(v)
+            }
+        };
+        delta.removed += node.bytes();
+        let node = Arc::new(Node { children });
+        if node.len() > 0 {
+            delta.added += node.bytes();
+        }
+        Some(node)
+    }
+
+    fn apply(&self, delta: Delta) -> i64 {
+        self.node_bytes.fetch_add(delta.added, Ordering::Relaxed);
+        self.node_bytes.fetch_sub(delta.removed, Ordering::Relaxed);
+        delta.added as i64 - delta.removed as i64
+    }
+
+    /// DRAM held by inner nodes and fences.
+    pub fn node_bytes(&self) -> u64 {
+        self.node_bytes.load(Ordering::Relaxed)
+    }
+
+    pub fn leaf_count(&self) -> u64 {
+        self.leaves.load(Ordering::Relaxed)
+    }
+
+    #[cfg(test)]
+    pub fn depth(&self) -> u64 {
+        self.depth.load(Ordering::Relaxed)
+    }
+}
+
+#[derive(Default)]
+struct Delta {
+    added: u64,
+    removed: u64,
+}
+
+/// A copy of `v` with `item` at `at`, allocated to its exact length: inner nodes are
+/// copied on every change, and slack capacity in each copy would be DRAM for nothing.
+fn with_inserted<T: Clone>(v: &[T], at: usize, item: T) -> Vec<T> {
+    let mut out = Vec::with_capacity(v.len() + 1);
+    out.extend_from_slice(&v[..at]);
+    out.push(item);
+    out.extend_from_slice(&v[at..]);
+    out
+}
+
+/// Splits an overfull entry vector in two halves.
+fn split_if_full<T, L>(
+    mut v: Vec<T>,
+    wrap: fn(Vec<T>) -> Children<L>,
+) -> (Children<L>, Option<Children<L>>) {
+    if v.len() <= FANOUT {
+        return (wrap(v), None);
+    }
+    let right = v.split_off(v.len() / 2);
+    v.shrink_to_fit();
+    (wrap(v), Some(wrap(right)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(i: u32) -> Fence {
+        Fence::from(format!("{i:08}").as_bytes())
+    }
+
+    #[test]
+    fn routes_every_key_through_splits_and_removals() {
+        let tree = BTree::new(Arc::new(u32::MAX));
+        let empty_bytes = tree.node_bytes();
+        // Leaf `i` holds keys from key(i); inserted out of order to split inner nodes
+        // in the middle as well as at the end.
+        let order: Vec<u32> = (1..5000)
+            .map(|i| (i * 7919) % 5000)
+            .filter(|&i| i > 0)
+            .collect();
+        for &i in &order {
+            tree.insert(key(i), Arc::new(i));
+        }
+        assert_eq!(tree.leaf_count(), 5000);
+        assert!(
+            tree.depth() >= 3,
+            "5000 leaves need three levels at fanout {FANOUT}"
+        );
+        for i in 1..5000 {
+            assert_eq!(*tree.find(&key(i)).1, i);
+            let inside = [&key(i)[..], b"5"].concat();
+            assert_eq!(*tree.find(&inside).1, i);
+            assert_eq!(
+                *tree.prev_leaf(&key(i)).unwrap().1,
+                if i == 1 { u32::MAX } else { i - 1 }
+            );
+        }
+        assert_eq!(*tree.find(b"").1, u32::MAX);
+        assert_eq!(tree.next_leaf(&key(41)).map(|(_, l)| *l), Some(42));
+        let mut seen = Vec::new();
+        tree.for_each_leaf(|_, l| seen.push(**l));
+        assert_eq!(seen.len(), 5000);
+        // Removing a leaf hands its range to the left neighbour.
+        for i in (2..5000).step_by(2) {
+            tree.remove(&key(i));
+        }
+        for i in 1..5000 {
+            let owner = if i % 2 == 0 { i - 1 } else { i };
+            assert_eq!(*tree.find(&key(i)).1, owner);
+        }
+        for i in (1..5000).step_by(2) {
+            tree.remove(&key(i));
+        }
+        assert_eq!(tree.leaf_count(), 1);
+        assert_eq!(tree.depth(), 1);
+        assert_eq!(
+            tree.node_bytes(),
+            empty_bytes,
+            "node accounting returns to where it began"
+        );
+        assert_eq!(*tree.find(&key(77)).1, u32::MAX);
+    }
+}

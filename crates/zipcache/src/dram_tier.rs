@@ -1,0 +1,974 @@
+//! BT_DRAM, the compressed DRAM tier (paper §3.2).
+//!
+//! A B+ tree ([`BTree`]) of leaves. Each leaf holds a 4 KiB logical page of `n`
+//! hash-partitioned sub-pages ([`leaf_page`](crate::leaf_page)) stored as one LZ4 stream
+//! (or uncompressed while hot, [`bypass`](crate::bypass)), the individually compressed
+//! blobs of its medium objects, and a write buffer ([`write_buffer`](crate::write_buffer)).
+//!
+//! Concurrency: the tree is read without locks; each leaf has its own `RwLock`. GETs take
+//! it shared, writers exclusive. A leaf keeps its own fences: whoever locks a leaf that no
+//! longer owns its key (split or evicted since the tree was read) goes back to the root.
+//! Lock order is left leaf → right leaf → tree writer, which the splitting merge and
+//! eviction both follow.
+
+use std::collections::BTreeMap;
+use std::ops::Bound;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering};
+
+use crossbeam_channel::Sender;
+use parking_lot::{Mutex, RwLock};
+
+use crate::btree::{BTree, Fence};
+use crate::bypass::Bypass;
+use crate::early_termination::{compress_page, decompress_prefix, with_prefix};
+use crate::eviction::{EvictedObject, EvictionSink};
+use crate::leaf_page::Geometry;
+use crate::memory::{Charge, LeafCharge, Memory, alloc_size};
+use crate::record::{Meta, Payload, Record, blob_header, decode_blob, encode_blob};
+use crate::subpage_hash::dram_subpage;
+use crate::write_buffer::{Pressure, WriteBuffer};
+
+/// What the DRAM tier knows about a key.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Lookup {
+    Found(Vec<u8>, Meta),
+    /// A tombstone: the key was deleted or replaced by a large object.
+    Deleted,
+    /// The newest DRAM version expired: a miss, and lower tiers hold nothing newer.
+    Expired,
+    /// Not in DRAM; lower tiers may have it.
+    Absent,
+}
+
+enum Page {
+    Empty,
+    Compressed(Box<[u8]>),
+    Hot(Box<[u8]>),
+}
+
+struct LeafState {
+    low: Fence,
+    high: Option<Fence>,
+    retired: bool,
+    page: Page,
+    /// Medium objects' blobs, by the slot their page record names.
+    blobs: Box<[Option<Box<[u8]>>]>,
+    buffer: WriteBuffer,
+    /// Live objects in the page and their key + value bytes (for the compression ratio).
+    objects: u32,
+    raw_bytes: u32,
+    charge: LeafCharge,
+}
+
+impl LeafState {
+    fn owns(&self, key: &[u8]) -> bool {
+        !self.retired
+            && self.low.as_ref() <= key
+            && self.high.as_ref().is_none_or(|h| key < h.as_ref())
+    }
+}
+
+pub struct DramLeaf {
+    state: RwLock<LeafState>,
+    /// Accesses since the bypass pass last aged the counters.
+    access: AtomicU32,
+    /// CLOCK reference bit.
+    referenced: AtomicBool,
+    /// Chosen for the uncompressed hot sub-tier.
+    hot: AtomicBool,
+    merge_queued: AtomicBool,
+}
+
+impl DramLeaf {
+    fn new(state: LeafState, access: u32, hot: bool) -> Arc<Self> {
+        Arc::new(DramLeaf {
+            state: RwLock::new(state),
+            access: AtomicU32::new(access),
+            referenced: AtomicBool::new(true),
+            hot: AtomicBool::new(hot),
+            merge_queued: AtomicBool::new(false),
+        })
+    }
+
+    /// Counts an access. A plain load/store, not an atomic add: a lost increment under a
+    /// race does not matter to a hotness estimate, a locked bus cycle per GET would.
+    fn touch(&self) {
+        self.access.store(
+            self.access.load(Ordering::Relaxed).saturating_add(1),
+            Ordering::Relaxed,
+        );
+        if !self.referenced.load(Ordering::Relaxed) {
+            self.referenced.store(true, Ordering::Relaxed);
+        }
+    }
+}
+
+/// DRAM a leaf descriptor takes besides its page, blobs and buffer.
+const LEAF_OVERHEAD: usize = size_of::<DramLeaf>() + 16;
+
+#[derive(Clone, Copy, Debug)]
+pub struct DramSettings {
+    pub leaf_size: usize,
+    pub subpages: usize,
+    pub write_buffer: usize,
+    pub tiny_max: usize,
+    pub dram_capacity: u64,
+    pub bypass_max_fraction: f64,
+    /// With an SSD tier below, tombstones must live until they reach it.
+    pub keep_tombstones: bool,
+}
+
+#[derive(Debug, Default)]
+pub struct DramCounters {
+    pub merges: AtomicU64,
+    pub foreground_merges: AtomicU64,
+    pub splits: AtomicU64,
+    pub evicted_leaves: AtomicU64,
+    pub evicted_objects: AtomicU64,
+    pub corrupt_pages: AtomicU64,
+    pub objects: AtomicI64,
+    pub raw_bytes: AtomicI64,
+    pub hot_leaves: AtomicI64,
+}
+
+pub struct DramTier {
+    tree: BTree<DramLeaf>,
+    geometry: Geometry,
+    settings: DramSettings,
+    memory: Arc<Memory>,
+    merge_queue: Sender<Arc<DramLeaf>>,
+    pub bypass: Bypass,
+    pub counters: DramCounters,
+    /// Low fence of the leaf the CLOCK hand points at.
+    hand: Mutex<Fence>,
+}
+
+/// An object of a leaf on its way into a rebuilt page, an eviction or a scan.
+struct Obj<'a> {
+    key: &'a [u8],
+    body: Body<'a>,
+    meta: Meta,
+    /// Came from the buffer with a key the page did not have.
+    new_key: bool,
+}
+
+enum Body<'a> {
+    Inline(&'a [u8]),
+    /// A medium object whose blob sits in the source leaf's blob table.
+    Slot(u16),
+    /// A medium object's blob, compressed during this merge.
+    Blob(Box<[u8]>),
+    Tombstone,
+}
+
+impl Obj<'_> {
+    fn record(&self, slot: u16) -> Record<'_> {
+        let payload = match &self.body {
+            Body::Inline(v) => Payload::Inline(v),
+            Body::Slot(_) | Body::Blob(_) => {
+                return Record {
+                    key: self.key,
+                    payload: Payload::Medium(slot),
+                    meta: Meta::default(),
+                };
+            }
+            Body::Tombstone => Payload::Tombstone,
+        };
+        Record {
+            key: self.key,
+            payload,
+            meta: self.meta,
+        }
+    }
+
+    fn encoded_len(&self) -> usize {
+        self.record(0).encoded_len()
+    }
+
+    fn is_medium(&self) -> bool {
+        matches!(self.body, Body::Slot(_) | Body::Blob(_))
+    }
+}
+
+/// One key of a scan: its newest DRAM version, `None` for a tombstone or an expired value
+/// (which hide older versions in lower tiers).
+pub type ScanEntry = (Vec<u8>, Option<(Vec<u8>, Meta)>);
+
+type KeyRange<'k> = (Bound<&'k [u8]>, Bound<&'k [u8]>);
+
+impl DramTier {
+    pub fn new(
+        settings: DramSettings,
+        memory: Arc<Memory>,
+        merge_queue: Sender<Arc<DramLeaf>>,
+        bypass_r: f64,
+    ) -> Self {
+        let geometry = Geometry {
+            subpages: settings.subpages,
+            subpage_size: settings.leaf_size / settings.subpages,
+            fill_limit: settings.leaf_size / settings.subpages,
+            hash: dram_subpage,
+        };
+        let first = LeafState {
+            low: Fence::from(&[][..]),
+            high: None,
+            retired: false,
+            page: Page::Empty,
+            blobs: Box::default(),
+            buffer: WriteBuffer::default(),
+            objects: 0,
+            raw_bytes: 0,
+            charge: LeafCharge::default(),
+        };
+        let first = DramLeaf::new(first, 0, false);
+        let tier = DramTier {
+            tree: BTree::new(first.clone()),
+            geometry,
+            settings,
+            memory,
+            merge_queue,
+            bypass: Bypass::new(bypass_r),
+            counters: DramCounters::default(),
+            hand: Mutex::new(Fence::from(&[][..])),
+        };
+        let mut st = first.state.write();
+        tier.recharge(&mut st);
+        drop(st);
+        tier.memory.change(
+            &Charge::default(),
+            &Charge {
+                index: tier.tree.node_bytes() as i64,
+                ..Charge::default()
+            },
+        );
+        tier
+    }
+
+    pub fn leaf_count(&self) -> u64 {
+        self.tree.leaf_count()
+    }
+
+    /// Runs `f` on the leaf that owns `key`, locked shared.
+    fn read_leaf<R>(&self, key: &[u8], f: impl FnOnce(&DramLeaf, &LeafState) -> R) -> R {
+        loop {
+            let (_, leaf) = self.tree.find(key);
+            let st = leaf.state.read();
+            if st.owns(key) {
+                return f(&leaf, &st);
+            }
+        }
+    }
+
+    /// Runs `f` on the leaf that owns `key`, locked exclusive.
+    fn write_leaf<R>(&self, key: &[u8], f: impl FnOnce(&Arc<DramLeaf>, &mut LeafState) -> R) -> R {
+        loop {
+            let (_, leaf) = self.tree.find(key);
+            let mut st = leaf.state.write();
+            if st.owns(key) {
+                return f(&leaf, &mut st);
+            }
+        }
+    }
+
+    pub fn get(&self, key: &[u8], now_ms: u64) -> Lookup {
+        self.read_leaf(key, |leaf, st| {
+            leaf.touch();
+            self.lookup_locked(st, key, now_ms)
+        })
+    }
+
+    fn resolve(&self, st: &LeafState, r: &Record<'_>, now_ms: u64) -> Lookup {
+        let (value, meta) = match r.payload {
+            Payload::Tombstone => return Lookup::Deleted,
+            Payload::Inline(v) => (v.to_vec(), r.meta),
+            Payload::Medium(slot) => {
+                match st
+                    .blobs
+                    .get(slot as usize)
+                    .and_then(Option::as_deref)
+                    .and_then(decode_blob)
+                {
+                    Some(found) => found,
+                    None => {
+                        self.counters.corrupt_pages.fetch_add(1, Ordering::Relaxed);
+                        return Lookup::Absent;
+                    }
+                }
+            }
+        };
+        if meta.expired(now_ms) {
+            Lookup::Expired
+        } else {
+            Lookup::Found(value, meta)
+        }
+    }
+}
+
+impl DramTier {
+    /// What the leaf holding `key` knows of it; the caller holds the leaf's lock.
+    fn lookup_locked(&self, st: &LeafState, key: &[u8], now_ms: u64) -> Lookup {
+        if let Some(r) = st.buffer.find(key) {
+            return self.resolve(st, &r, now_ms);
+        }
+        match &st.page {
+            Page::Empty => Lookup::Absent,
+            Page::Hot(page) => match self.geometry.find(page, key) {
+                Some(r) => self.resolve(st, &r, now_ms),
+                None => Lookup::Absent,
+            },
+            Page::Compressed(c) => with_prefix(
+                c,
+                self.settings.leaf_size,
+                self.geometry.prefix_for(key),
+                |prefix| match prefix {
+                    Some(p) => match self.geometry.find(p, key) {
+                        Some(r) => self.resolve(st, &r, now_ms),
+                        None => Lookup::Absent,
+                    },
+                    None => {
+                        self.counters.corrupt_pages.fetch_add(1, Ordering::Relaxed);
+                        Lookup::Absent
+                    }
+                },
+            ),
+        }
+    }
+
+    /// Stores `value` under `key` (newest version wins).
+    pub fn put(&self, key: &[u8], value: &[u8], meta: Meta, now_ms: u64) {
+        let record = Record {
+            key,
+            payload: Payload::Inline(value),
+            meta,
+        };
+        self.write_leaf(key, |leaf, st| {
+            self.append_locked(leaf, st, &record, now_ms)
+        });
+    }
+
+    /// Deletes `key`; returns what DRAM held of it before.
+    pub fn delete(&self, key: &[u8], now_ms: u64) -> Lookup {
+        self.write_leaf(key, |leaf, st| {
+            let before = self.lookup_locked(st, key, now_ms);
+            // Without a lower tier a tombstone is only needed to hide a DRAM copy.
+            if self.settings.keep_tombstones || before != Lookup::Absent {
+                let record = Record {
+                    key,
+                    payload: Payload::Tombstone,
+                    meta: Meta::default(),
+                };
+                self.append_locked(leaf, st, &record, now_ms);
+            }
+            before
+        })
+    }
+
+    /// Atomic read-modify-write of one key: `decide` sees what DRAM holds and returns the
+    /// change to make (`Some(Some(value))` put, `Some(None)` delete, `None` nothing).
+    /// The leaf stays locked throughout, so no other write to the key interleaves.
+    pub fn modify<R>(
+        &self,
+        key: &[u8],
+        now_ms: u64,
+        decide: impl FnOnce(Lookup) -> (Option<Option<(Vec<u8>, Meta)>>, R),
+    ) -> R {
+        self.write_leaf(key, |leaf, st| {
+            let current = self.lookup_locked(st, key, now_ms);
+            let (change, result) = decide(current);
+            match change {
+                None => {}
+                Some(Some((value, meta))) => {
+                    let record = Record {
+                        key,
+                        payload: Payload::Inline(&value),
+                        meta,
+                    };
+                    self.append_locked(leaf, st, &record, now_ms);
+                }
+                Some(None) => {
+                    let record = Record {
+                        key,
+                        payload: Payload::Tombstone,
+                        meta: Meta::default(),
+                    };
+                    self.append_locked(leaf, st, &record, now_ms);
+                }
+            }
+            result
+        })
+    }
+
+    fn append_locked(
+        &self,
+        leaf: &Arc<DramLeaf>,
+        st: &mut LeafState,
+        record: &Record<'_>,
+        now_ms: u64,
+    ) {
+        leaf.touch();
+        match st.buffer.append(record, self.settings.write_buffer) {
+            Pressure::Fine => self.recharge(st),
+            Pressure::Full => {
+                self.recharge(st);
+                if !leaf.merge_queued.swap(true, Ordering::AcqRel) {
+                    // The merger may be gone at shutdown; the buffer then merges on close.
+                    let _ = self.merge_queue.send(leaf.clone());
+                }
+            }
+            Pressure::Overflowing => {
+                self.counters
+                    .foreground_merges
+                    .fetch_add(1, Ordering::Relaxed);
+                self.merge_locked(leaf, st, now_ms);
+            }
+        }
+    }
+
+    /// The background merger's entry: merges `leaf`'s buffer if it still has one.
+    pub fn merge(&self, leaf: &Arc<DramLeaf>, now_ms: u64) {
+        let mut st = leaf.state.write();
+        leaf.merge_queued.store(false, Ordering::Release);
+        if !st.retired && !st.buffer.is_empty() {
+            self.merge_locked(leaf, &mut st, now_ms);
+        }
+    }
+
+    /// Decompress → apply the buffer → recompress; splits the leaf when a sub-page
+    /// overflows. Objects that do not survive (expired, tombstones with nothing below)
+    /// are dropped here.
+    fn merge_locked(&self, leaf: &Arc<DramLeaf>, st: &mut LeafState, now_ms: u64) {
+        self.counters.merges.fetch_add(1, Ordering::Relaxed);
+        let buffer = st.buffer.take();
+        let mut old_blobs = std::mem::take(&mut st.blobs);
+        let old_page = std::mem::replace(&mut st.page, Page::Empty);
+        let decoded = self.decode(&old_page);
+        let page: &[u8] = decoded.as_deref().unwrap_or(&[]);
+        let keep_tombstones = self.settings.keep_tombstones;
+        let mut objs = self.gather(page, &buffer, &old_blobs, now_ms, keep_tombstones);
+        for obj in &mut objs {
+            match obj.body {
+                Body::Slot(slot) => match old_blobs.get_mut(slot as usize).and_then(Option::take) {
+                    Some(blob) => obj.body = Body::Blob(blob),
+                    None => obj.body = Body::Tombstone,
+                },
+                Body::Inline(v) if obj.key.len() + v.len() >= self.settings.tiny_max => {
+                    obj.body = Body::Blob(encode_blob(v, &obj.meta));
+                }
+                _ => {}
+            }
+        }
+        // A blob that went missing above (corruption) must not resurrect an older SSD copy.
+        if !keep_tombstones {
+            objs.retain(|o| !matches!(o.body, Body::Tombstone));
+        }
+        let chunks = self.partition(&objs);
+        let hot = leaf.hot.load(Ordering::Relaxed);
+        let old_high = st.high.take();
+        let mut fences: Vec<Fence> = Vec::with_capacity(chunks.len());
+        for pair in chunks.windows(2) {
+            fences.push(separator(objs[pair[0].1 - 1].key, objs[pair[1].0].key));
+        }
+        let mut objs_iter = objs.into_iter();
+        let mut contents = Vec::with_capacity(chunks.len());
+        for (i, &(start, end)) in chunks.iter().enumerate() {
+            let chunk: Vec<Obj> = objs_iter.by_ref().take(end - start).collect();
+            contents.push(self.build(chunk, hot && i == 0));
+        }
+        drop(buffer);
+        st.buffer.clear(self.settings.write_buffer);
+        let mut contents = contents.into_iter();
+        if let Some(first) = contents.next() {
+            self.install(st, first);
+        }
+        st.high = fences.first().cloned().or_else(|| old_high.clone());
+        self.recharge(st);
+        let access = leaf.access.load(Ordering::Relaxed);
+        for (i, c) in contents.enumerate() {
+            let state = LeafState {
+                low: fences[i].clone(),
+                high: fences.get(i + 1).cloned().or_else(|| old_high.clone()),
+                retired: false,
+                page: Page::Empty,
+                blobs: Box::default(),
+                buffer: WriteBuffer::default(),
+                objects: 0,
+                raw_bytes: 0,
+                charge: LeafCharge::default(),
+            };
+            // New leaves start compressed: a hot leaf that splits on every few sequential
+            // inserts would otherwise fill DRAM with uncompressed pages between two bypass
+            // passes. The next pass promotes whichever half stays hot.
+            let new_leaf = DramLeaf::new(state, access / 2, false);
+            {
+                let mut nst = new_leaf.state.write();
+                self.install(&mut nst, c);
+                self.recharge(&mut nst);
+            }
+            let delta = self.tree.insert(fences[i].clone(), new_leaf);
+            self.charge_index(delta);
+            self.counters.splits.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Chooses where to cut sorted objects into pages that fit. Sequential inserts (all
+    /// buffered keys beyond the page's keys) cut right before the new keys, so the left
+    /// leaf stays as full as hashing allows instead of half empty forever.
+    fn partition(&self, objs: &[Obj]) -> Vec<(usize, usize)> {
+        let fits = |range: &[Obj]| {
+            self.geometry
+                .fits(range.iter().map(|o| (o.key, o.encoded_len())))
+        };
+        let mut out = Vec::new();
+        let mut pending = vec![(0, objs.len())];
+        while let Some((start, end)) = pending.pop() {
+            if end - start <= 1 || fits(&objs[start..end]) {
+                out.push((start, end));
+                continue;
+            }
+            let appended = objs[start..end]
+                .iter()
+                .rev()
+                .take_while(|o| o.new_key)
+                .count();
+            let mut cut = end - appended;
+            let mid = if cut > start && cut < end && fits(&objs[start..cut]) {
+                while cut + 1 < end && fits(&objs[start..=cut]) {
+                    cut += 1;
+                }
+                cut
+            } else {
+                (start + end) / 2
+            };
+            pending.push((mid, end));
+            pending.push((start, mid));
+        }
+        out
+    }
+
+    /// Page and blobs for one leaf's worth of objects.
+    fn build(&self, objs: Vec<Obj>, hot: bool) -> LeafContents {
+        let mut slots = 0u16;
+        let records: Vec<Record> = objs
+            .iter()
+            .map(|o| {
+                let slot = slots;
+                if o.is_medium() {
+                    slots += 1;
+                }
+                o.record(slot)
+            })
+            .collect();
+        let mut objects = 0;
+        let mut raw_bytes = 0;
+        for o in &objs {
+            let value_len = match &o.body {
+                Body::Inline(v) => v.len(),
+                Body::Blob(b) => blob_header(b).map_or(0, |(_, n)| n),
+                Body::Slot(_) | Body::Tombstone => continue,
+            };
+            objects += 1;
+            raw_bytes += o.key.len() + value_len;
+        }
+        let page = if records.is_empty() {
+            Page::Empty
+        } else {
+            // `partition` only hands over chunks that fit (a single record always does).
+            let bytes = self
+                .geometry
+                .build(&records)
+                .unwrap_or_else(|| vec![0; self.geometry.page_size()]);
+            if hot {
+                Page::Hot(bytes.into_boxed_slice())
+            } else {
+                Page::Compressed(compress_page(&bytes))
+            }
+        };
+        drop(records);
+        // Pushed one by one: `collect` would reuse the far larger `objs` allocation.
+        let mut blobs = Vec::new();
+        for o in objs {
+            if let Body::Blob(b) = o.body {
+                blobs.push(Some(b));
+            }
+        }
+        let blobs = blobs.into_boxed_slice();
+        LeafContents {
+            page,
+            blobs,
+            objects,
+            raw_bytes,
+        }
+    }
+
+    fn install(&self, st: &mut LeafState, c: LeafContents) {
+        self.counters.objects.fetch_add(
+            i64::from(c.objects) - i64::from(st.objects),
+            Ordering::Relaxed,
+        );
+        self.counters.raw_bytes.fetch_add(
+            c.raw_bytes as i64 - i64::from(st.raw_bytes),
+            Ordering::Relaxed,
+        );
+        st.page = c.page;
+        st.blobs = c.blobs;
+        st.objects = c.objects;
+        st.raw_bytes = c.raw_bytes as u32;
+    }
+
+    /// The whole page, decompressed; `None` if it is corrupt (counted, then treated as
+    /// empty: a miss, never a wrong value).
+    fn decode<'p>(&self, page: &'p Page) -> Option<std::borrow::Cow<'p, [u8]>> {
+        match page {
+            Page::Empty => None,
+            Page::Hot(p) => Some(std::borrow::Cow::Borrowed(p)),
+            Page::Compressed(c) => {
+                let mut out = vec![0u8; self.settings.leaf_size];
+                if decompress_prefix(
+                    c,
+                    self.settings.leaf_size,
+                    self.settings.leaf_size,
+                    &mut out,
+                ) {
+                    Some(std::borrow::Cow::Owned(out))
+                } else {
+                    self.counters.corrupt_pages.fetch_add(1, Ordering::Relaxed);
+                    None
+                }
+            }
+        }
+    }
+
+    /// The newest version of every key in a page and buffer, in key order.
+    fn gather<'a>(
+        &self,
+        page: &'a [u8],
+        buffer: &'a WriteBuffer,
+        blobs: &[Option<Box<[u8]>>],
+        now_ms: u64,
+        keep_tombstones: bool,
+    ) -> Vec<Obj<'a>> {
+        let mut map: BTreeMap<&'a [u8], Obj<'a>> = BTreeMap::new();
+        for r in self.geometry.all(page) {
+            let (body, meta) = match r.payload {
+                Payload::Inline(v) => (Body::Inline(v), r.meta),
+                Payload::Medium(slot) => {
+                    match blobs
+                        .get(slot as usize)
+                        .and_then(Option::as_deref)
+                        .and_then(blob_header)
+                    {
+                        Some((meta, _)) => (Body::Slot(slot), meta),
+                        None => (Body::Tombstone, Meta::default()),
+                    }
+                }
+                Payload::Tombstone => (Body::Tombstone, r.meta),
+            };
+            map.insert(
+                r.key,
+                Obj {
+                    key: r.key,
+                    body,
+                    meta,
+                    new_key: false,
+                },
+            );
+        }
+        for r in buffer.records() {
+            let body = match r.payload {
+                Payload::Inline(v) => Body::Inline(v),
+                // Buffers hold only inline values and tombstones.
+                Payload::Medium(_) | Payload::Tombstone => Body::Tombstone,
+            };
+            let new_key = map.get(r.key).is_none_or(|o| o.new_key);
+            map.insert(
+                r.key,
+                Obj {
+                    key: r.key,
+                    body,
+                    meta: r.meta,
+                    new_key,
+                },
+            );
+        }
+        map.into_values()
+            .filter_map(|mut o| {
+                if !matches!(o.body, Body::Tombstone) && o.meta.expired(now_ms) {
+                    // An expired value must still hide any older copy below it.
+                    o.body = Body::Tombstone;
+                    o.meta = Meta::default();
+                }
+                (keep_tombstones || !matches!(o.body, Body::Tombstone)).then_some(o)
+            })
+            .collect()
+    }
+
+    fn charge_index(&self, delta: i64) {
+        self.memory.change(
+            &Charge::default(),
+            &Charge {
+                index: delta,
+                ..Charge::default()
+            },
+        );
+    }
+
+    fn recharge(&self, st: &mut LeafState) {
+        let new = if st.retired {
+            Charge::default()
+        } else {
+            let blob_bytes: usize = st.blobs.iter().flatten().map(|b| alloc_size(b.len())).sum();
+            let table = alloc_size(st.blobs.len() * size_of::<Option<Box<[u8]>>>());
+            Charge {
+                compressed_pages: match &st.page {
+                    Page::Compressed(c) => alloc_size(c.len()) as i64,
+                    _ => 0,
+                },
+                hot_pages: match &st.page {
+                    Page::Hot(p) => alloc_size(p.len()) as i64,
+                    _ => 0,
+                },
+                write_buffers: st.buffer.charge() as i64,
+                mediums: (blob_bytes + table) as i64,
+                index: alloc_size(LEAF_OVERHEAD) as i64,
+            }
+        };
+        // Round-trip through the stored form so the account sees exactly what the leaf keeps.
+        let new = LeafCharge::from(new);
+        self.memory.change(&st.charge.into(), &new.into());
+        st.charge = new;
+    }
+
+    /// Evicts one leaf chosen by CLOCK. Returns false if no leaf could be evicted.
+    pub fn evict_one(&self, sink: Option<&dyn EvictionSink>, now_ms: u64) -> bool {
+        let mut hand = self.hand.lock();
+        let budget = 2 * self.tree.leaf_count() + 2;
+        for _ in 0..budget {
+            let (low, leaf) = self.tree.find(&hand);
+            *hand = self
+                .tree
+                .next_leaf(&low)
+                .map_or_else(|| Fence::from(&[][..]), |(next, _)| next);
+            if leaf.referenced.swap(false, Ordering::Relaxed) || leaf.hot.load(Ordering::Relaxed) {
+                continue;
+            }
+            if self.evict_leaf(&low, &leaf, sink, now_ms) {
+                return true;
+            }
+        }
+        false
+    }
+
+    /// Hands a leaf's objects to `sink` and drops them; the leaf's range joins its left
+    /// neighbour. The first leaf (empty low fence) is emptied in place instead.
+    fn evict_leaf(
+        &self,
+        low: &Fence,
+        leaf: &Arc<DramLeaf>,
+        sink: Option<&dyn EvictionSink>,
+        now_ms: u64,
+    ) -> bool {
+        if low.is_empty() {
+            let mut st = leaf.state.write();
+            if st.retired || !st.low.is_empty() {
+                return false;
+            }
+            self.hand_over(&mut st, sink, now_ms);
+            self.recharge(&mut st);
+            return true;
+        }
+        let Some((_, prev)) = self.tree.prev_leaf(low) else {
+            return false;
+        };
+        let mut prev_st = prev.state.write();
+        let mut st = leaf.state.write();
+        if prev_st.retired || prev_st.high.as_ref() != Some(low) || st.retired || st.low != *low {
+            return false;
+        }
+        self.hand_over(&mut st, sink, now_ms);
+        prev_st.high = st.high.clone();
+        st.retired = true;
+        self.recharge(&mut st);
+        if leaf.hot.swap(false, Ordering::Relaxed) {
+            self.counters.hot_leaves.fetch_sub(1, Ordering::Relaxed);
+        }
+        let delta = self.tree.remove(low);
+        self.charge_index(delta);
+        true
+    }
+
+    /// Gives a locked leaf's objects to `sink` and empties it.
+    fn hand_over(&self, st: &mut LeafState, sink: Option<&dyn EvictionSink>, now_ms: u64) {
+        if let Some(sink) = sink {
+            let objects = self.export(st, now_ms);
+            sink.absorb(&st.low, st.high.as_deref(), objects);
+        }
+        self.counters.evicted_leaves.fetch_add(1, Ordering::Relaxed);
+        self.counters
+            .evicted_objects
+            .fetch_add(u64::from(st.objects), Ordering::Relaxed);
+        let empty = LeafContents {
+            page: Page::Empty,
+            blobs: Box::default(),
+            objects: 0,
+            raw_bytes: 0,
+        };
+        self.install(st, empty);
+        st.buffer = WriteBuffer::default();
+    }
+
+    /// A leaf's newest objects in key order, tombstones included.
+    fn export(&self, st: &LeafState, now_ms: u64) -> Vec<EvictedObject> {
+        self.entries(st, now_ms, None)
+            .into_iter()
+            .map(|(key, v)| match v {
+                Some((value, meta)) => EvictedObject {
+                    key,
+                    value: Some(value),
+                    meta,
+                },
+                None => EvictedObject {
+                    key,
+                    value: None,
+                    meta: Meta::default(),
+                },
+            })
+            .collect()
+    }
+
+    /// A locked leaf's entries in key order, restricted to `range` if given.
+    fn entries(&self, st: &LeafState, now_ms: u64, range: Option<KeyRange<'_>>) -> Vec<ScanEntry> {
+        let decoded = self.decode(&st.page);
+        let page: &[u8] = decoded.as_deref().unwrap_or(&[]);
+        let in_range = |k: &[u8]| range.is_none_or(|r| std::ops::RangeBounds::contains(&r, k));
+        self.gather(page, &st.buffer, &st.blobs, now_ms, true)
+            .into_iter()
+            .filter(|o| in_range(o.key))
+            .filter_map(|o| {
+                let value = match o.body {
+                    Body::Inline(v) => Some((v.to_vec(), o.meta)),
+                    Body::Slot(slot) => match st
+                        .blobs
+                        .get(slot as usize)
+                        .and_then(Option::as_deref)
+                        .and_then(decode_blob)
+                    {
+                        Some(found) => Some(found),
+                        // A corrupt blob: drop the key rather than guess.
+                        None => return None,
+                    },
+                    Body::Blob(_) | Body::Tombstone => None,
+                };
+                Some((o.key.to_vec(), value))
+            })
+            .collect()
+    }
+
+    /// DRAM entries with keys in `[cursor, end)` from the one leaf holding `cursor`, and
+    /// where the next leaf starts (`None` after the last leaf).
+    pub fn scan_leaf(
+        &self,
+        cursor: &[u8],
+        end: Bound<&[u8]>,
+        now_ms: u64,
+    ) -> (Vec<ScanEntry>, Option<Fence>) {
+        self.read_leaf(cursor, |_, st| {
+            let entries = self.entries(st, now_ms, Some((Bound::Included(cursor), end)));
+            (entries, st.high.clone())
+        })
+    }
+
+    /// One pass of adaptive compression bypassing: choose the hot leaves, convert the
+    /// leaves whose status changed, and age every counter.
+    pub fn bypass_pass(&self) {
+        let mut leaves = Vec::with_capacity(self.tree.leaf_count() as usize);
+        self.tree.for_each_leaf(|_, leaf| leaves.push(leaf.clone()));
+        let counts: Vec<u32> = leaves
+            .iter()
+            .map(|l| l.access.load(Ordering::Relaxed))
+            .collect();
+        let hot_budget = self.settings.dram_capacity as f64 * self.settings.bypass_max_fraction;
+        let max_hot = (hot_budget / alloc_size(self.settings.leaf_size) as f64) as usize;
+        let mut want = vec![false; leaves.len()];
+        for i in self.bypass.choose(&counts, max_hot) {
+            want[i] = true;
+        }
+        for (leaf, (want, count)) in leaves.iter().zip(want.into_iter().zip(counts)) {
+            if leaf.hot.load(Ordering::Relaxed) != want {
+                self.set_hot(leaf, want);
+            }
+            leaf.access.store(count >> 1, Ordering::Relaxed);
+        }
+    }
+
+    fn set_hot(&self, leaf: &DramLeaf, hot: bool) {
+        let mut st = leaf.state.write();
+        if st.retired {
+            return;
+        }
+        leaf.hot.store(hot, Ordering::Relaxed);
+        self.counters
+            .hot_leaves
+            .fetch_add(if hot { 1 } else { -1 }, Ordering::Relaxed);
+        let page = std::mem::replace(&mut st.page, Page::Empty);
+        st.page = match (page, hot) {
+            (Page::Compressed(c), true) => match self.decode(&Page::Compressed(c)) {
+                Some(bytes) => Page::Hot(bytes.into_owned().into_boxed_slice()),
+                None => {
+                    // Corrupt: its objects are gone either way.
+                    let empty = LeafContents {
+                        page: Page::Empty,
+                        blobs: Box::default(),
+                        objects: 0,
+                        raw_bytes: 0,
+                    };
+                    self.install(&mut st, empty);
+                    Page::Empty
+                }
+            },
+            (Page::Hot(p), false) => Page::Compressed(compress_page(&p)),
+            (page, _) => page,
+        };
+        self.recharge(&mut st);
+    }
+
+    /// Drops every object (memcached `flush_all`).
+    pub fn clear(&self) {
+        while self.tree.leaf_count() > 1 {
+            let mut victim = None;
+            self.tree.for_each_leaf(|low, leaf| {
+                if victim.is_none() && !low.is_empty() {
+                    victim = Some((low.clone(), leaf.clone()));
+                }
+            });
+            let Some((low, leaf)) = victim else { break };
+            self.evict_leaf(&low, &leaf, None, 0);
+        }
+        let (low, first) = self.tree.find(&[]);
+        self.evict_leaf(&low, &first, None, 0);
+    }
+
+    /// Merges every buffered write into its page (before a clean shutdown).
+    pub fn merge_all(&self, now_ms: u64) {
+        let mut leaves = Vec::new();
+        self.tree.for_each_leaf(|_, leaf| leaves.push(leaf.clone()));
+        for leaf in leaves {
+            self.merge(&leaf, now_ms);
+        }
+    }
+}
+
+struct LeafContents {
+    page: Page,
+    blobs: Box<[Option<Box<[u8]>>]>,
+    objects: u32,
+    raw_bytes: usize,
+}
+
+/// The shortest key `s` with `left < s <= right`: a prefix of `right` (suffix truncation
+/// keeps inner-node fences short).
+fn separator(left: &[u8], right: &[u8]) -> Fence {
+    debug_assert!(left < right);
+    let common = left.iter().zip(right).take_while(|(a, b)| a == b).count();
+    Fence::from(&right[..(common + 1).min(right.len())])
+}

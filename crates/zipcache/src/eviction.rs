@@ -1,0 +1,29 @@
+//! Page-based eviction (paper §3.3): when DRAM is full, a whole BT_DRAM leaf leaves,
+//! chosen by second chance (CLOCK). The hand walks the leaves in key order; a leaf
+//! touched since the hand last passed gets its bit cleared and is spared once.
+//!
+//! The victim's objects go to an [`EvictionSink`]: the SSD tier, which merges them into
+//! the super-leaves covering the leaf's key range, or nothing in DRAM-only mode. The sink
+//! runs while the victim is still locked, so no GET can see the leaf gone and the SSD
+//! copy not yet written (which could serve an older value).
+
+use crate::record::Meta;
+
+/// One object of an evicted leaf, as the newest version the DRAM tier held.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EvictedObject {
+    pub key: Vec<u8>,
+    /// `None` is a tombstone: the key was deleted (or overwritten by a large object) and
+    /// any SSD copy must go.
+    pub value: Option<Vec<u8>>,
+    pub meta: Meta,
+}
+
+/// Where evicted objects go.
+pub trait EvictionSink: Send + Sync {
+    /// Takes the objects of one leaf covering keys `[low, high)`, in key order.
+    /// Returns false if it could not keep them (they are then forgotten: a miss later,
+    /// never a wrong value, because the SSD tier drops every copy it holds in the range
+    /// that it failed to update).
+    fn absorb(&self, low: &[u8], high: Option<&[u8]>, objects: Vec<EvictedObject>) -> bool;
+}

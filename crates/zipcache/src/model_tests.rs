@@ -1,0 +1,337 @@
+//! Model-based tests: the engine against a `BTreeMap`, with a clock the test moves and a
+//! DRAM budget small enough that leaves split and get evicted. A miss is allowed once
+//! anything was evicted; a wrong, stale or deleted value never is.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use proptest::prelude::*;
+
+use crate::{Clock, Config, Item, PutOptions, Update, ZipCache};
+
+#[derive(Debug, Default)]
+pub struct ManualClock(AtomicU64);
+
+impl Clock for ManualClock {
+    fn now_ms(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+impl ManualClock {
+    pub fn starting_at(ms: u64) -> Arc<ManualClock> {
+        Arc::new(ManualClock(AtomicU64::new(ms)))
+    }
+
+    pub fn advance(&self, ms: u64) {
+        self.0.fetch_add(ms, Ordering::Relaxed);
+    }
+}
+
+#[derive(Clone, Debug)]
+enum Op {
+    Put {
+        key: u16,
+        len: usize,
+        ttl_ms: Option<u64>,
+    },
+    Get {
+        key: u16,
+    },
+    Delete {
+        key: u16,
+    },
+    Append {
+        key: u16,
+    },
+    Scan {
+        start: u16,
+        end: u16,
+        limit: usize,
+    },
+    Advance {
+        ms: u64,
+    },
+    Maintain,
+}
+
+fn key_of(k: u16) -> Vec<u8> {
+    // Zero-padded ids like real workloads, plus a few long keys to stress sub-pages.
+    if k.is_multiple_of(97) {
+        format!("{k:0>200}").into_bytes()
+    } else {
+        format!("{k:016}").into_bytes()
+    }
+}
+
+fn value_of(key: u16, len: usize, version: u64) -> Vec<u8> {
+    let mut v = vec![0u8; len];
+    for (i, b) in v.iter_mut().enumerate().take(len / 2) {
+        *b = (key as u64 ^ version ^ (i as u64 * 131)) as u8;
+    }
+    v
+}
+
+fn op_strategy(keys: u16) -> impl Strategy<Value = Op> {
+    prop_oneof![
+        8 => (0..keys, prop_oneof![4 => 0usize..100, 2 => 100usize..700, 1 => 2000usize..5000], proptest::option::weighted(0.2, 1u64..5000))
+            .prop_map(|(key, len, ttl_ms)| Op::Put { key, len, ttl_ms }),
+        6 => (0..keys).prop_map(|key| Op::Get { key }),
+        2 => (0..keys).prop_map(|key| Op::Delete { key }),
+        1 => (0..keys).prop_map(|key| Op::Append { key }),
+        1 => (0..keys, 0..keys, 1usize..50).prop_map(|(start, end, limit)| Op::Scan { start, end, limit }),
+        1 => (1u64..3000).prop_map(|ms| Op::Advance { ms }),
+        1 => Just(Op::Maintain),
+    ]
+}
+
+struct Harness {
+    cache: ZipCache,
+    clock: Arc<ManualClock>,
+    model: BTreeMap<Vec<u8>, Item>,
+    version: u64,
+}
+
+impl Harness {
+    fn new(dram: u64, write_buffer: usize, bypass_r: f64) -> Harness {
+        let clock = ManualClock::starting_at(1_000_000);
+        let config = Config {
+            dram_capacity: dram,
+            write_buffer,
+            bypass_r,
+            clock: clock.clone(),
+            ..Config::default()
+        };
+        Harness {
+            cache: ZipCache::open(config).unwrap(),
+            clock,
+            model: BTreeMap::new(),
+            version: 0,
+        }
+    }
+
+    fn live(&self, key: &[u8]) -> Option<&Item> {
+        let now = self.clock.now_ms();
+        self.model
+            .get(key)
+            .filter(|i| i.expires_at_ms.is_none_or(|t| t > now))
+    }
+
+    fn evicted(&self) -> bool {
+        self.cache.stats().evicted_leaves > 0
+    }
+
+    fn run(&mut self, op: &Op) {
+        match *op {
+            Op::Put { key, len, ttl_ms } => {
+                self.version += 1;
+                let k = key_of(key);
+                let value = value_of(key, len, self.version);
+                let expires_at_ms = ttl_ms.map(|t| self.clock.now_ms() + t);
+                let options = PutOptions {
+                    expires_at_ms,
+                    flags: key as u32,
+                    assign_cas: key % 2 == 0,
+                };
+                let cas = self.cache.put_with(&k, &value, options).unwrap();
+                self.model.insert(
+                    k,
+                    Item {
+                        value,
+                        flags: key as u32,
+                        cas,
+                        expires_at_ms,
+                    },
+                );
+            }
+            Op::Get { key } => {
+                let k = key_of(key);
+                let got = self.cache.get_item(&k).unwrap();
+                match (got, self.live(&k)) {
+                    (Some(got), Some(want)) => assert_eq!(&got, want, "wrong value for {key}"),
+                    (Some(got), None) => {
+                        panic!("key {key} served {} bytes but it is gone", got.value.len())
+                    }
+                    (None, Some(_)) => assert!(self.evicted(), "key {key} missed with no eviction"),
+                    (None, None) => {}
+                }
+            }
+            Op::Delete { key } => {
+                let k = key_of(key);
+                let existed = self.cache.delete(&k).unwrap();
+                let model_had = self.live(&k).is_some();
+                assert!(
+                    !existed || model_had,
+                    "delete of {key} found a value the model did not have"
+                );
+                if !self.evicted() {
+                    assert_eq!(existed, model_had);
+                }
+                self.model.remove(&k);
+            }
+            Op::Append { key } => {
+                let k = key_of(key);
+                let (appended, cas) = self
+                    .cache
+                    .update(&k, |cur| match cur {
+                        Some(item) => {
+                            let mut value = item.value.clone();
+                            value.extend_from_slice(b"+");
+                            let options = PutOptions {
+                                expires_at_ms: item.expires_at_ms,
+                                flags: item.flags,
+                                assign_cas: true,
+                            };
+                            (Update::Put { value, options }, Some(item.clone()))
+                        }
+                        None => (Update::Keep, None),
+                    })
+                    .unwrap();
+                match appended {
+                    Some(old) => {
+                        assert_eq!(
+                            Some(&old),
+                            self.live(&k),
+                            "update saw a wrong value for {key}"
+                        );
+                        let mut value = old.value;
+                        value.push(b'+');
+                        let cas = cas.unwrap();
+                        self.model.insert(k, Item { value, cas, ..old });
+                    }
+                    None => assert!(self.live(&k).is_none() || self.evicted()),
+                }
+            }
+            Op::Scan { start, end, limit } => {
+                let (a, b) = (key_of(start), key_of(end));
+                let (lo, hi) = if a <= b { (a, b) } else { (b, a) };
+                let got = self.cache.scan(lo.clone()..hi.clone(), limit).unwrap();
+                assert!(got.len() <= limit);
+                assert!(got.windows(2).all(|w| w[0].0 < w[1].0), "scan out of order");
+                for (k, item) in &got {
+                    assert!(k >= &lo && k < &hi, "scan returned a key out of range");
+                    assert_eq!(Some(item), self.live(k), "scan returned a wrong value");
+                }
+                if !self.evicted() {
+                    let now = self.clock.now_ms();
+                    let want: Vec<_> = self
+                        .model
+                        .range(lo..hi)
+                        .filter(|(_, i)| i.expires_at_ms.is_none_or(|t| t > now))
+                        .take(limit)
+                        .map(|(k, i)| (k.clone(), i.clone()))
+                        .collect();
+                    assert_eq!(got, want);
+                }
+            }
+            Op::Advance { ms } => self.clock.advance(ms),
+            Op::Maintain => {
+                self.cache.inner.dram.bypass_pass();
+                self.cache.inner.dram.merge_all(self.clock.now_ms());
+            }
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    /// Plenty of DRAM: nothing is evicted, so the engine must agree with the model exactly.
+    #[test]
+    fn engine_matches_model_without_eviction(ops in proptest::collection::vec(op_strategy(400), 1..600)) {
+        let mut h = Harness::new(64 << 20, 256, 3.0);
+        for op in &ops {
+            h.run(op);
+        }
+        prop_assert!(!h.evicted());
+    }
+
+    /// 64 KiB of DRAM: constant eviction; misses allowed, wrong values never.
+    #[test]
+    fn engine_never_serves_wrong_values_under_eviction(
+        ops in proptest::collection::vec(op_strategy(3000), 1..1500),
+        write_buffer in prop_oneof![Just(0usize), Just(128), Just(256), Just(1024)],
+        bypass_r in prop_oneof![Just(0.0), Just(0.5), Just(3.0)],
+    ) {
+        let mut h = Harness::new(64 << 10, write_buffer, bypass_r);
+        for op in &ops {
+            h.run(op);
+        }
+    }
+}
+
+#[test]
+fn every_key_survives_many_splits() {
+    let mut h = Harness::new(256 << 20, 256, 3.0);
+    for key in 0..20_000u16 {
+        h.run(&Op::Put {
+            key,
+            len: 64,
+            ttl_ms: None,
+        });
+    }
+    // Descending too, so splits in the middle of leaves are exercised.
+    for key in (0..20_000u16).rev().step_by(3) {
+        h.run(&Op::Put {
+            key,
+            len: 40,
+            ttl_ms: None,
+        });
+    }
+    for key in 0..20_000u16 {
+        h.run(&Op::Get { key });
+        assert!(h.cache.get(&key_of(key)).unwrap().is_some());
+    }
+    let stats = h.cache.stats();
+    assert!(stats.leaf_splits > 100, "{stats:?}");
+    assert_eq!(
+        stats.dram_objects, 20_000,
+        "after merging, every object is counted once"
+    );
+    h.run(&Op::Scan {
+        start: 0,
+        end: 19_999,
+        limit: 50_000,
+    });
+}
+
+#[test]
+fn ttl_expires_objects() {
+    let h = Harness::new(8 << 20, 256, 3.0);
+    h.cache
+        .put(b"short", b"lived", Some(Duration::from_secs(2)))
+        .unwrap();
+    h.cache.put(b"forever", b"young", None).unwrap();
+    assert_eq!(
+        h.cache.get(b"short").unwrap().as_deref(),
+        Some(&b"lived"[..])
+    );
+    h.clock.advance(2000);
+    assert_eq!(h.cache.get(b"short").unwrap(), None);
+    assert_eq!(
+        h.cache.get(b"forever").unwrap().as_deref(),
+        Some(&b"young"[..])
+    );
+    assert_eq!(
+        h.cache
+            .scan(b"a".as_slice()..b"z".as_slice(), 10)
+            .unwrap()
+            .len(),
+        1
+    );
+}
+
+#[test]
+fn tiny_objects_take_no_medium_blobs() {
+    let h = Harness::new(256 << 20, 256, 3.0);
+    for i in 0..20_000u32 {
+        h.cache
+            .put(format!("{i:016}").as_bytes(), &[7u8; 64], None)
+            .unwrap();
+    }
+    h.cache.inner.dram.merge_all(0);
+    let s = h.cache.stats();
+    assert_eq!(s.dram_medium_bytes, 0, "{s:?}");
+}
