@@ -28,6 +28,33 @@ const READ_CHUNK: usize = 16 * 1024;
 /// this (a huge multi-bulk MSET, say) is refused by closing the connection.
 const MAX_INPUT: usize = 64 << 20;
 
+/// How a `process` call ended.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Processed {
+    /// Everything complete was executed; read more.
+    NeedMore,
+    /// The reply buffer is full: write it, then call again.
+    Flush,
+    Close,
+}
+
+/// Executes requests from the front of `input` until it runs out of complete requests,
+/// `out` passes `FLUSH_AT`, or the session closes; returns the bytes consumed.
+pub fn process<S: Session>(session: &mut S, input: &[u8], out: &mut Vec<u8>) -> (usize, Processed) {
+    let mut pos = 0;
+    while pos < input.len() {
+        match session.step(&input[pos..], out) {
+            Step::NeedMore => break,
+            Step::Consumed(n) => pos += n,
+            Step::Close => return (pos, Processed::Close),
+        }
+        if out.len() >= FLUSH_AT {
+            return (pos, Processed::Flush);
+        }
+    }
+    (pos, Processed::NeedMore)
+}
+
 pub async fn serve<S: Session>(
     mut stream: TcpStream,
     mut session: S,
@@ -52,34 +79,25 @@ pub async fn serve<S: Session>(
             Ok(_) => {}
         }
         let mut pos = 0;
-        let mut close = false;
-        while pos < input.len() {
-            match session.step(&input[pos..], &mut out) {
-                Step::NeedMore => break,
-                Step::Consumed(n) => pos += n,
-                Step::Close => {
-                    close = true;
-                    break;
-                }
-            }
-            if out.len() >= FLUSH_AT {
+        loop {
+            let (consumed, processed) = process(&mut session, &input[pos..], &mut out);
+            pos += consumed;
+            if !out.is_empty() {
                 if stream.write_all(&out).await.is_err() {
                     return;
                 }
                 out.clear();
             }
+            match processed {
+                Processed::Flush => continue,
+                Processed::NeedMore => break,
+                Processed::Close => {
+                    let _ = stream.shutdown().await;
+                    return;
+                }
+            }
         }
         input.drain(..pos);
-        if !out.is_empty() {
-            if stream.write_all(&out).await.is_err() {
-                return;
-            }
-            out.clear();
-        }
-        if close {
-            let _ = stream.shutdown().await;
-            return;
-        }
         // A buffer grown for one huge value should not stay that large while idle.
         if input.is_empty() && input.capacity() > 4 * READ_CHUNK {
             input = Vec::with_capacity(READ_CHUNK);

@@ -21,14 +21,56 @@ use zipcache::ZipCache;
 pub use server::{Runtime, ServerHandle, ServerOptions, start};
 pub use settings::{ServeArgs, Settings};
 
-/// Exposed for the fuzz targets and property tests: framing must never panic.
+/// Whole protocol sessions over an in-memory byte stream, for the fuzz targets and the
+/// property tests: whatever the bytes, a session must answer or close, never panic.
 pub mod fuzzing {
-    pub fn memcached_frame(input: &[u8]) {
-        let _ = crate::memcache::parse::parse(input, 1 << 20);
+    use std::sync::Arc;
+
+    use zipcache::ZipCache;
+
+    use crate::connection::{Processed, Session, process};
+    use crate::memcache::MemcacheSession;
+    use crate::resp::RespSession;
+    use crate::server::{ServerInfo, Shared};
+
+    /// Feeds `input` to a memcached session `chunk` bytes at a time, as reads would
+    /// arrive, and returns everything it replied.
+    pub fn memcached_session(cache: Arc<ZipCache>, input: &[u8], chunk: usize) -> Vec<u8> {
+        let shared = Arc::new(Shared::new(cache, ServerInfo::detached(), 1 << 20));
+        drive(MemcacheSession::new(shared), input, chunk)
     }
 
-    pub fn resp_frame(input: &[u8]) {
-        let _ = crate::resp::parse::parse(input);
+    /// As `memcached_session`, for RESP.
+    pub fn resp_session(cache: Arc<ZipCache>, input: &[u8], chunk: usize) -> Vec<u8> {
+        let shared = Arc::new(Shared::new(cache, ServerInfo::detached(), 1 << 20));
+        drive(RespSession::new(shared), input, chunk)
+    }
+
+    fn drive<S: Session>(mut session: S, input: &[u8], chunk: usize) -> Vec<u8> {
+        // Delayed `flush_all` spawns a timer task, so sessions run inside a runtime.
+        let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+        else {
+            return Vec::new();
+        };
+        runtime.block_on(async move {
+            let mut buffered = Vec::new();
+            let mut out = Vec::new();
+            for piece in input.chunks(chunk.max(1)) {
+                buffered.extend_from_slice(piece);
+                loop {
+                    let (consumed, processed) = process(&mut session, &buffered, &mut out);
+                    buffered.drain(..consumed);
+                    match processed {
+                        Processed::Flush => continue,
+                        Processed::NeedMore => break,
+                        Processed::Close => return out,
+                    }
+                }
+            }
+            out
+        })
     }
 }
 

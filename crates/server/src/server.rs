@@ -68,12 +68,26 @@ impl Default for ServerOptions {
 }
 
 /// Facts about the running server that `stats settings`, INFO and CONFIG GET report.
+#[derive(Clone, Debug)]
 pub struct ServerInfo {
     pub listen: IpAddr,
     pub memcached_port: u16,
     pub resp_port: u16,
     pub threads: usize,
     pub max_connections: usize,
+}
+
+impl ServerInfo {
+    /// A session outside a listening server (fuzzing, property tests).
+    pub fn detached() -> ServerInfo {
+        ServerInfo {
+            listen: IpAddr::from([127, 0, 0, 1]),
+            memcached_port: 0,
+            resp_port: 0,
+            threads: 1,
+            max_connections: 1,
+        }
+    }
 }
 
 /// State every connection of every thread shares.
@@ -83,6 +97,18 @@ pub struct Shared {
     pub info: ServerInfo,
     pub max_value: usize,
     pub started: Instant,
+}
+
+impl Shared {
+    pub fn new(cache: Arc<ZipCache>, info: ServerInfo, max_value: usize) -> Shared {
+        Shared {
+            cache,
+            counters: Counters::default(),
+            info,
+            max_value,
+            started: Instant::now(),
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -166,19 +192,14 @@ pub fn start(cache: Arc<ZipCache>, options: ServerOptions) -> io::Result<ServerH
     let memcached_addr = addr_of(&memcached);
     let resp_addr = addr_of(&resp);
     let metrics_addr = metrics.as_ref().and_then(|l| l.local_addr().ok());
-    let shared = Arc::new(Shared {
-        cache,
-        counters: Counters::default(),
-        info: ServerInfo {
-            listen: options.listen,
-            memcached_port: memcached_addr.map_or(0, |a| a.port()),
-            resp_port: resp_addr.map_or(0, |a| a.port()),
-            threads,
-            max_connections: options.max_connections,
-        },
-        max_value: options.max_value_size,
-        started: Instant::now(),
-    });
+    let info = ServerInfo {
+        listen: options.listen,
+        memcached_port: memcached_addr.map_or(0, |a| a.port()),
+        resp_port: resp_addr.map_or(0, |a| a.port()),
+        threads,
+        max_connections: options.max_connections,
+    };
+    let shared = Arc::new(Shared::new(cache, info, options.max_value_size));
     let (stop, stopped) = watch::channel(false);
 
     // Listener sets: per-core gives each thread one listener of each port.

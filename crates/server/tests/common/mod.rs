@@ -14,6 +14,8 @@ use zipcache_server::{ServerHandle, ServerOptions, start};
 
 pub struct TestServer {
     handle: Option<ServerHandle>,
+    /// The engine behind the server, to check what landed where.
+    pub cache: Arc<ZipCache>,
     pub memcached: SocketAddr,
     pub resp: SocketAddr,
 }
@@ -32,8 +34,9 @@ impl TestServer {
             ..Config::default()
         };
         let cache = Arc::new(ZipCache::open(config).expect("open the engine"));
-        let handle = start(cache, options).expect("start the server");
+        let handle = start(cache.clone(), options).expect("start the server");
         TestServer {
+            cache,
             memcached: handle.memcached_addr.expect("memcached port"),
             resp: handle.resp_addr.expect("resp port"),
             handle: Some(handle),
@@ -44,8 +47,8 @@ impl TestServer {
         self.handle.as_ref().expect("running")
     }
 
-    pub fn stop(mut self) -> Arc<ZipCache> {
-        self.handle.take().expect("running").shutdown()
+    pub fn stop(mut self) {
+        self.handle.take().expect("running").shutdown();
     }
 }
 
@@ -118,6 +121,24 @@ pub fn run_tool(command: &mut Command, limit: Duration) -> (bool, String) {
     match status {
         Some(status) => (status.success(), output),
         None => (false, format!("timed out after {limit:?}\n{output}")),
+    }
+}
+
+/// A loopback port that was free a moment ago (for tools that cannot take port 0).
+pub fn free_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    listener.local_addr().expect("addr").port()
+}
+
+/// Waits until something accepts connections on `port`.
+pub fn wait_for_port(port: u16, limit: Duration) {
+    let started = Instant::now();
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            started.elapsed() < limit,
+            "nothing listens on port {port} after {limit:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
     }
 }
 

@@ -1,0 +1,140 @@
+//! Many clients at once, the connection limit, and graceful shutdown.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use common::{Client, TestServer};
+use zipcache_server::ServerOptions;
+
+const CONNECTIONS: usize = 1000;
+
+#[test]
+fn a_thousand_concurrent_connections_all_succeed() {
+    // Each connection is two descriptors in this process (client and server side).
+    let wanted = (CONNECTIONS as u64) * 2 + 256;
+    let got = rlimit::increase_nofile_limit(wanted).expect("raise RLIMIT_NOFILE");
+    assert!(
+        got >= wanted,
+        "RLIMIT_NOFILE is {got}; this test needs {wanted}"
+    );
+    let server = TestServer::start();
+    let streams: Vec<(bool, TcpStream)> = (0..CONNECTIONS)
+        .map(|i| {
+            let memcached = i % 2 == 0;
+            let addr = if memcached {
+                server.memcached
+            } else {
+                server.resp
+            };
+            let stream = TcpStream::connect(addr).expect("connect");
+            stream
+                .set_read_timeout(Some(Duration::from_secs(20)))
+                .unwrap();
+            (memcached, stream)
+        })
+        .collect();
+    // All connections are open at once; 8 threads drive them.
+    let chunks: Vec<Vec<(usize, (bool, TcpStream))>> = {
+        let mut chunks: Vec<Vec<_>> = (0..8).map(|_| Vec::new()).collect();
+        for (i, s) in streams.into_iter().enumerate() {
+            chunks[i % 8].push((i, s));
+        }
+        chunks
+    };
+    let workers: Vec<_> = chunks
+        .into_iter()
+        .map(|chunk| {
+            std::thread::spawn(move || {
+                for (i, (memcached, mut stream)) in chunk {
+                    let value = format!("value-{i:06}");
+                    let (request, expected) = if memcached {
+                        (
+                            format!("set c{i} 0 0 {}\r\n{value}\r\nget c{i}\r\n", value.len()),
+                            format!(
+                                "STORED\r\nVALUE c{i} 0 {}\r\n{value}\r\nEND\r\n",
+                                value.len()
+                            ),
+                        )
+                    } else {
+                        (
+                            format!("SET c{i} {value}\r\nGET c{i}\r\n"),
+                            format!("+OK\r\n${}\r\n{value}\r\n", value.len()),
+                        )
+                    };
+                    stream.write_all(request.as_bytes()).expect("send");
+                    let mut reply = vec![0; expected.len()];
+                    stream.read_exact(&mut reply).expect("reply");
+                    assert_eq!(String::from_utf8_lossy(&reply), expected, "connection {i}");
+                }
+            })
+        })
+        .collect();
+    for worker in workers {
+        worker.join().expect("no failed request");
+    }
+    let mut fresh = Client::connect(server.memcached);
+    assert_eq!(fresh.ask("get c0\r\n", 3)[1], "value-000000");
+}
+
+#[test]
+fn connections_over_the_limit_are_refused_politely() {
+    let server = TestServer::with_options(ServerOptions {
+        threads: 2,
+        max_connections: 4,
+        ..ServerOptions::default()
+    });
+    let mut open: Vec<Client> = (0..4).map(|_| Client::connect(server.memcached)).collect();
+    for client in &mut open {
+        assert!(client.ask("version\r\n", 1)[0].starts_with("VERSION"));
+    }
+    let mut refused = Client::connect(server.memcached);
+    assert_eq!(refused.line(), "SERVER_ERROR Too many open connections");
+    assert!(refused.closed());
+    let mut refused = Client::connect(server.resp);
+    assert_eq!(refused.line(), "-ERR max number of clients reached");
+    drop(open.pop());
+    // The slot frees once the server has seen the close.
+    let started = Instant::now();
+    loop {
+        let mut client = Client::connect(server.memcached);
+        if client.ask("version\r\n", 1)[0].starts_with("VERSION") {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "slot never freed"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn shutdown_answers_what_was_sent_then_stops_listening() {
+    let server = TestServer::start();
+    let addr = server.memcached;
+    let mut client = Client::connect(addr);
+    client.send(b"set a 0 0 1\r\n1\r\nset b 0 0 1\r\n2\r\nget a b\r\n");
+    // One reply proves the server read the batch; the rest must come despite shutdown.
+    assert_eq!(client.line(), "STORED");
+    let cache = server.cache.clone();
+    server.stop();
+    let rest: Vec<String> = (0..6).map(|_| client.line()).collect();
+    assert_eq!(
+        rest,
+        ["STORED", "VALUE a 0 1", "1", "VALUE b 0 1", "2", "END"]
+    );
+    assert!(client.closed(), "connection closed after shutdown");
+    assert!(
+        TcpStream::connect(addr).is_err(),
+        "still accepting after shutdown"
+    );
+    assert_eq!(cache.get(b"b").unwrap(), Some(b"2".to_vec()));
+    assert_eq!(
+        std::sync::Arc::strong_count(&cache),
+        1,
+        "server released the engine"
+    );
+}

@@ -1,0 +1,257 @@
+//! Every error path of both protocols: the reply memcached 1.6 / Redis 7 give, and the
+//! connection (or, for unrecoverable framing errors, at least the server) survives.
+
+mod common;
+
+use common::{Client, TestServer};
+
+/// Sends `request`, expects `replies`, then proves the connection still works.
+fn memcached_survives(client: &mut Client, request: &str, replies: &[&str]) {
+    let got = client.ask(request, replies.len());
+    assert_eq!(got, replies, "request {request:?}");
+    assert!(
+        client.ask("version\r\n", 1)[0].starts_with("VERSION"),
+        "after {request:?}"
+    );
+}
+
+#[test]
+fn memcached_errors_match_memcached_and_keep_the_connection() {
+    let server = TestServer::start();
+    let mut c = Client::connect(server.memcached);
+    let long_key = "k".repeat(251);
+    let cases: &[(&str, &[&str])] = &[
+        ("bogus\r\n", &["ERROR"]),
+        ("\r\n", &["ERROR"]),
+        ("get\r\n", &["ERROR"]),
+        ("set k 0 0\r\n", &["ERROR"]),
+        ("set k x 0 1\r\n", &["CLIENT_ERROR bad command line format"]),
+        (
+            "set k 0 0 -1\r\n",
+            &["CLIENT_ERROR bad command line format"],
+        ),
+        (
+            "set k 0 0 1\r\nabc\r\n",
+            &["CLIENT_ERROR bad data chunk", "ERROR"],
+        ),
+        (
+            "incr k x\r\n",
+            &["CLIENT_ERROR invalid numeric delta argument"],
+        ),
+        (
+            "set t 0 0 1\r\nx\r\nincr t 1\r\n",
+            &[
+                "STORED",
+                "CLIENT_ERROR cannot increment or decrement non-numeric value",
+            ],
+        ),
+        ("delete a b c d e\r\n", &["ERROR"]),
+        (
+            "delete a 1\r\n",
+            &["CLIENT_ERROR bad command line format.  Usage: delete <key> [noreply]"],
+        ),
+        ("touch k x\r\n", &["CLIENT_ERROR invalid exptime argument"]),
+        (
+            "flush_all soon\r\n",
+            &["CLIENT_ERROR invalid exptime argument"],
+        ),
+        ("stats nonsense\r\n", &["ERROR"]),
+        (
+            "cas k 0 0 1 x\r\n",
+            &["CLIENT_ERROR bad command line format"],
+        ),
+        ("verbosity\r\n", &["ERROR"]),
+        ("mg\r\n", &["ERROR"]),
+        ("me\r\n", &["CLIENT_ERROR bad command line format"]),
+        ("mg k zz\r\n", &["CLIENT_ERROR invalid flag"]),
+        ("mg k v v\r\n", &["CLIENT_ERROR duplicate flag"]),
+        (
+            "mg k v T\r\n",
+            &["CLIENT_ERROR bad token in command line format"],
+        ),
+        (
+            "mg k O123456789012345678901234567890123\r\n",
+            &["CLIENT_ERROR opaque token too long"],
+        ),
+        ("ms k S2\r\n", &["CLIENT_ERROR bad command line format"]),
+        (
+            "ms k 2 MX\r\nab\r\n",
+            &["CLIENT_ERROR invalid mode for ms M token"],
+        ),
+        ("ma k MX\r\n", &["CLIENT_ERROR invalid mode for ma M token"]),
+    ];
+    for (request, replies) in cases {
+        memcached_survives(&mut c, request, replies);
+    }
+    let too_long_key = format!("set {long_key} 0 0 1\r\nx\r\n");
+    memcached_survives(
+        &mut c,
+        &too_long_key,
+        &["CLIENT_ERROR bad command line format", "ERROR"],
+    );
+    memcached_survives(
+        &mut c,
+        &format!("get {long_key}\r\n"),
+        &["CLIENT_ERROR bad command line format"],
+    );
+    memcached_survives(
+        &mut c,
+        &format!("mg {long_key} v\r\n"),
+        &["CLIENT_ERROR bad command line format"],
+    );
+}
+
+#[test]
+fn memcached_oversized_values_are_swallowed_and_drop_the_old_value() {
+    let server = TestServer::start();
+    let mut c = Client::connect(server.memcached);
+    assert_eq!(c.ask("set big 0 0 1\r\nx\r\n", 1), ["STORED"]);
+    let size = (1 << 20) + 1;
+    c.send(format!("set big 0 0 {size}\r\n").as_bytes());
+    c.send(&vec![b'z'; size]);
+    c.send(b"\r\n");
+    assert_eq!(c.line(), "SERVER_ERROR object too large for cache");
+    // The data block was skipped, not parsed as commands; the old value is gone.
+    assert_eq!(c.ask("get big\r\n", 1), ["END"]);
+    let mut noreply = Client::connect(server.memcached);
+    noreply.send(format!("add big 0 0 {size} noreply\r\n").as_bytes());
+    noreply.send(&vec![b'z'; size]);
+    noreply.send(b"\r\n");
+    assert_eq!(noreply.ask("mn\r\n", 1), ["MN"]);
+}
+
+#[test]
+fn memcached_endless_line_closes_only_that_connection() {
+    let server = TestServer::start();
+    let mut bystander = Client::connect(server.memcached);
+    bystander.send(b"set a 0 0 1\r\n");
+    let mut bad = Client::connect(server.memcached);
+    bad.send(&vec![b'x'; 10_000]);
+    assert!(
+        bad.closed(),
+        "a line with no end closes the connection, as memcached does"
+    );
+    bystander.send(b"1\r\n");
+    assert_eq!(bystander.line(), "STORED");
+    assert_eq!(
+        Client::connect(server.memcached).ask("get a\r\n", 2)[1],
+        "1"
+    );
+}
+
+fn resp(args: &[&str]) -> String {
+    let mut s = format!("*{}\r\n", args.len());
+    for a in args {
+        s.push_str(&format!("${}\r\n{a}\r\n", a.len()));
+    }
+    s
+}
+
+#[test]
+fn resp_command_errors_match_redis_and_keep_the_connection() {
+    let server = TestServer::start();
+    let mut c = Client::connect(server.resp);
+    let cases: &[(&[&str], &str)] = &[
+        (
+            &["NOPE", "a", "b"],
+            "-ERR unknown command 'NOPE', with args beginning with: 'a' 'b' ",
+        ),
+        (&["GET"], "-ERR wrong number of arguments for 'get' command"),
+        (
+            &["SET", "k"],
+            "-ERR wrong number of arguments for 'set' command",
+        ),
+        (
+            &["MSET", "a", "1", "b"],
+            "-ERR wrong number of arguments for 'mset' command",
+        ),
+        (&["SET", "k", "v", "BOGUS"], "-ERR syntax error"),
+        (&["SET", "k", "v", "NX", "XX"], "-ERR syntax error"),
+        (
+            &["SET", "k", "v", "EX", "ten"],
+            "-ERR value is not an integer or out of range",
+        ),
+        (
+            &["SET", "k", "v", "EX", "0"],
+            "-ERR invalid expire time in 'set' command",
+        ),
+        (&["SET", "k", "text"], "+OK"),
+        (
+            &["INCR", "k"],
+            "-ERR value is not an integer or out of range",
+        ),
+        (
+            &["INCRBY", "n", "1.5"],
+            "-ERR value is not an integer or out of range",
+        ),
+        (&["SET", "max", "9223372036854775807"], "+OK"),
+        (
+            &["INCR", "max"],
+            "-ERR increment or decrement would overflow",
+        ),
+        (
+            &["EXPIRE", "k", "soon"],
+            "-ERR value is not an integer or out of range",
+        ),
+        (&["SCAN", "not-hex"], "-ERR invalid cursor"),
+        (&["SCAN", "0", "COUNT", "0"], "-ERR syntax error"),
+        (&["SCAN", "0", "BOGUS", "1"], "-ERR syntax error"),
+        (
+            &["ZCRANGE", "a", "b", "LIMIT", "x"],
+            "-ERR value is not an integer or out of range",
+        ),
+        (&["SELECT", "3"], "-ERR DB index is out of range"),
+        (
+            &["CONFIG", "NOPE"],
+            "-ERR unknown subcommand 'NOPE'. Try CONFIG HELP.",
+        ),
+        (
+            &["HELLO", "4"],
+            "-NOPROTO sorry, this protocol version is not supported",
+        ),
+    ];
+    for (args, reply) in cases {
+        assert_eq!(c.ask(&resp(args), 1), [*reply], "{args:?}");
+        assert_eq!(c.ask("PING\r\n", 1), ["+PONG"], "after {args:?}");
+    }
+}
+
+#[test]
+fn resp_framing_errors_reply_then_close_like_redis() {
+    let server = TestServer::start();
+    let cases: &[(&[u8], &str)] = &[
+        (b"*x\r\n", "-ERR Protocol error: invalid multibulk length"),
+        (b"*1\r\n$-3\r\n", "-ERR Protocol error: invalid bulk length"),
+        (
+            b"*1\r\n$999999999\r\n",
+            "-ERR Protocol error: invalid bulk length",
+        ),
+        (
+            b"*1\r\n:4\r\n",
+            "-ERR Protocol error: expected '$', got ':'",
+        ),
+        (
+            b"*1\r\n$1\r\nab\r\n",
+            "-ERR Protocol error: invalid bulk format",
+        ),
+        (
+            b"GET \"k\r\n",
+            "-ERR Protocol error: unbalanced quotes in request",
+        ),
+    ];
+    let mut bystander = Client::connect(server.resp);
+    for (bytes, reply) in cases {
+        let mut c = Client::connect(server.resp);
+        c.send(bytes);
+        assert_eq!(c.line(), *reply, "{:?}", String::from_utf8_lossy(bytes));
+        assert!(c.closed(), "{:?} closes", String::from_utf8_lossy(bytes));
+        assert_eq!(bystander.ask("PING\r\n", 1), ["+PONG"]);
+    }
+    let mut endless = Client::connect(server.resp);
+    endless.send(&vec![b'a'; 70_000]);
+    assert_eq!(
+        endless.line(),
+        "-ERR Protocol error: too big inline request"
+    );
+    assert!(endless.closed());
+}
