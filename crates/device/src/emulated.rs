@@ -67,6 +67,12 @@ pub struct EmulatorOptions {
     /// Blocks that may wait for the controllers before a write blocks (back-pressure). Each
     /// waiting block holds a 4 KiB copy, so this bounds the emulator's memory.
     pub queue_blocks: usize,
+    /// Nice level of the controller threads (default 10). The real drive compresses on its
+    /// own silicon, so the emulation should take as little CPU from the host's threads as
+    /// it can: at a lower priority the scheduler runs a woken foreground thread first.
+    /// When the CPUs are saturated the controllers then fall behind and back-pressure slows
+    /// writers instead. 0 = the caller's priority.
+    pub controller_nice: i32,
 }
 
 impl Default for EmulatorOptions {
@@ -77,6 +83,7 @@ impl Default for EmulatorOptions {
             sidecar: None,
             controller_threads: 1,
             queue_blocks: 4096,
+            controller_nice: 10,
         }
     }
 }
@@ -257,6 +264,7 @@ impl<D: BlockDevice> CompressingDevice<D> {
                     shard,
                     shards,
                     capacity,
+                    options.controller_nice,
                     Arc::clone(&accounting),
                     Arc::clone(&compression_threads),
                 )?);
@@ -615,6 +623,7 @@ impl Controller {
         shard: usize,
         shard_count: usize,
         capacity: usize,
+        nice: i32,
         accounting: Arc<Accounting>,
         compression_threads: Arc<Mutex<Vec<ThreadId>>>,
     ) -> io::Result<Self> {
@@ -622,6 +631,7 @@ impl Controller {
         let thread = thread::Builder::new()
             .name(format!("zipcache-csd-{shard}"))
             .spawn(move || {
+                set_current_thread_nice(nice);
                 let shard = (shard as u64, shard_count as u64);
                 run_controller(shard, &queue, &accounting, &compression_threads);
             })?;
@@ -820,6 +830,18 @@ fn rebuild<D: BlockDevice>(
     Ok(())
 }
 
+/// Linux keeps the nice level per thread, so this leaves the rest of the process alone.
+fn set_current_thread_nice(nice: i32) {
+    if nice == 0 {
+        return;
+    }
+    // The result is ignored on purpose: raising the nice level is always allowed, and a
+    // refused lowering (negative `nice` without CAP_SYS_NICE) only keeps the default.
+    // SAFETY: neither call takes pointers. `gettid` cannot fail; `setpriority` with
+    // PRIO_PROCESS and a thread id changes only that thread's nice level.
+    unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, nice) };
+}
+
 fn remove_if_present(path: &Path) -> io::Result<()> {
     match fs::remove_file(path) {
         Err(err) if err.kind() != io::ErrorKind::NotFound => Err(err),
@@ -951,6 +973,42 @@ mod tests {
         let threads = device.compression_threads();
         assert_eq!(threads.len(), 2, "each shard compresses its own LBAs");
         assert!(!threads.contains(&thread::current().id()));
+    }
+
+    /// Nice levels of this process's threads named `zipcache-csd-*`, from /proc.
+    fn controller_nice_levels() -> Vec<i32> {
+        let mut levels = Vec::new();
+        for task in fs::read_dir("/proc/self/task").expect("tasks").flatten() {
+            let comm = fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+            let stat = fs::read_to_string(task.path().join("stat")).unwrap_or_default();
+            // Fields after the parenthesised name: state is field 3, nice is field 19.
+            let after_name = stat.rsplit_once(") ").map_or("", |(_, rest)| rest);
+            if comm.starts_with("zipcache-csd-") {
+                if let Some(nice) = after_name.split(' ').nth(16) {
+                    levels.push(nice.parse().expect("nice field"));
+                }
+            }
+        }
+        levels
+    }
+
+    #[test]
+    fn controllers_run_at_the_configured_nice_level() {
+        // 7 is used by no other test, so concurrent tests' controllers cannot be mistaken.
+        let device = emulator(EmulatorOptions {
+            controller_nice: 7,
+            controller_threads: 2,
+            ..EmulatorOptions::default()
+        });
+        device.drain().expect("controllers started");
+        let at_seven = controller_nice_levels().iter().filter(|&&n| n == 7).count();
+        assert_eq!(at_seven, 2);
+        assert_eq!(
+            thread::current()
+                .name()
+                .map(|n| n.starts_with("zipcache-csd")),
+            Some(false)
+        );
     }
 
     #[test]
