@@ -51,7 +51,7 @@ fn return_flags(
         let value = match (flag.letter, item) {
             (b'k', _) => {
                 out.extend_from_slice(b" k");
-                out.extend_from_slice(meta.key);
+                out.extend_from_slice(meta.key_token);
                 continue;
             }
             (b'O', _) => {
@@ -119,8 +119,8 @@ fn get(shared: &Shared, meta: &Meta<'_>, out: &mut Vec<u8>) -> Result<(), String
     let touch_exptime = numeric::<i64>(meta, b'T')?;
     let vivify_exptime = numeric::<i64>(meta, b'N')?;
     let found = match touch_exptime {
-        Some(exptime) => touch(shared, meta.key, exptime),
-        None => shared.cache.get_item(meta.key),
+        Some(exptime) => touch(shared, &meta.key, exptime),
+        None => shared.cache.get_item(&meta.key),
     }
     .map_err(|e| engine_error(&e))?;
     let now = shared.cache.now_ms();
@@ -132,7 +132,7 @@ fn get(shared: &Shared, meta: &Meta<'_>, out: &mut Vec<u8>) -> Result<(), String
             let expiry = Expiry::from_exptime(exptime, now);
             let (item, cas) = shared
                 .cache
-                .update(meta.key, |current| match current {
+                .update(&meta.key, |current| match current {
                     Some(item) => (Update::Keep, item.clone()),
                     None => (
                         expiry.store(Vec::new(), 0),
@@ -163,7 +163,7 @@ fn get(shared: &Shared, meta: &Meta<'_>, out: &mut Vec<u8>) -> Result<(), String
                     out.push(b' ');
                     out.push(flag.letter);
                     out.extend_from_slice(if flag.letter == b'k' {
-                        meta.key
+                        meta.key_token
                     } else {
                         flag.token
                     });
@@ -196,7 +196,7 @@ fn set(shared: &Shared, meta: &Meta<'_>, out: &mut Vec<u8>) -> Result<(), String
     };
     // Append/prepend with N creates the item when it is missing.
     let vivify = numeric::<i64>(meta, b'N')?;
-    let (mut outcome, mut cas) = store_item(shared, mode, meta.key, flags, expiry, meta.data)
+    let (mut outcome, mut cas) = store_item(shared, mode, &meta.key, flags, expiry, meta.data)
         .map_err(|e| engine_error(&e))?;
     if let (StoreOutcome::NotStored, Some(exptime), StoreMode::Append | StoreMode::Prepend) =
         (outcome, vivify, mode)
@@ -205,7 +205,7 @@ fn set(shared: &Shared, meta: &Meta<'_>, out: &mut Vec<u8>) -> Result<(), String
         (outcome, cas) = store_item(
             shared,
             StoreMode::Add,
-            meta.key,
+            &meta.key,
             flags,
             vivify_expiry,
             meta.data,
@@ -239,7 +239,7 @@ fn delete(shared: &Shared, meta: &Meta<'_>, out: &mut Vec<u8>) -> Result<(), Str
     let compare = numeric::<u64>(meta, b'C')?;
     let (code, _) = shared
         .cache
-        .update(meta.key, |current| match (current, compare) {
+        .update(&meta.key, |current| match (current, compare) {
             (None, _) => (Update::Keep, "NF"),
             (Some(item), Some(unique)) if item.cas != unique => (Update::Keep, "EX"),
             (Some(_), _) => (Update::Delete, "HD"),
@@ -270,7 +270,7 @@ fn arith(shared: &Shared, meta: &Meta<'_>, out: &mut Vec<u8>) -> Result<(), Stri
     }
     let (outcome, cas) = shared
         .cache
-        .update(meta.key, |current| match (current, vivify) {
+        .update(&meta.key, |current| match (current, vivify) {
             (None, None) => (Update::Keep, Outcome::Missing),
             (None, Some(exptime)) => {
                 let expiry = Expiry::from_exptime(exptime, now);
@@ -315,14 +315,14 @@ fn arith(shared: &Shared, meta: &Meta<'_>, out: &mut Vec<u8>) -> Result<(), Stri
 fn debug(shared: &Shared, meta: &Meta<'_>, out: &mut Vec<u8>) -> Result<(), String> {
     let Some(item) = shared
         .cache
-        .get_item(meta.key)
+        .get_item(&meta.key)
         .map_err(|e| engine_error(&e))?
     else {
         line(out, "EN");
         return Ok(());
     };
     out.extend_from_slice(b"ME ");
-    out.extend_from_slice(meta.key);
+    out.extend_from_slice(meta.key_token);
     // The engine keeps no last-access time or fetched bit; report them as memcached
     // reports a fresh item.
     let details = format!(

@@ -3,6 +3,8 @@
 //! `text.rs` and `meta.rs`; this file only decides what the bytes mean and how many of
 //! them the request spans, replying with memcached 1.6's own error strings.
 
+use std::borrow::Cow;
+
 /// Longest key memcached accepts; longer keys get `CLIENT_ERROR bad command line format`.
 pub const KEY_MAX: usize = 250;
 /// A request line without a newline after this many bytes closes the connection, as
@@ -72,7 +74,7 @@ pub enum Request<'a> {
     /// A value over the size limit: its data block is skipped, then `TOO_LARGE` is sent.
     /// A `set` also drops the key's old value, as memcached does.
     TooLarge {
-        key: &'a [u8],
+        key: Cow<'a, [u8]>,
         drop_old: bool,
         noreply: bool,
     },
@@ -95,7 +97,10 @@ pub enum MetaKind {
 #[derive(Debug, PartialEq)]
 pub struct Meta<'a> {
     pub kind: MetaKind,
-    pub key: &'a [u8],
+    /// The key as the engine knows it (base64-decoded under the `b` flag).
+    pub key: Cow<'a, [u8]>,
+    /// The key as the client sent it, which `k` and `me` echo back.
+    pub key_token: &'a [u8],
     pub flags: Vec<MetaFlag<'a>>,
     pub data: &'a [u8],
 }
@@ -186,7 +191,8 @@ pub fn parse(input: &[u8], max_value: usize) -> Parsed<'_> {
         Some(b"quit") if tokens.len() == 1 => Request::Quit,
         Some(b"mn") => Request::Meta(Meta {
             kind: MetaKind::Noop,
-            key: b"",
+            key: Cow::Borrowed(b""),
+            key_token: b"",
             flags: Vec::new(),
             data: b"",
         }),
@@ -308,7 +314,7 @@ fn storage<'a>(
     if len > max_value {
         return Parsed::Swallow {
             request: Request::TooLarge {
-                key,
+                key: Cow::Borrowed(key),
                 drop_old: mode == StoreMode::Set,
                 noreply,
             },
@@ -419,13 +425,13 @@ fn stats<'a>(tokens: &[&'a [u8]]) -> Request<'a> {
     }
 }
 
-/// Flags each meta command accepts (memcached 1.6; `b`, `E` and `x` are not supported).
+/// Flags each meta command accepts (memcached 1.6; `E` and `x` are not supported).
 fn valid_flags(kind: MetaKind) -> &'static [u8] {
     match kind {
-        MetaKind::Get => b"cfhklOqstuvNRT",
-        MetaKind::Set => b"cCFIkOqsTMN",
-        MetaKind::Delete => b"CIkOqT",
-        MetaKind::Arith => b"CNJDTMOqtcvk",
+        MetaKind::Get => b"bcfhklOqstuvNRT",
+        MetaKind::Set => b"bcCFIkOqsTMN",
+        MetaKind::Delete => b"bCIkOqT",
+        MetaKind::Arith => b"bCNJDTMOqtcvk",
         MetaKind::Noop | MetaKind::Debug => b"",
     }
 }
@@ -460,19 +466,66 @@ fn meta<'a>(tokens: &[&'a [u8]], kind: MetaKind) -> Request<'a> {
             Request::Error("ERROR")
         };
     }
-    let key = tokens[1];
-    if !key_ok(key) {
-        return Request::Error(BAD_FORMAT);
-    }
-    match meta_flags(kind, &tokens[2..]) {
-        Ok(flags) => Request::Meta(Meta {
+    let flags = match meta_flags(kind, &tokens[2..]) {
+        Ok(flags) => flags,
+        Err(e) => return Request::Error(e),
+    };
+    // `me` takes a base64 key as a bare `b` after the key, like memcached.
+    let binary = flags.iter().any(|f| f.letter == b'b')
+        || (kind == MetaKind::Debug && tokens.get(2) == Some(&&b"b"[..]));
+    match meta_key(tokens[1], binary) {
+        Some(key) => Request::Meta(Meta {
             kind,
             key,
+            key_token: tokens[1],
             flags,
             data: b"",
         }),
-        Err(e) => Request::Error(e),
+        None => Request::Error(BAD_FORMAT),
     }
+}
+
+/// The engine key of a meta command: the token, or its base64 decoding (flag `b`).
+fn meta_key(token: &[u8], binary: bool) -> Option<Cow<'_, [u8]>> {
+    let key = if binary {
+        Cow::Owned(base64_decode(token)?)
+    } else {
+        Cow::Borrowed(token)
+    };
+    (!key.is_empty() && key_ok(&key)).then_some(key)
+}
+
+/// Standard base64 with `=` padding, as memcached's `b` flag uses.
+fn base64_decode(text: &[u8]) -> Option<Vec<u8>> {
+    fn sextet(c: u8) -> Option<u32> {
+        Some(match c {
+            b'A'..=b'Z' => c - b'A',
+            b'a'..=b'z' => c - b'a' + 26,
+            b'0'..=b'9' => c - b'0' + 52,
+            b'+' => 62,
+            b'/' => 63,
+            _ => return None,
+        } as u32)
+    }
+    if text.is_empty() || !text.len().is_multiple_of(4) {
+        return None;
+    }
+    let mut out = Vec::with_capacity(text.len() / 4 * 3);
+    for (i, quad) in text.chunks(4).enumerate() {
+        let last = i == text.len() / 4 - 1;
+        let padding = quad.iter().rev().take_while(|&&c| c == b'=').count();
+        if padding > 2 || (padding > 0 && !last) {
+            return None;
+        }
+        let mut bits = 0u32;
+        for &c in &quad[..4 - padding] {
+            bits = (bits << 6) | sextet(c)?;
+        }
+        bits <<= 6 * padding as u32;
+        let bytes = [(bits >> 16) as u8, (bits >> 8) as u8, bits as u8];
+        out.extend_from_slice(&bytes[..3 - padding]);
+    }
+    Some(out)
 }
 
 fn meta_set<'a>(
@@ -488,16 +541,21 @@ fn meta_set<'a>(
     if tokens.len() < 2 {
         return error("ERROR");
     }
-    let key = tokens[1];
+    let key_token = tokens[1];
     let Some(len) = tokens.get(2).and_then(|t| number::<u32>(t)) else {
         return error(BAD_FORMAT);
     };
     let len = len as usize;
     // From here on the data block follows, so every error skips it as memcached does.
-    let flags = if key_ok(key) {
-        meta_flags(MetaKind::Set, &tokens[3..])
-    } else {
-        Err(BAD_FORMAT)
+    let flags = meta_flags(MetaKind::Set, &tokens[3..]);
+    let key = flags
+        .as_ref()
+        .ok()
+        .and_then(|flags| meta_key(key_token, flags.iter().any(|f| f.letter == b'b')));
+    let (flags, key) = match (flags, key) {
+        (Ok(flags), Some(key)) => (Ok(flags), key),
+        (Err(e), _) => (Err(e), Cow::Borrowed(key_token)),
+        (Ok(_), None) => (Err(BAD_FORMAT), Cow::Borrowed(key_token)),
     };
     let flags = match flags {
         Ok(flags) if len <= max_value => flags,
@@ -532,6 +590,7 @@ fn meta_set<'a>(
             request: Request::Meta(Meta {
                 kind: MetaKind::Set,
                 key,
+                key_token,
                 flags,
                 data,
             }),
@@ -591,6 +650,21 @@ mod tests {
             request(b"mg k zz\r\n").0,
             Request::Error("CLIENT_ERROR invalid flag")
         );
+    }
+
+    #[test]
+    fn base64_keys_decode() {
+        assert_eq!(base64_decode(b"aGVsbG8="), Some(b"hello".to_vec()));
+        assert_eq!(base64_decode(b"aGk="), Some(b"hi".to_vec()));
+        assert_eq!(base64_decode(b"AAEC"), Some(vec![0, 1, 2]));
+        assert_eq!(base64_decode(b"aGk"), None);
+        assert_eq!(base64_decode(b"a=Gk"), None);
+        match request(b"mg aGk= b v k\r\n").0 {
+            Request::Meta(meta) => {
+                assert_eq!((&*meta.key, meta.key_token), (&b"hi"[..], &b"aGk="[..]))
+            }
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]

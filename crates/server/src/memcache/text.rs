@@ -65,7 +65,7 @@ pub fn execute(shared: &Shared, request: Request<'_>, out: &mut Vec<u8>) {
         } => {
             // memcached unlinks the old value so a failed set never leaves it stale.
             if drop_old {
-                let _ = shared.cache.delete(key);
+                let _ = shared.cache.delete(&key);
             }
             reply_unless(noreply, TOO_LARGE, out);
         }
