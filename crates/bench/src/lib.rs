@@ -315,7 +315,13 @@ pub fn run_target(
         std::fs::remove_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     }
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    let target = targets::open(spec, &params.budget(dir.clone(), w))?;
+    let target = match targets::open(spec, &params.budget(dir.clone(), w)) {
+        Ok(target) => target,
+        Err(e) => {
+            let _ = std::fs::remove_dir_all(&dir);
+            return Err(e);
+        }
+    };
     let total = match params.mode {
         Mode::Fill => Some(w.keys),
         Mode::Lookaside => w.ops,

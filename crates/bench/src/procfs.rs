@@ -14,6 +14,19 @@ pub fn rss_bytes(pid: u32) -> Option<u64> {
     Some(kib * 1024)
 }
 
+/// Whether the in-process target being opened is the first of this process, the only one
+/// whose figure the process's RSS is: memory freed by an earlier target is not reliably
+/// returned to the OS, so later ones would be charged for it.
+pub fn claim_own_rss() -> bool {
+    static CLAIMED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    !CLAIMED.swap(true, std::sync::atomic::Ordering::SeqCst)
+}
+
+/// This process's RSS if `claimed` (see [`claim_own_rss`]).
+pub fn own_rss(claimed: bool) -> Option<u64> {
+    claimed.then(|| rss_bytes(std::process::id())).flatten()
+}
+
 /// `wchar` of process `pid`: bytes it passed to write calls, page cache or not (what
 /// memcached's extstore hands the kernel; `write_bytes` misses rewrites of dirty pages).
 pub fn wchar(pid: u32) -> Option<u64> {

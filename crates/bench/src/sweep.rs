@@ -13,15 +13,16 @@ use crate::report::TargetResult;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Figure {
-    /// Objects per MiB of DRAM vs η, every target, DRAM only (paper Fig. 8).
+    /// Objects per MiB of DRAM vs η, every target, DRAM only (fill).
     Capacity,
-    /// Hit ratio and throughput vs C_DRAM:C_WS (paper Fig. 11).
+    /// Hit ratio and throughput vs C_DRAM:C_WS, moderate locality (paper Fig. 8(b)).
     DramRatio,
-    /// wa_host, wr_nand, wa vs object size and super-leaf size (paper Fig. 12).
+    /// wa_host, wr_nand, wa vs object size and super-leaf size (paper Fig. 11).
     Wa,
-    /// GET latency CDF with bypass_r = 3 vs 0 under strong locality (paper Fig. 14).
+    /// GET latency CDF with bypass_r = 3 vs 0, strong locality, GET:PUT 70:30 and 30:70
+    /// (paper Fig. 12).
     Bypass,
-    /// DRAM-tier hit ratio vs η.
+    /// DRAM-tier hit ratio vs η at C_DRAM:C_WS = 1:16, moderate locality (paper Fig. 14).
     Eta,
 }
 
@@ -126,7 +127,7 @@ fn plan(figure: Figure, scale: f64) -> (Vec<Point>, &'static str) {
                         ("keys", keys.to_string()),
                         ("value-size", VALUE_SIZE.to_string()),
                         ("locality", "moderate".into()),
-                        ("warmup-ops", (keys * 2).to_string()),
+                        ("warmup-ops", keys.to_string()),
                         ("duration", seconds.clone()),
                         ("backend-latency-us", "1000".into()),
                     ]),
@@ -142,16 +143,21 @@ fn plan(figure: Figure, scale: f64) -> (Vec<Point>, &'static str) {
             let mut points = Vec::new();
             for superleaf in [4, 16, 64] {
                 for object_size in [32u64, 64, 128] {
-                    let keys = (dram * 4.0 / object_size as f64) as u64;
+                    let keys = (dram * 8.0 / (KEY_SIZE + object_size) as f64) as u64;
                     points.push(Point {
                         x: object_size as f64,
                         series: format!("superleaf {superleaf} KiB"),
                         flags: flags(&[
-                            ("mode", "fill".into()),
                             ("dram", size_flag(dram)),
-                            ("ssd-size", size_flag(dram * 16.0)),
+                            ("ssd-size", size_flag(dram * 32.0)),
                             ("keys", keys.to_string()),
-                            ("value-size", (object_size - KEY_SIZE).to_string()),
+                            ("value-size", object_size.to_string()),
+                            ("locality", "moderate".into()),
+                            ("get-ratio", "0.7".into()),
+                            ("put-ratio", "0.3".into()),
+                            ("warmup-ops", keys.to_string()),
+                            ("duration", seconds.clone()),
+                            ("backend-latency-us", "0".into()),
                             ("set", format!("superleaf_size={superleaf}KiB")),
                         ]),
                     });
@@ -162,27 +168,31 @@ fn plan(figure: Figure, scale: f64) -> (Vec<Point>, &'static str) {
         Figure::Bypass => {
             let keys = scaled(400_000.0, scale);
             let working_set = keys as f64 * object;
-            let points = [3.0, 0.0]
-                .iter()
-                .map(|r| Point {
-                    x: *r,
-                    series: format!("bypass_r={r}"),
-                    flags: flags(&[
-                        ("dram", size_flag(working_set * 2.0)),
-                        ("ssd", "none".into()),
-                        ("keys", keys.to_string()),
-                        ("value-size", VALUE_SIZE.to_string()),
-                        ("locality", "strong".into()),
-                        ("warmup-ops", (keys * 2).to_string()),
-                        ("duration", seconds.clone()),
-                        ("set", format!("bypass_r={r}")),
-                    ]),
-                })
-                .collect();
+            let mut points = Vec::new();
+            for (get, put) in [("0.7", "0.3"), ("0.3", "0.7")] {
+                for r in [3.0, 0.0] {
+                    points.push(Point {
+                        x: r,
+                        series: format!("bypass_r={r} GET:PUT={get}:{put}"),
+                        flags: flags(&[
+                            ("dram", size_flag(working_set * 2.0)),
+                            ("ssd", "none".into()),
+                            ("keys", keys.to_string()),
+                            ("value-size", VALUE_SIZE.to_string()),
+                            ("locality", "strong".into()),
+                            ("get-ratio", get.into()),
+                            ("put-ratio", put.into()),
+                            ("warmup-ops", keys.to_string()),
+                            ("duration", seconds.clone()),
+                            ("set", format!("bypass_r={r}")),
+                        ]),
+                    });
+                }
+            }
             (points, "zipcache")
         }
         Figure::Eta => {
-            let keys = scaled(600_000.0, scale);
+            let keys = scaled(1_600_000.0, scale);
             let working_set = keys as f64 * object;
             let points = ETAS
                 .iter()
@@ -190,13 +200,13 @@ fn plan(figure: Figure, scale: f64) -> (Vec<Point>, &'static str) {
                     x: *eta,
                     series: String::new(),
                     flags: flags(&[
-                        ("dram", size_flag(working_set / 4.0)),
+                        ("dram", size_flag(working_set / 16.0)),
                         ("ssd-size", size_flag(working_set * 4.0)),
                         ("keys", keys.to_string()),
                         ("value-size", VALUE_SIZE.to_string()),
                         ("eta", eta.to_string()),
                         ("locality", "moderate".into()),
-                        ("warmup-ops", (keys * 2).to_string()),
+                        ("warmup-ops", keys.to_string()),
                         ("duration", seconds.clone()),
                     ]),
                 })
@@ -267,14 +277,14 @@ fn draw(figure: Figure, out: &Path, measured: &[Measured]) -> Result<Vec<PathBuf
         Figure::DramRatio => {
             chart(
                 "dram-ratio-hit",
-                "Hit ratio vs C_DRAM:C_WS",
+                "Hit ratio vs C_DRAM:C_WS (moderate locality)",
                 "C_DRAM / C_WS",
                 "hit ratio",
                 lines(measured, |r| r.hit_ratio),
             );
             chart(
                 "dram-ratio-throughput",
-                "Throughput vs C_DRAM:C_WS (look-aside, 1 ms backend)",
+                "Throughput vs C_DRAM:C_WS (moderate locality, look-aside, 1 ms backend)",
                 "C_DRAM / C_WS",
                 "ops/s",
                 lines(measured, |r| Some(r.throughput_ops)),
@@ -283,29 +293,29 @@ fn draw(figure: Figure, out: &Path, measured: &[Measured]) -> Result<Vec<PathBuf
         Figure::Wa => {
             chart(
                 "wa-host",
-                "wa_host vs object size",
-                "object size (B)",
+                "wa_host vs object size (moderate, GET:PUT 70:30)",
+                "value size (B)",
                 "wa_host",
                 lines(measured, |r| r.wa_host),
             );
             chart(
                 "wr-nand",
-                "wr_nand vs object size",
-                "object size (B)",
+                "wr_nand vs object size (moderate, GET:PUT 70:30)",
+                "value size (B)",
                 "wr_nand",
                 lines(measured, |r| r.wr_nand),
             );
             chart(
                 "wa",
-                "wa vs object size",
-                "object size (B)",
+                "wa vs object size (moderate, GET:PUT 70:30)",
+                "value size (B)",
                 "wa",
                 lines(measured, |r| r.wa),
             );
         }
         Figure::Bypass => chart(
             name,
-            "GET latency CDF, strong locality, bypass on (r=3) vs off (r=0)",
+            "GET latency CDF, strong locality: bypass on (r=3) vs off (r=0)",
             "log10 GET latency (us)",
             "fraction of GETs",
             measured
@@ -318,7 +328,7 @@ fn draw(figure: Figure, out: &Path, measured: &[Measured]) -> Result<Vec<PathBuf
         ),
         Figure::Eta => chart(
             name,
-            "DRAM-tier hit ratio vs compressibility",
+            "DRAM-tier hit ratio vs compressibility (C_DRAM:C_WS = 1:16, moderate)",
             "eta (fraction of value that is zeros)",
             "DRAM-tier hit ratio",
             lines(measured, |r| r.dram_hit_ratio),

@@ -31,6 +31,8 @@ struct FoyerEngine {
 pub struct FoyerTarget {
     engine: Arc<FoyerEngine>,
     batch: usize,
+    /// Whether this process's RSS is this target's (see `procfs::claim_own_rss`).
+    own_rss: bool,
 }
 
 /// foyer charges an entry `key + value` bytes against its memory capacity.
@@ -90,6 +92,7 @@ impl FoyerTarget {
                 ssd_hits: AtomicU64::new(0),
             }),
             batch: budget.batch(),
+            own_rss: procfs::claim_own_rss(),
         })
     }
 }
@@ -173,7 +176,7 @@ impl Target for FoyerTarget {
             dram_hits: Some(engine.dram_hits.load(Relaxed)),
             ssd_hits: Some(engine.ssd_hits.load(Relaxed)),
             dram_bytes_used: Some(usage as u64),
-            rss_bytes: procfs::rss_bytes(std::process::id()),
+            rss_bytes: procfs::own_rss(self.own_rss),
             host_bytes_written: written,
             ..Snapshot::default()
         })

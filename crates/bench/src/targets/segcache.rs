@@ -15,13 +15,16 @@ pub struct SegTarget {
     cache: Arc<SegEngine>,
     heap: u64,
     batch: usize,
+    /// Whether this process's RSS is this target's (see `procfs::claim_own_rss`).
+    own_rss: bool,
 }
 
 struct SegEngine(Segcache);
 
-/// Hash power whose table holds `items` without overflow (`7 · 2^(N-3)` items).
+/// Hash power whose table holds twice `items` (`7 · 2^(N-3)` items): keys hash unevenly
+/// and a full bucket chain fails the insert.
 fn hash_power_for(items: u64) -> u8 {
-    let buckets = items.div_ceil(7).max(16);
+    let buckets = (2 * items).div_ceil(7).max(16);
     (3 + buckets.next_power_of_two().ilog2()).clamp(7, 32) as u8
 }
 
@@ -39,17 +42,14 @@ impl SegTarget {
             .segment_size(SEGMENT_SIZE)
             .hash_power(hash_power_for(max_items))
             .overflow_factor(1.0)
-            .eviction(Policy::Merge {
-                max: 8,
-                merge: 4,
-                compact: 2,
-            })
+            .eviction(Policy::Fifo)
             .build()
             .map_err(|e| format!("segcache: {e}"))?;
         Ok(SegTarget {
             cache: Arc::new(SegEngine(cache)),
             heap,
             batch: budget.batch(),
+            own_rss: procfs::claim_own_rss(),
         })
     }
 }
@@ -89,7 +89,7 @@ impl Target for SegTarget {
         Ok(Snapshot {
             // The heap is allocated whole up front; segcache reports no finer figure.
             dram_bytes_used: Some(self.heap),
-            rss_bytes: procfs::rss_bytes(std::process::id()),
+            rss_bytes: procfs::own_rss(self.own_rss),
             ..Snapshot::default()
         })
     }

@@ -14,6 +14,8 @@ pub struct ZipTarget {
     cache: Arc<ZipCache>,
     dram_only: bool,
     batch: usize,
+    /// Whether this process's RSS is this target's (see `procfs::claim_own_rss`).
+    own_rss: bool,
 }
 
 /// The engine `Config` for a budget: `--dram`, `--ssd-size`, `--data-dir`, then `--set`s.
@@ -51,6 +53,7 @@ impl ZipTarget {
             cache: Arc::new(cache),
             dram_only,
             batch: budget.batch(),
+            own_rss: procfs::claim_own_rss(),
         })
     }
 }
@@ -104,7 +107,7 @@ impl Target for ZipTarget {
             ssd_objects: ssd.then_some(s.ssd_objects),
             ssd_index_bytes: ssd.then_some(s.ssd_index_bytes),
             ssd_reads_per_ssd_get: s.ssd_reads_per_ssd_get,
-            rss_bytes: procfs::rss_bytes(std::process::id()),
+            rss_bytes: procfs::own_rss(self.own_rss),
             server_cpu_seconds: None,
             host_bytes_written: ssd.then_some(s.v_host),
         })
