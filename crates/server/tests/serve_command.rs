@@ -1,0 +1,54 @@
+//! `run` — what `zipcache serve` executes — end to end: flags, serving, and a clean
+//! shutdown on SIGTERM. Its own test binary, because the signal goes to this process.
+
+mod common;
+
+use std::process::Command;
+use std::time::Duration;
+
+use common::{Client, free_port, wait_for_port};
+use zipcache_server::{ServeArgs, run};
+
+#[test]
+fn sigterm_stops_serve_cleanly() {
+    let data_dir = std::env::temp_dir().join(format!("zipcache-serve-{}", std::process::id()));
+    let (mc_port, resp_port) = (free_port(), free_port());
+    let args = ServeArgs {
+        memcached_port: Some(mc_port),
+        resp_port: Some(resp_port),
+        dram: Some("32MiB".into()),
+        ssd: Some("none".into()),
+        data_dir: Some(data_dir.clone()),
+        threads: Some(2),
+        ..ServeArgs::default()
+    };
+    let server = std::thread::spawn(move || run(args));
+    wait_for_port(mc_port, Duration::from_secs(10));
+    wait_for_port(resp_port, Duration::from_secs(10));
+    let mut client = Client::connect(([127, 0, 0, 1], mc_port).into());
+    assert_eq!(client.ask("set k 0 0 1\r\nv\r\n", 1), ["STORED"]);
+    let mut resp = Client::connect(([127, 0, 0, 1], resp_port).into());
+    assert_eq!(resp.ask("GET k\r\n", 2), ["$1", "v"]);
+
+    let pid = std::process::id().to_string();
+    let status = Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .expect("kill");
+    assert!(status.success());
+    let result = server.join().expect("run returned");
+    assert_eq!(result, Ok(()));
+    assert!(client.closed(), "connections are closed at shutdown");
+    assert!(data_dir.is_dir(), "the data directory was created");
+    let _ = std::fs::remove_dir_all(data_dir);
+}
+
+#[test]
+fn bad_settings_are_reported_not_panicked() {
+    let args = ServeArgs {
+        set: vec!["no_such_setting=1".into()],
+        ..ServeArgs::default()
+    };
+    let error = run(args).expect_err("unknown setting");
+    assert!(error.contains("no_such_setting"), "{error}");
+}
