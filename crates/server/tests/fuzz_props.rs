@@ -32,6 +32,9 @@ const MEMCACHED_SEEDS: &[&[u8]] = &[
     b"ma k N0 J5 D3 MD T1 C1 v t c k q\r\n",
     b"md k C3 q k O2\r\n",
     b"me k\r\nmn\r\n",
+    b"mg k T9223372036854775807 N-9223372036854775808 v t\r\n",
+    b"ma k N9223372036854775807 J18446744073709551615 D18446744073709551615 v t\r\n",
+    b"mg aGk= b k v\r\n",
 ];
 
 const RESP_SEEDS: &[&[u8]] = &[
@@ -44,6 +47,9 @@ const RESP_SEEDS: &[&[u8]] = &[
     b"SET \"a\\x41\" 'b'\r\nGET aA\r\n",
     b"*4\r\n$6\r\nEXPIRE\r\n$1\r\nk\r\n$2\r\n-1\r\n$2\r\nGT\r\n",
     b"*3\r\n$6\r\nCONFIG\r\n$3\r\nGET\r\n$1\r\n*\r\n",
+    b"SET k v EXAT 9223372036854775\r\nTTL k\r\nPTTL k\r\n",
+    b"SET k 9223372036854775807\r\nINCRBY k 9223372036854775807\r\nDECRBY k -9223372036854775808\r\n",
+    b"PEXPIRE k 9223372036854775807\r\nEXPIRE k -9223372036854775808\r\n",
 ];
 
 /// A seed command with a few bytes overwritten, inserted or removed.

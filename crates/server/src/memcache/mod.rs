@@ -32,14 +32,15 @@ impl Expiry {
         } else if exptime < 0 {
             Expiry::Past
         } else if exptime > RELATIVE_EXPTIME_MAX {
-            let at = exptime as u64 * 1000;
+            // Meta tokens may carry any i64, so the arithmetic saturates.
+            let at = (exptime as u64).saturating_mul(1000);
             if at <= now_ms {
                 Expiry::Past
             } else {
                 Expiry::At(at)
             }
         } else {
-            Expiry::At(now_ms + exptime as u64 * 1000)
+            Expiry::At(now_ms.saturating_add(exptime as u64 * 1000))
         }
     }
 
@@ -180,6 +181,7 @@ mod tests {
             Expiry::from_exptime(1_800_000_000, now),
             Expiry::At(1_800_000_000_000)
         );
+        assert_eq!(Expiry::from_exptime(i64::MAX, now), Expiry::At(u64::MAX));
     }
 
     #[test]

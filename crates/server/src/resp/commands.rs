@@ -590,8 +590,12 @@ fn ttl(shared: &Shared, key: &[u8], millis: bool, out: &mut Reply) -> zipcache::
         None => -2,
         Some(None) => -1,
         Some(Some(at)) => {
-            let left = at.saturating_sub(now) as i64;
-            if millis { left } else { (left + 500) / 1000 }
+            let left = i64::try_from(at.saturating_sub(now)).unwrap_or(i64::MAX);
+            if millis {
+                left
+            } else {
+                left.saturating_add(500) / 1000
+            }
         }
     };
     out.integer(ttl);
