@@ -231,10 +231,6 @@ fn resp_framing_errors_reply_then_close_like_redis() {
             "-ERR Protocol error: expected '$', got ':'",
         ),
         (
-            b"*1\r\n$1\r\nab\r\n",
-            "-ERR Protocol error: invalid bulk format",
-        ),
-        (
             b"GET \"k\r\n",
             "-ERR Protocol error: unbalanced quotes in request",
         ),

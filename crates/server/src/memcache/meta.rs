@@ -39,6 +39,15 @@ fn numeric<T: std::str::FromStr>(meta: &Meta<'_>, letter: u8) -> Result<Option<T
     }
 }
 
+/// The `k` return flag: the key as sent, marked ` b` when it is base64 (memcached does).
+fn key_flag(meta: &Meta<'_>, out: &mut Vec<u8>) {
+    out.extend_from_slice(b" k");
+    out.extend_from_slice(meta.key_token);
+    if meta.has(b'b') {
+        out.extend_from_slice(b" b");
+    }
+}
+
 /// Appends the return flags the request asked for, in request order.
 fn return_flags(
     meta: &Meta<'_>,
@@ -50,8 +59,7 @@ fn return_flags(
     for flag in &meta.flags {
         let value = match (flag.letter, item) {
             (b'k', _) => {
-                out.extend_from_slice(b" k");
-                out.extend_from_slice(meta.key_token);
+                key_flag(meta, out);
                 continue;
             }
             (b'O', _) => {
@@ -160,13 +168,12 @@ fn get(shared: &Shared, meta: &Meta<'_>, out: &mut Vec<u8>) -> Result<(), String
                     .iter()
                     .filter(|f| matches!(f.letter, b'k' | b'O'))
                 {
-                    out.push(b' ');
-                    out.push(flag.letter);
-                    out.extend_from_slice(if flag.letter == b'k' {
-                        meta.key_token
+                    if flag.letter == b'k' {
+                        key_flag(meta, out);
                     } else {
-                        flag.token
-                    });
+                        out.extend_from_slice(b" O");
+                        out.extend_from_slice(flag.token);
+                    }
                 }
                 out.extend_from_slice(b"\r\n");
             }

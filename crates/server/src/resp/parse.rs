@@ -76,9 +76,7 @@ fn multibulk(input: &[u8]) -> Parsed<'_> {
         if input.len() < end + 2 {
             return Parsed::Incomplete;
         }
-        if &input[end..end + 2] != b"\r\n" {
-            return Parsed::Error("ERR Protocol error: invalid bulk format".into());
-        }
+        // Like Redis, the two bytes after a bulk are skipped unchecked.
         args.push(Cow::Borrowed(&input[data_start..end]));
         pos = end + 2;
     }
