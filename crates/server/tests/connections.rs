@@ -7,7 +7,7 @@ use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use common::{Client, TestServer};
-use zipcache_server::ServerOptions;
+use zipcache_server::{Runtime, ServerOptions};
 
 const CONNECTIONS: usize = 1000;
 
@@ -137,4 +137,20 @@ fn shutdown_answers_what_was_sent_then_stops_listening() {
         1,
         "server released the engine"
     );
+}
+
+#[test]
+fn the_shared_runtime_serves_both_protocols() {
+    let server = TestServer::with_options(ServerOptions {
+        threads: 2,
+        runtime: Runtime::Shared,
+        ..ServerOptions::default()
+    });
+    let mut mc = Client::connect(server.memcached);
+    assert_eq!(
+        mc.ask("set k 0 0 1\r\nv\r\nget k\r\n", 4),
+        ["STORED", "VALUE k 0 1", "v", "END"]
+    );
+    let mut rs = Client::connect(server.resp);
+    assert_eq!(rs.ask("GET k\r\n", 2), ["$1", "v"]);
 }
