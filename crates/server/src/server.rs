@@ -288,12 +288,14 @@ async fn accept_loop(
             continue;
         }
         let counters = &shared.counters;
-        if counters.curr_connections.load(Ordering::Relaxed) >= shared.info.max_connections as u64 {
+        // Claim a slot first so threads accepting at once cannot overshoot the limit.
+        let open = counters.curr_connections.fetch_add(1, Ordering::Relaxed);
+        if open >= shared.info.max_connections as u64 {
+            counters.curr_connections.fetch_sub(1, Ordering::Relaxed);
             Counters::bump(&counters.rejected_connections);
             reject(stream, protocol);
             continue;
         }
-        Counters::bump(&counters.curr_connections);
         Counters::bump(&counters.total_connections);
         let shared = shared.clone();
         let stopped = stopped.clone();
