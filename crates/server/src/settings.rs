@@ -4,6 +4,8 @@
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
+use clap::ValueEnum;
+
 use crate::server::{Runtime, ServerOptions};
 
 /// Arguments of `zipcache serve` (SPEC §8). Every flag may also be given in the
@@ -227,7 +229,7 @@ impl Settings {
             format!("{}:{p}/metrics", self.listen)
         });
         format!(
-            "zipcache serve settings:\n  listen           {}\n  memcached-port   {}\n  resp-port        {}\n  dram             {} bytes\n  data-dir         {}\n  ssd              {ssd}\n  max-connections  {}\n  threads          {} ({:?} runtime)\n  metrics          {metrics}\n  engine: leaf_size={} subpages={} superleaf_size={} fill_threshold={} write_buffer={} bypass_r={} bypass_max_fraction={} tiny_max={} medium_max={} max_key_size={} max_value_size={} background_threads={}",
+            "zipcache serve settings:\n  listen           {}\n  memcached-port   {}\n  resp-port        {}\n  dram             {} bytes\n  data-dir         {}\n  ssd              {ssd}\n  max-connections  {}\n  threads          {} ({} runtime)\n  metrics          {metrics}\n  engine: leaf_size={} subpages={} superleaf_size={} fill_threshold={} write_buffer={} bypass_r={} bypass_max_fraction={} tiny_max={} medium_max={} max_key_size={} max_value_size={} background_threads={}",
             self.listen,
             self.memcached_port,
             self.resp_port,
@@ -235,7 +237,9 @@ impl Settings {
             self.data_dir.display(),
             self.max_connections,
             self.threads,
-            self.runtime,
+            self.runtime
+                .to_possible_value()
+                .map_or_else(String::new, |v| v.get_name().to_string()),
             config.leaf_size,
             config.subpages,
             config.superleaf_size,

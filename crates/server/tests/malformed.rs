@@ -210,7 +210,19 @@ fn resp_command_errors_match_redis_and_keep_the_connection() {
             "-NOPROTO sorry, this protocol version is not supported",
         ),
     ];
-    for (args, reply) in cases {
+    let big = "v".repeat((1 << 20) + 1);
+    let long_key = "k".repeat(251);
+    let engine_limits: &[(&[&str], &str)] = &[
+        (
+            &["SET", "k", &big],
+            "-ERR value of 1048577 bytes exceeds the limit of 1048576 bytes",
+        ),
+        (
+            &["SET", &long_key, "v"],
+            "-ERR key of 251 bytes exceeds the limit of 250 bytes",
+        ),
+    ];
+    for (args, reply) in cases.iter().chain(engine_limits) {
         assert_eq!(c.ask(&resp(args), 1), [*reply], "{args:?}");
         assert_eq!(c.ask("PING\r\n", 1), ["+PONG"], "after {args:?}");
     }
