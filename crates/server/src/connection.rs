@@ -1,6 +1,8 @@
 //! The connection loop shared by both protocols: read, execute every complete request
 //! in the buffer (pipelining), append all replies to one buffer, write once.
 
+use std::time::Duration;
+
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
@@ -55,6 +57,21 @@ pub fn process<S: Session>(session: &mut S, input: &[u8], out: &mut Vec<u8>) -> 
     (pos, Processed::NeedMore)
 }
 
+/// How long a closing connection keeps discarding what the client still sends.
+const LINGER: Duration = Duration::from_secs(1);
+
+/// Closes after the last reply without losing it: closing a socket with unread input
+/// sends a reset, which can destroy the reply (say, a protocol error) before the client
+/// reads it. So: send FIN, then discard input until the client closes or `LINGER` passes.
+async fn linger(mut stream: TcpStream) {
+    let _ = stream.shutdown().await;
+    let mut sink = [0u8; 4096];
+    let _ = tokio::time::timeout(LINGER, async {
+        while matches!(stream.read(&mut sink).await, Ok(n) if n > 0) {}
+    })
+    .await;
+}
+
 pub async fn serve<S: Session>(
     mut stream: TcpStream,
     mut session: S,
@@ -92,7 +109,7 @@ pub async fn serve<S: Session>(
                 Processed::Flush => continue,
                 Processed::NeedMore => break,
                 Processed::Close => {
-                    let _ = stream.shutdown().await;
+                    linger(stream).await;
                     return;
                 }
             }
