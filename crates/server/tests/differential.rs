@@ -24,11 +24,11 @@ fn exchange(addr: SocketAddr, script: &[u8], sentinel: &[u8], marker: &[u8]) -> 
     let mut reply = Vec::new();
     let mut buf = [0u8; 4096];
     loop {
-        if reply.ends_with(b"\r\n") {
-            if let Some(at) = reply.windows(marker.len()).rposition(|w| w == marker) {
-                reply.truncate(at);
-                return reply;
-            }
+        if reply.ends_with(b"\r\n")
+            && let Some(at) = reply.windows(marker.len()).rposition(|w| w == marker)
+        {
+            reply.truncate(at);
+            return reply;
         }
         match stream.read(&mut buf) {
             Ok(0) | Err(_) => return reply,
