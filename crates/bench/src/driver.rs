@@ -234,13 +234,20 @@ pub fn lookaside(target: &dyn Target, w: &Workload, progress: &ProgressBar) -> R
             s.spawn(move || {
                 let mut rng = SmallRng::seed_from_u64(w.seed ^ mix64(t as u64 + 1));
                 let mut client = target.client();
+                let mut slots = vec![
+                    Slot {
+                        ready_at: Instant::now(),
+                        fill: None,
+                    };
+                    client.as_ref().map_or(1, |c| c.batch_size())
+                ];
                 let warmup = Phase {
                     ops: Some(share(w.warmup_ops, w.threads, t)),
                     deadline: Instant::now() + w.duration,
                     progress: None,
                 };
                 let warm = match &mut client {
-                    Ok(client) => run_phase(client.as_mut(), w, &mut rng, &warmup),
+                    Ok(client) => run_phase(client.as_mut(), w, &mut rng, &mut slots, &warmup),
                     Err(e) => Err(e.clone()),
                 };
                 // Every thread reaches both barriers, failed or not, so none waits forever.
@@ -253,7 +260,7 @@ pub fn lookaside(target: &dyn Target, w: &Workload, progress: &ProgressBar) -> R
                 };
                 let result = warm.and_then(|_| {
                     let client = client.as_mut().map_err(|e| e.clone())?;
-                    run_phase(client.as_mut(), w, &mut rng, &measured)
+                    run_phase(client.as_mut(), w, &mut rng, &mut slots, &measured)
                 });
                 match result {
                     Ok(counts) => totals.lock().expect("counts lock").merge(&counts),
@@ -293,27 +300,52 @@ struct Phase<'a> {
     progress: Option<&'a ProgressBar>,
 }
 
+/// A virtual client of a thread's batch: after a miss it waits for the backend (without
+/// holding up the others), then PUTs the value it fetched, then goes on.
+#[derive(Clone)]
+struct Slot {
+    ready_at: Instant,
+    /// Key id whose backend value this client PUTs next.
+    fill: Option<u64>,
+}
+
 fn run_phase(
     client: &mut dyn Client,
     w: &Workload,
     rng: &mut SmallRng,
+    slots: &mut [Slot],
     phase: &Phase,
 ) -> Result<Counts, String> {
     let mut counts = Counts::new();
-    let batch = client.batch_size() as u64;
-    let (mut requests, mut ids, mut replies) = (Vec::new(), Vec::new(), Vec::new());
-    let (mut fills, mut fill_replies) = (Vec::new(), Vec::new());
-    if phase.ops == Some(0) {
-        return Ok(counts);
-    }
+    // Per request of the batch: its slot, key id, and whether it is a fill.
+    let (mut requests, mut meta, mut replies) = (Vec::new(), Vec::new(), Vec::new());
     while !STOP.load(Relaxed) && Instant::now() < phase.deadline {
-        let n = phase.ops.map_or(batch, |ops| batch.min(ops - counts.ops));
-        if n == 0 {
+        let remaining = phase.ops.map_or(u64::MAX, |ops| ops - counts.ops);
+        if remaining == 0 {
             break;
         }
+        let now = Instant::now();
+        let ready: Vec<usize> = (0..slots.len())
+            .filter(|s| slots[*s].ready_at <= now)
+            .take(remaining.min(slots.len() as u64) as usize)
+            .collect();
+        if ready.is_empty() {
+            let next = slots.iter().map(|s| s.ready_at).min().unwrap_or(now);
+            let until = next.min(phase.deadline);
+            std::thread::sleep(until.saturating_duration_since(now));
+            continue;
+        }
         requests.clear();
-        ids.clear();
-        for _ in 0..n {
+        meta.clear();
+        for &slot in &ready {
+            if let Some(id) = slots[slot].fill.take() {
+                // The backend holds version 0; the cache is filled from it.
+                requests.push(Request::Put(
+                    key_bytes(id, w.key_size),
+                    w.values.value(id, 0),
+                ));
+                meta.push((slot, id, true));
+            }
             let id = w.chooser.next_id(rng);
             let key = key_bytes(id, w.key_size);
             requests.push(match w.mix.next(rng) {
@@ -322,14 +354,18 @@ fn run_phase(
                 OpKind::Delete => Request::Delete(key),
                 OpKind::Scan => Request::Scan(key, w.scan_limit),
             });
-            ids.push(id);
+            meta.push((slot, id, false));
         }
         replies.clear();
         client.execute(&requests, &mut replies)?;
-        fills.clear();
-        for ((request, (reply, latency)), id) in requests.iter().zip(&replies).zip(&ids) {
+        let done = Instant::now();
+        for ((request, (reply, latency)), &(slot, id, is_fill)) in
+            requests.iter().zip(&replies).zip(&meta)
+        {
             match (request, reply) {
-                (Request::Get(key), Reply::Value(value)) => {
+                (_, Reply::Stored) if is_fill => {}
+                (_, other) if is_fill => counts.error(format!("fill: {other:?}")),
+                (Request::Get(_), Reply::Value(value)) => {
                     counts.gets += 1;
                     if phase.progress.is_some() {
                         let ns = latency.as_nanos().clamp(1, 60_000_000_000) as u64;
@@ -338,14 +374,14 @@ fn run_phase(
                     match value {
                         Some(v) => {
                             counts.hits += 1;
-                            if !w.values.verify(*id, v) {
+                            if !w.values.verify(id, v) {
                                 counts.wrong_values += 1;
                             }
                         }
                         None => {
                             counts.misses += 1;
-                            // The backend holds version 0; the cache is filled from it.
-                            fills.push(Request::Put(key.clone(), w.values.value(*id, 0)));
+                            slots[slot].fill = Some(id);
+                            slots[slot].ready_at = done + w.backend_latency;
                         }
                     }
                 }
@@ -356,22 +392,9 @@ fn run_phase(
                 (_, other) => counts.error(format!("{other:?}")),
             }
         }
-        counts.ops += n;
-        if !fills.is_empty() {
-            // The batch's misses wait for the backend together, as concurrent clients would.
-            if !w.backend_latency.is_zero() {
-                std::thread::sleep(w.backend_latency);
-            }
-            fill_replies.clear();
-            client.execute(&fills, &mut fill_replies)?;
-            for (reply, _) in &fill_replies {
-                if *reply != Reply::Stored {
-                    counts.error(format!("fill: {reply:?}"));
-                }
-            }
-        }
+        counts.ops += ready.len() as u64;
         if let Some(progress) = phase.progress {
-            progress.inc(n);
+            progress.inc(ready.len() as u64);
         }
     }
     Ok(counts)

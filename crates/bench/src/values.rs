@@ -177,7 +177,11 @@ impl Dataset {
     /// Loads dataset `name` (a file of the `vega_datasets` package, e.g. `airports`,
     /// `seattle-weather`, `cars`): CSV rows, or JSON records re-serialised one per row.
     pub fn load(name: &str) -> Result<Dataset, String> {
-        let dir = dataset_dir()?;
+        Self::load_from(&dataset_dir()?, name)
+    }
+
+    /// Loads dataset `name` from the files in `dir`.
+    pub fn load_from(dir: &Path, name: &str) -> Result<Dataset, String> {
         let path = ["csv", "json"]
             .iter()
             .map(|ext| dir.join(format!("{name}.{ext}")))
@@ -186,7 +190,7 @@ impl Dataset {
                 format!(
                     "no dataset {name:?} in {} (has: {})",
                     dir.display(),
-                    available(&dir).join(", ")
+                    available(dir).join(", ")
                 )
             })?;
         let text =
@@ -318,6 +322,44 @@ mod tests {
         let tiny = synthetic(8, 0.5);
         assert_eq!(tiny.value(3, 9), tiny.value(3, 0));
         assert!(tiny.verify(3, &tiny.value(3, 9)));
+    }
+
+    #[test]
+    fn datasets_load_csv_rows_and_json_records() {
+        let dir = std::env::temp_dir().join(format!("zc-datasets-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(
+            dir.join("towns.csv"),
+            "name,pop\nOslo,700000\nBergen,290000\n",
+        )
+        .unwrap();
+        std::fs::write(dir.join("pets.json"), r#"[{"a":1},{"b":2}]"#).unwrap();
+        let csv = Dataset::load_from(&dir, "towns").unwrap();
+        let json = Dataset::load_from(&dir, "pets").unwrap();
+        let missing = Dataset::load_from(&dir, "nope").unwrap_err();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(
+            csv.rows,
+            vec![b"Oslo,700000".to_vec(), b"Bergen,290000".to_vec()]
+        );
+        assert_eq!(
+            json.rows,
+            vec![br#"{"a":1}"#.to_vec(), br#"{"b":2}"#.to_vec()]
+        );
+        assert!(missing.contains("pets, towns"), "{missing}");
+        // Rows wrap around and the value is cut to its size.
+        assert_eq!(
+            csv.fill(1, 30),
+            b"Bergen,290000\nOslo,700000\nBerg".to_vec()
+        );
+        let generator = ValueGen {
+            sizes: SizeDist::Fixed(40),
+            content: Content::Dataset(Arc::new(csv)),
+            seed: 1,
+        };
+        let value = generator.value(9, 5);
+        assert_eq!(value.len(), 40);
+        assert!(generator.verify(9, &value));
     }
 
     #[test]

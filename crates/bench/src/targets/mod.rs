@@ -150,8 +150,8 @@ pub trait Engine: Send + Sync + 'static {
 }
 
 /// The [`Client`] of every in-process engine: requests run one at a time, each timed. It
-/// takes batches as large as a network client's, so a look-aside batch's misses wait for the
-/// backend together on every target alike.
+/// serves as many virtual clients as a network client does, so every target sees the same
+/// look-aside concurrency.
 pub struct EngineClient<E> {
     pub engine: std::sync::Arc<E>,
     pub batch: usize,

@@ -36,7 +36,9 @@ impl SegTarget {
         // Segcache holds items in a heap of segments (the DRAM budget); its hash table is
         // sized for the most items that heap can hold and, like memcached's, sits outside it.
         let max_items = budget.dram / budget.mean_object.max(1) as u64;
-        let heap = budget.dram.max(2 * SEGMENT_SIZE as u64);
+        // The heap is whole segments: the budget rounded down, at least two.
+        let segment = SEGMENT_SIZE as u64;
+        let heap = (budget.dram / segment).max(2) * segment;
         let cache = Segcache::builder()
             .heap_size(heap as usize)
             .segment_size(SEGMENT_SIZE)
