@@ -90,21 +90,28 @@ fn reply_unless(noreply: bool, reply: &str, out: &mut Vec<u8>) {
     }
 }
 
-/// Reads (and for gat/gats re-dates) `key`: the stored item, if live.
+/// Re-dates `key` (touch, gat/gats, `mg T`) and returns the item as it now is: new
+/// expiry, and the new CAS, since rewriting the item assigns one.
 pub fn touch(
     shared: &Shared,
     key: &[u8],
     exptime: i64,
 ) -> zipcache::Result<Option<zipcache::Item>> {
     let expiry = Expiry::from_exptime(exptime, shared.cache.now_ms());
-    let (item, _) = shared.cache.update(key, |current| match current {
+    let (item, cas) = shared.cache.update(key, |current| match current {
         None => (Update::Keep, None),
         Some(item) => (
             expiry.store(item.value.clone(), item.flags),
-            Some(item.clone()),
+            Some(zipcache::Item {
+                expires_at_ms: expiry.expires_at_ms(),
+                ..item.clone()
+            }),
         ),
     })?;
-    Ok(item)
+    Ok(item.map(|item| zipcache::Item {
+        cas: cas.unwrap_or(item.cas),
+        ..item
+    }))
 }
 
 fn retrieve(
