@@ -12,15 +12,21 @@ use crossbeam_channel::{Receiver, RecvTimeoutError};
 use parking_lot::Mutex;
 
 use crate::counters::Counter;
-use crate::dram_tier::{DramLeaf, DramSettings, DramTier, Lookup};
+use zipcache_device::{BlockDevice, CompressingDevice, EmulatorOptions, FileOptions};
+
+use crate::dram_tier::{DramLeaf, DramSettings, DramTier, Lookup, ScanEntry};
+use crate::eviction::EvictionSink;
 use crate::memory::Memory;
 use crate::record::Meta;
+use crate::ssd_tier::{SsdHit, SsdSettings, SsdTier};
 use crate::stats::ratio;
 use crate::{Config, Error, Item, PutOptions, Result, Stats, Update};
 
 /// Background eviction keeps DRAM below this fraction of the budget, so foreground
 /// writers rarely have to evict themselves.
 const LOW_WATERMARK: f64 = 0.985;
+/// The device's block: one SSD sub-page.
+const BLOCK: usize = zipcache_device::BLOCK_SIZE;
 /// How often the bypass pass re-ranks leaves.
 const BYPASS_PERIOD: Duration = Duration::from_millis(100);
 
@@ -28,6 +34,7 @@ const BYPASS_PERIOD: Duration = Duration::from_millis(100);
 struct OpCounters {
     gets: Counter,
     dram_hits: Counter,
+    ssd_hits: Counter,
     misses: Counter,
     expired: Counter,
     puts: Counter,
@@ -39,6 +46,7 @@ pub(crate) struct Inner {
     config: Config,
     memory: Arc<Memory>,
     pub(crate) dram: DramTier,
+    pub(crate) ssd: Option<SsdTier>,
     ops: OpCounters,
     next_cas: AtomicU64,
     shutdown: AtomicBool,
@@ -52,7 +60,36 @@ pub struct ZipCache {
 }
 
 impl ZipCache {
+    /// Opens a cache; with `config.ssd` set, its SSD tier lives in that file (O_DIRECT by
+    /// default) behind the emulated transparent-compression SSD.
     pub fn open(config: Config) -> Result<ZipCache> {
+        config.validate()?;
+        let device: Option<Arc<dyn BlockDevice>> = match &config.ssd {
+            None => None,
+            Some(ssd) => {
+                if let Some(dir) = ssd.path.parent().filter(|d| !d.as_os_str().is_empty()) {
+                    std::fs::create_dir_all(dir)?;
+                }
+                let file = FileOptions {
+                    direct_io: ssd.direct_io,
+                    create: true,
+                };
+                let emulator = EmulatorOptions {
+                    mode: ssd.device_compression,
+                    logical_to_physical: ssd.logical_to_physical,
+                    ..EmulatorOptions::default()
+                };
+                let size = ssd.size / BLOCK as u64 * BLOCK as u64;
+                Some(Arc::new(CompressingDevice::open_file(
+                    &ssd.path, size, &file, emulator,
+                )?))
+            }
+        };
+        Self::open_on(config, device)
+    }
+
+    /// Opens a cache whose SSD tier lives on `device` (tests, other devices), or DRAM-only.
+    pub fn open_on(config: Config, device: Option<Arc<dyn BlockDevice>>) -> Result<ZipCache> {
         config.validate()?;
         let memory = Arc::new(Memory::default());
         let (merge_tx, merge_rx) = crossbeam_channel::unbounded();
@@ -63,9 +100,28 @@ impl ZipCache {
             tiny_max: config.tiny_max,
             dram_capacity: config.dram_capacity,
             bypass_max_fraction: config.bypass_max_fraction,
-            keep_tombstones: false,
+            // Tombstones must reach the SSD tier to delete its copies.
+            keep_tombstones: device.is_some(),
         };
         let dram = DramTier::new(settings, memory.clone(), merge_tx, config.bypass_r);
+        let ssd = match device {
+            None => None,
+            Some(device) => {
+                // Nothing written before this open is trusted: a cold start (warm restart
+                // after a clean close is the next step). Trimming frees the old blocks.
+                device.trim(0, device.block_count())?;
+                let settings = SsdSettings {
+                    subpages: config.superleaf_size / BLOCK,
+                    fill_threshold: config.fill_threshold,
+                };
+                Some(SsdTier::new(
+                    device,
+                    settings,
+                    memory.clone(),
+                    config.clock.clone(),
+                ))
+            }
+        };
         // CAS versions start from the clock so a restarted cache never reissues one a
         // client may still hold.
         let next_cas = AtomicU64::new(config.clock.now_ms().max(1) << 16);
@@ -73,6 +129,7 @@ impl ZipCache {
             config,
             memory,
             dram,
+            ssd,
             ops: OpCounters::default(),
             next_cas,
             shutdown: AtomicBool::new(false),
@@ -109,12 +166,7 @@ impl ZipCache {
         let inner = &self.inner;
         inner.check_key(key)?;
         inner.ops.gets.incr();
-        let found = inner.lookup(key, inner.now());
-        match &found {
-            Some(_) => inner.ops.dram_hits.incr(),
-            None => inner.ops.misses.incr(),
-        }
-        Ok(found)
+        Ok(inner.lookup(key, inner.now()))
     }
 
     pub fn put(&self, key: &[u8], value: &[u8], ttl: Option<Duration>) -> Result<()> {
@@ -147,7 +199,16 @@ impl ZipCache {
         let inner = &self.inner;
         inner.check_key(key)?;
         inner.ops.deletes.incr();
-        let existed = matches!(inner.dram.delete(key, inner.now()), Lookup::Found(..));
+        let now = inner.now();
+        let existed = match inner.dram.delete(key, now) {
+            Lookup::Found(..) => true,
+            Lookup::Deleted | Lookup::Expired => false,
+            // The SSD copy is still there until the tombstone reaches it.
+            Lookup::Absent => inner
+                .ssd
+                .as_ref()
+                .is_some_and(|ssd| ssd.get(key, now).is_some()),
+        };
         inner.relieve_pressure();
         Ok(existed)
     }
@@ -166,7 +227,13 @@ impl ZipCache {
         let outcome = inner.dram.modify(key, now, |current| {
             let current = match current {
                 Lookup::Found(value, meta) => Some(item_of(value, &meta)),
-                Lookup::Deleted | Lookup::Expired | Lookup::Absent => None,
+                Lookup::Deleted | Lookup::Expired => None,
+                // The leaf stays locked while the SSD is read, so no write can slip in.
+                Lookup::Absent => inner
+                    .ssd
+                    .as_ref()
+                    .and_then(|ssd| ssd.get(key, now))
+                    .map(|hit| item_of(hit.value, &hit.meta)),
             };
             let (update, result) = f(current.as_ref());
             match update {
@@ -207,8 +274,40 @@ impl ZipCache {
             Bound::Unbounded => Vec::new(),
         };
         let mut out = Vec::new();
+        // The SSD super-leaf last read, kept while DRAM leaves walk through its range.
+        let mut ssd_chunk: Option<(Vec<ScanEntry>, Option<crate::btree::Fence>)> = None;
         while out.len() < limit {
-            let (entries, next) = inner.dram.scan_leaf(&cursor, end, now);
+            let (dram_entries, dram_next) = inner.dram.scan_leaf(&cursor, end, now);
+            let (entries, next) = match &inner.ssd {
+                None => (dram_entries, dram_next),
+                Some(ssd) => {
+                    let stale = ssd_chunk.as_ref().is_none_or(|(_, high)| {
+                        high.as_ref()
+                            .is_some_and(|h| cursor.as_slice() >= h.as_ref())
+                    });
+                    if stale {
+                        ssd_chunk = Some(ssd.scan_leaf(&cursor, end, now));
+                    }
+                    let (ssd_entries, ssd_next) = ssd_chunk.as_ref().expect("just filled");
+                    // This step covers keys below whichever leaf ends first.
+                    let next = match (&dram_next, ssd_next) {
+                        (Some(a), Some(b)) => Some(if a <= b { a.clone() } else { b.clone() }),
+                        (Some(a), None) => Some(a.clone()),
+                        (None, b) => b.clone(),
+                    };
+                    let below = |k: &[u8]| {
+                        next.as_ref().is_none_or(|n| k < n.as_ref()) && k >= cursor.as_slice()
+                    };
+                    let mut merged: std::collections::BTreeMap<Vec<u8>, _> = ssd_entries
+                        .iter()
+                        .filter(|(k, _)| below(k))
+                        .cloned()
+                        .collect();
+                    // DRAM holds the newer version, tombstones included.
+                    merged.extend(dram_entries.into_iter().filter(|(k, _)| below(k)));
+                    (merged.into_iter().collect(), next)
+                }
+            };
             for (key, version) in entries {
                 if let Some((value, meta)) = version {
                     out.push((key, item_of(value, &meta)));
@@ -234,6 +333,9 @@ impl ZipCache {
     /// Forgets every object.
     pub fn flush_all(&self) -> Result<()> {
         self.inner.dram.clear();
+        if let Some(ssd) = &self.inner.ssd {
+            ssd.clear();
+        }
         Ok(())
     }
 
@@ -250,6 +352,19 @@ impl ZipCache {
     pub fn close(self) -> Result<()> {
         self.stop();
         self.inner.dram.merge_all(self.inner.now());
+        if let Some(ssd) = &self.inner.ssd {
+            ssd.device().drain()?;
+            ssd.device().flush()?;
+        }
+        Ok(())
+    }
+
+    /// Waits until the device has accounted every write so far (emulated physical bytes
+    /// are computed off the request path), so `stats()` is exact afterwards.
+    pub fn settle(&self) -> Result<()> {
+        if let Some(ssd) = &self.inner.ssd {
+            ssd.device().drain()?;
+        }
         Ok(())
     }
 
@@ -318,15 +433,57 @@ impl Inner {
         }
     }
 
+    /// GET through the tiers in the paper's order: DRAM (buffer, page), then one SSD read.
     fn lookup(&self, key: &[u8], now: u64) -> Option<Item> {
-        match self.dram.get(key, now) {
-            Lookup::Found(value, meta) => Some(item_of(value, &meta)),
+        let found = match self.dram.get(key, now) {
+            Lookup::Found(value, meta) => {
+                self.ops.dram_hits.incr();
+                return Some(item_of(value, &meta));
+            }
             Lookup::Expired => {
                 self.ops.expired.incr();
                 None
             }
-            Lookup::Deleted | Lookup::Absent => None,
+            Lookup::Deleted => None,
+            Lookup::Absent => self
+                .ssd
+                .as_ref()
+                .and_then(|ssd| ssd.get(key, now))
+                .map(|hit| {
+                    self.ops.ssd_hits.incr();
+                    let item = item_of(hit.value.clone(), &hit.meta);
+                    self.promote(key, hit, now);
+                    item
+                }),
+        };
+        if found.is_none() {
+            self.ops.misses.incr();
         }
+        found
+    }
+
+    /// Inclusive caching: an SSD hit goes into DRAM as a clean object, which a later
+    /// eviction will not write again. Only if DRAM still has no version of the key and
+    /// the super-leaf was not written since the read: otherwise a PUT or DELETE that
+    /// landed in between is newer, and the copy read would be stale.
+    fn promote(&self, key: &[u8], hit: SsdHit, now: u64) {
+        let ssd = self.ssd.as_ref().expect("promote follows an SSD hit");
+        self.dram.modify(key, now, |current| {
+            let fresh = current == Lookup::Absent && ssd.still_current(&hit.proof);
+            let change = fresh.then_some(Some((
+                hit.value,
+                Meta {
+                    clean: true,
+                    ..hit.meta
+                },
+            )));
+            (change, ())
+        });
+        self.relieve_pressure();
+    }
+
+    fn sink(&self) -> Option<&dyn EvictionSink> {
+        self.ssd.as_ref().map(|ssd| ssd as &dyn EvictionSink)
     }
 
     /// Memory back-pressure: a writer that pushed DRAM past its budget evicts until it is
@@ -335,7 +492,7 @@ impl Inner {
         let capacity = self.config.dram_capacity as i64;
         let mut attempts = 0;
         while self.memory.snapshot().total() > capacity && attempts < 64 {
-            if !self.dram.evict_one(None, self.now()) {
+            if !self.dram.evict_one(self.sink(), self.now()) {
                 break;
             }
             attempts += 1;
@@ -354,7 +511,7 @@ impl Inner {
             while self.memory.snapshot().total() > low_watermark
                 && !self.shutdown.load(Ordering::Relaxed)
             {
-                if !self.dram.evict_one(None, self.now()) {
+                if !self.dram.evict_one(self.sink(), self.now()) {
                     break;
                 }
             }
@@ -370,11 +527,49 @@ impl Inner {
         let c = &self.dram.counters;
         let gets = self.ops.gets.get();
         let dram_hits = self.ops.dram_hits.get();
-        let hits = dram_hits;
+        let ssd_hits = self.ops.ssd_hits.get();
+        let hits = dram_hits + ssd_hits;
         let dram_objects = c.objects.load(Ordering::Relaxed).max(0) as u64;
         let raw = c.raw_bytes.load(Ordering::Relaxed).max(0) as u64;
         let holding = (mem.compressed_pages + mem.hot_pages + mem.mediums).max(0) as u64;
+        let ssd = self.ssd.as_ref().map(|ssd| {
+            let device = ssd.device().stats();
+            let c = &ssd.counters;
+            let ssd_gets = c.gets.load(Ordering::Relaxed);
+            let v_obj = c.v_obj.load(Ordering::Relaxed);
+            let (v_host, v_nand) = (device.host_bytes_written, device.nand_bytes_written);
+            let index = ssd.index_bytes();
+            let leaf_bytes = ssd.leaf_bytes();
+            Stats {
+                v_obj,
+                v_host,
+                v_nand,
+                wa_host: ratio(v_host, v_obj),
+                wr_nand: device.wr_nand(),
+                wa: ratio(v_nand, v_obj).filter(|_| v_nand > 0),
+                zeta: ratio(index, leaf_bytes),
+                ssd_objects: c.objects.load(Ordering::Relaxed).max(0) as u64,
+                ssd_index_bytes: index,
+                ssd_leaf_bytes: leaf_bytes,
+                ssd_superleaves: c.superleaves.load(Ordering::Relaxed).max(0) as u64,
+                ssd_gets,
+                ssd_reads: c.reads.load(Ordering::Relaxed),
+                ssd_reads_per_ssd_get: ratio(c.get_reads.load(Ordering::Relaxed), ssd_gets),
+                ssd_evicted_superleaves: c.evicted_superleaves.load(Ordering::Relaxed),
+                ssd_physical_used: device.physical_used,
+                ssd_logical_capacity: device.logical_capacity,
+                ssd_physical_capacity: device.physical_capacity,
+                checksum_failures: c.checksum_failures.load(Ordering::Relaxed),
+                io_errors: c.io_errors.load(Ordering::Relaxed),
+                ..Stats::default()
+            }
+        });
+        let ssd = ssd.unwrap_or_default();
         Stats {
+            objects_resident: dram_objects + ssd.ssd_objects,
+            ssd_hits,
+            ssd_hit_ratio: ratio(ssd_hits, gets).unwrap_or(0.0),
+            checksum_failures: ssd.checksum_failures + c.corrupt_pages.load(Ordering::Relaxed),
             dram_capacity: self.config.dram_capacity,
             dram_used: mem.total().max(0) as u64,
             dram_compressed_page_bytes: mem.compressed_pages.max(0) as u64,
@@ -382,7 +577,6 @@ impl Inner {
             dram_write_buffer_bytes: mem.write_buffers.max(0) as u64,
             dram_medium_bytes: mem.mediums.max(0) as u64,
             dram_index_bytes: mem.index.max(0) as u64,
-            objects_resident: dram_objects,
             dram_objects,
             dram_leaves: self.dram.leaf_count(),
             hot_leaves: c.hot_leaves.load(Ordering::Relaxed).max(0) as u64,
@@ -403,8 +597,7 @@ impl Inner {
             evicted_leaves: c.evicted_leaves.load(Ordering::Relaxed),
             evicted_objects: c.evicted_objects.load(Ordering::Relaxed),
             bypass_threshold: self.dram.bypass.threshold(),
-            checksum_failures: c.corrupt_pages.load(Ordering::Relaxed),
-            ..Stats::default()
+            ..ssd
         }
     }
 }

@@ -251,11 +251,15 @@ impl DramTier {
 
     /// Runs `f` on the leaf that owns `key`, locked shared.
     fn read_leaf<R>(&self, key: &[u8], f: impl FnOnce(&DramLeaf, &LeafState) -> R) -> R {
+        let mut f = Some(f);
         loop {
-            let (_, leaf) = self.tree.find(key);
-            let st = leaf.state.read();
-            if st.owns(key) {
-                return f(&leaf, &st);
+            let done = self.tree.with_leaf(key, |_, leaf| {
+                let st = leaf.state.read();
+                // `f` is taken only once the leaf owns the key, so it runs exactly once.
+                st.owns(key).then(|| f.take().map(|f| f(leaf, &st)))
+            });
+            if let Some(Some(result)) = done {
+                return result;
             }
         }
     }
@@ -967,7 +971,7 @@ struct LeafContents {
 
 /// The shortest key `s` with `left < s <= right`: a prefix of `right` (suffix truncation
 /// keeps inner-node fences short).
-fn separator(left: &[u8], right: &[u8]) -> Fence {
+pub(crate) fn separator(left: &[u8], right: &[u8]) -> Fence {
     debug_assert!(left < right);
     let common = left.iter().zip(right).take_while(|(a, b)| a == b).count();
     Fence::from(&right[..(common + 1).min(right.len())])

@@ -18,6 +18,8 @@ mod memory;
 #[cfg(test)]
 mod model_tests;
 mod record;
+mod ssd_block;
+mod ssd_tier;
 mod subpage_hash;
 mod write_buffer;
 
@@ -59,4 +61,14 @@ pub enum Update {
         options: PutOptions,
     },
     Delete,
+}
+
+/// Building blocks the benchmarks measure on their own (paper Table 1 and Fig. 2a).
+/// Not a stable interface.
+#[doc(hidden)]
+pub mod internals {
+    pub use crate::early_termination::{compress_page, decompress_prefix};
+    pub use crate::leaf_page::Geometry;
+    pub use crate::record::{Meta, Payload, Record};
+    pub use crate::subpage_hash::dram_subpage;
 }

@@ -9,6 +9,8 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 
+use zipcache_device::{BlockDevice, CompressingDevice, EmulatorOptions, MemDevice};
+
 use crate::{Clock, Config, Item, PutOptions, Update, ZipCache};
 
 #[derive(Debug, Default)]
@@ -92,23 +94,38 @@ struct Harness {
     clock: Arc<ManualClock>,
     model: BTreeMap<Vec<u8>, Item>,
     version: u64,
+    /// Objects too large for one SSD sub-page are forgotten when their leaf is evicted.
+    large_evicted: bool,
 }
 
 impl Harness {
     fn new(dram: u64, write_buffer: usize, bypass_r: f64) -> Harness {
+        Harness::on(dram, write_buffer, bypass_r, None, 16 << 10)
+    }
+
+    fn on(
+        dram: u64,
+        write_buffer: usize,
+        bypass_r: f64,
+        device: Option<Arc<dyn BlockDevice>>,
+        superleaf: usize,
+    ) -> Harness {
         let clock = ManualClock::starting_at(1_000_000);
         let config = Config {
             dram_capacity: dram,
             write_buffer,
             bypass_r,
+            superleaf_size: superleaf,
             clock: clock.clone(),
             ..Config::default()
         };
+        let cache = ZipCache::open_on(config, device).unwrap();
         Harness {
-            cache: ZipCache::open(config).unwrap(),
+            cache,
             clock,
             model: BTreeMap::new(),
             version: 0,
+            large_evicted: false,
         }
     }
 
@@ -119,8 +136,12 @@ impl Harness {
             .filter(|i| i.expires_at_ms.is_none_or(|t| t > now))
     }
 
+    /// Whether anything may have been forgotten: a DRAM leaf left (DRAM-only, or an
+    /// object too large for an SSD sub-page), or a super-leaf left the SSD.
     fn evicted(&self) -> bool {
-        self.cache.stats().evicted_leaves > 0
+        let s = self.cache.stats();
+        (s.evicted_leaves > 0 && (self.cache.inner.ssd.is_none() || self.large_evicted))
+            || s.ssd_evicted_superleaves > 0
     }
 
     fn run(&mut self, op: &Op) {
@@ -136,6 +157,7 @@ impl Harness {
                     assign_cas: key % 2 == 0,
                 };
                 let cas = self.cache.put_with(&k, &value, options).unwrap();
+                self.large_evicted |= len > 1500;
                 self.model.insert(
                     k,
                     Item {
@@ -260,6 +282,78 @@ proptest! {
             h.run(op);
         }
     }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 32, ..ProptestConfig::default() })]
+
+    /// 64 KiB of DRAM over an SSD tier: most objects live on the SSD, which itself evicts
+    /// super-leaves when its few slots fill up.
+    #[test]
+    fn hybrid_engine_never_serves_wrong_values(
+        ops in proptest::collection::vec(op_strategy(3000), 1..1500),
+        superleaf in prop_oneof![Just(4usize << 10), Just(16 << 10), Just(64 << 10)],
+        blocks in prop_oneof![Just(64u64), Just(4096)],
+        write_buffer in prop_oneof![Just(0usize), Just(256)],
+    ) {
+        let device: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(blocks));
+        let mut h = Harness::on(64 << 10, write_buffer, 3.0, Some(device), superleaf);
+        for op in &ops {
+            h.run(op);
+        }
+        h.cache.settle().unwrap();
+    }
+}
+
+/// A DRAM budget far below the data: the SSD tier serves most GETs with one read each.
+#[test]
+fn ssd_tier_serves_what_dram_evicted() {
+    let device: Arc<dyn BlockDevice> = Arc::new(
+        CompressingDevice::new(MemDevice::new(1 << 16), EmulatorOptions::default()).unwrap(),
+    );
+    let mut h = Harness::on(256 << 10, 256, 3.0, Some(device), 64 << 10);
+    for key in 0..20_000u16 {
+        h.run(&Op::Put {
+            key,
+            len: 64,
+            ttl_ms: None,
+        });
+    }
+    for key in (0..20_000u16).step_by(5) {
+        h.run(&Op::Delete { key });
+    }
+    let mut hits = 0;
+    for key in 0..20_000u16 {
+        h.run(&Op::Get { key });
+        hits += u32::from(h.cache.get(&key_of(key)).unwrap().is_some());
+    }
+    h.cache.settle().unwrap();
+    let s = h.cache.stats();
+    assert!(s.evicted_leaves > 100, "{s:?}");
+    assert_eq!(s.ssd_evicted_superleaves, 0, "{s:?}");
+    assert_eq!(
+        hits, 16_000,
+        "every live key is on one tier or the other: {s:?}"
+    );
+    assert!(s.ssd_hits > 1000, "{s:?}");
+    let reads_per_get = s.ssd_reads_per_ssd_get.unwrap();
+    assert!(
+        reads_per_get <= 1.0,
+        "at most one 4 KiB read per SSD GET, saw {reads_per_get}"
+    );
+    assert!(
+        s.wa_host.unwrap() > 1.0 && s.wr_nand.unwrap() > 1.0,
+        "{s:?}"
+    );
+    assert!(
+        s.ssd_index_bytes as f64 / s.ssd_objects as f64 <= 1.0,
+        "{s:?}"
+    );
+    h.run(&Op::Scan {
+        start: 0,
+        end: 19_999,
+        limit: 100_000,
+    });
 }
 
 #[test]

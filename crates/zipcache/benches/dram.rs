@@ -1,0 +1,159 @@
+//! DRAM-tier latencies: early-termination decode (paper Table 1), GET on a compressed
+//! and on a bypassed hot page, and GET throughput with 1 and 2 threads.
+//!
+//! `cargo bench -p zipcache --bench dram`
+
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use zipcache::internals::{
+    Geometry, Meta, Payload, Record, compress_page, decompress_prefix, dram_subpage,
+};
+use zipcache::{Config, ZipCache};
+
+/// A leaf page as BT_DRAM builds it: sorted 16 B keys, 64 B values half zeros (η = 0.5),
+/// as many as fit before a sub-page overflows.
+fn realistic_page() -> Vec<u8> {
+    let g = Geometry {
+        subpages: 16,
+        subpage_size: 256,
+        fill_limit: 256,
+        hash: dram_subpage,
+    };
+    let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+    let mut keys = Vec::new();
+    let mut values = Vec::new();
+    for i in 0..64u64 {
+        keys.push(format!("{:016}", 1_000_000 + i));
+        let mut v = vec![0u8; 64];
+        for b in &mut v[..32] {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            *b = rng as u8;
+        }
+        values.push(v);
+    }
+    let mut n = keys.len();
+    loop {
+        let records: Vec<Record> = (0..n)
+            .map(|i| Record {
+                key: keys[i].as_bytes(),
+                payload: Payload::Inline(&values[i]),
+                meta: Meta::default(),
+            })
+            .collect();
+        if let Some(page) = g.build(&records) {
+            return page;
+        }
+        n -= 1;
+    }
+}
+
+fn early_termination(c: &mut Criterion) {
+    let page = realistic_page();
+    let compressed = compress_page(&page);
+    let mut out = vec![0u8; 4096];
+    let mut group = c.benchmark_group("decode_4KiB_leaf");
+    for m in [1usize, 2, 4, 8, 16] {
+        group.bench_function(format!("subpages_{m}_of_16"), |b| {
+            b.iter(|| {
+                assert!(decompress_prefix(
+                    black_box(&compressed),
+                    4096,
+                    m * 256,
+                    &mut out
+                ))
+            })
+        });
+    }
+    group.finish();
+}
+
+fn filled_cache(bypass_r: f64) -> ZipCache {
+    let cache = ZipCache::open(Config {
+        dram_capacity: 256 << 20,
+        bypass_r,
+        ..Config::default()
+    })
+    .unwrap();
+    let mut v = [0u8; 64];
+    for i in 0..200_000u64 {
+        v[..8].copy_from_slice(&i.to_le_bytes());
+        cache.put(format!("{i:016}").as_bytes(), &v, None).unwrap();
+    }
+    cache
+}
+
+fn get_latency(c: &mut Criterion) {
+    let mut group = c.benchmark_group("get");
+    // Bypass off: every GET decompresses (up to) its sub-page.
+    let cold = filled_cache(0.0);
+    group.bench_function("compressed_page", |b| {
+        let mut i = 0u64;
+        b.iter(|| {
+            i = (i + 7919) % 200_000;
+            black_box(cold.get(format!("{i:016}").as_bytes()).unwrap())
+        })
+    });
+    drop(cold);
+    // Bypass on, a few hot keys hammered until their leaves are promoted.
+    let hot = filled_cache(3.0);
+    let hot_keys: Vec<String> = (0..8u64).map(|i| format!("{:016}", 100_000 + i)).collect();
+    let started = Instant::now();
+    while hot.stats().hot_leaves == 0 && started.elapsed() < Duration::from_secs(10) {
+        for k in &hot_keys {
+            hot.get(k.as_bytes()).unwrap();
+        }
+    }
+    assert!(
+        hot.stats().hot_leaves > 0,
+        "the hot leaf was never promoted"
+    );
+    group.bench_function("hot_bypassed_page", |b| {
+        let mut i = 0;
+        b.iter(|| {
+            i = (i + 1) % hot_keys.len();
+            black_box(hot.get(hot_keys[i].as_bytes()).unwrap())
+        })
+    });
+    group.finish();
+}
+
+fn get_throughput(c: &mut Criterion) {
+    let cache = filled_cache(0.0);
+    let mut group = c.benchmark_group("get_throughput");
+    for threads in [1u64, 2] {
+        group.bench_function(format!("threads_{threads}"), |b| {
+            b.iter_custom(|iters| {
+                let per_thread = iters / threads + 1;
+                let started = Instant::now();
+                std::thread::scope(|s| {
+                    for t in 0..threads {
+                        let cache = &cache;
+                        s.spawn(move || {
+                            let mut i = t * 1_000_003;
+                            let mut key = String::with_capacity(16);
+                            for _ in 0..per_thread {
+                                i = (i + 7919) % 200_000;
+                                key.clear();
+                                use std::fmt::Write;
+                                let _ = write!(key, "{i:016}");
+                                black_box(cache.get(key.as_bytes()).unwrap());
+                            }
+                        });
+                    }
+                });
+                // Wall time per operation across all threads: lower means more throughput.
+                started
+                    .elapsed()
+                    .mul_f64(iters as f64 / (per_thread * threads) as f64)
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, early_termination, get_latency, get_throughput);
+criterion_main!(benches);

@@ -1,0 +1,734 @@
+//! BT_SSD, the SSD tier (paper §3.3).
+//!
+//! The same [`BTree`] as BT_DRAM, with leaves that are super-leaf descriptors: the leaf's
+//! key range and where its `m` 4 KiB sub-pages sit on the device. Inner nodes and
+//! descriptors stay in DRAM; records live on the SSD.
+//!
+//! * Intra-page object hashing: an object's sub-page is `g(key) mod m`, so a GET reads
+//!   exactly one 4 KiB block whatever the super-leaf size, and an eviction rewrites only
+//!   the sub-pages its objects hash to.
+//! * Sub-page under-filling: no sub-page holds more than `T × 4 KiB`; a merge that would
+//!   push one past it splits the super-leaf instead. The unused rest of every block is
+//!   zeros, which the SSD's transparent compression removes.
+//! * Page-based eviction lands here as [`EvictionSink::absorb`]: one DRAM leaf's objects
+//!   merge into the one or few super-leaves covering its key range. Clean objects (read
+//!   from the SSD and unchanged since) are not written again.
+//! * When the device runs short of free slots or physical space, whole cold super-leaves
+//!   leave (CLOCK over super-leaves, referenced by SSD hits), are trimmed, and hand their
+//!   key range to their left neighbour.
+//!
+//! Writers (eviction merges, splits, super-leaf eviction) are serialized by one mutex:
+//! they are bound by the device, and one writer keeps slot allocation and the tree's
+//! structure simple. Readers take only the super-leaf's read lock.
+
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+use std::ops::Bound;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+
+use parking_lot::{Mutex, RwLock};
+use zipcache_device::{AlignedBuf, BLOCK_SIZE, BlockDevice};
+
+use crate::btree::{BTree, Fence};
+use crate::config::Clock;
+use crate::dram_tier::{ScanEntry, separator};
+use crate::eviction::{EvictedObject, EvictionSink};
+use crate::leaf_page::Geometry;
+use crate::memory::{Charge, Memory, alloc_size};
+use crate::record::{Meta, Payload, Record};
+use crate::ssd_block::{self, Owner, PAYLOAD};
+use crate::subpage_hash::ssd_subpage;
+
+/// Start evicting super-leaves when physical use passes this share of the device.
+const PHYSICAL_HIGH: f64 = 0.90;
+/// ... and stop when it is back under this one.
+const PHYSICAL_LOW: f64 = 0.85;
+
+/// A key's newest SSD version, with what is needed to check later that it is still the
+/// newest (see `ZipCache` inclusive caching).
+pub struct SsdHit {
+    pub value: Vec<u8>,
+    pub meta: Meta,
+    pub proof: Freshness,
+}
+
+/// The super-leaf a value was read from and its version at the time.
+pub struct Freshness {
+    leaf: Arc<SuperLeaf>,
+    version: u64,
+}
+
+struct SlState {
+    low: Fence,
+    high: Option<Fence>,
+    retired: bool,
+    /// Where the sub-pages live (`slot × m` is the first LBA); `None` while empty.
+    slot: Option<u32>,
+    generation: u32,
+    /// Objects in each sub-page; 0 means the block holds nothing (and is not read).
+    counts: Box<[u16]>,
+    /// Bumped by every write to this super-leaf.
+    version: u64,
+}
+
+impl SlState {
+    fn owns(&self, key: &[u8]) -> bool {
+        !self.retired
+            && self.low.as_ref() <= key
+            && self.high.as_ref().is_none_or(|h| key < h.as_ref())
+    }
+}
+
+pub struct SuperLeaf {
+    state: RwLock<SlState>,
+    referenced: AtomicBool,
+}
+
+impl SuperLeaf {
+    fn new(state: SlState) -> Arc<Self> {
+        Arc::new(SuperLeaf {
+            state: RwLock::new(state),
+            referenced: AtomicBool::new(true),
+        })
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct SsdSettings {
+    /// Sub-pages per super-leaf (`m`).
+    pub subpages: usize,
+    /// Under-filling threshold `T`.
+    pub fill_threshold: f64,
+}
+
+#[derive(Debug, Default)]
+pub struct SsdCounters {
+    pub v_obj: AtomicU64,
+    pub gets: AtomicU64,
+    pub reads: AtomicU64,
+    /// Reads made by GETs (the paper's promise: at most one per GET).
+    pub get_reads: AtomicU64,
+    pub hits: AtomicU64,
+    pub checksum_failures: AtomicU64,
+    pub io_errors: AtomicU64,
+    pub splits: AtomicU64,
+    pub evicted_superleaves: AtomicU64,
+    pub objects: AtomicI64,
+    pub superleaves: AtomicI64,
+    pub occupied: AtomicI64,
+}
+
+struct Writer {
+    free_slots: Vec<u32>,
+    next_slot: u32,
+    /// Low fence of the super-leaf the CLOCK hand points at.
+    hand: Fence,
+}
+
+pub struct SsdTier {
+    device: Arc<dyn BlockDevice>,
+    tree: BTree<SuperLeaf>,
+    geometry: Geometry,
+    settings: SsdSettings,
+    max_slots: u32,
+    /// Payload bytes a sub-page may hold under `T`.
+    fill_limit: usize,
+    writer: Mutex<Writer>,
+    memory: Arc<Memory>,
+    clock: Arc<dyn Clock>,
+    pub counters: SsdCounters,
+}
+
+/// DRAM one super-leaf descriptor takes besides its tree entry.
+fn descriptor_bytes(subpages: usize) -> usize {
+    alloc_size(size_of::<SuperLeaf>() + 16) + alloc_size(subpages * 2)
+}
+
+thread_local! {
+    static BLOCK: RefCell<AlignedBuf> = RefCell::new(AlignedBuf::zeroed(1));
+}
+
+type Contents = BTreeMap<Vec<u8>, (Vec<u8>, Meta)>;
+/// An object on its way into a super-leaf: key, value and metadata.
+type Object = (Vec<u8>, (Vec<u8>, Meta));
+
+impl SsdTier {
+    pub fn new(
+        device: Arc<dyn BlockDevice>,
+        settings: SsdSettings,
+        memory: Arc<Memory>,
+        clock: Arc<dyn Clock>,
+    ) -> SsdTier {
+        let m = settings.subpages;
+        let first = SuperLeaf::new(SlState {
+            low: Fence::from(&[][..]),
+            high: None,
+            retired: false,
+            slot: None,
+            generation: 0,
+            counts: vec![0; m].into_boxed_slice(),
+            version: 0,
+        });
+        let max_slots = u32::try_from(device.block_count() / m as u64).unwrap_or(u32::MAX);
+        let fill_limit = ((settings.fill_threshold * BLOCK_SIZE as f64) as usize)
+            .saturating_sub(ssd_block::HEADER)
+            .min(PAYLOAD);
+        let tier = SsdTier {
+            device,
+            tree: BTree::new(first),
+            geometry: Geometry {
+                subpages: m,
+                subpage_size: PAYLOAD,
+                fill_limit,
+                hash: ssd_subpage,
+            },
+            settings,
+            max_slots,
+            fill_limit,
+            writer: Mutex::new(Writer {
+                free_slots: Vec::new(),
+                next_slot: 0,
+                hand: Fence::from(&[][..]),
+            }),
+            memory,
+            clock,
+            counters: SsdCounters::default(),
+        };
+        tier.counters.superleaves.store(1, Ordering::Relaxed);
+        tier.charge_index(tier.tree.node_bytes() as i64 + descriptor_bytes(m) as i64);
+        tier
+    }
+
+    pub fn device(&self) -> &Arc<dyn BlockDevice> {
+        &self.device
+    }
+
+    fn charge_index(&self, delta: i64) {
+        self.memory.change(
+            &Charge::default(),
+            &Charge {
+                index: delta,
+                ..Charge::default()
+            },
+        );
+    }
+
+    /// DRAM held by BT_SSD: inner nodes and super-leaf descriptors.
+    pub fn index_bytes(&self) -> u64 {
+        let leaves = self.counters.superleaves.load(Ordering::Relaxed).max(0) as u64;
+        self.tree.node_bytes() + leaves * descriptor_bytes(self.settings.subpages) as u64
+    }
+
+    /// SSD bytes of the super-leaves that hold data.
+    pub fn leaf_bytes(&self) -> u64 {
+        self.counters.occupied.load(Ordering::Relaxed).max(0) as u64
+            * (self.settings.subpages * BLOCK_SIZE) as u64
+    }
+
+    fn lba(&self, slot: u32, subpage: usize) -> u64 {
+        u64::from(slot) * self.settings.subpages as u64 + subpage as u64
+    }
+
+    /// Reads one sub-page and hands its records to `f`; `None` if the block is unreadable
+    /// or not what this super-leaf wrote (counted).
+    fn read_subpage<R>(
+        &self,
+        st: &SlState,
+        subpage: usize,
+        f: impl FnOnce(&mut dyn Iterator<Item = Record<'_>>) -> R,
+    ) -> Option<R> {
+        let slot = st.slot?;
+        let owner = Owner {
+            superleaf: slot,
+            generation: st.generation,
+            subpage: subpage as u16,
+        };
+        BLOCK.with(|block| {
+            let mut block = block.borrow_mut();
+            self.counters.reads.fetch_add(1, Ordering::Relaxed);
+            if self
+                .device
+                .read(self.lba(slot, subpage), &mut block)
+                .is_err()
+            {
+                self.counters.io_errors.fetch_add(1, Ordering::Relaxed);
+                return None;
+            }
+            match ssd_block::open(&block, owner) {
+                Some(mut records) => Some(f(&mut records)),
+                None => {
+                    self.counters
+                        .checksum_failures
+                        .fetch_add(1, Ordering::Relaxed);
+                    None
+                }
+            }
+        })
+    }
+
+    fn contents_of(&self, st: &SlState, subpage: usize) -> Contents {
+        if st.counts[subpage] == 0 {
+            return Contents::new();
+        }
+        self.read_subpage(st, subpage, |records| {
+            records
+                .filter_map(|r| match r.payload {
+                    Payload::Inline(v) => Some((r.key.to_vec(), (v.to_vec(), r.meta))),
+                    Payload::Medium(_) | Payload::Tombstone => None,
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+    }
+
+    /// The newest SSD version of `key`: at most one 4 KiB read.
+    pub fn get(&self, key: &[u8], now_ms: u64) -> Option<SsdHit> {
+        self.counters.gets.fetch_add(1, Ordering::Relaxed);
+        loop {
+            let (_, leaf) = self.tree.find(key);
+            let st = leaf.state.read();
+            if !st.owns(key) {
+                continue;
+            }
+            let subpage = self.geometry.subpage_of(key);
+            if st.counts[subpage] == 0 {
+                return None;
+            }
+            self.counters.get_reads.fetch_add(1, Ordering::Relaxed);
+            let found = self
+                .read_subpage(&st, subpage, |records| {
+                    for r in records {
+                        if let (true, Payload::Inline(v)) = (r.key == key, r.payload) {
+                            return Some((v.to_vec(), r.meta));
+                        }
+                    }
+                    None
+                })
+                .flatten()?;
+            if found.1.expired(now_ms) {
+                return None;
+            }
+            leaf.referenced.store(true, Ordering::Relaxed);
+            self.counters.hits.fetch_add(1, Ordering::Relaxed);
+            let proof = Freshness {
+                leaf: leaf.clone(),
+                version: st.version,
+            };
+            return Some(SsdHit {
+                value: found.0,
+                meta: found.1,
+                proof,
+            });
+        }
+    }
+
+    /// Whether nothing was written to the super-leaf since the value was read.
+    pub fn still_current(&self, proof: &Freshness) -> bool {
+        let st = proof.leaf.state.read();
+        !st.retired && st.version == proof.version
+    }
+
+    /// SSD entries with keys in `[cursor, end)` from the super-leaf holding `cursor`, and
+    /// where the next super-leaf starts.
+    pub fn scan_leaf(
+        &self,
+        cursor: &[u8],
+        end: Bound<&[u8]>,
+        now_ms: u64,
+    ) -> (Vec<ScanEntry>, Option<Fence>) {
+        loop {
+            let (_, leaf) = self.tree.find(cursor);
+            let st = leaf.state.read();
+            if !st.owns(cursor) {
+                continue;
+            }
+            let mut all = Contents::new();
+            for s in 0..self.settings.subpages {
+                all.append(&mut self.contents_of(&st, s));
+            }
+            let range = (Bound::Included(cursor), end);
+            let entries = all
+                .into_iter()
+                .filter(|(k, (_, meta))| {
+                    std::ops::RangeBounds::contains(&range, k.as_slice()) && !meta.expired(now_ms)
+                })
+                .map(|(k, v)| (k, Some(v)))
+                .collect();
+            return (entries, st.high.clone());
+        }
+    }
+
+    /// Merges one group of evicted objects (all inside `leaf`'s range) into `leaf`.
+    fn merge_into(&self, w: &mut Writer, st: &mut SlState, batch: &[&EvictedObject], now_ms: u64) {
+        let mut by_subpage: BTreeMap<usize, Vec<&EvictedObject>> = BTreeMap::new();
+        for o in batch {
+            by_subpage
+                .entry(self.geometry.subpage_of(&o.key))
+                .or_default()
+                .push(o);
+        }
+        let mut touched: BTreeMap<usize, Contents> = BTreeMap::new();
+        let mut overflow = false;
+        let mut appending = true;
+        for (&s, objs) in &by_subpage {
+            let mut contents = self.contents_of(st, s);
+            let before = contents.len();
+            let first_new = objs.iter().map(|o| o.key.as_slice()).min();
+            appending &= contents
+                .keys()
+                .next_back()
+                .is_none_or(|last| first_new.is_none_or(|f| f > last.as_slice()));
+            let mut changed = false;
+            for o in objs {
+                match &o.value {
+                    // Too big for any sub-page: it cannot be kept, and no older copy may stay.
+                    Some(v) if record_len(&o.key, v, &o.meta) > PAYLOAD => {
+                        changed |= contents.remove(&o.key).is_some()
+                    }
+                    Some(v) => {
+                        contents.insert(
+                            o.key.clone(),
+                            (
+                                v.clone(),
+                                Meta {
+                                    clean: false,
+                                    ..o.meta
+                                },
+                            ),
+                        );
+                        changed = true;
+                    }
+                    None => changed |= contents.remove(&o.key).is_some(),
+                }
+            }
+            contents.retain(|_, (_, meta)| !meta.expired(now_ms));
+            changed |= contents.len() != before;
+            if !changed {
+                continue;
+            }
+            if payload_len(&contents) > self.fill_limit && contents.len() > 1 {
+                overflow = true;
+            }
+            touched.insert(s, contents);
+        }
+        if touched.is_empty() {
+            return;
+        }
+        if overflow {
+            self.split(w, st, touched, appending, now_ms);
+            return;
+        }
+        if st.slot.is_none() {
+            match self.allocate(w) {
+                Some(slot) => {
+                    st.slot = Some(slot);
+                    st.generation = st.generation.wrapping_add(1);
+                    self.counters.occupied.fetch_add(1, Ordering::Relaxed);
+                }
+                // No room even after evicting: these objects are forgotten (a miss later).
+                None => return,
+            }
+        }
+        for (s, contents) in touched {
+            self.write_subpage(st, s, &contents);
+        }
+        st.version += 1;
+    }
+
+    /// Writes (or, when empty, trims) sub-page `s` of a super-leaf that has a slot.
+    fn write_subpage(&self, st: &mut SlState, s: usize, contents: &Contents) {
+        let Some(slot) = st.slot else { return };
+        let lba = self.lba(slot, s);
+        let old_count = i64::from(st.counts[s]);
+        let ok = if contents.is_empty() {
+            self.device.trim(lba, 1).is_ok()
+        } else {
+            let owner = Owner {
+                superleaf: slot,
+                generation: st.generation,
+                subpage: s as u16,
+            };
+            let mut block = AlignedBuf::zeroed(1);
+            let records = contents.iter().map(|(k, (v, meta))| Record {
+                key: k,
+                payload: Payload::Inline(v),
+                meta: *meta,
+            });
+            ssd_block::seal(&mut block, owner, records) && self.device.write(lba, &block).is_ok()
+        };
+        let new_count = if ok { contents.len() } else { 0 };
+        if !ok {
+            // The block's content is now unknown: forget it rather than risk serving an
+            // older version from it.
+            self.counters.io_errors.fetch_add(1, Ordering::Relaxed);
+            let _ = self.device.trim(lba, 1);
+        }
+        st.counts[s] = new_count as u16;
+        self.counters
+            .objects
+            .fetch_add(new_count as i64 - old_count, Ordering::Relaxed);
+    }
+
+    /// Rebuilds an over-full super-leaf as two or more, each within `T`.
+    /// `appending`: every new key sorts after every key the super-leaf held.
+    fn split(
+        &self,
+        w: &mut Writer,
+        st: &mut SlState,
+        touched: BTreeMap<usize, Contents>,
+        appending: bool,
+        now_ms: u64,
+    ) {
+        self.counters.splits.fetch_add(1, Ordering::Relaxed);
+        let mut all = Contents::new();
+        for s in 0..self.settings.subpages {
+            match touched.get(&s) {
+                Some(c) => all.extend(c.iter().map(|(k, v)| (k.clone(), v.clone()))),
+                None => all.append(&mut self.contents_of(st, s)),
+            }
+        }
+        all.retain(|_, (_, meta)| !meta.expired(now_ms));
+        let objs: Vec<Object> = all.into_iter().collect();
+        let chunks = self.partition(&objs, appending);
+        let old_high = st.high.take();
+        let fences: Vec<Fence> = chunks
+            .windows(2)
+            .map(|p| separator(&objs[p[0].1 - 1].0, &objs[p[1].0].0))
+            .collect();
+        // The first chunk stays in this super-leaf, rewritten whole under a new generation
+        // so that no block of the old layout can be mistaken for the new one.
+        st.generation = st.generation.wrapping_add(1);
+        st.high = fences.first().cloned().or_else(|| old_high.clone());
+        self.rewrite(w, st, &objs[chunks[0].0..chunks[0].1]);
+        st.version += 1;
+        for (i, &(start, end)) in chunks.iter().enumerate().skip(1) {
+            let mut nst = SlState {
+                low: fences[i - 1].clone(),
+                high: fences.get(i).cloned().or_else(|| old_high.clone()),
+                retired: false,
+                slot: None,
+                generation: 0,
+                counts: vec![0; self.settings.subpages].into_boxed_slice(),
+                version: 0,
+            };
+            self.rewrite(w, &mut nst, &objs[start..end]);
+            let low = nst.low.clone();
+            let delta = self.tree.insert(low, SuperLeaf::new(nst));
+            self.counters.superleaves.fetch_add(1, Ordering::Relaxed);
+            self.charge_index(delta + descriptor_bytes(self.settings.subpages) as i64);
+        }
+    }
+
+    /// Writes `objs` as the whole content of a super-leaf, allocating a slot if needed.
+    fn rewrite(&self, w: &mut Writer, st: &mut SlState, objs: &[Object]) {
+        let mut per_subpage: Vec<Contents> = vec![Contents::new(); self.settings.subpages];
+        for (k, v) in objs {
+            per_subpage[self.geometry.subpage_of(k)].insert(k.clone(), v.clone());
+        }
+        if st.slot.is_none() && !objs.is_empty() {
+            match self.allocate(w) {
+                Some(slot) => {
+                    st.slot = Some(slot);
+                    self.counters.occupied.fetch_add(1, Ordering::Relaxed);
+                }
+                None => return,
+            }
+        }
+        for (s, contents) in per_subpage.iter().enumerate() {
+            if contents.is_empty() && st.counts[s] == 0 {
+                continue;
+            }
+            self.write_subpage(st, s, contents);
+        }
+    }
+
+    /// Cuts sorted objects into runs whose sub-pages all stay within `T`: in halves, so
+    /// that both sides have room for the inserts to come, or, when keys arrive in
+    /// ascending order, as full as each run gets, since no insert will come back to it.
+    fn partition(&self, objs: &[Object], appending: bool) -> Vec<(usize, usize)> {
+        let len = |(k, (v, meta)): &Object| record_len(k, v, meta);
+        let fits = |r: &[Object]| {
+            self.geometry
+                .fits(r.iter().map(|o| (o.0.as_slice(), len(o))))
+        };
+        let mut out = Vec::new();
+        let mut pending = vec![(0, objs.len())];
+        while let Some((start, end)) = pending.pop() {
+            if end - start <= 1 || fits(&objs[start..end]) {
+                out.push((start, end));
+            } else {
+                let mut mid = (start + end) / 2;
+                if appending {
+                    mid = start + 1;
+                    while mid < end && fits(&objs[start..=mid]) {
+                        mid += 1;
+                    }
+                }
+                pending.push((mid, end));
+                pending.push((start, mid));
+            }
+        }
+        out
+    }
+
+    /// A free slot, evicting cold super-leaves to make one if the device is full.
+    fn allocate(&self, w: &mut Writer) -> Option<u32> {
+        for _ in 0..4 {
+            if let Some(slot) = w.free_slots.pop() {
+                return Some(slot);
+            }
+            if w.next_slot < self.max_slots {
+                w.next_slot += 1;
+                return Some(w.next_slot - 1);
+            }
+            self.evict_one(w);
+        }
+        None
+    }
+
+    /// Frees physical space when the emulated SSD passes its high watermark.
+    fn relieve_physical(&self, w: &mut Writer) {
+        let stats = self.device.stats();
+        if stats.physical_capacity == 0 {
+            return;
+        }
+        let high = (stats.physical_capacity as f64 * PHYSICAL_HIGH) as u64;
+        let low = (stats.physical_capacity as f64 * PHYSICAL_LOW) as u64;
+        if stats.physical_used <= high {
+            return;
+        }
+        let mut used = stats.physical_used;
+        let mut attempts = self.tree.leaf_count() * 2;
+        while used > low && attempts > 0 {
+            self.evict_one(w);
+            // The emulator accounts trims at once (only writes are compressed later).
+            used = self.device.stats().physical_used;
+            attempts -= 1;
+        }
+    }
+
+    /// Evicts one super-leaf chosen by CLOCK: trims its blocks and frees its slot.
+    fn evict_one(&self, w: &mut Writer) -> bool {
+        let budget = 2 * self.tree.leaf_count() + 2;
+        for _ in 0..budget {
+            let (low, leaf) = self.tree.find(&w.hand);
+            w.hand = self
+                .tree
+                .next_leaf(&low)
+                .map_or_else(|| Fence::from(&[][..]), |(next, _)| next);
+            if leaf.referenced.swap(false, Ordering::Relaxed) {
+                continue;
+            }
+            if self.evict_superleaf(w, &low, &leaf) {
+                return true;
+            }
+        }
+        false
+    }
+
+    fn evict_superleaf(&self, w: &mut Writer, low: &Fence, leaf: &Arc<SuperLeaf>) -> bool {
+        let release = |st: &mut SlState, w: &mut Writer| {
+            if let Some(slot) = st.slot.take() {
+                let _ = self
+                    .device
+                    .trim(self.lba(slot, 0), self.settings.subpages as u64);
+                w.free_slots.push(slot);
+                self.counters.occupied.fetch_sub(1, Ordering::Relaxed);
+            }
+            let objects: i64 = st.counts.iter().map(|&c| i64::from(c)).sum();
+            self.counters.objects.fetch_sub(objects, Ordering::Relaxed);
+            st.counts.iter_mut().for_each(|c| *c = 0);
+            st.version += 1;
+            self.counters
+                .evicted_superleaves
+                .fetch_add(1, Ordering::Relaxed);
+        };
+        if low.is_empty() {
+            let mut st = leaf.state.write();
+            if st.slot.is_none() {
+                return false;
+            }
+            release(&mut st, w);
+            return true;
+        }
+        let Some((_, prev)) = self.tree.prev_leaf(low) else {
+            return false;
+        };
+        let mut prev_st = prev.state.write();
+        let mut st = leaf.state.write();
+        if prev_st.retired || prev_st.high.as_ref() != Some(low) || st.retired {
+            return false;
+        }
+        release(&mut st, w);
+        prev_st.high = st.high.clone();
+        st.retired = true;
+        let delta = self.tree.remove(low);
+        self.counters.superleaves.fetch_sub(1, Ordering::Relaxed);
+        self.charge_index(delta - descriptor_bytes(self.settings.subpages) as i64);
+        true
+    }
+}
+
+impl SsdTier {
+    /// Forgets every object (memcached `flush_all`).
+    pub fn clear(&self) {
+        let mut w = self.writer.lock();
+        while self.tree.leaf_count() > 1 {
+            let Some((low, leaf)) = self.tree.next_leaf(&[]) else {
+                break;
+            };
+            if !self.evict_superleaf(&mut w, &low, &leaf) {
+                break;
+            }
+        }
+        let (low, first) = self.tree.find(&[]);
+        self.evict_superleaf(&mut w, &low, &first);
+    }
+}
+
+fn record_len(key: &[u8], value: &[u8], meta: &Meta) -> usize {
+    Record {
+        key,
+        payload: Payload::Inline(value),
+        meta: *meta,
+    }
+    .encoded_len()
+}
+
+fn payload_len(contents: &Contents) -> usize {
+    contents
+        .iter()
+        .map(|(k, (v, meta))| record_len(k, v, meta))
+        .sum()
+}
+
+impl EvictionSink for SsdTier {
+    fn absorb(&self, _low: &[u8], _high: Option<&[u8]>, objects: Vec<EvictedObject>) -> bool {
+        let now_ms = self.clock.now_ms();
+        let mut w = self.writer.lock();
+        self.relieve_physical(&mut w);
+        // Clean objects are already on the SSD as they are: nothing to write.
+        let dirty: Vec<&EvictedObject> = objects.iter().filter(|o| !o.meta.clean).collect();
+        let v_obj: usize = dirty
+            .iter()
+            .filter_map(|o| o.value.as_ref().map(|v| o.key.len() + v.len()))
+            .sum();
+        self.counters
+            .v_obj
+            .fetch_add(v_obj as u64, Ordering::Relaxed);
+        let mut i = 0;
+        while i < dirty.len() {
+            let (_, leaf) = self.tree.find(&dirty[i].key);
+            let mut st = leaf.state.write();
+            let end = i + dirty[i..].partition_point(|o| {
+                st.high
+                    .as_ref()
+                    .is_none_or(|h| o.key.as_slice() < h.as_ref())
+            });
+            self.merge_into(&mut w, &mut st, &dirty[i..end.max(i + 1)], now_ms);
+            i = end.max(i + 1);
+        }
+        true
+    }
+}

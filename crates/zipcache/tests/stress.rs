@@ -1,0 +1,194 @@
+//! Concurrency stress: several threads writing, reading, deleting and scanning while
+//! leaves split, merge in the background and get evicted. Every value names the key it
+//! was written for, so any value served for the wrong key, or torn, is caught.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use zipcache::{Config, ZipCache};
+
+fn value_for(key: &[u8], writer: u64, seq: u64, len: usize) -> Vec<u8> {
+    let mut v = Vec::with_capacity(len.max(24));
+    v.extend_from_slice(&xxhash(key).to_le_bytes());
+    v.extend_from_slice(&writer.to_le_bytes());
+    v.extend_from_slice(&seq.to_le_bytes());
+    v.resize(len.max(24), (seq % 251) as u8);
+    v
+}
+
+fn xxhash(key: &[u8]) -> u64 {
+    key.iter().fold(0xcbf29ce484222325u64, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x100000001b3)
+    })
+}
+
+fn check(key: &[u8], value: &[u8]) -> (u64, u64) {
+    assert!(value.len() >= 24, "torn value for {key:?}");
+    assert_eq!(
+        &value[..8],
+        &xxhash(key).to_le_bytes(),
+        "value of another key served for {key:?}"
+    );
+    let writer = u64::from_le_bytes(value[8..16].try_into().unwrap());
+    let seq = u64::from_le_bytes(value[16..24].try_into().unwrap());
+    assert!(
+        value[24..].iter().all(|&b| b == (seq % 251) as u8),
+        "corrupt value for {key:?}"
+    );
+    (writer, seq)
+}
+
+fn stress(dram: u64, threads: u64, run_for: Duration) -> zipcache::Stats {
+    let cache = ZipCache::open(Config {
+        dram_capacity: dram,
+        bypass_r: 1.0,
+        ..Config::default()
+    })
+    .unwrap();
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        for t in 0..threads {
+            let cache = &cache;
+            let stop = &stop;
+            s.spawn(move || {
+                let mut rng = t.wrapping_mul(0x9e3779b97f4a7c15) | 1;
+                let mut next = || {
+                    rng ^= rng << 13;
+                    rng ^= rng >> 7;
+                    rng ^= rng << 17;
+                    rng
+                };
+                // Own keys: only this thread writes them, so it knows the newest sequence.
+                let mut last_seq = vec![0u64; 2000];
+                let mut seq = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    let r = next();
+                    let own = (r >> 8) % 2000;
+                    let own_key = format!("{t:02}-own-{own:08}");
+                    let shared_key = format!("shared-{:08}", (r >> 20) % 3000);
+                    match r % 10 {
+                        0..=3 => {
+                            seq += 1;
+                            let len = [8usize, 40, 100, 300, 3000][(r >> 40) as usize % 5];
+                            cache
+                                .put(
+                                    own_key.as_bytes(),
+                                    &value_for(own_key.as_bytes(), t, seq, len),
+                                    None,
+                                )
+                                .unwrap();
+                            last_seq[own as usize] = seq;
+                        }
+                        4 => {
+                            cache.delete(own_key.as_bytes()).unwrap();
+                            last_seq[own as usize] = 0;
+                        }
+                        5..=7 => {
+                            if let Some(v) = cache.get(own_key.as_bytes()).unwrap() {
+                                let (writer, got) = check(own_key.as_bytes(), &v);
+                                assert_eq!(writer, t);
+                                assert_eq!(
+                                    got, last_seq[own as usize],
+                                    "stale or deleted value for {own_key}"
+                                );
+                            }
+                        }
+                        8 => {
+                            seq += 1;
+                            cache
+                                .put(
+                                    shared_key.as_bytes(),
+                                    &value_for(shared_key.as_bytes(), t, seq, 60),
+                                    None,
+                                )
+                                .unwrap();
+                            if let Some(v) = cache.get(shared_key.as_bytes()).unwrap() {
+                                check(shared_key.as_bytes(), &v);
+                            }
+                        }
+                        _ => {
+                            let start = format!("{t:02}-own-{own:08}");
+                            let got = cache
+                                .scan(start.as_bytes()..format!("{t:02}-own-99").as_bytes(), 20)
+                                .unwrap();
+                            for (k, item) in &got {
+                                let (writer, seq_got) = check(k, &item.value);
+                                assert_eq!(writer, t);
+                                let idx: usize =
+                                    std::str::from_utf8(&k[7..]).unwrap().parse().unwrap();
+                                assert_eq!(seq_got, last_seq[idx], "scan served a stale value");
+                            }
+                        }
+                    }
+                }
+            });
+        }
+        std::thread::sleep(run_for);
+        stop.store(true, Ordering::Relaxed);
+    });
+    let stats = cache.stats();
+    assert!(
+        stats.dram_used <= stats.dram_capacity + (64 << 10),
+        "{stats:?}"
+    );
+    stats
+}
+
+#[test]
+fn threads_never_see_wrong_values_under_eviction() {
+    let stats = stress(1 << 20, 4, Duration::from_secs(4));
+    assert!(
+        stats.evicted_leaves > 0,
+        "the test must exercise eviction: {stats:?}"
+    );
+    assert!(stats.leaf_splits > 0);
+}
+
+#[test]
+fn threads_agree_without_eviction() {
+    let stats = stress(256 << 20, 3, Duration::from_secs(2));
+    assert_eq!(stats.evicted_leaves, 0);
+}
+
+/// Sustained PUTs far beyond the budget: the account never passes it for long, and the
+/// objects kept are a sizeable share of what fits.
+#[test]
+fn memory_budget_holds_under_sustained_puts() {
+    let dram = 4 << 20;
+    let cache = ZipCache::open(Config {
+        dram_capacity: dram,
+        ..Config::default()
+    })
+    .unwrap();
+    let started = Instant::now();
+    let mut rng = 0x2545f4914f6cdd1du64;
+    for batch in 0..60u64 {
+        for i in 0..10_000u64 {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            let key = format!("{:016}", rng % 5_000_000);
+            let len = [16usize, 64, 64, 200, 1500][(rng >> 50) as usize % 5];
+            cache
+                .put(
+                    key.as_bytes(),
+                    &value_for(key.as_bytes(), batch, i, len),
+                    None,
+                )
+                .unwrap();
+        }
+        let s = cache.stats();
+        assert!(
+            s.dram_used <= dram,
+            "batch {batch}: {} > {dram}: {s:?}",
+            s.dram_used
+        );
+    }
+    let s = cache.stats();
+    assert!(
+        s.dram_used > dram * 8 / 10,
+        "the budget is used, not wasted: {s:?}"
+    );
+    assert!(s.evicted_leaves > 1000);
+    eprintln!("600k puts in {:?}: {s:?}", started.elapsed());
+}

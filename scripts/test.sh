@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Installs what the tests need on a fresh Debian machine, then runs every check and test.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+SUDO=""
+[ "$(id -u)" = 0 ] || SUDO=sudo
+# Peers and tools the integration tests start themselves (on 127.0.0.1, stopped by PID).
+$SUDO apt-get update -qq
+$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+    memcached libmemcached-tools redis-server redis-tools nutcracker >/dev/null
+# Python clients for the client tests; vega_datasets is the real-data value source.
+python3 -m pip install --quiet --disable-pip-version-check pymemcache redis vega_datasets
+
+cargo fmt --all -- --check
+cargo clippy --workspace --all-targets -- -D warnings
+cargo test --workspace --release
