@@ -124,10 +124,20 @@ pub fn run_tool(command: &mut Command, limit: Duration) -> (bool, String) {
     }
 }
 
-/// A loopback port that was free a moment ago (for tools that cannot take port 0).
+/// A loopback port that was free a moment ago (for tools that cannot take port 0),
+/// never the same one twice in this test binary: tests run in parallel, and the kernel
+/// may hand a just-released port to the next `bind(0)`.
 pub fn free_port() -> u16 {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    listener.local_addr().expect("addr").port()
+    static HANDED_OUT: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    let mut handed_out = HANDED_OUT.lock().unwrap_or_else(|e| e.into_inner());
+    loop {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        if !handed_out.contains(&port) {
+            handed_out.push(port);
+            return port;
+        }
+    }
 }
 
 /// Waits until something accepts connections on `port`.
