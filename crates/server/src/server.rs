@@ -29,7 +29,8 @@ use crate::stats::Counters;
 /// How long shutdown waits for open connections to finish their current requests.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
 pub enum Runtime {
     /// A current_thread runtime per thread, SO_REUSEPORT listeners per thread.
     PerCore,

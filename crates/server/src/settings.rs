@@ -8,9 +8,10 @@ use clap::ValueEnum;
 
 use crate::server::{Runtime, ServerOptions};
 
-/// Arguments of `zipcache serve` (SPEC §8). Every flag may also be given in the
-/// `--config` file under the same name; the command line wins.
-#[derive(clap::Args, Debug, Default)]
+/// Arguments of `zipcache serve` (SPEC §8). The `--config` file is the same struct:
+/// every flag may be given there under its own name; the command line wins.
+#[derive(clap::Args, serde::Deserialize, Debug, Default)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
 pub struct ServeArgs {
     /// Address to listen on [default: 127.0.0.1].
     #[arg(long)]
@@ -38,9 +39,11 @@ pub struct ServeArgs {
     pub device_compression: Option<String>,
     /// TOML file with any of these settings (kebab-case keys, `set = ["NAME=VALUE"]`).
     #[arg(long)]
+    #[serde(skip)]
     pub config: Option<PathBuf>,
     /// Engine setting NAME=VALUE (repeatable), e.g. --set bypass_r=0.
     #[arg(long = "set", value_name = "NAME=VALUE")]
+    #[serde(default)]
     pub set: Vec<String>,
     /// Most simultaneous client connections [default: 4096].
     #[arg(long)]
@@ -54,26 +57,6 @@ pub struct ServeArgs {
     /// per-core (thread per core, SO_REUSEPORT) or shared (one work-stealing runtime).
     #[arg(long, value_enum)]
     pub runtime: Option<Runtime>,
-}
-
-/// The config file: the same names as the flags.
-#[derive(serde::Deserialize, Debug, Default)]
-#[serde(rename_all = "kebab-case", deny_unknown_fields)]
-struct FileSettings {
-    listen: Option<IpAddr>,
-    memcached_port: Option<u16>,
-    resp_port: Option<u16>,
-    dram: Option<String>,
-    data_dir: Option<PathBuf>,
-    ssd_size: Option<String>,
-    ssd: Option<String>,
-    device_compression: Option<String>,
-    #[serde(default)]
-    set: Vec<String>,
-    max_connections: Option<usize>,
-    threads: Option<usize>,
-    metrics_port: Option<u16>,
-    runtime: Option<String>,
 }
 
 /// Every setting with its effective value.
@@ -94,7 +77,7 @@ pub struct Settings {
     pub runtime: Runtime,
 }
 
-fn read_file(path: &Path) -> Result<FileSettings, String> {
+fn read_file(path: &Path) -> Result<ServeArgs, String> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
     toml::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))
 }
@@ -107,16 +90,9 @@ impl Settings {
     pub fn resolve(args: ServeArgs) -> Result<Settings, String> {
         let file = match &args.config {
             Some(path) => read_file(path)?,
-            None => FileSettings::default(),
+            None => ServeArgs::default(),
         };
-        let runtime = match (args.runtime, file.runtime.as_deref()) {
-            (Some(r), _) => r,
-            (None, None | Some("per-core")) => Runtime::PerCore,
-            (None, Some("shared")) => Runtime::Shared,
-            (None, Some(other)) => {
-                return Err(format!("runtime must be per-core or shared, not {other:?}"));
-            }
-        };
+        let runtime = args.runtime.or(file.runtime).unwrap_or(Runtime::PerCore);
         // A size on the command line overrides `ssd = "none"` in the file and vice versa.
         let ssd_none = match (&args.ssd, &args.ssd_size) {
             (Some(_), _) => true,
@@ -280,7 +256,7 @@ mod tests {
         let file = dir.join("serve.toml");
         std::fs::write(
             &file,
-            "dram = \"64MiB\"\nresp-port = 7000\nssd = \"none\"\nset = [\"bypass_r=0\"]\n",
+            "dram = \"64MiB\"\nresp-port = 7000\nssd = \"none\"\nset = [\"bypass_r=0\"]\nruntime = \"shared\"\nthreads = 3\n",
         )
         .unwrap();
         let args = ServeArgs {
@@ -291,6 +267,7 @@ mod tests {
         };
         let s = Settings::resolve(args).unwrap();
         assert_eq!((s.dram, s.resp_port, s.ssd_size), (64 << 20, 7001, None));
+        assert_eq!((s.runtime, s.threads), (Runtime::Shared, 3));
         let config = s.engine_config().unwrap();
         assert_eq!((config.bypass_r, config.write_buffer), (0.0, 128));
         std::fs::remove_dir_all(dir).unwrap();
