@@ -47,6 +47,9 @@ pub(crate) struct Inner {
     memory: Arc<Memory>,
     pub(crate) dram: DramTier,
     pub(crate) ssd: Option<SsdTier>,
+    /// Where a clean `close()` leaves the BT_SSD index for a warm restart.
+    index_path: Option<std::path::PathBuf>,
+    warm_start: bool,
     ops: OpCounters,
     next_cas: AtomicU64,
     shutdown: AtomicBool,
@@ -104,22 +107,45 @@ impl ZipCache {
             keep_tombstones: device.is_some(),
         };
         let dram = DramTier::new(settings, memory.clone(), merge_tx, config.bypass_r);
+        let index_path = config.ssd.as_ref().map(|s| index_path_for(&s.path));
+        let mut warm_start = false;
         let ssd = match device {
             None => None,
             Some(device) => {
-                // Nothing written before this open is trusted: a cold start (warm restart
-                // after a clean close is the next step). Trimming frees the old blocks.
-                device.trim(0, device.block_count())?;
                 let settings = SsdSettings {
                     subpages: config.superleaf_size / BLOCK,
                     fill_threshold: config.fill_threshold,
                 };
-                Some(SsdTier::new(
-                    device,
-                    settings,
-                    memory.clone(),
-                    config.clock.clone(),
-                ))
+                let loaded = index_path.as_deref().and_then(|path| {
+                    SsdTier::load(
+                        path,
+                        device.clone(),
+                        settings,
+                        memory.clone(),
+                        config.clock.clone(),
+                    )
+                });
+                // From here on the index on disk is stale: if this process dies before a
+                // clean close, the next open must start cold.
+                if let Some(path) = &index_path {
+                    match std::fs::remove_file(path) {
+                        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e.into()),
+                        _ => {}
+                    }
+                }
+                Some(match loaded {
+                    Some(tier) => {
+                        warm_start = true;
+                        tier
+                    }
+                    None => {
+                        // Nothing the device holds can be trusted (a crash may have left
+                        // values that were deleted or overwritten in DRAM): start cold, and
+                        // trim so the old blocks free their space.
+                        device.trim(0, device.block_count())?;
+                        SsdTier::new(device, settings, memory.clone(), config.clock.clone())
+                    }
+                })
             }
         };
         // CAS versions start from the clock so a restarted cache never reissues one a
@@ -130,6 +156,8 @@ impl ZipCache {
             memory,
             dram,
             ssd,
+            index_path,
+            warm_start,
             ops: OpCounters::default(),
             next_cas,
             shutdown: AtomicBool::new(false),
@@ -332,7 +360,7 @@ impl ZipCache {
 
     /// Forgets every object.
     pub fn flush_all(&self) -> Result<()> {
-        self.inner.dram.clear();
+        self.inner.dram.evict_all(None, self.inner.now());
         if let Some(ssd) = &self.inner.ssd {
             ssd.clear();
         }
@@ -348,15 +376,28 @@ impl ZipCache {
         self.inner.stats()
     }
 
-    /// Stops the background threads and merges pending writes.
+    /// Shuts down cleanly: stops the background threads, writes every DRAM object and
+    /// tombstone down to the SSD tier (so the SSD alone holds the newest versions), flushes
+    /// the device and saves the BT_SSD index; the next `open` restarts warm.
     pub fn close(self) -> Result<()> {
         self.stop();
-        self.inner.dram.merge_all(self.inner.now());
-        if let Some(ssd) = &self.inner.ssd {
+        let inner = &self.inner;
+        let now = inner.now();
+        inner.dram.merge_all(now);
+        if let Some(ssd) = &inner.ssd {
+            inner.dram.evict_all(Some(ssd), now);
             ssd.device().drain()?;
             ssd.device().flush()?;
+            if let Some(path) = &inner.index_path {
+                ssd.save(path)?;
+            }
         }
         Ok(())
+    }
+
+    /// Whether this open found a clean shutdown's index and kept the SSD tier.
+    pub fn warm_started(&self) -> bool {
+        self.inner.warm_start
     }
 
     /// Waits until the device has accounted every write so far (emulated physical bytes
@@ -380,6 +421,13 @@ impl Drop for ZipCache {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// `<ssd file>.index`: the BT_SSD index of a clean shutdown.
+fn index_path_for(ssd: &std::path::Path) -> std::path::PathBuf {
+    let mut name = ssd.as_os_str().to_owned();
+    name.push(".index");
+    name.into()
 }
 
 fn item_of(value: Vec<u8>, meta: &Meta) -> Item {

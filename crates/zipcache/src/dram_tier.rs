@@ -936,20 +936,17 @@ impl DramTier {
         self.recharge(&mut st);
     }
 
-    /// Drops every object (memcached `flush_all`).
-    pub fn clear(&self) {
-        while self.tree.leaf_count() > 1 {
-            let mut victim = None;
-            self.tree.for_each_leaf(|low, leaf| {
-                if victim.is_none() && !low.is_empty() {
-                    victim = Some((low.clone(), leaf.clone()));
-                }
-            });
-            let Some((low, leaf)) = victim else { break };
-            self.evict_leaf(&low, &leaf, None, 0);
+    /// Empties the tier: every leaf's objects go to `sink` (a clean shutdown writes them
+    /// to the SSD tier) or are dropped (memcached `flush_all`).
+    pub fn evict_all(&self, sink: Option<&dyn EvictionSink>, now_ms: u64) {
+        while let Some((low, leaf)) = self.tree.next_leaf(&[]) {
+            if !self.evict_leaf(&low, &leaf, sink, now_ms) {
+                // Raced with a split of the first leaf; its new neighbour comes next.
+                std::thread::yield_now();
+            }
         }
         let (low, first) = self.tree.find(&[]);
-        self.evict_leaf(&low, &first, None, 0);
+        self.evict_leaf(&low, &first, sink, now_ms);
     }
 
     /// Merges every buffered write into its page (before a clean shutdown).

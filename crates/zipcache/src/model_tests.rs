@@ -137,11 +137,14 @@ impl Harness {
     }
 
     /// Whether anything may have been forgotten: a DRAM leaf left (DRAM-only, or an
-    /// object too large for an SSD sub-page), or a super-leaf left the SSD.
+    /// object too large for an SSD sub-page), a super-leaf left the SSD, or a block
+    /// could not be read or written.
     fn evicted(&self) -> bool {
         let s = self.cache.stats();
         (s.evicted_leaves > 0 && (self.cache.inner.ssd.is_none() || self.large_evicted))
             || s.ssd_evicted_superleaves > 0
+            || s.checksum_failures > 0
+            || s.io_errors > 0
     }
 
     fn run(&mut self, op: &Op) {
@@ -428,4 +431,55 @@ fn tiny_objects_take_no_medium_blobs() {
     h.cache.inner.dram.merge_all(0);
     let s = h.cache.stats();
     assert_eq!(s.dram_medium_bytes, 0, "{s:?}");
+}
+
+/// Corrupt blocks and failing I/O on the SSD: misses and counters, never a wrong value.
+#[test]
+fn bad_blocks_and_io_errors_are_misses_not_wrong_values() {
+    use zipcache_device::{FaultOp, FaultyDevice};
+    let faulty = Arc::new(FaultyDevice::new(MemDevice::new(1 << 14)));
+    let device: Arc<dyn BlockDevice> = faulty.clone();
+    let mut h = Harness::on(128 << 10, 256, 3.0, Some(device), 16 << 10);
+    for key in 0..8_000u16 {
+        h.run(&Op::Put {
+            key,
+            len: 64,
+            ttl_ms: None,
+        });
+    }
+    // Flip bits in the header, the payload and the checksum of blocks across the device.
+    for lba in (0..400u64).step_by(3) {
+        faulty.flip_bits_on_read(lba, [0usize, 30, 100, 21][lba as usize % 4], 0x04);
+    }
+    faulty.fail_lba(FaultOp::Read, 401);
+    faulty.fail_lba(FaultOp::Read, 402);
+    for key in 0..8_000u16 {
+        h.run(&Op::Get { key });
+    }
+    // Writes that fail: the sub-pages they were meant for are forgotten, not left stale.
+    faulty.fail_every_nth(FaultOp::Write, 3);
+    for key in (0..8_000u16).step_by(2) {
+        h.run(&Op::Put {
+            key,
+            len: 50,
+            ttl_ms: None,
+        });
+    }
+    for key in (1..8_000u16).step_by(4) {
+        h.run(&Op::Delete { key });
+    }
+    for key in 8_000..12_000u16 {
+        h.run(&Op::Put {
+            key,
+            len: 64,
+            ttl_ms: None,
+        });
+    }
+    for key in 0..12_000u16 {
+        h.run(&Op::Get { key });
+    }
+    let s = h.cache.stats();
+    assert!(s.checksum_failures > 0, "{s:?}");
+    assert!(s.io_errors > 0, "{s:?}");
+    assert!(s.ssd_hits > 0, "the healthy blocks still serve: {s:?}");
 }

@@ -40,6 +40,9 @@ use crate::record::{Meta, Payload, Record};
 use crate::ssd_block::{self, Owner, PAYLOAD};
 use crate::subpage_hash::ssd_subpage;
 
+/// Free slots kept before merging into a super-leaf: a DRAM leaf's objects rarely split
+/// one super-leaf more than two ways.
+const SLOTS_PER_MERGE: usize = 4;
 /// Start evicting super-leaves when physical use passes this share of the device.
 const PHYSICAL_HIGH: f64 = 0.90;
 /// ... and stop when it is back under this one.
@@ -572,19 +575,25 @@ impl SsdTier {
         out
     }
 
-    /// A free slot, evicting cold super-leaves to make one if the device is full.
+    /// A free slot, if any is left (see `reserve`).
     fn allocate(&self, w: &mut Writer) -> Option<u32> {
-        for _ in 0..4 {
-            if let Some(slot) = w.free_slots.pop() {
-                return Some(slot);
-            }
-            if w.next_slot < self.max_slots {
-                w.next_slot += 1;
-                return Some(w.next_slot - 1);
-            }
-            self.evict_one(w);
+        if let Some(slot) = w.free_slots.pop() {
+            return Some(slot);
         }
-        None
+        (w.next_slot < self.max_slots).then(|| {
+            w.next_slot += 1;
+            w.next_slot - 1
+        })
+    }
+
+    /// Evicts cold super-leaves until `n` slots are free. Called with no super-leaf
+    /// locked: the victim could be the very super-leaf about to be written.
+    fn reserve(&self, w: &mut Writer, n: usize) {
+        let free = |w: &Writer| w.free_slots.len() + (self.max_slots - w.next_slot) as usize;
+        let mut attempts = self.tree.leaf_count() + 1;
+        while free(w) < n && attempts > 0 && self.evict_one(w) {
+            attempts -= 1;
+        }
     }
 
     /// Frees physical space when the emulated SSD passes its high watermark.
@@ -719,6 +728,9 @@ impl EvictionSink for SsdTier {
             .fetch_add(v_obj as u64, Ordering::Relaxed);
         let mut i = 0;
         while i < dirty.len() {
+            // Enough for this group to split a few ways; if a split still runs out, the
+            // objects it cannot place are forgotten (a miss, never a wrong value).
+            self.reserve(&mut w, SLOTS_PER_MERGE);
             let (_, leaf) = self.tree.find(&dirty[i].key);
             let mut st = leaf.state.write();
             let end = i + dirty[i..].partition_point(|o| {
@@ -730,5 +742,142 @@ impl EvictionSink for SsdTier {
             i = end.max(i + 1);
         }
         true
+    }
+}
+
+/// The BT_SSD index as a clean `close()` leaves it for the next `open()`
+/// (`docs/FORMAT.md`, "The index file").
+mod index_file {
+    pub const MAGIC: [u8; 4] = *b"ZCIX";
+    pub const VERSION: u32 = 1;
+}
+
+impl SsdTier {
+    /// Writes the descriptors of every super-leaf to `path` (atomically: a temporary
+    /// file, fsync, rename). Called only after the device was flushed, so the index
+    /// never names a block that is not durable.
+    pub fn save(&self, path: &std::path::Path) -> std::io::Result<()> {
+        use std::io::Write;
+        let w = self.writer.lock();
+        let mut out = Vec::new();
+        out.extend_from_slice(&index_file::MAGIC);
+        out.extend_from_slice(&index_file::VERSION.to_le_bytes());
+        out.extend_from_slice(&(self.settings.subpages as u32).to_le_bytes());
+        out.extend_from_slice(&self.device.block_count().to_le_bytes());
+        out.extend_from_slice(&w.next_slot.to_le_bytes());
+        let mut leaves = Vec::new();
+        self.tree.for_each_leaf(|_, leaf| leaves.push(leaf.clone()));
+        out.extend_from_slice(&(leaves.len() as u32).to_le_bytes());
+        for leaf in &leaves {
+            let st = leaf.state.read();
+            out.extend_from_slice(&(st.low.len() as u16).to_le_bytes());
+            out.extend_from_slice(&st.low);
+            out.extend_from_slice(&st.slot.unwrap_or(u32::MAX).to_le_bytes());
+            out.extend_from_slice(&st.generation.to_le_bytes());
+            for c in st.counts.iter() {
+                out.extend_from_slice(&c.to_le_bytes());
+            }
+        }
+        let crc = crc32c::crc32c(&out);
+        out.extend_from_slice(&crc.to_le_bytes());
+        let tmp = path.with_extension("index.tmp");
+        let mut file = std::fs::File::create(&tmp)?;
+        file.write_all(&out)?;
+        file.sync_all()?;
+        std::fs::rename(&tmp, path)
+    }
+
+    /// Rebuilds BT_SSD from an index `save` wrote for this very device and geometry;
+    /// `None` if the file is missing, damaged or from another layout (then start cold).
+    pub fn load(
+        path: &std::path::Path,
+        device: Arc<dyn BlockDevice>,
+        settings: SsdSettings,
+        memory: Arc<Memory>,
+        clock: Arc<dyn Clock>,
+    ) -> Option<SsdTier> {
+        let bytes = std::fs::read(path).ok()?;
+        let (body, crc) = bytes.split_at_checked(bytes.len().checked_sub(4)?)?;
+        if crc32c::crc32c(body).to_le_bytes() != crc {
+            return None;
+        }
+        let mut r = body;
+        let mut take = |n: usize| -> Option<&[u8]> {
+            let (head, rest) = r.split_at_checked(n)?;
+            r = rest;
+            Some(head)
+        };
+        let m = settings.subpages;
+        if take(4)? != index_file::MAGIC
+            || u32::from_le_bytes(take(4)?.try_into().ok()?) != index_file::VERSION
+            || u32::from_le_bytes(take(4)?.try_into().ok()?) as usize != m
+            || u64::from_le_bytes(take(8)?.try_into().ok()?) != device.block_count()
+        {
+            return None;
+        }
+        let next_slot = u32::from_le_bytes(take(4)?.try_into().ok()?);
+        let count = u32::from_le_bytes(take(4)?.try_into().ok()?) as usize;
+        let mut descriptors = Vec::with_capacity(count.min(1 << 24));
+        for _ in 0..count {
+            let len = u16::from_le_bytes(take(2)?.try_into().ok()?) as usize;
+            let low = Fence::from(take(len)?);
+            let slot = u32::from_le_bytes(take(4)?.try_into().ok()?);
+            let generation = u32::from_le_bytes(take(4)?.try_into().ok()?);
+            let mut counts = vec![0u16; m];
+            for c in &mut counts {
+                *c = u16::from_le_bytes(take(2)?.try_into().ok()?);
+            }
+            descriptors.push((low, (slot != u32::MAX).then_some(slot), generation, counts));
+        }
+        let ordered = descriptors.windows(2).all(|p| p[0].0 < p[1].0);
+        let first_is_empty = descriptors.first().is_some_and(|d| d.0.is_empty());
+        let max_slots = device.block_count() / m as u64;
+        let slots_valid = next_slot as u64 <= max_slots
+            && descriptors
+                .iter()
+                .all(|d| d.1.is_none_or(|s| s < next_slot));
+        if !take(0)?.is_empty() || !r.is_empty() || !ordered || !first_is_empty || !slots_valid {
+            return None;
+        }
+        let tier = SsdTier::new(device, settings, memory, clock);
+        let mut used = vec![false; next_slot as usize];
+        let highs: Vec<Option<Fence>> = descriptors
+            .iter()
+            .skip(1)
+            .map(|d| Some(d.0.clone()))
+            .chain([None])
+            .collect();
+        for ((low, slot, generation, counts), high) in descriptors.into_iter().zip(highs) {
+            if let Some(s) = slot {
+                if std::mem::replace(&mut used[s as usize], true) {
+                    return None; // two super-leaves in one slot: not an index we wrote
+                }
+                tier.counters.occupied.fetch_add(1, Ordering::Relaxed);
+            }
+            let objects: i64 = counts.iter().map(|&c| i64::from(c)).sum();
+            tier.counters.objects.fetch_add(objects, Ordering::Relaxed);
+            let state = SlState {
+                low: low.clone(),
+                high,
+                retired: false,
+                slot,
+                generation,
+                counts: counts.into_boxed_slice(),
+                version: 0,
+            };
+            if low.is_empty() {
+                *tier.tree.find(&[]).1.state.write() = state;
+            } else {
+                let delta = tier.tree.insert(low, SuperLeaf::new(state));
+                tier.counters.superleaves.fetch_add(1, Ordering::Relaxed);
+                tier.charge_index(delta + descriptor_bytes(m) as i64);
+            }
+        }
+        {
+            let mut w = tier.writer.lock();
+            w.next_slot = next_slot;
+            w.free_slots = (0..next_slot).filter(|&s| !used[s as usize]).collect();
+        }
+        Some(tier)
     }
 }

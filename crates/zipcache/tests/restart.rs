@@ -1,0 +1,158 @@
+//! Restart: a clean `close()` keeps the SSD tier (warm restart) with the newest version
+//! of every key; a crash (no `close()`) starts cold, so nothing deleted or overwritten
+//! before it can come back.
+
+use std::path::PathBuf;
+
+use zipcache::{Config, SsdConfig, ZipCache};
+
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(name: &str) -> TempDir {
+        let dir = std::env::temp_dir().join(format!("zipcache-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        TempDir(dir)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn config(dir: &TempDir) -> Config {
+    Config {
+        dram_capacity: 256 << 10,
+        superleaf_size: 16 << 10,
+        ssd: Some(SsdConfig {
+            path: dir.0.join("ssd.bin"),
+            size: 64 << 20,
+            direct_io: true,
+            device_compression: zipcache::config::DeviceCompression::Emulate,
+            logical_to_physical: 4.0,
+        }),
+        ..Config::default()
+    }
+}
+
+fn key(i: u32) -> Vec<u8> {
+    format!("{i:016}").into_bytes()
+}
+
+fn value(i: u32, version: u32) -> Vec<u8> {
+    let mut v = format!("value-{i}-v{version}-").into_bytes();
+    v.resize(64, b'.');
+    v
+}
+
+/// Writes 20k keys (most end up on the SSD), then deletes every 7th and overwrites every
+/// 5th: the newest versions of many of those sit only in DRAM.
+fn populate(cache: &ZipCache) {
+    for i in 0..20_000 {
+        cache.put(&key(i), &value(i, 1), None).unwrap();
+    }
+    for i in (0..20_000).step_by(7) {
+        cache.delete(&key(i)).unwrap();
+    }
+    for i in (0..20_000).step_by(5) {
+        cache.put(&key(i), &value(i, 2), None).unwrap();
+    }
+}
+
+fn expected(i: u32) -> Option<Vec<u8>> {
+    if i.is_multiple_of(5) {
+        Some(value(i, 2))
+    } else if i.is_multiple_of(7) {
+        None
+    } else {
+        Some(value(i, 1))
+    }
+}
+
+/// Every GET is a miss or the newest value; returns the hits.
+fn check_never_stale(cache: &ZipCache) -> usize {
+    let mut hits = 0;
+    for i in 0..20_000 {
+        let got = cache.get(&key(i)).unwrap();
+        if got.is_some() {
+            assert_eq!(got, expected(i), "key {i} served a stale or deleted value");
+            hits += 1;
+        }
+    }
+    hits
+}
+
+#[test]
+fn clean_close_restarts_warm_with_newest_versions() {
+    let dir = TempDir::new("warm");
+    let cache = ZipCache::open(config(&dir)).unwrap();
+    assert!(!cache.warm_started());
+    populate(&cache);
+    assert!(cache.stats().ssd_objects > 5_000, "{:?}", cache.stats());
+    cache.close().unwrap();
+
+    let cache = ZipCache::open(config(&dir)).unwrap();
+    assert!(cache.warm_started());
+    let live = (0..20_000).filter(|&i| expected(i).is_some()).count();
+    let hits = check_never_stale(&cache);
+    assert_eq!(
+        hits,
+        live,
+        "a clean close keeps every object: {:?}",
+        cache.stats()
+    );
+    assert_eq!(cache.stats().checksum_failures, 0);
+    cache.close().unwrap();
+}
+
+#[test]
+fn crash_restarts_cold_and_never_stale() {
+    let dir = TempDir::new("crash");
+    let cache = ZipCache::open(config(&dir)).unwrap();
+    populate(&cache);
+    drop(cache); // no close(): as good as a crash for what reaches the disk
+    let cache = ZipCache::open(config(&dir)).unwrap();
+    assert!(!cache.warm_started());
+    assert_eq!(
+        check_never_stale(&cache),
+        0,
+        "a cold start forgets everything"
+    );
+
+    // A warm start followed by a crash must not reuse the old index either.
+    populate(&cache);
+    cache.close().unwrap();
+    let cache = ZipCache::open(config(&dir)).unwrap();
+    assert!(cache.warm_started());
+    for i in (0..20_000).step_by(3) {
+        cache
+            .put(&key(i), b"overwritten after the warm start", None)
+            .unwrap();
+    }
+    drop(cache);
+    let cache = ZipCache::open(config(&dir)).unwrap();
+    assert!(
+        !cache.warm_started(),
+        "the index was consumed by the previous open"
+    );
+    assert_eq!(check_never_stale(&cache), 0);
+}
+
+#[test]
+fn damaged_index_means_cold_start() {
+    let dir = TempDir::new("damaged");
+    let cache = ZipCache::open(config(&dir)).unwrap();
+    populate(&cache);
+    cache.close().unwrap();
+    let index = dir.0.join("ssd.bin.index");
+    let mut bytes = std::fs::read(&index).unwrap();
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 1;
+    std::fs::write(&index, bytes).unwrap();
+    let cache = ZipCache::open(config(&dir)).unwrap();
+    assert!(!cache.warm_started());
+    assert_eq!(check_never_stale(&cache), 0);
+}
