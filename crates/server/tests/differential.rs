@@ -15,7 +15,7 @@ use common::{ChildGuard, TestServer, free_port, require_tool, wait_for_port};
 /// reply, which starts with `marker` and ends the stream with `\r\n` (or everything up
 /// to the close, if the script closes the connection).
 fn exchange(addr: SocketAddr, script: &[u8], sentinel: &[u8], marker: &[u8]) -> Vec<u8> {
-    let mut stream = TcpStream::connect(addr).expect("connect");
+    let mut stream = TcpStream::connect(addr).unwrap_or_else(|e| panic!("connect {addr}: {e}"));
     stream
         .set_read_timeout(Some(Duration::from_secs(5)))
         .unwrap();

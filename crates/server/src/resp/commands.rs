@@ -100,7 +100,7 @@ pub fn execute(session: &mut RespSession, args: &[&[u8]], out: &mut Reply) -> Fl
     let result = match name {
         "get" => get(shared, args[1], out),
         "set" => set(shared, args, out),
-        "setnx" => set_if(shared, args[1], args[2], SetCondition::IfMissing, out),
+        "setnx" => setnx(shared, args[1], args[2], out),
         "setex" | "psetex" => set_expiring(shared, name, args, out),
         "getset" => getset(shared, args[1], Some(args[2]), out),
         "getdel" => getset(shared, args[1], None, out),
@@ -225,11 +225,24 @@ fn put_options(expires_at_ms: Option<u64>) -> PutOptions {
 
 /// `value` as a new version of `item`, keeping its expiry and flags (INCR, APPEND).
 fn rewrite(item: Option<&Item>, value: Vec<u8>) -> Update {
+    store(
+        value,
+        item.and_then(|i| i.expires_at_ms),
+        item.map_or(0, |i| i.flags),
+    )
+}
+
+/// `item` as it is, expiring at `at` instead (EXPIRE, PERSIST).
+fn redate(item: &Item, at: Option<u64>) -> Update {
+    store(item.value.clone(), at, item.flags)
+}
+
+fn store(value: Vec<u8>, expires_at_ms: Option<u64>, flags: u32) -> Update {
     Update::Put {
         value,
         options: PutOptions {
-            expires_at_ms: item.and_then(|i| i.expires_at_ms),
-            flags: item.map_or(0, |i| i.flags),
+            expires_at_ms,
+            flags,
             assign_cas: false,
         },
     }
@@ -355,11 +368,7 @@ fn set(shared: &Shared, args: &[&[u8]], out: &mut Reply) -> zipcache::Result<()>
             SetExpiry::At(t) => Some(t),
             SetExpiry::Keep => current.and_then(|i| i.expires_at_ms),
         };
-        let update = Update::Put {
-            value: value.to_vec(),
-            options: put_options(at),
-        };
-        (update, (true, old))
+        (store(value.to_vec(), at, 0), (true, old))
     })?;
     match (options.get, stored) {
         (true, _) => out.maybe_bulk(old.as_deref()),
@@ -369,26 +378,12 @@ fn set(shared: &Shared, args: &[&[u8]], out: &mut Reply) -> zipcache::Result<()>
     Ok(())
 }
 
-fn set_if(
-    shared: &Shared,
-    key: &[u8],
-    value: &[u8],
-    condition: SetCondition,
-    out: &mut Reply,
-) -> zipcache::Result<()> {
+fn setnx(shared: &Shared, key: &[u8], value: &[u8], out: &mut Reply) -> zipcache::Result<()> {
     Counters::bump(&shared.counters.cmd_set);
-    let (stored, _) = shared
-        .cache
-        .update(key, |current| match (condition, current) {
-            (SetCondition::IfMissing, Some(_)) => (Update::Keep, false),
-            _ => (
-                Update::Put {
-                    value: value.to_vec(),
-                    options: put_options(None),
-                },
-                true,
-            ),
-        })?;
+    let (stored, _) = shared.cache.update(key, |current| match current {
+        Some(_) => (Update::Keep, false),
+        None => (store(value.to_vec(), None, 0), true),
+    })?;
     out.integer(stored as i64);
     Ok(())
 }
@@ -422,10 +417,7 @@ fn getset(
 ) -> zipcache::Result<()> {
     let (old, _) = shared.cache.update(key, |current| {
         let update = match new {
-            Some(value) => Update::Put {
-                value: value.to_vec(),
-                options: put_options(None),
-            },
+            Some(value) => store(value.to_vec(), None, 0),
             None if current.is_some() => Update::Delete,
             None => Update::Keep,
         };
@@ -569,15 +561,7 @@ fn expire(shared: &Shared, name: &str, args: &[&[u8]], out: &mut Reply) -> zipca
         if at <= now {
             return (Update::Delete, true);
         }
-        let update = Update::Put {
-            value: item.value.clone(),
-            options: PutOptions {
-                expires_at_ms: Some(at as u64),
-                flags: item.flags,
-                assign_cas: false,
-            },
-        };
-        (update, true)
+        (redate(item, Some(at as u64)), true)
     })?;
     out.integer(changed as i64);
     Ok(())
@@ -604,17 +588,7 @@ fn ttl(shared: &Shared, key: &[u8], millis: bool, out: &mut Reply) -> zipcache::
 
 fn persist(shared: &Shared, key: &[u8], out: &mut Reply) -> zipcache::Result<()> {
     let (changed, _) = shared.cache.update(key, |current| match current {
-        Some(item) if item.expires_at_ms.is_some() => (
-            Update::Put {
-                value: item.value.clone(),
-                options: PutOptions {
-                    expires_at_ms: None,
-                    flags: item.flags,
-                    assign_cas: false,
-                },
-            },
-            true,
-        ),
+        Some(item) if item.expires_at_ms.is_some() => (redate(item, None), true),
         _ => (Update::Keep, false),
     })?;
     out.integer(changed as i64);

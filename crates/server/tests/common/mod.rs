@@ -21,9 +21,14 @@ pub struct TestServer {
 }
 
 impl TestServer {
+    /// Ports come from `free_port`, not `bind(0)`: a kernel-chosen port could be one
+    /// that `free_port` just handed to an external server of a parallel test, which would
+    /// then fail to bind while `wait_for_port` mistook us for it.
     pub fn start() -> TestServer {
         TestServer::with_options(ServerOptions {
             threads: 2,
+            memcached_port: Some(free_port()),
+            resp_port: Some(free_port()),
             ..ServerOptions::default()
         })
     }
@@ -142,8 +147,14 @@ pub fn free_port() -> u16 {
 
 /// Waits until something accepts connections on `port`.
 pub fn wait_for_port(port: u16, limit: Duration) {
+    // While nothing listens on an ephemeral-range port, a connect can pick that very
+    // port as its source and connect to itself (TCP simultaneous open): not a server.
+    let listening = || {
+        TcpStream::connect(("127.0.0.1", port))
+            .is_ok_and(|s| s.local_addr().ok() != s.peer_addr().ok())
+    };
     let started = Instant::now();
-    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+    while !listening() {
         assert!(
             started.elapsed() < limit,
             "nothing listens on port {port} after {limit:?}"
