@@ -23,6 +23,8 @@ pub struct Chart<'a> {
     pub x_label: &'a str,
     pub y_label: &'a str,
     pub series: &'a [Series],
+    /// Mark each point (sparse sweeps) or only draw the line (dense curves such as CDFs).
+    pub markers: bool,
 }
 
 fn register() -> Result<(), String> {
@@ -55,6 +57,17 @@ fn span(values: impl Iterator<Item = f64>, from_zero: bool) -> (f64, f64) {
     (if from_zero { lo } else { lo - pad }, hi + pad)
 }
 
+/// An axis tick: whole numbers on wide axes, two or three decimals on narrow ones.
+fn tick(value: f64, width: f64) -> String {
+    if width >= 20.0 {
+        format!("{value:.0}")
+    } else if width >= 2.0 {
+        format!("{value:.1}")
+    } else {
+        format!("{value:.2}")
+    }
+}
+
 /// Draws `chart` into the PNG at `path`.
 pub fn line_chart(path: &Path, chart: &Chart) -> Result<(), String> {
     register()?;
@@ -74,24 +87,42 @@ pub fn line_chart(path: &Path, chart: &Chart) -> Result<(), String> {
     ctx.configure_mesh()
         .x_desc(chart.x_label)
         .y_desc(chart.y_label)
+        .y_label_formatter(&|v| tick(*v, y1 - y0))
+        .x_label_formatter(&|v| tick(*v, x1 - x0))
         .label_style((FAMILY, 14))
         .axis_desc_style((FAMILY, 16))
         .draw()
         .map_err(|e| err(&e))?;
+    if chart.series.iter().all(|s| s.points.is_empty()) {
+        // Say why the chart is empty rather than leave a blank grid.
+        let (w, h) = root.dim_in_pixel();
+        root.draw(&Text::new(
+            "no data: the target(s) reported null for this metric",
+            (w as i32 / 4, h as i32 / 2),
+            (FAMILY, 20),
+        ))
+        .map_err(|e| err(&e))?;
+        return root.present().map_err(|e| err(&e));
+    }
     for (i, series) in chart.series.iter().enumerate() {
+        if series.points.is_empty() {
+            continue;
+        }
         let color = Palette99::pick(i).to_rgba();
         let style = ShapeStyle::from(color).stroke_width(2);
         ctx.draw_series(LineSeries::new(series.points.iter().copied(), style))
             .map_err(|e| err(&e))?
             .label(series.label.clone())
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], style));
-        ctx.draw_series(
-            series
-                .points
-                .iter()
-                .map(|p| Circle::new(*p, 3, ShapeStyle::from(color).filled())),
-        )
-        .map_err(|e| err(&e))?;
+        if chart.markers {
+            ctx.draw_series(
+                series
+                    .points
+                    .iter()
+                    .map(|p| Circle::new(*p, 3, ShapeStyle::from(color).filled())),
+            )
+            .map_err(|e| err(&e))?;
+        }
     }
     ctx.configure_series_labels()
         .label_font((FAMILY, 14))
@@ -127,12 +158,28 @@ mod tests {
                 x_label: "x",
                 y_label: "y",
                 series: &series,
+                markers: true,
             },
         )
         .unwrap();
         let bytes = std::fs::read(&path).unwrap();
         std::fs::remove_file(&path).unwrap();
         assert_eq!(&bytes[1..4], b"PNG");
+    }
+
+    #[test]
+    fn an_empty_chart_says_so() {
+        let path = std::env::temp_dir().join(format!("zc-plot-empty-{}.png", std::process::id()));
+        let chart = Chart {
+            title: "nothing",
+            x_label: "x",
+            y_label: "y",
+            series: &[],
+            markers: false,
+        };
+        line_chart(&path, &chart).unwrap();
+        assert!(std::fs::metadata(&path).unwrap().len() > 0);
+        std::fs::remove_file(&path).unwrap();
     }
 
     #[test]

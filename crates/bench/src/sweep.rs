@@ -344,6 +344,7 @@ fn draw(figure: Figure, out: &Path, measured: &[Measured]) -> Result<Vec<PathBuf
                 x_label,
                 y_label,
                 series: &series,
+                markers: figure != Figure::Bypass,
             },
         )?;
         written.push(path);
