@@ -16,6 +16,7 @@ use zipcache_device::{BlockDevice, CompressingDevice, EmulatorOptions, FileOptio
 
 use crate::dram_tier::{DramLeaf, DramSettings, DramTier, Lookup, ScanEntry};
 use crate::eviction::EvictionSink;
+use crate::large_objects::LargeObjects;
 use crate::memory::Memory;
 use crate::record::Meta;
 use crate::ssd_tier::{SsdHit, SsdSettings, SsdTier};
@@ -27,6 +28,8 @@ use crate::{Config, Error, Item, PutOptions, Result, Stats, Update};
 const LOW_WATERMARK: f64 = 0.985;
 /// The device's block: one SSD sub-page.
 const BLOCK: usize = zipcache_device::BLOCK_SIZE;
+/// Share of the SSD device given to the large-object log (BT_LO).
+const LARGE_REGION: f64 = 0.125;
 /// How often the bypass pass re-ranks leaves.
 const BYPASS_PERIOD: Duration = Duration::from_millis(100);
 
@@ -34,6 +37,7 @@ const BYPASS_PERIOD: Duration = Duration::from_millis(100);
 struct OpCounters {
     gets: Counter,
     dram_hits: Counter,
+    large_hits: Counter,
     ssd_hits: Counter,
     misses: Counter,
     expired: Counter,
@@ -47,6 +51,7 @@ pub(crate) struct Inner {
     memory: Arc<Memory>,
     pub(crate) dram: DramTier,
     pub(crate) ssd: Option<SsdTier>,
+    large: Option<LargeObjects>,
     /// Where a clean `close()` leaves the BT_SSD index for a warm restart.
     index_path: Option<std::path::PathBuf>,
     warm_start: bool,
@@ -109,20 +114,25 @@ impl ZipCache {
         let dram = DramTier::new(settings, memory.clone(), merge_tx, config.bypass_r);
         let index_path = config.ssd.as_ref().map(|s| index_path_for(&s.path));
         let mut warm_start = false;
-        let ssd = match device {
-            None => None,
+        let (ssd, large) = match device {
+            None => (None, None),
             Some(device) => {
+                let total = device.block_count();
+                let large_blocks = (total as f64 * LARGE_REGION) as u64;
+                let small_blocks = total - large_blocks;
                 let settings = SsdSettings {
                     subpages: config.superleaf_size / BLOCK,
                     fill_threshold: config.fill_threshold,
+                    blocks: small_blocks,
                 };
+                let (memory, clock) = (&memory, &config.clock);
                 let loaded = index_path.as_deref().and_then(|path| {
                     SsdTier::load(
                         path,
                         device.clone(),
                         settings,
                         memory.clone(),
-                        config.clock.clone(),
+                        clock.clone(),
                     )
                 });
                 // From here on the index on disk is stale: if this process dies before a
@@ -133,19 +143,23 @@ impl ZipCache {
                         _ => {}
                     }
                 }
-                Some(match loaded {
+                let ssd = match loaded {
                     Some(tier) => {
                         warm_start = true;
+                        // BT_LO is not persisted: its region restarts empty.
+                        device.trim(small_blocks, large_blocks)?;
                         tier
                     }
                     None => {
                         // Nothing the device holds can be trusted (a crash may have left
                         // values that were deleted or overwritten in DRAM): start cold, and
                         // trim so the old blocks free their space.
-                        device.trim(0, device.block_count())?;
-                        SsdTier::new(device, settings, memory.clone(), config.clock.clone())
+                        device.trim(0, total)?;
+                        SsdTier::new(device.clone(), settings, memory.clone(), clock.clone())
                     }
-                })
+                };
+                let large = LargeObjects::new(device, small_blocks, large_blocks, memory.clone());
+                (Some(ssd), Some(large))
             }
         };
         // CAS versions start from the clock so a restarted cache never reissues one a
@@ -156,6 +170,7 @@ impl ZipCache {
             memory,
             dram,
             ssd,
+            large,
             index_path,
             warm_start,
             ops: OpCounters::default(),
@@ -217,7 +232,7 @@ impl ZipCache {
         inner.check_value(value)?;
         inner.ops.puts.incr();
         let meta = inner.meta(&options);
-        inner.dram.put(key, value, meta, inner.now());
+        inner.store(key, value, meta, inner.now());
         inner.relieve_pressure();
         Ok(meta.cas)
     }
@@ -228,14 +243,24 @@ impl ZipCache {
         inner.check_key(key)?;
         inner.ops.deletes.incr();
         let now = inner.now();
-        let existed = match inner.dram.delete(key, now) {
-            Lookup::Found(..) => true,
-            Lookup::Deleted | Lookup::Expired => false,
-            // The SSD copy is still there until the tombstone reaches it.
-            Lookup::Absent => inner
-                .ssd
+        let (before, large) = inner.dram.delete(key, now, || {
+            inner
+                .large
                 .as_ref()
-                .is_some_and(|ssd| ssd.get(key, now).is_some()),
+                .and_then(|lo| lo.get(key, now).inspect(|_| lo.remove(key)))
+        });
+        let existed = match before {
+            Lookup::Found(..) => true,
+            Lookup::Expired => false,
+            Lookup::Deleted => large.is_some(),
+            // The SSD copy is still there until the tombstone reaches it.
+            Lookup::Absent => {
+                large.is_some()
+                    || inner
+                        .ssd
+                        .as_ref()
+                        .is_some_and(|ssd| ssd.get(key, now).is_some())
+            }
         };
         inner.relieve_pressure();
         Ok(existed)
@@ -253,26 +278,43 @@ impl ZipCache {
         inner.check_key(key)?;
         let now = inner.now();
         let outcome = inner.dram.modify(key, now, |current| {
+            // The leaf stays locked while BT_LO and the SSD are read, so no write slips in.
             let current = match current {
                 Lookup::Found(value, meta) => Some(item_of(value, &meta)),
-                Lookup::Deleted | Lookup::Expired => None,
-                // The leaf stays locked while the SSD is read, so no write can slip in.
-                Lookup::Absent => inner
-                    .ssd
-                    .as_ref()
-                    .and_then(|ssd| ssd.get(key, now))
-                    .map(|hit| item_of(hit.value, &hit.meta)),
+                Lookup::Expired => None,
+                Lookup::Deleted => inner.large_get(key, now),
+                Lookup::Absent => inner.large_get(key, now).or_else(|| {
+                    let hit = inner.ssd.as_ref().and_then(|ssd| ssd.get(key, now));
+                    hit.map(|hit| item_of(hit.value, &hit.meta))
+                }),
             };
             let (update, result) = f(current.as_ref());
             match update {
                 Update::Keep => (None, Ok((result, None))),
                 Update::Delete if current.is_none() => (None, Ok((result, None))),
-                Update::Delete => (Some(None), Ok((result, None))),
+                Update::Delete => {
+                    if let Some(lo) = &inner.large {
+                        lo.remove(key);
+                    }
+                    (Some(None), Ok((result, None)))
+                }
                 Update::Put { value, options } => match inner.check_value(&value) {
                     Err(e) => (None, Err(e)),
                     Ok(()) => {
                         let meta = inner.meta(&options);
-                        (Some(Some((value, meta))), Ok((result, Some(meta.cas))))
+                        let change = match inner.large_for(key, &value) {
+                            Some(lo) => {
+                                lo.put(key, &value, meta);
+                                None
+                            }
+                            None => {
+                                if let Some(lo) = &inner.large {
+                                    lo.remove(key);
+                                }
+                                Some((value, meta))
+                            }
+                        };
+                        (Some(change), Ok((result, Some(meta.cas))))
                     }
                 },
             }
@@ -302,27 +344,44 @@ impl ZipCache {
             Bound::Unbounded => Vec::new(),
         };
         let mut out = Vec::new();
-        // The SSD super-leaf last read, kept while DRAM leaves walk through its range.
-        let mut ssd_chunk: Option<(Vec<ScanEntry>, Option<crate::btree::Fence>)> = None;
+        // The SSD super-leaf and BT_LO leaf last read, kept while DRAM leaves walk
+        // through their ranges.
+        let mut ssd_chunk: Option<Chunk> = None;
+        let mut lo_chunk: Option<Chunk> = None;
         while out.len() < limit {
             let (dram_entries, dram_next) = inner.dram.scan_leaf(&cursor, end, now);
             let (entries, next) = match &inner.ssd {
                 None => (dram_entries, dram_next),
                 Some(ssd) => {
-                    let stale = ssd_chunk.as_ref().is_none_or(|(_, high)| {
-                        high.as_ref()
-                            .is_some_and(|h| cursor.as_slice() >= h.as_ref())
-                    });
-                    if stale {
+                    let stale = |chunk: &Option<Chunk>| {
+                        chunk.as_ref().is_none_or(|(_, high)| {
+                            high.as_ref()
+                                .is_some_and(|h| cursor.as_slice() >= h.as_ref())
+                        })
+                    };
+                    if stale(&ssd_chunk) {
                         ssd_chunk = Some(ssd.scan_leaf(&cursor, end, now));
                     }
+                    let large = inner.large.as_ref().filter(|lo| !lo.is_empty());
+                    if let Some(lo) = large.filter(|_| stale(&lo_chunk)) {
+                        lo_chunk = Some(lo.scan_leaf(&cursor, end, now));
+                    }
                     let (ssd_entries, ssd_next) = ssd_chunk.as_ref().expect("just filled");
+                    let lo_part = large.and(lo_chunk.as_ref());
                     // This step covers keys below whichever leaf ends first.
-                    let next = match (&dram_next, ssd_next) {
-                        (Some(a), Some(b)) => Some(if a <= b { a.clone() } else { b.clone() }),
-                        (Some(a), None) => Some(a.clone()),
-                        (None, b) => b.clone(),
-                    };
+                    let mut next = dram_next.clone();
+                    for other in [
+                        Some(ssd_next.clone()),
+                        lo_part.map(|(_, high)| high.clone()),
+                    ]
+                    .into_iter()
+                    .flatten()
+                    {
+                        next = match (next, other) {
+                            (Some(a), Some(b)) => Some(if a <= b { a } else { b }),
+                            (a, b) => a.or(b),
+                        };
+                    }
                     let below = |k: &[u8]| {
                         next.as_ref().is_none_or(|n| k < n.as_ref()) && k >= cursor.as_slice()
                     };
@@ -331,8 +390,23 @@ impl ZipCache {
                         .filter(|(k, _)| below(k))
                         .cloned()
                         .collect();
-                    // DRAM holds the newer version, tombstones included.
-                    merged.extend(dram_entries.into_iter().filter(|(k, _)| below(k)));
+                    // A large version is newer than any SSD copy (writing it deleted them) ...
+                    let mut large_keys = std::collections::BTreeSet::new();
+                    for (k, v) in lo_part
+                        .into_iter()
+                        .flat_map(|(e, _)| e.iter())
+                        .filter(|(k, _)| below(k))
+                    {
+                        large_keys.insert(k.clone());
+                        merged.insert(k.clone(), v.clone());
+                    }
+                    // ... and DRAM holds the newest of all, except that its tombstone for a
+                    // large object's key only hides the small versions below it.
+                    for (k, v) in dram_entries.into_iter().filter(|(k, _)| below(k)) {
+                        if v.is_some() || !large_keys.contains(&k) {
+                            merged.insert(k, v);
+                        }
+                    }
                     (merged.into_iter().collect(), next)
                 }
             };
@@ -363,6 +437,9 @@ impl ZipCache {
         self.inner.dram.evict_all(None, self.inner.now());
         if let Some(ssd) = &self.inner.ssd {
             ssd.clear();
+        }
+        if let Some(lo) = &self.inner.large {
+            lo.clear();
         }
         Ok(())
     }
@@ -430,6 +507,9 @@ fn index_path_for(ssd: &std::path::Path) -> std::path::PathBuf {
     name.into()
 }
 
+/// A scan step's entries from one leaf of a lower tree, and where that leaf ends.
+type Chunk = (Vec<ScanEntry>, Option<crate::btree::Fence>);
+
 fn item_of(value: Vec<u8>, meta: &Meta) -> Item {
     Item {
         value,
@@ -492,22 +572,49 @@ impl Inner {
                 self.ops.expired.incr();
                 None
             }
-            Lookup::Deleted => None,
-            Lookup::Absent => self
-                .ssd
-                .as_ref()
-                .and_then(|ssd| ssd.get(key, now))
-                .map(|hit| {
-                    self.ops.ssd_hits.incr();
-                    let item = item_of(hit.value.clone(), &hit.meta);
-                    self.promote(key, hit, now);
-                    item
-                }),
+            // A tombstone hides small versions; a large one may stand behind it.
+            Lookup::Deleted => self.large_get(key, now),
+            Lookup::Absent => self.large_get(key, now).or_else(|| self.ssd_get(key, now)),
         };
         if found.is_none() {
             self.ops.misses.incr();
         }
         found
+    }
+
+    fn large_get(&self, key: &[u8], now: u64) -> Option<Item> {
+        let (value, meta) = self.large.as_ref()?.get(key, now)?;
+        self.ops.large_hits.incr();
+        Some(item_of(value, &meta))
+    }
+
+    /// BT_LO if `key` + `value` make a large object and there is an SSD to hold it.
+    fn large_for(&self, key: &[u8], value: &[u8]) -> Option<&LargeObjects> {
+        self.large
+            .as_ref()
+            .filter(|_| key.len() + value.len() > self.config.medium_max)
+    }
+
+    /// Writes one object: large ones to BT_LO behind a DRAM tombstone, small ones to DRAM
+    /// (dropping any large version), both under the DRAM leaf's lock.
+    fn store(&self, key: &[u8], value: &[u8], meta: Meta, now: u64) {
+        match (self.large_for(key, value), &self.large) {
+            (Some(lo), _) => self.dram.put_with(key, None, Meta::default(), now, || {
+                lo.put(key, value, meta);
+            }),
+            (None, Some(lo)) => self
+                .dram
+                .put_with(key, Some(value), meta, now, || lo.remove(key)),
+            (None, None) => self.dram.put_with(key, Some(value), meta, now, || ()),
+        }
+    }
+
+    fn ssd_get(&self, key: &[u8], now: u64) -> Option<Item> {
+        let hit = self.ssd.as_ref()?.get(key, now)?;
+        self.ops.ssd_hits.incr();
+        let item = item_of(hit.value.clone(), &hit.meta);
+        self.promote(key, hit, now);
+        Some(item)
     }
 
     /// Inclusive caching: an SSD hit goes into DRAM as a clean object, which a later
@@ -576,7 +683,8 @@ impl Inner {
         let gets = self.ops.gets.get();
         let dram_hits = self.ops.dram_hits.get();
         let ssd_hits = self.ops.ssd_hits.get();
-        let hits = dram_hits + ssd_hits;
+        let large_hits = self.ops.large_hits.get();
+        let hits = dram_hits + large_hits + ssd_hits;
         let dram_objects = c.objects.load(Ordering::Relaxed).max(0) as u64;
         let raw = c.raw_bytes.load(Ordering::Relaxed).max(0) as u64;
         let holding = (mem.compressed_pages + mem.hot_pages + mem.mediums).max(0) as u64;
@@ -613,11 +721,25 @@ impl Inner {
             }
         });
         let ssd = ssd.unwrap_or_default();
+        let large_objects = self.large.as_ref().map_or(0, |lo| lo.len());
+        let large_dropped = self
+            .large
+            .as_ref()
+            .map_or(0, |lo| lo.counters.dropped.load(Ordering::Relaxed));
+        let large_failures = self.large.as_ref().map_or(0, |lo| {
+            lo.counters.checksum_failures.load(Ordering::Relaxed)
+                + lo.counters.io_errors.load(Ordering::Relaxed)
+        });
         Stats {
-            objects_resident: dram_objects + ssd.ssd_objects,
+            objects_resident: dram_objects + ssd.ssd_objects + large_objects,
+            large_objects,
+            large_dropped,
+            large_hits,
             ssd_hits,
             ssd_hit_ratio: ratio(ssd_hits, gets).unwrap_or(0.0),
-            checksum_failures: ssd.checksum_failures + c.corrupt_pages.load(Ordering::Relaxed),
+            checksum_failures: ssd.checksum_failures
+                + c.corrupt_pages.load(Ordering::Relaxed)
+                + large_failures,
             dram_capacity: self.config.dram_capacity,
             dram_used: mem.total().max(0) as u64,
             dram_compressed_page_bytes: mem.compressed_pages.max(0) as u64,

@@ -339,22 +339,32 @@ impl DramTier {
         }
     }
 
-    /// Stores `value` under `key` (newest version wins).
-    pub fn put(&self, key: &[u8], value: &[u8], meta: Meta, now_ms: u64) {
-        let record = Record {
-            key,
-            payload: Payload::Inline(value),
-            meta,
-        };
+    /// Stores `value` under `key` (`None`: a tombstone), after running `alongside` under
+    /// the same leaf lock: a write that must change BT_LO too (drop or add a large
+    /// version) is then atomic with respect to every other write of the key.
+    pub fn put_with<R>(
+        &self,
+        key: &[u8],
+        value: Option<&[u8]>,
+        meta: Meta,
+        now_ms: u64,
+        alongside: impl FnOnce() -> R,
+    ) -> R {
+        let payload = value.map_or(Payload::Tombstone, Payload::Inline);
+        let record = Record { key, payload, meta };
         self.write_leaf(key, |leaf, st| {
-            self.append_locked(leaf, st, &record, now_ms)
-        });
+            let result = alongside();
+            self.append_locked(leaf, st, &record, now_ms);
+            result
+        })
     }
 
-    /// Deletes `key`; returns what DRAM held of it before.
-    pub fn delete(&self, key: &[u8], now_ms: u64) -> Lookup {
+    /// Deletes `key`; returns what DRAM held of it before, and what `alongside` (run
+    /// under the same leaf lock) returned.
+    pub fn delete<R>(&self, key: &[u8], now_ms: u64, alongside: impl FnOnce() -> R) -> (Lookup, R) {
         self.write_leaf(key, |leaf, st| {
             let before = self.lookup_locked(st, key, now_ms);
+            let result = alongside();
             // Without a lower tier a tombstone is only needed to hide a DRAM copy.
             if self.settings.keep_tombstones || before != Lookup::Absent {
                 let record = Record {
@@ -364,7 +374,7 @@ impl DramTier {
                 };
                 self.append_locked(leaf, st, &record, now_ms);
             }
-            before
+            (before, result)
         })
     }
 

@@ -13,6 +13,7 @@ mod counters;
 mod dram_tier;
 mod early_termination;
 mod eviction;
+mod large_objects;
 mod leaf_page;
 mod memory;
 #[cfg(test)]

@@ -94,8 +94,6 @@ struct Harness {
     clock: Arc<ManualClock>,
     model: BTreeMap<Vec<u8>, Item>,
     version: u64,
-    /// Objects too large for one SSD sub-page are forgotten when their leaf is evicted.
-    large_evicted: bool,
 }
 
 impl Harness {
@@ -125,7 +123,6 @@ impl Harness {
             clock,
             model: BTreeMap::new(),
             version: 0,
-            large_evicted: false,
         }
     }
 
@@ -136,12 +133,13 @@ impl Harness {
             .filter(|i| i.expires_at_ms.is_none_or(|t| t > now))
     }
 
-    /// Whether anything may have been forgotten: a DRAM leaf left (DRAM-only, or an
-    /// object too large for an SSD sub-page), a super-leaf left the SSD, or a block
-    /// could not be read or written.
+    /// Whether anything may have been forgotten: a DRAM leaf left (DRAM-only), a large
+    /// object left the log, a super-leaf left the SSD, or a block could not be read or
+    /// written.
     fn evicted(&self) -> bool {
         let s = self.cache.stats();
-        (s.evicted_leaves > 0 && (self.cache.inner.ssd.is_none() || self.large_evicted))
+        (s.evicted_leaves > 0 && self.cache.inner.ssd.is_none())
+            || s.large_dropped > 0
             || s.ssd_evicted_superleaves > 0
             || s.checksum_failures > 0
             || s.io_errors > 0
@@ -160,7 +158,6 @@ impl Harness {
                     assign_cas: key % 2 == 0,
                 };
                 let cas = self.cache.put_with(&k, &value, options).unwrap();
-                self.large_evicted |= len > 1500;
                 self.model.insert(
                     k,
                     Item {
@@ -248,7 +245,25 @@ impl Harness {
                         .take(limit)
                         .map(|(k, i)| (k.clone(), i.clone()))
                         .collect();
-                    assert_eq!(got, want);
+                    if got != want {
+                        for ((gk, gi), (wk, wi)) in got.iter().zip(&want) {
+                            if gk != wk || gi != wi {
+                                let direct = self.cache.get_item(gk).unwrap();
+                                panic!(
+                                    "scan mismatch at {:?}: got {} bytes cas {} / want {:?} {} bytes cas {}; get() gives {:?} bytes; stats {:?}",
+                                    String::from_utf8_lossy(gk),
+                                    gi.value.len(),
+                                    gi.cas,
+                                    String::from_utf8_lossy(wk),
+                                    wi.value.len(),
+                                    wi.cas,
+                                    direct.map(|d| d.value.len()),
+                                    self.cache.stats()
+                                );
+                            }
+                        }
+                        panic!("scan lengths differ: got {} want {}", got.len(), want.len());
+                    }
                 }
             }
             Op::Advance { ms } => self.clock.advance(ms),

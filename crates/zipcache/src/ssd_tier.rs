@@ -103,6 +103,8 @@ pub struct SsdSettings {
     pub subpages: usize,
     /// Under-filling threshold `T`.
     pub fill_threshold: f64,
+    /// Blocks of the device (from LBA 0) that hold super-leaves.
+    pub blocks: u64,
 }
 
 #[derive(Debug, Default)]
@@ -173,7 +175,7 @@ impl SsdTier {
             counts: vec![0; m].into_boxed_slice(),
             version: 0,
         });
-        let max_slots = u32::try_from(device.block_count() / m as u64).unwrap_or(u32::MAX);
+        let max_slots = u32::try_from(settings.blocks / m as u64).unwrap_or(u32::MAX);
         let fill_limit = ((settings.fill_threshold * BLOCK_SIZE as f64) as usize)
             .saturating_sub(ssd_block::HEADER)
             .min(PAYLOAD);
@@ -831,7 +833,7 @@ impl SsdTier {
         }
         let ordered = descriptors.windows(2).all(|p| p[0].0 < p[1].0);
         let first_is_empty = descriptors.first().is_some_and(|d| d.0.is_empty());
-        let max_slots = device.block_count() / m as u64;
+        let max_slots = settings.blocks / m as u64;
         let slots_valid = next_slot as u64 <= max_slots
             && descriptors
                 .iter()

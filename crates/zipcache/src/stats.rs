@@ -28,6 +28,8 @@ pub struct Stats {
     pub hot_leaves: u64,
     pub ssd_objects: u64,
     pub large_objects: u64,
+    /// Large objects forgotten: dropped from the head of the log, or too big for it.
+    pub large_dropped: u64,
     /// Uncompressed bytes of DRAM-tier objects / DRAM bytes holding them.
     pub compression_ratio_dram: f64,
 

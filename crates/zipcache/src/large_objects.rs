@@ -1,0 +1,504 @@
+//! BT_LO and the large-object region (paper §3.1, §3.4).
+//!
+//! Objects larger than `medium_max` never take DRAM beyond their index entry: the value
+//! is written once to a 4 KiB-aligned extent in the large-object region at the end of
+//! the device, and BT_LO (the same [`BTree`], with leaves of sorted key → extent
+//! entries) points at it. The region is a circular log: new extents go at the head; when
+//! the head comes round to the oldest extents they are dropped (FIFO). An extent whose
+//! key was overwritten or deleted is trimmed at once.
+//!
+//! Extent on the device (`docs/FORMAT.md`): a 32-byte header (magic `ZCLO`, version,
+//! key and value length, a sequence number unique to this extent, CRC32C of header,
+//! key and value), the key, the value, zeros to the 4 KiB boundary. A read that finds
+//! anything else there (the log wrapped, the block was trimmed, bits flipped) is a miss.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+
+use parking_lot::{Mutex, RwLock};
+use zipcache_device::{AlignedBuf, BLOCK_SIZE, BlockDevice};
+
+use crate::btree::{BTree, Fence};
+use crate::dram_tier::ScanEntry;
+use crate::memory::{Charge, Memory, alloc_size};
+use crate::record::Meta;
+
+const MAGIC: [u8; 4] = *b"ZCLO";
+const VERSION: u8 = 1;
+const HEADER: usize = 32;
+/// Entries per BT_LO leaf before it splits.
+const LEAF_ENTRIES: usize = 32;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Extent {
+    lba: u64,
+    blocks: u32,
+    value_len: u32,
+    seq: u64,
+    meta: Meta,
+}
+
+struct LoState {
+    low: Fence,
+    high: Option<Fence>,
+    entries: Vec<(Arc<[u8]>, Extent)>,
+}
+
+impl LoState {
+    fn owns(&self, key: &[u8]) -> bool {
+        self.low.as_ref() <= key && self.high.as_ref().is_none_or(|h| key < h.as_ref())
+    }
+}
+
+pub struct LoLeaf {
+    state: RwLock<LoState>,
+}
+
+struct Log {
+    /// Next block to write, relative to the region start.
+    head: u64,
+    /// Extents in the order written: (first block relative to the region, blocks, key, seq).
+    extents: VecDeque<(u64, u32, Arc<[u8]>, u64)>,
+    next_seq: u64,
+}
+
+#[derive(Debug, Default)]
+pub struct LoCounters {
+    pub objects: AtomicI64,
+    pub gets: AtomicU64,
+    pub hits: AtomicU64,
+    pub bytes_written: AtomicU64,
+    pub dropped: AtomicU64,
+    pub checksum_failures: AtomicU64,
+    pub io_errors: AtomicU64,
+}
+
+pub struct LargeObjects {
+    device: Arc<dyn BlockDevice>,
+    tree: BTree<LoLeaf>,
+    /// First block of the region and its length in blocks.
+    start: u64,
+    blocks: u64,
+    log: Mutex<Log>,
+    memory: Arc<Memory>,
+    pub counters: LoCounters,
+}
+
+/// DRAM one BT_LO entry takes: the entry, its key, and its slot in the log's queue.
+fn entry_bytes(key_len: usize) -> i64 {
+    (size_of::<(Arc<[u8]>, Extent)>()
+        + alloc_size(key_len + 16)
+        + size_of::<(u64, u32, Arc<[u8]>, u64)>()) as i64
+}
+
+impl LargeObjects {
+    pub fn new(device: Arc<dyn BlockDevice>, start: u64, blocks: u64, memory: Arc<Memory>) -> Self {
+        let first = Arc::new(LoLeaf {
+            state: RwLock::new(LoState {
+                low: Fence::from(&[][..]),
+                high: None,
+                entries: Vec::new(),
+            }),
+        });
+        let lo = LargeObjects {
+            device,
+            tree: BTree::new(first),
+            start,
+            blocks,
+            log: Mutex::new(Log {
+                head: 0,
+                extents: VecDeque::new(),
+                next_seq: 1,
+            }),
+            memory,
+            counters: LoCounters::default(),
+        };
+        lo.charge(lo.tree.node_bytes() as i64);
+        lo
+    }
+
+    fn charge(&self, delta: i64) {
+        self.memory.change(
+            &Charge::default(),
+            &Charge {
+                index: delta,
+                ..Charge::default()
+            },
+        );
+    }
+
+    /// Whether BT_LO holds anything at all: writers of small objects skip it otherwise.
+    pub fn is_empty(&self) -> bool {
+        self.counters.objects.load(Ordering::Relaxed) <= 0
+    }
+
+    pub fn len(&self) -> u64 {
+        self.counters.objects.load(Ordering::Relaxed).max(0) as u64
+    }
+
+    /// Runs `f` on the leaf for `key` until it finds the leaf still owning the key (a
+    /// split may move it between finding and locking).
+    fn with_leaf<R>(&self, key: &[u8], mut f: impl FnMut(&LoLeaf) -> Option<R>) -> R {
+        loop {
+            let (_, leaf) = self.tree.find(key);
+            if let Some(r) = f(&leaf) {
+                return r;
+            }
+        }
+    }
+
+    /// Large objects with keys in `[cursor, end)` from the BT_LO leaf holding `cursor`,
+    /// and where the next leaf starts.
+    pub fn scan_leaf(
+        &self,
+        cursor: &[u8],
+        end: std::ops::Bound<&[u8]>,
+        now_ms: u64,
+    ) -> (Vec<ScanEntry>, Option<Fence>) {
+        let (keys, next) = self.with_leaf(cursor, |leaf| {
+            let st = leaf.state.read();
+            let range = (std::ops::Bound::Included(cursor), end);
+            st.owns(cursor).then(|| {
+                let keys: Vec<Vec<u8>> = st
+                    .entries
+                    .iter()
+                    .filter(|(k, _)| std::ops::RangeBounds::contains(&range, k.as_ref()))
+                    .map(|(k, _)| k.to_vec())
+                    .collect();
+                (keys, st.high.clone())
+            })
+        });
+        let entries = keys
+            .into_iter()
+            .filter_map(|k| self.get(&k, now_ms).map(|v| (k, Some(v))))
+            .collect();
+        (entries, next)
+    }
+
+    fn lookup(&self, key: &[u8]) -> Option<Extent> {
+        self.with_leaf(key, |leaf| {
+            let st = leaf.state.read();
+            st.owns(key).then(|| {
+                st.entries
+                    .binary_search_by(|(k, _)| k.as_ref().cmp(key))
+                    .ok()
+                    .map(|i| st.entries[i].1)
+            })
+        })
+    }
+
+    /// The large object stored under `key`, read from its extent.
+    pub fn get(&self, key: &[u8], now_ms: u64) -> Option<(Vec<u8>, Meta)> {
+        if self.is_empty() {
+            return None;
+        }
+        self.counters.gets.fetch_add(1, Ordering::Relaxed);
+        let extent = self.lookup(key)?;
+        if extent.meta.expired(now_ms) {
+            return None;
+        }
+        let mut buf = AlignedBuf::zeroed(extent.blocks as usize);
+        if self.device.read(extent.lba, &mut buf).is_err() {
+            self.counters.io_errors.fetch_add(1, Ordering::Relaxed);
+            return None;
+        }
+        match decode(&buf, key, &extent) {
+            Some(value) => {
+                self.counters.hits.fetch_add(1, Ordering::Relaxed);
+                Some((value, extent.meta))
+            }
+            None => {
+                self.counters
+                    .checksum_failures
+                    .fetch_add(1, Ordering::Relaxed);
+                None
+            }
+        }
+    }
+
+    /// Writes a large object and points BT_LO at it. Returns false if it cannot be kept
+    /// (larger than the region, or the device failed); any older large version is then
+    /// removed all the same.
+    pub fn put(&self, key: &[u8], value: &[u8], meta: Meta) -> bool {
+        let blocks = (HEADER + key.len() + value.len()).div_ceil(BLOCK_SIZE) as u64;
+        if blocks > self.blocks / 2 {
+            self.remove(key);
+            self.counters.dropped.fetch_add(1, Ordering::Relaxed);
+            return false;
+        }
+        let mut log = self.log.lock();
+        if log.head + blocks > self.blocks {
+            // Wrap: the extents between the head and the end of the region are the oldest
+            // now, and the log skips them; they go first.
+            let skipped = log.head;
+            while log
+                .extents
+                .front()
+                .is_some_and(|&(first, ..)| first >= skipped)
+            {
+                let (_, _, old_key, old_seq) = log.extents.pop_front().expect("front exists");
+                self.drop_oldest(&old_key, old_seq);
+            }
+            log.head = 0;
+        }
+        let (from, to) = (log.head, log.head + blocks);
+        // Drop the oldest extents the new one will overwrite.
+        while let Some(&(first, len, _, _)) = log.extents.front() {
+            let overlaps = first < to && first + u64::from(len) > from;
+            if !overlaps {
+                break;
+            }
+            let (_, _, old_key, old_seq) = log.extents.pop_front().expect("front exists");
+            self.drop_oldest(&old_key, old_seq);
+        }
+        let seq = log.next_seq;
+        log.next_seq += 1;
+        let extent = Extent {
+            lba: self.start + from,
+            blocks: blocks as u32,
+            value_len: value.len() as u32,
+            seq,
+            meta,
+        };
+        let buf = encode(key, value, &extent);
+        log.head = to;
+        if self.device.write(extent.lba, &buf).is_err() {
+            self.counters.io_errors.fetch_add(1, Ordering::Relaxed);
+            drop(log);
+            self.remove(key);
+            return false;
+        }
+        self.counters
+            .bytes_written
+            .fetch_add(buf.len() as u64, Ordering::Relaxed);
+        let key: Arc<[u8]> = Arc::from(key);
+        log.extents
+            .push_back((from, blocks as u32, key.clone(), seq));
+        drop(log);
+        self.insert(key, extent);
+        true
+    }
+
+    /// FIFO eviction of one extent, if BT_LO still points at it.
+    fn drop_oldest(&self, key: &[u8], seq: u64) {
+        if self.remove_if(key, |e| e.seq == seq).is_some() {
+            self.counters.dropped.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    fn insert(&self, key: Arc<[u8]>, extent: Extent) {
+        let replaced = self.with_leaf(&key, |leaf| {
+            let mut st = leaf.state.write();
+            if !st.owns(&key) {
+                return None;
+            }
+            let replaced = match st.entries.binary_search_by(|(k, _)| k.as_ref().cmp(&key)) {
+                Ok(i) => Some(std::mem::replace(&mut st.entries[i].1, extent)),
+                Err(i) => {
+                    st.entries.insert(i, (key.clone(), extent));
+                    None
+                }
+            };
+            if st.entries.len() > LEAF_ENTRIES {
+                let half = st.entries.len() / 2;
+                let right = st.entries.split_off(half);
+                let low = Fence::from(right[0].0.as_ref());
+                let new = Arc::new(LoLeaf {
+                    state: RwLock::new(LoState {
+                        low: low.clone(),
+                        high: st.high.take(),
+                        entries: right,
+                    }),
+                });
+                st.high = Some(low.clone());
+                let delta = self.tree.insert(low, new);
+                self.charge(delta);
+            }
+            Some(replaced)
+        });
+        match replaced {
+            Some(old) => self.trim(&old),
+            None => {
+                self.counters.objects.fetch_add(1, Ordering::Relaxed);
+                self.charge(entry_bytes(key.len()));
+            }
+        }
+    }
+
+    /// Drops the large object under `key`, if any (a small PUT or a DELETE replaced it).
+    pub fn remove(&self, key: &[u8]) {
+        if !self.is_empty() {
+            self.remove_if(key, |_| true);
+        }
+    }
+
+    fn remove_if(&self, key: &[u8], pred: impl Fn(&Extent) -> bool) -> Option<Extent> {
+        let removed = self.with_leaf(key, |leaf| {
+            let mut st = leaf.state.write();
+            if !st.owns(key) {
+                return None;
+            }
+            Some(
+                match st.entries.binary_search_by(|(k, _)| k.as_ref().cmp(key)) {
+                    Ok(i) if pred(&st.entries[i].1) => Some(st.entries.remove(i).1),
+                    _ => None,
+                },
+            )
+        })?;
+        self.counters.objects.fetch_sub(1, Ordering::Relaxed);
+        self.charge(-entry_bytes(key.len()));
+        self.trim(&removed);
+        Some(removed)
+    }
+
+    /// A dead extent's blocks are trimmed so the SSD stops holding them.
+    fn trim(&self, extent: &Extent) {
+        let _ = self.device.trim(extent.lba, u64::from(extent.blocks));
+    }
+
+    /// Forgets every large object and trims the region.
+    pub fn clear(&self) {
+        let mut log = self.log.lock();
+        while let Some((_, _, key, seq)) = log.extents.pop_front() {
+            self.remove_if(&key, |e| e.seq == seq);
+        }
+        log.head = 0;
+        let _ = self.device.trim(self.start, self.blocks);
+    }
+}
+
+fn encode(key: &[u8], value: &[u8], extent: &Extent) -> AlignedBuf {
+    let mut buf = AlignedBuf::zeroed(extent.blocks as usize);
+    buf[0..4].copy_from_slice(&MAGIC);
+    buf[4] = VERSION;
+    buf[6..8].copy_from_slice(&(key.len() as u16).to_le_bytes());
+    buf[8..12].copy_from_slice(&(value.len() as u32).to_le_bytes());
+    buf[12..20].copy_from_slice(&extent.seq.to_le_bytes());
+    buf[HEADER..HEADER + key.len()].copy_from_slice(key);
+    buf[HEADER + key.len()..HEADER + key.len() + value.len()].copy_from_slice(value);
+    let crc = checksum(&buf, key.len() + value.len());
+    buf[20..24].copy_from_slice(&crc.to_le_bytes());
+    buf
+}
+
+fn checksum(buf: &[u8], body: usize) -> u32 {
+    crc32c::crc32c_append(crc32c::crc32c(&buf[..20]), &buf[HEADER..HEADER + body])
+}
+
+fn decode(buf: &[u8], key: &[u8], extent: &Extent) -> Option<Vec<u8>> {
+    let value_len = extent.value_len as usize;
+    let body = key.len() + value_len;
+    if buf.len() < HEADER + body || buf[0..4] != MAGIC || buf[4] != VERSION {
+        return None;
+    }
+    let ok = u16::from_le_bytes([buf[6], buf[7]]) as usize == key.len()
+        && u32::from_le_bytes(buf[8..12].try_into().ok()?) as usize == value_len
+        && u64::from_le_bytes(buf[12..20].try_into().ok()?) == extent.seq
+        && u32::from_le_bytes(buf[20..24].try_into().ok()?) == checksum(buf, body)
+        && &buf[HEADER..HEADER + key.len()] == key;
+    ok.then(|| buf[HEADER + key.len()..HEADER + body].to_vec())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use zipcache_device::MemDevice;
+
+    fn region(blocks: u64) -> LargeObjects {
+        let device: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(blocks + 10));
+        LargeObjects::new(device, 10, blocks, Arc::new(Memory::default()))
+    }
+
+    #[test]
+    fn objects_round_trip_and_replace() {
+        let lo = region(64);
+        let big = vec![7u8; 10_000];
+        assert!(lo.put(b"k", &big, Meta::default()));
+        assert_eq!(lo.get(b"k", 0).unwrap().0, big);
+        assert!(lo.put(
+            b"k",
+            &[1u8; 5000],
+            Meta {
+                flags: 3,
+                ..Meta::default()
+            }
+        ));
+        let (v, m) = lo.get(b"k", 0).unwrap();
+        assert_eq!((v.len(), m.flags), (5000, 3));
+        assert_eq!(lo.len(), 1);
+        lo.remove(b"k");
+        assert!(lo.get(b"k", 0).is_none());
+        assert!(lo.is_empty());
+    }
+
+    #[test]
+    fn the_log_wraps_and_drops_the_oldest() {
+        let lo = region(32);
+        for i in 0..100u32 {
+            let key = format!("key-{i:04}");
+            assert!(lo.put(key.as_bytes(), &vec![i as u8; 6000], Meta::default()));
+        }
+        // 2 blocks each in a 32-block region: the newest 16 survive.
+        let live: Vec<u32> = (0..100)
+            .filter(|i| lo.get(format!("key-{i:04}").as_bytes(), 0).is_some())
+            .collect();
+        assert!(
+            live.len() >= 15 && live.iter().all(|&i| i >= 84),
+            "{live:?}"
+        );
+        for &i in &live {
+            assert_eq!(
+                lo.get(format!("key-{i:04}").as_bytes(), 0).unwrap().0,
+                vec![i as u8; 6000]
+            );
+        }
+        assert_eq!(lo.len(), live.len() as u64);
+        assert!(lo.counters.dropped.load(Ordering::Relaxed) >= 84);
+    }
+
+    #[test]
+    fn wrapping_drops_the_extents_it_skips() {
+        let lo = region(10);
+        let one = [1u8; 100];
+        for i in 0..10u32 {
+            assert!(lo.put(format!("a{i}").as_bytes(), &one, Meta::default()));
+        }
+        // Wraps to block 0 and overwrites a0..a2; c, d, e then take blocks 3, 4, 5.
+        assert!(lo.put(b"three", &[3u8; 9000], Meta::default()));
+        for key in ["c", "d", "e"] {
+            assert!(lo.put(key.as_bytes(), &one, Meta::default()));
+        }
+        // Five blocks do not fit after block 6: the log wraps again, skipping a6..a9 at
+        // the end, and overwrites `three`, `c` and `d` at the start. All of them must
+        // leave BT_LO: none may point at blocks that now hold something else.
+        assert!(lo.put(b"five", &[5u8; 18000], Meta::default()));
+        assert_eq!(lo.get(b"five", 0).unwrap().0, vec![5u8; 18000]);
+        assert!(lo.get(b"e", 0).is_some());
+        for key in ["a6", "a7", "a8", "a9", "three", "c", "d"] {
+            assert!(lo.get(key.as_bytes(), 0).is_none(), "{key}");
+        }
+        assert_eq!(
+            lo.counters.checksum_failures.load(Ordering::Relaxed),
+            0,
+            "no dangling extent"
+        );
+        assert_eq!(lo.len(), 2);
+    }
+
+    #[test]
+    fn many_keys_split_leaves_and_stay_findable() {
+        let lo = region(4096);
+        for i in 0..500u32 {
+            assert!(lo.put(
+                format!("{i:08}").as_bytes(),
+                &vec![1u8; 3000],
+                Meta::default()
+            ));
+        }
+        assert!(lo.tree.leaf_count() > 10);
+        for i in 0..500u32 {
+            assert!(lo.get(format!("{i:08}").as_bytes(), 0).is_some(), "{i}");
+        }
+    }
+}
