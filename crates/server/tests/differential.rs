@@ -14,8 +14,13 @@ use common::{ChildGuard, TestServer, free_port, require_tool, wait_for_port};
 /// Sends `script` plus a sentinel request and returns everything before the sentinel's
 /// reply, which starts with `marker` and ends the stream with `\r\n` (or everything up
 /// to the close, if the script closes the connection).
-fn exchange(addr: SocketAddr, script: &[u8], sentinel: &[u8], marker: &[u8]) -> Vec<u8> {
-    let mut stream = TcpStream::connect(addr).unwrap_or_else(|e| panic!("connect {addr}: {e}"));
+fn exchange(
+    addr: SocketAddr,
+    script: &[u8],
+    sentinel: &[u8],
+    marker: &[u8],
+) -> std::io::Result<Vec<u8>> {
+    let mut stream = TcpStream::connect(addr)?;
     stream
         .set_read_timeout(Some(Duration::from_secs(5)))
         .unwrap();
@@ -28,10 +33,10 @@ fn exchange(addr: SocketAddr, script: &[u8], sentinel: &[u8], marker: &[u8]) -> 
             && let Some(at) = reply.windows(marker.len()).rposition(|w| w == marker)
         {
             reply.truncate(at);
-            return reply;
+            return Ok(reply);
         }
         match stream.read(&mut buf) {
-            Ok(0) | Err(_) => return reply,
+            Ok(0) | Err(_) => return Ok(reply),
             Ok(n) => reply.extend_from_slice(&buf[..n]),
         }
     }
@@ -39,33 +44,31 @@ fn exchange(addr: SocketAddr, script: &[u8], sentinel: &[u8], marker: &[u8]) -> 
 
 fn compare(
     cases: &[&str],
-    real: SocketAddr,
+    (real, real_server): (SocketAddr, &mut ChildGuard),
     ours: SocketAddr,
     flush: &str,
     sentinel: (&str, &str),
 ) {
+    let mut talk = |addr: SocketAddr, script: &str| {
+        let reply = exchange(
+            addr,
+            script.as_bytes(),
+            sentinel.0.as_bytes(),
+            sentinel.1.as_bytes(),
+        );
+        reply.unwrap_or_else(|e| {
+            // Say whether the peer process is gone: something outside this test (a
+            // `pkill` by name elsewhere on the machine) is then the likely cause.
+            let state = real_server.0.try_wait();
+            panic!("connect {addr}: {e}; real server process state: {state:?}")
+        })
+    };
     let mut mismatches = Vec::new();
     for case in cases {
-        for addr in [real, ours] {
-            exchange(
-                addr,
-                flush.as_bytes(),
-                sentinel.0.as_bytes(),
-                sentinel.1.as_bytes(),
-            );
-        }
-        let expected = exchange(
-            real,
-            case.as_bytes(),
-            sentinel.0.as_bytes(),
-            sentinel.1.as_bytes(),
-        );
-        let got = exchange(
-            ours,
-            case.as_bytes(),
-            sentinel.0.as_bytes(),
-            sentinel.1.as_bytes(),
-        );
+        talk(real, flush);
+        talk(ours, flush);
+        let expected = talk(real, case);
+        let got = talk(ours, case);
         if expected != got {
             mismatches.push(format!(
                 "{case:?}\n  real: {:?}\n  ours: {:?}",
@@ -114,7 +117,7 @@ const MEMCACHED_CASES: &[&str] = &[
 fn memcached_replies_match_the_real_memcached() {
     let memcached = require_tool("memcached", "memcached");
     let port = free_port();
-    let _real = ChildGuard(
+    let mut real = ChildGuard(
         Command::new(memcached)
             .args([
                 "-u",
@@ -135,7 +138,7 @@ fn memcached_replies_match_the_real_memcached() {
     let ours = TestServer::start();
     compare(
         MEMCACHED_CASES,
-        ([127, 0, 0, 1], port).into(),
+        (([127, 0, 0, 1], port).into(), &mut real),
         ours.memcached,
         "flush_all\r\n",
         // No case sends `version`, so its reply marks the end of a case's replies.
@@ -163,7 +166,7 @@ const RESP_CASES: &[&str] = &[
 fn resp_replies_match_the_real_redis() {
     let redis = require_tool("redis-server", "redis-server");
     let port = free_port();
-    let _real = ChildGuard(
+    let mut real = ChildGuard(
         Command::new(redis)
             .args([
                 "--port",
@@ -184,7 +187,7 @@ fn resp_replies_match_the_real_redis() {
     let ours = TestServer::start();
     compare(
         RESP_CASES,
-        ([127, 0, 0, 1], port).into(),
+        (([127, 0, 0, 1], port).into(), &mut real),
         ours.resp,
         "FLUSHALL\r\n",
         ("ECHO sentinel\r\n", "$8\r\nsentinel\r\n"),
