@@ -47,7 +47,6 @@ pub trait Client: Send {
 /// What a target can say about itself; `None` = it cannot say.
 #[derive(Clone, Debug, Default)]
 pub struct Snapshot {
-    pub gets: Option<u64>,
     pub dram_hits: Option<u64>,
     pub ssd_hits: Option<u64>,
     pub dram_bytes_used: Option<u64>,

@@ -354,10 +354,7 @@ impl Target for NetTarget {
         };
         match self.protocol {
             Protocol::Resp => {
-                let hits: Option<u64> = stat(&stats, "keyspace_hits");
-                let misses: Option<u64> = stat(&stats, "keyspace_misses");
-                snap.gets = hits.zip(misses).map(|(h, m)| h + m);
-                snap.dram_hits = hits;
+                snap.dram_hits = stat(&stats, "keyspace_hits");
                 snap.ssd_hits = Some(0);
                 snap.dram_bytes_used = stat(&stats, "used_memory");
                 snap.objects_resident = stat(&stats, "dbsize");
@@ -365,7 +362,6 @@ impl Target for NetTarget {
             }
             // `zipcache serve` prints the engine's §4 names in `stats`.
             Protocol::Memcached if stats.contains_key("dram_hits") => {
-                snap.gets = stat(&stats, "gets");
                 snap.dram_hits = stat(&stats, "dram_hits");
                 snap.ssd_hits = stat(&stats, "ssd_hits");
                 snap.dram_bytes_used = stat(&stats, "dram_used");
@@ -383,7 +379,6 @@ impl Target for NetTarget {
             Protocol::Memcached => {
                 let hits: Option<u64> = stat(&stats, "get_hits");
                 let flash: u64 = stat(&stats, "get_extstore").unwrap_or(0);
-                snap.gets = stat(&stats, "cmd_get");
                 snap.dram_hits = hits.map(|h| h.saturating_sub(flash));
                 snap.ssd_hits = Some(flash);
                 snap.dram_bytes_used = stat(&stats, "bytes");

@@ -94,7 +94,6 @@ impl Target for ZipTarget {
         let s = self.cache.stats();
         let ssd = !self.dram_only;
         Ok(Snapshot {
-            gets: Some(s.gets),
             dram_hits: Some(s.dram_hits),
             ssd_hits: Some(s.ssd_hits + s.large_hits),
             dram_bytes_used: Some(s.dram_used),
