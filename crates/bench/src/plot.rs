@@ -25,6 +25,8 @@ pub struct Chart<'a> {
     pub series: &'a [Series],
     /// Mark each point (sparse sweeps) or only draw the line (dense curves such as CDFs).
     pub markers: bool,
+    /// Where the legend goes: a corner the lines leave free.
+    pub legend_at: SeriesLabelPosition,
 }
 
 fn register() -> Result<(), String> {
@@ -128,7 +130,7 @@ pub fn line_chart(path: &Path, chart: &Chart) -> Result<(), String> {
         .label_font((FAMILY, 14))
         .background_style(WHITE.mix(0.85))
         .border_style(BLACK)
-        .position(SeriesLabelPosition::UpperLeft)
+        .position(chart.legend_at.clone())
         .draw()
         .map_err(|e| err(&e))?;
     root.present().map_err(|e| err(&e))
@@ -159,6 +161,7 @@ mod tests {
                 y_label: "y",
                 series: &series,
                 markers: true,
+                legend_at: SeriesLabelPosition::UpperLeft,
             },
         )
         .unwrap();
@@ -176,6 +179,7 @@ mod tests {
             y_label: "y",
             series: &[],
             markers: false,
+            legend_at: SeriesLabelPosition::LowerRight,
         };
         line_chart(&path, &chart).unwrap();
         assert!(std::fs::metadata(&path).unwrap().len() > 0);

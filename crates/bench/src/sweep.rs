@@ -8,6 +8,8 @@ use std::path::{Path, PathBuf};
 use clap::Parser;
 
 use crate::Params;
+use plotters::chart::SeriesLabelPosition;
+
 use crate::plot::{Chart, Series, line_chart};
 use crate::report::TargetResult;
 
@@ -344,7 +346,13 @@ fn draw(figure: Figure, out: &Path, measured: &[Measured]) -> Result<Vec<PathBuf
                 x_label,
                 y_label,
                 series: &series,
+                // A CDF is a dense curve rising to the upper right.
                 markers: figure != Figure::Bypass,
+                legend_at: if figure == Figure::Bypass {
+                    SeriesLabelPosition::LowerRight
+                } else {
+                    SeriesLabelPosition::UpperLeft
+                },
             },
         )?;
         written.push(path);
