@@ -477,9 +477,11 @@ impl ZipCache {
         self.inner.warm_start
     }
 
-    /// Waits until the device has accounted every write so far (emulated physical bytes
-    /// are computed off the request path), so `stats()` is exact afterwards.
+    /// Merges every write buffer and waits until the device has accounted every write so
+    /// far (emulated physical bytes are computed off the request path), so that `stats()`
+    /// is exact afterwards. For measurements; the cache works without it.
     pub fn settle(&self) -> Result<()> {
+        self.inner.dram.merge_all(self.inner.now());
         if let Some(ssd) = &self.inner.ssd {
             ssd.device().drain()?;
         }

@@ -91,6 +91,10 @@ impl Target for ZipTarget {
     }
 
     fn snapshot(&self) -> Result<Snapshot, String> {
+        // Merged buffers and a drained device make the counts and V_NAND exact.
+        self.cache
+            .settle()
+            .map_err(|e| format!("zipcache settle: {e}"))?;
         let s = self.cache.stats();
         let ssd = !self.dram_only;
         Ok(Snapshot {
