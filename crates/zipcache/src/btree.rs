@@ -31,6 +31,53 @@ const FANOUT: usize = 64;
 
 pub type Fence = Arc<[u8]>;
 
+/// The keys a leaf answers for, kept by the leaf itself under its own lock: readers that
+/// routed through a tree which changed a moment later check here before trusting it.
+#[derive(Clone, Debug)]
+pub struct KeyRange {
+    pub low: Fence,
+    /// `None`: no upper bound (the last leaf).
+    pub high: Option<Fence>,
+    /// Removed from the tree; its range went to its left neighbour.
+    pub retired: bool,
+}
+
+impl KeyRange {
+    /// The range of a tree's first leaf: every key.
+    pub fn everything() -> KeyRange {
+        KeyRange {
+            low: Fence::from(&[][..]),
+            high: None,
+            retired: false,
+        }
+    }
+
+    pub fn new(low: Fence, high: Option<Fence>) -> KeyRange {
+        KeyRange {
+            low,
+            high,
+            retired: false,
+        }
+    }
+
+    pub fn owns(&self, key: &[u8]) -> bool {
+        !self.retired
+            && self.low.as_ref() <= key
+            && self.high.as_ref().is_none_or(|h| key < h.as_ref())
+    }
+
+    /// Gives `victim`'s range (whose low fence is `low`) to `self`, its left neighbour.
+    /// Both are locked by the caller; false if either changed since it chose them.
+    pub fn absorb_right(&mut self, victim: &mut KeyRange, low: &Fence) -> bool {
+        if self.retired || self.high.as_ref() != Some(low) || victim.retired || victim.low != *low {
+            return false;
+        }
+        self.high = victim.high.clone();
+        victim.retired = true;
+        true
+    }
+}
+
 enum Children<L> {
     Leaves(Vec<(Fence, Arc<L>)>),
     Nodes(Vec<(Fence, Arc<Node<L>>)>),
@@ -118,6 +165,16 @@ impl<L> BTree<L> {
                 }
             }
         }
+    }
+
+    /// One step of a CLOCK hand walking the leaves in key order: the leaf at `hand`, and
+    /// `hand` moved to the next leaf (back to the first after the last).
+    pub fn clock_step(&self, hand: &mut Fence) -> (Fence, Arc<L>) {
+        let (low, leaf) = self.find(hand);
+        *hand = self
+            .next_leaf(&low)
+            .map_or_else(|| Fence::from(&[][..]), |(next, _)| next);
+        (low, leaf)
     }
 
     /// The leaf after the one whose low fence is `low`, in key order, if any.

@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering};
 use crossbeam_channel::Sender;
 use parking_lot::{Mutex, RwLock};
 
-use crate::btree::{BTree, Fence};
+use crate::btree::{BTree, Fence, KeyRange};
 use crate::bypass::Bypass;
 use crate::early_termination::{compress_page, decompress_prefix, with_prefix};
 use crate::eviction::{EvictedObject, EvictionSink};
@@ -48,9 +48,7 @@ enum Page {
 }
 
 struct LeafState {
-    low: Fence,
-    high: Option<Fence>,
-    retired: bool,
+    range: KeyRange,
     page: Page,
     /// Medium objects' blobs, by the slot their page record names.
     blobs: Box<[Option<Box<[u8]>>]>,
@@ -59,14 +57,6 @@ struct LeafState {
     objects: u32,
     raw_bytes: u32,
     charge: LeafCharge,
-}
-
-impl LeafState {
-    fn owns(&self, key: &[u8]) -> bool {
-        !self.retired
-            && self.low.as_ref() <= key
-            && self.high.as_ref().is_none_or(|h| key < h.as_ref())
-    }
 }
 
 pub struct DramLeaf {
@@ -195,7 +185,7 @@ impl Obj<'_> {
 /// (which hide older versions in lower tiers).
 pub type ScanEntry = (Vec<u8>, Option<(Vec<u8>, Meta)>);
 
-type KeyRange<'k> = (Bound<&'k [u8]>, Bound<&'k [u8]>);
+type Bounds<'k> = (Bound<&'k [u8]>, Bound<&'k [u8]>);
 
 impl DramTier {
     pub fn new(
@@ -211,9 +201,7 @@ impl DramTier {
             hash: dram_subpage,
         };
         let first = LeafState {
-            low: Fence::from(&[][..]),
-            high: None,
-            retired: false,
+            range: KeyRange::everything(),
             page: Page::Empty,
             blobs: Box::default(),
             buffer: WriteBuffer::default(),
@@ -256,7 +244,7 @@ impl DramTier {
             let done = self.tree.with_leaf(key, |_, leaf| {
                 let st = leaf.state.read();
                 // `f` is taken only once the leaf owns the key, so it runs exactly once.
-                st.owns(key).then(|| f.take().map(|f| f(leaf, &st)))
+                st.range.owns(key).then(|| f.take().map(|f| f(leaf, &st)))
             });
             if let Some(Some(result)) = done {
                 return result;
@@ -269,7 +257,7 @@ impl DramTier {
         loop {
             let (_, leaf) = self.tree.find(key);
             let mut st = leaf.state.write();
-            if st.owns(key) {
+            if st.range.owns(key) {
                 return f(&leaf, &mut st);
             }
         }
@@ -443,7 +431,7 @@ impl DramTier {
     pub fn merge(&self, leaf: &Arc<DramLeaf>, now_ms: u64) {
         let mut st = leaf.state.write();
         leaf.merge_queued.store(false, Ordering::Release);
-        if !st.retired && !st.buffer.is_empty() {
+        if !st.range.retired && !st.buffer.is_empty() {
             self.merge_locked(leaf, &mut st, now_ms);
         }
     }
@@ -478,7 +466,7 @@ impl DramTier {
         }
         let chunks = self.partition(&objs);
         let hot = leaf.hot.load(Ordering::Relaxed);
-        let old_high = st.high.take();
+        let old_high = st.range.high.take();
         let mut fences: Vec<Fence> = Vec::with_capacity(chunks.len());
         for pair in chunks.windows(2) {
             fences.push(separator(objs[pair[0].1 - 1].key, objs[pair[1].0].key));
@@ -495,14 +483,15 @@ impl DramTier {
         if let Some(first) = contents.next() {
             self.install(st, first);
         }
-        st.high = fences.first().cloned().or_else(|| old_high.clone());
+        st.range.high = fences.first().cloned().or_else(|| old_high.clone());
         self.recharge(st);
         let access = leaf.access.load(Ordering::Relaxed);
         for (i, c) in contents.enumerate() {
             let state = LeafState {
-                low: fences[i].clone(),
-                high: fences.get(i + 1).cloned().or_else(|| old_high.clone()),
-                retired: false,
+                range: KeyRange::new(
+                    fences[i].clone(),
+                    fences.get(i + 1).cloned().or_else(|| old_high.clone()),
+                ),
                 page: Page::Empty,
                 blobs: Box::default(),
                 buffer: WriteBuffer::default(),
@@ -728,7 +717,7 @@ impl DramTier {
     }
 
     fn recharge(&self, st: &mut LeafState) {
-        let new = if st.retired {
+        let new = if st.range.retired {
             Charge::default()
         } else {
             let blob_bytes: usize = st.blobs.iter().flatten().map(|b| alloc_size(b.len())).sum();
@@ -758,11 +747,7 @@ impl DramTier {
         let mut hand = self.hand.lock();
         let budget = 2 * self.tree.leaf_count() + 2;
         for _ in 0..budget {
-            let (low, leaf) = self.tree.find(&hand);
-            *hand = self
-                .tree
-                .next_leaf(&low)
-                .map_or_else(|| Fence::from(&[][..]), |(next, _)| next);
+            let (low, leaf) = self.tree.clock_step(&mut hand);
             if leaf.referenced.swap(false, Ordering::Relaxed) || leaf.hot.load(Ordering::Relaxed) {
                 continue;
             }
@@ -784,7 +769,7 @@ impl DramTier {
     ) -> bool {
         if low.is_empty() {
             let mut st = leaf.state.write();
-            if st.retired || !st.low.is_empty() {
+            if st.range.retired || !st.range.low.is_empty() {
                 return false;
             }
             self.hand_over(&mut st, sink, now_ms);
@@ -796,12 +781,10 @@ impl DramTier {
         };
         let mut prev_st = prev.state.write();
         let mut st = leaf.state.write();
-        if prev_st.retired || prev_st.high.as_ref() != Some(low) || st.retired || st.low != *low {
+        if !prev_st.range.absorb_right(&mut st.range, low) {
             return false;
         }
         self.hand_over(&mut st, sink, now_ms);
-        prev_st.high = st.high.clone();
-        st.retired = true;
         self.recharge(&mut st);
         if leaf.hot.swap(false, Ordering::Relaxed) {
             self.counters.hot_leaves.fetch_sub(1, Ordering::Relaxed);
@@ -815,7 +798,7 @@ impl DramTier {
     fn hand_over(&self, st: &mut LeafState, sink: Option<&dyn EvictionSink>, now_ms: u64) {
         if let Some(sink) = sink {
             let objects = self.export(st, now_ms);
-            sink.absorb(&st.low, st.high.as_deref(), objects);
+            sink.absorb(&st.range.low, st.range.high.as_deref(), objects);
         }
         self.counters.evicted_leaves.fetch_add(1, Ordering::Relaxed);
         self.counters
@@ -851,7 +834,7 @@ impl DramTier {
     }
 
     /// A locked leaf's entries in key order, restricted to `range` if given.
-    fn entries(&self, st: &LeafState, now_ms: u64, range: Option<KeyRange<'_>>) -> Vec<ScanEntry> {
+    fn entries(&self, st: &LeafState, now_ms: u64, range: Option<Bounds<'_>>) -> Vec<ScanEntry> {
         let decoded = self.decode(&st.page);
         let page: &[u8] = decoded.as_deref().unwrap_or(&[]);
         let in_range = |k: &[u8]| range.is_none_or(|r| std::ops::RangeBounds::contains(&r, k));
@@ -888,7 +871,7 @@ impl DramTier {
     ) -> (Vec<ScanEntry>, Option<Fence>) {
         self.read_leaf(cursor, |_, st| {
             let entries = self.entries(st, now_ms, Some((Bound::Included(cursor), end)));
-            (entries, st.high.clone())
+            (entries, st.range.high.clone())
         })
     }
 
@@ -917,7 +900,7 @@ impl DramTier {
 
     fn set_hot(&self, leaf: &DramLeaf, hot: bool) {
         let mut st = leaf.state.write();
-        if st.retired {
+        if st.range.retired {
             return;
         }
         leaf.hot.store(hot, Ordering::Relaxed);

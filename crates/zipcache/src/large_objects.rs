@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use parking_lot::{Mutex, RwLock};
 use zipcache_device::{AlignedBuf, BLOCK_SIZE, BlockDevice};
 
-use crate::btree::{BTree, Fence};
+use crate::btree::{BTree, Fence, KeyRange};
 use crate::dram_tier::ScanEntry;
 use crate::memory::{Charge, Memory, alloc_size};
 use crate::record::Meta;
@@ -40,15 +40,8 @@ struct Extent {
 }
 
 struct LoState {
-    low: Fence,
-    high: Option<Fence>,
+    range: KeyRange,
     entries: Vec<(Arc<[u8]>, Extent)>,
-}
-
-impl LoState {
-    fn owns(&self, key: &[u8]) -> bool {
-        self.low.as_ref() <= key && self.high.as_ref().is_none_or(|h| key < h.as_ref())
-    }
 }
 
 pub struct LoLeaf {
@@ -96,8 +89,7 @@ impl LargeObjects {
     pub fn new(device: Arc<dyn BlockDevice>, start: u64, blocks: u64, memory: Arc<Memory>) -> Self {
         let first = Arc::new(LoLeaf {
             state: RwLock::new(LoState {
-                low: Fence::from(&[][..]),
-                high: None,
+                range: KeyRange::everything(),
                 entries: Vec::new(),
             }),
         });
@@ -159,14 +151,14 @@ impl LargeObjects {
         let (keys, next) = self.with_leaf(cursor, |leaf| {
             let st = leaf.state.read();
             let range = (std::ops::Bound::Included(cursor), end);
-            st.owns(cursor).then(|| {
+            st.range.owns(cursor).then(|| {
                 let keys: Vec<Vec<u8>> = st
                     .entries
                     .iter()
                     .filter(|(k, _)| std::ops::RangeBounds::contains(&range, k.as_ref()))
                     .map(|(k, _)| k.to_vec())
                     .collect();
-                (keys, st.high.clone())
+                (keys, st.range.high.clone())
             })
         });
         let entries = keys
@@ -179,7 +171,7 @@ impl LargeObjects {
     fn lookup(&self, key: &[u8]) -> Option<Extent> {
         self.with_leaf(key, |leaf| {
             let st = leaf.state.read();
-            st.owns(key).then(|| {
+            st.range.owns(key).then(|| {
                 st.entries
                     .binary_search_by(|(k, _)| k.as_ref().cmp(key))
                     .ok()
@@ -290,7 +282,7 @@ impl LargeObjects {
     fn insert(&self, key: Arc<[u8]>, extent: Extent) {
         let replaced = self.with_leaf(&key, |leaf| {
             let mut st = leaf.state.write();
-            if !st.owns(&key) {
+            if !st.range.owns(&key) {
                 return None;
             }
             let replaced = match st.entries.binary_search_by(|(k, _)| k.as_ref().cmp(&key)) {
@@ -306,12 +298,11 @@ impl LargeObjects {
                 let low = Fence::from(right[0].0.as_ref());
                 let new = Arc::new(LoLeaf {
                     state: RwLock::new(LoState {
-                        low: low.clone(),
-                        high: st.high.take(),
+                        range: KeyRange::new(low.clone(), st.range.high.take()),
                         entries: right,
                     }),
                 });
-                st.high = Some(low.clone());
+                st.range.high = Some(low.clone());
                 let delta = self.tree.insert(low, new);
                 self.charge(delta);
             }
@@ -336,7 +327,7 @@ impl LargeObjects {
     fn remove_if(&self, key: &[u8], pred: impl Fn(&Extent) -> bool) -> Option<Extent> {
         let removed = self.with_leaf(key, |leaf| {
             let mut st = leaf.state.write();
-            if !st.owns(key) {
+            if !st.range.owns(key) {
                 return None;
             }
             Some(

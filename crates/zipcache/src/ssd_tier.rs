@@ -30,7 +30,7 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use parking_lot::{Mutex, RwLock};
 use zipcache_device::{AlignedBuf, BLOCK_SIZE, BlockDevice};
 
-use crate::btree::{BTree, Fence};
+use crate::btree::{BTree, Fence, KeyRange};
 use crate::config::Clock;
 use crate::dram_tier::{ScanEntry, separator};
 use crate::eviction::{EvictedObject, EvictionSink};
@@ -63,9 +63,7 @@ pub struct Freshness {
 }
 
 struct SlState {
-    low: Fence,
-    high: Option<Fence>,
-    retired: bool,
+    range: KeyRange,
     /// Where the sub-pages live (`slot × m` is the first LBA); `None` while empty.
     slot: Option<u32>,
     generation: u32,
@@ -73,14 +71,6 @@ struct SlState {
     counts: Box<[u16]>,
     /// Bumped by every write to this super-leaf.
     version: u64,
-}
-
-impl SlState {
-    fn owns(&self, key: &[u8]) -> bool {
-        !self.retired
-            && self.low.as_ref() <= key
-            && self.high.as_ref().is_none_or(|h| key < h.as_ref())
-    }
 }
 
 pub struct SuperLeaf {
@@ -167,9 +157,7 @@ impl SsdTier {
     ) -> SsdTier {
         let m = settings.subpages;
         let first = SuperLeaf::new(SlState {
-            low: Fence::from(&[][..]),
-            high: None,
-            retired: false,
+            range: KeyRange::everything(),
             slot: None,
             generation: 0,
             counts: vec![0; m].into_boxed_slice(),
@@ -293,7 +281,7 @@ impl SsdTier {
         loop {
             let (_, leaf) = self.tree.find(key);
             let st = leaf.state.read();
-            if !st.owns(key) {
+            if !st.range.owns(key) {
                 continue;
             }
             let subpage = self.geometry.subpage_of(key);
@@ -331,7 +319,7 @@ impl SsdTier {
     /// Whether nothing was written to the super-leaf since the value was read.
     pub fn still_current(&self, proof: &Freshness) -> bool {
         let st = proof.leaf.state.read();
-        !st.retired && st.version == proof.version
+        !st.range.retired && st.version == proof.version
     }
 
     /// SSD entries with keys in `[cursor, end)` from the super-leaf holding `cursor`, and
@@ -345,7 +333,7 @@ impl SsdTier {
         loop {
             let (_, leaf) = self.tree.find(cursor);
             let st = leaf.state.read();
-            if !st.owns(cursor) {
+            if !st.range.owns(cursor) {
                 continue;
             }
             let mut all = Contents::new();
@@ -360,7 +348,7 @@ impl SsdTier {
                 })
                 .map(|(k, v)| (k, Some(v)))
                 .collect();
-            return (entries, st.high.clone());
+            return (entries, st.range.high.clone());
         }
     }
 
@@ -496,7 +484,7 @@ impl SsdTier {
         all.retain(|_, (_, meta)| !meta.expired(now_ms));
         let objs: Vec<Object> = all.into_iter().collect();
         let chunks = self.partition(&objs, appending);
-        let old_high = st.high.take();
+        let old_high = st.range.high.take();
         let fences: Vec<Fence> = chunks
             .windows(2)
             .map(|p| separator(&objs[p[0].1 - 1].0, &objs[p[1].0].0))
@@ -504,21 +492,22 @@ impl SsdTier {
         // The first chunk stays in this super-leaf, rewritten whole under a new generation
         // so that no block of the old layout can be mistaken for the new one.
         st.generation = st.generation.wrapping_add(1);
-        st.high = fences.first().cloned().or_else(|| old_high.clone());
+        st.range.high = fences.first().cloned().or_else(|| old_high.clone());
         self.rewrite(w, st, &objs[chunks[0].0..chunks[0].1]);
         st.version += 1;
         for (i, &(start, end)) in chunks.iter().enumerate().skip(1) {
             let mut nst = SlState {
-                low: fences[i - 1].clone(),
-                high: fences.get(i).cloned().or_else(|| old_high.clone()),
-                retired: false,
+                range: KeyRange::new(
+                    fences[i - 1].clone(),
+                    fences.get(i).cloned().or_else(|| old_high.clone()),
+                ),
                 slot: None,
                 generation: 0,
                 counts: vec![0; self.settings.subpages].into_boxed_slice(),
                 version: 0,
             };
             self.rewrite(w, &mut nst, &objs[start..end]);
-            let low = nst.low.clone();
+            let low = nst.range.low.clone();
             let delta = self.tree.insert(low, SuperLeaf::new(nst));
             self.counters.superleaves.fetch_add(1, Ordering::Relaxed);
             self.charge_index(delta + descriptor_bytes(self.settings.subpages) as i64);
@@ -623,11 +612,7 @@ impl SsdTier {
     fn evict_one(&self, w: &mut Writer) -> bool {
         let budget = 2 * self.tree.leaf_count() + 2;
         for _ in 0..budget {
-            let (low, leaf) = self.tree.find(&w.hand);
-            w.hand = self
-                .tree
-                .next_leaf(&low)
-                .map_or_else(|| Fence::from(&[][..]), |(next, _)| next);
+            let (low, leaf) = self.tree.clock_step(&mut w.hand);
             if leaf.referenced.swap(false, Ordering::Relaxed) {
                 continue;
             }
@@ -668,12 +653,10 @@ impl SsdTier {
         };
         let mut prev_st = prev.state.write();
         let mut st = leaf.state.write();
-        if prev_st.retired || prev_st.high.as_ref() != Some(low) || st.retired {
+        if !prev_st.range.absorb_right(&mut st.range, low) {
             return false;
         }
         release(&mut st, w);
-        prev_st.high = st.high.clone();
-        st.retired = true;
         let delta = self.tree.remove(low);
         self.counters.superleaves.fetch_sub(1, Ordering::Relaxed);
         self.charge_index(delta - descriptor_bytes(self.settings.subpages) as i64);
@@ -736,7 +719,8 @@ impl EvictionSink for SsdTier {
             let (_, leaf) = self.tree.find(&dirty[i].key);
             let mut st = leaf.state.write();
             let end = i + dirty[i..].partition_point(|o| {
-                st.high
+                st.range
+                    .high
                     .as_ref()
                     .is_none_or(|h| o.key.as_slice() < h.as_ref())
             });
@@ -772,8 +756,8 @@ impl SsdTier {
         out.extend_from_slice(&(leaves.len() as u32).to_le_bytes());
         for leaf in &leaves {
             let st = leaf.state.read();
-            out.extend_from_slice(&(st.low.len() as u16).to_le_bytes());
-            out.extend_from_slice(&st.low);
+            out.extend_from_slice(&(st.range.low.len() as u16).to_le_bytes());
+            out.extend_from_slice(&st.range.low);
             out.extend_from_slice(&st.slot.unwrap_or(u32::MAX).to_le_bytes());
             out.extend_from_slice(&st.generation.to_le_bytes());
             for c in st.counts.iter() {
@@ -859,9 +843,7 @@ impl SsdTier {
             let objects: i64 = counts.iter().map(|&c| i64::from(c)).sum();
             tier.counters.objects.fetch_add(objects, Ordering::Relaxed);
             let state = SlState {
-                low: low.clone(),
-                high,
-                retired: false,
+                range: KeyRange::new(low.clone(), high),
                 slot,
                 generation,
                 counts: counts.into_boxed_slice(),
