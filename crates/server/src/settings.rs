@@ -152,7 +152,6 @@ impl Settings {
     pub fn engine_config(&self) -> Result<zipcache::Config, String> {
         let mut config = zipcache::Config {
             dram_capacity: self.dram,
-            data_dir: Some(self.data_dir.clone()),
             ssd: self.ssd_size.map(|size| zipcache::SsdConfig {
                 path: self.data_dir.join("ssd.bin"),
                 size,

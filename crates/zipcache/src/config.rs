@@ -48,8 +48,6 @@ pub struct Config {
     pub dram_capacity: u64,
     /// `None` runs DRAM-only (`--ssd none`): evicted leaves are dropped.
     pub ssd: Option<SsdConfig>,
-    /// Where `close()` persists what a warm restart needs.
-    pub data_dir: Option<PathBuf>,
     /// Logical size of a BT_DRAM leaf page.
     pub leaf_size: usize,
     /// Hash-partitioned sub-pages per DRAM leaf (`n`).
@@ -80,7 +78,6 @@ impl Default for Config {
         Config {
             dram_capacity: 1 << 30,
             ssd: None,
-            data_dir: None,
             leaf_size: 4096,
             subpages: 16,
             superleaf_size: 64 << 10,

@@ -22,7 +22,6 @@ pub struct ZipTarget {
 pub fn config(budget: &Budget) -> Result<Config, String> {
     let mut config = Config {
         dram_capacity: budget.dram,
-        data_dir: Some(budget.data_dir.join("zipcache")),
         ..Config::default()
     };
     if let Some(size) = budget.ssd {
