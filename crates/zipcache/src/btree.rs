@@ -21,7 +21,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use arc_swap::ArcSwap;
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock};
 
 use crate::memory::alloc_size;
 
@@ -40,6 +40,11 @@ pub struct KeyRange {
     pub high: Option<Fence>,
     /// Removed from the tree; its range went to its left neighbour.
     pub retired: bool,
+}
+
+/// A leaf state that keeps its own `KeyRange`.
+pub trait Ranged {
+    fn range(&mut self) -> &mut KeyRange;
 }
 
 impl KeyRange {
@@ -165,6 +170,27 @@ impl<L> BTree<L> {
                 }
             }
         }
+    }
+
+    /// Takes the leaf at `low` (not the first) out of the tree: locks its left neighbour
+    /// and it (in that order), hands its range to the neighbour, runs `release` on its
+    /// state while both are still locked, and removes it. Returns the change in
+    /// inner-node bytes, or `None` if either leaf changed since the caller chose them.
+    pub fn retire<S: Ranged>(
+        &self,
+        low: &Fence,
+        leaf: &L,
+        state: impl Fn(&L) -> &RwLock<S>,
+        release: impl FnOnce(&mut S),
+    ) -> Option<i64> {
+        let (_, prev) = self.prev_leaf(low)?;
+        let mut prev_st = state(&prev).write();
+        let mut st = state(leaf).write();
+        if !prev_st.range().absorb_right(st.range(), low) {
+            return None;
+        }
+        release(&mut st);
+        Some(self.remove(low))
     }
 
     /// One step of a CLOCK hand walking the leaves in key order: the leaf at `hand`, and

@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering};
 use crossbeam_channel::Sender;
 use parking_lot::{Mutex, RwLock};
 
-use crate::btree::{BTree, Fence, KeyRange};
+use crate::btree::{BTree, Fence, KeyRange, Ranged};
 use crate::bypass::Bypass;
 use crate::early_termination::{compress_page, decompress_prefix, with_prefix};
 use crate::eviction::{EvictedObject, EvictionSink};
@@ -57,6 +57,12 @@ struct LeafState {
     objects: u32,
     raw_bytes: u32,
     charge: LeafCharge,
+}
+
+impl Ranged for LeafState {
+    fn range(&mut self) -> &mut KeyRange {
+        &mut self.range
+    }
 }
 
 pub struct DramLeaf {
@@ -776,22 +782,19 @@ impl DramTier {
             self.recharge(&mut st);
             return true;
         }
-        let Some((_, prev)) = self.tree.prev_leaf(low) else {
-            return false;
-        };
-        let mut prev_st = prev.state.write();
-        let mut st = leaf.state.write();
-        if !prev_st.range.absorb_right(&mut st.range, low) {
-            return false;
-        }
-        self.hand_over(&mut st, sink, now_ms);
-        self.recharge(&mut st);
-        if leaf.hot.swap(false, Ordering::Relaxed) {
-            self.counters.hot_leaves.fetch_sub(1, Ordering::Relaxed);
-        }
-        let delta = self.tree.remove(low);
-        self.charge_index(delta);
-        true
+        let retired = self.tree.retire(
+            low,
+            leaf,
+            |l| &l.state,
+            |st| {
+                self.hand_over(st, sink, now_ms);
+                self.recharge(st);
+                if leaf.hot.swap(false, Ordering::Relaxed) {
+                    self.counters.hot_leaves.fetch_sub(1, Ordering::Relaxed);
+                }
+            },
+        );
+        retired.map(|delta| self.charge_index(delta)).is_some()
     }
 
     /// Gives a locked leaf's objects to `sink` and empties it.

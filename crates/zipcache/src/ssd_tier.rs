@@ -30,7 +30,7 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use parking_lot::{Mutex, RwLock};
 use zipcache_device::{AlignedBuf, BLOCK_SIZE, BlockDevice};
 
-use crate::btree::{BTree, Fence, KeyRange};
+use crate::btree::{BTree, Fence, KeyRange, Ranged};
 use crate::config::Clock;
 use crate::dram_tier::{ScanEntry, separator};
 use crate::eviction::{EvictedObject, EvictionSink};
@@ -71,6 +71,12 @@ struct SlState {
     counts: Box<[u16]>,
     /// Bumped by every write to this super-leaf.
     version: u64,
+}
+
+impl Ranged for SlState {
+    fn range(&mut self) -> &mut KeyRange {
+        &mut self.range
+    }
 }
 
 pub struct SuperLeaf {
@@ -648,16 +654,12 @@ impl SsdTier {
             release(&mut st, w);
             return true;
         }
-        let Some((_, prev)) = self.tree.prev_leaf(low) else {
+        let Some(delta) = self
+            .tree
+            .retire(low, leaf, |l| &l.state, |st| release(st, w))
+        else {
             return false;
         };
-        let mut prev_st = prev.state.write();
-        let mut st = leaf.state.write();
-        if !prev_st.range.absorb_right(&mut st.range, low) {
-            return false;
-        }
-        release(&mut st, w);
-        let delta = self.tree.remove(low);
         self.counters.superleaves.fetch_sub(1, Ordering::Relaxed);
         self.charge_index(delta - descriptor_bytes(self.settings.subpages) as i64);
         true
