@@ -21,7 +21,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use arc_swap::ArcSwap;
-use parking_lot::{Mutex, RwLock};
+use parking_lot::{Mutex, RwLock, RwLockWriteGuard};
 
 use crate::memory::alloc_size;
 
@@ -172,25 +172,54 @@ impl<L> BTree<L> {
         }
     }
 
-    /// Takes the leaf at `low` (not the first) out of the tree: locks its left neighbour
-    /// and it (in that order), hands its range to the neighbour, runs `release` on its
-    /// state while both are still locked, and removes it. Returns the change in
-    /// inner-node bytes, or `None` if either leaf changed since the caller chose them.
+    /// Takes the leaf at `low` (not the first) out of the tree: its range goes to its left
+    /// neighbour, and `release` runs on its state while both are locked. Returns the
+    /// change in inner-node bytes, or `None` if either leaf changed since the caller
+    /// chose them.
     pub fn retire<S: Ranged>(
         &self,
         low: &Fence,
-        leaf: &L,
+        leaf: &Arc<L>,
         state: impl Fn(&L) -> &RwLock<S>,
         release: impl FnOnce(&mut S),
     ) -> Option<i64> {
-        let (_, prev) = self.prev_leaf(low)?;
-        let mut prev_st = state(&prev).write();
-        let mut st = state(leaf).write();
-        if !prev_st.range().absorb_right(st.range(), low) {
-            return None;
+        let prev = self.prev_leaf(low)?;
+        self.collapse(&[prev, (low.clone(), leaf.clone())], state, |states| {
+            release(&mut states[1])
+        })
+    }
+
+    /// Folds the consecutive leaves `run[1..]` into `run[0]`: locks them all in key order,
+    /// checks that they are still in the tree and consecutive, hands the ranges of
+    /// `run[1..]` to `run[0]` (marking them retired), runs `release` on all their states
+    /// while every lock is still held, and removes `run[1..]` from the tree. Returns the change in inner-node bytes, or `None` (nothing
+    /// released) if any leaf changed since the caller chose them.
+    pub fn collapse<S: Ranged>(
+        &self,
+        run: &[(Fence, Arc<L>)],
+        state: impl Fn(&L) -> &RwLock<S>,
+        release: impl FnOnce(&mut [RwLockWriteGuard<'_, S>]),
+    ) -> Option<i64> {
+        let mut states: Vec<_> = run.iter().map(|(_, leaf)| state(leaf).write()).collect();
+        for (i, st) in states.iter_mut().enumerate() {
+            let range = st.range();
+            let next = run.get(i + 1).map(|(low, _)| low);
+            if range.retired
+                || range.low != run[i].0
+                || next.is_some_and(|n| range.high.as_ref() != Some(n))
+            {
+                return None;
+            }
         }
-        release(&mut st);
-        Some(self.remove(low))
+        for i in (1..run.len()).rev() {
+            let (left, right) = states.split_at_mut(i);
+            let absorbed = left[i - 1]
+                .range()
+                .absorb_right(right[0].range(), &run[i].0);
+            debug_assert!(absorbed, "checked above, under the same locks");
+        }
+        release(&mut states);
+        Some(run[1..].iter().map(|(low, _)| self.remove(low)).sum())
     }
 
     /// One step of a CLOCK hand walking the leaves in key order: the leaf at `hand`, and
@@ -491,5 +520,85 @@ mod tests {
             "node accounting returns to where it began"
         );
         assert_eq!(*tree.find(&key(77)).1, u32::MAX);
+    }
+
+    struct Ranges(RwLock<KeyRange>);
+
+    impl Ranged for KeyRange {
+        fn range(&mut self) -> &mut KeyRange {
+            self
+        }
+    }
+
+    /// Five leaves covering `["", 10)`, `[10, 20)`, ... `[40, ∞)`.
+    fn ranged_tree() -> (BTree<Ranges>, Vec<(Fence, Arc<Ranges>)>) {
+        let bounds: Vec<Fence> = (1..5).map(|i| key(i * 10)).collect();
+        let lows: Vec<Fence> = std::iter::once(Fence::from(&[][..]))
+            .chain(bounds.iter().cloned())
+            .collect();
+        let leaves: Vec<(Fence, Arc<Ranges>)> = lows
+            .iter()
+            .enumerate()
+            .map(|(i, low)| {
+                let range = KeyRange::new(low.clone(), bounds.get(i).cloned());
+                (low.clone(), Arc::new(Ranges(RwLock::new(range))))
+            })
+            .collect();
+        let tree = BTree::new(leaves[0].1.clone());
+        for (low, leaf) in &leaves[1..] {
+            tree.insert(low.clone(), leaf.clone());
+        }
+        (tree, leaves)
+    }
+
+    #[test]
+    fn collapse_folds_a_run_into_its_first_leaf() {
+        let (tree, leaves) = ranged_tree();
+        let mut released = Vec::new();
+        let removed = tree.collapse(
+            &leaves[1..4],
+            |l| &l.0,
+            |states| {
+                released = states
+                    .iter()
+                    .map(|st| (st.low.clone(), st.retired))
+                    .collect()
+            },
+        );
+        assert!(removed.is_some());
+        assert_eq!(
+            released,
+            vec![(key(10), false), (key(20), true), (key(30), true)],
+            "release sees the run with the ranges already handed over"
+        );
+        assert_eq!(tree.leaf_count(), 3);
+        let survivor = leaves[1].1.0.read().clone();
+        assert_eq!((survivor.low, survivor.high), (key(10), Some(key(40))));
+        for k in [10, 25, 39] {
+            assert!(Arc::ptr_eq(&tree.find(&key(k)).1, &leaves[1].1));
+        }
+        assert!(Arc::ptr_eq(&tree.find(&key(40)).1, &leaves[4].1));
+    }
+
+    #[test]
+    fn collapse_refuses_a_run_that_changed() {
+        let (tree, leaves) = ranged_tree();
+        // Not consecutive: [10, 20) and [30, 40).
+        let gap = [leaves[1].clone(), leaves[3].clone()];
+        assert!(
+            tree.collapse(&gap, |l| &l.0, |_| panic!("released"))
+                .is_none()
+        );
+        // A leaf retired since it was chosen.
+        assert!(
+            tree.retire(&leaves[2].0, &leaves[2].1, |l| &l.0, |_| {})
+                .is_some()
+        );
+        let stale = [leaves[1].clone(), leaves[2].clone()];
+        assert!(
+            tree.collapse(&stale, |l| &l.0, |_| panic!("released"))
+                .is_none()
+        );
+        assert_eq!(tree.leaf_count(), 4);
     }
 }

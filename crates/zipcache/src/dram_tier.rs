@@ -11,13 +11,13 @@
 //! Lock order is left leaf → right leaf → tree writer, which the splitting merge and
 //! eviction both follow.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::ops::Bound;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering};
 
 use crossbeam_channel::Sender;
-use parking_lot::{Mutex, RwLock};
+use parking_lot::{Mutex, RwLock, RwLockWriteGuard};
 
 use crate::btree::{BTree, Fence, KeyRange, Ranged};
 use crate::bypass::Bypass;
@@ -99,6 +99,10 @@ impl DramLeaf {
         }
     }
 }
+
+/// Most leaves one eviction takes (see `evict_group`): bounds how long their readers
+/// wait and how much a hot neighbour can be pulled out with a cold victim.
+const MAX_EVICTION_GROUP: usize = 8;
 
 /// DRAM a leaf descriptor takes besides its page, blobs and buffer.
 const LEAF_OVERHEAD: usize = size_of::<DramLeaf>() + 16;
@@ -748,7 +752,8 @@ impl DramTier {
         st.charge = new;
     }
 
-    /// Evicts one leaf chosen by CLOCK. Returns false if no leaf could be evicted.
+    /// Evicts one group of leaves around a victim chosen by CLOCK. Returns false if
+    /// nothing could be evicted.
     pub fn evict_one(&self, sink: Option<&dyn EvictionSink>, now_ms: u64) -> bool {
         let mut hand = self.hand.lock();
         let budget = 2 * self.tree.leaf_count() + 2;
@@ -757,64 +762,110 @@ impl DramTier {
             if leaf.referenced.swap(false, Ordering::Relaxed) || leaf.hot.load(Ordering::Relaxed) {
                 continue;
             }
-            if self.evict_leaf(&low, &leaf, sink, now_ms) {
+            let high = leaf.state.read().range.high.clone();
+            let span = match sink {
+                Some(sink) => sink.span(&low, high.as_deref()),
+                None => (low.clone(), high),
+            };
+            if self.evict_group(&low, &leaf, span, true, sink, now_ms) {
                 return true;
             }
         }
         false
     }
 
-    /// Hands a leaf's objects to `sink` and drops them; the leaf's range joins its left
-    /// neighbour. The first leaf (empty low fence) is emptied in place instead.
-    fn evict_leaf(
+    /// Evicts `leaf` together with its neighbours inside `span`: the SSD super-leaves
+    /// that `leaf` maps to ([`EvictionSink::span`]), so that one read-modify-write of each super-leaf takes
+    /// the objects of all of them: a super-leaf covers the key range of several DRAM
+    /// leaves, and rewriting it once per DRAM leaf multiplies the bytes written to the
+    /// SSD. With `spare_hot`, hot (bypassed) neighbours stay. The group's range joins the leaf left of it;
+    /// the first leaf of the tree is emptied in place instead.
+    fn evict_group(
         &self,
         low: &Fence,
         leaf: &Arc<DramLeaf>,
+        (span_low, span_high): (Fence, Option<Fence>),
+        spare_hot: bool,
         sink: Option<&dyn EvictionSink>,
         now_ms: u64,
     ) -> bool {
-        if low.is_empty() {
-            let mut st = leaf.state.write();
-            if st.range.retired || !st.range.low.is_empty() {
-                return false;
-            }
-            self.hand_over(&mut st, sink, now_ms);
-            self.recharge(&mut st);
-            return true;
-        }
-        let retired = self.tree.retire(
-            low,
-            leaf,
-            |l| &l.state,
-            |st| {
-                self.hand_over(st, sink, now_ms);
-                self.recharge(st);
-                if leaf.hot.swap(false, Ordering::Relaxed) {
-                    self.counters.hot_leaves.fetch_sub(1, Ordering::Relaxed);
+        let mut run = VecDeque::from([(low.clone(), leaf.clone())]);
+        while run.len() < MAX_EVICTION_GROUP && run[0].0.as_ref() > span_low.as_ref() {
+            match self.tree.prev_leaf(&run[0].0) {
+                Some(prev) if !(spare_hot && prev.1.hot.load(Ordering::Relaxed)) => {
+                    run.push_front(prev)
                 }
+                _ => break,
+            }
+        }
+        while run.len() < MAX_EVICTION_GROUP {
+            let last = &run[run.len() - 1].0;
+            match self.tree.next_leaf(last) {
+                Some(next)
+                    if !(spare_hot && next.1.hot.load(Ordering::Relaxed))
+                        && span_high.as_ref().is_none_or(|h| next.0 < *h) =>
+                {
+                    run.push_back(next)
+                }
+                _ => break,
+            }
+        }
+        let keeps_range = match run[0].0.is_empty() {
+            true => 0,
+            false => match self.tree.prev_leaf(&run[0].0) {
+                Some(prev) => {
+                    run.push_front(prev);
+                    1
+                }
+                None => return false,
+            },
+        };
+        let run: Vec<_> = run.into();
+        let removed = self.tree.collapse(
+            &run,
+            |l| &l.state,
+            |states| {
+                self.hand_over(&mut states[keeps_range..], sink, now_ms);
             },
         );
-        retired.map(|delta| self.charge_index(delta)).is_some()
+        for (_, victim) in &run[keeps_range..] {
+            if removed.is_some() && victim.hot.swap(false, Ordering::Relaxed) {
+                self.counters.hot_leaves.fetch_sub(1, Ordering::Relaxed);
+            }
+        }
+        removed.map(|delta| self.charge_index(delta)).is_some()
     }
 
-    /// Gives a locked leaf's objects to `sink` and empties it.
-    fn hand_over(&self, st: &mut LeafState, sink: Option<&dyn EvictionSink>, now_ms: u64) {
-        if let Some(sink) = sink {
-            let objects = self.export(st, now_ms);
-            sink.absorb(&st.range.low, st.range.high.as_deref(), objects);
+    /// Gives the objects of locked, consecutive leaves to `sink` in one batch and empties
+    /// the leaves.
+    fn hand_over(
+        &self,
+        victims: &mut [RwLockWriteGuard<'_, LeafState>],
+        sink: Option<&dyn EvictionSink>,
+        now_ms: u64,
+    ) {
+        if let (Some(sink), Some(first), Some(last)) = (sink, victims.first(), victims.last()) {
+            let objects = victims
+                .iter()
+                .flat_map(|st| self.export(st, now_ms))
+                .collect();
+            sink.absorb(&first.range.low, last.range.high.as_deref(), objects);
         }
-        self.counters.evicted_leaves.fetch_add(1, Ordering::Relaxed);
-        self.counters
-            .evicted_objects
-            .fetch_add(u64::from(st.objects), Ordering::Relaxed);
-        let empty = LeafContents {
-            page: Page::Empty,
-            blobs: Box::default(),
-            objects: 0,
-            raw_bytes: 0,
-        };
-        self.install(st, empty);
-        st.buffer = WriteBuffer::default();
+        for st in victims.iter_mut() {
+            self.counters.evicted_leaves.fetch_add(1, Ordering::Relaxed);
+            self.counters
+                .evicted_objects
+                .fetch_add(u64::from(st.objects), Ordering::Relaxed);
+            let empty = LeafContents {
+                page: Page::Empty,
+                blobs: Box::default(),
+                objects: 0,
+                raw_bytes: 0,
+            };
+            self.install(st, empty);
+            st.buffer = WriteBuffer::default();
+            self.recharge(st);
+        }
     }
 
     /// A leaf's newest objects in key order, tombstones included.
@@ -935,14 +986,14 @@ impl DramTier {
     /// Empties the tier: every leaf's objects go to `sink` (a clean shutdown writes them
     /// to the SSD tier) or are dropped (memcached `flush_all`).
     pub fn evict_all(&self, sink: Option<&dyn EvictionSink>, now_ms: u64) {
-        while let Some((low, leaf)) = self.tree.next_leaf(&[]) {
-            if !self.evict_leaf(&low, &leaf, sink, now_ms) {
-                // Raced with a split of the first leaf; its new neighbour comes next.
-                std::thread::yield_now();
+        loop {
+            let (low, first) = self.tree.find(&[]);
+            let last = self.tree.leaf_count() == 1;
+            let everything = (low.clone(), None);
+            if self.evict_group(&low, &first, everything, false, sink, now_ms) && last {
+                return;
             }
         }
-        let (low, first) = self.tree.find(&[]);
-        self.evict_leaf(&low, &first, sink, now_ms);
     }
 
     /// Merges every buffered write into its page (before a clean shutdown).
@@ -968,4 +1019,111 @@ pub(crate) fn separator(left: &[u8], right: &[u8]) -> Fence {
     debug_assert!(left < right);
     let common = left.iter().zip(right).take_while(|(a, b)| a == b).count();
     Fence::from(&right[..(common + 1).min(right.len())])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Records every batch it is given; its span is a fixed range of keys.
+    struct RecordingSink {
+        span: (Fence, Option<Fence>),
+        batches: Mutex<Vec<Vec<EvictedObject>>>,
+    }
+
+    impl EvictionSink for RecordingSink {
+        fn absorb(&self, _low: &[u8], _high: Option<&[u8]>, objects: Vec<EvictedObject>) -> bool {
+            self.batches.lock().push(objects);
+            true
+        }
+
+        fn span(&self, _low: &Fence, _high: Option<&[u8]>) -> (Fence, Option<Fence>) {
+            self.span.clone()
+        }
+    }
+
+    fn tier() -> DramTier {
+        let settings = DramSettings {
+            leaf_size: 4096,
+            subpages: 16,
+            write_buffer: 0,
+            tiny_max: 1024,
+            dram_capacity: 64 << 20,
+            bypass_max_fraction: 0.0,
+            keep_tombstones: true,
+        };
+        let (merges, _) = crossbeam_channel::unbounded();
+        DramTier::new(settings, Arc::new(Memory::default()), merges, 0.0)
+    }
+
+    fn key(i: u32) -> Vec<u8> {
+        format!("{i:08}").into_bytes()
+    }
+
+    #[test]
+    fn one_eviction_takes_every_leaf_of_the_sinks_span_in_one_batch() {
+        let dram = tier();
+        for i in 0..3000 {
+            dram.put_with(&key(i), Some(&[7; 60]), Meta::default(), 0, || ());
+        }
+        let leaves = dram.leaf_count();
+        assert!(leaves > 20, "{leaves} leaves");
+        // The span covers keys [1000, 1600): the leaves inside it leave together.
+        let sink = RecordingSink {
+            span: (
+                Fence::from(&key(1000)[..]),
+                Some(Fence::from(&key(1600)[..])),
+            ),
+            batches: Mutex::default(),
+        };
+        let (low, victim) = dram.tree.find(&key(1300));
+        victim.referenced.store(false, Ordering::Relaxed);
+        *dram.hand.lock() = low;
+        assert!(dram.evict_one(Some(&sink), 0));
+        let batches = sink.batches.lock();
+        assert_eq!(batches.len(), 1, "one batch for the whole group");
+        let keys: Vec<&[u8]> = batches[0].iter().map(|o| o.key.as_slice()).collect();
+        assert!(keys.windows(2).all(|w| w[0] < w[1]), "in key order");
+        assert!(keys.contains(&key(1300).as_slice()));
+        let evicted = leaves - dram.leaf_count();
+        assert!(
+            (2..=MAX_EVICTION_GROUP as u64).contains(&evicted),
+            "{evicted} leaves evicted"
+        );
+        // What left is gone from DRAM, everything else is still there.
+        for i in 0..3000 {
+            let gone = keys.contains(&key(i).as_slice());
+            let found = matches!(dram.get(&key(i), 0), Lookup::Found(..));
+            assert_eq!(found, !gone, "key {i}");
+        }
+        // The leaves outside the span are untouched: every evicted key is inside it,
+        // apart from the straddling leaves at its two ends.
+        let inside = |k: &[u8]| (&key(900)[..]..&key(1700)[..]).contains(&k);
+        assert!(keys.iter().all(|k| inside(k)));
+    }
+
+    #[test]
+    fn hot_neighbours_are_spared() {
+        let dram = tier();
+        for i in 0..3000 {
+            dram.put_with(&key(i), Some(&[7; 60]), Meta::default(), 0, || ());
+        }
+        let sink = RecordingSink {
+            span: (Fence::from(&[][..]), None),
+            batches: Mutex::default(),
+        };
+        let (low, victim) = dram.tree.find(&key(1300));
+        let (_, right) = dram.tree.next_leaf(&low).unwrap();
+        dram.set_hot(&right, true);
+        victim.referenced.store(false, Ordering::Relaxed);
+        *dram.hand.lock() = low;
+        assert!(dram.evict_one(Some(&sink), 0));
+        let right_first = right.state.read().range.low.clone();
+        assert!(!right.state.read().range.retired);
+        assert!(
+            sink.batches.lock()[0]
+                .iter()
+                .all(|o| o.key.as_slice() < right_first.as_ref())
+        );
+    }
 }

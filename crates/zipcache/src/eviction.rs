@@ -7,6 +7,7 @@
 //! runs while the victim is still locked, so no GET can see the leaf gone and the SSD
 //! copy not yet written (which could serve an older value).
 
+use crate::btree::Fence;
 use crate::record::Meta;
 
 /// One object of an evicted leaf, as the newest version the DRAM tier held.
@@ -26,4 +27,8 @@ pub trait EvictionSink: Send + Sync {
     /// never a wrong value, because the SSD tier drops every copy it holds in the range
     /// that it failed to update).
     fn absorb(&self, low: &[u8], high: Option<&[u8]>, objects: Vec<EvictedObject>) -> bool;
+
+    /// The key range that one `absorb` of `[low, high)` rewrites anyway: the DRAM tier
+    /// evicts the neighbours inside it in the same batch.
+    fn span(&self, low: &Fence, high: Option<&[u8]>) -> (Fence, Option<Fence>);
 }

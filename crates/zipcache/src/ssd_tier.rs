@@ -731,6 +731,19 @@ impl EvictionSink for SsdTier {
         }
         true
     }
+
+    /// From the low fence of the super-leaf holding `low` to the high fence of the one
+    /// holding the keys just below `high`. Read from the tree without locks: a hint that
+    /// a concurrent split or eviction may make slightly stale, which costs only a write.
+    fn span(&self, low: &Fence, high: Option<&[u8]>) -> (Fence, Option<Fence>) {
+        let (span_low, _) = self.tree.find(low);
+        // `None` (no bound) when that super-leaf is the last one.
+        let span_high = high.and_then(|h| {
+            let (last, _) = self.tree.prev_leaf(h)?;
+            self.tree.next_leaf(&last).map(|(next, _)| next)
+        });
+        (span_low, span_high)
+    }
 }
 
 /// The BT_SSD index as a clean `close()` leaves it for the next `open()`
