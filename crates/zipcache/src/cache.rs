@@ -768,6 +768,8 @@ impl Inner {
             leaf_splits: c.splits.load(Ordering::Relaxed),
             evicted_leaves: c.evicted_leaves.load(Ordering::Relaxed),
             evicted_objects: c.evicted_objects.load(Ordering::Relaxed),
+            clean_dropped: c.clean_dropped.load(Ordering::Relaxed),
+            dram_clean_objects: c.clean_objects.load(Ordering::Relaxed).max(0) as u64,
             bypass_threshold: self.dram.bypass.threshold(),
             ..ssd
         }

@@ -56,6 +56,8 @@ struct LeafState {
     /// Live objects in the page and their key + value bytes (for the compression ratio).
     objects: u32,
     raw_bytes: u32,
+    /// Objects in the page that are clean: unchanged copies of what the SSD tier holds.
+    clean: u32,
     charge: LeafCharge,
 }
 
@@ -126,8 +128,10 @@ pub struct DramCounters {
     pub splits: AtomicU64,
     pub evicted_leaves: AtomicU64,
     pub evicted_objects: AtomicU64,
+    pub clean_dropped: AtomicU64,
     pub corrupt_pages: AtomicU64,
     pub objects: AtomicI64,
+    pub clean_objects: AtomicI64,
     pub raw_bytes: AtomicI64,
     pub hot_leaves: AtomicI64,
 }
@@ -217,6 +221,7 @@ impl DramTier {
             buffer: WriteBuffer::default(),
             objects: 0,
             raw_bytes: 0,
+            clean: 0,
             charge: LeafCharge::default(),
         };
         let first = DramLeaf::new(first, 0, false);
@@ -432,7 +437,7 @@ impl DramTier {
                 self.counters
                     .foreground_merges
                     .fetch_add(1, Ordering::Relaxed);
-                self.merge_locked(leaf, st, now_ms);
+                self.merge_locked(leaf, st, now_ms, false);
             }
         }
     }
@@ -442,14 +447,20 @@ impl DramTier {
         let mut st = leaf.state.write();
         leaf.merge_queued.store(false, Ordering::Release);
         if !st.range.retired && !st.buffer.is_empty() {
-            self.merge_locked(leaf, &mut st, now_ms);
+            self.merge_locked(leaf, &mut st, now_ms, false);
         }
     }
 
     /// Decompress → apply the buffer → recompress; splits the leaf when a sub-page
-    /// overflows. Objects that do not survive (expired, tombstones with nothing below)
-    /// are dropped here.
-    fn merge_locked(&self, leaf: &Arc<DramLeaf>, st: &mut LeafState, now_ms: u64) {
+    /// overflows. Objects that do not survive (expired, tombstones with nothing below,
+    /// and with `drop_clean` the clean ones) are dropped here.
+    fn merge_locked(
+        &self,
+        leaf: &Arc<DramLeaf>,
+        st: &mut LeafState,
+        now_ms: u64,
+        drop_clean: bool,
+    ) {
         self.counters.merges.fetch_add(1, Ordering::Relaxed);
         let buffer = st.buffer.take();
         let mut old_blobs = std::mem::take(&mut st.blobs);
@@ -458,6 +469,13 @@ impl DramTier {
         let page: &[u8] = decoded.as_deref().unwrap_or(&[]);
         let keep_tombstones = self.settings.keep_tombstones;
         let mut objs = self.gather(page, &buffer, &old_blobs, now_ms, keep_tombstones);
+        if drop_clean {
+            let before = objs.len();
+            objs.retain(|o| !o.meta.clean);
+            self.counters
+                .clean_dropped
+                .fetch_add((before - objs.len()) as u64, Ordering::Relaxed);
+        }
         for obj in &mut objs {
             match obj.body {
                 Body::Slot(slot) => match old_blobs.get_mut(slot as usize).and_then(Option::take) {
@@ -507,6 +525,7 @@ impl DramTier {
                 buffer: WriteBuffer::default(),
                 objects: 0,
                 raw_bytes: 0,
+                clean: 0,
                 charge: LeafCharge::default(),
             };
             // New leaves start compressed: a hot leaf that splits on every few sequential
@@ -573,6 +592,7 @@ impl DramTier {
             })
             .collect();
         let mut objects = 0;
+        let mut clean = 0;
         let mut raw_bytes = 0;
         for o in &objs {
             let value_len = match &o.body {
@@ -581,6 +601,7 @@ impl DramTier {
                 Body::Slot(_) | Body::Tombstone => continue,
             };
             objects += 1;
+            clean += u32::from(o.meta.clean);
             raw_bytes += o.key.len() + value_len;
         }
         let page = if records.is_empty() {
@@ -610,6 +631,7 @@ impl DramTier {
             page,
             blobs,
             objects,
+            clean,
             raw_bytes,
         }
     }
@@ -619,6 +641,9 @@ impl DramTier {
             i64::from(c.objects) - i64::from(st.objects),
             Ordering::Relaxed,
         );
+        self.counters
+            .clean_objects
+            .fetch_add(i64::from(c.clean) - i64::from(st.clean), Ordering::Relaxed);
         self.counters.raw_bytes.fetch_add(
             c.raw_bytes as i64 - i64::from(st.raw_bytes),
             Ordering::Relaxed,
@@ -626,6 +651,7 @@ impl DramTier {
         st.page = c.page;
         st.blobs = c.blobs;
         st.objects = c.objects;
+        st.clean = c.clean;
         st.raw_bytes = c.raw_bytes as u32;
     }
 
@@ -762,6 +788,9 @@ impl DramTier {
             if leaf.referenced.swap(false, Ordering::Relaxed) || leaf.hot.load(Ordering::Relaxed) {
                 continue;
             }
+            if self.drop_clean(&leaf, now_ms) {
+                return true;
+            }
             let high = leaf.state.read().range.high.clone();
             let span = match sink {
                 Some(sink) => sink.span(&low, high.as_deref()),
@@ -772,6 +801,21 @@ impl DramTier {
             }
         }
         false
+    }
+
+    /// Clean first: a cold leaf that holds clean objects (unchanged copies of SSD-tier
+    /// objects) gives up just those. Dropping them writes nothing and loses no hit (a
+    /// later GET finds them on the SSD); its dirty objects stay and gather company, so
+    /// that when the leaf does leave, its super-leaves are rewritten for more new
+    /// objects. False if the leaf holds nothing clean.
+    fn drop_clean(&self, leaf: &Arc<DramLeaf>, now_ms: u64) -> bool {
+        let mut st = leaf.state.write();
+        let buffered = st.buffer.records().filter(|r| r.meta.clean).count();
+        if st.range.retired || st.clean as usize + buffered == 0 {
+            return false;
+        }
+        self.merge_locked(leaf, &mut st, now_ms, true);
+        true
     }
 
     /// Evicts `leaf` together with its neighbours inside `span`: the SSD super-leaves
@@ -856,13 +900,7 @@ impl DramTier {
             self.counters
                 .evicted_objects
                 .fetch_add(u64::from(st.objects), Ordering::Relaxed);
-            let empty = LeafContents {
-                page: Page::Empty,
-                blobs: Box::default(),
-                objects: 0,
-                raw_bytes: 0,
-            };
-            self.install(st, empty);
+            self.install(st, LeafContents::empty());
             st.buffer = WriteBuffer::default();
             self.recharge(st);
         }
@@ -967,13 +1005,7 @@ impl DramTier {
                 Some(bytes) => Page::Hot(bytes.into_owned().into_boxed_slice()),
                 None => {
                     // Corrupt: its objects are gone either way.
-                    let empty = LeafContents {
-                        page: Page::Empty,
-                        blobs: Box::default(),
-                        objects: 0,
-                        raw_bytes: 0,
-                    };
-                    self.install(&mut st, empty);
+                    self.install(&mut st, LeafContents::empty());
                     Page::Empty
                 }
             },
@@ -1010,7 +1042,20 @@ struct LeafContents {
     page: Page,
     blobs: Box<[Option<Box<[u8]>>]>,
     objects: u32,
+    clean: u32,
     raw_bytes: usize,
+}
+
+impl LeafContents {
+    fn empty() -> LeafContents {
+        LeafContents {
+            page: Page::Empty,
+            blobs: Box::default(),
+            objects: 0,
+            clean: 0,
+            raw_bytes: 0,
+        }
+    }
 }
 
 /// The shortest key `s` with `left < s <= right`: a prefix of `right` (suffix truncation
@@ -1124,6 +1169,46 @@ mod tests {
             sink.batches.lock()[0]
                 .iter()
                 .all(|o| o.key.as_slice() < right_first.as_ref())
+        );
+    }
+
+    #[test]
+    fn clean_objects_leave_first_and_without_a_write() {
+        let dram = tier();
+        let clean = Meta {
+            clean: true,
+            ..Meta::default()
+        };
+        for i in 0..10 {
+            let meta = if i % 2 == 0 { clean } else { Meta::default() };
+            dram.put_with(&key(i), Some(&[i as u8; 40]), meta, 0, || ());
+        }
+        let sink = RecordingSink {
+            span: (Fence::from(&[][..]), None),
+            batches: Mutex::default(),
+        };
+        assert!(dram.evict_one(Some(&sink), 0));
+        assert!(
+            sink.batches.lock().is_empty(),
+            "dropping clean objects writes nothing"
+        );
+        assert_eq!(dram.counters.clean_dropped.load(Ordering::Relaxed), 5);
+        for i in 0..10 {
+            let found = matches!(dram.get(&key(i), 0), Lookup::Found(..));
+            assert_eq!(found, i % 2 == 1, "key {i}");
+        }
+        // Nothing clean is left: the next eviction hands the dirty objects over.
+        dram.tree
+            .find(&[])
+            .1
+            .referenced
+            .store(false, Ordering::Relaxed);
+        assert!(dram.evict_one(Some(&sink), 0));
+        let batches = sink.batches.lock();
+        let keys: Vec<Vec<u8>> = batches[0].iter().map(|o| o.key.clone()).collect();
+        assert_eq!(
+            keys,
+            (0..10).filter(|i| i % 2 == 1).map(key).collect::<Vec<_>>()
         );
     }
 }

@@ -24,6 +24,9 @@ pub struct Stats {
     /// where the engine can tell; see `ssd_objects`).
     pub objects_resident: u64,
     pub dram_objects: u64,
+    /// DRAM objects that are unchanged copies of SSD-tier objects (in merged pages; not
+    /// counting write buffers).
+    pub dram_clean_objects: u64,
     pub dram_leaves: u64,
     pub hot_leaves: u64,
     pub ssd_objects: u64,
@@ -54,6 +57,9 @@ pub struct Stats {
     pub leaf_splits: u64,
     pub evicted_leaves: u64,
     pub evicted_objects: u64,
+    /// Clean objects (unchanged copies of SSD-tier objects) dropped from DRAM before any
+    /// dirty one was evicted: no write, and still an SSD hit.
+    pub clean_dropped: u64,
     pub bypass_threshold: f64,
 
     // --- SSD tier (SPEC §4); zero / None without an SSD ---
