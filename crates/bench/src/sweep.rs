@@ -141,28 +141,34 @@ fn plan(figure: Figure, scale: f64) -> (Vec<Point>, &'static str) {
             )
         }
         Figure::Wa => {
+            // The workload at 1/4 of its size per unit of scale: look-aside,
+            // moderate locality, η = 0.5, as many GETs as keys, DRAM ≈ 1/10 of the working
+            // set, from an empty cache.
             let dram = 8.0 * scale * (1 << 20) as f64;
+            let keys = scaled(1_000_000.0, scale);
             let mut points = Vec::new();
             for superleaf in [4, 16, 64] {
-                for object_size in [32u64, 64, 128] {
-                    let keys = (dram * 8.0 / (KEY_SIZE + object_size) as f64) as u64;
-                    points.push(Point {
-                        x: object_size as f64,
-                        series: format!("superleaf {superleaf} KiB"),
-                        flags: flags(&[
-                            ("dram", size_flag(dram)),
-                            ("ssd-size", size_flag(dram * 32.0)),
-                            ("keys", keys.to_string()),
-                            ("value-size", object_size.to_string()),
-                            ("locality", "moderate".into()),
-                            ("get-ratio", "0.7".into()),
-                            ("put-ratio", "0.3".into()),
-                            ("warmup-ops", keys.to_string()),
-                            ("duration", seconds.clone()),
-                            ("backend-latency-us", "0".into()),
-                            ("set", format!("superleaf_size={superleaf}KiB")),
-                        ]),
-                    });
+                for fill in ["1.0", "0.9", "0.8"] {
+                    for value_size in [32u64, 64, 128] {
+                        points.push(Point {
+                            x: value_size as f64,
+                            series: format!("{superleaf} KiB T={fill}"),
+                            flags: flags(&[
+                                (
+                                    "dram",
+                                    size_flag(dram * (KEY_SIZE + value_size) as f64 / object),
+                                ),
+                                ("ssd-size", size_flag(dram * 64.0)),
+                                ("keys", keys.to_string()),
+                                ("ops", keys.to_string()),
+                                ("value-size", value_size.to_string()),
+                                ("eta", "0.5".into()),
+                                ("locality", "moderate".into()),
+                                ("set", format!("superleaf_size={superleaf}KiB")),
+                                ("set", format!("fill_threshold={fill}")),
+                            ]),
+                        });
+                    }
                 }
             }
             (points, "zipcache")
@@ -295,21 +301,21 @@ fn draw(figure: Figure, out: &Path, measured: &[Measured]) -> Result<Vec<PathBuf
         Figure::Wa => {
             chart(
                 "wa-host",
-                "wa_host vs object size (moderate, GET:PUT 70:30)",
+                "wa_host vs value size (16 B keys, moderate, look-aside, η = 0.5)",
                 "value size (B)",
                 "wa_host",
                 lines(measured, |r| r.wa_host),
             );
             chart(
                 "wr-nand",
-                "wr_nand vs object size (moderate, GET:PUT 70:30)",
+                "wr_nand vs value size (16 B keys, moderate, look-aside, η = 0.5)",
                 "value size (B)",
                 "wr_nand",
                 lines(measured, |r| r.wr_nand),
             );
             chart(
                 "wa",
-                "wa vs object size (moderate, GET:PUT 70:30)",
+                "wa vs value size (16 B keys, moderate, look-aside, η = 0.5)",
                 "value size (B)",
                 "wa",
                 lines(measured, |r| r.wa),

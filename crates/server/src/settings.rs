@@ -204,7 +204,7 @@ impl Settings {
             format!("{}:{p}/metrics", self.listen)
         });
         format!(
-            "zipcache serve settings:\n  listen           {}\n  memcached-port   {}\n  resp-port        {}\n  dram             {} bytes\n  data-dir         {}\n  ssd              {ssd}\n  max-connections  {}\n  threads          {} ({} runtime)\n  metrics          {metrics}\n  engine: leaf_size={} subpages={} superleaf_size={} fill_threshold={} write_buffer={} bypass_r={} bypass_max_fraction={} tiny_max={} medium_max={} max_key_size={} max_value_size={} background_threads={}",
+            "zipcache serve settings:\n  listen           {}\n  memcached-port   {}\n  resp-port        {}\n  dram             {} bytes\n  data-dir         {}\n  ssd              {ssd}\n  max-connections  {}\n  threads          {} ({} runtime)\n  metrics          {metrics}\n  engine: leaf_size={} subpages={} superleaf_size={} fill_threshold={} write_buffer={} bypass_r={} bypass_max_fraction={} tiny_max={} medium_max={} max_key_size={} max_value_size={} background_threads={} promotion={:?}",
             self.listen,
             self.memcached_port,
             self.resp_port,
@@ -227,6 +227,7 @@ impl Settings {
             config.max_key_size,
             config.max_value_size,
             config.background_threads,
+            config.promotion,
         )
     }
 }

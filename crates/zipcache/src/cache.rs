@@ -14,10 +14,12 @@ use parking_lot::Mutex;
 use crate::counters::Counter;
 use zipcache_device::{BlockDevice, CompressingDevice, EmulatorOptions, FileOptions};
 
+use crate::config::Promotion;
 use crate::dram_tier::{DramLeaf, DramSettings, DramTier, Lookup, ScanEntry};
 use crate::eviction::EvictionSink;
 use crate::large_objects::LargeObjects;
-use crate::memory::Memory;
+use crate::memory::{Charge, Memory, alloc_size};
+use crate::promotion::{self, PromotionFilter};
 use crate::record::Meta;
 use crate::ssd_tier::{SsdHit, SsdSettings, SsdTier};
 use crate::stats::ratio;
@@ -58,6 +60,8 @@ pub(crate) struct Inner {
     ops: OpCounters,
     next_cas: AtomicU64,
     shutdown: AtomicBool,
+    /// With `promotion = second_hit`: which SSD hits are copied into DRAM.
+    promotion: Option<PromotionFilter>,
 }
 
 /// A hybrid DRAM/SSD key-value cache. `Send + Sync`: share it between threads by `Arc`
@@ -162,6 +166,17 @@ impl ZipCache {
                 (Some(ssd), Some(large))
             }
         };
+        let promotion = (ssd.is_some() && config.promotion == Promotion::SecondHit).then(|| {
+            let filter = PromotionFilter::new(
+                (config.dram_capacity / promotion::DRAM_BYTES_PER_SLOT) as usize,
+            );
+            let table = Charge {
+                index: alloc_size(filter.bytes()) as i64,
+                ..Charge::default()
+            };
+            memory.change(&Charge::default(), &table);
+            filter
+        });
         // CAS versions start from the clock so a restarted cache never reissues one a
         // client may still hold.
         let next_cas = AtomicU64::new(config.clock.now_ms().max(1) << 16);
@@ -176,6 +191,7 @@ impl ZipCache {
             ops: OpCounters::default(),
             next_cas,
             shutdown: AtomicBool::new(false),
+            promotion,
         });
         let workers = (0..inner.config.background_threads)
             .map(|i| {
@@ -625,6 +641,9 @@ impl Inner {
     /// landed in between is newer, and the copy read would be stale.
     fn promote(&self, key: &[u8], hit: SsdHit, now: u64) {
         let ssd = self.ssd.as_ref().expect("promote follows an SSD hit");
+        if self.promotion.as_ref().is_some_and(|f| !f.admit(key)) {
+            return;
+        }
         self.dram.modify(key, now, |current| {
             let fresh = current == Lookup::Absent && ssd.still_current(&hit.proof);
             let change = fresh.then_some(Some((

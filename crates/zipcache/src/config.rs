@@ -70,7 +70,20 @@ pub struct Config {
     pub max_value_size: usize,
     /// Background threads merging write buffers and evicting.
     pub background_threads: usize,
+    /// Which SSD hits are copied into DRAM.
+    pub promotion: Promotion,
     pub clock: Arc<dyn Clock>,
+}
+
+/// Which SSD-tier hits inclusive caching copies into DRAM (setting `promotion`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Promotion {
+    /// Every tiny or medium SSD hit, as in the paper.
+    EveryHit,
+    /// A key's second SSD hit within a short window ([`crate::promotion`]): DRAM then
+    /// holds fewer clean copies and more dirty objects, which cuts SSD writes at the
+    /// price of some DRAM hits (an SSD hit instead).
+    SecondHit,
 }
 
 impl Default for Config {
@@ -90,6 +103,7 @@ impl Default for Config {
             max_key_size: 250,
             max_value_size: 1 << 20,
             background_threads: 1,
+            promotion: Promotion::EveryHit,
             clock: Arc::new(SystemClock),
         }
     }
@@ -148,6 +162,7 @@ impl Config {
         "max_key_size",
         "max_value_size",
         "background_threads",
+        "promotion",
         "device_compression",
         "direct_io",
         "logical_to_physical",
@@ -169,6 +184,17 @@ impl Config {
             "max_key_size" => self.max_key_size = parse_usize(name, value)?,
             "max_value_size" => self.max_value_size = parse_usize(name, value)?,
             "background_threads" => self.background_threads = parse_usize(name, value)?,
+            "promotion" => {
+                self.promotion = match value.trim() {
+                    "every_hit" => Promotion::EveryHit,
+                    "second_hit" => Promotion::SecondHit,
+                    other => {
+                        return Err(Error::Config(format!(
+                            "promotion must be every_hit or second_hit, not {other:?}"
+                        )));
+                    }
+                }
+            }
             "device_compression" => {
                 let mode = match value.trim() {
                     "emulate" => DeviceCompression::Emulate,

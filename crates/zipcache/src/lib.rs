@@ -4,6 +4,7 @@
 
 pub mod config;
 pub mod error;
+mod promotion;
 pub mod stats;
 
 mod btree;

@@ -11,6 +11,7 @@ use proptest::prelude::*;
 
 use zipcache_device::{BlockDevice, CompressingDevice, EmulatorOptions, MemDevice};
 
+use crate::config::Promotion;
 use crate::{Clock, Config, Item, PutOptions, Update, ZipCache};
 
 #[derive(Debug, Default)]
@@ -98,7 +99,14 @@ struct Harness {
 
 impl Harness {
     fn new(dram: u64, write_buffer: usize, bypass_r: f64) -> Harness {
-        Harness::on(dram, write_buffer, bypass_r, None, 16 << 10)
+        Harness::on(
+            dram,
+            write_buffer,
+            bypass_r,
+            None,
+            16 << 10,
+            Promotion::EveryHit,
+        )
     }
 
     fn on(
@@ -107,6 +115,7 @@ impl Harness {
         bypass_r: f64,
         device: Option<Arc<dyn BlockDevice>>,
         superleaf: usize,
+        promotion: Promotion,
     ) -> Harness {
         let clock = ManualClock::starting_at(1_000_000);
         let config = Config {
@@ -114,6 +123,7 @@ impl Harness {
             write_buffer,
             bypass_r,
             superleaf_size: superleaf,
+            promotion,
             clock: clock.clone(),
             ..Config::default()
         };
@@ -313,9 +323,10 @@ proptest! {
         superleaf in prop_oneof![Just(4usize << 10), Just(16 << 10), Just(64 << 10)],
         blocks in prop_oneof![Just(64u64), Just(4096)],
         write_buffer in prop_oneof![Just(0usize), Just(256)],
+        promotion in prop_oneof![Just(Promotion::EveryHit), Just(Promotion::SecondHit)],
     ) {
         let device: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(blocks));
-        let mut h = Harness::on(64 << 10, write_buffer, 3.0, Some(device), superleaf);
+        let mut h = Harness::on(64 << 10, write_buffer, 3.0, Some(device), superleaf, promotion);
         for op in &ops {
             h.run(op);
         }
@@ -329,7 +340,14 @@ fn ssd_tier_serves_what_dram_evicted() {
     let device: Arc<dyn BlockDevice> = Arc::new(
         CompressingDevice::new(MemDevice::new(1 << 16), EmulatorOptions::default()).unwrap(),
     );
-    let mut h = Harness::on(256 << 10, 256, 3.0, Some(device), 64 << 10);
+    let mut h = Harness::on(
+        256 << 10,
+        256,
+        3.0,
+        Some(device),
+        64 << 10,
+        Promotion::EveryHit,
+    );
     for key in 0..20_000u16 {
         h.run(&Op::Put {
             key,
@@ -372,6 +390,48 @@ fn ssd_tier_serves_what_dram_evicted() {
         end: 19_999,
         limit: 100_000,
     });
+}
+
+/// `promotion = second_hit`: a key's first SSD hit leaves it on the SSD, its second
+/// copies it into DRAM; every hit serves the right value either way.
+#[test]
+fn second_hit_promotion_waits_for_the_second_hit() {
+    let device: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(1 << 14));
+    let mut h = Harness::on(
+        256 << 10,
+        256,
+        3.0,
+        Some(device),
+        16 << 10,
+        Promotion::SecondHit,
+    );
+    for key in 0..20_000u16 {
+        h.run(&Op::Put {
+            key,
+            len: 64,
+            ttl_ms: None,
+        });
+    }
+    h.cache.settle().unwrap();
+    // A key that left DRAM.
+    let key = (0..20_000u16)
+        .find(|&k| {
+            let before = h.cache.stats().ssd_hits;
+            h.run(&Op::Get { key: k });
+            h.cache.stats().ssd_hits > before
+        })
+        .expect("most keys live on the SSD");
+    // That GET was the key's first SSD hit: it stayed on the SSD.
+    let hits = |h: &Harness| (h.cache.stats().dram_hits, h.cache.stats().ssd_hits);
+    let (dram, ssd) = hits(&h);
+    h.run(&Op::Get { key });
+    assert_eq!(
+        hits(&h),
+        (dram, ssd + 1),
+        "the second hit is served by the SSD"
+    );
+    h.run(&Op::Get { key });
+    assert_eq!(hits(&h), (dram + 1, ssd + 1), "... and copied it into DRAM");
 }
 
 #[test]
@@ -454,7 +514,14 @@ fn bad_blocks_and_io_errors_are_misses_not_wrong_values() {
     use zipcache_device::{FaultOp, FaultyDevice};
     let faulty = Arc::new(FaultyDevice::new(MemDevice::new(1 << 14)));
     let device: Arc<dyn BlockDevice> = faulty.clone();
-    let mut h = Harness::on(128 << 10, 256, 3.0, Some(device), 16 << 10);
+    let mut h = Harness::on(
+        128 << 10,
+        256,
+        3.0,
+        Some(device),
+        16 << 10,
+        Promotion::EveryHit,
+    );
     for key in 0..8_000u16 {
         h.run(&Op::Put {
             key,
