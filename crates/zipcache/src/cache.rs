@@ -139,19 +139,31 @@ impl ZipCache {
                         clock.clone(),
                     )
                 });
-                // From here on the index on disk is stale: if this process dies before a
-                // clean close, the next open must start cold.
+                let loaded_large = match (&loaded, &index_path) {
+                    (Some(_), Some(path)) => LargeObjects::load(
+                        &large_index_path_for(path),
+                        device.clone(),
+                        small_blocks,
+                        large_blocks,
+                        memory.clone(),
+                    ),
+                    _ => None,
+                };
+                // From here on the index files on disk are stale: if this process dies
+                // before a clean close, the next open must start cold.
                 if let Some(path) = &index_path {
-                    match std::fs::remove_file(path) {
-                        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e.into()),
-                        _ => {}
+                    for path in [path.clone(), large_index_path_for(path)] {
+                        match std::fs::remove_file(&path) {
+                            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                                return Err(e.into());
+                            }
+                            _ => {}
+                        }
                     }
                 }
                 let ssd = match loaded {
                     Some(tier) => {
                         warm_start = true;
-                        // BT_LO is not persisted: its region restarts empty.
-                        device.trim(small_blocks, large_blocks)?;
                         tier
                     }
                     None => {
@@ -162,7 +174,16 @@ impl ZipCache {
                         SsdTier::new(device.clone(), settings, memory.clone(), clock.clone())
                     }
                 };
-                let large = LargeObjects::new(device, small_blocks, large_blocks, memory.clone());
+                let large = match loaded_large {
+                    Some(large) => large,
+                    None => {
+                        // Without its index the region's extents cannot be told live from
+                        // dead: forget them. Safe, because every large PUT also left a
+                        // DRAM tombstone that the clean close wrote to BT_SSD.
+                        device.trim(small_blocks, large_blocks)?;
+                        LargeObjects::new(device, small_blocks, large_blocks, memory.clone())
+                    }
+                };
                 (Some(ssd), Some(large))
             }
         };
@@ -481,8 +502,9 @@ impl ZipCache {
             inner.dram.evict_all(Some(ssd), now);
             ssd.device().drain()?;
             ssd.device().flush()?;
-            if let Some(path) = &inner.index_path {
+            if let (Some(path), Some(large)) = (&inner.index_path, &inner.large) {
                 ssd.save(path)?;
+                large.save(&large_index_path_for(path))?;
             }
         }
         Ok(())
@@ -523,6 +545,11 @@ fn index_path_for(ssd: &std::path::Path) -> std::path::PathBuf {
     let mut name = ssd.as_os_str().to_owned();
     name.push(".index");
     name.into()
+}
+
+/// `<ssd file>.lo-index`: BT_LO as a clean shutdown left it.
+fn large_index_path_for(index: &std::path::Path) -> std::path::PathBuf {
+    index.with_extension("lo-index")
 }
 
 /// A scan step's entries from one leaf of a lower tree, and where that leaf ends.

@@ -141,6 +141,61 @@ fn crash_restarts_cold_and_never_stale() {
     assert_eq!(check_never_stale(&cache), 0);
 }
 
+fn large(i: u32, version: u32) -> Vec<u8> {
+    let mut v = value(i, version);
+    v.resize(5000 + i as usize % 3000, b'L');
+    v
+}
+
+/// Large objects (BT_LO extents) survive a clean close too, and the versions that
+/// replaced or deleted them before the close still win after it; a crash forgets them.
+#[test]
+fn large_objects_restart_warm_and_never_stale() {
+    let dir = TempDir::new("large");
+    let cache = ZipCache::open(config(&dir)).unwrap();
+    for i in 0..300 {
+        cache.put(&key(i), &large(i, 1), None).unwrap();
+    }
+    for i in (0..300).step_by(3) {
+        cache.put(&key(i), &value(i, 2), None).unwrap(); // small replaces large
+    }
+    for i in (1..300).step_by(5) {
+        cache.delete(&key(i)).unwrap();
+    }
+    let expected = |i: u32| match i {
+        _ if i % 5 == 1 => None,
+        _ if i.is_multiple_of(3) => Some(value(i, 2)),
+        _ => Some(large(i, 1)),
+    };
+    assert!(cache.stats().large_objects > 100, "{:?}", cache.stats());
+    cache.close().unwrap();
+
+    let cache = ZipCache::open(config(&dir)).unwrap();
+    assert!(cache.warm_started());
+    for i in 0..300 {
+        assert_eq!(cache.get(&key(i)).unwrap(), expected(i), "key {i}");
+    }
+    assert_eq!(cache.stats().checksum_failures, 0);
+    // New large objects after the warm start go on from the restored log head.
+    for i in 300..400 {
+        cache.put(&key(i), &large(i, 1), None).unwrap();
+    }
+    for i in 0..400 {
+        let want = if i < 300 {
+            expected(i)
+        } else {
+            Some(large(i, 1))
+        };
+        assert_eq!(cache.get(&key(i)).unwrap(), want, "key {i}");
+    }
+    drop(cache); // crash
+
+    let cache = ZipCache::open(config(&dir)).unwrap();
+    assert!(!cache.warm_started());
+    assert_eq!(cache.stats().large_objects, 0);
+    assert!((0..400).all(|i| cache.get(&key(i)).unwrap().is_none()));
+}
+
 #[test]
 fn damaged_index_means_cold_start() {
     let dir = TempDir::new("damaged");
