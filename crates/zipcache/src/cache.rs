@@ -41,6 +41,7 @@ struct OpCounters {
     dram_hits: Counter,
     large_hits: Counter,
     ssd_hits: Counter,
+    promotions: Counter,
     misses: Counter,
     expired: Counter,
     puts: Counter,
@@ -671,7 +672,7 @@ impl Inner {
         if self.promotion.as_ref().is_some_and(|f| !f.admit(key)) {
             return;
         }
-        self.dram.modify(key, now, |current| {
+        let promoted = self.dram.modify(key, now, |current| {
             let fresh = current == Lookup::Absent && ssd.still_current(&hit.proof);
             let change = fresh.then_some(Some((
                 hit.value,
@@ -680,8 +681,11 @@ impl Inner {
                     ..hit.meta
                 },
             )));
-            (change, ())
+            (change, fresh)
         });
+        if promoted {
+            self.ops.promotions.incr();
+        }
         self.relieve_pressure();
     }
 
@@ -784,6 +788,7 @@ impl Inner {
             large_dropped,
             large_hits,
             ssd_hits,
+            ssd_promotions: self.ops.promotions.get(),
             ssd_hit_ratio: ratio(ssd_hits, gets).unwrap_or(0.0),
             checksum_failures: ssd.checksum_failures
                 + c.corrupt_pages.load(Ordering::Relaxed)

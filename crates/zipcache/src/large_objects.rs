@@ -23,6 +23,7 @@ use crate::btree::{BTree, Fence, KeyRange};
 use crate::dram_tier::ScanEntry;
 use crate::memory::{Charge, Memory, alloc_size};
 use crate::record::Meta;
+use crate::sealed_file::{self, Fields};
 
 const MAGIC: [u8; 4] = *b"ZCLO";
 const VERSION: u8 = 1;
@@ -419,42 +420,31 @@ impl LargeObjects {
         blocks: u64,
         memory: Arc<Memory>,
     ) -> Option<LargeObjects> {
-        let bytes = std::fs::read(path).ok()?;
-        let (body, crc) = bytes.split_at_checked(bytes.len().checked_sub(4)?)?;
-        if crc32c::crc32c(body).to_le_bytes() != crc {
-            return None;
-        }
-        let mut r = body;
-        let mut take = |n: usize| -> Option<&[u8]> {
-            let (head, rest) = r.split_at_checked(n)?;
-            r = rest;
-            Some(head)
-        };
-        let u64_of = |b: &[u8]| Some(u64::from_le_bytes(b.try_into().ok()?));
-        let u32_of = |b: &[u8]| Some(u32::from_le_bytes(b.try_into().ok()?));
-        if take(4)? != index_file::MAGIC
-            || u32_of(take(4)?)? != index_file::VERSION
-            || u64_of(take(8)?)? != start
-            || u64_of(take(8)?)? != blocks
+        let body = sealed_file::read(path)?;
+        let mut f = Fields::new(&body);
+        if f.bytes(4)? != index_file::MAGIC
+            || f.u32()? != index_file::VERSION
+            || f.u64()? != start
+            || f.u64()? != blocks
         {
             return None;
         }
-        let head = u64_of(take(8)?)?;
-        let next_seq = u64_of(take(8)?)?;
-        let count = u32_of(take(4)?)? as usize;
+        let head = f.u64()?;
+        let next_seq = f.u64()?;
+        let count = f.u32()? as usize;
         let mut extents = Vec::with_capacity(count.min(1 << 20));
         let mut keys = std::collections::HashSet::new();
         for _ in 0..count {
-            let key_len = u16::from_le_bytes(take(2)?.try_into().ok()?) as usize;
-            let key: Arc<[u8]> = Arc::from(take(key_len)?);
-            let first = u64_of(take(8)?)?;
-            let len = u32_of(take(4)?)?;
-            let value_len = u32_of(take(4)?)?;
-            let seq = u64_of(take(8)?)?;
-            let has_expiry = take(1)?[0] == 1;
-            let expires_at_ms = u64_of(take(8)?)?;
-            let flags = u32_of(take(4)?)?;
-            let cas = u64_of(take(8)?)?;
+            let key_len = f.u16()? as usize;
+            let key: Arc<[u8]> = Arc::from(f.bytes(key_len)?);
+            let first = f.u64()?;
+            let len = f.u32()?;
+            let value_len = f.u32()?;
+            let seq = f.u64()?;
+            let has_expiry = f.u8()? == 1;
+            let expires_at_ms = f.u64()?;
+            let flags = f.u32()?;
+            let cas = f.u64()?;
             let fits = first
                 .checked_add(u64::from(len))
                 .is_some_and(|end| end <= blocks);
@@ -476,7 +466,7 @@ impl LargeObjects {
             };
             extents.push((first, key, extent));
         }
-        if !r.is_empty() || head > blocks {
+        if !f.is_done() || head > blocks {
             return None;
         }
         let lo = LargeObjects::new(device, start, blocks, memory);

@@ -4,7 +4,6 @@
 
 pub mod config;
 pub mod error;
-mod promotion;
 pub mod stats;
 
 mod btree;
@@ -19,7 +18,9 @@ mod leaf_page;
 mod memory;
 #[cfg(test)]
 mod model_tests;
+mod promotion;
 mod record;
+mod sealed_file;
 mod ssd_block;
 mod ssd_tier;
 mod subpage_hash;

@@ -37,6 +37,7 @@ use crate::eviction::{EvictedObject, EvictionSink};
 use crate::leaf_page::Geometry;
 use crate::memory::{Charge, Memory, alloc_size};
 use crate::record::{Meta, Payload, Record};
+use crate::sealed_file::{self, Fields};
 use crate::ssd_block::{self, Owner, PAYLOAD};
 use crate::subpage_hash::ssd_subpage;
 
@@ -758,7 +759,6 @@ impl SsdTier {
     /// file, fsync, rename). Called only after the device was flushed, so the index
     /// never names a block that is not durable.
     pub fn save(&self, path: &std::path::Path) -> std::io::Result<()> {
-        use std::io::Write;
         let w = self.writer.lock();
         let mut out = Vec::new();
         out.extend_from_slice(&index_file::MAGIC);
@@ -779,13 +779,7 @@ impl SsdTier {
                 out.extend_from_slice(&c.to_le_bytes());
             }
         }
-        let crc = crc32c::crc32c(&out);
-        out.extend_from_slice(&crc.to_le_bytes());
-        let tmp = path.with_extension("index.tmp");
-        let mut file = std::fs::File::create(&tmp)?;
-        file.write_all(&out)?;
-        file.sync_all()?;
-        std::fs::rename(&tmp, path)
+        sealed_file::write(path, out)
     }
 
     /// Rebuilds BT_SSD from an index `save` wrote for this very device and geometry;
@@ -797,36 +791,27 @@ impl SsdTier {
         memory: Arc<Memory>,
         clock: Arc<dyn Clock>,
     ) -> Option<SsdTier> {
-        let bytes = std::fs::read(path).ok()?;
-        let (body, crc) = bytes.split_at_checked(bytes.len().checked_sub(4)?)?;
-        if crc32c::crc32c(body).to_le_bytes() != crc {
-            return None;
-        }
-        let mut r = body;
-        let mut take = |n: usize| -> Option<&[u8]> {
-            let (head, rest) = r.split_at_checked(n)?;
-            r = rest;
-            Some(head)
-        };
+        let body = sealed_file::read(path)?;
+        let mut f = Fields::new(&body);
         let m = settings.subpages;
-        if take(4)? != index_file::MAGIC
-            || u32::from_le_bytes(take(4)?.try_into().ok()?) != index_file::VERSION
-            || u32::from_le_bytes(take(4)?.try_into().ok()?) as usize != m
-            || u64::from_le_bytes(take(8)?.try_into().ok()?) != device.block_count()
+        if f.bytes(4)? != index_file::MAGIC
+            || f.u32()? != index_file::VERSION
+            || f.u32()? as usize != m
+            || f.u64()? != device.block_count()
         {
             return None;
         }
-        let next_slot = u32::from_le_bytes(take(4)?.try_into().ok()?);
-        let count = u32::from_le_bytes(take(4)?.try_into().ok()?) as usize;
+        let next_slot = f.u32()?;
+        let count = f.u32()? as usize;
         let mut descriptors = Vec::with_capacity(count.min(1 << 24));
         for _ in 0..count {
-            let len = u16::from_le_bytes(take(2)?.try_into().ok()?) as usize;
-            let low = Fence::from(take(len)?);
-            let slot = u32::from_le_bytes(take(4)?.try_into().ok()?);
-            let generation = u32::from_le_bytes(take(4)?.try_into().ok()?);
+            let len = f.u16()? as usize;
+            let low = Fence::from(f.bytes(len)?);
+            let slot = f.u32()?;
+            let generation = f.u32()?;
             let mut counts = vec![0u16; m];
             for c in &mut counts {
-                *c = u16::from_le_bytes(take(2)?.try_into().ok()?);
+                *c = f.u16()?;
             }
             descriptors.push((low, (slot != u32::MAX).then_some(slot), generation, counts));
         }
@@ -837,7 +822,7 @@ impl SsdTier {
             && descriptors
                 .iter()
                 .all(|d| d.1.is_none_or(|s| s < next_slot));
-        if !take(0)?.is_empty() || !r.is_empty() || !ordered || !first_is_empty || !slots_valid {
+        if !f.is_done() || !ordered || !first_is_empty || !slots_valid {
             return None;
         }
         let tier = SsdTier::new(device, settings, memory, clock);

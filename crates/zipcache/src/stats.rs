@@ -42,6 +42,8 @@ pub struct Stats {
     pub dram_hits: u64,
     pub large_hits: u64,
     pub ssd_hits: u64,
+    /// SSD hits copied into DRAM (inclusive caching; see the `promotion` setting).
+    pub ssd_promotions: u64,
     pub misses: u64,
     pub puts: u64,
     pub deletes: u64,

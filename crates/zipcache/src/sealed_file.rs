@@ -1,0 +1,85 @@
+//! The index files a clean `close()` leaves for the next `open()` (`docs/FORMAT.md`): a
+//! body followed by its CRC32C, replaced atomically, and read back only if intact.
+
+use std::io::Write;
+use std::path::Path;
+
+/// Writes `body` and its CRC32C to `path`: a temporary file beside it, fsync, rename.
+pub fn write(path: &Path, mut body: Vec<u8>) -> std::io::Result<()> {
+    let crc = crc32c::crc32c(&body);
+    body.extend_from_slice(&crc.to_le_bytes());
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let mut file = std::fs::File::create(&tmp)?;
+    file.write_all(&body)?;
+    file.sync_all()?;
+    std::fs::rename(&tmp, path)
+}
+
+/// The body `write` stored at `path`; `None` if the file is missing or damaged.
+pub fn read(path: &Path) -> Option<Vec<u8>> {
+    let mut bytes = std::fs::read(path).ok()?;
+    let body = bytes.len().checked_sub(4)?;
+    if crc32c::crc32c(&bytes[..body]).to_le_bytes() != bytes[body..] {
+        return None;
+    }
+    bytes.truncate(body);
+    Some(bytes)
+}
+
+/// Little-endian fields read in order from a body; every read is `None` past the end.
+pub struct Fields<'a>(&'a [u8]);
+
+impl<'a> Fields<'a> {
+    pub fn new(body: &'a [u8]) -> Self {
+        Fields(body)
+    }
+
+    pub fn bytes(&mut self, n: usize) -> Option<&'a [u8]> {
+        let (head, rest) = self.0.split_at_checked(n)?;
+        self.0 = rest;
+        Some(head)
+    }
+
+    pub fn u8(&mut self) -> Option<u8> {
+        Some(self.bytes(1)?[0])
+    }
+
+    pub fn u16(&mut self) -> Option<u16> {
+        Some(u16::from_le_bytes(self.bytes(2)?.try_into().ok()?))
+    }
+
+    pub fn u32(&mut self) -> Option<u32> {
+        Some(u32::from_le_bytes(self.bytes(4)?.try_into().ok()?))
+    }
+
+    pub fn u64(&mut self) -> Option<u64> {
+        Some(u64::from_le_bytes(self.bytes(8)?.try_into().ok()?))
+    }
+
+    /// Whether every byte was read (a longer body is not one `write` made).
+    pub fn is_done(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sealed_bodies_round_trip_and_damage_is_refused() {
+        let path = std::env::temp_dir().join(format!("zc-sealed-{}", std::process::id()));
+        write(&path, vec![1, 2, 0, 3, 0, 0, 0]).unwrap();
+        let body = read(&path).unwrap();
+        let mut f = Fields::new(&body);
+        assert_eq!((f.u8(), f.u16(), f.u32()), (Some(1), Some(2), Some(3)));
+        assert!(f.is_done() && f.u8().is_none());
+        let mut bytes = std::fs::read(&path).unwrap();
+        bytes[2] ^= 0x10;
+        std::fs::write(&path, &bytes).unwrap();
+        assert!(read(&path).is_none());
+        std::fs::remove_file(&path).unwrap();
+        assert!(read(&path).is_none());
+    }
+}
