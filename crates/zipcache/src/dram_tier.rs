@@ -818,12 +818,13 @@ impl DramTier {
         true
     }
 
-    /// Evicts `leaf` together with its neighbours inside `span`: the SSD super-leaves
-    /// that `leaf` maps to ([`EvictionSink::span`]), so that one read-modify-write of each super-leaf takes
-    /// the objects of all of them: a super-leaf covers the key range of several DRAM
-    /// leaves, and rewriting it once per DRAM leaf multiplies the bytes written to the
-    /// SSD. With `spare_hot`, hot (bypassed) neighbours stay. The group's range joins the leaf left of it;
-    /// the first leaf of the tree is emptied in place instead.
+    /// Evicts `leaf` together with its neighbours inside `span`, the key range of the SSD
+    /// super-leaves `leaf` maps to ([`EvictionSink::span`]), so that one read-modify-write
+    /// of each super-leaf takes the objects of all of them: a super-leaf covers the key
+    /// range of several DRAM leaves, and rewriting it once per DRAM leaf multiplies the
+    /// bytes written to the SSD. With `spare_hot`, hot (bypassed) neighbours stay. The
+    /// group's range joins the leaf left of it; the first leaf of the tree is emptied in
+    /// place instead.
     fn evict_group(
         &self,
         low: &Fence,
