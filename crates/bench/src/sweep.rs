@@ -19,7 +19,7 @@ pub enum Figure {
     Capacity,
     /// Hit ratio and throughput vs C_DRAM:C_WS, moderate locality (paper Fig. 8(b)).
     DramRatio,
-    /// wa_host, wr_nand, wa vs object size and super-leaf size (paper Fig. 11).
+    /// wa_host, wr_nand, wa vs value size, super-leaf size and `T` (paper Fig. 11).
     Wa,
     /// GET latency CDF with bypass_r = 3 vs 0, strong locality, GET:PUT 70:30 and 30:70
     /// (paper Fig. 12).
