@@ -21,7 +21,7 @@ use crate::large_objects::LargeObjects;
 use crate::memory::{Charge, Memory, alloc_size};
 use crate::promotion::{self, PromotionFilter};
 use crate::record::Meta;
-use crate::ssd_tier::{SsdHit, SsdSettings, SsdTier};
+use crate::ssd_tier::{Freshness, SsdHit, SsdSettings, SsdTier};
 use crate::stats::ratio;
 use crate::{Config, Error, Item, PutOptions, Result, Stats, Update};
 
@@ -383,28 +383,33 @@ impl ZipCache {
         };
         let mut out = Vec::new();
         // The SSD super-leaf and BT_LO leaf last read, kept while DRAM leaves walk
-        // through their ranges.
-        let mut ssd_chunk: Option<Chunk> = None;
+        // through their ranges. The super-leaf is read again if it was written since:
+        // an eviction may have moved a newer version from a DRAM leaf read after it.
+        let mut ssd_chunk: Option<(Chunk, Freshness)> = None;
         let mut lo_chunk: Option<Chunk> = None;
         while out.len() < limit {
             let (dram_entries, dram_next) = inner.dram.scan_leaf(&cursor, end, now);
             let (entries, next) = match &inner.ssd {
                 None => (dram_entries, dram_next),
                 Some(ssd) => {
-                    let stale = |chunk: &Option<Chunk>| {
-                        chunk.as_ref().is_none_or(|(_, high)| {
+                    let stale = |chunk: Option<&Chunk>| {
+                        chunk.is_none_or(|(_, high)| {
                             high.as_ref()
                                 .is_some_and(|h| cursor.as_slice() >= h.as_ref())
                         })
                     };
-                    if stale(&ssd_chunk) {
-                        ssd_chunk = Some(ssd.scan_leaf(&cursor, end, now));
+                    let ssd_stale = ssd_chunk.as_ref().is_none_or(|(chunk, proof)| {
+                        stale(Some(chunk)) || !ssd.still_current(proof)
+                    });
+                    if ssd_stale {
+                        let (entries, high, proof) = ssd.scan_leaf(&cursor, end, now);
+                        ssd_chunk = Some(((entries, high), proof));
                     }
                     let large = inner.large.as_ref().filter(|lo| !lo.is_empty());
-                    if let Some(lo) = large.filter(|_| stale(&lo_chunk)) {
+                    if let Some(lo) = large.filter(|_| stale(lo_chunk.as_ref())) {
                         lo_chunk = Some(lo.scan_leaf(&cursor, end, now));
                     }
-                    let (ssd_entries, ssd_next) = ssd_chunk.as_ref().expect("just filled");
+                    let ((ssd_entries, ssd_next), _) = ssd_chunk.as_ref().expect("just filled");
                     let lo_part = large.and(lo_chunk.as_ref());
                     // This step covers keys below whichever leaf ends first.
                     let mut next = dram_next.clone();

@@ -329,14 +329,15 @@ impl SsdTier {
         !st.range.retired && st.version == proof.version
     }
 
-    /// SSD entries with keys in `[cursor, end)` from the super-leaf holding `cursor`, and
-    /// where the next super-leaf starts.
+    /// SSD entries with keys in `[cursor, end)` from the super-leaf holding `cursor`,
+    /// where the next super-leaf starts, and the proof to check later that nothing was
+    /// written to it since.
     pub fn scan_leaf(
         &self,
         cursor: &[u8],
         end: Bound<&[u8]>,
         now_ms: u64,
-    ) -> (Vec<ScanEntry>, Option<Fence>) {
+    ) -> (Vec<ScanEntry>, Option<Fence>, Freshness) {
         loop {
             let (_, leaf) = self.tree.find(cursor);
             let st = leaf.state.read();
@@ -355,7 +356,11 @@ impl SsdTier {
                 })
                 .map(|(k, v)| (k, Some(v)))
                 .collect();
-            return (entries, st.range.high.clone());
+            let proof = Freshness {
+                leaf: leaf.clone(),
+                version: st.version,
+            };
+            return (entries, st.range.high.clone(), proof);
         }
     }
 

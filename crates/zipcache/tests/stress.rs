@@ -5,7 +5,11 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use std::sync::Arc;
+
+use zipcache::config::Promotion;
 use zipcache::{Config, ZipCache};
+use zipcache_device::{BlockDevice, CompressingDevice, EmulatorOptions, MemDevice};
 
 fn value_for(key: &[u8], writer: u64, seq: u64, len: usize) -> Vec<u8> {
     let mut v = Vec::with_capacity(len.max(24));
@@ -38,13 +42,26 @@ fn check(key: &[u8], value: &[u8]) -> (u64, u64) {
     (writer, seq)
 }
 
-fn stress(dram: u64, threads: u64, run_for: Duration) -> zipcache::Stats {
-    let cache = ZipCache::open(Config {
+/// The SSD tier of a hybrid run: `blocks` 4 KiB blocks behind the emulated compressing
+/// SSD, and which SSD hits go back into DRAM.
+struct Ssd {
+    blocks: u64,
+    promotion: Promotion,
+}
+
+fn stress(dram: u64, threads: u64, run_for: Duration, ssd: Option<Ssd>) -> zipcache::Stats {
+    let config = Config {
         dram_capacity: dram,
         bypass_r: 1.0,
+        superleaf_size: 16 << 10,
+        promotion: ssd.as_ref().map_or(Promotion::EveryHit, |s| s.promotion),
         ..Config::default()
-    })
-    .unwrap();
+    };
+    let device = ssd.map(|s| {
+        let device = CompressingDevice::new(MemDevice::new(s.blocks), EmulatorOptions::default());
+        Arc::new(device.unwrap()) as Arc<dyn BlockDevice>
+    });
+    let cache = ZipCache::open_on(config, device).unwrap();
     let stop = AtomicBool::new(false);
     std::thread::scope(|s| {
         for t in 0..threads {
@@ -136,7 +153,7 @@ fn stress(dram: u64, threads: u64, run_for: Duration) -> zipcache::Stats {
 
 #[test]
 fn threads_never_see_wrong_values_under_eviction() {
-    let stats = stress(1 << 20, 4, Duration::from_secs(4));
+    let stats = stress(1 << 20, 4, Duration::from_secs(4), None);
     assert!(
         stats.evicted_leaves > 0,
         "the test must exercise eviction: {stats:?}"
@@ -144,9 +161,26 @@ fn threads_never_see_wrong_values_under_eviction() {
     assert!(stats.leaf_splits > 0);
 }
 
+/// The same with an SSD tier under a DRAM budget far below the data: group evictions,
+/// clean-first drops, promotions of SSD hits (both policies) and SSD-side evictions of a
+/// small device all race the readers, which must still never see a stale value.
+#[test]
+fn threads_never_see_wrong_values_with_the_ssd_tier() {
+    for promotion in [Promotion::EveryHit, Promotion::SecondHit] {
+        let ssd = Ssd {
+            blocks: 2048,
+            promotion,
+        };
+        let stats = stress(256 << 10, 4, Duration::from_secs(3), Some(ssd));
+        assert!(stats.evicted_leaves > 100, "{stats:?}");
+        assert!(stats.ssd_hits > 0 && stats.ssd_objects > 0, "{stats:?}");
+        assert!(stats.large_objects + stats.large_dropped > 0, "{stats:?}");
+    }
+}
+
 #[test]
 fn threads_agree_without_eviction() {
-    let stats = stress(256 << 20, 3, Duration::from_secs(2));
+    let stats = stress(256 << 20, 3, Duration::from_secs(2), None);
     assert_eq!(stats.evicted_leaves, 0);
 }
 
