@@ -192,8 +192,9 @@ impl<L> BTree<L> {
     /// Folds the consecutive leaves `run[1..]` into `run[0]`: locks them all in key order,
     /// checks that they are still in the tree and consecutive, hands the ranges of
     /// `run[1..]` to `run[0]` (marking them retired), runs `release` on all their states
-    /// while every lock is still held, and removes `run[1..]` from the tree. Returns the change in inner-node bytes, or `None` (nothing
-    /// released) if any leaf changed since the caller chose them.
+    /// while every lock is still held, and removes `run[1..]` from the tree. Returns the
+    /// change in inner-node bytes, or `None` (nothing released) if any leaf changed since
+    /// the caller chose them.
     pub fn collapse<S: Ranged>(
         &self,
         run: &[(Fence, Arc<L>)],

@@ -18,7 +18,7 @@ use crate::config::Promotion;
 use crate::dram_tier::{DramLeaf, DramSettings, DramTier, Lookup, ScanEntry};
 use crate::eviction::EvictionSink;
 use crate::large_objects::LargeObjects;
-use crate::memory::{Charge, Memory, alloc_size};
+use crate::memory::{Memory, alloc_size};
 use crate::promotion::{self, PromotionFilter};
 use crate::record::Meta;
 use crate::ssd_tier::{Freshness, SsdHit, SsdSettings, SsdTier};
@@ -192,11 +192,7 @@ impl ZipCache {
             let filter = PromotionFilter::new(
                 (config.dram_capacity / promotion::DRAM_BYTES_PER_SLOT) as usize,
             );
-            let table = Charge {
-                index: alloc_size(filter.bytes()) as i64,
-                ..Charge::default()
-            };
-            memory.change(&Charge::default(), &table);
+            memory.change_index(alloc_size(filter.bytes()) as i64);
             filter
         });
         // CAS versions start from the clock so a restarted cache never reissues one a
@@ -498,7 +494,7 @@ impl ZipCache {
 
     /// Shuts down cleanly: stops the background threads, writes every DRAM object and
     /// tombstone down to the SSD tier (so the SSD alone holds the newest versions), flushes
-    /// the device and saves the BT_SSD index; the next `open` restarts warm.
+    /// the device and saves the BT_SSD and BT_LO indexes; the next `open` restarts warm.
     pub fn close(self) -> Result<()> {
         self.stop();
         let inner = &self.inner;

@@ -238,13 +238,7 @@ impl DramTier {
         let mut st = first.state.write();
         tier.recharge(&mut st);
         drop(st);
-        tier.memory.change(
-            &Charge::default(),
-            &Charge {
-                index: tier.tree.node_bytes() as i64,
-                ..Charge::default()
-            },
-        );
+        tier.memory.change_index(tier.tree.node_bytes() as i64);
         tier
     }
 
@@ -538,7 +532,7 @@ impl DramTier {
                 self.recharge(&mut nst);
             }
             let delta = self.tree.insert(fences[i].clone(), new_leaf);
-            self.charge_index(delta);
+            self.memory.change_index(delta);
             self.counters.splits.fetch_add(1, Ordering::Relaxed);
         }
     }
@@ -742,16 +736,6 @@ impl DramTier {
             .collect()
     }
 
-    fn charge_index(&self, delta: i64) {
-        self.memory.change(
-            &Charge::default(),
-            &Charge {
-                index: delta,
-                ..Charge::default()
-            },
-        );
-    }
-
     fn recharge(&self, st: &mut LeafState) {
         let new = if st.range.retired {
             Charge::default()
@@ -878,7 +862,9 @@ impl DramTier {
                 self.counters.hot_leaves.fetch_sub(1, Ordering::Relaxed);
             }
         }
-        removed.map(|delta| self.charge_index(delta)).is_some()
+        removed
+            .map(|delta| self.memory.change_index(delta))
+            .is_some()
     }
 
     /// Gives the objects of locked, consecutive leaves to `sink` in one batch and empties

@@ -21,7 +21,7 @@ use zipcache_device::{AlignedBuf, BLOCK_SIZE, BlockDevice};
 
 use crate::btree::{BTree, Fence, KeyRange};
 use crate::dram_tier::ScanEntry;
-use crate::memory::{Charge, Memory, alloc_size};
+use crate::memory::{Memory, alloc_size};
 use crate::record::Meta;
 use crate::sealed_file::{self, Fields};
 
@@ -107,18 +107,8 @@ impl LargeObjects {
             memory,
             counters: LoCounters::default(),
         };
-        lo.charge(lo.tree.node_bytes() as i64);
+        lo.memory.change_index(lo.tree.node_bytes() as i64);
         lo
-    }
-
-    fn charge(&self, delta: i64) {
-        self.memory.change(
-            &Charge::default(),
-            &Charge {
-                index: delta,
-                ..Charge::default()
-            },
-        );
     }
 
     /// Whether BT_LO holds anything at all: writers of small objects skip it otherwise.
@@ -305,7 +295,7 @@ impl LargeObjects {
                 });
                 st.range.high = Some(low.clone());
                 let delta = self.tree.insert(low, new);
-                self.charge(delta);
+                self.memory.change_index(delta);
             }
             Some(replaced)
         });
@@ -313,7 +303,7 @@ impl LargeObjects {
             Some(old) => self.trim(&old),
             None => {
                 self.counters.objects.fetch_add(1, Ordering::Relaxed);
-                self.charge(entry_bytes(key.len()));
+                self.memory.change_index(entry_bytes(key.len()));
             }
         }
     }
@@ -339,7 +329,7 @@ impl LargeObjects {
             )
         })?;
         self.counters.objects.fetch_sub(1, Ordering::Relaxed);
-        self.charge(-entry_bytes(key.len()));
+        self.memory.change_index(-entry_bytes(key.len()));
         self.trim(&removed);
         Some(removed)
     }

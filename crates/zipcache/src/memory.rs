@@ -92,6 +92,12 @@ impl Memory {
         apply(&self.index, old.index, new.index);
     }
 
+    /// Adds `delta` bytes to the index account (inner nodes, descriptors, tables): for
+    /// holders whose index DRAM changes by known amounts rather than by re-charging.
+    pub fn change_index(&self, delta: i64) {
+        self.index.fetch_add(delta, Ordering::Relaxed);
+    }
+
     pub fn snapshot(&self) -> Charge {
         Charge {
             compressed_pages: self.compressed_pages.load(Ordering::Relaxed),

@@ -35,7 +35,7 @@ use crate::config::Clock;
 use crate::dram_tier::{ScanEntry, separator};
 use crate::eviction::{EvictedObject, EvictionSink};
 use crate::leaf_page::Geometry;
-use crate::memory::{Charge, Memory, alloc_size};
+use crate::memory::{Memory, alloc_size};
 use crate::record::{Meta, Payload, Record};
 use crate::sealed_file::{self, Fields};
 use crate::ssd_block::{self, Owner, PAYLOAD};
@@ -196,22 +196,13 @@ impl SsdTier {
             counters: SsdCounters::default(),
         };
         tier.counters.superleaves.store(1, Ordering::Relaxed);
-        tier.charge_index(tier.tree.node_bytes() as i64 + descriptor_bytes(m) as i64);
+        tier.memory
+            .change_index(tier.tree.node_bytes() as i64 + descriptor_bytes(m) as i64);
         tier
     }
 
     pub fn device(&self) -> &Arc<dyn BlockDevice> {
         &self.device
-    }
-
-    fn charge_index(&self, delta: i64) {
-        self.memory.change(
-            &Charge::default(),
-            &Charge {
-                index: delta,
-                ..Charge::default()
-            },
-        );
     }
 
     /// DRAM held by BT_SSD: inner nodes and super-leaf descriptors.
@@ -522,7 +513,8 @@ impl SsdTier {
             let low = nst.range.low.clone();
             let delta = self.tree.insert(low, SuperLeaf::new(nst));
             self.counters.superleaves.fetch_add(1, Ordering::Relaxed);
-            self.charge_index(delta + descriptor_bytes(self.settings.subpages) as i64);
+            self.memory
+                .change_index(delta + descriptor_bytes(self.settings.subpages) as i64);
         }
     }
 
@@ -667,7 +659,8 @@ impl SsdTier {
             return false;
         };
         self.counters.superleaves.fetch_sub(1, Ordering::Relaxed);
-        self.charge_index(delta - descriptor_bytes(self.settings.subpages) as i64);
+        self.memory
+            .change_index(delta - descriptor_bytes(self.settings.subpages) as i64);
         true
     }
 }
@@ -859,7 +852,7 @@ impl SsdTier {
             } else {
                 let delta = tier.tree.insert(low, SuperLeaf::new(state));
                 tier.counters.superleaves.fetch_add(1, Ordering::Relaxed);
-                tier.charge_index(delta + descriptor_bytes(m) as i64);
+                tier.memory.change_index(delta + descriptor_bytes(m) as i64);
             }
         }
         {
