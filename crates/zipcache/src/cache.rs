@@ -63,6 +63,10 @@ pub(crate) struct Inner {
     shutdown: AtomicBool,
     /// With `promotion = second_hit`: which SSD hits are copied into DRAM.
     promotion: Option<PromotionFilter>,
+    /// Odd while `flush_all` runs; bumped at its start and its end.
+    flush_epoch: AtomicU64,
+    /// One `flush_all` at a time.
+    flushing: Mutex<()>,
 }
 
 /// A hybrid DRAM/SSD key-value cache. `Send + Sync`: share it between threads by `Arc`
@@ -210,6 +214,8 @@ impl ZipCache {
             next_cas,
             shutdown: AtomicBool::new(false),
             promotion,
+            flush_epoch: AtomicU64::new(0),
+            flushing: Mutex::new(()),
         });
         let workers = (0..inner.config.background_threads)
             .map(|i| {
@@ -278,10 +284,8 @@ impl ZipCache {
         inner.ops.deletes.incr();
         let now = inner.now();
         let (before, large) = inner.dram.delete(key, now, || {
-            inner
-                .large
-                .as_ref()
-                .and_then(|lo| lo.get(key, now).inspect(|_| lo.remove(key)))
+            let removed = inner.large.as_ref().and_then(|lo| lo.remove(key));
+            removed.filter(|meta| !meta.expired(now))
         });
         let existed = match before {
             Lookup::Found(..) => true,
@@ -313,14 +317,17 @@ impl ZipCache {
         let now = inner.now();
         let outcome = inner.dram.modify(key, now, |current| {
             // The leaf stays locked while BT_LO and the SSD are read, so no write slips in.
+            // What a racing flush_all is erasing below must not come back as a new value.
+            let epoch = inner.flush_epoch.load(Ordering::SeqCst);
+            let below = |item: Option<Item>| item.filter(|_| inner.lower_tiers_current(epoch));
             let current = match current {
                 Lookup::Found(value, meta) => Some(item_of(value, &meta)),
                 Lookup::Expired => None,
-                Lookup::Deleted => inner.large_get(key, now),
-                Lookup::Absent => inner.large_get(key, now).or_else(|| {
+                Lookup::Deleted => below(inner.large_get(key, now)),
+                Lookup::Absent => below(inner.large_get(key, now).or_else(|| {
                     let hit = inner.ssd.as_ref().and_then(|ssd| ssd.get(key, now));
                     hit.map(|hit| item_of(hit.value, &hit.meta))
-                }),
+                })),
             };
             let (update, result) = f(current.as_ref());
             match update {
@@ -384,7 +391,7 @@ impl ZipCache {
         let mut ssd_chunk: Option<(Chunk, Freshness)> = None;
         let mut lo_chunk: Option<Chunk> = None;
         while out.len() < limit {
-            let (dram_entries, dram_next) = inner.dram.scan_leaf(&cursor, end, now);
+            let (dram_entries, dram_next, dram_lost) = inner.dram.scan_leaf(&cursor, end, now);
             let (entries, next) = match &inner.ssd {
                 None => (dram_entries, dram_next),
                 Some(ssd) => {
@@ -424,9 +431,10 @@ impl ZipCache {
                     let below = |k: &[u8]| {
                         next.as_ref().is_none_or(|n| k < n.as_ref()) && k >= cursor.as_slice()
                     };
+                    // A DRAM leaf that lost its page may have hidden any of these.
                     let mut merged: std::collections::BTreeMap<Vec<u8>, _> = ssd_entries
                         .iter()
-                        .filter(|(k, _)| below(k))
+                        .filter(|(k, _)| below(k) && !dram_lost)
                         .cloned()
                         .collect();
                     // A large version is newer than any SSD copy (writing it deleted them) ...
@@ -471,15 +479,25 @@ impl ZipCache {
         Ok(out)
     }
 
-    /// Forgets every object.
+    /// Forgets every object: a barrier, after which nothing stored before it is served.
+    ///
+    /// DRAM is emptied first, so no eviction can carry an old object down to a tier that
+    /// was already cleared; GETs that race the flush may still read the lower tiers until
+    /// they are cleared too, but what they read is not copied back into DRAM: promotions
+    /// and read-modify-writes check the flush epoch under the DRAM leaf's lock, and the
+    /// epoch moves before DRAM is emptied (`Inner::lower_tiers_current`).
     pub fn flush_all(&self) -> Result<()> {
-        self.inner.dram.evict_all(None, self.inner.now());
-        if let Some(ssd) = &self.inner.ssd {
+        let inner = &self.inner;
+        let _one_at_a_time = inner.flushing.lock();
+        inner.flush_epoch.fetch_add(1, Ordering::SeqCst);
+        inner.dram.evict_all(None, inner.now());
+        if let Some(ssd) = &inner.ssd {
             ssd.clear();
         }
-        if let Some(lo) = &self.inner.large {
+        if let Some(lo) = &inner.large {
             lo.clear();
         }
+        inner.flush_epoch.fetch_add(1, Ordering::SeqCst);
         Ok(())
     }
 
@@ -649,32 +667,44 @@ impl Inner {
             (Some(lo), _) => self.dram.put_with(key, None, Meta::default(), now, || {
                 lo.put(key, value, meta);
             }),
-            (None, Some(lo)) => self
-                .dram
-                .put_with(key, Some(value), meta, now, || lo.remove(key)),
+            (None, Some(lo)) => self.dram.put_with(key, Some(value), meta, now, || {
+                lo.remove(key);
+            }),
             (None, None) => self.dram.put_with(key, Some(value), meta, now, || ()),
         }
     }
 
     fn ssd_get(&self, key: &[u8], now: u64) -> Option<Item> {
+        let epoch = self.flush_epoch.load(Ordering::SeqCst);
         let hit = self.ssd.as_ref()?.get(key, now)?;
         self.ops.ssd_hits.incr();
         let item = item_of(hit.value.clone(), &hit.meta);
-        self.promote(key, hit, now);
+        self.promote(key, hit, epoch, now);
         Some(item)
     }
 
+    /// Whether no `flush_all` ran or started since `epoch` was read (and none was running
+    /// then): what the lower tiers gave since is not being erased. Called under the DRAM
+    /// leaf's lock before copying it into DRAM: a flush that starts after this check
+    /// empties DRAM after it, so it will find and drop the copy.
+    fn lower_tiers_current(&self, epoch: u64) -> bool {
+        epoch.is_multiple_of(2) && self.flush_epoch.load(Ordering::SeqCst) == epoch
+    }
+
     /// Inclusive caching: an SSD hit goes into DRAM as a clean object, which a later
-    /// eviction will not write again. Only if DRAM still has no version of the key and
-    /// the super-leaf was not written since the read: otherwise a PUT or DELETE that
-    /// landed in between is newer, and the copy read would be stale.
-    fn promote(&self, key: &[u8], hit: SsdHit, now: u64) {
+    /// eviction will not write again. Only if DRAM still has no version of the key, the
+    /// super-leaf was not written since the read and no flush ran since (`epoch`, read
+    /// before the SSD): otherwise a PUT, DELETE or flush that landed in between is newer,
+    /// and the copy read would be stale.
+    fn promote(&self, key: &[u8], hit: SsdHit, epoch: u64, now: u64) {
         let ssd = self.ssd.as_ref().expect("promote follows an SSD hit");
         if self.promotion.as_ref().is_some_and(|f| !f.admit(key)) {
             return;
         }
         let promoted = self.dram.modify(key, now, |current| {
-            let fresh = current == Lookup::Absent && ssd.still_current(&hit.proof);
+            let fresh = current == Lookup::Absent
+                && ssd.still_current(&hit.proof)
+                && self.lower_tiers_current(epoch);
             let change = fresh.then_some(Some((
                 hit.value,
                 Meta {
@@ -697,14 +727,43 @@ impl Inner {
     /// Memory back-pressure: a writer that pushed DRAM past its budget evicts until it is
     /// back under it (the background thread normally keeps it below the low watermark).
     fn relieve_pressure(&self) {
-        let capacity = self.config.dram_capacity as i64;
-        let mut attempts = 0;
-        while self.memory.snapshot().total() > capacity && attempts < 64 {
-            if !self.dram.evict_one(self.sink(), self.now()) {
-                break;
+        self.make_room(self.config.dram_capacity as i64, 64);
+    }
+
+    /// Evicts until DRAM use is at most `target`, at most `attempts` times. DRAM leaves go
+    /// first; when they free nothing (all gone, or the rest is index), or the lower tiers'
+    /// indexes take more than half the budget, the SSD tier gives up a super-leaf and
+    /// BT_LO its oldest extent: their descriptors live in DRAM too.
+    fn make_room(&self, target: i64, attempts: usize) {
+        /// DRAM evictions in a row that free nothing before the indexes are shrunk.
+        const FUTILE: usize = 8;
+        let used = || self.memory.snapshot().total();
+        let mut futile = 0;
+        for _ in 0..attempts {
+            let before = used();
+            if before <= target || self.shutdown.load(Ordering::Relaxed) {
+                return;
             }
-            attempts += 1;
+            let index_heavy = self.lower_index_bytes() > self.config.dram_capacity / 2;
+            if !index_heavy && futile < FUTILE && self.dram.evict_one(self.sink(), self.now()) {
+                futile = if used() < before { 0 } else { futile + 1 };
+            } else if !self.shrink_lower_index() {
+                return;
+            }
         }
+    }
+
+    /// DRAM held by the BT_SSD and BT_LO indexes.
+    fn lower_index_bytes(&self) -> u64 {
+        self.ssd.as_ref().map_or(0, |ssd| ssd.index_bytes())
+            + self.large.as_ref().map_or(0, |lo| lo.index_bytes())
+    }
+
+    /// Makes BT_SSD smaller by its coldest super-leaf or, with none to give, BT_LO by its
+    /// oldest large object; false if neither has anything to give.
+    fn shrink_lower_index(&self) -> bool {
+        self.ssd.as_ref().is_some_and(|ssd| ssd.give_up_one())
+            || self.large.as_ref().is_some_and(|lo| lo.drop_oldest_one())
     }
 
     fn background(&self, merges: Receiver<Arc<DramLeaf>>, housekeeper: bool) {
@@ -716,13 +775,7 @@ impl Inner {
                 Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => return,
             }
-            while self.memory.snapshot().total() > low_watermark
-                && !self.shutdown.load(Ordering::Relaxed)
-            {
-                if !self.dram.evict_one(self.sink(), self.now()) {
-                    break;
-                }
-            }
+            self.make_room(low_watermark, usize::MAX);
             if housekeeper && last_bypass.elapsed() >= BYPASS_PERIOD {
                 last_bypass = Instant::now();
                 self.dram.bypass_pass();
@@ -738,7 +791,9 @@ impl Inner {
         let ssd_hits = self.ops.ssd_hits.get();
         let large_hits = self.ops.large_hits.get();
         let hits = dram_hits + large_hits + ssd_hits;
-        let dram_objects = c.objects.load(Ordering::Relaxed).max(0) as u64;
+        let dram_objects = (c.objects.load(Ordering::Relaxed)
+            + c.buffered_objects.load(Ordering::Relaxed))
+        .max(0) as u64;
         let raw = c.raw_bytes.load(Ordering::Relaxed).max(0) as u64;
         let holding = (mem.compressed_pages + mem.hot_pages + mem.mediums).max(0) as u64;
         let ssd = self.ssd.as_ref().map(|ssd| {

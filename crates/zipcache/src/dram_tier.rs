@@ -33,7 +33,9 @@ use crate::write_buffer::{Pressure, WriteBuffer};
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Lookup {
     Found(Vec<u8>, Meta),
-    /// A tombstone: the key was deleted or replaced by a large object.
+    /// A tombstone: the key was deleted or replaced by a large object. Also what a
+    /// damaged page or blob answers (counted): it may have held a newer version or a
+    /// tombstone, so the older SSD copies must stay hidden.
     Deleted,
     /// The newest DRAM version expired: a miss, and lower tiers hold nothing newer.
     Expired,
@@ -55,10 +57,19 @@ struct LeafState {
     buffer: WriteBuffer,
     /// Live objects in the page and their key + value bytes (for the compression ratio).
     objects: u32,
+    /// How the buffer changes the number of live objects: +1 for each new key, -1 for
+    /// each deletion of a live one (exact, so that `objects_resident` counts buffered
+    /// objects too); folded into `objects` by the next merge.
+    buffered: i32,
     raw_bytes: u32,
     /// Objects in the page that are clean: unchanged copies of what the SSD tier holds.
     clean: u32,
     charge: LeafCharge,
+    /// The page was found damaged: which keys it held newer versions or tombstones of is
+    /// unknown, so every key of the range it cannot answer for hides the lower tiers
+    /// (a miss), and the range is forgotten below when the leaf leaves. Set under the
+    /// read lock by whoever finds the damage.
+    lost: AtomicBool,
 }
 
 impl Ranged for LeafState {
@@ -106,6 +117,10 @@ impl DramLeaf {
 /// wait and how much a hot neighbour can be pulled out with a cold victim.
 const MAX_EVICTION_GROUP: usize = 8;
 
+/// Medium objects one page can name: a page record points at its blob by a `u16` slot,
+/// so a page with more (a large `leaf_size`, short keys) splits instead.
+const MAX_BLOBS_PER_LEAF: usize = u16::MAX as usize + 1;
+
 /// DRAM a leaf descriptor takes besides its page, blobs and buffer.
 const LEAF_OVERHEAD: usize = size_of::<DramLeaf>() + 16;
 
@@ -130,7 +145,9 @@ pub struct DramCounters {
     pub evicted_objects: AtomicU64,
     pub clean_dropped: AtomicU64,
     pub corrupt_pages: AtomicU64,
+    /// Live objects in pages, and the buffers' changes to that number (`buffered`).
     pub objects: AtomicI64,
+    pub buffered_objects: AtomicI64,
     pub clean_objects: AtomicI64,
     pub raw_bytes: AtomicI64,
     pub hot_leaves: AtomicI64,
@@ -220,9 +237,11 @@ impl DramTier {
             blobs: Box::default(),
             buffer: WriteBuffer::default(),
             objects: 0,
+            buffered: 0,
             raw_bytes: 0,
             clean: 0,
             charge: LeafCharge::default(),
+            lost: AtomicBool::new(false),
         };
         let first = DramLeaf::new(first, 0, false);
         let tier = DramTier {
@@ -293,7 +312,7 @@ impl DramTier {
                     Some(found) => found,
                     None => {
                         self.counters.corrupt_pages.fetch_add(1, Ordering::Relaxed);
-                        return Lookup::Absent;
+                        return Lookup::Deleted;
                     }
                 }
             }
@@ -309,31 +328,60 @@ impl DramTier {
 impl DramTier {
     /// What the leaf holding `key` knows of it; the caller holds the leaf's lock.
     fn lookup_locked(&self, st: &LeafState, key: &[u8], now_ms: u64) -> Lookup {
+        let found = self.with_record(st, key, |r| match r {
+            Some(r) => self.resolve(st, &r, now_ms),
+            // Not in this leaf; unless the leaf lost its page, then nobody knows.
+            None if st.lost.load(Ordering::Relaxed) => Lookup::Deleted,
+            None => Lookup::Absent,
+        });
+        found.unwrap_or_else(|| {
+            self.mark_lost(st);
+            Lookup::Deleted
+        })
+    }
+
+    /// Hands the newest record of `key` in a locked leaf (buffer first, then the page
+    /// through early termination) to `f`; `None` if the page is damaged.
+    fn with_record<R>(
+        &self,
+        st: &LeafState,
+        key: &[u8],
+        f: impl FnOnce(Option<Record<'_>>) -> R,
+    ) -> Option<R> {
         if let Some(r) = st.buffer.find(key) {
-            return self.resolve(st, &r, now_ms);
+            return Some(f(Some(r)));
         }
         match &st.page {
-            Page::Empty => Lookup::Absent,
-            Page::Hot(page) => match self.geometry.find(page, key) {
-                Some(r) => self.resolve(st, &r, now_ms),
-                None => Lookup::Absent,
-            },
+            Page::Empty => Some(f(None)),
+            Page::Hot(page) => Some(f(self.geometry.find(page, key))),
             Page::Compressed(c) => with_prefix(
                 c,
                 self.settings.leaf_size,
                 self.geometry.prefix_for(key),
-                |prefix| match prefix {
-                    Some(p) => match self.geometry.find(p, key) {
-                        Some(r) => self.resolve(st, &r, now_ms),
-                        None => Lookup::Absent,
-                    },
-                    None => {
-                        self.counters.corrupt_pages.fetch_add(1, Ordering::Relaxed);
-                        Lookup::Absent
-                    }
-                },
+                |prefix| prefix.map(|p| f(self.geometry.find(p, key))),
             ),
         }
+    }
+
+    /// Whether a locked leaf holds a live value of `key`, without decoding its value.
+    fn holds_live(&self, st: &LeafState, key: &[u8], now_ms: u64) -> bool {
+        let live = |r: Option<Record<'_>>| match r.map(|r| (r.payload, r.meta)) {
+            None | Some((Payload::Tombstone, _)) => false,
+            Some((Payload::Inline(_), meta)) => !meta.expired(now_ms),
+            Some((Payload::Medium(slot), _)) => st
+                .blobs
+                .get(slot as usize)
+                .and_then(Option::as_deref)
+                .and_then(blob_header)
+                .is_some_and(|(meta, _)| !meta.expired(now_ms)),
+        };
+        self.with_record(st, key, live).unwrap_or(false)
+    }
+
+    /// The page of a locked leaf is damaged (counted): see `LeafState::lost`.
+    fn mark_lost(&self, st: &LeafState) {
+        self.counters.corrupt_pages.fetch_add(1, Ordering::Relaxed);
+        st.lost.store(true, Ordering::Relaxed);
     }
 
     /// Stores `value` under `key` (`None`: a tombstone), after running `alongside` under
@@ -418,6 +466,13 @@ impl DramTier {
         now_ms: u64,
     ) {
         leaf.touch();
+        let was_live = self.holds_live(st, record.key, now_ms);
+        let is_live = !matches!(record.payload, Payload::Tombstone) && !record.meta.expired(now_ms);
+        let delta = i32::from(is_live) - i32::from(was_live);
+        st.buffered += delta;
+        self.counters
+            .buffered_objects
+            .fetch_add(i64::from(delta), Ordering::Relaxed);
         match st.buffer.append(record, self.settings.write_buffer) {
             Pressure::Fine => self.recharge(st),
             Pressure::Full => {
@@ -459,7 +514,7 @@ impl DramTier {
         let buffer = st.buffer.take();
         let mut old_blobs = std::mem::take(&mut st.blobs);
         let old_page = std::mem::replace(&mut st.page, Page::Empty);
-        let decoded = self.decode(&old_page);
+        let decoded = self.decode(st, &old_page);
         let page: &[u8] = decoded.as_deref().unwrap_or(&[]);
         let keep_tombstones = self.settings.keep_tombstones;
         let mut objs = self.gather(page, &buffer, &old_blobs, now_ms, keep_tombstones);
@@ -501,6 +556,7 @@ impl DramTier {
         }
         drop(buffer);
         st.buffer.clear(self.settings.write_buffer);
+        self.fold_buffered(st);
         let mut contents = contents.into_iter();
         if let Some(first) = contents.next() {
             self.install(st, first);
@@ -518,9 +574,11 @@ impl DramTier {
                 blobs: Box::default(),
                 buffer: WriteBuffer::default(),
                 objects: 0,
+                buffered: 0,
                 raw_bytes: 0,
                 clean: 0,
                 charge: LeafCharge::default(),
+                lost: AtomicBool::new(st.lost.load(Ordering::Relaxed)),
             };
             // New leaves start compressed: a hot leaf that splits on every few sequential
             // inserts would otherwise fill DRAM with uncompressed pages between two bypass
@@ -542,8 +600,10 @@ impl DramTier {
     /// leaf stays as full as hashing allows instead of half empty forever.
     fn partition(&self, objs: &[Obj]) -> Vec<(usize, usize)> {
         let fits = |range: &[Obj]| {
-            self.geometry
-                .fits(range.iter().map(|o| (o.key, o.encoded_len())))
+            range.iter().filter(|o| o.is_medium()).count() <= MAX_BLOBS_PER_LEAF
+                && self
+                    .geometry
+                    .fits(range.iter().map(|o| (o.key, o.encoded_len())))
         };
         let mut out = Vec::new();
         let mut pending = vec![(0, objs.len())];
@@ -574,11 +634,12 @@ impl DramTier {
 
     /// Page and blobs for one leaf's worth of objects.
     fn build(&self, objs: Vec<Obj>, hot: bool) -> LeafContents {
-        let mut slots = 0u16;
+        let mut slots = 0usize;
         let records: Vec<Record> = objs
             .iter()
             .map(|o| {
-                let slot = slots;
+                // `partition` keeps a page within `MAX_BLOBS_PER_LEAF` medium objects.
+                let slot = u16::try_from(slots).expect("blob slots fit a u16");
                 if o.is_medium() {
                     slots += 1;
                 }
@@ -630,6 +691,14 @@ impl DramTier {
         }
     }
 
+    /// The buffer was merged into the page (which counts its objects now) or dropped.
+    fn fold_buffered(&self, st: &mut LeafState) {
+        self.counters
+            .buffered_objects
+            .fetch_sub(i64::from(st.buffered), Ordering::Relaxed);
+        st.buffered = 0;
+    }
+
     fn install(&self, st: &mut LeafState, c: LeafContents) {
         self.counters.objects.fetch_add(
             i64::from(c.objects) - i64::from(st.objects),
@@ -649,9 +718,9 @@ impl DramTier {
         st.raw_bytes = c.raw_bytes as u32;
     }
 
-    /// The whole page, decompressed; `None` if it is corrupt (counted, then treated as
-    /// empty: a miss, never a wrong value).
-    fn decode<'p>(&self, page: &'p Page) -> Option<std::borrow::Cow<'p, [u8]>> {
+    /// The whole page of a locked leaf, decompressed; `None` if it is empty, or damaged
+    /// (then the leaf is marked lost: its keys are misses that hide the lower tiers).
+    fn decode<'p>(&self, st: &LeafState, page: &'p Page) -> Option<std::borrow::Cow<'p, [u8]>> {
         match page {
             Page::Empty => None,
             Page::Hot(p) => Some(std::borrow::Cow::Borrowed(p)),
@@ -665,7 +734,7 @@ impl DramTier {
                 ) {
                     Some(std::borrow::Cow::Owned(out))
                 } else {
-                    self.counters.corrupt_pages.fetch_add(1, Ordering::Relaxed);
+                    self.mark_lost(st);
                     None
                 }
             }
@@ -766,10 +835,15 @@ impl DramTier {
     /// nothing could be evicted.
     pub fn evict_one(&self, sink: Option<&dyn EvictionSink>, now_ms: u64) -> bool {
         let mut hand = self.hand.lock();
-        let budget = 2 * self.tree.leaf_count() + 2;
-        for _ in 0..budget {
+        let leaves = self.tree.leaf_count();
+        for step in 0..3 * leaves + 2 {
+            // Hot leaves are spared for two sweeps, referenced ones for one; then, with
+            // nothing else left to take, the budget wins over the hot sub-tier.
+            let spare_hot = step < 2 * leaves + 1;
             let (low, leaf) = self.tree.clock_step(&mut hand);
-            if leaf.referenced.swap(false, Ordering::Relaxed) || leaf.hot.load(Ordering::Relaxed) {
+            if leaf.referenced.swap(false, Ordering::Relaxed)
+                || (spare_hot && leaf.hot.load(Ordering::Relaxed))
+            {
                 continue;
             }
             if self.drop_clean(&leaf, now_ms) {
@@ -876,6 +950,9 @@ impl DramTier {
         now_ms: u64,
     ) {
         if let (Some(sink), Some(first), Some(last)) = (sink, victims.first(), victims.last()) {
+            for st in victims.iter().filter(|st| st.lost.load(Ordering::Relaxed)) {
+                sink.forget(&st.range.low, st.range.high.as_deref());
+            }
             let objects = victims
                 .iter()
                 .flat_map(|st| self.export(st, now_ms))
@@ -889,6 +966,8 @@ impl DramTier {
                 .fetch_add(u64::from(st.objects), Ordering::Relaxed);
             self.install(st, LeafContents::empty());
             st.buffer = WriteBuffer::default();
+            self.fold_buffered(st);
+            st.lost.store(false, Ordering::Relaxed);
             self.recharge(st);
         }
     }
@@ -914,13 +993,13 @@ impl DramTier {
 
     /// A locked leaf's entries in key order, restricted to `range` if given.
     fn entries(&self, st: &LeafState, now_ms: u64, range: Option<Bounds<'_>>) -> Vec<ScanEntry> {
-        let decoded = self.decode(&st.page);
+        let decoded = self.decode(st, &st.page);
         let page: &[u8] = decoded.as_deref().unwrap_or(&[]);
         let in_range = |k: &[u8]| range.is_none_or(|r| std::ops::RangeBounds::contains(&r, k));
         self.gather(page, &st.buffer, &st.blobs, now_ms, true)
             .into_iter()
             .filter(|o| in_range(o.key))
-            .filter_map(|o| {
+            .map(|o| {
                 let value = match o.body {
                     Body::Inline(v) => Some((v.to_vec(), o.meta)),
                     Body::Slot(slot) => match st
@@ -930,27 +1009,32 @@ impl DramTier {
                         .and_then(decode_blob)
                     {
                         Some(found) => Some(found),
-                        // A corrupt blob: drop the key rather than guess.
-                        None => return None,
+                        // A damaged blob: a tombstone, which hides the older copies below.
+                        None => {
+                            self.counters.corrupt_pages.fetch_add(1, Ordering::Relaxed);
+                            None
+                        }
                     },
                     Body::Blob(_) | Body::Tombstone => None,
                 };
-                Some((o.key.to_vec(), value))
+                (o.key.to_vec(), value)
             })
             .collect()
     }
 
-    /// DRAM entries with keys in `[cursor, end)` from the one leaf holding `cursor`, and
-    /// where the next leaf starts (`None` after the last leaf).
+    /// DRAM entries with keys in `[cursor, end)` from the one leaf holding `cursor`,
+    /// where the next leaf starts (`None` after the last leaf), and whether the leaf lost
+    /// its page (then no lower tier may answer for its range).
     pub fn scan_leaf(
         &self,
         cursor: &[u8],
         end: Bound<&[u8]>,
         now_ms: u64,
-    ) -> (Vec<ScanEntry>, Option<Fence>) {
+    ) -> (Vec<ScanEntry>, Option<Fence>, bool) {
         self.read_leaf(cursor, |_, st| {
             let entries = self.entries(st, now_ms, Some((Bound::Included(cursor), end)));
-            (entries, st.range.high.clone())
+            let lost = st.lost.load(Ordering::Relaxed);
+            (entries, st.range.high.clone(), lost)
         })
     }
 
@@ -963,10 +1047,18 @@ impl DramTier {
             .iter()
             .map(|l| l.access.load(Ordering::Relaxed))
             .collect();
-        let hot_budget = self.settings.dram_capacity as f64 * self.settings.bypass_max_fraction;
-        let max_hot = (hot_budget / alloc_size(self.settings.leaf_size) as f64) as usize;
+        // The hot sub-tier's budget counts all that a hot leaf pins (it is spared by
+        // eviction): its uncompressed page, and its blobs and buffer.
+        let hot_budget =
+            (self.settings.dram_capacity as f64 * self.settings.bypass_max_fraction) as u64;
+        let page = alloc_size(self.settings.leaf_size) as u64;
         let mut want = vec![false; leaves.len()];
-        for i in self.bypass.choose(&counts, max_hot) {
+        let mut pinned = 0;
+        for i in self.bypass.choose(&counts, leaves.len()) {
+            pinned += page + leaves[i].state.read().charge.beside_page();
+            if pinned > hot_budget {
+                break;
+            }
             want[i] = true;
         }
         for (leaf, (want, count)) in leaves.iter().zip(want.into_iter().zip(counts)) {
@@ -988,7 +1080,7 @@ impl DramTier {
             .fetch_add(if hot { 1 } else { -1 }, Ordering::Relaxed);
         let page = std::mem::replace(&mut st.page, Page::Empty);
         st.page = match (page, hot) {
-            (Page::Compressed(c), true) => match self.decode(&Page::Compressed(c)) {
+            (Page::Compressed(c), true) => match self.decode(&st, &Page::Compressed(c)) {
                 Some(bytes) => Page::Hot(bytes.into_owned().into_boxed_slice()),
                 None => {
                     // Corrupt: its objects are gone either way.
@@ -1022,6 +1114,35 @@ impl DramTier {
         for leaf in leaves {
             self.merge(&leaf, now_ms);
         }
+    }
+}
+
+#[cfg(test)]
+impl DramTier {
+    /// Overwrites the page of the leaf holding `key` with garbage, as a DRAM error would.
+    pub(crate) fn corrupt_page_of(&self, key: &[u8]) {
+        self.write_leaf(key, |_, st| match &mut st.page {
+            Page::Compressed(c) | Page::Hot(c) => c.iter_mut().for_each(|b| *b = 0xf7),
+            Page::Empty => {}
+        });
+    }
+
+    /// What a bypass pass would do to leaves that are all above the threshold.
+    pub(crate) fn make_every_leaf_hot(&self) {
+        let mut leaves = Vec::new();
+        self.tree.for_each_leaf(|_, leaf| leaves.push(leaf.clone()));
+        for leaf in leaves.iter().filter(|l| !l.hot.load(Ordering::Relaxed)) {
+            self.set_hot(leaf, true);
+        }
+    }
+
+    /// Overwrites every medium blob of the leaf holding `key` with garbage.
+    pub(crate) fn corrupt_blob_of(&self, key: &[u8]) {
+        self.write_leaf(key, |_, st| {
+            for blob in st.blobs.iter_mut().flatten() {
+                blob.iter_mut().for_each(|b| *b = 0xf7);
+            }
+        });
     }
 }
 
@@ -1072,6 +1193,8 @@ mod tests {
         fn span(&self, _low: &Fence, _high: Option<&[u8]>) -> (Fence, Option<Fence>) {
             self.span.clone()
         }
+
+        fn forget(&self, _low: &[u8], _high: Option<&[u8]>) {}
     }
 
     fn tier() -> DramTier {

@@ -31,4 +31,8 @@ pub trait EvictionSink: Send + Sync {
     /// The key range that one `absorb` of `[low, high)` rewrites anyway: the DRAM tier
     /// evicts the neighbours inside it in the same batch.
     fn span(&self, low: &Fence, high: Option<&[u8]>) -> (Fence, Option<Fence>);
+
+    /// Drops every copy it holds of keys in `[low, high)`: a DRAM leaf whose page was
+    /// damaged no longer knows which of its keys hold newer versions or tombstones.
+    fn forget(&self, low: &[u8], high: Option<&[u8]>);
 }

@@ -263,6 +263,23 @@ impl LargeObjects {
         true
     }
 
+    /// DRAM held by BT_LO: inner nodes, leaves' entries and the log's queue.
+    pub fn index_bytes(&self) -> u64 {
+        let entries = self.log.lock().extents.len() as u64;
+        self.tree.node_bytes() + entries * entry_bytes(32) as u64
+    }
+
+    /// Drops the oldest extent of the log (FIFO), to shrink BT_LO; false if it is empty.
+    pub fn drop_oldest_one(&self) -> bool {
+        let mut log = self.log.lock();
+        let Some((_, _, key, seq)) = log.extents.pop_front() else {
+            return false;
+        };
+        drop(log);
+        self.drop_oldest(&key, seq);
+        true
+    }
+
     /// FIFO eviction of one extent, if BT_LO still points at it.
     fn drop_oldest(&self, key: &[u8], seq: u64) {
         if self.remove_if(key, |e| e.seq == seq).is_some() {
@@ -308,14 +325,17 @@ impl LargeObjects {
         }
     }
 
-    /// Drops the large object under `key`, if any (a small PUT or a DELETE replaced it).
-    pub fn remove(&self, key: &[u8]) {
-        if !self.is_empty() {
-            self.remove_if(key, |_| true);
-        }
+    /// Drops the large object under `key`, if any (a small PUT or a DELETE replaced it),
+    /// and returns its metadata. Decided by BT_LO alone: no device read, and not by the
+    /// object counter, which can read 0 for a moment while an entry is in the tree.
+    pub fn remove(&self, key: &[u8]) -> Option<Meta> {
+        self.remove_if(key, |_| true).map(|extent| extent.meta)
     }
 
     fn remove_if(&self, key: &[u8], pred: impl Fn(&Extent) -> bool) -> Option<Extent> {
+        // Every small PUT asks: look under the shared lock first, so that writers of small
+        // objects do not queue on BT_LO's one leaf for nothing.
+        self.lookup(key)?;
         let removed = self.with_leaf(key, |leaf| {
             let mut st = leaf.state.write();
             if !st.range.owns(key) {
@@ -538,6 +558,19 @@ mod tests {
         lo.remove(b"k");
         assert!(lo.get(b"k", 0).is_none());
         assert!(lo.is_empty());
+    }
+
+    /// Finding 4 of issue 9: the object counter is a hint that can read 0 for a moment
+    /// while an entry is in BT_LO (one put's insert not yet counted, another put's FIFO
+    /// drop already subtracted). A removal must not trust it.
+    #[test]
+    fn removal_does_not_trust_the_object_counter() {
+        let lo = region(64);
+        assert!(lo.put(b"k", &[7u8; 5000], Meta::default()));
+        lo.counters.objects.store(0, Ordering::Relaxed);
+        lo.remove(b"k");
+        lo.counters.objects.store(1, Ordering::Relaxed);
+        assert!(lo.get(b"k", 0).is_none(), "an older large version survived");
     }
 
     #[test]

@@ -18,6 +18,8 @@ mod leaf_page;
 mod memory;
 #[cfg(test)]
 mod model_tests;
+#[cfg(test)]
+mod never_stale_tests;
 mod promotion;
 mod record;
 mod sealed_file;

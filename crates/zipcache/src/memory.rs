@@ -37,6 +37,13 @@ impl Charge {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct LeafCharge([u32; 5]);
 
+impl LeafCharge {
+    /// What a leaf holds besides its page: medium blobs and write buffer.
+    pub fn beside_page(&self) -> u64 {
+        u64::from(self.0[2]) + u64::from(self.0[3])
+    }
+}
+
 impl From<Charge> for LeafCharge {
     fn from(c: Charge) -> Self {
         let f = |v: i64| u32::try_from(v).unwrap_or(u32::MAX);

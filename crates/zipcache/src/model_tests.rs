@@ -34,7 +34,7 @@ impl ManualClock {
 }
 
 #[derive(Clone, Debug)]
-enum Op {
+pub(crate) enum Op {
     Put {
         key: u16,
         len: usize,
@@ -60,7 +60,7 @@ enum Op {
     Maintain,
 }
 
-fn key_of(k: u16) -> Vec<u8> {
+pub(crate) fn key_of(k: u16) -> Vec<u8> {
     // Zero-padded ids like real workloads, plus a few long keys to stress sub-pages.
     if k.is_multiple_of(97) {
         format!("{k:0>200}").into_bytes()
@@ -90,9 +90,9 @@ fn op_strategy(keys: u16) -> impl Strategy<Value = Op> {
     ]
 }
 
-struct Harness {
-    cache: ZipCache,
-    clock: Arc<ManualClock>,
+pub(crate) struct Harness {
+    pub(crate) cache: ZipCache,
+    pub(crate) clock: Arc<ManualClock>,
     model: BTreeMap<Vec<u8>, Item>,
     version: u64,
 }
@@ -109,7 +109,7 @@ impl Harness {
         )
     }
 
-    fn on(
+    pub(crate) fn on(
         dram: u64,
         write_buffer: usize,
         bypass_r: f64,
@@ -137,7 +137,7 @@ impl Harness {
     }
 
     /// Puts every key of `keys` with a value of `len` bytes, no TTL.
-    fn put_all(&mut self, keys: impl Iterator<Item = u16>, len: usize) {
+    pub(crate) fn put_all(&mut self, keys: impl Iterator<Item = u16>, len: usize) {
         for key in keys {
             self.run(&Op::Put {
                 key,
@@ -166,7 +166,7 @@ impl Harness {
             || s.io_errors > 0
     }
 
-    fn run(&mut self, op: &Op) {
+    pub(crate) fn run(&mut self, op: &Op) {
         match *op {
             Op::Put { key, len, ttl_ms } => {
                 self.version += 1;

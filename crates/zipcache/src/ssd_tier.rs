@@ -258,9 +258,11 @@ impl SsdTier {
         })
     }
 
-    fn contents_of(&self, st: &SlState, subpage: usize) -> Contents {
+    /// The records of one sub-page; `None` if its block could not be read or checked, so
+    /// that what it holds is unknown (a writer must then replace the block, not keep it).
+    fn contents_of(&self, st: &SlState, subpage: usize) -> Option<Contents> {
         if st.counts[subpage] == 0 {
-            return Contents::new();
+            return Some(Contents::new());
         }
         self.read_subpage(st, subpage, |records| {
             records
@@ -270,7 +272,6 @@ impl SsdTier {
                 })
                 .collect()
         })
-        .unwrap_or_default()
     }
 
     /// The newest SSD version of `key`: at most one 4 KiB read.
@@ -337,7 +338,8 @@ impl SsdTier {
             }
             let mut all = Contents::new();
             for s in 0..self.settings.subpages {
-                all.append(&mut self.contents_of(&st, s));
+                // An unreadable sub-page: its keys are misses (counted).
+                all.append(&mut self.contents_of(&st, s).unwrap_or_default());
             }
             let range = (Bound::Included(cursor), end);
             let entries = all
@@ -368,14 +370,19 @@ impl SsdTier {
         let mut overflow = false;
         let mut appending = true;
         for (&s, objs) in &by_subpage {
-            let mut contents = self.contents_of(st, s);
+            // An unreadable block may hold versions that the batch's tombstones and new
+            // versions must hide: it is replaced (by what the batch brings) whatever happens.
+            let (mut contents, unreadable) = match self.contents_of(st, s) {
+                Some(contents) => (contents, false),
+                None => (Contents::new(), true),
+            };
             let before = contents.len();
             let first_new = objs.iter().map(|o| o.key.as_slice()).min();
             appending &= contents
                 .keys()
                 .next_back()
                 .is_none_or(|last| first_new.is_none_or(|f| f > last.as_slice()));
-            let mut changed = false;
+            let mut changed = unreadable;
             for o in objs {
                 match &o.value {
                     // Too big for any sub-page: it cannot be kept, and no older copy may stay.
@@ -481,7 +488,9 @@ impl SsdTier {
         for s in 0..self.settings.subpages {
             match touched.get(&s) {
                 Some(c) => all.extend(c.iter().map(|(k, v)| (k.clone(), v.clone()))),
-                None => all.append(&mut self.contents_of(st, s)),
+                // Unreadable: its objects are forgotten; the rewrite under a new generation
+                // leaves no block of the old layout readable.
+                None => all.append(&mut self.contents_of(st, s).unwrap_or_default()),
             }
         }
         all.retain(|_, (_, meta)| !meta.expired(now_ms));
@@ -666,6 +675,13 @@ impl SsdTier {
 }
 
 impl SsdTier {
+    /// Evicts the coldest super-leaf (CLOCK), shrinking the DRAM index by its descriptor;
+    /// false if none can go.
+    pub fn give_up_one(&self) -> bool {
+        let mut w = self.writer.lock();
+        self.tree.leaf_count() > 1 && self.evict_one(&mut w)
+    }
+
     /// Forgets every object (memcached `flush_all`).
     pub fn clear(&self) {
         let mut w = self.writer.lock();
@@ -729,6 +745,22 @@ impl EvictionSink for SsdTier {
             i = end.max(i + 1);
         }
         true
+    }
+
+    /// Evicts every super-leaf that overlaps `[low, high)`: more than asked, but damaged
+    /// DRAM pages are rare and a whole super-leaf is what this tier knows how to drop.
+    fn forget(&self, low: &[u8], high: Option<&[u8]>) {
+        let mut w = self.writer.lock();
+        let mut doomed = vec![self.tree.find(low)];
+        while let Some(next) = self.tree.next_leaf(&doomed[doomed.len() - 1].0) {
+            if high.is_some_and(|h| next.0.as_ref() >= h) {
+                break;
+            }
+            doomed.push(next);
+        }
+        for (leaf_low, leaf) in doomed {
+            self.evict_superleaf(&mut w, &leaf_low, &leaf);
+        }
     }
 
     /// From the low fence of the super-leaf holding `low` to the high fence of the one
