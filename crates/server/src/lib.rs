@@ -70,6 +70,17 @@ pub mod fuzzing {
         crate::resp::command_names().collect()
     }
 
+    /// `args` as one RESP multi-bulk request.
+    pub fn resp_request(args: &[&[u8]]) -> Vec<u8> {
+        let mut request = format!("*{}\r\n", args.len()).into_bytes();
+        for arg in args {
+            request.extend_from_slice(format!("${}\r\n", arg.len()).as_bytes());
+            request.extend_from_slice(arg);
+            request.extend_from_slice(b"\r\n");
+        }
+        request
+    }
+
     fn drive<S: Session>(mut session: S, input: &[u8], chunk: usize) -> Vec<u8> {
         // Delayed `flush_all` spawns a timer task, so sessions run inside a runtime.
         let Ok(runtime) = tokio::runtime::Builder::new_current_thread()

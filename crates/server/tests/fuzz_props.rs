@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use proptest::prelude::*;
 use zipcache::{Config, ZipCache};
-use zipcache_server::fuzzing::{memcached_session, resp_command_names, resp_session};
+use zipcache_server::fuzzing::{memcached_session, resp_command_names, resp_request, resp_session};
 
 fn cache() -> Arc<ZipCache> {
     let config = Config {
@@ -127,15 +127,9 @@ fn typed_request() -> impl Strategy<Value = Vec<u8>> {
             } else {
                 names[name].to_string()
             };
-            let mut args = vec![name.into_bytes()];
-            args.extend(words.iter().map(|&w| ARGUMENT_WORDS[w].to_vec()));
-            let mut request = format!("*{}\r\n", args.len()).into_bytes();
-            for arg in args {
-                request.extend_from_slice(format!("${}\r\n", arg.len()).as_bytes());
-                request.extend_from_slice(&arg);
-                request.extend_from_slice(b"\r\n");
-            }
-            request
+            let mut args = vec![name.as_bytes()];
+            args.extend(words.iter().map(|&w| ARGUMENT_WORDS[w]));
+            resp_request(&args)
         })
 }
 

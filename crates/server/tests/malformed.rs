@@ -4,6 +4,7 @@
 mod common;
 
 use common::{Client, TestServer};
+use zipcache_server::ServerOptions;
 
 /// Sends `request`, expects `replies`, then proves the connection still works.
 fn memcached_survives(client: &mut Client, request: &str, replies: &[&str]) {
@@ -264,4 +265,26 @@ fn resp_framing_errors_reply_then_close_like_redis() {
         "-ERR Protocol error: too big inline request"
     );
     assert!(endless.closed());
+}
+
+#[test]
+fn keys_refuses_to_examine_more_than_its_limit() {
+    let server = TestServer::with_options(ServerOptions {
+        keys_limit: 5,
+        ..TestServer::options()
+    });
+    let mut c = Client::connect(server.resp);
+    for key in ["a1", "a2", "b1", "b2", "b3", "b4"] {
+        assert_eq!(c.ask(&resp(&["SET", key, "v"]), 1), ["+OK"]);
+    }
+    // Only keys with the pattern's literal prefix are examined.
+    assert_eq!(
+        c.ask(&resp(&["KEYS", "a*"]), 5),
+        ["*2", "$2", "a1", "$2", "a2"]
+    );
+    assert_eq!(
+        c.ask(&resp(&["KEYS", "*1"]), 1),
+        ["-ERR KEYS would examine more than 5 keys (keys-limit); use SCAN"]
+    );
+    assert_eq!(c.ask("PING\r\n", 1), ["+PONG"]);
 }

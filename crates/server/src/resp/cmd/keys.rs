@@ -11,8 +11,9 @@ use crate::server::Shared;
 const RANGE_DEFAULT_LIMIT: usize = 1000;
 const RANGE_MAX_LIMIT: usize = 100_000;
 const SCAN_MAX_COUNT: usize = 100_000;
-/// Keys KEYS asks the engine for at a time.
-const KEYS_BATCH: usize = 1024;
+/// Keys KEYS asks the engine for at a time: `scan` returns values too, so a batch of
+/// large values is large.
+const KEYS_BATCH: usize = 100;
 
 pub const COMMANDS: &[Spec] = &[
     spec("del", -2, |a| {
