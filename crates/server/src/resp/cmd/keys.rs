@@ -157,7 +157,7 @@ fn flush<'a>(args: &mut Args<'a>) -> Result<Command<'a>> {
             return Err(SYNTAX.into());
         }
     }
-    args.finish(KeyCommand::Flush.into())
+    Ok(KeyCommand::Flush.into())
 }
 
 /// The key range holding every key that starts with `pattern`'s literal prefix (before

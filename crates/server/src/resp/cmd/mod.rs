@@ -124,7 +124,8 @@ pub fn execute(shared: &Shared, client: &mut Client, argv: &[&[u8]], out: &mut R
 }
 
 impl<'a> Command<'a> {
-    /// Name, arity, authentication, then the command's own syntax, as Redis checks them.
+    /// Name, arity, authentication, then the command's own syntax, as Redis checks them;
+    /// arguments its parser left over are a syntax error.
     pub fn parse(
         argv: &'a [&'a [u8]],
         authenticated: bool,
@@ -149,7 +150,11 @@ impl<'a> Command<'a> {
             name: Cow::Borrowed(spec.name),
             cache,
         };
-        (spec.parse)(&mut args)
+        let command = (spec.parse)(&mut args)?;
+        if args.remaining() > 0 {
+            return Err(SYNTAX.into());
+        }
+        Ok(command)
     }
 
     fn execute(self, shared: &Shared, client: &mut Client, out: &mut Reply) -> Result<Flow> {
@@ -217,14 +222,6 @@ impl<'a> Args<'a> {
     /// How many arguments are left.
     pub fn remaining(&self) -> usize {
         self.argv.len().saturating_sub(self.pos)
-    }
-
-    /// Arguments left over after a command took what it understands are a syntax error.
-    pub fn finish<T>(&self, command: T) -> Result<T> {
-        if self.remaining() > 0 {
-            return Err(SYNTAX.into());
-        }
-        Ok(command)
     }
 
     /// The arity error for this command.

@@ -23,15 +23,15 @@ pub const COMMANDS: &[Spec] = &[
 
 const COMMAND_SUBCOMMANDS: &[Spec] = &[
     spec("count", 2, |_| Ok(ServerCommand::CommandCount.into())),
-    spec("docs", -2, |a| {
-        a.rest();
-        Ok(ServerCommand::EmptyTable.into())
-    }),
-    spec("info", -2, |a| {
-        a.rest();
-        Ok(ServerCommand::EmptyTable.into())
-    }),
+    spec("docs", -2, any_names),
+    spec("info", -2, any_names),
 ];
+
+/// COMMAND DOCS / INFO [name…]: whatever names are asked about, the table is empty.
+fn any_names<'a>(args: &mut super::Args<'a>) -> Result<Command<'a>> {
+    args.rest();
+    Ok(ServerCommand::EmptyTable.into())
+}
 
 const CONFIG_SUBCOMMANDS: &[Spec] = &[
     spec("get", -3, |a| {
