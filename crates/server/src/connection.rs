@@ -1,11 +1,36 @@
-//! The connection loop shared by both protocols: read, execute every complete request
-//! in the buffer (pipelining), append all replies to one buffer, write once.
+//! The connection loop shared by both protocols and by plain TCP and TLS: read, execute
+//! every complete request in the buffer (pipelining), append all replies to one buffer,
+//! write once.
 
+use std::future::Future;
+use std::io;
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
+use tokio_rustls::server::TlsStream;
+
+/// A byte stream a connection is served over.
+pub trait Transport: AsyncRead + AsyncWrite + Unpin + Send {
+    /// Resolves once a read can make progress, before any read buffer is allocated, so an
+    /// idle connection holds none.
+    fn readable(&self) -> impl Future<Output = io::Result<()>> + Send;
+}
+
+impl Transport for TcpStream {
+    fn readable(&self) -> impl Future<Output = io::Result<()>> + Send {
+        TcpStream::readable(self)
+    }
+}
+
+/// rustls may hold decrypted bytes the socket no longer signals, so a TLS connection
+/// goes straight to its read (and its idle cost is rustls's own buffers anyway).
+impl Transport for TlsStream<TcpStream> {
+    fn readable(&self) -> impl Future<Output = io::Result<()>> + Send {
+        std::future::ready(Ok(()))
+    }
+}
 
 /// What one protocol session does with the front of its read buffer.
 pub enum Step {
@@ -63,7 +88,7 @@ const LINGER: Duration = Duration::from_secs(1);
 /// Closes after the last reply without losing it: closing a socket with unread input
 /// sends a reset, which can destroy the reply (say, a protocol error) before the client
 /// reads it. So: send FIN, then discard input until the client closes or `LINGER` passes.
-async fn linger(mut stream: TcpStream) {
+async fn linger<T: Transport>(mut stream: T) {
     let _ = stream.shutdown().await;
     // On the heap: an array here would make every connection's future 4 KiB larger.
     let mut sink = vec![0u8; 4096];
@@ -76,33 +101,29 @@ async fn linger(mut stream: TcpStream) {
 /// Buffers are allocated per read, not per connection: an idle connection holds no
 /// buffer at all, so thousands of open connections do not eat into the memory the cache
 /// is accounted for (32 KiB each would be 32 MiB per 1000 connections).
-pub async fn serve<S: Session>(
-    mut stream: TcpStream,
+pub async fn serve<T: Transport, S: Session>(
+    mut stream: T,
     mut session: S,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    // Latency over batching: replies go out as soon as a read's requests are done.
-    let _ = stream.set_nodelay(true);
     // Holds only an incomplete request between reads.
     let mut input: Vec<u8> = Vec::new();
     loop {
         if input.len() >= MAX_INPUT {
             return;
         }
-        let ready = tokio::select! {
-            ready = stream.readable() => ready,
+        let read = tokio::select! {
+            read = async {
+                stream.readable().await?;
+                input.reserve(READ_CHUNK);
+                stream.read_buf(&mut input).await
+            } => read,
             // In-flight requests finished synchronously before we got here.
             _ = shutdown.changed() => return,
         };
-        if ready.is_err() {
-            return;
-        }
-        input.reserve(READ_CHUNK);
-        match stream.try_read_buf(&mut input) {
-            Ok(0) => return,
+        match read {
+            Ok(0) | Err(_) => return,
             Ok(_) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
-            Err(_) => return,
         }
         let mut out = Vec::new();
         let mut pos = 0;
@@ -110,7 +131,8 @@ pub async fn serve<S: Session>(
             let (consumed, processed) = process(&mut session, &input[pos..], &mut out);
             pos += consumed;
             if !out.is_empty() {
-                if stream.write_all(&out).await.is_err() {
+                // TLS writes sit in rustls until flushed; for TCP the flush is free.
+                if stream.write_all(&out).await.is_err() || stream.flush().await.is_err() {
                     return;
                 }
                 out.clear();

@@ -1,10 +1,12 @@
-//! `zipcache serve`: memcached text/meta and RESP2 servers over the engine.
+//! `zipcache serve`: memcached text/meta and RESP2/3 servers over the engine.
 //!
 //! Layout (after mini-redis): `connection` runs the read → execute-all → write-once
-//! loop; `memcache::parse` and `resp::parse` only frame bytes into requests; the
-//! `memcache::{text, meta}` and `resp::commands` modules execute them against the engine;
-//! `server` owns threads, listeners and admission; `settings` the flags.
+//! loop over TCP or TLS; `memcache::parse` and `resp::parse` only frame bytes into
+//! requests; `memcache::{text, meta}` execute them, `resp::cmd` types RESP requests
+//! into commands and executes those; `server` owns threads, listeners and admission;
+//! `settings` the flags; `auth` and `tls` access control.
 
+mod auth;
 mod connection;
 mod memcache;
 mod metrics_http;
@@ -12,14 +14,17 @@ mod resp;
 mod server;
 mod settings;
 mod stats;
+mod tls;
 
 use std::sync::Arc;
 
 use tokio::signal::unix::{SignalKind, signal};
 use zipcache::ZipCache;
 
+pub use auth::Password;
 pub use server::{Runtime, ServerHandle, ServerOptions, start};
 pub use settings::{ServeArgs, Settings};
+pub use tls::TlsFiles;
 
 /// Whole protocol sessions over an in-memory byte stream, for the fuzz targets and the
 /// property tests: whatever the bytes, a session must answer or close, never panic.
@@ -28,22 +33,52 @@ pub mod fuzzing {
 
     use zipcache::ZipCache;
 
+    use crate::auth::Password;
     use crate::connection::{Processed, Session, process};
     use crate::memcache::MemcacheSession;
     use crate::resp::RespSession;
-    use crate::server::{ServerInfo, Shared};
+    use crate::server::{ServerInfo, ServerOptions, Shared};
+
+    fn shared(cache: Arc<ZipCache>, requirepass: Option<&str>) -> Arc<Shared> {
+        let options = ServerOptions {
+            max_value_size: 1 << 20,
+            requirepass: requirepass.and_then(Password::new),
+            keys_limit: 1000,
+            ..ServerOptions::default()
+        };
+        Arc::new(Shared::new(cache, ServerInfo::detached(), &options))
+    }
 
     /// Feeds `input` to a memcached session `chunk` bytes at a time, as reads would
     /// arrive, and returns everything it replied.
     pub fn memcached_session(cache: Arc<ZipCache>, input: &[u8], chunk: usize) -> Vec<u8> {
-        let shared = Arc::new(Shared::new(cache, ServerInfo::detached(), 1 << 20));
-        drive(MemcacheSession::new(shared), input, chunk)
+        drive(MemcacheSession::new(shared(cache, None)), input, chunk)
     }
 
-    /// As `memcached_session`, for RESP.
-    pub fn resp_session(cache: Arc<ZipCache>, input: &[u8], chunk: usize) -> Vec<u8> {
-        let shared = Arc::new(Shared::new(cache, ServerInfo::detached(), 1 << 20));
-        drive(RespSession::new(shared), input, chunk)
+    /// As `memcached_session`, for RESP; with `requirepass`, clients must AUTH first.
+    pub fn resp_session(
+        cache: Arc<ZipCache>,
+        input: &[u8],
+        chunk: usize,
+        requirepass: Option<&str>,
+    ) -> Vec<u8> {
+        drive(RespSession::new(shared(cache, requirepass)), input, chunk)
+    }
+
+    /// Every RESP command name, for generating requests.
+    pub fn resp_command_names() -> Vec<&'static str> {
+        crate::resp::command_names().collect()
+    }
+
+    /// `args` as one RESP multi-bulk request.
+    pub fn resp_request(args: &[&[u8]]) -> Vec<u8> {
+        let mut request = format!("*{}\r\n", args.len()).into_bytes();
+        for arg in args {
+            request.extend_from_slice(format!("${}\r\n", arg.len()).as_bytes());
+            request.extend_from_slice(arg);
+            request.extend_from_slice(b"\r\n");
+        }
+        request
     }
 
     fn drive<S: Session>(mut session: S, input: &[u8], chunk: usize) -> Vec<u8> {
@@ -79,6 +114,9 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
     let settings = Settings::resolve(args)?;
     let config = settings.engine_config()?;
     println!("{}", settings.describe(&config));
+    if let Some(warning) = settings.exposure_warning() {
+        eprintln!("{warning}");
+    }
     std::fs::create_dir_all(&settings.data_dir)
         .map_err(|e| format!("cannot create {}: {e}", settings.data_dir.display()))?;
     // Every connection is a descriptor; ask for enough, as memcached does.
@@ -108,7 +146,7 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
     let cache =
         Arc::new(ZipCache::open(config).map_err(|e| format!("cannot open the cache: {e}"))?);
     let handle = start(cache, settings.server_options(max_value))
-        .map_err(|e| format!("cannot listen: {e}"))?;
+        .map_err(|e| format!("cannot serve: {e}"))?;
     let addr = |a: Option<std::net::SocketAddr>| a.map_or("off".to_string(), |a| a.to_string());
     println!(
         "listening memcached={} resp={} metrics={}",

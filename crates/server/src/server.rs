@@ -18,16 +18,21 @@ use socket2::{Domain, Protocol, Socket, Type};
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch};
+use tokio_rustls::TlsAcceptor;
 use zipcache::ZipCache;
 
-use crate::connection;
+use crate::auth::Password;
+use crate::connection::{self, Transport};
 use crate::memcache::MemcacheSession;
 use crate::metrics_http;
 use crate::resp::RespSession;
 use crate::stats::Counters;
+use crate::tls::TlsFiles;
 
 /// How long shutdown waits for open connections to finish their current requests.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a TLS client may take to finish its handshake.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -51,6 +56,12 @@ pub struct ServerOptions {
     /// The engine's value size limit (memcached rejects larger values before reading them).
     pub max_value_size: usize,
     pub runtime: Runtime,
+    /// RESP clients must `AUTH` with this first.
+    pub requirepass: Option<Password>,
+    /// Both protocol ports speak TLS (the metrics port stays plain HTTP).
+    pub tls: Option<TlsFiles>,
+    /// Most keys one `KEYS` examines.
+    pub keys_limit: usize,
 }
 
 impl Default for ServerOptions {
@@ -64,6 +75,9 @@ impl Default for ServerOptions {
             max_connections: 4096,
             max_value_size: zipcache::Config::default().max_value_size,
             runtime: Runtime::PerCore,
+            requirepass: None,
+            tls: None,
+            keys_limit: 100_000,
         }
     }
 }
@@ -97,16 +111,20 @@ pub struct Shared {
     pub counters: Counters,
     pub info: ServerInfo,
     pub max_value: usize,
+    pub requirepass: Option<Password>,
+    pub keys_limit: usize,
     pub started: Instant,
 }
 
 impl Shared {
-    pub fn new(cache: Arc<ZipCache>, info: ServerInfo, max_value: usize) -> Shared {
+    pub fn new(cache: Arc<ZipCache>, info: ServerInfo, options: &ServerOptions) -> Shared {
         Shared {
             cache,
             counters: Counters::default(),
             info,
-            max_value,
+            max_value: options.max_value_size,
+            requirepass: options.requirepass.clone(),
+            keys_limit: options.keys_limit,
             started: Instant::now(),
         }
     }
@@ -172,6 +190,14 @@ fn bind_group(ip: IpAddr, port: u16, count: usize) -> io::Result<Vec<StdListener
 }
 
 pub fn start(cache: Arc<ZipCache>, options: ServerOptions) -> io::Result<ServerHandle> {
+    let tls = match &options.tls {
+        Some(files) => Some(
+            files
+                .acceptor()
+                .map_err(|e| io::Error::other(format!("TLS: {e}")))?,
+        ),
+        None => None,
+    };
     let threads = options.threads.max(1);
     let per_port = match options.runtime {
         Runtime::PerCore => threads,
@@ -200,7 +226,7 @@ pub fn start(cache: Arc<ZipCache>, options: ServerOptions) -> io::Result<ServerH
         threads,
         max_connections: options.max_connections,
     };
-    let shared = Arc::new(Shared::new(cache, info, options.max_value_size));
+    let shared = Arc::new(Shared::new(cache, info, &options));
     let (stop, stopped) = watch::channel(false);
 
     // Listener sets: per-core gives each thread one listener of each port.
@@ -227,9 +253,10 @@ pub fn start(cache: Arc<ZipCache>, options: ServerOptions) -> io::Result<ServerH
         };
         let shared = shared.clone();
         let stopped = stopped.clone();
+        let tls = tls.clone();
         let handle = std::thread::Builder::new()
             .name(format!("zipcache-io-{i}"))
-            .spawn(move || runtime.block_on(serve_thread(set, shared, stopped)))?;
+            .spawn(move || runtime.block_on(serve_thread(set, shared, tls, stopped)))?;
         handles.push(handle);
     }
     Ok(ServerHandle {
@@ -246,6 +273,7 @@ pub fn start(cache: Arc<ZipCache>, options: ServerOptions) -> io::Result<ServerH
 async fn serve_thread(
     set: Vec<(Service, StdListener)>,
     shared: Arc<Shared>,
+    tls: Option<TlsAcceptor>,
     mut stopped: watch::Receiver<bool>,
 ) {
     // Each connection holds a sender; when all are dropped, `recv` returns None.
@@ -258,6 +286,7 @@ async fn serve_thread(
             protocol,
             listener,
             shared.clone(),
+            tls.clone(),
             stopped.clone(),
             alive.clone(),
         ));
@@ -271,6 +300,7 @@ async fn accept_loop(
     protocol: Service,
     listener: TcpListener,
     shared: Arc<Shared>,
+    tls: Option<TlsAcceptor>,
     mut stopped: watch::Receiver<bool>,
     alive: mpsc::Sender<()>,
 ) {
@@ -294,19 +324,25 @@ async fn accept_loop(
         if open >= shared.info.max_connections as u64 {
             counters.curr_connections.fetch_sub(1, Ordering::Relaxed);
             Counters::bump(&counters.rejected_connections);
-            reject(stream, protocol);
+            reject(stream, protocol, tls.is_some());
             continue;
         }
         Counters::bump(&counters.total_connections);
+        // Latency over batching: replies go out as soon as a read's requests are done.
+        let _ = stream.set_nodelay(true);
         let shared = shared.clone();
         let stopped = stopped.clone();
         let alive = alive.clone();
+        let tls = tls.clone();
         tokio::spawn(async move {
-            match protocol {
-                Service::Memcached => {
-                    connection::serve(stream, MemcacheSession::new(shared.clone()), stopped).await
+            match tls {
+                None => serve(stream, protocol, &shared, stopped).await,
+                Some(tls) => {
+                    let handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, tls.accept(stream));
+                    if let Ok(Ok(stream)) = handshake.await {
+                        serve(stream, protocol, &shared, stopped).await;
+                    }
                 }
-                _ => connection::serve(stream, RespSession::new(shared.clone()), stopped).await,
             }
             shared
                 .counters
@@ -317,14 +353,32 @@ async fn accept_loop(
     }
 }
 
+/// Serves one accepted connection in its protocol, over TCP or TLS.
+async fn serve<T: Transport>(
+    stream: T,
+    protocol: Service,
+    shared: &Arc<Shared>,
+    stopped: watch::Receiver<bool>,
+) {
+    match protocol {
+        Service::Memcached => {
+            connection::serve(stream, MemcacheSession::new(shared.clone()), stopped).await
+        }
+        _ => connection::serve(stream, RespSession::new(shared.clone()), stopped).await,
+    }
+}
+
 /// Tells a client over the connection limit why it is dropped, in its own protocol
-/// (memcached's and Redis's wording), without waiting on it.
-fn reject(stream: TcpStream, protocol: Service) {
+/// (memcached's and Redis's wording), without waiting on it. A TLS client is closed
+/// without a word: plain text would not reach it.
+fn reject(stream: TcpStream, protocol: Service, tls: bool) {
     let message: &[u8] = match protocol {
         Service::Memcached => b"SERVER_ERROR Too many open connections\r\n",
         _ => b"-ERR max number of clients reached\r\n",
     };
-    let _ = stream.try_write(message);
+    if !tls {
+        let _ = stream.try_write(message);
+    }
     tokio::spawn(async move {
         let mut stream = stream;
         let _ = stream.shutdown().await;

@@ -6,7 +6,9 @@ use std::path::{Path, PathBuf};
 
 use clap::ValueEnum;
 
+use crate::auth::Password;
 use crate::server::{Runtime, ServerOptions};
+use crate::tls::TlsFiles;
 
 /// Arguments of `zipcache serve` (SPEC §8). The `--config` file is the same struct:
 /// every flag may be given there under its own name; the command line wins.
@@ -57,6 +59,24 @@ pub struct ServeArgs {
     /// per-core (thread per core, SO_REUSEPORT) or shared (one work-stealing runtime).
     #[arg(long, value_enum)]
     pub runtime: Option<Runtime>,
+    /// RESP clients must AUTH with this password (user `default`) [default: none].
+    #[arg(long)]
+    pub requirepass: Option<String>,
+    /// memcached ascii authentication: a file of `user:password` lines (memcached's `-Y`).
+    #[arg(long)]
+    pub auth_file: Option<PathBuf>,
+    /// PEM certificate chain: both protocol ports then speak TLS only (needs --tls-key).
+    #[arg(long, requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of --tls-cert.
+    #[arg(long, requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// PEM CA certificates: clients must present a certificate one of them signed.
+    #[arg(long, requires = "tls_cert")]
+    pub tls_ca: Option<PathBuf>,
+    /// Most keys one RESP `KEYS` examines before it refuses (use SCAN) [default: 100000].
+    #[arg(long)]
+    pub keys_limit: Option<usize>,
 }
 
 /// Every setting with its effective value.
@@ -75,6 +95,10 @@ pub struct Settings {
     pub threads: usize,
     pub metrics_port: Option<u16>,
     pub runtime: Runtime,
+    pub requirepass: Option<Password>,
+    pub auth_file: Option<PathBuf>,
+    pub tls: Option<TlsFiles>,
+    pub keys_limit: usize,
 }
 
 fn read_file(path: &Path) -> Result<ServeArgs, String> {
@@ -118,6 +142,15 @@ impl Settings {
                 .ok_or_else(|| format!("--set {pair:?}: expected NAME=VALUE"))?;
             set.push((name.trim().to_string(), value.trim().to_string()));
         }
+        let tls = match (
+            args.tls_cert.or(file.tls_cert),
+            args.tls_key.or(file.tls_key),
+            args.tls_ca.or(file.tls_ca),
+        ) {
+            (None, None, None) => None,
+            (Some(cert), Some(key), ca) => Some(TlsFiles { cert, key, ca }),
+            _ => return Err("tls-key and tls-ca need tls-cert; tls-cert needs tls-key".into()),
+        };
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         Ok(Settings {
             listen: args
@@ -145,7 +178,43 @@ impl Settings {
             threads: args.threads.or(file.threads).unwrap_or(cores).max(1),
             metrics_port: args.metrics_port.or(file.metrics_port),
             runtime,
+            requirepass: args
+                .requirepass
+                .or(file.requirepass)
+                .as_deref()
+                .and_then(Password::new),
+            auth_file: args.auth_file.or(file.auth_file),
+            tls,
+            keys_limit: args.keys_limit.or(file.keys_limit).unwrap_or(100_000),
         })
+    }
+
+    /// A loud warning when a port off the loopback interface lets anyone in: RESP
+    /// without `requirepass`, memcached without an auth file, neither with client
+    /// certificates (`tls-ca`).
+    pub fn exposure_warning(&self) -> Option<String> {
+        if self.listen.is_loopback() || self.tls.as_ref().is_some_and(|t| t.ca.is_some()) {
+            return None;
+        }
+        let mut open = Vec::new();
+        if self.auth_file.is_none() {
+            open.push(format!(
+                "memcached port {} (no --auth-file)",
+                self.memcached_port
+            ));
+        }
+        if self.requirepass.is_none() {
+            open.push(format!("RESP port {} (no --requirepass)", self.resp_port));
+        }
+        if open.is_empty() {
+            return None;
+        }
+        let rule = "*".repeat(78);
+        Some(format!(
+            "{rule}\nWARNING: listening on {} without authentication on the {}.\nAnyone who can reach this address can read, overwrite and flush the cache.\nSet --requirepass and --auth-file, or --tls-ca to require client certificates.\n{rule}",
+            self.listen,
+            open.join(" and the ")
+        ))
     }
 
     /// The engine configuration these settings describe.
@@ -177,6 +246,9 @@ impl Settings {
 
     pub fn server_options(&self, max_value_size: usize) -> ServerOptions {
         ServerOptions {
+            requirepass: self.requirepass.clone(),
+            tls: self.tls.clone(),
+            keys_limit: self.keys_limit,
             listen: self.listen,
             memcached_port: Some(self.memcached_port),
             resp_port: Some(self.resp_port),
@@ -203,8 +275,19 @@ impl Settings {
         let metrics = self.metrics_port.map_or("off".to_string(), |p| {
             format!("{}:{p}/metrics", self.listen)
         });
+        let tls = self.tls.as_ref().map_or("off".to_string(), |tls| {
+            let clients = tls.ca.as_ref().map_or("not verified".to_string(), |ca| {
+                format!("certificates required, CA {}", ca.display())
+            });
+            format!(
+                "cert {} key {} (clients: {clients})",
+                tls.cert.display(),
+                tls.key.display()
+            )
+        });
+        let set_or_off = |on: bool| if on { "set" } else { "off" };
         format!(
-            "zipcache serve settings:\n  listen           {}\n  memcached-port   {}\n  resp-port        {}\n  dram             {} bytes\n  data-dir         {}\n  ssd              {ssd}\n  max-connections  {}\n  threads          {} ({} runtime)\n  metrics          {metrics}\n  engine: leaf_size={} subpages={} superleaf_size={} fill_threshold={} write_buffer={} bypass_r={} bypass_max_fraction={} tiny_max={} medium_max={} max_key_size={} max_value_size={} background_threads={} promotion={:?}",
+            "zipcache serve settings:\n  listen           {}\n  memcached-port   {}\n  resp-port        {}\n  dram             {} bytes\n  data-dir         {}\n  ssd              {ssd}\n  max-connections  {}\n  threads          {} ({} runtime)\n  metrics          {metrics}\n  tls              {tls}\n  requirepass      {}\n  auth-file        {}\n  keys-limit       {}\n  engine: leaf_size={} subpages={} superleaf_size={} fill_threshold={} write_buffer={} bypass_r={} bypass_max_fraction={} tiny_max={} medium_max={} max_key_size={} max_value_size={} background_threads={} promotion={:?}",
             self.listen,
             self.memcached_port,
             self.resp_port,
@@ -215,6 +298,11 @@ impl Settings {
             self.runtime
                 .to_possible_value()
                 .map_or_else(String::new, |v| v.get_name().to_string()),
+            set_or_off(self.requirepass.is_some()),
+            self.auth_file
+                .as_ref()
+                .map_or("off".to_string(), |p| p.display().to_string()),
+            self.keys_limit,
             config.leaf_size,
             config.subpages,
             config.superleaf_size,
@@ -271,6 +359,73 @@ mod tests {
         let config = s.engine_config().unwrap();
         assert_eq!((config.bypass_r, config.write_buffer), (0.0, 128));
         std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn access_settings_come_from_flags_or_the_file() {
+        let dir =
+            std::env::temp_dir().join(format!("zipcache-settings-acl-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("serve.toml");
+        std::fs::write(
+            &file,
+            "requirepass = \"from-file\"\ntls-cert = \"c.pem\"\ntls-key = \"k.pem\"\nkeys-limit = 7\n",
+        )
+        .unwrap();
+        let s = Settings::resolve(ServeArgs {
+            config: Some(file),
+            ..ServeArgs::default()
+        })
+        .unwrap();
+        assert_eq!(s.requirepass, Password::new("from-file"));
+        assert_eq!(s.keys_limit, 7);
+        let tls = s.tls.as_ref().unwrap();
+        assert_eq!(
+            (tls.cert.as_path(), tls.ca.as_ref()),
+            (Path::new("c.pem"), None)
+        );
+        assert!(
+            !s.describe(&s.engine_config().unwrap())
+                .contains("from-file")
+        );
+        let half = ServeArgs {
+            tls_key: Some("k.pem".into()),
+            ..ServeArgs::default()
+        };
+        assert!(Settings::resolve(half).is_err());
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn leaving_loopback_without_authentication_warns() {
+        let exposed = |args: ServeArgs| Settings::resolve(args).unwrap().exposure_warning();
+        assert_eq!(exposed(ServeArgs::default()), None);
+        let anywhere = || ServeArgs {
+            listen: Some(IpAddr::from([0, 0, 0, 0])),
+            ..ServeArgs::default()
+        };
+        let warning = exposed(anywhere()).unwrap();
+        assert!(warning.contains("WARNING") && warning.contains("--requirepass"));
+        assert!(warning.contains("--auth-file"), "{warning}");
+        let resp_only = exposed(ServeArgs {
+            requirepass: Some("pw".into()),
+            ..anywhere()
+        })
+        .unwrap();
+        assert!(!resp_only.contains("RESP port"), "{resp_only}");
+        let both = ServeArgs {
+            requirepass: Some("pw".into()),
+            auth_file: Some("users".into()),
+            ..anywhere()
+        };
+        assert_eq!(exposed(both), None);
+        let client_certificates = ServeArgs {
+            tls_cert: Some("c".into()),
+            tls_key: Some("k".into()),
+            tls_ca: Some("ca".into()),
+            ..anywhere()
+        };
+        assert_eq!(exposed(client_certificates), None);
     }
 
     #[test]

@@ -10,6 +10,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use common::{ChildGuard, TestServer, free_port, require_tool, wait_for_port};
+use zipcache_server::{Password, ServerOptions};
 
 /// Sends `script` plus a sentinel request and returns everything before the sentinel's
 /// reply, which starts with `marker` and ends the stream with `\r\n` (or everything up
@@ -177,36 +178,79 @@ const RESP_CASES: &[&str] = &[
     "setnx a 1\r\nsetnx a 2\r\nget a\r\ngetset a 3\r\ngetdel a\r\nget a\r\nappend s ab\r\nappend s cd\r\nstrlen s\r\ntype s\r\ntype nope\r\nsetex e 100 v\r\nttl e\r\npsetex e 0 v\r\nunlink s e\r\n",
     "set k v KEEPTTL EX 5\r\nset k v GET NX\r\nset k v PXAT 99999999999999\r\nset k v2 KEEPTTL\r\npersist k\r\nttl k\r\n",
     "quit\r\nping\r\n",
+    // GETEX: options, then the number; repeating one option is allowed.
+    "set k v\r\ngetex k\r\ngetex k EX 100\r\nttl k\r\ngetex k PERSIST\r\nttl k\r\ngetex k EX 0\r\ngetex k EX 10 PX 10\r\ngetex k PERSIST EX 10\r\ngetex k FOO\r\ngetex k EX\r\ngetex k EX x\r\ngetex k EX x FOO\r\ngetex nokey EX 10\r\ngetex k EXAT 1\r\nexists k\r\nset k v\r\ngetex k EX 9223372036854775\r\ngetex k ex 10 ex 20\r\nttl k\r\ngetex k persist persist\r\nttl k\r\n",
+    "incrbyfloat f 0.1\r\nincrbyfloat f 0.2\r\nincrbyfloat f x\r\nincrbyfloat f inf\r\nincrbyfloat f nan\r\nset s abc\r\nincrbyfloat s 1\r\nset f 10.50\r\nincrbyfloat f 0\r\nincrbyfloat f \" 1\"\r\nincrbyfloat f +1\r\nset g 5\r\nincrbyfloat g -5\r\nincrbyfloat g -0.0001\r\nincrbyfloat h 1e20\r\nincrbyfloat h -1e20\r\nincrbyfloat f\r\nget f\r\n",
+    "msetnx a 1 b 2\r\nmsetnx b 3 c 4\r\nmget a b c\r\nmsetnx a\r\nmsetnx a 1 b\r\n",
+    "set a 1\r\nset b 2\r\nexpireat a 9999999999\r\nexpiretime a\r\npexpiretime a\r\nexpiretime nokey\r\nexpiretime b\r\npexpireat b 99999999999999\r\npexpiretime b\r\nexpireat b 1\r\nexists b\r\nexpireat a 9999999999 NX\r\nexpireat a 9999999999 FOO\r\nexpire a 10 NX XX\r\nexpire a 10 GT LT\r\nexpire a 10 XX GT\r\nexpireat a x\r\nexpire a x FOO\r\nexpireat a 9223372036854775807\r\npexpireat a 9223372036854775807\r\npexpiretime a\r\nexpire a 9223372036854775807\r\npexpire a 9223372036854775807\r\nexpire a 10 xx xx\r\nexpireat nokey 1\r\nexpireat a 0\r\nexists a\r\nexpiretime\r\n",
+    "set k \"Hello World\"\r\ngetrange k 0 4\r\ngetrange k -5 -1\r\ngetrange k -1 -5\r\ngetrange k 5 3\r\ngetrange k 0 100\r\ngetrange k -100 2\r\ngetrange nokey 0 1\r\ngetrange k x 1\r\ngetrange k 0 9223372036854775807\r\ngetrange k -9223372036854775808 1\r\nsetrange k 6 Redis\r\nget k\r\nsetrange n 3 ab\r\nget n\r\nsetrange n2 3 \"\"\r\nexists n2\r\nsetrange k 1 \"\"\r\nsetrange k -1 x\r\nsetrange k x x\r\nsetrange k 9223372036854775807 x\r\nset e \"\"\r\ngetrange e 0 -1\r\ngetrange k 0\r\n",
+    "mset b 1 a 2 ab 3\r\nkeys a\r\nkeys ab*\r\nkeys zz*\r\nkeys a?\r\nkeys\r\nkeys a b\r\n",
+    "client id x\r\nclient getname x\r\nclient setname\r\nclient setname \"a b\"\r\nclient setname \"\"\r\nclient getname\r\nclient\r\nclient foo a\r\nhello 4\r\nhello x\r\nhello 3 FOO\r\nhello 3 SETNAME\r\nhello 3 SETNAME \"a b\"\r\nhello 3 AUTH default\r\nauth x\r\nauth default x\r\nauth bob x\r\nauth a b c\r\nauth\r\n",
+    "flushall x\r\nflushall async\r\nflushdb sync\r\nflushall async x\r\nping a b\r\necho a b\r\ndecrby k -9223372036854775808\r\nsetex k 0 v\r\npsetex k -1 v\r\nsetex k x v\r\nset k v nx nx\r\nset k v ex 10 ex 20\r\nttl k\r\nset k v xx nx\r\nset k v get get\r\nset k v keepttl keepttl\r\nset k v ex 10 keepttl\r\nset k v ex x foo\r\nconfig get\r\nconfig resetstat x\r\nconfig set\r\ncommand count x\r\ncommand foo\r\ndbsize x\r\ninfo a b c\r\nquit extra\r\n",
 ];
 
-#[test]
-fn resp_replies_match_the_real_redis() {
+/// With `requirepass secret`: NOAUTH before AUTH (but unknown commands and arity errors
+/// first, as Redis checks them first), WRONGPASS, and what works before logging in.
+/// Each case ends logged in (or closed), so the sentinel is answered.
+const RESP_AUTH_CASES: &[&str] = &[
+    "PING\r\nGET k\r\nFOO a\r\nGET\r\nGET a b\r\nCLIENT SETNAME x\r\nHELLO 3\r\nHELLO\r\nAUTH\r\nAUTH a b c\r\nAUTH x\r\nAUTH default x\r\nAUTH bob secret\r\nHELLO 3 AUTH default\r\nHELLO 3 AUTH default bad\r\nHELLO 3 SETNAME \"a b\"\r\nSELECT 0\r\nAUTH default secret\r\nPING\r\nSET k v\r\nAUTH secret\r\nGET k\r\n",
+    "AUTH secret\r\nAUTH wrong\r\nGET k\r\nAUTH default wrong\r\nPING\r\n",
+    "quit\r\nping\r\n",
+];
+
+/// A real redis-server on a free loopback port, with `extra` arguments.
+fn real_redis(extra: &[&str]) -> (u16, ChildGuard) {
     let redis = require_tool("redis-server", "redis-server");
     let port = free_port();
-    let mut real = ChildGuard(
+    let port_text = port.to_string();
+    let mut args = vec![
+        "--port",
+        &port_text,
+        "--bind",
+        "127.0.0.1",
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+    ];
+    args.extend_from_slice(extra);
+    let child = ChildGuard(
         Command::new(redis)
-            .args([
-                "--port",
-                &port.to_string(),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-            ])
+            .args(&args)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
             .expect("start redis-server"),
     );
     wait_for_port(port, Duration::from_secs(10));
+    (port, child)
+}
+
+#[test]
+fn resp_replies_match_the_real_redis() {
+    let (port, mut real) = real_redis(&[]);
     let ours = TestServer::start();
     compare(
         RESP_CASES,
         (([127, 0, 0, 1], port).into(), &mut real),
         ours.resp,
         "FLUSHALL\r\n",
+        ("ECHO sentinel\r\n", "$8\r\nsentinel\r\n"),
+    );
+}
+
+#[test]
+fn resp_authentication_matches_the_real_redis() {
+    let (port, mut real) = real_redis(&["--requirepass", "secret"]);
+    let ours = TestServer::with_options(ServerOptions {
+        requirepass: Password::new("secret"),
+        ..TestServer::options()
+    });
+    compare(
+        RESP_AUTH_CASES,
+        (([127, 0, 0, 1], port).into(), &mut real),
+        ours.resp,
+        "AUTH secret\r\nFLUSHALL\r\n",
         ("ECHO sentinel\r\n", "$8\r\nsentinel\r\n"),
     );
 }

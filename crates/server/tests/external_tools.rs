@@ -105,4 +105,19 @@ fn redis_cli_inline_and_scan_work() {
     keys.sort();
     assert_eq!(keys, ["user:1", "user:2"]);
     assert!(cli(&["INFO", "zipcache"]).contains("compression_ratio_dram:"));
+    // The later additions, as redis-cli prints them.
+    assert_eq!(cli(&["KEYS", "user:*"]), "user:1\nuser:2\n");
+    assert_eq!(cli(&["GETEX", "user:1", "EX", "100"]).trim(), "a");
+    assert_eq!(cli(&["TTL", "user:1"]).trim(), "100");
+    assert_eq!(cli(&["INCRBYFLOAT", "price", "2.5"]).trim(), "2.5");
+    assert_eq!(cli(&["INCRBYFLOAT", "price", "0.1"]).trim(), "2.6");
+    assert_eq!(cli(&["MSETNX", "user:3", "c", "other", "x"]).trim(), "0");
+    assert_eq!(cli(&["EXPIREAT", "other", "4102444800"]).trim(), "1");
+    assert_eq!(cli(&["EXPIRETIME", "other"]).trim(), "4102444800");
+    assert_eq!(cli(&["SETRANGE", "other", "1", "ab"]).trim(), "3");
+    assert_eq!(cli(&["GETRANGE", "other", "0", "-1"]).trim(), "cab");
+    assert_eq!(cli(&["CLIENT", "SETNAME", "cli"]).trim(), "OK");
+    assert!(
+        cli(&["GETEX", "user:1", "EX", "0"]).contains("invalid expire time in 'getex' command")
+    );
 }

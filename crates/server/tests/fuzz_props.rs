@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use proptest::prelude::*;
 use zipcache::{Config, ZipCache};
-use zipcache_server::fuzzing::{memcached_session, resp_session};
+use zipcache_server::fuzzing::{memcached_session, resp_command_names, resp_request, resp_session};
 
 fn cache() -> Arc<ZipCache> {
     let config = Config {
@@ -50,7 +50,88 @@ const RESP_SEEDS: &[&[u8]] = &[
     b"SET k v EXAT 9223372036854775\r\nTTL k\r\nPTTL k\r\n",
     b"SET k 9223372036854775807\r\nINCRBY k 9223372036854775807\r\nDECRBY k -9223372036854775808\r\n",
     b"PEXPIRE k 9223372036854775807\r\nEXPIRE k -9223372036854775808\r\n",
+    b"GETEX k PXAT 1 PERSIST\r\nGETEX k EX 10 EX 10\r\n",
+    b"INCRBYFLOAT k 1e308\r\nINCRBYFLOAT k 1e308\r\nINCRBYFLOAT k -inf\r\n",
+    b"MSETNX a 1 b\r\nMSETNX a 1 b 2\r\n",
+    b"EXPIREAT k 9223372036854775807 NX XX\r\nPEXPIRETIME k\r\nEXPIRETIME k\r\n",
+    b"SETRANGE k 1048570 abcdefghij\r\nGETRANGE k -9223372036854775808 9223372036854775807\r\n",
+    b"KEYS *\r\nKEYS k\xff*\r\nKEYS [\r\n",
+    b"AUTH default pw\r\nAUTH pw\r\nHELLO 3 AUTH default pw SETNAME x\r\n",
+    b"CLIENT SETINFO lib-name x\r\nCLIENT ID x\r\nCONFIG GET\r\nCOMMAND COUNT\r\n",
 ];
+
+/// Arguments the typed parser treats specially: numbers at their limits, every option
+/// keyword, patterns, and bytes that are none of those.
+const ARGUMENT_WORDS: &[&[u8]] = &[
+    b"k",
+    b"v",
+    b"",
+    b"0",
+    b"1",
+    b"-1",
+    b"10",
+    b"1.5",
+    b"1e400",
+    b"inf",
+    b"nan",
+    b"9223372036854775807",
+    b"-9223372036854775808",
+    b"18446744073709551616",
+    b"EX",
+    b"PX",
+    b"EXAT",
+    b"PXAT",
+    b"KEEPTTL",
+    b"PERSIST",
+    b"NX",
+    b"XX",
+    b"GT",
+    b"LT",
+    b"GET",
+    b"MATCH",
+    b"COUNT",
+    b"TYPE",
+    b"LIMIT",
+    b"*",
+    b"k*",
+    b"[a-",
+    b"\\",
+    b"-",
+    b"+",
+    b"AUTH",
+    b"SETNAME",
+    b"default",
+    b"pw",
+    b"2",
+    b"3",
+    b"ID",
+    b"GETNAME",
+    b"SETINFO",
+    b"LIB-NAME",
+    b"ASYNC",
+    b"DOCS",
+    b"\xff\x00",
+];
+
+/// A multi-bulk request: a real command name (any case) and arguments from the words.
+fn typed_request() -> impl Strategy<Value = Vec<u8>> {
+    let names = resp_command_names();
+    (
+        0..names.len(),
+        any::<bool>(),
+        prop::collection::vec(0..ARGUMENT_WORDS.len(), 0..7),
+    )
+        .prop_map(move |(name, upper, words)| {
+            let name = if upper {
+                names[name].to_ascii_uppercase()
+            } else {
+                names[name].to_string()
+            };
+            let mut args = vec![name.as_bytes()];
+            args.extend(words.iter().map(|&w| ARGUMENT_WORDS[w]));
+            resp_request(&args)
+        })
+}
 
 /// A seed command with a few bytes overwritten, inserted or removed.
 fn mutated(seeds: &'static [&'static [u8]]) -> impl Strategy<Value = Vec<u8>> {
@@ -103,7 +184,7 @@ proptest! {
 
     #[test]
     fn resp_sessions_survive_arbitrary_bytes(input in prop::collection::vec(any::<u8>(), 0..2048), chunk in 1..64usize) {
-        resp_session(cache(), &input, chunk);
+        resp_session(cache(), &input, chunk, None);
     }
 
     #[test]
@@ -113,7 +194,32 @@ proptest! {
 
     #[test]
     fn resp_sessions_survive_mutated_commands(cmds in prop::collection::vec(mutated(RESP_SEEDS), 1..8), chunk in 1..64usize) {
-        resp_session(cache(), &cmds.concat(), chunk);
+        resp_session(cache(), &cmds.concat(), chunk, None);
+    }
+
+    /// Every command with arguments it may or may not accept, with and without a
+    /// password to log in with: each request gets exactly one reply, never a panic.
+    #[test]
+    fn typed_resp_commands_answer_every_argument_list(requests in prop::collection::vec(typed_request(), 1..12), password in any::<bool>()) {
+        let requirepass = password.then_some("pw");
+        let input = requests.concat();
+        let replies = resp_session(cache(), &input, input.len(), requirepass);
+        prop_assert!(!replies.is_empty());
+        let closed = requests.iter().any(|r| r.len() > 12 && r[8..12].eq_ignore_ascii_case(b"quit"));
+        if !closed {
+            // One more request is still answered: nothing desynchronised the stream.
+            let mut more = input.clone();
+            more.extend_from_slice(b"*2\r\n$4\r\nECHO\r\n$4\r\ndone\r\n");
+            let replies = resp_session(cache(), &more, more.len(), requirepass);
+            let expected: &[u8] = if password { b"-NOAUTH Authentication required.\r\n" } else { b"$4\r\ndone\r\n" };
+            let authenticated = requests.iter().any(|r| {
+                let text = String::from_utf8_lossy(r).to_ascii_lowercase();
+                text.contains("\r\nauth\r\n") || text.contains("\r\nhello\r\n")
+            });
+            if !authenticated || !password {
+                prop_assert!(replies.ends_with(expected), "{}", String::from_utf8_lossy(&replies));
+            }
+        }
     }
 
     /// Pieces of any size give the same replies as one read: framing is resumable.
@@ -134,7 +240,7 @@ fn a_valid_request_after_garbage_is_answered() {
         "{}",
         String::from_utf8_lossy(&replies)
     );
-    let replies = resp_session(cache(), b"garbage here\r\nPING\r\n", 5);
+    let replies = resp_session(cache(), b"garbage here\r\nPING\r\n", 5, None);
     assert!(
         replies.ends_with(b"+PONG\r\n"),
         "{}",

@@ -4,6 +4,7 @@
 mod common;
 
 use common::{Client, TestServer};
+use zipcache_server::ServerOptions;
 
 /// Sends `request`, expects `replies`, then proves the connection still works.
 fn memcached_survives(client: &mut Client, request: &str, replies: &[&str]) {
@@ -205,10 +206,7 @@ fn resp_command_errors_match_redis_and_keep_the_connection() {
             &["CONFIG", "NOPE"],
             "-ERR unknown subcommand 'NOPE'. Try CONFIG HELP.",
         ),
-        (
-            &["HELLO", "4"],
-            "-NOPROTO sorry, this protocol version is not supported",
-        ),
+        (&["HELLO", "4"], "-NOPROTO unsupported protocol version"),
     ];
     let big = "v".repeat((1 << 20) + 1);
     let long_key = "k".repeat(251);
@@ -220,6 +218,11 @@ fn resp_command_errors_match_redis_and_keep_the_connection() {
         (
             &["SET", &long_key, "v"],
             "-ERR key of 251 bytes exceeds the limit of 250 bytes",
+        ),
+        // Redis's text for its 512 MiB limit, at the engine's 1 MiB, before allocating.
+        (
+            &["SETRANGE", "k", "1048576", "x"],
+            "-ERR string exceeds maximum allowed size (proto-max-bulk-len)",
         ),
     ];
     for (args, reply) in cases.iter().chain(engine_limits) {
@@ -262,4 +265,26 @@ fn resp_framing_errors_reply_then_close_like_redis() {
         "-ERR Protocol error: too big inline request"
     );
     assert!(endless.closed());
+}
+
+#[test]
+fn keys_refuses_to_examine_more_than_its_limit() {
+    let server = TestServer::with_options(ServerOptions {
+        keys_limit: 5,
+        ..TestServer::options()
+    });
+    let mut c = Client::connect(server.resp);
+    for key in ["a1", "a2", "b1", "b2", "b3", "b4"] {
+        assert_eq!(c.ask(&resp(&["SET", key, "v"]), 1), ["+OK"]);
+    }
+    // Only keys with the pattern's literal prefix are examined.
+    assert_eq!(
+        c.ask(&resp(&["KEYS", "a*"]), 5),
+        ["*2", "$2", "a1", "$2", "a2"]
+    );
+    assert_eq!(
+        c.ask(&resp(&["KEYS", "*1"]), 1),
+        ["-ERR KEYS would examine more than 5 keys (keys-limit); use SCAN"]
+    );
+    assert_eq!(c.ask("PING\r\n", 1), ["+PONG"]);
 }

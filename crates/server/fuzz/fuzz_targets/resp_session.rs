@@ -24,5 +24,7 @@ fuzz_target!(|data: &[u8]| {
     let Some((&chunk, input)) = data.split_first() else {
         return;
     };
-    resp_session(cache(), input, usize::from(chunk) + 1);
+    // An odd chunk byte makes the session require a password (AUTH paths).
+    let requirepass = (chunk % 2 == 1).then_some("pw");
+    resp_session(cache(), input, usize::from(chunk) + 1, requirepass);
 });

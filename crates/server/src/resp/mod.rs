@@ -1,6 +1,6 @@
-//! Redis RESP2 sessions.
+//! Redis RESP2/RESP3 sessions: `parse` frames a request, `cmd` types and runs it.
 
-mod commands;
+mod cmd;
 mod glob;
 pub mod parse;
 
@@ -14,22 +14,35 @@ use crate::stats::Counters;
 /// Client ids for `CLIENT ID` / `HELLO`, unique for the process like Redis's.
 static NEXT_CLIENT_ID: AtomicU64 = AtomicU64::new(1);
 
-/// One RESP connection.
-pub struct RespSession {
-    shared: Arc<Shared>,
+/// Every RESP command name we serve.
+pub fn command_names() -> impl Iterator<Item = &'static str> {
+    cmd::names()
+}
+
+/// What a connection carries from one command to the next.
+pub struct Client {
     id: u64,
     name: Option<Vec<u8>>,
     resp3: bool,
+    /// True from the start when no `requirepass` is set.
+    authenticated: bool,
+}
+
+/// One RESP connection.
+pub struct RespSession {
+    shared: Arc<Shared>,
+    client: Client,
 }
 
 impl RespSession {
     pub fn new(shared: Arc<Shared>) -> RespSession {
-        RespSession {
-            shared,
+        let client = Client {
             id: NEXT_CLIENT_ID.fetch_add(1, Ordering::Relaxed),
             name: None,
             resp3: false,
-        }
+            authenticated: shared.requirepass.is_none(),
+        };
+        RespSession { shared, client }
     }
 }
 
@@ -37,7 +50,7 @@ impl Session for RespSession {
     fn step(&mut self, input: &[u8], buf: &mut Vec<u8>) -> Step {
         let mut out = Reply {
             buf,
-            resp3: self.resp3,
+            resp3: self.client.resp3,
         };
         match parse::parse(input) {
             parse::Parsed::Incomplete => Step::NeedMore,
@@ -52,9 +65,9 @@ impl Session for RespSession {
                 }
                 Counters::bump(&self.shared.counters.commands);
                 let args: Vec<&[u8]> = args.iter().map(|a| a.as_ref()).collect();
-                match commands::execute(self, &args, &mut out) {
-                    commands::Flow::Continue => Step::Consumed(len),
-                    commands::Flow::Close => Step::Close,
+                match cmd::execute(&self.shared, &mut self.client, &args, &mut out) {
+                    cmd::Flow::Continue => Step::Consumed(len),
+                    cmd::Flow::Close => Step::Close,
                 }
             }
         }

@@ -25,12 +25,17 @@ impl TestServer {
     /// that `free_port` just handed to an external server of a parallel test, which would
     /// then fail to bind while `wait_for_port` mistook us for it.
     pub fn start() -> TestServer {
-        TestServer::with_options(ServerOptions {
+        TestServer::with_options(TestServer::options())
+    }
+
+    /// What `start` uses: two threads, both protocols on fresh ports.
+    pub fn options() -> ServerOptions {
+        ServerOptions {
             threads: 2,
             memcached_port: Some(free_port()),
             resp_port: Some(free_port()),
             ..ServerOptions::default()
-        })
+        }
     }
 
     pub fn with_options(options: ServerOptions) -> TestServer {

@@ -103,7 +103,27 @@ def resp():
     assert r.dbsize() > 0
     r.client_setname("tester")
     assert r.client_getname() == "tester"
+    assert r.client_id() > 0
     assert r.config_get("maxmemory")
+    # Commands beyond the first set: what cache users of Redis reach for.
+    r.set("ex", "v")
+    assert r.getex("ex", ex=100) == b"v" and 99 <= r.ttl("ex") <= 100
+    assert r.getex("ex", persist=True) == b"v" and r.ttl("ex") == -1
+    assert r.getex("missing", px=10) is None
+    assert r.incrbyfloat("fl", 10.5) == 10.5 and r.incrbyfloat("fl", 0.1) == 10.6
+    assert r.msetnx({"nx1": 1, "nx2": 2}) is True
+    assert r.msetnx({"nx2": 3, "nx3": 3}) is False and r.get("nx3") is None
+    at = int(time.time()) + 1000
+    assert r.expireat("nx1", at) and r.expiretime("nx1") == at
+    assert r.pexpireat("nx1", at * 1000) and r.pexpiretime("nx1") == at * 1000
+    assert r.expireat("nx1", at + 10, gt=True) and not r.expireat("nx1", at, gt=True)
+    assert r.expiretime("missing") == -2 and r.expiretime("nx2") == -1
+    r.set("range", "Hello World")
+    assert r.getrange("range", 0, 4) == b"Hello" and r.getrange("range", -5, -1) == b"World"
+    assert r.setrange("range", 6, "Redis") == 11 and r.get("range") == b"Hello Redis"
+    assert r.setrange("padded", 3, "x") == 4 and r.get("padded") == b"\0\0\0x"
+    assert r.keys("a00*") == [b"a00%d" % i for i in range(10)]
+    assert r.keys("nx*") == [b"nx1", b"nx2"]
     r.close()
 
 

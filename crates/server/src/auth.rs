@@ -1,0 +1,53 @@
+//! Passwords kept out of logs and compared in constant time.
+
+use std::fmt;
+
+/// A required password (`--requirepass`); never empty.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Password(Vec<u8>);
+
+impl Password {
+    /// `None` for an empty text: Redis treats `requirepass ""` as no password.
+    pub fn new(text: &str) -> Option<Password> {
+        (!text.is_empty()).then(|| Password(text.as_bytes().to_vec()))
+    }
+
+    /// Whether `given` is this password. The time taken depends only on `given`'s length:
+    /// neither on where it differs nor on the password's own length.
+    pub fn matches(&self, given: &[u8]) -> bool {
+        let mut differences = u8::from(given.len() != self.0.len());
+        for (a, b) in given.iter().zip(self.0.iter().cycle()) {
+            differences |= a ^ b;
+        }
+        std::hint::black_box(differences) == 0
+    }
+}
+
+impl fmt::Debug for Password {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Password(<redacted>)")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_match_exactly_and_stay_out_of_logs() {
+        let password = Password::new("s3cret").unwrap();
+        assert!(password.matches(b"s3cret"));
+        for wrong in [
+            &b""[..],
+            b"s3cre",
+            b"s3cret ",
+            b"s3cres",
+            b"S3cret",
+            b"s3crets3cret",
+        ] {
+            assert!(!password.matches(wrong), "{wrong:?}");
+        }
+        assert_eq!(Password::new(""), None);
+        assert!(!format!("{password:?}").contains("s3cret"));
+    }
+}

@@ -1,0 +1,317 @@
+//! Keyspace commands: DEL UNLINK EXISTS TYPE SCAN KEYS ZCRANGE DBSIZE FLUSHALL FLUSHDB.
+//! SCAN, KEYS and ZCRANGE walk the engine's key order (`ZipCache::scan`).
+
+use std::ops::Bound;
+
+use super::{Args, Command, NOT_INTEGER, Result, SYNTAX, Spec, integer, spec};
+use crate::resp::{Reply, glob};
+use crate::server::Shared;
+
+/// Default and largest `LIMIT` of `ZCRANGE`.
+const RANGE_DEFAULT_LIMIT: usize = 1000;
+const RANGE_MAX_LIMIT: usize = 100_000;
+const SCAN_MAX_COUNT: usize = 100_000;
+/// Keys KEYS asks the engine for at a time: `scan` returns values too, so a batch of
+/// large values is large.
+const KEYS_BATCH: usize = 100;
+
+pub const COMMANDS: &[Spec] = &[
+    spec("del", -2, |a| {
+        Ok(KeyCommand::Delete { keys: a.rest() }.into())
+    }),
+    spec("unlink", -2, |a| {
+        Ok(KeyCommand::Delete { keys: a.rest() }.into())
+    }),
+    spec("exists", -2, |a| {
+        Ok(KeyCommand::Exists { keys: a.rest() }.into())
+    }),
+    spec(
+        "type",
+        2,
+        |a| Ok(KeyCommand::Type { key: a.next()? }.into()),
+    ),
+    spec("scan", -2, scan),
+    spec("keys", 2, |a| {
+        Ok(KeyCommand::Keys { pattern: a.next()? }.into())
+    }),
+    spec("zcrange", -3, range),
+    spec("dbsize", 1, |_| Ok(KeyCommand::DbSize.into())),
+    spec("flushall", -1, flush),
+    spec("flushdb", -1, flush),
+];
+
+pub enum KeyCommand<'a> {
+    /// DEL / UNLINK.
+    Delete {
+        keys: &'a [&'a [u8]],
+    },
+    Exists {
+        keys: &'a [&'a [u8]],
+    },
+    Type {
+        key: &'a [u8],
+    },
+    Scan {
+        /// Resume strictly after this key; `None` starts.
+        after: Option<Vec<u8>>,
+        count: usize,
+        pattern: Option<&'a [u8]>,
+        /// `TYPE` named something other than `string`: nothing matches.
+        strings_only: bool,
+    },
+    Keys {
+        pattern: &'a [u8],
+    },
+    /// ZCRANGE: key/value pairs in `range`, in key order.
+    Range {
+        start: Bound<&'a [u8]>,
+        end: Bound<&'a [u8]>,
+        limit: usize,
+    },
+    DbSize,
+    Flush,
+}
+
+impl<'a> From<KeyCommand<'a>> for Command<'a> {
+    fn from(command: KeyCommand<'a>) -> Self {
+        Command::Keys(command)
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn unhex(text: &[u8]) -> Option<Vec<u8>> {
+    if !text.len().is_multiple_of(2) {
+        return None;
+    }
+    text.chunks(2)
+        .map(|pair| u8::from_str_radix(std::str::from_utf8(pair).ok()?, 16).ok())
+        .collect()
+}
+
+/// SCAN's cursor is the hex of the last key returned, so a scan resumes in key order
+/// after it, whatever was inserted or evicted meanwhile; "0" starts and ends a scan.
+fn scan<'a>(args: &mut Args<'a>) -> Result<Command<'a>> {
+    let after = match args.next()? {
+        b"0" => None,
+        cursor => Some(
+            unhex(cursor)
+                .filter(|key| !key.is_empty())
+                .ok_or("ERR invalid cursor")?,
+        ),
+    };
+    let (mut count, mut pattern, mut strings_only) = (10, None, true);
+    while args.remaining() > 0 {
+        let option = args.next()?;
+        if args.remaining() == 0 {
+            return Err(SYNTAX.into());
+        }
+        let value = args.next()?;
+        match option.to_ascii_uppercase().as_slice() {
+            b"COUNT" => match integer(value).ok_or(NOT_INTEGER)? {
+                n if n >= 1 => count = (n as usize).min(SCAN_MAX_COUNT),
+                _ => return Err(SYNTAX.into()),
+            },
+            b"MATCH" => pattern = Some(value),
+            b"TYPE" => strings_only = value.eq_ignore_ascii_case(b"string"),
+            _ => return Err(SYNTAX.into()),
+        }
+    }
+    Ok(KeyCommand::Scan {
+        after,
+        count,
+        pattern,
+        strings_only,
+    }
+    .into())
+}
+
+/// `ZCRANGE start end [LIMIT n]`: `-` and `+` stand for the open ends.
+fn range<'a>(args: &mut Args<'a>) -> Result<Command<'a>> {
+    let start = match args.next()? {
+        b"-" => Bound::Unbounded,
+        key => Bound::Included(key),
+    };
+    let end = match args.next()? {
+        b"+" => Bound::Unbounded,
+        key => Bound::Excluded(key),
+    };
+    let limit = match args.rest() {
+        [] => RANGE_DEFAULT_LIMIT,
+        [word, n] if word.eq_ignore_ascii_case(b"LIMIT") => match integer(n) {
+            Some(n) if n >= 0 => (n as usize).min(RANGE_MAX_LIMIT),
+            _ => return Err(NOT_INTEGER.into()),
+        },
+        _ => return Err(SYNTAX.into()),
+    };
+    Ok(KeyCommand::Range { start, end, limit }.into())
+}
+
+/// FLUSHALL / FLUSHDB `[ASYNC | SYNC]`: both flush at once.
+fn flush<'a>(args: &mut Args<'a>) -> Result<Command<'a>> {
+    if args.remaining() > 0 {
+        let mode = args.next()?;
+        if !mode.eq_ignore_ascii_case(b"ASYNC") && !mode.eq_ignore_ascii_case(b"SYNC") {
+            return Err(SYNTAX.into());
+        }
+    }
+    Ok(KeyCommand::Flush.into())
+}
+
+/// The key range holding every key that starts with `pattern`'s literal prefix (before
+/// its first `*`, `?`, `[` or `\`), so KEYS examines only those keys.
+fn prefix_range(pattern: &[u8]) -> (Bound<Vec<u8>>, Bound<Vec<u8>>) {
+    let literal = pattern
+        .iter()
+        .position(|b| matches!(b, b'*' | b'?' | b'[' | b'\\'))
+        .unwrap_or(pattern.len());
+    let prefix = &pattern[..literal];
+    // The first key after every key with this prefix: the prefix with its last byte
+    // below 0xff incremented (all 0xff: no end).
+    let end = match prefix.iter().rposition(|&b| b != 0xff) {
+        Some(at) => {
+            let mut end = prefix[..=at].to_vec();
+            end[at] += 1;
+            Bound::Excluded(end)
+        }
+        None => Bound::Unbounded,
+    };
+    (Bound::Included(prefix.to_vec()), end)
+}
+
+impl KeyCommand<'_> {
+    pub fn execute(self, shared: &Shared, out: &mut Reply) -> Result<()> {
+        let cache = &shared.cache;
+        match self {
+            KeyCommand::Delete { keys } => {
+                let mut deleted = 0;
+                for key in keys {
+                    deleted += cache.delete(key)? as i64;
+                }
+                out.integer(deleted);
+            }
+            KeyCommand::Exists { keys } => {
+                let mut found = 0;
+                for key in keys {
+                    found += cache.get_item(key)?.is_some() as i64;
+                }
+                out.integer(found);
+            }
+            KeyCommand::Type { key } => {
+                let found = cache.get_item(key)?.is_some();
+                out.simple(if found { "string" } else { "none" });
+            }
+            KeyCommand::Scan {
+                after,
+                count,
+                pattern,
+                strings_only,
+            } => {
+                let start = match &after {
+                    Some(key) => Bound::Excluded(key.as_slice()),
+                    None => Bound::Unbounded,
+                };
+                let batch = cache.scan::<&[u8]>((start, Bound::Unbounded), count)?;
+                let next = match batch.last() {
+                    Some((key, _)) if batch.len() == count => hex(key),
+                    _ => "0".into(),
+                };
+                let keys: Vec<&[u8]> = batch
+                    .iter()
+                    .map(|(k, _)| k.as_slice())
+                    .filter(|k| strings_only && pattern.is_none_or(|p| glob::matches(p, k)))
+                    .collect();
+                out.array(2);
+                out.bulk(next.as_bytes());
+                out.array(keys.len());
+                for key in keys {
+                    out.bulk(key);
+                }
+            }
+            KeyCommand::Keys { pattern } => {
+                let keys = keys(shared, pattern)?;
+                out.array(keys.len());
+                for key in keys {
+                    out.bulk(&key);
+                }
+            }
+            KeyCommand::Range { start, end, limit } => {
+                let items = cache.scan::<&[u8]>((start, end), limit)?;
+                out.array(items.len() * 2);
+                for (key, item) in &items {
+                    out.bulk(key);
+                    out.bulk(&item.value);
+                }
+            }
+            KeyCommand::DbSize => out.integer(cache.stats().objects_resident as i64),
+            KeyCommand::Flush => {
+                cache.flush_all()?;
+                out.simple("OK");
+            }
+        }
+        Ok(())
+    }
+}
+
+/// KEYS: the keys matching `pattern` in key order. It examines at most `keys_limit`
+/// keys (those with the pattern's literal prefix) and refuses beyond that.
+fn keys(shared: &Shared, pattern: &[u8]) -> Result<Vec<Vec<u8>>> {
+    let limit = shared.keys_limit;
+    let (mut start, end) = prefix_range(pattern);
+    let mut examined = 0;
+    let mut found = Vec::new();
+    loop {
+        let batch = shared
+            .cache
+            .scan::<Vec<u8>>((start, end.clone()), KEYS_BATCH)?;
+        examined += batch.len();
+        if examined > limit {
+            return Err(format!(
+                "ERR KEYS would examine more than {limit} keys (keys-limit); use SCAN"
+            )
+            .into());
+        }
+        let full = batch.len() == KEYS_BATCH;
+        let last = batch.last().map(|(key, _)| key.clone());
+        found.extend(
+            batch
+                .into_iter()
+                .map(|(key, _)| key)
+                .filter(|key| glob::matches(pattern, key)),
+        );
+        match last {
+            Some(key) if full => start = Bound::Excluded(key),
+            _ => return Ok(found),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scan_cursors_round_trip() {
+        assert_eq!(
+            unhex(hex(b"\x00key\xff").as_bytes()),
+            Some(b"\x00key\xff".to_vec())
+        );
+        assert_eq!(unhex(b"zz"), None);
+        assert_eq!(unhex(b"abc"), None);
+    }
+
+    #[test]
+    fn keys_examines_only_the_literal_prefix() {
+        let (start, end) = prefix_range(b"user:*");
+        assert_eq!(start, Bound::Included(b"user:".to_vec()));
+        assert_eq!(end, Bound::Excluded(b"user;".to_vec()));
+        assert_eq!(prefix_range(b"a\xff?").1, Bound::Excluded(b"b".to_vec()));
+        assert_eq!(prefix_range(b"\xff*").1, Bound::Unbounded);
+        assert_eq!(
+            prefix_range(b"*"),
+            (Bound::Included(Vec::new()), Bound::Unbounded)
+        );
+    }
+}

@@ -1,0 +1,359 @@
+//! Typed RESP commands (mini-redis's `Command::from_frame` shape). Each family file holds
+//! one table of its commands — name, Redis arity, parser — and its typed command enum.
+//! A request is looked up, checked for arity, authentication and its own syntax once, in
+//! Redis's order (so a bad request gets Redis's error), and only a complete typed
+//! [`Command`] runs against the engine.
+
+mod connection;
+mod expiry;
+mod keys;
+mod server;
+mod strings;
+
+use std::borrow::Cow;
+
+use zipcache::{Item, PutOptions, Update, ZipCache};
+
+use super::{Client, Reply};
+use crate::server::Shared;
+
+pub const SYNTAX: &str = "ERR syntax error";
+pub const NOT_INTEGER: &str = "ERR value is not an integer or out of range";
+const NOAUTH: &str = "NOAUTH Authentication required.";
+/// Commands a client may send before it authenticates (Redis's `no-auth` flag).
+const BEFORE_AUTH: [&str; 3] = ["auth", "hello", "quit"];
+
+/// The error a request is answered with instead of running (`ERR …`, `WRONGPASS …`).
+#[derive(Debug, PartialEq, Eq)]
+pub struct ErrorReply(pub Cow<'static, str>);
+
+impl From<&'static str> for ErrorReply {
+    fn from(message: &'static str) -> Self {
+        ErrorReply(Cow::Borrowed(message))
+    }
+}
+
+impl From<String> for ErrorReply {
+    fn from(message: String) -> Self {
+        ErrorReply(Cow::Owned(message))
+    }
+}
+
+impl From<zipcache::Error> for ErrorReply {
+    fn from(error: zipcache::Error) -> Self {
+        ErrorReply(Cow::Owned(format!("ERR {error}")))
+    }
+}
+
+pub type Result<T, E = ErrorReply> = std::result::Result<T, E>;
+
+/// Whether the connection goes on after a command.
+pub enum Flow {
+    Continue,
+    Close,
+}
+
+/// One parsed request, borrowing its keys and values from the read buffer.
+pub enum Command<'a> {
+    Strings(strings::StringCommand<'a>),
+    Keys(keys::KeyCommand<'a>),
+    Expiry(expiry::ExpiryCommand<'a>),
+    Server(server::ServerCommand<'a>),
+    Connection(connection::ConnectionCommand<'a>),
+}
+
+type Parser = for<'a> fn(&mut Args<'a>) -> Result<Command<'a>>;
+
+/// A command (or subcommand) name, its Redis arity — positive: exactly that many
+/// arguments, the name included; negative: at least that many — and its parser.
+pub struct Spec {
+    name: &'static str,
+    arity: i32,
+    parse: Parser,
+}
+
+pub const fn spec(name: &'static str, arity: i32, parse: Parser) -> Spec {
+    Spec { name, arity, parse }
+}
+
+impl Spec {
+    fn accepts(&self, argc: usize) -> bool {
+        let arity = self.arity.unsigned_abs() as usize;
+        if self.arity > 0 {
+            argc == arity
+        } else {
+            argc >= arity
+        }
+    }
+}
+
+const FAMILIES: [&[Spec]; 5] = [
+    strings::COMMANDS,
+    keys::COMMANDS,
+    expiry::COMMANDS,
+    server::COMMANDS,
+    connection::COMMANDS,
+];
+
+fn lookup<'t>(table: &'t [Spec], name: &[u8]) -> Option<&'t Spec> {
+    table
+        .iter()
+        .find(|spec| name.eq_ignore_ascii_case(spec.name.as_bytes()))
+}
+
+/// Every command name we serve (COMMAND COUNT, the fuzz targets).
+pub fn names() -> impl Iterator<Item = &'static str> {
+    FAMILIES.into_iter().flatten().map(|spec| spec.name)
+}
+
+fn wrong_number(name: &str) -> ErrorReply {
+    format!("ERR wrong number of arguments for '{name}' command").into()
+}
+
+/// Runs one request (`argv` is never empty) and writes its reply.
+pub fn execute(shared: &Shared, client: &mut Client, argv: &[&[u8]], out: &mut Reply) -> Flow {
+    let outcome = Command::parse(argv, client.authenticated, &shared.cache)
+        .and_then(|command| command.execute(shared, client, out));
+    match outcome {
+        Ok(flow) => flow,
+        Err(ErrorReply(message)) => {
+            out.error(&message);
+            Flow::Continue
+        }
+    }
+}
+
+impl<'a> Command<'a> {
+    /// Name, arity, authentication, then the command's own syntax, as Redis checks them;
+    /// arguments its parser left over are a syntax error.
+    pub fn parse(
+        argv: &'a [&'a [u8]],
+        authenticated: bool,
+        cache: &'a ZipCache,
+    ) -> Result<Command<'a>> {
+        let Some((name, _)) = argv.split_first() else {
+            return Err(unknown_command(argv));
+        };
+        let spec = FAMILIES
+            .iter()
+            .find_map(|table| lookup(table, name))
+            .ok_or_else(|| unknown_command(argv))?;
+        if !spec.accepts(argv.len()) {
+            return Err(wrong_number(spec.name));
+        }
+        if !authenticated && !BEFORE_AUTH.contains(&spec.name) {
+            return Err(NOAUTH.into());
+        }
+        let mut args = Args {
+            argv,
+            pos: 1,
+            name: Cow::Borrowed(spec.name),
+            cache,
+        };
+        let command = (spec.parse)(&mut args)?;
+        if args.remaining() > 0 {
+            return Err(SYNTAX.into());
+        }
+        Ok(command)
+    }
+
+    fn execute(self, shared: &Shared, client: &mut Client, out: &mut Reply) -> Result<Flow> {
+        match self {
+            Command::Strings(command) => command.execute(shared, out)?,
+            Command::Keys(command) => command.execute(shared, out)?,
+            Command::Expiry(command) => command.execute(shared, out)?,
+            Command::Server(command) => command.execute(shared, out)?,
+            Command::Connection(command) => return command.execute(shared, client, out),
+        }
+        Ok(Flow::Continue)
+    }
+}
+
+fn unknown_command(argv: &[&[u8]]) -> ErrorReply {
+    let mut listed = String::new();
+    for arg in argv.iter().skip(1) {
+        let room = 128usize.saturating_sub(listed.len());
+        let arg = String::from_utf8_lossy(arg);
+        listed.push_str(&format!(
+            "'{}' ",
+            arg.chars().take(room).collect::<String>()
+        ));
+    }
+    let name = argv
+        .first()
+        .map_or(Cow::Borrowed(""), |n| String::from_utf8_lossy(n));
+    let name: String = name.chars().take(128).collect();
+    format!("ERR unknown command '{name}', with args beginning with: {listed}").into()
+}
+
+/// The arguments of one request after its name, consumed front to back by a parser.
+pub struct Args<'a> {
+    argv: &'a [&'a [u8]],
+    pos: usize,
+    /// For errors: `get`, or `client|setname` for a subcommand.
+    name: Cow<'static, str>,
+    cache: &'a ZipCache,
+}
+
+impl<'a> Args<'a> {
+    /// The next argument; a missing one is an arity error (the table's arity rules most
+    /// of these out before parsing starts).
+    pub fn next(&mut self) -> Result<&'a [u8]> {
+        let arg = self
+            .argv
+            .get(self.pos)
+            .ok_or_else(|| wrong_number(&self.name))?;
+        self.pos += 1;
+        Ok(arg)
+    }
+
+    /// The next argument as a Redis integer.
+    pub fn integer(&mut self) -> Result<i64> {
+        integer(self.next()?).ok_or_else(|| NOT_INTEGER.into())
+    }
+
+    /// Every argument not consumed yet.
+    pub fn rest(&mut self) -> &'a [&'a [u8]] {
+        let rest = self.argv.get(self.pos..).unwrap_or(&[]);
+        self.pos = self.argv.len();
+        rest
+    }
+
+    /// How many arguments are left.
+    pub fn remaining(&self) -> usize {
+        self.argv.len().saturating_sub(self.pos)
+    }
+
+    /// The arity error for this command.
+    pub fn wrong_number(&self) -> ErrorReply {
+        wrong_number(&self.name)
+    }
+
+    /// The engine clock in milliseconds, for expiries given relative to now.
+    pub fn now_ms(&self) -> i64 {
+        i64::try_from(self.cache.now_ms()).unwrap_or(i64::MAX)
+    }
+
+    /// Parses a subcommand (`CLIENT SETNAME …`) from its own table: an unknown one is
+    /// Redis's `unknown subcommand`, a wrong count names `client|setname`.
+    pub fn subcommand(&mut self, table: &[Spec]) -> Result<Command<'a>> {
+        let parent = self.name.clone();
+        let name = self.next()?;
+        let Some(spec) = lookup(table, name) else {
+            return Err(format!(
+                "ERR unknown subcommand '{}'. Try {} HELP.",
+                String::from_utf8_lossy(name),
+                parent.to_ascii_uppercase()
+            )
+            .into());
+        };
+        self.name = Cow::Owned(format!("{parent}|{}", spec.name));
+        if !spec.accepts(self.argv.len()) {
+            return Err(self.wrong_number());
+        }
+        (spec.parse)(self)
+    }
+}
+
+/// Redis's strict integer syntax: optional `-`, no `+`, no leading zeros or spaces.
+pub fn integer(arg: &[u8]) -> Option<i64> {
+    let digits = arg.strip_prefix(b"-").unwrap_or(arg);
+    if digits.is_empty()
+        || digits.len() > 19
+        || !digits.iter().all(u8::is_ascii_digit)
+        || (digits[0] == b'0' && arg.len() > 1)
+    {
+        return None;
+    }
+    std::str::from_utf8(arg).ok()?.parse().ok()
+}
+
+/// `amount` units of `unit_ms` after now, or after the epoch when `absolute`, as absolute
+/// milliseconds; `None` when that overflows (Redis: "invalid expire time").
+pub fn expiry_ms(amount: i64, unit_ms: i64, absolute: bool, now_ms: i64) -> Option<i64> {
+    let ms = amount.checked_mul(unit_ms)?;
+    if absolute {
+        Some(ms)
+    } else {
+        ms.checked_add(now_ms)
+    }
+}
+
+pub fn invalid_expire(command: &str) -> ErrorReply {
+    format!("ERR invalid expire time in '{command}' command").into()
+}
+
+/// What a write does to the key's expiry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NewExpiry {
+    Never,
+    At(u64),
+    /// The key's current expiry (SET KEEPTTL; GETEX without an option).
+    Keep,
+}
+
+impl NewExpiry {
+    /// The absolute expiry for a write over `current`.
+    pub fn resolve(self, current: Option<&Item>) -> Option<u64> {
+        match self {
+            NewExpiry::Never => None,
+            NewExpiry::At(at) => Some(at),
+            NewExpiry::Keep => current.and_then(|item| item.expires_at_ms),
+        }
+    }
+}
+
+/// The update storing `value` with this expiry and flags (RESP writes ask for no CAS).
+pub fn store(value: Vec<u8>, expires_at_ms: Option<u64>, flags: u32) -> Update {
+    Update::Put {
+        value,
+        options: PutOptions {
+            expires_at_ms,
+            flags,
+            assign_cas: false,
+        },
+    }
+}
+
+/// `value` as a new version of `item`, keeping its expiry and flags (INCR, APPEND).
+pub fn rewrite(item: Option<&Item>, value: Vec<u8>) -> Update {
+    store(
+        value,
+        item.and_then(|i| i.expires_at_ms),
+        item.map_or(0, |i| i.flags),
+    )
+}
+
+/// `item` as it is, expiring at `at` instead (EXPIRE, PERSIST, GETEX).
+pub fn redate(item: &Item, at: Option<u64>) -> Update {
+    store(item.value.clone(), at, item.flags)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn integers_are_strict_like_redis() {
+        assert_eq!(integer(b"42"), Some(42));
+        assert_eq!(integer(b"-7"), Some(-7));
+        assert_eq!(integer(b"0"), Some(0));
+        assert_eq!(integer(b"007"), None);
+        assert_eq!(integer(b"+5"), None);
+        assert_eq!(integer(b" 5"), None);
+        assert_eq!(integer(b"-"), None);
+        assert_eq!(integer(b"9223372036854775808"), None);
+    }
+
+    #[test]
+    fn every_name_is_listed_once_in_lower_case() {
+        let names: Vec<&str> = names().collect();
+        for name in &names {
+            assert_eq!(*name, name.to_ascii_lowercase());
+            assert_eq!(names.iter().filter(|n| *n == name).count(), 1, "{name}");
+        }
+        for name in BEFORE_AUTH {
+            assert!(names.contains(&name), "{name}");
+        }
+    }
+}

@@ -1,0 +1,63 @@
+//! TLS for the memcached and RESP ports (rustls, ring provider): the server certificate
+//! chain and key from PEM files and, given a CA, client certificates required and checked.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use rustls::RootCertStore;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::server::WebPkiClientVerifier;
+use tokio_rustls::TlsAcceptor;
+
+/// The PEM files TLS is configured from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TlsFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    /// Clients must present a certificate this CA signed.
+    pub ca: Option<PathBuf>,
+}
+
+fn certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
+    let certificates = CertificateDer::pem_file_iter(path)
+        .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    if certificates.is_empty() {
+        return Err(format!("{}: no PEM certificate in it", path.display()));
+    }
+    Ok(certificates)
+}
+
+impl TlsFiles {
+    /// Reads the files into an acceptor; the error names the file at fault.
+    pub fn acceptor(&self) -> Result<TlsAcceptor, String> {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let chain = certificates(&self.cert)?;
+        let key = PrivateKeyDer::from_pem_file(&self.key)
+            .map_err(|e| format!("{}: {e}", self.key.display()))?;
+        let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()
+            .map_err(|e| e.to_string())?;
+        let builder = match &self.ca {
+            None => builder.with_no_client_auth(),
+            Some(ca) => {
+                let mut roots = RootCertStore::empty();
+                for certificate in certificates(ca)? {
+                    roots
+                        .add(certificate)
+                        .map_err(|e| format!("{}: {e}", ca.display()))?;
+                }
+                let verifier =
+                    WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
+                        .build()
+                        .map_err(|e| format!("{}: {e}", ca.display()))?;
+                builder.with_client_cert_verifier(verifier)
+            }
+        };
+        let config = builder
+            .with_single_cert(chain, key)
+            .map_err(|e| format!("{} with {}: {e}", self.cert.display(), self.key.display()))?;
+        Ok(TlsAcceptor::from(Arc::new(config)))
+    }
+}

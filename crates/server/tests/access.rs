@@ -1,0 +1,278 @@
+//! Access control with real clients: `requirepass` through redis-cli and redis-py (which
+//! logs in with `HELLO 3 AUTH`), and TLS on both ports through redis-cli, redis-py and
+//! pymemcache, with and without required client certificates. The certificates are
+//! made here with rcgen. A missing client program skips its test with a message.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use common::{TestServer, py_script, run_tool};
+use rcgen::{
+    BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa,
+    KeyPair, KeyUsagePurpose,
+};
+use zipcache_server::{Password, ServerOptions, TlsFiles};
+
+/// A CA, a server certificate for 127.0.0.1 / localhost and a client certificate, as
+/// PEM files in a fresh directory.
+struct Certificates {
+    dir: PathBuf,
+}
+
+impl Certificates {
+    fn generate(name: &str) -> Certificates {
+        let dir = std::env::temp_dir().join(format!("zipcache-tls-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("certificate directory");
+        let mut ca = CertificateParams::new(Vec::<String>::new()).expect("CA params");
+        ca.distinguished_name
+            .push(DnType::CommonName, "zipcache test CA");
+        ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        ca.key_usages = vec![
+            KeyUsagePurpose::KeyCertSign,
+            KeyUsagePurpose::CrlSign,
+            KeyUsagePurpose::DigitalSignature,
+        ];
+        let ca = CertifiedIssuer::self_signed(ca, KeyPair::generate().expect("CA key"))
+            .expect("CA certificate");
+        std::fs::write(dir.join("ca.pem"), ca.pem()).expect("write");
+        for (name, names, usage) in [
+            (
+                "server",
+                vec!["localhost".to_string(), "127.0.0.1".to_string()],
+                ExtendedKeyUsagePurpose::ServerAuth,
+            ),
+            (
+                "client",
+                vec!["client".to_string()],
+                ExtendedKeyUsagePurpose::ClientAuth,
+            ),
+        ] {
+            let mut params = CertificateParams::new(names).expect("params");
+            params.distinguished_name.push(DnType::CommonName, name);
+            params.extended_key_usages = vec![usage];
+            let key = KeyPair::generate().expect("key");
+            let cert = params.signed_by(&key, &ca).expect("sign");
+            std::fs::write(dir.join(format!("{name}.pem")), cert.pem()).expect("write");
+            std::fs::write(dir.join(format!("{name}-key.pem")), key.serialize_pem())
+                .expect("write");
+        }
+        Certificates { dir }
+    }
+
+    fn path(&self, file: &str) -> PathBuf {
+        self.dir.join(file)
+    }
+
+    fn server_files(&self, verify_clients: bool) -> TlsFiles {
+        TlsFiles {
+            cert: self.path("server.pem"),
+            key: self.path("server-key.pem"),
+            ca: verify_clients.then(|| self.path("ca.pem")),
+        }
+    }
+}
+
+impl Drop for Certificates {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// The program's path, or `None` after saying which test is skipped and why.
+fn client_program(name: &str, package: &str) -> Option<PathBuf> {
+    let found = std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|dir| dir.join(name))
+            .find(|p| p.is_file())
+    });
+    if found.is_none() {
+        eprintln!(
+            "SKIPPED: `{name}` is not installed (package {package}; scripts/test.sh installs it)"
+        );
+    }
+    found
+}
+
+/// Whether python3 can import every module, saying what is missing otherwise.
+fn python_has(modules: &[&str]) -> bool {
+    let Some(python) = client_program("python3", "python3") else {
+        return false;
+    };
+    let ok = Command::new(python)
+        .args(["-c", &format!("import {}", modules.join(", "))])
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        eprintln!("SKIPPED: python modules {modules:?} missing (pip install pymemcache redis)");
+    }
+    ok
+}
+
+fn redis_cli(program: &Path, port: u16, extra: &[&str], command: &[&str]) -> (bool, String) {
+    let mut cli = Command::new(program);
+    cli.args(["-h", "127.0.0.1", "-p", &port.to_string()])
+        .args(extra)
+        .args(command);
+    run_tool(&mut cli, Duration::from_secs(20))
+}
+
+fn server(requirepass: Option<&str>, tls: Option<TlsFiles>) -> TestServer {
+    TestServer::with_options(ServerOptions {
+        requirepass: requirepass.and_then(Password::new),
+        tls,
+        ..TestServer::options()
+    })
+}
+
+#[test]
+fn requirepass_gates_redis_cli_and_redis_py() {
+    let server = server(Some("s3cret"), None);
+    let port = server.resp.port();
+    if let Some(cli) = client_program("redis-cli", "redis-tools") {
+        let (_, output) = redis_cli(&cli, port, &[], &["PING"]);
+        assert!(
+            output.contains("NOAUTH Authentication required."),
+            "{output}"
+        );
+        let login = ["-a", "s3cret", "--no-auth-warning"];
+        let (ok, output) = redis_cli(&cli, port, &login, &["SET", "k", "v"]);
+        assert!(ok && output.trim() == "OK", "{output}");
+        let (ok, output) = redis_cli(&cli, port, &login, &["GET", "k"]);
+        assert!(ok && output.trim() == "v", "{output}");
+        let (_, output) = redis_cli(
+            &cli,
+            port,
+            &["-a", "wrong", "--no-auth-warning"],
+            &["GET", "k"],
+        );
+        assert!(output.contains("WRONGPASS"), "{output}");
+    }
+    if python_has(&["redis", "pymemcache"]) {
+        let (ok, output) = run_tool(
+            Command::new("python3")
+                .arg(py_script("secure_clients.py"))
+                .args(["--resp", &port.to_string(), "--password", "s3cret"]),
+            Duration::from_secs(60),
+        );
+        assert!(
+            ok && output.contains("ok"),
+            "secure_clients.py failed:\n{output}"
+        );
+    }
+}
+
+#[test]
+fn tls_serves_redis_cli_redis_py_and_pymemcache() {
+    let certificates = Certificates::generate("server-only");
+    let server = server(Some("s3cret"), Some(certificates.server_files(false)));
+    let ca = certificates.path("ca.pem");
+    let ca = ca.to_str().expect("utf-8 path");
+    // Plain text gets no reply from a TLS port.
+    let mut plain = TcpStream::connect(server.resp).expect("connect");
+    plain
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .expect("timeout");
+    plain.write_all(b"PING\r\n").expect("send");
+    let mut reply = Vec::new();
+    let _ = plain.read_to_end(&mut reply);
+    assert!(!reply.starts_with(b"+PONG"), "{reply:?}");
+    if let Some(cli) = client_program("redis-cli", "redis-tools") {
+        let tls = ["--tls", "--cacert", ca, "-a", "s3cret", "--no-auth-warning"];
+        let (ok, output) = redis_cli(&cli, server.resp.port(), &tls, &["SET", "k", "over tls"]);
+        assert!(ok && output.trim() == "OK", "{output}");
+        let (ok, output) = redis_cli(&cli, server.resp.port(), &tls, &["GET", "k"]);
+        assert!(ok && output.trim() == "over tls", "{output}");
+    }
+    if python_has(&["redis", "pymemcache"]) {
+        let (ok, output) = run_tool(
+            Command::new("python3")
+                .arg(py_script("secure_clients.py"))
+                .args([
+                    "--resp",
+                    &server.resp.port().to_string(),
+                    "--memcached",
+                    &server.memcached.port().to_string(),
+                    "--password",
+                    "s3cret",
+                    "--ca",
+                    ca,
+                ]),
+            Duration::from_secs(60),
+        );
+        assert!(
+            ok && output.contains("ok"),
+            "secure_clients.py failed:\n{output}"
+        );
+    }
+}
+
+#[test]
+fn tls_ca_requires_client_certificates() {
+    let certificates = Certificates::generate("mutual");
+    let server = server(None, Some(certificates.server_files(true)));
+    let path = |file: &str| certificates.path(file).to_str().expect("utf-8").to_string();
+    let (ca, cert, key) = (path("ca.pem"), path("client.pem"), path("client-key.pem"));
+    if let Some(cli) = client_program("redis-cli", "redis-tools") {
+        let port = server.resp.port();
+        let (_, output) = redis_cli(&cli, port, &["--tls", "--cacert", &ca], &["PING"]);
+        assert!(!output.contains("PONG"), "no client certificate: {output}");
+        let with_cert = ["--tls", "--cacert", &ca, "--cert", &cert, "--key", &key];
+        let (ok, output) = redis_cli(&cli, port, &with_cert, &["PING"]);
+        assert!(ok && output.trim() == "PONG", "{output}");
+    }
+    if python_has(&["redis", "pymemcache"]) {
+        let (ok, output) = run_tool(
+            Command::new("python3")
+                .arg(py_script("secure_clients.py"))
+                .args([
+                    "--resp",
+                    &server.resp.port().to_string(),
+                    "--memcached",
+                    &server.memcached.port().to_string(),
+                    "--ca",
+                    &ca,
+                    "--client-cert",
+                    &cert,
+                    "--client-key",
+                    &key,
+                ]),
+            Duration::from_secs(60),
+        );
+        assert!(
+            ok && output.contains("ok"),
+            "secure_clients.py failed:\n{output}"
+        );
+    }
+}
+
+#[test]
+fn bad_tls_files_are_reported_not_served() {
+    let certificates = Certificates::generate("bad");
+    let files = TlsFiles {
+        cert: certificates.path("server.pem"),
+        key: certificates.path("missing-key.pem"),
+        ca: None,
+    };
+    let cache = std::sync::Arc::new(
+        zipcache::ZipCache::open(zipcache::Config {
+            dram_capacity: 16 << 20,
+            ..zipcache::Config::default()
+        })
+        .expect("engine"),
+    );
+    let error = zipcache_server::start(
+        cache,
+        ServerOptions {
+            tls: Some(files),
+            ..TestServer::options()
+        },
+    )
+    .err()
+    .expect("a missing key file is an error");
+    assert!(error.to_string().contains("missing-key.pem"), "{error}");
+}
