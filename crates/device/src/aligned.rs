@@ -94,7 +94,7 @@ impl fmt::Debug for AlignedBuf {
 
 /// True when `buf` starts on a 4096-byte boundary.
 pub(crate) fn is_aligned(buf: &[u8]) -> bool {
-    (buf.as_ptr() as usize) % BLOCK_SIZE == 0
+    (buf.as_ptr() as usize).is_multiple_of(BLOCK_SIZE)
 }
 
 #[cfg(test)]

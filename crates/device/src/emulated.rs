@@ -983,10 +983,10 @@ mod tests {
             let stat = fs::read_to_string(task.path().join("stat")).unwrap_or_default();
             // Fields after the parenthesised name: state is field 3, nice is field 19.
             let after_name = stat.rsplit_once(") ").map_or("", |(_, rest)| rest);
-            if comm.starts_with("zipcache-csd-") {
-                if let Some(nice) = after_name.split(' ').nth(16) {
-                    levels.push(nice.parse().expect("nice field"));
-                }
+            if comm.starts_with("zipcache-csd-")
+                && let Some(nice) = after_name.split(' ').nth(16)
+            {
+                levels.push(nice.parse().expect("nice field"));
             }
         }
         levels

@@ -63,7 +63,7 @@ impl FaultPlan {
         let nth_hit = self
             .every_nth
             .get(&op)
-            .is_some_and(|&n| n > 0 && *count % n == 0);
+            .is_some_and(|&n| n > 0 && (*count).is_multiple_of(n));
         nth_hit
             || self
                 .failing_lbas

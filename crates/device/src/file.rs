@@ -84,7 +84,7 @@ impl FileDevice {
         options: &FileOptions,
     ) -> io::Result<Self> {
         let path = path.as_ref();
-        if logical_size == 0 || logical_size % BLOCK_BYTES != 0 {
+        if logical_size == 0 || !logical_size.is_multiple_of(BLOCK_BYTES) {
             return Err(invalid_input(format!(
                 "{}: device size {logical_size} is not a positive multiple of {BLOCK_SIZE} bytes",
                 path.display()

@@ -214,7 +214,7 @@ impl<D: BlockDevice + ?Sized> BlockDevice for Box<D> {
 /// Every device validates through here so that a bad request is an
 /// [`io::ErrorKind::InvalidInput`] error with the same wording everywhere.
 pub fn check_io(block_count: u64, lba: u64, len: usize) -> io::Result<u64> {
-    if len % BLOCK_SIZE != 0 {
+    if !len.is_multiple_of(BLOCK_SIZE) {
         return Err(invalid_input(format!(
             "buffer of {len} bytes is not a whole number of {BLOCK_SIZE}-byte blocks"
         )));

@@ -52,3 +52,37 @@ fn bad_settings_are_reported_not_panicked() {
     let error = run(args).expect_err("unknown setting");
     assert!(error.contains("no_such_setting"), "{error}");
 }
+
+#[test]
+fn a_second_engine_on_the_same_data_dir_is_refused_naming_the_holder() {
+    let data_dir = std::env::temp_dir().join(format!("zipcache-locked-{}", std::process::id()));
+    std::fs::create_dir_all(&data_dir).unwrap();
+    let holder = zipcache::ZipCache::open(zipcache::Config {
+        dram_capacity: 4 << 20,
+        ssd: Some(zipcache::SsdConfig {
+            path: data_dir.join("ssd.bin"),
+            size: 16 << 20,
+            direct_io: false,
+            device_compression: zipcache::config::DeviceCompression::Emulate,
+            logical_to_physical: 4.0,
+        }),
+        ..zipcache::Config::default()
+    })
+    .unwrap();
+    let args = ServeArgs {
+        memcached_port: Some(free_port()),
+        resp_port: Some(free_port()),
+        dram: Some("4MiB".into()),
+        ssd_size: Some("16MiB".into()),
+        data_dir: Some(data_dir.clone()),
+        ..ServeArgs::default()
+    };
+    let error = run(args).expect_err("the data dir is taken");
+    let pid = std::process::id().to_string();
+    assert!(
+        error.contains("locked") && error.contains(&pid),
+        "names the lock and its holder: {error}"
+    );
+    holder.close().unwrap();
+    let _ = std::fs::remove_dir_all(data_dir);
+}

@@ -3,6 +3,7 @@
 //! eviction down to the low watermark, compression-bypass passes).
 
 use std::ops::{Bound, RangeBounds};
+use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread::JoinHandle;
@@ -17,10 +18,13 @@ use zipcache_device::{BlockDevice, CompressingDevice, EmulatorOptions, FileOptio
 use crate::config::Promotion;
 use crate::dram_tier::{DramLeaf, DramSettings, DramTier, Lookup, ScanEntry};
 use crate::eviction::EvictionSink;
+use crate::index_dir::{DataLock, FsDir, IndexDir};
 use crate::large_objects::LargeObjects;
 use crate::memory::{Memory, alloc_size};
 use crate::promotion::{self, PromotionFilter};
 use crate::record::Meta;
+use crate::run_epoch;
+use crate::sealed_file::IndexFile;
 use crate::ssd_tier::{Freshness, SsdHit, SsdSettings, SsdTier};
 use crate::stats::ratio;
 use crate::{Config, Error, Item, PutOptions, Result, Stats, Update};
@@ -55,9 +59,13 @@ pub(crate) struct Inner {
     pub(crate) dram: DramTier,
     pub(crate) ssd: Option<SsdTier>,
     large: Option<LargeObjects>,
-    /// Where a clean `close()` leaves the BT_SSD index for a warm restart.
-    index_path: Option<std::path::PathBuf>,
+    /// Where a clean `close()` leaves the indexes for a warm restart.
+    persist: Option<Persist>,
+    /// The run epoch written to the device at open (`run_epoch`); 0 without a device.
+    epoch: u64,
     warm_start: bool,
+    /// Held while the engine lives: one engine per SSD file.
+    _lock: Option<DataLock>,
     ops: OpCounters,
     next_cas: AtomicU64,
     shutdown: AtomicBool,
@@ -81,12 +89,14 @@ impl ZipCache {
     /// default) behind the emulated transparent-compression SSD.
     pub fn open(config: Config) -> Result<ZipCache> {
         config.validate()?;
+        let mut lock = None;
         let device: Option<Arc<dyn BlockDevice>> = match &config.ssd {
             None => None,
             Some(ssd) => {
                 if let Some(dir) = ssd.path.parent().filter(|d| !d.as_os_str().is_empty()) {
                     std::fs::create_dir_all(dir)?;
                 }
+                lock = Some(DataLock::acquire(&sibling(&ssd.path, "lock"))?);
                 let file = FileOptions {
                     direct_io: ssd.direct_io,
                     create: true,
@@ -102,11 +112,26 @@ impl ZipCache {
                 )?))
             }
         };
-        Self::open_on(config, device)
+        let persist = config.ssd.as_ref().map(|ssd| Persist::beside(&ssd.path));
+        Self::start(config, device, persist, lock)
     }
 
     /// Opens a cache whose SSD tier lives on `device` (tests, other devices), or DRAM-only.
+    /// With `config.ssd` set, its index files live beside that path (not locked: the
+    /// caller owns the device).
     pub fn open_on(config: Config, device: Option<Arc<dyn BlockDevice>>) -> Result<ZipCache> {
+        let persist = config.ssd.as_ref().map(|ssd| Persist::beside(&ssd.path));
+        Self::start(config, device, persist, None)
+    }
+
+    /// Opens the engine: the run epoch and the index files decide between a warm and a
+    /// cold start (`docs/FORMAT.md`, "Restart").
+    pub(crate) fn start(
+        config: Config,
+        device: Option<Arc<dyn BlockDevice>>,
+        persist: Option<Persist>,
+        lock: Option<DataLock>,
+    ) -> Result<ZipCache> {
         config.validate()?;
         let memory = Arc::new(Memory::default());
         let (merge_tx, merge_rx) = crossbeam_channel::unbounded();
@@ -121,32 +146,33 @@ impl ZipCache {
             keep_tombstones: device.is_some(),
         };
         let dram = DramTier::new(settings, memory.clone(), merge_tx, config.bypass_r);
-        let index_path = config.ssd.as_ref().map(|s| index_path_for(&s.path));
         let mut warm_start = false;
+        let mut epoch = 0;
         let (ssd, large) = match device {
             None => (None, None),
             Some(device) => {
-                let total = device.block_count();
+                // The last block is the superblock; the rest is split between BT_SSD's
+                // super-leaves and the large-object log.
+                let total = run_epoch::lba(device.as_ref());
                 let large_blocks = (total as f64 * LARGE_REGION) as u64;
                 let small_blocks = total - large_blocks;
+                let on_device = run_epoch::read(device.as_ref());
                 let settings = SsdSettings {
                     subpages: config.superleaf_size / BLOCK,
                     fill_threshold: config.fill_threshold,
                     blocks: small_blocks,
                 };
                 let (memory, clock) = (&memory, &config.clock);
-                let loaded = index_path.as_deref().and_then(|path| {
-                    SsdTier::load(
-                        path,
-                        device.clone(),
-                        settings,
-                        memory.clone(),
-                        clock.clone(),
-                    )
+                // Only an index saved by the run that last wrote to the device describes
+                // what the device holds.
+                let saved = persist.as_ref().zip(on_device);
+                let loaded = saved.and_then(|(p, epoch)| {
+                    let at = p.file(&p.ssd_index, epoch);
+                    SsdTier::load(at, device.clone(), settings, memory.clone(), clock.clone())
                 });
-                let loaded_large = match (&loaded, &index_path) {
-                    (Some(_), Some(path)) => LargeObjects::load(
-                        &large_index_path_for(path),
+                let loaded_large = match (&loaded, saved) {
+                    (Some(_), Some((p, epoch))) => LargeObjects::load(
+                        p.file(&p.lo_index, epoch),
                         device.clone(),
                         small_blocks,
                         large_blocks,
@@ -154,18 +180,17 @@ impl ZipCache {
                     ),
                     _ => None,
                 };
-                // From here on the index files on disk are stale: if this process dies
-                // before a clean close, the next open must start cold.
-                if let Some(path) = &index_path {
-                    for path in [path.clone(), large_index_path_for(path)] {
-                        match std::fs::remove_file(&path) {
-                            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                                return Err(e.into());
-                            }
-                            _ => {}
-                        }
-                    }
+                // From here on the index files are stale: if this process dies before a
+                // clean close, the next open must start cold. Their removal is made
+                // durable before the first device write of this run; the new epoch on
+                // the device would refuse them anyway.
+                if let Some(p) = &persist {
+                    p.dir.remove(&p.ssd_index)?;
+                    p.dir.remove(&p.lo_index)?;
+                    p.dir.sync_dir()?;
                 }
+                epoch = run_epoch::next(on_device);
+                run_epoch::write(device.as_ref(), epoch)?;
                 let ssd = match loaded {
                     Some(tier) => {
                         warm_start = true;
@@ -175,7 +200,7 @@ impl ZipCache {
                         // Nothing the device holds can be trusted (a crash may have left
                         // values that were deleted or overwritten in DRAM): start cold, and
                         // trim so the old blocks free their space.
-                        device.trim(0, total)?;
+                        device.trim(0, small_blocks)?;
                         SsdTier::new(device.clone(), settings, memory.clone(), clock.clone())
                     }
                 };
@@ -208,8 +233,10 @@ impl ZipCache {
             dram,
             ssd,
             large,
-            index_path,
+            persist,
+            epoch,
             warm_start,
+            _lock: lock,
             ops: OpCounters::default(),
             next_cas,
             shutdown: AtomicBool::new(false),
@@ -522,9 +549,9 @@ impl ZipCache {
             inner.dram.evict_all(Some(ssd), now);
             ssd.device().drain()?;
             ssd.device().flush()?;
-            if let (Some(path), Some(large)) = (&inner.index_path, &inner.large) {
-                ssd.save(path)?;
-                large.save(&large_index_path_for(path))?;
+            if let (Some(p), Some(large)) = (&inner.persist, &inner.large) {
+                ssd.save(p.file(&p.ssd_index, inner.epoch))?;
+                large.save(p.file(&p.lo_index, inner.epoch))?;
             }
         }
         Ok(())
@@ -560,16 +587,40 @@ impl Drop for ZipCache {
     }
 }
 
-/// `<ssd file>.index`: the BT_SSD index of a clean shutdown.
-fn index_path_for(ssd: &std::path::Path) -> std::path::PathBuf {
-    let mut name = ssd.as_os_str().to_owned();
-    name.push(".index");
-    name.into()
+/// Where a clean shutdown leaves the indexes: `<ssd file>.index` (BT_SSD) and
+/// `<ssd file>.lo-index` (BT_LO), in the SSD file's directory.
+pub(crate) struct Persist {
+    pub(crate) dir: Arc<dyn IndexDir>,
+    pub(crate) ssd_index: String,
+    pub(crate) lo_index: String,
 }
 
-/// `<ssd file>.lo-index`: BT_LO as a clean shutdown left it.
-fn large_index_path_for(index: &std::path::Path) -> std::path::PathBuf {
-    index.with_extension("lo-index")
+impl Persist {
+    fn beside(ssd: &Path) -> Persist {
+        let dir = ssd.parent().filter(|d| !d.as_os_str().is_empty());
+        let name = ssd.file_name().unwrap_or_default().to_string_lossy();
+        Persist {
+            dir: Arc::new(FsDir::new(dir.unwrap_or(Path::new(".")))),
+            ssd_index: format!("{name}.index"),
+            lo_index: format!("{name}.lo-index"),
+        }
+    }
+
+    fn file<'a>(&'a self, name: &'a str, epoch: u64) -> IndexFile<'a> {
+        IndexFile {
+            dir: self.dir.as_ref(),
+            name,
+            epoch,
+        }
+    }
+}
+
+/// `<ssd file>.<extension>`.
+fn sibling(ssd: &Path, extension: &str) -> std::path::PathBuf {
+    let mut name = ssd.as_os_str().to_owned();
+    name.push(".");
+    name.push(extension);
+    name.into()
 }
 
 /// A scan step's entries from one leaf of a lower tree, and where that leaf ends.

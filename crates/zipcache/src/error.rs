@@ -16,6 +16,13 @@ pub enum Error {
     Io(#[from] io::Error),
     #[error("the cache is closed")]
     Closed,
+    #[error(
+        "{path} is locked by another engine (process {holder}): one process per data directory"
+    )]
+    Locked {
+        path: std::path::PathBuf,
+        holder: String,
+    },
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -23,7 +23,7 @@ use crate::btree::{BTree, Fence, KeyRange};
 use crate::dram_tier::ScanEntry;
 use crate::memory::{Memory, alloc_size};
 use crate::record::Meta;
-use crate::sealed_file::{self, Fields};
+use crate::sealed_file::{self, Fields, IndexFile};
 
 const MAGIC: [u8; 4] = *b"ZCLO";
 const VERSION: u8 = 1;
@@ -374,19 +374,19 @@ impl LargeObjects {
 /// large-object index file").
 mod index_file {
     pub const MAGIC: [u8; 4] = *b"ZCLX";
-    pub const VERSION: u32 = 1;
+    pub const VERSION: u32 = 2;
 }
 
 impl LargeObjects {
-    /// Writes the live extents (in log order) and the log's position to `path`,
-    /// atomically (a temporary file, fsync, rename). Called only after the device was
-    /// flushed, so the file never names an extent that is not durable.
-    pub fn save(&self, path: &std::path::Path) -> std::io::Result<()> {
-        use std::io::Write;
+    /// Writes the live extents (in log order) and the log's position to `at`, atomically
+    /// and durably (`sealed_file`). Called only after the device was flushed, so the file
+    /// never names an extent that is not durable.
+    pub fn save(&self, at: IndexFile<'_>) -> std::io::Result<()> {
         let log = self.log.lock();
         let mut out = Vec::new();
         out.extend_from_slice(&index_file::MAGIC);
         out.extend_from_slice(&index_file::VERSION.to_le_bytes());
+        out.extend_from_slice(&at.epoch.to_le_bytes());
         for n in [self.start, self.blocks, log.head, log.next_seq] {
             out.extend_from_slice(&n.to_le_bytes());
         }
@@ -410,13 +410,7 @@ impl LargeObjects {
             out.extend_from_slice(&e.meta.flags.to_le_bytes());
             out.extend_from_slice(&e.meta.cas.to_le_bytes());
         }
-        let crc = crc32c::crc32c(&out);
-        out.extend_from_slice(&crc.to_le_bytes());
-        let tmp = path.with_extension("lo-index.tmp");
-        let mut file = std::fs::File::create(&tmp)?;
-        file.write_all(&out)?;
-        file.sync_all()?;
-        std::fs::rename(&tmp, path)
+        sealed_file::write(at.dir, at.name, out)
     }
 
     /// Rebuilds BT_LO and its log from a file `save` wrote for this very region; `None`
@@ -424,16 +418,17 @@ impl LargeObjects {
     /// starts empty). Every extent is still checked against its on-device header and
     /// CRC when it is read.
     pub fn load(
-        path: &std::path::Path,
+        at: IndexFile<'_>,
         device: Arc<dyn BlockDevice>,
         start: u64,
         blocks: u64,
         memory: Arc<Memory>,
     ) -> Option<LargeObjects> {
-        let body = sealed_file::read(path)?;
+        let body = sealed_file::read(at.dir, at.name)?;
         let mut f = Fields::new(&body);
         if f.bytes(4)? != index_file::MAGIC
             || f.u32()? != index_file::VERSION
+            || f.u64()? != at.epoch
             || f.u64()? != start
             || f.u64()? != blocks
         {
@@ -659,8 +654,15 @@ mod tests {
         }
         lo.remove(b"key-19");
         let path = std::env::temp_dir().join(format!("zc-lo-index-{}", std::process::id()));
-        lo.save(&path).unwrap();
-        let back = LargeObjects::load(&path, device.clone(), 10, 32, memory.clone()).unwrap();
+        std::fs::create_dir_all(&path).unwrap();
+        let dir = crate::index_dir::FsDir::new(&path);
+        let at = |epoch| IndexFile {
+            dir: &dir,
+            name: "lo",
+            epoch,
+        };
+        lo.save(at(7)).unwrap();
+        let back = LargeObjects::load(at(7), device.clone(), 10, 32, memory.clone()).unwrap();
         assert_eq!(back.len(), lo.len());
         for i in 0..20u32 {
             let key = format!("key-{i:02}");
@@ -674,12 +676,13 @@ mod tests {
         assert!(back.put(b"new", &[9u8; 5000], Meta::default()));
         assert_eq!(back.get(b"new", 0).unwrap().0, vec![9u8; 5000]);
         assert_eq!(back.log.lock().head, lo.log.lock().head + 2);
-        // Another region, or one flipped byte: not loaded.
-        assert!(LargeObjects::load(&path, device.clone(), 10, 31, memory.clone()).is_none());
-        let mut bytes = std::fs::read(&path).unwrap();
+        // Another run epoch, another region, or one flipped byte: not loaded.
+        assert!(LargeObjects::load(at(8), device.clone(), 10, 32, memory.clone()).is_none());
+        assert!(LargeObjects::load(at(7), device.clone(), 10, 31, memory.clone()).is_none());
+        let mut bytes = std::fs::read(path.join("lo")).unwrap();
         bytes[30] ^= 1;
-        std::fs::write(&path, &bytes).unwrap();
-        assert!(LargeObjects::load(&path, device, 10, 32, memory).is_none());
-        std::fs::remove_file(&path).unwrap();
+        std::fs::write(path.join("lo"), &bytes).unwrap();
+        assert!(LargeObjects::load(at(7), device, 10, 32, memory).is_none());
+        std::fs::remove_dir_all(&path).unwrap();
     }
 }

@@ -13,6 +13,7 @@ mod counters;
 mod dram_tier;
 mod early_termination;
 mod eviction;
+mod index_dir;
 mod large_objects;
 mod leaf_page;
 mod memory;
@@ -20,8 +21,11 @@ mod memory;
 mod model_tests;
 #[cfg(test)]
 mod never_stale_tests;
+#[cfg(test)]
+mod power_loss_tests;
 mod promotion;
 mod record;
+mod run_epoch;
 mod sealed_file;
 mod ssd_block;
 mod ssd_tier;

@@ -9,7 +9,9 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 
-use zipcache_device::{BlockDevice, CompressingDevice, EmulatorOptions, MemDevice};
+use zipcache_device::{
+    BlockDevice, CompressingDevice, EmulatorOptions, FaultOp, FaultyDevice, MemDevice,
+};
 
 use crate::config::Promotion;
 use crate::{Clock, Config, Item, PutOptions, Update, ZipCache};
@@ -335,11 +337,27 @@ proptest! {
         blocks in prop_oneof![Just(64u64), Just(4096)],
         write_buffer in prop_oneof![Just(0usize), Just(256)],
         promotion in prop_oneof![Just(Promotion::EveryHit), Just(Promotion::SecondHit)],
+        transient_faults in any::<bool>(),
     ) {
-        let device: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(blocks));
+        let faulty = Arc::new(FaultyDevice::new(MemDevice::new(blocks)));
+        let device: Arc<dyn BlockDevice> = faulty.clone();
         let mut h = Harness::on(64 << 10, write_buffer, 3.0, Some(device), superleaf, promotion);
-        for op in &ops {
+        // Faults that clear: reads and writes fail during the first half, then the device
+        // heals, and every key is checked again (an old block kept behind a failed read
+        // would now be served).
+        if transient_faults {
+            faulty.fail_every_nth(FaultOp::Read, 3);
+            faulty.fail_every_nth(FaultOp::Write, 5);
+        }
+        for (i, op) in ops.iter().enumerate() {
+            if i == ops.len() / 2 {
+                faulty.clear();
+            }
             h.run(op);
+        }
+        faulty.clear();
+        for key in 0..3000 {
+            h.run(&Op::Get { key });
         }
         h.cache.settle().unwrap();
     }
@@ -502,7 +520,6 @@ fn tiny_objects_take_no_medium_blobs() {
 /// Corrupt blocks and failing I/O on the SSD: misses and counters, never a wrong value.
 #[test]
 fn bad_blocks_and_io_errors_are_misses_not_wrong_values() {
-    use zipcache_device::{FaultOp, FaultyDevice};
     let faulty = Arc::new(FaultyDevice::new(MemDevice::new(1 << 14)));
     let device: Arc<dyn BlockDevice> = faulty.clone();
     let mut h = Harness::on(

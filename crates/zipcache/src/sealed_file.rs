@@ -1,24 +1,35 @@
 //! The index files a clean `close()` leaves for the next `open()` (`docs/FORMAT.md`): a
-//! body followed by its CRC32C, replaced atomically, and read back only if intact.
+//! body followed by its CRC32C, replaced atomically and durably, and read back only if
+//! intact.
 
-use std::io::Write;
-use std::path::Path;
+use crate::index_dir::IndexDir;
 
-/// Writes `body` and its CRC32C to `path`: a temporary file beside it, fsync, rename.
-pub fn write(path: &Path, mut body: Vec<u8>) -> std::io::Result<()> {
-    let crc = crc32c::crc32c(&body);
-    body.extend_from_slice(&crc.to_le_bytes());
-    let mut tmp = path.as_os_str().to_owned();
-    tmp.push(".tmp");
-    let mut file = std::fs::File::create(&tmp)?;
-    file.write_all(&body)?;
-    file.sync_all()?;
-    std::fs::rename(&tmp, path)
+/// One index file: its directory and name, and the run epoch it is written for (or must
+/// name to be read back; see `run_epoch`).
+#[derive(Clone, Copy)]
+pub struct IndexFile<'a> {
+    pub dir: &'a dyn IndexDir,
+    pub name: &'a str,
+    pub epoch: u64,
 }
 
-/// The body `write` stored at `path`; `None` if the file is missing or damaged.
-pub fn read(path: &Path) -> Option<Vec<u8>> {
-    let mut bytes = std::fs::read(path).ok()?;
+/// Writes `body` and its CRC32C as `name`: a temporary file beside it, fsync, rename,
+/// directory fsync. After a power cut `name` holds either this body or what it held
+/// before, never a mix.
+pub fn write(dir: &dyn IndexDir, name: &str, mut body: Vec<u8>) -> std::io::Result<()> {
+    let crc = crc32c::crc32c(&body);
+    body.extend_from_slice(&crc.to_le_bytes());
+    let tmp = format!("{name}.tmp");
+    dir.write(&tmp, &body)?;
+    dir.sync_file(&tmp)?;
+    dir.rename(&tmp, name)?;
+    dir.sync_dir()
+}
+
+/// The body `write` stored as `name`; `None` if the file is missing, unreadable or
+/// damaged.
+pub fn read(dir: &dyn IndexDir, name: &str) -> Option<Vec<u8>> {
+    let mut bytes = dir.read(name).ok()??;
     let body = bytes.len().checked_sub(4)?;
     if crc32c::crc32c(&bytes[..body]).to_le_bytes() != bytes[body..] {
         return None;
@@ -66,20 +77,23 @@ impl<'a> Fields<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::index_dir::FsDir;
 
     #[test]
     fn sealed_bodies_round_trip_and_damage_is_refused() {
         let path = std::env::temp_dir().join(format!("zc-sealed-{}", std::process::id()));
-        write(&path, vec![1, 2, 0, 3, 0, 0, 0]).unwrap();
-        let body = read(&path).unwrap();
+        std::fs::create_dir_all(&path).unwrap();
+        let dir = FsDir::new(&path);
+        write(&dir, "f", vec![1, 2, 0, 3, 0, 0, 0]).unwrap();
+        let body = read(&dir, "f").unwrap();
         let mut f = Fields::new(&body);
         assert_eq!((f.u8(), f.u16(), f.u32()), (Some(1), Some(2), Some(3)));
         assert!(f.is_done() && f.u8().is_none());
-        let mut bytes = std::fs::read(&path).unwrap();
+        let mut bytes = std::fs::read(path.join("f")).unwrap();
         bytes[2] ^= 0x10;
-        std::fs::write(&path, &bytes).unwrap();
-        assert!(read(&path).is_none());
-        std::fs::remove_file(&path).unwrap();
-        assert!(read(&path).is_none());
+        std::fs::write(path.join("f"), &bytes).unwrap();
+        assert!(read(&dir, "f").is_none());
+        std::fs::remove_dir_all(&path).unwrap();
+        assert!(read(&dir, "f").is_none());
     }
 }

@@ -37,7 +37,7 @@ use crate::eviction::{EvictedObject, EvictionSink};
 use crate::leaf_page::Geometry;
 use crate::memory::{Memory, alloc_size};
 use crate::record::{Meta, Payload, Record};
-use crate::sealed_file::{self, Fields};
+use crate::sealed_file::{self, Fields, IndexFile};
 use crate::ssd_block::{self, Owner, PAYLOAD};
 use crate::subpage_hash::ssd_subpage;
 
@@ -781,18 +781,19 @@ impl EvictionSink for SsdTier {
 /// (`docs/FORMAT.md`, "The index file").
 mod index_file {
     pub const MAGIC: [u8; 4] = *b"ZCIX";
-    pub const VERSION: u32 = 1;
+    pub const VERSION: u32 = 2;
 }
 
 impl SsdTier {
     /// Writes the descriptors of every super-leaf to `path` (atomically: a temporary
     /// file, fsync, rename). Called only after the device was flushed, so the index
     /// never names a block that is not durable.
-    pub fn save(&self, path: &std::path::Path) -> std::io::Result<()> {
+    pub fn save(&self, at: IndexFile<'_>) -> std::io::Result<()> {
         let w = self.writer.lock();
         let mut out = Vec::new();
         out.extend_from_slice(&index_file::MAGIC);
         out.extend_from_slice(&index_file::VERSION.to_le_bytes());
+        out.extend_from_slice(&at.epoch.to_le_bytes());
         out.extend_from_slice(&(self.settings.subpages as u32).to_le_bytes());
         out.extend_from_slice(&self.device.block_count().to_le_bytes());
         out.extend_from_slice(&w.next_slot.to_le_bytes());
@@ -809,23 +810,24 @@ impl SsdTier {
                 out.extend_from_slice(&c.to_le_bytes());
             }
         }
-        sealed_file::write(path, out)
+        sealed_file::write(at.dir, at.name, out)
     }
 
     /// Rebuilds BT_SSD from an index `save` wrote for this very device and geometry;
     /// `None` if the file is missing, damaged or from another layout (then start cold).
     pub fn load(
-        path: &std::path::Path,
+        at: IndexFile<'_>,
         device: Arc<dyn BlockDevice>,
         settings: SsdSettings,
         memory: Arc<Memory>,
         clock: Arc<dyn Clock>,
     ) -> Option<SsdTier> {
-        let body = sealed_file::read(path)?;
+        let body = sealed_file::read(at.dir, at.name)?;
         let mut f = Fields::new(&body);
         let m = settings.subpages;
         if f.bytes(4)? != index_file::MAGIC
             || f.u32()? != index_file::VERSION
+            || f.u64()? != at.epoch
             || f.u32()? as usize != m
             || f.u64()? != device.block_count()
         {

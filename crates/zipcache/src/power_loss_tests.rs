@@ -1,0 +1,403 @@
+//! Power loss at any point: a device and a directory that keep only what was made
+//! durable (a device write survives only after a flush, a file's bytes only after an
+//! fsync, a name only after the directory's fsync; of what was not, a random part), a
+//! random workload of lives (open, puts, overwrites, deletes, large objects, flush_all,
+//! a clean close or not), and the power cut after a random number of device and file
+//! operations — in the middle of a workload, of a close, or of an open. After every
+//! restart each key must be a miss or its newest acknowledged value.
+//!
+//! `ZIPCACHE_POWER_LOSS_SECS=N` runs lives for N seconds instead of the CI-sized count.
+
+use std::collections::{BTreeMap, HashMap};
+use std::io;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
+
+use parking_lot::Mutex;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use zipcache_device::{BLOCK_SIZE, BlockDevice, DeviceStats};
+
+use crate::cache::Persist;
+use crate::index_dir::IndexDir;
+use crate::{Config, ZipCache};
+
+/// Operations left before the power goes; at 0 every mutation fails.
+#[derive(Clone)]
+struct PowerSwitch(Arc<AtomicI64>);
+
+impl PowerSwitch {
+    fn new(ops: i64) -> PowerSwitch {
+        PowerSwitch(Arc::new(AtomicI64::new(ops)))
+    }
+
+    fn spend(&self) -> io::Result<()> {
+        if self.0.fetch_sub(1, Ordering::SeqCst) > 0 {
+            Ok(())
+        } else {
+            Err(io::Error::other("power lost"))
+        }
+    }
+
+    fn is_off(&self) -> bool {
+        self.0.load(Ordering::SeqCst) <= 0
+    }
+}
+
+type Block = Option<Box<[u8]>>;
+
+#[derive(Default)]
+struct DeviceState {
+    durable: HashMap<u64, Box<[u8]>>,
+    /// Writes (`Some`) and trims (`None`) since the last flush, in order.
+    pending: Vec<(u64, Block)>,
+}
+
+struct CrashDevice {
+    blocks: u64,
+    state: Mutex<DeviceState>,
+    power: PowerSwitch,
+}
+
+impl CrashDevice {
+    /// The device as it comes back after the power went: durable blocks, and a random
+    /// part of what was written since the last flush, in order.
+    fn after_crash(&self, rng: &mut StdRng, power: PowerSwitch) -> CrashDevice {
+        let st = self.state.lock();
+        let mut durable = st.durable.clone();
+        for (lba, block) in &st.pending {
+            if rng.random_bool(0.5) {
+                match block {
+                    Some(b) => durable.insert(*lba, b.clone()),
+                    None => durable.remove(lba),
+                };
+            }
+        }
+        CrashDevice {
+            blocks: self.blocks,
+            state: Mutex::new(DeviceState {
+                durable,
+                pending: Vec::new(),
+            }),
+            power,
+        }
+    }
+
+    fn check(&self, lba: u64, len: usize) -> io::Result<u64> {
+        let n = (len / BLOCK_SIZE) as u64;
+        if !len.is_multiple_of(BLOCK_SIZE) || lba.checked_add(n).is_none_or(|e| e > self.blocks) {
+            return Err(io::ErrorKind::InvalidInput.into());
+        }
+        Ok(n)
+    }
+}
+
+impl BlockDevice for CrashDevice {
+    fn block_count(&self) -> u64 {
+        self.blocks
+    }
+
+    fn read(&self, lba: u64, buf: &mut [u8]) -> io::Result<()> {
+        self.check(lba, buf.len())?;
+        let st = self.state.lock();
+        for (i, out) in buf.chunks_mut(BLOCK_SIZE).enumerate() {
+            let at = lba + i as u64;
+            let newest = st.pending.iter().rev().find(|(l, _)| *l == at);
+            match newest.map_or(st.durable.get(&at), |(_, b)| b.as_ref()) {
+                Some(b) => out.copy_from_slice(b),
+                None => out.fill(0),
+            }
+        }
+        Ok(())
+    }
+
+    fn write(&self, lba: u64, buf: &[u8]) -> io::Result<()> {
+        self.check(lba, buf.len())?;
+        self.power.spend()?;
+        let mut st = self.state.lock();
+        for (i, b) in buf.chunks(BLOCK_SIZE).enumerate() {
+            st.pending.push((lba + i as u64, Some(b.into())));
+        }
+        Ok(())
+    }
+
+    fn trim(&self, lba: u64, count: u64) -> io::Result<()> {
+        self.check(lba, (count as usize) * BLOCK_SIZE)?;
+        self.power.spend()?;
+        let mut st = self.state.lock();
+        for at in lba..lba + count {
+            st.pending.push((at, None));
+        }
+        Ok(())
+    }
+
+    fn flush(&self) -> io::Result<()> {
+        self.power.spend()?;
+        let mut st = self.state.lock();
+        for (lba, block) in std::mem::take(&mut st.pending) {
+            match block {
+                Some(b) => st.durable.insert(lba, b),
+                None => st.durable.remove(&lba),
+            };
+        }
+        Ok(())
+    }
+
+    fn stats(&self) -> DeviceStats {
+        DeviceStats::default()
+    }
+}
+
+struct Inode {
+    bytes: Vec<u8>,
+    synced: Option<Vec<u8>>,
+}
+
+#[derive(Default)]
+struct DirState {
+    names: HashMap<String, u64>,
+    synced_names: HashMap<String, u64>,
+    inodes: HashMap<u64, Inode>,
+    next_inode: u64,
+}
+
+struct CrashDir {
+    state: Mutex<DirState>,
+    power: PowerSwitch,
+}
+
+impl CrashDir {
+    /// The directory after a power cut: synced names (or, as a file system may also
+    /// leave them, the unsynced ones), each file with its synced bytes or, at random,
+    /// what was written since.
+    fn after_crash(&self, rng: &mut StdRng, power: PowerSwitch) -> CrashDir {
+        let st = self.state.lock();
+        let names = match rng.random_bool(0.5) {
+            true => st.synced_names.clone(),
+            false => st.names.clone(),
+        };
+        let inodes = st
+            .inodes
+            .iter()
+            .map(|(&n, inode)| {
+                let survives = match (&inode.synced, rng.random_bool(0.5)) {
+                    (Some(synced), true) => synced.clone(),
+                    (None, true) => Vec::new(),
+                    (_, false) => inode.bytes.clone(),
+                };
+                let synced = Some(survives.clone());
+                (
+                    n,
+                    Inode {
+                        bytes: survives,
+                        synced,
+                    },
+                )
+            })
+            .collect();
+        CrashDir {
+            state: Mutex::new(DirState {
+                synced_names: names.clone(),
+                names,
+                inodes,
+                next_inode: st.next_inode,
+            }),
+            power,
+        }
+    }
+}
+
+impl IndexDir for CrashDir {
+    fn read(&self, name: &str) -> io::Result<Option<Vec<u8>>> {
+        let st = self.state.lock();
+        Ok(st.names.get(name).map(|n| st.inodes[n].bytes.clone()))
+    }
+
+    fn write(&self, name: &str, bytes: &[u8]) -> io::Result<()> {
+        self.power.spend()?;
+        let mut st = self.state.lock();
+        match st.names.get(name).copied() {
+            Some(n) => st.inodes.get_mut(&n).expect("named").bytes = bytes.to_vec(),
+            None => {
+                let n = st.next_inode;
+                st.next_inode += 1;
+                st.inodes.insert(
+                    n,
+                    Inode {
+                        bytes: bytes.to_vec(),
+                        synced: None,
+                    },
+                );
+                st.names.insert(name.to_string(), n);
+            }
+        }
+        Ok(())
+    }
+
+    fn sync_file(&self, name: &str) -> io::Result<()> {
+        self.power.spend()?;
+        let mut st = self.state.lock();
+        let n = *st.names.get(name).ok_or(io::ErrorKind::NotFound)?;
+        let inode = st.inodes.get_mut(&n).expect("named");
+        inode.synced = Some(inode.bytes.clone());
+        Ok(())
+    }
+
+    fn rename(&self, from: &str, to: &str) -> io::Result<()> {
+        self.power.spend()?;
+        let mut st = self.state.lock();
+        let n = st.names.remove(from).ok_or(io::ErrorKind::NotFound)?;
+        st.names.insert(to.to_string(), n);
+        Ok(())
+    }
+
+    fn remove(&self, name: &str) -> io::Result<()> {
+        self.power.spend()?;
+        self.state.lock().names.remove(name);
+        Ok(())
+    }
+
+    fn sync_dir(&self) -> io::Result<()> {
+        self.power.spend()?;
+        let mut st = self.state.lock();
+        st.synced_names = st.names.clone();
+        Ok(())
+    }
+}
+
+fn key(k: u16) -> Vec<u8> {
+    format!("key-{k:05}").into_bytes()
+}
+
+/// A value that names its key and version, of one of three classes: tiny, medium
+/// (a blob of its own in DRAM) or large (BT_LO).
+fn value(k: u16, version: u64, rng: &mut StdRng) -> Vec<u8> {
+    let len = match rng.random_range(0..10) {
+        0..6 => rng.random_range(8..100),
+        6..9 => rng.random_range(150..1_500),
+        _ => rng.random_range(3_000..9_000),
+    };
+    let mut v = format!("{k}:{version}:").into_bytes();
+    v.resize(len, (version % 251) as u8);
+    v
+}
+
+const KEYS: u16 = 400;
+
+/// Lives of one engine on one device and directory, each ended by a power cut (after a
+/// clean close, or in the middle of anything). Returns the restarts checked and how
+/// many of them were warm.
+fn lives(seed: u64, count: usize) -> (usize, usize) {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut power = PowerSwitch::new(i64::MAX);
+    let mut device = Arc::new(CrashDevice {
+        blocks: 1_024,
+        state: Mutex::new(DeviceState::default()),
+        power: power.clone(),
+    });
+    let mut dir = Arc::new(CrashDir {
+        state: Mutex::new(DirState::default()),
+        power: power.clone(),
+    });
+    // The newest acknowledged version of each key (`None`: deleted or flushed).
+    let mut model: BTreeMap<u16, Option<Vec<u8>>> = BTreeMap::new();
+    let mut version = 0;
+    let (mut checked, mut warm) = (0, 0);
+    for life in 0..count {
+        // Where the power goes: during the workload, the close or the next open.
+        power.0.store(
+            match rng.random_range(0..4) {
+                0 => rng.random_range(0..40),
+                1 => rng.random_range(0..400),
+                2 => rng.random_range(0..4_000),
+                _ => i64::MAX,
+            },
+            Ordering::SeqCst,
+        );
+        let config = Config {
+            dram_capacity: 96 << 10,
+            superleaf_size: [4 << 10, 16 << 10][seed as usize % 2],
+            write_buffer: [0, 256][rng.random_range(0..2)],
+            ..Config::default()
+        };
+        let persist = Persist {
+            dir: dir.clone(),
+            ssd_index: "ssd.index".into(),
+            lo_index: "ssd.lo-index".into(),
+        };
+        let device_dyn: Arc<dyn BlockDevice> = device.clone();
+        if let Ok(cache) = ZipCache::start(config, Some(device_dyn), Some(persist), None) {
+            for (&k, want) in &model {
+                let got = cache.get(&key(k)).unwrap();
+                assert!(
+                    got.is_none() || got == *want,
+                    "seed {seed} life {life}: key {k} served a stale or deleted value \
+                     (warm start: {}, power off: {})",
+                    cache.warm_started(),
+                    power.is_off()
+                );
+            }
+            checked += 1;
+            warm += usize::from(cache.warm_started());
+            for _ in 0..rng.random_range(20..600) {
+                let k = rng.random_range(0..KEYS);
+                match rng.random_range(0..100) {
+                    0..70 => {
+                        version += 1;
+                        let v = value(k, version, &mut rng);
+                        cache.put(&key(k), &v, None).unwrap();
+                        model.insert(k, Some(v));
+                    }
+                    70..95 => {
+                        cache.delete(&key(k)).unwrap();
+                        model.insert(k, None);
+                    }
+                    95..99 => {
+                        let _ = cache.get(&key(k)).unwrap();
+                    }
+                    _ => {
+                        cache.flush_all().unwrap();
+                        model.values_mut().for_each(|v| *v = None);
+                    }
+                }
+            }
+            if rng.random_bool(0.7) {
+                let _ = cache.close();
+            }
+        }
+        power = PowerSwitch::new(i64::MAX);
+        device = Arc::new(device.after_crash(&mut rng, power.clone()));
+        dir = Arc::new(dir.after_crash(&mut rng, power.clone()));
+    }
+    (checked, warm)
+}
+
+#[test]
+fn no_power_cut_ever_brings_back_a_stale_or_deleted_value() {
+    let budget = std::env::var("ZIPCACHE_POWER_LOSS_SECS")
+        .ok()
+        .and_then(|s| s.parse::<u64>().ok());
+    let start = std::time::Instant::now();
+    let (mut seeds, mut restarts, mut warm) = (0u64, 0, 0);
+    loop {
+        let (checked, warm_ones) = lives(0x5eed_0000 + seeds, 8);
+        restarts += checked;
+        warm += warm_ones;
+        seeds += 1;
+        let done = match budget {
+            Some(secs) => start.elapsed().as_secs() >= secs,
+            None => seeds >= 24,
+        };
+        if done {
+            break;
+        }
+    }
+    eprintln!(
+        "power loss: {seeds} seeds, {restarts} restarts checked ({warm} warm) in {:?}",
+        start.elapsed()
+    );
+    assert!(
+        warm > 0,
+        "no restart was warm: the test would prove nothing"
+    );
+}
