@@ -138,6 +138,22 @@ impl Harness {
         }
     }
 
+    /// 128 KiB of DRAM over an in-memory SSD of `blocks` blocks whose faults the caller
+    /// plans.
+    pub(crate) fn over_faulty_device(blocks: u64) -> (Harness, Arc<FaultyDevice<MemDevice>>) {
+        let faulty = Arc::new(FaultyDevice::new(MemDevice::new(blocks)));
+        let device: Arc<dyn BlockDevice> = faulty.clone();
+        let h = Harness::on(
+            128 << 10,
+            256,
+            3.0,
+            Some(device),
+            16 << 10,
+            Promotion::EveryHit,
+        );
+        (h, faulty)
+    }
+
     /// Puts every key of `keys` with a value of `len` bytes, no TTL.
     pub(crate) fn put_all(&mut self, keys: impl Iterator<Item = u16>, len: usize) {
         for key in keys {
@@ -520,16 +536,7 @@ fn tiny_objects_take_no_medium_blobs() {
 /// Corrupt blocks and failing I/O on the SSD: misses and counters, never a wrong value.
 #[test]
 fn bad_blocks_and_io_errors_are_misses_not_wrong_values() {
-    let faulty = Arc::new(FaultyDevice::new(MemDevice::new(1 << 14)));
-    let device: Arc<dyn BlockDevice> = faulty.clone();
-    let mut h = Harness::on(
-        128 << 10,
-        256,
-        3.0,
-        Some(device),
-        16 << 10,
-        Promotion::EveryHit,
-    );
+    let (mut h, faulty) = Harness::over_faulty_device(1 << 14);
     h.put_all(0..8_000, 64);
     // Flip bits in the header, the payload and the checksum of blocks across the device.
     for lba in (0..400u64).step_by(3) {

@@ -5,25 +5,11 @@
 
 use std::sync::Arc;
 
-use zipcache_device::{BlockDevice, FaultOp, FaultyDevice, MemDevice};
+use zipcache_device::{BlockDevice, FaultOp, MemDevice};
 
-use crate::config::{Clock, Promotion};
+use crate::config::Clock;
 use crate::model_tests::{Harness, Op};
 use crate::{Config, ZipCache};
-
-fn faulty_harness(blocks: u64) -> (Harness, Arc<FaultyDevice<MemDevice>>) {
-    let faulty = Arc::new(FaultyDevice::new(MemDevice::new(blocks)));
-    let device: Arc<dyn BlockDevice> = faulty.clone();
-    let h = Harness::on(
-        128 << 10,
-        256,
-        3.0,
-        Some(device),
-        16 << 10,
-        Promotion::EveryHit,
-    );
-    (h, faulty)
-}
 
 /// Every DRAM leaf leaves for the SSD tier.
 fn evict_to_ssd(h: &Harness) {
@@ -36,7 +22,7 @@ fn evict_to_ssd(h: &Harness) {
 /// block behind a tombstone or a newer version that then leaves DRAM.
 #[test]
 fn a_read_fault_during_an_eviction_merge_never_resurrects_old_values() {
-    let (mut h, faulty) = faulty_harness(1 << 14);
+    let (mut h, faulty) = Harness::over_faulty_device(1 << 14);
     h.put_all(0..6_000, 64);
     evict_to_ssd(&h);
     faulty.fail_every_nth(FaultOp::Read, 1);
@@ -62,7 +48,7 @@ fn a_read_fault_during_an_eviction_merge_never_resurrects_old_values() {
 /// Finding 3: DELETE of a large object removes it even when its extent cannot be read.
 #[test]
 fn a_large_object_deleted_during_a_read_fault_stays_deleted() {
-    let (mut h, faulty) = faulty_harness(1 << 14);
+    let (mut h, faulty) = Harness::over_faulty_device(1 << 14);
     h.run(&Op::Put {
         key: 7,
         len: 5_000,
@@ -112,7 +98,7 @@ fn the_largest_leaf_keeps_every_blob_slot_apart() {
 /// may have held a newer version or a tombstone.
 #[test]
 fn a_corrupt_dram_page_hides_older_ssd_copies() {
-    let (mut h, _faulty) = faulty_harness(1 << 14);
+    let (mut h, _faulty) = Harness::over_faulty_device(1 << 14);
     let keys = 0..300u16;
     h.put_all(keys.clone(), 64);
     let now = h.clock.now_ms();
@@ -143,7 +129,7 @@ fn a_corrupt_dram_page_hides_older_ssd_copies() {
 /// Finding 6, blobs: a medium object whose blob is damaged hides the older SSD copy.
 #[test]
 fn a_corrupt_blob_hides_the_older_ssd_copy() {
-    let (mut h, _faulty) = faulty_harness(1 << 14);
+    let (mut h, _faulty) = Harness::over_faulty_device(1 << 14);
     h.put_all(0..50, 64);
     let now = h.clock.now_ms();
     evict_to_ssd(&h);
