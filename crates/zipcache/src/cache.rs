@@ -843,7 +843,7 @@ impl Inner {
         let large_hits = self.ops.large_hits.get();
         let hits = dram_hits + large_hits + ssd_hits;
         let dram_objects = (c.objects.load(Ordering::Relaxed)
-            + c.buffered_objects.load(Ordering::Relaxed))
+            + self.dram.buffered_objects(self.now()))
         .max(0) as u64;
         let raw = c.raw_bytes.load(Ordering::Relaxed).max(0) as u64;
         let holding = (mem.compressed_pages + mem.hot_pages + mem.mediums).max(0) as u64;

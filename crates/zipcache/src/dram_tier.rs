@@ -14,7 +14,7 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::ops::Bound;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicI64, AtomicU32, AtomicU64, Ordering};
 
 use crossbeam_channel::Sender;
 use parking_lot::{Mutex, RwLock, RwLockWriteGuard};
@@ -57,10 +57,10 @@ struct LeafState {
     buffer: WriteBuffer,
     /// Live objects in the page and their key + value bytes (for the compression ratio).
     objects: u32,
-    /// How the buffer changes the number of live objects: +1 for each new key, -1 for
-    /// each deletion of a live one (exact, so that `objects_resident` counts buffered
-    /// objects too); folded into `objects` by the next merge.
-    buffered: i32,
+    /// How the buffer changes the number of live objects (+1 for each new key, -1 for
+    /// each deletion of a live one), worked out when `stats` asks rather than on every
+    /// write (it takes a page lookup); `UNKNOWN` after each append.
+    buffered: AtomicI32,
     raw_bytes: u32,
     /// Objects in the page that are clean: unchanged copies of what the SSD tier holds.
     clean: u32,
@@ -117,6 +117,9 @@ impl DramLeaf {
 /// wait and how much a hot neighbour can be pulled out with a cold victim.
 const MAX_EVICTION_GROUP: usize = 8;
 
+/// `LeafState::buffered` until someone asks.
+const UNKNOWN: i32 = i32::MIN;
+
 /// Medium objects one page can name: a page record points at its blob by a `u16` slot,
 /// so a page with more (a large `leaf_size`, short keys) splits instead.
 const MAX_BLOBS_PER_LEAF: usize = u16::MAX as usize + 1;
@@ -145,9 +148,8 @@ pub struct DramCounters {
     pub evicted_objects: AtomicU64,
     pub clean_dropped: AtomicU64,
     pub corrupt_pages: AtomicU64,
-    /// Live objects in pages, and the buffers' changes to that number (`buffered`).
+    /// Live objects in pages.
     pub objects: AtomicI64,
-    pub buffered_objects: AtomicI64,
     pub clean_objects: AtomicI64,
     pub raw_bytes: AtomicI64,
     pub hot_leaves: AtomicI64,
@@ -237,7 +239,7 @@ impl DramTier {
             blobs: Box::default(),
             buffer: WriteBuffer::default(),
             objects: 0,
-            buffered: 0,
+            buffered: AtomicI32::new(0),
             raw_bytes: 0,
             clean: 0,
             charge: LeafCharge::default(),
@@ -348,9 +350,19 @@ impl DramTier {
         key: &[u8],
         f: impl FnOnce(Option<Record<'_>>) -> R,
     ) -> Option<R> {
-        if let Some(r) = st.buffer.find(key) {
-            return Some(f(Some(r)));
+        match st.buffer.find(key) {
+            Some(r) => Some(f(Some(r))),
+            None => self.with_page_record(st, key, f),
         }
+    }
+
+    /// `with_record` for the page alone.
+    fn with_page_record<R>(
+        &self,
+        st: &LeafState,
+        key: &[u8],
+        f: impl FnOnce(Option<Record<'_>>) -> R,
+    ) -> Option<R> {
         match &st.page {
             Page::Empty => Some(f(None)),
             Page::Hot(page) => Some(f(self.geometry.find(page, key))),
@@ -363,19 +375,53 @@ impl DramTier {
         }
     }
 
-    /// Whether a locked leaf holds a live value of `key`, without decoding its value.
-    fn holds_live(&self, st: &LeafState, key: &[u8], now_ms: u64) -> bool {
-        let live = |r: Option<Record<'_>>| match r.map(|r| (r.payload, r.meta)) {
-            None | Some((Payload::Tombstone, _)) => false,
-            Some((Payload::Inline(_), meta)) => !meta.expired(now_ms),
-            Some((Payload::Medium(slot), _)) => st
+    /// How a locked leaf's buffer changes its number of live objects: for each key it
+    /// holds, its newest buffered record against the page's.
+    fn buffered_delta(&self, st: &LeafState, now_ms: u64) -> i32 {
+        let mut newest: BTreeMap<&[u8], Record<'_>> = BTreeMap::new();
+        for r in st.buffer.records() {
+            newest.insert(r.key, r);
+        }
+        let live = |r: &Record<'_>| match r.payload {
+            Payload::Tombstone => false,
+            Payload::Inline(_) => !r.meta.expired(now_ms),
+            Payload::Medium(slot) => st
                 .blobs
                 .get(slot as usize)
                 .and_then(Option::as_deref)
                 .and_then(blob_header)
                 .is_some_and(|(meta, _)| !meta.expired(now_ms)),
         };
-        self.with_record(st, key, live).unwrap_or(false)
+        newest
+            .into_iter()
+            .map(|(key, r)| {
+                let was = self.with_page_record(st, key, |p| p.is_some_and(|p| live(&p)));
+                i32::from(live(&r)) - i32::from(was.unwrap_or(false))
+            })
+            .sum()
+    }
+
+    /// Live objects still in write buffers, beyond those the pages count: each leaf's
+    /// buffer delta, worked out for the leaves written since they were last asked.
+    pub fn buffered_objects(&self, now_ms: u64) -> i64 {
+        let mut leaves = Vec::new();
+        self.tree.for_each_leaf(|_, leaf| leaves.push(leaf.clone()));
+        leaves
+            .iter()
+            .map(|leaf| {
+                let st = leaf.state.read();
+                let known = st.buffered.load(Ordering::Relaxed);
+                let delta = match known {
+                    UNKNOWN => {
+                        let delta = self.buffered_delta(&st, now_ms);
+                        st.buffered.store(delta, Ordering::Relaxed);
+                        delta
+                    }
+                    known => known,
+                };
+                i64::from(delta)
+            })
+            .sum()
     }
 
     /// The page of a locked leaf is damaged (counted): see `LeafState::lost`.
@@ -466,13 +512,7 @@ impl DramTier {
         now_ms: u64,
     ) {
         leaf.touch();
-        let was_live = self.holds_live(st, record.key, now_ms);
-        let is_live = !matches!(record.payload, Payload::Tombstone) && !record.meta.expired(now_ms);
-        let delta = i32::from(is_live) - i32::from(was_live);
-        st.buffered += delta;
-        self.counters
-            .buffered_objects
-            .fetch_add(i64::from(delta), Ordering::Relaxed);
+        st.buffered.store(UNKNOWN, Ordering::Relaxed);
         match st.buffer.append(record, self.settings.write_buffer) {
             Pressure::Fine => self.recharge(st),
             Pressure::Full => {
@@ -556,7 +596,7 @@ impl DramTier {
         }
         drop(buffer);
         st.buffer.clear(self.settings.write_buffer);
-        self.fold_buffered(st);
+        st.buffered.store(0, Ordering::Relaxed);
         let mut contents = contents.into_iter();
         if let Some(first) = contents.next() {
             self.install(st, first);
@@ -574,7 +614,7 @@ impl DramTier {
                 blobs: Box::default(),
                 buffer: WriteBuffer::default(),
                 objects: 0,
-                buffered: 0,
+                buffered: AtomicI32::new(0),
                 raw_bytes: 0,
                 clean: 0,
                 charge: LeafCharge::default(),
@@ -689,14 +729,6 @@ impl DramTier {
             clean,
             raw_bytes,
         }
-    }
-
-    /// The buffer was merged into the page (which counts its objects now) or dropped.
-    fn fold_buffered(&self, st: &mut LeafState) {
-        self.counters
-            .buffered_objects
-            .fetch_sub(i64::from(st.buffered), Ordering::Relaxed);
-        st.buffered = 0;
     }
 
     fn install(&self, st: &mut LeafState, c: LeafContents) {
@@ -966,7 +998,7 @@ impl DramTier {
                 .fetch_add(u64::from(st.objects), Ordering::Relaxed);
             self.install(st, LeafContents::empty());
             st.buffer = WriteBuffer::default();
-            self.fold_buffered(st);
+            st.buffered.store(0, Ordering::Relaxed);
             st.lost.store(false, Ordering::Relaxed);
             self.recharge(st);
         }
