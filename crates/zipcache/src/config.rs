@@ -231,11 +231,6 @@ impl Config {
             .ok_or_else(|| Error::Config("this setting needs an SSD tier".into()))
     }
 
-    /// Size of one DRAM sub-page.
-    pub fn subpage_size(&self) -> usize {
-        self.leaf_size / self.subpages.max(1)
-    }
-
     /// Rejects settings the engine cannot run with, before anything is allocated.
     pub fn validate(&self) -> Result<()> {
         let bad = |msg: String| Err(Error::Config(msg));
@@ -263,14 +258,13 @@ impl Config {
                 self.max_key_size
             ));
         }
-        // A sub-page must hold the largest in-page record: a tiny object with its
-        // metadata, or a medium pointer with the longest key.
+        // A page must hold the largest in-page record: a tiny object with its metadata,
+        // or a medium pointer with the longest key.
         let largest_record = crate::record::max_inline_record(self);
-        if largest_record > self.subpage_size() {
+        if largest_record > self.leaf_size {
             return bad(format!(
-                "a sub-page of {} B cannot hold a {} B record; raise leaf_size or lower subpages, tiny_max or max_key_size",
-                self.subpage_size(),
-                largest_record
+                "a leaf of {} B cannot hold a {} B record; raise leaf_size or lower tiny_max or max_key_size",
+                self.leaf_size, largest_record
             ));
         }
         if self.max_value_size == 0 || self.max_value_size > 1 << 30 {
@@ -347,13 +341,21 @@ mod tests {
     #[test]
     fn validate_rejects_unworkable_layouts() {
         let mut c = Config {
-            subpages: 64,
+            leaf_size: 1024,
+            tiny_max: 1024,
+            medium_max: 2048,
             ..Config::default()
         };
         assert!(
             c.validate().is_err(),
-            "64 B sub-pages cannot hold a 250 B key"
+            "a 1 KiB leaf cannot hold a 1 KiB tiny object and its header"
         );
+        c = Config {
+            subpages: 64,
+            ..Config::default()
+        };
+        c.validate()
+            .expect("sub-pages have no size of their own: 64 of them hold 250 B keys");
         c.subpages = 3;
         assert!(c.validate().is_err());
         let c = Config {

@@ -23,8 +23,8 @@ use crate::btree::{BTree, Fence, KeyRange, Ranged};
 use crate::bypass::Bypass;
 use crate::early_termination::{compress_page, decompress_prefix, with_prefix};
 use crate::eviction::{EvictedObject, EvictionSink};
-use crate::leaf_page::Geometry;
 use crate::memory::{Charge, LeafCharge, Memory, alloc_size};
+use crate::packed_page::PackedLayout;
 use crate::record::{Meta, Payload, Record, blob_header, decode_blob, encode_blob};
 use crate::subpage_hash::dram_subpage;
 use crate::write_buffer::{Pressure, WriteBuffer};
@@ -157,7 +157,7 @@ pub struct DramCounters {
 
 pub struct DramTier {
     tree: BTree<DramLeaf>,
-    geometry: Geometry,
+    layout: PackedLayout,
     settings: DramSettings,
     memory: Arc<Memory>,
     merge_queue: Sender<Arc<DramLeaf>>,
@@ -227,10 +227,9 @@ impl DramTier {
         merge_queue: Sender<Arc<DramLeaf>>,
         bypass_r: f64,
     ) -> Self {
-        let geometry = Geometry {
+        let layout = PackedLayout {
             subpages: settings.subpages,
-            subpage_size: settings.leaf_size / settings.subpages,
-            fill_limit: settings.leaf_size / settings.subpages,
+            capacity: settings.leaf_size,
             hash: dram_subpage,
         };
         let first = LeafState {
@@ -248,7 +247,7 @@ impl DramTier {
         let first = DramLeaf::new(first, 0, false);
         let tier = DramTier {
             tree: BTree::new(first.clone()),
-            geometry,
+            layout,
             settings,
             memory,
             merge_queue,
@@ -363,15 +362,21 @@ impl DramTier {
         key: &[u8],
         f: impl FnOnce(Option<Record<'_>>) -> R,
     ) -> Option<R> {
+        let (table, body) = match &st.page {
+            Page::Empty => return Some(f(None)),
+            Page::Hot(page) | Page::Compressed(page) => {
+                let table = self.layout.table(page)?;
+                (table, &page[self.layout.table_len()..])
+            }
+        };
         match &st.page {
-            Page::Empty => Some(f(None)),
-            Page::Hot(page) => Some(f(self.geometry.find(page, key))),
-            Page::Compressed(c) => with_prefix(
-                c,
-                self.settings.leaf_size,
-                self.geometry.prefix_for(key),
-                |prefix| prefix.map(|p| f(self.geometry.find(p, key))),
+            Page::Compressed(_) => with_prefix(
+                body,
+                table.body_len(),
+                self.layout.prefix_for(&table, key),
+                |prefix| prefix.map(|p| f(self.layout.find(&table, p, key))),
             ),
+            _ => Some(f(self.layout.find(&table, body, key))),
         }
     }
 
@@ -641,9 +646,7 @@ impl DramTier {
     fn partition(&self, objs: &[Obj]) -> Vec<(usize, usize)> {
         let fits = |range: &[Obj]| {
             range.iter().filter(|o| o.is_medium()).count() <= MAX_BLOBS_PER_LEAF
-                && self
-                    .geometry
-                    .fits(range.iter().map(|o| (o.key, o.encoded_len())))
+                && self.layout.fits(range.iter().map(Obj::encoded_len))
         };
         let mut out = Vec::new();
         let mut pending = vec![(0, objs.len())];
@@ -702,15 +705,12 @@ impl DramTier {
         let page = if records.is_empty() {
             Page::Empty
         } else {
-            // `partition` only hands over chunks that fit (a single record always does).
-            let bytes = self
-                .geometry
-                .build(&records)
-                .unwrap_or_else(|| vec![0; self.geometry.page_size()]);
-            if hot {
-                Page::Hot(bytes.into_boxed_slice())
-            } else {
-                Page::Compressed(compress_page(&bytes))
+            // `partition` only hands over chunks that fit (a single record always does:
+            // `Config::validate` sees to it).
+            match self.layout.build(&records) {
+                Some(page) if hot => Page::Hot(page.into_boxed_slice()),
+                Some(page) => Page::Compressed(self.compress(&page)),
+                None => Page::Empty,
             }
         };
         drop(records);
@@ -753,24 +753,33 @@ impl DramTier {
     /// The whole page of a locked leaf, decompressed; `None` if it is empty, or damaged
     /// (then the leaf is marked lost: its keys are misses that hide the lower tiers).
     fn decode<'p>(&self, st: &LeafState, page: &'p Page) -> Option<std::borrow::Cow<'p, [u8]>> {
-        match page {
-            Page::Empty => None,
-            Page::Hot(p) => Some(std::borrow::Cow::Borrowed(p)),
-            Page::Compressed(c) => {
-                let mut out = vec![0u8; self.settings.leaf_size];
-                if decompress_prefix(
-                    c,
-                    self.settings.leaf_size,
-                    self.settings.leaf_size,
-                    &mut out,
-                ) {
-                    Some(std::borrow::Cow::Owned(out))
-                } else {
-                    self.mark_lost(st);
-                    None
+        let bytes = match page {
+            Page::Empty => return None,
+            Page::Hot(bytes) | Page::Compressed(bytes) => bytes,
+        };
+        let table = self.layout.table(bytes);
+        let body = &bytes[self.layout.table_len().min(bytes.len())..];
+        let decoded = table.and_then(|table| {
+            let len = table.body_len();
+            match page {
+                Page::Compressed(_) => {
+                    let mut out = vec![0u8; len];
+                    decompress_prefix(body, len, len, &mut out)
+                        .then_some(std::borrow::Cow::Owned(out))
                 }
+                _ => (body.len() == len).then_some(std::borrow::Cow::Borrowed(body)),
             }
+        });
+        if decoded.is_none() {
+            self.mark_lost(st);
         }
+        decoded
+    }
+
+    /// A cold page from a built one: the table as it is, the body compressed.
+    fn compress(&self, page: &[u8]) -> Box<[u8]> {
+        let (table, body) = page.split_at(self.layout.table_len());
+        [table, &compress_page(body)].concat().into_boxed_slice()
     }
 
     /// The newest version of every key in a page and buffer, in key order.
@@ -783,7 +792,7 @@ impl DramTier {
         keep_tombstones: bool,
     ) -> Vec<Obj<'a>> {
         let mut map: BTreeMap<&'a [u8], Obj<'a>> = BTreeMap::new();
-        for r in self.geometry.all(page) {
+        for r in self.layout.all(page) {
             let (body, meta) = match r.payload {
                 Payload::Inline(v) => (Body::Inline(v), r.meta),
                 Payload::Medium(slot) => {
@@ -1111,17 +1120,20 @@ impl DramTier {
             .hot_leaves
             .fetch_add(if hot { 1 } else { -1 }, Ordering::Relaxed);
         let page = std::mem::replace(&mut st.page, Page::Empty);
-        st.page = match (page, hot) {
-            (Page::Compressed(c), true) => match self.decode(&st, &Page::Compressed(c)) {
-                Some(bytes) => Page::Hot(bytes.into_owned().into_boxed_slice()),
-                None => {
-                    // Corrupt: its objects are gone either way.
-                    self.install(&mut st, LeafContents::empty());
-                    Page::Empty
+        st.page = match (&page, hot) {
+            (Page::Compressed(c), true) => {
+                let table = &c[..self.layout.table_len().min(c.len())];
+                match self.decode(&st, &page) {
+                    Some(body) => Page::Hot([table, &body].concat().into_boxed_slice()),
+                    None => {
+                        // Damaged (the leaf is marked lost): its objects are gone either way.
+                        self.install(&mut st, LeafContents::empty());
+                        Page::Empty
+                    }
                 }
-            },
-            (Page::Hot(p), false) => Page::Compressed(compress_page(&p)),
-            (page, _) => page,
+            }
+            (Page::Hot(p), false) => Page::Compressed(self.compress(p)),
+            _ => page,
         };
         self.recharge(&mut st);
     }

@@ -21,6 +21,7 @@ mod memory;
 mod model_tests;
 #[cfg(test)]
 mod never_stale_tests;
+mod packed_page;
 #[cfg(test)]
 mod power_loss_tests;
 mod promotion;

@@ -153,7 +153,7 @@ fn stress(dram: u64, threads: u64, run_for: Duration, ssd: Option<Ssd>) -> zipca
 
 #[test]
 fn threads_never_see_wrong_values_under_eviction() {
-    let stats = stress(1 << 20, 4, Duration::from_secs(4), None);
+    let stats = stress(256 << 10, 4, Duration::from_secs(4), None);
     assert!(
         stats.evicted_leaves > 0,
         "the test must exercise eviction: {stats:?}"

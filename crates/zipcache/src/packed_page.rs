@@ -1,0 +1,231 @@
+//! The BT_DRAM leaf page (paper §3.2, Fig. 5), with sub-pages of variable length: an
+//! object still goes to sub-page `f(key) mod n`, but the sub-pages are laid end to end
+//! without padding, and a small table of where each one ends stands uncompressed in
+//! front of the (compressed) body. A GET decompresses the body only through the end of
+//! its own sub-page (early termination, `early_termination.rs`), and a leaf splits when
+//! its records no longer fit `leaf_size` — not, as with fixed sub-pages, as soon as one
+//! hash bin overflows, which left pages mostly padding and leaves of ~7 objects.
+//!
+//! ```text
+//! page := ends[0] .. ends[n-1]   (u16 LE each, u32 LE when leaf_size > 65,535)
+//!         body                   (LZ4 of it while cold, as is while hot)
+//! body := sub-page 0 | sub-page 1 | ... | sub-page n-1      (bytes ends[n-1])
+//! sub-page i := records, bytes ends[i-1]..ends[i]            (ends[-1] = 0)
+//! ```
+//!
+//! The table is checked before use (ends never decrease, the last is within the page):
+//! a damaged one reads as a damaged page, never as a slice out of bounds.
+
+use crate::record::{Record, records};
+
+#[derive(Clone, Copy, Debug)]
+pub struct PackedLayout {
+    pub subpages: usize,
+    /// Most body bytes one page holds (`leaf_size`).
+    pub capacity: usize,
+    pub hash: fn(&[u8], usize) -> usize,
+}
+
+/// A page split into its checked end table and its body (or a prefix of the body).
+pub struct Table<'p> {
+    bytes: &'p [u8],
+    width: usize,
+}
+
+impl PackedLayout {
+    /// Bytes of one table entry.
+    fn width(&self) -> usize {
+        if self.capacity <= u16::MAX as usize {
+            2
+        } else {
+            4
+        }
+    }
+
+    /// Bytes of the table in front of every page.
+    pub fn table_len(&self) -> usize {
+        self.subpages * self.width()
+    }
+
+    pub fn subpage_of(&self, key: &[u8]) -> usize {
+        (self.hash)(key, self.subpages)
+    }
+
+    /// Whether records of these encoded lengths fit one page.
+    pub fn fits(&self, lengths: impl IntoIterator<Item = usize>) -> bool {
+        lengths.into_iter().sum::<usize>() <= self.capacity
+    }
+
+    /// The page for `records`, uncompressed: table, then body. `None` if they do not fit.
+    pub fn build<'a>(&self, records: impl IntoIterator<Item = &'a Record<'a>>) -> Option<Vec<u8>> {
+        let mut subpages: Vec<Vec<u8>> = vec![Vec::new(); self.subpages];
+        for r in records {
+            r.encode(&mut subpages[self.subpage_of(r.key)]);
+        }
+        let body: usize = subpages.iter().map(Vec::len).sum();
+        if body > self.capacity {
+            return None;
+        }
+        let mut page = Vec::with_capacity(self.table_len() + body);
+        let mut end = 0;
+        for sub in &subpages {
+            end += sub.len();
+            page.extend_from_slice(&(end as u32).to_le_bytes()[..self.width()]);
+        }
+        for sub in &subpages {
+            page.extend_from_slice(sub);
+        }
+        Some(page)
+    }
+
+    /// The table at the front of `page`, checked; `None` if it is damaged.
+    pub fn table<'p>(&self, page: &'p [u8]) -> Option<Table<'p>> {
+        let table = Table {
+            bytes: page.get(..self.table_len())?,
+            width: self.width(),
+        };
+        let mut last = 0;
+        for i in 0..self.subpages {
+            let end = table.end(i);
+            if end < last {
+                return None;
+            }
+            last = end;
+        }
+        (last <= self.capacity).then_some(table)
+    }
+
+    /// Bytes of the body, from its start, that hold `key`'s sub-page.
+    pub fn prefix_for(&self, table: &Table<'_>, key: &[u8]) -> usize {
+        table.end(self.subpage_of(key))
+    }
+
+    /// The record of `key` in a body (or a prefix of one that covers its sub-page).
+    pub fn find<'p>(&self, table: &Table<'_>, body: &'p [u8], key: &[u8]) -> Option<Record<'p>> {
+        let s = self.subpage_of(key);
+        let start = if s == 0 { 0 } else { table.end(s - 1) };
+        let sub = body.get(start..table.end(s))?;
+        records(sub).find(|r| r.key == key)
+    }
+
+    /// Every record of a body, sub-page by sub-page.
+    pub fn all<'p>(&self, body: &'p [u8]) -> impl Iterator<Item = Record<'p>> {
+        records(body)
+    }
+}
+
+impl Table<'_> {
+    /// Where sub-page `i` ends in the body.
+    pub fn end(&self, i: usize) -> usize {
+        let mut bytes = [0u8; 4];
+        bytes[..self.width].copy_from_slice(&self.bytes[i * self.width..][..self.width]);
+        u32::from_le_bytes(bytes) as usize
+    }
+
+    /// Bytes of the whole body.
+    pub fn body_len(&self) -> usize {
+        self.end(self.bytes.len() / self.width - 1)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::record::{Meta, Payload};
+    use crate::subpage_hash::dram_subpage;
+    use proptest::prelude::*;
+
+    fn layout(capacity: usize) -> PackedLayout {
+        PackedLayout {
+            subpages: 16,
+            capacity,
+            hash: dram_subpage,
+        }
+    }
+
+    /// The layout, pinned: two keys in known sub-pages, the table's bytes and the body.
+    #[test]
+    fn the_page_layout_is_pinned() {
+        let l = layout(4096);
+        let (a, b) = (b"a".as_slice(), b"b".as_slice());
+        let recs = [a, b].map(|key| Record {
+            key,
+            payload: Payload::Inline(b"v"),
+            meta: Meta::default(),
+        });
+        let page = l.build(&recs).unwrap();
+        let (sa, sb) = (l.subpage_of(a), l.subpage_of(b));
+        assert_ne!(sa, sb, "the test wants two sub-pages");
+        let len = recs[0].encoded_len();
+        assert_eq!(page.len(), 32 + 2 * len);
+        let table = l.table(&page).unwrap();
+        let (first, second) = if sa < sb { (sa, sb) } else { (sb, sa) };
+        for i in 0..16 {
+            let want = match i {
+                i if i < first => 0,
+                i if i < second => len,
+                _ => 2 * len,
+            };
+            assert_eq!(table.end(i), want, "end of sub-page {i}");
+            assert_eq!(&page[2 * i..2 * i + 2], &(want as u16).to_le_bytes());
+        }
+        let body = &page[32..];
+        assert_eq!(l.find(&table, body, a), Some(recs[0]));
+        assert_eq!(
+            l.find(&table, &body[..l.prefix_for(&table, b)], b),
+            Some(recs[1])
+        );
+    }
+
+    #[test]
+    fn a_damaged_table_is_refused() {
+        let l = layout(4096);
+        let mut page = vec![0u8; 32];
+        page[2] = 10; // sub-page 1 ends at 10 ...
+        assert!(l.table(&page).is_none(), "... but sub-page 2 at 0");
+        page.fill(0xff);
+        assert!(l.table(&page).is_none(), "past the capacity");
+        assert!(l.table(&page[..7]).is_none(), "short");
+    }
+
+    #[test]
+    fn large_leaves_use_wide_ends() {
+        let l = layout(1 << 20);
+        assert_eq!(l.table_len(), 64);
+    }
+
+    proptest! {
+        /// Any set of records either fits (and every one is found again, through its own
+        /// prefix) or is refused as too large; never a wrong record.
+        #[test]
+        fn any_key_set_fits_or_is_refused(
+            objects in proptest::collection::btree_map(
+                proptest::collection::vec(any::<u8>(), 1..40),
+                proptest::collection::vec(any::<u8>(), 0..120),
+                0..80,
+            ),
+        ) {
+            let l = layout(2048);
+            let recs: Vec<Record> = objects
+                .iter()
+                .map(|(k, v)| Record { key: k, payload: Payload::Inline(v), meta: Meta::default() })
+                .collect();
+            let total: usize = recs.iter().map(Record::encoded_len).sum();
+            prop_assert_eq!(l.fits(recs.iter().map(Record::encoded_len)), total <= 2048);
+            match l.build(&recs) {
+                None => prop_assert!(total > 2048),
+                Some(page) => {
+                    prop_assert_eq!(page.len(), 32 + total);
+                    let table = l.table(&page).unwrap();
+                    let body = &page[32..];
+                    prop_assert_eq!(table.body_len(), total);
+                    for r in &recs {
+                        let prefix = &body[..l.prefix_for(&table, r.key)];
+                        prop_assert_eq!(l.find(&table, prefix, r.key), Some(*r));
+                    }
+                    prop_assert_eq!(l.all(body).count(), recs.len());
+                }
+            }
+        }
+    }
+}
