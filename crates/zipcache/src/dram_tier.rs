@@ -1143,9 +1143,13 @@ impl DramTier {
     pub fn evict_all(&self, sink: Option<&dyn EvictionSink>, now_ms: u64) {
         loop {
             let (low, first) = self.tree.find(&[]);
-            let last = self.tree.leaf_count() == 1;
             let everything = (low.clone(), None);
-            if self.evict_group(&low, &first, everything, false, sink, now_ms) && last {
+            // Counted after the group left, not before: a merge that was splitting one of
+            // its leaves (it holds that leaf's lock, which the group waits for) publishes
+            // the new leaf before it lets go, and that leaf must go too.
+            if self.evict_group(&low, &first, everything, false, sink, now_ms)
+                && self.tree.leaf_count() == 1
+            {
                 return;
             }
         }
