@@ -18,6 +18,7 @@ use std::sync::Arc;
 use tokio::signal::unix::{SignalKind, signal};
 use zipcache::ZipCache;
 
+pub use memcache::Credentials;
 pub use server::{Runtime, ServerHandle, ServerOptions, start};
 pub use settings::{ServeArgs, Settings};
 
@@ -31,19 +32,38 @@ pub mod fuzzing {
     use crate::connection::{Processed, Session, process};
     use crate::memcache::MemcacheSession;
     use crate::resp::RespSession;
-    use crate::server::{ServerInfo, Shared};
+    use crate::server::{ServerInfo, ServerOptions, Shared};
+
+    fn shared(cache: Arc<ZipCache>, options: &ServerOptions) -> Arc<Shared> {
+        Arc::new(Shared::new(cache, ServerInfo::detached(), options))
+    }
+
+    fn options() -> ServerOptions {
+        ServerOptions {
+            max_value_size: 1 << 20,
+            ..ServerOptions::default()
+        }
+    }
 
     /// Feeds `input` to a memcached session `chunk` bytes at a time, as reads would
     /// arrive, and returns everything it replied.
     pub fn memcached_session(cache: Arc<ZipCache>, input: &[u8], chunk: usize) -> Vec<u8> {
-        let shared = Arc::new(Shared::new(cache, ServerInfo::detached(), 1 << 20));
-        drive(MemcacheSession::new(shared), input, chunk)
+        memcached_session_with(cache, &options(), input, chunk)
+    }
+
+    /// As `memcached_session`, with server options (an auth file, `flush_all` disabled).
+    pub fn memcached_session_with(
+        cache: Arc<ZipCache>,
+        options: &ServerOptions,
+        input: &[u8],
+        chunk: usize,
+    ) -> Vec<u8> {
+        drive(MemcacheSession::new(shared(cache, options)), input, chunk)
     }
 
     /// As `memcached_session`, for RESP.
     pub fn resp_session(cache: Arc<ZipCache>, input: &[u8], chunk: usize) -> Vec<u8> {
-        let shared = Arc::new(Shared::new(cache, ServerInfo::detached(), 1 << 20));
-        drive(RespSession::new(shared), input, chunk)
+        drive(RespSession::new(shared(cache, &options())), input, chunk)
     }
 
     fn drive<S: Session>(mut session: S, input: &[u8], chunk: usize) -> Vec<u8> {

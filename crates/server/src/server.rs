@@ -21,7 +21,8 @@ use tokio::sync::{mpsc, watch};
 use zipcache::ZipCache;
 
 use crate::connection;
-use crate::memcache::MemcacheSession;
+use crate::memcache::annotations::Annotations;
+use crate::memcache::{Credentials, MemcacheSession};
 use crate::metrics_http;
 use crate::resp::RespSession;
 use crate::stats::Counters;
@@ -51,6 +52,12 @@ pub struct ServerOptions {
     /// The engine's value size limit (memcached rejects larger values before reading them).
     pub max_value_size: usize,
     pub runtime: Runtime,
+    /// False answers memcached's `flush_all` with `CLIENT_ERROR flush_all not allowed`
+    /// (memcached `-F`).
+    pub flush_all_enabled: bool,
+    /// Users a memcached connection must authenticate as before anything else
+    /// (memcached `-Y`); `None` = open.
+    pub memcached_auth: Option<Arc<Credentials>>,
 }
 
 impl Default for ServerOptions {
@@ -64,6 +71,8 @@ impl Default for ServerOptions {
             max_connections: 4096,
             max_value_size: zipcache::Config::default().max_value_size,
             runtime: Runtime::PerCore,
+            flush_all_enabled: true,
+            memcached_auth: None,
         }
     }
 }
@@ -98,16 +107,22 @@ pub struct Shared {
     pub info: ServerInfo,
     pub max_value: usize,
     pub started: Instant,
+    pub flush_all_enabled: bool,
+    pub memcached_auth: Option<Arc<Credentials>>,
+    pub annotations: Annotations,
 }
 
 impl Shared {
-    pub fn new(cache: Arc<ZipCache>, info: ServerInfo, max_value: usize) -> Shared {
+    pub fn new(cache: Arc<ZipCache>, info: ServerInfo, options: &ServerOptions) -> Shared {
         Shared {
             cache,
             counters: Counters::default(),
             info,
-            max_value,
+            max_value: options.max_value_size,
             started: Instant::now(),
+            flush_all_enabled: options.flush_all_enabled,
+            memcached_auth: options.memcached_auth.clone(),
+            annotations: Annotations::default(),
         }
     }
 }
@@ -200,7 +215,7 @@ pub fn start(cache: Arc<ZipCache>, options: ServerOptions) -> io::Result<ServerH
         threads,
         max_connections: options.max_connections,
     };
-    let shared = Arc::new(Shared::new(cache, info, options.max_value_size));
+    let shared = Arc::new(Shared::new(cache, info, &options));
     let (stop, stopped) = watch::channel(false);
 
     // Listener sets: per-core gives each thread one listener of each port.

@@ -3,9 +3,11 @@
 
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use clap::ValueEnum;
 
+use crate::memcache::Credentials;
 use crate::server::{Runtime, ServerOptions};
 
 /// Arguments of `zipcache serve` (SPEC §8). The `--config` file is the same struct:
@@ -57,6 +59,14 @@ pub struct ServeArgs {
     /// per-core (thread per core, SO_REUSEPORT) or shared (one work-stealing runtime).
     #[arg(long, value_enum)]
     pub runtime: Option<Runtime>,
+    /// Refuse memcached's `flush_all` (`CLIENT_ERROR flush_all not allowed`), as memcached -F.
+    #[arg(long)]
+    #[serde(default)]
+    pub disable_flush_all: bool,
+    /// memcached clients must first authenticate as a `user:password` line of this file
+    /// (memcached -Y format) [default: no authentication].
+    #[arg(long, value_name = "FILE")]
+    pub auth_file: Option<PathBuf>,
 }
 
 /// Every setting with its effective value.
@@ -75,6 +85,10 @@ pub struct Settings {
     pub threads: usize,
     pub metrics_port: Option<u16>,
     pub runtime: Runtime,
+    pub flush_all_enabled: bool,
+    pub auth_file: Option<PathBuf>,
+    /// The users of `auth_file`, read at start-up.
+    pub memcached_auth: Option<Arc<Credentials>>,
 }
 
 fn read_file(path: &Path) -> Result<ServeArgs, String> {
@@ -119,6 +133,13 @@ impl Settings {
             set.push((name.trim().to_string(), value.trim().to_string()));
         }
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let auth_file = args.auth_file.or(file.auth_file);
+        let memcached_auth = match &auth_file {
+            Some(path) => Some(Arc::new(
+                Credentials::load(path).map_err(|e| format!("--auth-file {e}"))?,
+            )),
+            None => None,
+        };
         Ok(Settings {
             listen: args
                 .listen
@@ -145,6 +166,9 @@ impl Settings {
             threads: args.threads.or(file.threads).unwrap_or(cores).max(1),
             metrics_port: args.metrics_port.or(file.metrics_port),
             runtime,
+            flush_all_enabled: !(args.disable_flush_all || file.disable_flush_all),
+            auth_file,
+            memcached_auth,
         })
     }
 
@@ -185,6 +209,8 @@ impl Settings {
             max_connections: self.max_connections,
             max_value_size,
             runtime: self.runtime,
+            flush_all_enabled: self.flush_all_enabled,
+            memcached_auth: self.memcached_auth.clone(),
         }
     }
 
@@ -203,8 +229,12 @@ impl Settings {
         let metrics = self.metrics_port.map_or("off".to_string(), |p| {
             format!("{}:{p}/metrics", self.listen)
         });
+        let auth = self
+            .auth_file
+            .as_ref()
+            .map_or("off".to_string(), |path| path.display().to_string());
         format!(
-            "zipcache serve settings:\n  listen           {}\n  memcached-port   {}\n  resp-port        {}\n  dram             {} bytes\n  data-dir         {}\n  ssd              {ssd}\n  max-connections  {}\n  threads          {} ({} runtime)\n  metrics          {metrics}\n  engine: leaf_size={} subpages={} superleaf_size={} fill_threshold={} write_buffer={} bypass_r={} bypass_max_fraction={} tiny_max={} medium_max={} max_key_size={} max_value_size={} background_threads={} promotion={:?}",
+            "zipcache serve settings:\n  listen           {}\n  memcached-port   {}\n  resp-port        {}\n  dram             {} bytes\n  data-dir         {}\n  ssd              {ssd}\n  max-connections  {}\n  threads          {} ({} runtime)\n  metrics          {metrics}\n  flush_all        {}\n  auth-file        {auth}\n  engine: leaf_size={} subpages={} superleaf_size={} fill_threshold={} write_buffer={} bypass_r={} bypass_max_fraction={} tiny_max={} medium_max={} max_key_size={} max_value_size={} background_threads={} promotion={:?}",
             self.listen,
             self.memcached_port,
             self.resp_port,
@@ -215,6 +245,11 @@ impl Settings {
             self.runtime
                 .to_possible_value()
                 .map_or_else(String::new, |v| v.get_name().to_string()),
+            if self.flush_all_enabled {
+                "enabled"
+            } else {
+                "disabled"
+            },
             config.leaf_size,
             config.subpages,
             config.superleaf_size,
@@ -254,9 +289,14 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("zipcache-settings-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let file = dir.join("serve.toml");
+        let users = dir.join("users");
+        std::fs::write(&users, "ada:lovelace\n").unwrap();
         std::fs::write(
             &file,
-            "dram = \"64MiB\"\nresp-port = 7000\nssd = \"none\"\nset = [\"bypass_r=0\"]\nruntime = \"shared\"\nthreads = 3\n",
+            format!(
+                "dram = \"64MiB\"\nresp-port = 7000\nssd = \"none\"\nset = [\"bypass_r=0\"]\nruntime = \"shared\"\nthreads = 3\ndisable-flush-all = true\nauth-file = {:?}\n",
+                users.display().to_string()
+            ),
         )
         .unwrap();
         let args = ServeArgs {
@@ -268,6 +308,13 @@ mod tests {
         let s = Settings::resolve(args).unwrap();
         assert_eq!((s.dram, s.resp_port, s.ssd_size), (64 << 20, 7001, None));
         assert_eq!((s.runtime, s.threads), (Runtime::Shared, 3));
+        assert!(!s.flush_all_enabled);
+        assert!(
+            s.memcached_auth
+                .as_ref()
+                .unwrap()
+                .check(b"ada", b"lovelace")
+        );
         let config = s.engine_config().unwrap();
         assert_eq!((config.bypass_r, config.write_buffer), (0.0, 128));
         std::fs::remove_dir_all(dir).unwrap();
