@@ -67,7 +67,7 @@ total_ok=0
 total_not_ok=0
 printf '%-28s %8s %8s %8s\n' file planned ok "not ok"
 for file in "${files[@]}"; do
-    log="$work/serve.log"
+    log="$work/$file.log"
     # shellcheck disable=SC2046  # the flags are words
     "$bin" serve --memcached-port 0 --resp-port 0 --ssd none --dram 64MiB \
         --data-dir "$work/data" $(serve_flags "$file") >"$log" 2>&1 &

@@ -332,23 +332,28 @@ fn set(shared: &Shared, meta: &Meta<'_>, out: &mut Vec<u8>) -> Result<(), String
     {
         (outcome, cas) = store(StoreMode::Add, Expiry::from_exptime(exptime, now))?;
     }
-    let code = match outcome {
-        StoreOutcome::Stored => "HD",
-        StoreOutcome::NotStored => "NS",
-        StoreOutcome::Exists => "EX",
-        StoreOutcome::NotFound => "NF",
+    let (code, size) = match outcome {
+        StoreOutcome::Stored { size } => ("HD", Some(size)),
+        StoreOutcome::NotStored => ("NS", None),
+        StoreOutcome::Exists => ("EX", None),
+        StoreOutcome::NotFound => ("NF", None),
     };
-    let stored = Item {
-        value: meta.data.to_vec(),
+    // The item as reported: `s` is the size now stored (appends included).
+    let stored = size.map(|size| Item {
+        value: if meta.has(b's') {
+            vec![0; size]
+        } else {
+            Vec::new()
+        },
         flags,
         cas: cas.unwrap_or(0),
         expires_at_ms: None,
-    };
+    });
     // memcached reports `c0` when nothing was stored.
     status(
         meta,
         code,
-        (outcome == StoreOutcome::Stored).then_some(&stored),
+        stored.as_ref(),
         Some(cas.unwrap_or(0)),
         now,
         out,

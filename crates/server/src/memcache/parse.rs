@@ -202,9 +202,7 @@ pub fn parse(input: &[u8], max_value: usize) -> Parsed<'_> {
         Some(b"flush_all") => flush_all(&tokens),
         Some(b"stats") => stats(&tokens),
         Some(b"version") => Request::Version,
-        Some(b"verbosity") if (2..=3).contains(&tokens.len()) => Request::Verbosity {
-            noreply: noreply(&tokens),
-        },
+        Some(b"verbosity") if (2..=3).contains(&tokens.len()) => verbosity(&tokens),
         Some(b"quit") if tokens.len() == 1 => Request::Quit,
         Some(b"mn") => Request::Meta(Meta {
             kind: MetaKind::Noop,
@@ -451,6 +449,15 @@ fn flush_all<'a>(tokens: &[&'a [u8]]) -> Request<'a> {
         },
     };
     Request::FlushAll { delay, noreply }
+}
+
+fn verbosity(tokens: &[&[u8]]) -> Request<'static> {
+    match number::<u32>(tokens[1]) {
+        Some(_) => Request::Verbosity {
+            noreply: noreply(tokens),
+        },
+        None => refusal(tokens, BAD_FORMAT),
+    }
 }
 
 fn stats<'a>(tokens: &[&'a [u8]]) -> Request<'a> {
@@ -757,6 +764,11 @@ mod tests {
         assert_eq!(
             request(b"touch k x noreply\r\n").0,
             silenced(INVALID_EXPTIME)
+        );
+        assert_eq!(request(b"verbosity invalid\r\n").0, error(BAD_FORMAT));
+        assert_eq!(
+            request(b"verbosity 1 noreply\r\n").0,
+            Request::Verbosity { noreply: true }
         );
     }
 

@@ -153,7 +153,10 @@ fn retrieve(
 /// Outcome of a storage command, shared with `ms`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum StoreOutcome {
-    Stored,
+    /// The value now stored is `size` bytes long (appends included).
+    Stored {
+        size: usize,
+    },
     NotStored,
     Exists,
     NotFound,
@@ -192,11 +195,11 @@ pub fn store_item(
             Update::Put { options, .. } => shared
                 .cache
                 .put_with(key, data, options)
-                .map(|cas| (StoreOutcome::Stored, Some(cas))),
+                .map(|cas| (StoreOutcome::Stored { size: data.len() }, Some(cas))),
             _ => shared
                 .cache
                 .delete(key)
-                .map(|_| (StoreOutcome::Stored, None)),
+                .map(|_| (StoreOutcome::Stored { size: data.len() }, None)),
         };
     }
     let stored = |update: Update| Write::marked(update, marks);
@@ -205,7 +208,7 @@ pub fn store_item(
         .update(&shared.cache, key, |current| match (mode, current) {
             (StoreMode::Set, _) | (StoreMode::Add, None) => (
                 stored(expiry.store(data.to_vec(), flags)),
-                StoreOutcome::Stored,
+                StoreOutcome::Stored { size: data.len() },
             ),
             (StoreMode::Add, Some(_)) => (Update::Keep.into(), StoreOutcome::NotStored),
             (StoreMode::Replace | StoreMode::Append | StoreMode::Prepend, None) => {
@@ -223,14 +226,14 @@ pub fn store_item(
                         ..marks
                     },
                 ),
-                StoreOutcome::Stored,
+                StoreOutcome::Stored { size: data.len() },
             ),
             (StoreMode::Cas(unique), Some(entry)) if entry.item.cas != unique => {
                 (Update::Keep.into(), StoreOutcome::Exists)
             }
             (StoreMode::Replace | StoreMode::Cas(_), Some(_)) => (
                 stored(expiry.store(data.to_vec(), flags)),
-                StoreOutcome::Stored,
+                StoreOutcome::Stored { size: data.len() },
             ),
             // Appends keep the item's own flags and expiry, as memcached does.
             (StoreMode::Append, Some(entry)) => (
@@ -238,14 +241,18 @@ pub fn store_item(
                     Expiry::from_item(&entry.item)
                         .store([&entry.item.value[..], data].concat(), entry.item.flags),
                 ),
-                StoreOutcome::Stored,
+                StoreOutcome::Stored {
+                    size: entry.item.value.len() + data.len(),
+                },
             ),
             (StoreMode::Prepend, Some(entry)) => (
                 stored(
                     Expiry::from_item(&entry.item)
                         .store([data, &entry.item.value[..]].concat(), entry.item.flags),
                 ),
-                StoreOutcome::Stored,
+                StoreOutcome::Stored {
+                    size: entry.item.value.len() + data.len(),
+                },
             ),
         })
 }
@@ -267,7 +274,7 @@ fn store(
         allow_stale: false,
     };
     match store_item(shared, key, &storing) {
-        Ok((StoreOutcome::Stored, _)) => "STORED".into(),
+        Ok((StoreOutcome::Stored { .. }, _)) => "STORED".into(),
         Ok((StoreOutcome::NotStored, _)) => "NOT_STORED".into(),
         Ok((StoreOutcome::Exists, _)) => "EXISTS".into(),
         Ok((StoreOutcome::NotFound, _)) => "NOT_FOUND".into(),
