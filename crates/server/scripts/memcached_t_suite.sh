@@ -16,8 +16,8 @@
 # a link to the installed `memcached` stands in for it. With T_MEMD_USE_DAEMON set
 # the harness connects to our server instead of starting memcached, and ignores the
 # arguments a test asks for; the few that map to a `serve` flag are passed here
-# (ascii-auth*.t: `-Y t/authfile*` -> `--auth-file`). Servers listen on 127.0.0.1
-# and are stopped by PID.
+# (ascii-auth*.t: `-Y t/authfile*` -> `--auth-file`; maxconns.t relies on memcached's
+# default `-c 1024`). Servers listen on 127.0.0.1 and are stopped by PID.
 set -uo pipefail
 
 src=$(cd "${1:?usage: $0 SRC_DIR [ZIPCACHE_BIN] [FILE.t ...]}" && pwd)
@@ -47,6 +47,7 @@ serve_flags() {
     case "$1" in
         ascii-auth.t) echo "--auth-file $src/t/authfile" ;;
         ascii-auth2.t) echo "--auth-file $src/t/authfile2" ;;
+        maxconns.t) echo "--max-connections 1024" ;;
     esac
 }
 

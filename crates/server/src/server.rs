@@ -336,7 +336,7 @@ async fn accept_loop(
 /// (memcached's and Redis's wording), without waiting on it.
 fn reject(stream: TcpStream, protocol: Service) {
     let message: &[u8] = match protocol {
-        Service::Memcached => b"SERVER_ERROR Too many open connections\r\n",
+        Service::Memcached => b"ERROR Too many open connections\r\n",
         _ => b"-ERR max number of clients reached\r\n",
     };
     let _ = stream.try_write(message);

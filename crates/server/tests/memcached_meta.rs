@@ -59,6 +59,21 @@ fn e_sets_the_cas_that_gets_and_compares_see() {
 }
 
 #[test]
+fn appends_compare_the_cas_too() {
+    let server = TestServer::start();
+    let mut c = Client::connect(server.memcached);
+    assert_eq!(c.ask("ms a 2 MA C5000 T30\r\nhi\r\n", 1), ["NS"]);
+    let cas = flag(&c.ask("ms a 2 T30 c\r\nho\r\n", 1)[0], 'c').unwrap();
+    assert_eq!(c.ask("ms a 2 MA C1\r\nhi\r\n", 1), ["EX"]);
+    assert_eq!(c.ask("ms a 2 MP C1\r\nhi\r\n", 1), ["EX"]);
+    assert_eq!(
+        c.ask(&format!("ms a 2 MA C{cas} s\r\nhi\r\n"), 1),
+        ["HD s4"]
+    );
+    assert_eq!(c.ask("mg a v\r\n", 2)[1], "hohi");
+}
+
+#[test]
 fn vivify_with_e_and_the_win_token() {
     let server = TestServer::start();
     let mut c = Client::connect(server.memcached);

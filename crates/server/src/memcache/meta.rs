@@ -323,6 +323,7 @@ fn set(shared: &Shared, meta: &Meta<'_>, out: &mut Vec<u8>) -> Result<(), String
             data: meta.data,
             marks,
             allow_stale: invalidate,
+            compare,
         };
         store_item(shared, &meta.key, &storing).map_err(|e| engine_error(&e))
     };

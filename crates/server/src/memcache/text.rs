@@ -173,6 +173,8 @@ pub struct Storing<'a> {
     /// A `Cas` older than the item's CAS stores the value as stale instead of failing
     /// (`ms I`).
     pub allow_stale: bool,
+    /// The CAS an append or prepend must find (`ms MA C`).
+    pub compare: Option<u64>,
 }
 
 /// Runs a storage command atomically; returns the outcome and the CAS clients now see.
@@ -188,6 +190,7 @@ pub fn store_item(
         data,
         marks,
         allow_stale,
+        compare,
     } = storing;
     if mode == StoreMode::Set && marks == Marks::default() {
         // The common case needs no read: a plain write.
@@ -231,6 +234,11 @@ pub fn store_item(
             (StoreMode::Cas(unique), Some(entry)) if entry.item.cas != unique => {
                 (Update::Keep.into(), StoreOutcome::Exists)
             }
+            (StoreMode::Append | StoreMode::Prepend, Some(entry))
+                if compare.is_some_and(|unique| unique != entry.item.cas) =>
+            {
+                (Update::Keep.into(), StoreOutcome::Exists)
+            }
             (StoreMode::Replace | StoreMode::Cas(_), Some(_)) => (
                 stored(expiry.store(data.to_vec(), flags)),
                 StoreOutcome::Stored { size: data.len() },
@@ -272,6 +280,7 @@ fn store(
         data,
         marks: Marks::default(),
         allow_stale: false,
+        compare: None,
     };
     match store_item(shared, key, &storing) {
         Ok((StoreOutcome::Stored { .. }, _)) => "STORED".into(),
@@ -363,6 +372,7 @@ fn stats(shared: &Shared, section: Option<&[u8]>, out: &mut Vec<u8>) {
             stat(out, "curr_items", engine.objects_resident);
             stat(out, "bytes", engine.dram_used);
             stat(out, "limit_maxbytes", engine.dram_capacity);
+            stat(out, "evictions", engine.evicted_objects);
             for (name, value) in shared.counters.snapshot() {
                 stat(out, name, value);
             }
