@@ -38,7 +38,7 @@ const MEMCACHED_SEEDS: &[&[u8]] = &[
     b"mg aGk= b k v\r\n",
     b"ms k 2 E973 I C5 c s k\r\nhi\r\n",
     b"md k E5 I x F3 T30 C1 q k O7\r\n",
-    b"mg k E5 C7 N30 R30 v c t s\r\n",
+    b"mg k E5 C7 N30 R3000 v c t s\r\n",
     b"ma k E18446744073709551615 N0 v c\r\n",
     b"cas foo 0 0 6 \r\nbarva2\r\n",
     b"prepend k x 0 2 noreply\r\nhi\r\n",

@@ -164,10 +164,11 @@ struct GetWrites {
 
 impl GetWrites {
     /// Whether this request wins the token of `entry`: the first to see it stale, or
-    /// (`R`) the first to see it within the recache time of its expiry.
+    /// (`R`) the first to see it expire within the recache time — in whole seconds, as
+    /// memcached compares them.
     fn wins(&self, entry: &Entry) -> bool {
         let recache = match (self.recache_before_ms, entry.item.expires_at_ms) {
-            (Some(limit), Some(expires)) => expires < limit,
+            (Some(limit), Some(expires)) => expires / 1000 < limit / 1000,
             _ => false,
         };
         !entry.marks.token_sent && (entry.marks.stale || recache)
