@@ -22,6 +22,7 @@ use tokio::signal::unix::{SignalKind, signal};
 use zipcache::ZipCache;
 
 pub use auth::Password;
+pub use memcache::Credentials;
 pub use server::{Runtime, ServerHandle, ServerOptions, start};
 pub use settings::{ServeArgs, Settings};
 pub use tls::TlsFiles;
@@ -39,20 +40,32 @@ pub mod fuzzing {
     use crate::resp::RespSession;
     use crate::server::{ServerInfo, ServerOptions, Shared};
 
-    fn shared(cache: Arc<ZipCache>, requirepass: Option<&str>) -> Arc<Shared> {
-        let options = ServerOptions {
+    fn shared(cache: Arc<ZipCache>, options: &ServerOptions) -> Arc<Shared> {
+        Arc::new(Shared::new(cache, ServerInfo::detached(), options))
+    }
+
+    fn options() -> ServerOptions {
+        ServerOptions {
             max_value_size: 1 << 20,
-            requirepass: requirepass.and_then(Password::new),
             keys_limit: 1000,
             ..ServerOptions::default()
-        };
-        Arc::new(Shared::new(cache, ServerInfo::detached(), &options))
+        }
     }
 
     /// Feeds `input` to a memcached session `chunk` bytes at a time, as reads would
     /// arrive, and returns everything it replied.
     pub fn memcached_session(cache: Arc<ZipCache>, input: &[u8], chunk: usize) -> Vec<u8> {
-        drive(MemcacheSession::new(shared(cache, None)), input, chunk)
+        memcached_session_with(cache, &options(), input, chunk)
+    }
+
+    /// As `memcached_session`, with server options (an auth file, `flush_all` disabled).
+    pub fn memcached_session_with(
+        cache: Arc<ZipCache>,
+        options: &ServerOptions,
+        input: &[u8],
+        chunk: usize,
+    ) -> Vec<u8> {
+        drive(MemcacheSession::new(shared(cache, options)), input, chunk)
     }
 
     /// As `memcached_session`, for RESP; with `requirepass`, clients must AUTH first.
@@ -62,7 +75,11 @@ pub mod fuzzing {
         chunk: usize,
         requirepass: Option<&str>,
     ) -> Vec<u8> {
-        drive(RespSession::new(shared(cache, requirepass)), input, chunk)
+        let options = ServerOptions {
+            requirepass: requirepass.and_then(Password::new),
+            ..options()
+        };
+        drive(RespSession::new(shared(cache, &options)), input, chunk)
     }
 
     /// Every RESP command name, for generating requests.

@@ -23,7 +23,8 @@ use zipcache::ZipCache;
 
 use crate::auth::Password;
 use crate::connection::{self, Transport};
-use crate::memcache::MemcacheSession;
+use crate::memcache::annotations::Annotations;
+use crate::memcache::{Credentials, MemcacheSession};
 use crate::metrics_http;
 use crate::resp::RespSession;
 use crate::stats::Counters;
@@ -62,6 +63,12 @@ pub struct ServerOptions {
     pub tls: Option<TlsFiles>,
     /// Most keys one `KEYS` examines.
     pub keys_limit: usize,
+    /// False answers memcached's `flush_all` with `CLIENT_ERROR flush_all not allowed`
+    /// (memcached `-F`).
+    pub flush_all_enabled: bool,
+    /// Users a memcached connection must authenticate as before anything else
+    /// (memcached `-Y`); `None` = open.
+    pub memcached_auth: Option<Arc<Credentials>>,
 }
 
 impl Default for ServerOptions {
@@ -78,6 +85,8 @@ impl Default for ServerOptions {
             requirepass: None,
             tls: None,
             keys_limit: 100_000,
+            flush_all_enabled: true,
+            memcached_auth: None,
         }
     }
 }
@@ -114,6 +123,9 @@ pub struct Shared {
     pub requirepass: Option<Password>,
     pub keys_limit: usize,
     pub started: Instant,
+    pub flush_all_enabled: bool,
+    pub memcached_auth: Option<Arc<Credentials>>,
+    pub annotations: Annotations,
 }
 
 impl Shared {
@@ -126,6 +138,9 @@ impl Shared {
             requirepass: options.requirepass.clone(),
             keys_limit: options.keys_limit,
             started: Instant::now(),
+            flush_all_enabled: options.flush_all_enabled,
+            memcached_auth: options.memcached_auth.clone(),
+            annotations: Annotations::default(),
         }
     }
 }
@@ -373,7 +388,7 @@ async fn serve<T: Transport>(
 /// without a word: plain text would not reach it.
 fn reject(stream: TcpStream, protocol: Service, tls: bool) {
     let message: &[u8] = match protocol {
-        Service::Memcached => b"SERVER_ERROR Too many open connections\r\n",
+        Service::Memcached => b"ERROR Too many open connections\r\n",
         _ => b"-ERR max number of clients reached\r\n",
     };
     if !tls {

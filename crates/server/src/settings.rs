@@ -3,10 +3,12 @@
 
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use clap::ValueEnum;
 
 use crate::auth::Password;
+use crate::memcache::Credentials;
 use crate::server::{Runtime, ServerOptions};
 use crate::tls::TlsFiles;
 
@@ -77,6 +79,10 @@ pub struct ServeArgs {
     /// Most keys one RESP `KEYS` examines before it refuses (use SCAN) [default: 100000].
     #[arg(long)]
     pub keys_limit: Option<usize>,
+    /// Refuse memcached's `flush_all` (`CLIENT_ERROR flush_all not allowed`), as memcached -F.
+    #[arg(long)]
+    #[serde(default)]
+    pub disable_flush_all: bool,
 }
 
 /// Every setting with its effective value.
@@ -99,6 +105,9 @@ pub struct Settings {
     pub auth_file: Option<PathBuf>,
     pub tls: Option<TlsFiles>,
     pub keys_limit: usize,
+    pub flush_all_enabled: bool,
+    /// The users of `auth_file`, read at start-up.
+    pub memcached_auth: Option<Arc<Credentials>>,
 }
 
 fn read_file(path: &Path) -> Result<ServeArgs, String> {
@@ -152,6 +161,13 @@ impl Settings {
             _ => return Err("tls-key and tls-ca need tls-cert; tls-cert needs tls-key".into()),
         };
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let auth_file = args.auth_file.or(file.auth_file);
+        let memcached_auth = match &auth_file {
+            Some(path) => Some(Arc::new(
+                Credentials::load(path).map_err(|e| format!("--auth-file {e}"))?,
+            )),
+            None => None,
+        };
         Ok(Settings {
             listen: args
                 .listen
@@ -183,9 +199,11 @@ impl Settings {
                 .or(file.requirepass)
                 .as_deref()
                 .and_then(Password::new),
-            auth_file: args.auth_file.or(file.auth_file),
+            auth_file,
             tls,
             keys_limit: args.keys_limit.or(file.keys_limit).unwrap_or(100_000),
+            flush_all_enabled: !(args.disable_flush_all || file.disable_flush_all),
+            memcached_auth,
         })
     }
 
@@ -257,6 +275,8 @@ impl Settings {
             max_connections: self.max_connections,
             max_value_size,
             runtime: self.runtime,
+            flush_all_enabled: self.flush_all_enabled,
+            memcached_auth: self.memcached_auth.clone(),
         }
     }
 
@@ -287,7 +307,7 @@ impl Settings {
         });
         let set_or_off = |on: bool| if on { "set" } else { "off" };
         format!(
-            "zipcache serve settings:\n  listen           {}\n  memcached-port   {}\n  resp-port        {}\n  dram             {} bytes\n  data-dir         {}\n  ssd              {ssd}\n  max-connections  {}\n  threads          {} ({} runtime)\n  metrics          {metrics}\n  tls              {tls}\n  requirepass      {}\n  auth-file        {}\n  keys-limit       {}\n  engine: leaf_size={} subpages={} superleaf_size={} fill_threshold={} write_buffer={} bypass_r={} bypass_max_fraction={} tiny_max={} medium_max={} max_key_size={} max_value_size={} background_threads={} promotion={:?}",
+            "zipcache serve settings:\n  listen           {}\n  memcached-port   {}\n  resp-port        {}\n  dram             {} bytes\n  data-dir         {}\n  ssd              {ssd}\n  max-connections  {}\n  threads          {} ({} runtime)\n  metrics          {metrics}\n  tls              {tls}\n  requirepass      {}\n  auth-file        {}\n  keys-limit       {}\n  flush_all        {}\n  engine: leaf_size={} subpages={} superleaf_size={} fill_threshold={} write_buffer={} bypass_r={} bypass_max_fraction={} tiny_max={} medium_max={} max_key_size={} max_value_size={} background_threads={} promotion={:?}",
             self.listen,
             self.memcached_port,
             self.resp_port,
@@ -303,6 +323,11 @@ impl Settings {
                 .as_ref()
                 .map_or("off".to_string(), |p| p.display().to_string()),
             self.keys_limit,
+            if self.flush_all_enabled {
+                "enabled"
+            } else {
+                "disabled"
+            },
             config.leaf_size,
             config.subpages,
             config.superleaf_size,
@@ -342,9 +367,14 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("zipcache-settings-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let file = dir.join("serve.toml");
+        let users = dir.join("users");
+        std::fs::write(&users, "ada:lovelace\n").unwrap();
         std::fs::write(
             &file,
-            "dram = \"64MiB\"\nresp-port = 7000\nssd = \"none\"\nset = [\"bypass_r=0\"]\nruntime = \"shared\"\nthreads = 3\n",
+            format!(
+                "dram = \"64MiB\"\nresp-port = 7000\nssd = \"none\"\nset = [\"bypass_r=0\"]\nruntime = \"shared\"\nthreads = 3\ndisable-flush-all = true\nauth-file = {:?}\n",
+                users.display().to_string()
+            ),
         )
         .unwrap();
         let args = ServeArgs {
@@ -356,6 +386,13 @@ mod tests {
         let s = Settings::resolve(args).unwrap();
         assert_eq!((s.dram, s.resp_port, s.ssd_size), (64 << 20, 7001, None));
         assert_eq!((s.runtime, s.threads), (Runtime::Shared, 3));
+        assert!(!s.flush_all_enabled);
+        assert!(
+            s.memcached_auth
+                .as_ref()
+                .unwrap()
+                .check(b"ada", b"lovelace")
+        );
         let config = s.engine_config().unwrap();
         assert_eq!((config.bypass_r, config.write_buffer), (0.0, 128));
         std::fs::remove_dir_all(dir).unwrap();
@@ -413,12 +450,15 @@ mod tests {
         })
         .unwrap();
         assert!(!resp_only.contains("RESP port"), "{resp_only}");
+        let users = std::env::temp_dir().join(format!("zc-users-{}", std::process::id()));
+        std::fs::write(&users, "alice:secret\n").unwrap();
         let both = ServeArgs {
             requirepass: Some("pw".into()),
-            auth_file: Some("users".into()),
+            auth_file: Some(users.clone()),
             ..anywhere()
         };
         assert_eq!(exposed(both), None);
+        std::fs::remove_file(users).unwrap();
         let client_certificates = ServeArgs {
             tls_cert: Some("c".into()),
             tls_key: Some("k".into()),

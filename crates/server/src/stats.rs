@@ -16,6 +16,8 @@ pub struct Counters {
     pub get_misses: AtomicU64,
     pub commands: AtomicU64,
     pub protocol_errors: AtomicU64,
+    pub auth_cmds: AtomicU64,
+    pub auth_errors: AtomicU64,
 }
 
 impl Counters {
@@ -45,6 +47,8 @@ impl Counters {
             ("get_misses", get(&self.get_misses)),
             ("total_commands_processed", get(&self.commands)),
             ("protocol_errors", get(&self.protocol_errors)),
+            ("auth_cmds", get(&self.auth_cmds)),
+            ("auth_errors", get(&self.auth_errors)),
         ]
     }
 }

@@ -91,7 +91,7 @@ fn connections_over_the_limit_are_refused_politely() {
         assert!(client.ask("version\r\n", 1)[0].starts_with("VERSION"));
     }
     let mut refused = Client::connect(server.memcached);
-    assert_eq!(refused.line(), "SERVER_ERROR Too many open connections");
+    assert_eq!(refused.line(), "ERROR Too many open connections");
     assert!(refused.closed());
     let mut refused = Client::connect(server.resp);
     assert_eq!(refused.line(), "-ERR max number of clients reached");

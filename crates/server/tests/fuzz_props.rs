@@ -7,7 +7,10 @@ use std::sync::Arc;
 
 use proptest::prelude::*;
 use zipcache::{Config, ZipCache};
-use zipcache_server::fuzzing::{memcached_session, resp_command_names, resp_request, resp_session};
+use zipcache_server::fuzzing::{
+    memcached_session, memcached_session_with, resp_command_names, resp_request, resp_session,
+};
+use zipcache_server::{Credentials, ServerOptions};
 
 fn cache() -> Arc<ZipCache> {
     let config = Config {
@@ -35,7 +38,36 @@ const MEMCACHED_SEEDS: &[&[u8]] = &[
     b"mg k T9223372036854775807 N-9223372036854775808 v t\r\n",
     b"ma k N9223372036854775807 J18446744073709551615 D18446744073709551615 v t\r\n",
     b"mg aGk= b k v\r\n",
+    b"ms k 2 E973 I C5 c s k\r\nhi\r\n",
+    b"md k E5 I x F3 T30 C1 q k O7\r\n",
+    b"mg k E5 C7 N30 R3000 v c t s\r\n",
+    b"ma k E18446744073709551615 N0 v c\r\n",
+    b"cas foo 0 0 6 \r\nbarva2\r\n",
+    b"prepend k x 0 2 noreply\r\nhi\r\n",
+    b"set k 0 0 2147483647\r\n",
+    b"verbosity x noreply\r\n",
+    b" \r\n",
 ];
+
+/// An unauthenticated session's inputs (the users are `foo:bar`).
+const AUTH_SEEDS: &[&[u8]] = &[
+    b"set a 0 0 7\r\nfoo bar\r\n",
+    b"set a 0 0 7\r\nfoo bab\r\n",
+    b"set a 0 0 2\r\nhi\r\n",
+    b"set a 0 0 16385\r\n",
+    b"set a 0 0 3\r\nabcXX",
+    b"get foo\r\n",
+    b"set k 0 0 5\r\nhello\r\nget k\r\n",
+];
+
+fn authenticating(input: &[u8], chunk: usize) -> Vec<u8> {
+    let options = ServerOptions {
+        max_value_size: 1 << 20,
+        memcached_auth: Some(Arc::new(Credentials::parse(b"foo:bar").unwrap())),
+        ..ServerOptions::default()
+    };
+    memcached_session_with(cache(), &options, input, chunk)
+}
 
 const RESP_SEEDS: &[&[u8]] = &[
     b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$1\r\nv\r\n",
@@ -220,6 +252,21 @@ proptest! {
                 prop_assert!(replies.ends_with(expected), "{}", String::from_utf8_lossy(&replies));
             }
         }
+    }
+
+    #[test]
+    fn authenticating_sessions_survive_mutated_attempts(cmds in prop::collection::vec(mutated(AUTH_SEEDS), 1..8), chunk in 1..64usize) {
+        let input = cmds.concat();
+        prop_assert_eq!(authenticating(&input, input.len().max(1)), authenticating(&input, chunk));
+    }
+
+    /// Whatever CAS a client chooses, it is the one reported until the next write.
+    #[test]
+    fn a_client_cas_is_reported_back(cas in any::<u64>()) {
+        let input = format!("ms k 1 E{cas}\r\nx\r\nmg k c\r\ngets k\r\n");
+        let replies = memcached_session(cache(), input.as_bytes(), 7);
+        let expected = format!("HD\r\nHD c{cas}\r\nVALUE k 0 1 {cas}\r\nx\r\nEND\r\n");
+        prop_assert_eq!(String::from_utf8_lossy(&replies), expected);
     }
 
     /// Pieces of any size give the same replies as one read: framing is resumable.

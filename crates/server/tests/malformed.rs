@@ -3,6 +3,10 @@
 
 mod common;
 
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::Duration;
+
 use common::{Client, TestServer};
 use zipcache_server::ServerOptions;
 
@@ -23,17 +27,24 @@ fn memcached_errors_match_memcached_and_keep_the_connection() {
     let long_key = "k".repeat(251);
     let cases: &[(&str, &[&str])] = &[
         ("bogus\r\n", &["ERROR"]),
-        ("\r\n", &["ERROR"]),
+        ("\r\n", &["CLIENT_ERROR bad command line format"]),
+        (" \n", &["CLIENT_ERROR bad command line format"]),
         ("get\r\n", &["ERROR"]),
-        ("set k 0 0\r\n", &["ERROR"]),
-        ("set k x 0 1\r\n", &["CLIENT_ERROR bad command line format"]),
+        ("set k 0 0\r\n", &["CLIENT_ERROR bad command line format"]),
+        (
+            "set k x 0 1\r\nx\r\n",
+            &["CLIENT_ERROR bad command line format"],
+        ),
         (
             "set k 0 0 -1\r\n",
             &["CLIENT_ERROR bad command line format"],
         ),
         (
             "set k 0 0 1\r\nabc\r\n",
-            &["CLIENT_ERROR bad data chunk", "ERROR"],
+            &[
+                "CLIENT_ERROR bad data chunk",
+                "CLIENT_ERROR bad command line format",
+            ],
         ),
         (
             "incr k x\r\n",
@@ -58,11 +69,11 @@ fn memcached_errors_match_memcached_and_keep_the_connection() {
         ),
         ("stats nonsense\r\n", &["ERROR"]),
         (
-            "cas k 0 0 1 x\r\n",
+            "cas k 0 0 1 x\r\n1\r\n",
             &["CLIENT_ERROR bad command line format"],
         ),
         ("verbosity\r\n", &["ERROR"]),
-        ("mg\r\n", &["ERROR"]),
+        ("mg\r\n", &["CLIENT_ERROR bad command line format"]),
         ("me\r\n", &["CLIENT_ERROR bad command line format"]),
         ("mg k zz\r\n", &["CLIENT_ERROR invalid flag"]),
         ("mg k v v\r\n", &["CLIENT_ERROR duplicate flag"]),
@@ -75,6 +86,7 @@ fn memcached_errors_match_memcached_and_keep_the_connection() {
             &["CLIENT_ERROR opaque token too long"],
         ),
         ("ms k S2\r\n", &["CLIENT_ERROR bad command line format"]),
+        ("ms\r\n", &["CLIENT_ERROR bad command line format"]),
         (
             "ms k 2 MX\r\nab\r\n",
             &["CLIENT_ERROR invalid mode for ms M token"],
@@ -88,7 +100,7 @@ fn memcached_errors_match_memcached_and_keep_the_connection() {
     memcached_survives(
         &mut c,
         &too_long_key,
-        &["CLIENT_ERROR bad command line format", "ERROR"],
+        &["CLIENT_ERROR bad command line format"],
     );
     memcached_survives(
         &mut c,
@@ -287,4 +299,88 @@ fn keys_refuses_to_examine_more_than_its_limit() {
         ["-ERR KEYS would examine more than 5 keys (keys-limit); use SCAN"]
     );
     assert_eq!(c.ask("PING\r\n", 1), ["+PONG"]);
+}
+
+/// A malformed storage line whose length is readable skips its data block, as memcached
+/// does: the block (here a command that would empty the cache) is never executed.
+#[test]
+fn memcached_malformed_storage_lines_swallow_their_data_block() {
+    let server = TestServer::start();
+    let mut c = Client::connect(server.memcached);
+    assert_eq!(c.ask("set sentinel 0 0 1\r\nx\r\n", 1), ["STORED"]);
+    let long_key = "k".repeat(251);
+    let lines = [
+        "cas foo 0 0 9 \r\n".to_string(),
+        "cas foo 0 0 9 x\r\n".into(),
+        "set foo x 0 9\r\n".into(),
+        "add foo 0 x 9\r\n".into(),
+        "replace foo -1 0 9\r\n".into(),
+        "append foo 0 0x10 9\r\n".into(),
+        "prepend foo 4294967296 0 9\r\n".into(),
+        format!("set {long_key} 0 0 9\r\n"),
+    ];
+    for line in &lines {
+        c.send(line.as_bytes());
+        c.send(b"flush_all\r\n");
+        assert_eq!(c.line(), "CLIENT_ERROR bad command line format", "{line:?}");
+        assert_eq!(c.ask("mn\r\n", 1), ["MN"], "after {line:?}");
+    }
+    // noreply silences the error, not the skipping.
+    c.send(b"set foo x 0 9 noreply\r\nflush_all\r\n");
+    assert_eq!(
+        c.ask("get sentinel\r\n", 3),
+        ["VALUE sentinel 0 1", "x", "END"]
+    );
+}
+
+#[test]
+fn memcached_refuses_impossible_lengths_without_waiting_for_data() {
+    let server = TestServer::start();
+    let mut c = Client::connect(server.memcached);
+    // The last one's data never comes: the reply must not wait for it.
+    for line in [
+        "set issue70 0 0 4294967295\r\n",
+        "set issue70 0 0 -1\r\n",
+        "ms issue70 2147483647\r\n",
+        "set issue70 0 0 2147483647\r\nscoobyscoobydoo",
+    ] {
+        c.send(line.as_bytes());
+        assert_eq!(c.line(), "CLIENT_ERROR bad command line format", "{line:?}");
+    }
+}
+
+#[test]
+fn memcached_delete_takes_a_zero_hold_time_and_noreply_silences_its_errors() {
+    let server = TestServer::start();
+    let mut c = Client::connect(server.memcached);
+    assert_eq!(c.ask("set k 0 0 1\r\nx\r\n", 1), ["STORED"]);
+    assert_eq!(c.ask("delete k 0\r\n", 1), ["DELETED"]);
+    assert_eq!(
+        c.ask("delete k 1\r\n", 1),
+        ["CLIENT_ERROR bad command line format.  Usage: delete <key> [noreply]"]
+    );
+    // memcached's issue 3: no reply at all, so the next reply is the add's.
+    c.send(b"delete k 10 noreply\r\nincr k x noreply\r\n");
+    assert_eq!(c.ask("add k 0 0 1\r\nx\r\n", 1), ["STORED"]);
+}
+
+#[test]
+fn memcached_hangs_up_on_http() {
+    let server = TestServer::start();
+    for request in [
+        "GET / HTTP/1.0\r\n",
+        "PUT /asdf/asd/fasdfasdf/sadf HTTP/1.1\r\n",
+        "DELETE HTTP/1.1\r\n",
+    ] {
+        let mut stream = TcpStream::connect(server.memcached).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
+        stream.write_all(request.as_bytes()).unwrap();
+        let mut reply = Vec::new();
+        stream
+            .read_to_end(&mut reply)
+            .expect("closed, not timed out");
+        assert!(reply.is_empty(), "{request:?} got {reply:?}");
+    }
 }

@@ -57,6 +57,8 @@ fn stats_and_info_carry_engine_metrics_and_counters() {
         "STAT get_misses 1",
         "STAT curr_connections 1",
         "STAT cmd_set 1",
+        "STAT evictions 0",
+        "STAT auth_cmds 0",
     ] {
         assert!(stats.iter().any(|s| s == stat), "{stat} missing: {stats:?}");
     }

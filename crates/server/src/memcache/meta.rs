@@ -2,8 +2,9 @@
 
 use zipcache::{Item, Update};
 
+use super::annotations::{Entry, Marks, Write};
 use super::parse::{Meta, MetaKind, StoreMode};
-use super::text::{StoreOutcome, apply_delta, store_item, touch};
+use super::text::{StoreOutcome, Storing, apply_delta, store_item};
 use super::{Expiry, NON_NUMERIC, engine_error, line, ttl_seconds};
 use crate::server::Shared;
 use crate::stats::Counters;
@@ -83,23 +84,24 @@ fn return_flags(
     }
 }
 
+/// `VA <len> <flags>` and the value, or `HD <flags>` without it; `extra` ends the line.
 fn value_reply(
     meta: &Meta<'_>,
     item: &Item,
-    cas: Option<u64>,
+    with_value: bool,
     now_ms: u64,
     extra: &str,
     out: &mut Vec<u8>,
 ) {
-    if meta.has(b'v') {
+    if with_value {
         out.extend_from_slice(format!("VA {}", item.value.len()).as_bytes());
     } else {
         out.extend_from_slice(b"HD");
     }
-    return_flags(meta, Some(item), cas, now_ms, out);
+    return_flags(meta, Some(item), None, now_ms, out);
     out.extend_from_slice(extra.as_bytes());
     out.extend_from_slice(b"\r\n");
-    if meta.has(b'v') {
+    if with_value {
         out.extend_from_slice(&item.value);
         out.extend_from_slice(b"\r\n");
     }
@@ -122,63 +124,169 @@ fn status(
     out.extend_from_slice(b"\r\n");
 }
 
-fn get(shared: &Shared, meta: &Meta<'_>, out: &mut Vec<u8>) -> Result<(), String> {
-    Counters::bump(&shared.counters.cmd_get);
-    let touch_exptime = numeric::<i64>(meta, b'T')?;
-    let vivify_exptime = numeric::<i64>(meta, b'N')?;
-    let found = match touch_exptime {
-        Some(exptime) => touch(shared, &meta.key, exptime),
-        None => shared.cache.get_item(&meta.key),
+/// The `EN` of a miss, echoing `k` and `O` (`q` hides it).
+fn miss(meta: &Meta<'_>, out: &mut Vec<u8>) {
+    if meta.has(b'q') {
+        return;
     }
-    .map_err(|e| engine_error(&e))?;
-    let now = shared.cache.now_ms();
-    shared.counters.hit_or_miss(found.is_some());
-    match (found, vivify_exptime) {
-        (Some(item), _) => value_reply(meta, &item, None, now, "", out),
-        (None, Some(exptime)) => {
-            // Autovivify: an empty placeholder, and this client wins the right to fill it.
-            let expiry = Expiry::from_exptime(exptime, now);
-            let (item, cas) = shared
-                .cache
-                .update(&meta.key, |current| match current {
-                    Some(item) => (Update::Keep, item.clone()),
-                    None => (
-                        expiry.store(Vec::new(), 0),
-                        Item {
+    out.extend_from_slice(b"EN");
+    for flag in meta
+        .flags
+        .iter()
+        .filter(|f| matches!(f.letter, b'k' | b'O'))
+    {
+        if flag.letter == b'k' {
+            key_flag(meta, out);
+        } else {
+            out.extend_from_slice(b" O");
+            out.extend_from_slice(flag.token);
+        }
+    }
+    out.extend_from_slice(b"\r\n");
+}
+
+/// What `mg` found, once any write it asked for is done.
+struct Fetched {
+    entry: Entry,
+    /// This request won the right to refill the item (`W`).
+    won: bool,
+    /// The token went out before this request (`Z`).
+    token_was_sent: bool,
+}
+
+/// The `mg` flags that may write: touch (`T`), autovivify (`N`), recache (`R`).
+struct GetWrites {
+    touch: Option<Expiry>,
+    vivify: Option<Expiry>,
+    recache_before_ms: Option<u64>,
+    client_cas: Option<u64>,
+}
+
+impl GetWrites {
+    /// Whether this request wins the token of `entry`: the first to see it stale, or
+    /// (`R`) the first to see it expire within the recache time — in whole seconds, as
+    /// memcached compares them.
+    fn wins(&self, entry: &Entry) -> bool {
+        let recache = match (self.recache_before_ms, entry.item.expires_at_ms) {
+            (Some(limit), Some(expires)) => expires / 1000 < limit / 1000,
+            _ => false,
+        };
+        !entry.marks.token_sent && (entry.marks.stale || recache)
+    }
+
+    fn fetch(&self, shared: &Shared, key: &[u8]) -> Result<Option<Fetched>, String> {
+        let (fetched, cas) = shared
+            .annotations
+            .update(&shared.cache, key, |current| match current {
+                None => match self.vivify {
+                    // An empty placeholder; this client wins the right to fill it.
+                    Some(expiry) => {
+                        let marks = Marks {
+                            cas: self.client_cas,
+                            token_sent: true,
+                            ..Marks::default()
+                        };
+                        let item = Item {
                             value: Vec::new(),
                             flags: 0,
                             cas: 0,
-                            expires_at_ms: None,
-                        },
-                    ),
-                })
-                .map_err(|e| engine_error(&e))?;
-            let item = Item {
-                expires_at_ms: expiry.expires_at_ms().or(item.expires_at_ms),
-                ..item
-            };
-            let won = if cas.is_some() { " W" } else { "" };
-            value_reply(meta, &item, cas, now, won, out);
-        }
-        (None, None) => {
-            if !meta.has(b'q') {
-                out.extend_from_slice(b"EN");
-                for flag in meta
-                    .flags
-                    .iter()
-                    .filter(|f| matches!(f.letter, b'k' | b'O'))
-                {
-                    if flag.letter == b'k' {
-                        key_flag(meta, out);
-                    } else {
-                        out.extend_from_slice(b" O");
-                        out.extend_from_slice(flag.token);
+                            expires_at_ms: expiry.expires_at_ms(),
+                        };
+                        let fetched = Fetched {
+                            entry: Entry {
+                                item,
+                                marks,
+                                version: 0,
+                            },
+                            won: true,
+                            token_was_sent: false,
+                        };
+                        let update = expiry.store(Vec::new(), 0);
+                        (Write::marked(update, marks), Some(fetched))
                     }
+                    None => (Update::Keep.into(), None),
+                },
+                Some(entry) => {
+                    let won = self.wins(entry);
+                    let marks = Marks {
+                        token_sent: entry.marks.token_sent || won,
+                        ..entry.marks
+                    };
+                    let (update, entry) = match self.touch {
+                        Some(expiry) => (
+                            expiry.store(entry.item.value.clone(), entry.item.flags),
+                            entry.clone().redated(expiry, None),
+                        ),
+                        None => (Update::Keep, entry.clone()),
+                    };
+                    let fetched = Fetched {
+                        token_was_sent: entry.marks.token_sent,
+                        entry,
+                        won,
+                    };
+                    (Write::marked(update, marks), Some(fetched))
                 }
-                out.extend_from_slice(b"\r\n");
+            })
+            .map_err(|e| engine_error(&e))?;
+        Ok(fetched.map(|mut fetched| {
+            if let Some(cas) = cas {
+                fetched.entry.item.cas = cas;
             }
-        }
+            fetched
+        }))
     }
+}
+
+fn get(shared: &Shared, meta: &Meta<'_>, out: &mut Vec<u8>) -> Result<(), String> {
+    Counters::bump(&shared.counters.cmd_get);
+    let now = shared.cache.now_ms();
+    let expiry = |letter| -> Result<Option<Expiry>, String> {
+        Ok(numeric::<i64>(meta, letter)?.map(|t| Expiry::from_exptime(t, now)))
+    };
+    let writes = GetWrites {
+        touch: expiry(b'T')?,
+        vivify: expiry(b'N')?,
+        recache_before_ms: expiry(b'R')?.map(|e| e.expires_at_ms().unwrap_or(0)),
+        client_cas: numeric::<u64>(meta, b'E')?,
+    };
+    let unless_cas = numeric::<u64>(meta, b'C')?;
+    // A plain read unless this request may write: touch, vivify, or win a token.
+    let found = shared
+        .annotations
+        .get(&shared.cache, &meta.key)
+        .map_err(|e| engine_error(&e))?;
+    let must_write = writes.touch.is_some()
+        || match &found {
+            None => writes.vivify.is_some(),
+            Some(entry) => writes.wins(entry),
+        };
+    let fetched = if must_write {
+        writes.fetch(shared, &meta.key)?
+    } else {
+        found.map(|entry| Fetched {
+            token_was_sent: entry.marks.token_sent,
+            entry,
+            won: false,
+        })
+    };
+    shared.counters.hit_or_miss(fetched.is_some());
+    let Some(fetched) = fetched else {
+        miss(meta, out);
+        return Ok(());
+    };
+    let mut extra = String::new();
+    if fetched.token_was_sent {
+        extra.push_str(" Z");
+    }
+    if fetched.entry.marks.stale {
+        extra.push_str(" X");
+    }
+    if fetched.won {
+        extra.push_str(" W");
+    }
+    // `C` matching the item's CAS: the client has this value already.
+    let with_value = meta.has(b'v') && unless_cas != Some(fetched.entry.item.cas);
+    value_reply(meta, &fetched.entry.item, with_value, now, &extra, out);
     Ok(())
 }
 
@@ -187,6 +295,10 @@ fn set(shared: &Shared, meta: &Meta<'_>, out: &mut Vec<u8>) -> Result<(), String
     let flags = numeric::<u32>(meta, b'F')?.unwrap_or(0);
     let exptime = numeric::<i64>(meta, b'T')?.unwrap_or(0);
     let compare = numeric::<u64>(meta, b'C')?;
+    let marks = Marks {
+        cas: numeric::<u64>(meta, b'E')?,
+        ..Marks::default()
+    };
     let mode = match meta.token(b'M') {
         None | Some(b"S" | b"s") => StoreMode::Set,
         Some(b"E" | b"e") => StoreMode::Add,
@@ -201,55 +313,96 @@ fn set(shared: &Shared, meta: &Meta<'_>, out: &mut Vec<u8>) -> Result<(), String
         (StoreMode::Set | StoreMode::Replace, Some(unique)) => StoreMode::Cas(unique),
         (mode, _) => mode,
     };
+    let invalidate = meta.has(b'I');
     // Append/prepend with N creates the item when it is missing.
     let vivify = numeric::<i64>(meta, b'N')?;
-    let (mut outcome, mut cas) = store_item(shared, mode, &meta.key, flags, expiry, meta.data)
-        .map_err(|e| engine_error(&e))?;
+    let store = |mode, expiry| {
+        let storing = Storing {
+            mode,
+            flags,
+            expiry,
+            data: meta.data,
+            marks,
+            allow_stale: invalidate,
+            compare,
+        };
+        store_item(shared, &meta.key, &storing).map_err(|e| engine_error(&e))
+    };
+    let (mut outcome, mut cas) = store(mode, expiry)?;
     if let (StoreOutcome::NotStored, Some(exptime), StoreMode::Append | StoreMode::Prepend) =
         (outcome, vivify, mode)
     {
-        let vivify_expiry = Expiry::from_exptime(exptime, now);
-        (outcome, cas) = store_item(
-            shared,
-            StoreMode::Add,
-            &meta.key,
-            flags,
-            vivify_expiry,
-            meta.data,
-        )
-        .map_err(|e| engine_error(&e))?;
+        (outcome, cas) = store(StoreMode::Add, Expiry::from_exptime(exptime, now))?;
     }
-    let code = match outcome {
-        StoreOutcome::Stored => "HD",
-        StoreOutcome::NotStored => "NS",
-        StoreOutcome::Exists => "EX",
-        StoreOutcome::NotFound => "NF",
+    let (code, size) = match outcome {
+        StoreOutcome::Stored { size } => ("HD", Some(size)),
+        StoreOutcome::NotStored => ("NS", None),
+        StoreOutcome::Exists => ("EX", None),
+        StoreOutcome::NotFound => ("NF", None),
     };
-    let stored = Item {
-        value: meta.data.to_vec(),
+    // The item as reported: `s` is the size now stored (appends included).
+    let stored = size.map(|size| Item {
+        value: if meta.has(b's') {
+            vec![0; size]
+        } else {
+            Vec::new()
+        },
         flags,
         cas: cas.unwrap_or(0),
         expires_at_ms: None,
-    };
+    });
+    // memcached reports `c0` when nothing was stored.
     status(
         meta,
         code,
-        (outcome == StoreOutcome::Stored).then_some(&stored),
-        cas,
+        stored.as_ref(),
+        Some(cas.unwrap_or(0)),
         now,
         out,
     );
     Ok(())
 }
 
+/// `md`: deletes, or with `I` marks the item stale (new CAS, win token back on offer),
+/// or with `x` empties its value but keeps the item (and its CAS).
 fn delete(shared: &Shared, meta: &Meta<'_>, out: &mut Vec<u8>) -> Result<(), String> {
     let compare = numeric::<u64>(meta, b'C')?;
+    let client_cas = numeric::<u64>(meta, b'E')?;
+    let new_flags = numeric::<u32>(meta, b'F')?.unwrap_or(0);
+    let now = shared.cache.now_ms();
+    let new_expiry = numeric::<i64>(meta, b'T')?.map(|t| Expiry::from_exptime(t, now));
+    let (invalidate, empty) = (meta.has(b'I'), meta.has(b'x'));
     let (code, _) = shared
-        .cache
-        .update(&meta.key, |current| match (current, compare) {
-            (None, _) => (Update::Keep, "NF"),
-            (Some(item), Some(unique)) if item.cas != unique => (Update::Keep, "EX"),
-            (Some(_), _) => (Update::Delete, "HD"),
+        .annotations
+        .update(&shared.cache, &meta.key, |current| match current {
+            None => (Update::Keep.into(), "NF"),
+            Some(entry) if compare.is_some_and(|c| c != entry.item.cas) => {
+                (Update::Keep.into(), "EX")
+            }
+            Some(_) if !invalidate && !empty => (Update::Delete.into(), "HD"),
+            Some(entry) => {
+                let item = &entry.item;
+                let (value, flags, expiry) = if empty {
+                    (Vec::new(), new_flags, new_expiry.unwrap_or(Expiry::Never))
+                } else {
+                    let expiry = new_expiry.unwrap_or_else(|| Expiry::from_item(item));
+                    (item.value.clone(), item.flags, expiry)
+                };
+                let marks = if invalidate {
+                    Marks {
+                        cas: client_cas,
+                        stale: true,
+                        token_sent: false,
+                    }
+                } else {
+                    Marks {
+                        cas: client_cas.or(Some(item.cas)),
+                        ..Marks::default()
+                    }
+                };
+                let update = expiry.store(value, flags);
+                (Write::marked(update, marks), "HD")
+            }
         })
         .map_err(|e| engine_error(&e))?;
     status(meta, code, None, None, 0, out);
@@ -267,6 +420,10 @@ fn arith(shared: &Shared, meta: &Meta<'_>, out: &mut Vec<u8>) -> Result<(), Stri
     let vivify = numeric::<i64>(meta, b'N')?;
     let touch_exptime = numeric::<i64>(meta, b'T')?;
     let compare = numeric::<u64>(meta, b'C')?;
+    let marks = Marks {
+        cas: numeric::<u64>(meta, b'E')?,
+        ..Marks::default()
+    };
     let now = shared.cache.now_ms();
 
     enum Outcome {
@@ -276,53 +433,67 @@ fn arith(shared: &Shared, meta: &Meta<'_>, out: &mut Vec<u8>) -> Result<(), Stri
         Done(Item),
     }
     let (outcome, cas) = shared
-        .cache
-        .update(&meta.key, |current| match (current, vivify) {
-            (None, None) => (Update::Keep, Outcome::Missing),
-            (None, Some(exptime)) => {
-                let expiry = Expiry::from_exptime(exptime, now);
-                let value = initial.to_string().into_bytes();
-                let item = Item {
-                    value: value.clone(),
-                    flags: 0,
-                    cas: 0,
-                    expires_at_ms: expiry.expires_at_ms(),
-                };
-                (expiry.store(value, 0), Outcome::Done(item))
-            }
-            (Some(item), _) if compare.is_some_and(|c| c != item.cas) => {
-                (Update::Keep, Outcome::Mismatch)
-            }
-            (Some(item), _) => match apply_delta(&item.value, delta, incr, false) {
-                None => (Update::Keep, Outcome::NonNumeric),
-                Some((_, value)) => {
-                    let expiry = touch_exptime
-                        .map_or(Expiry::from_item(item), |t| Expiry::from_exptime(t, now));
-                    let new = Item {
+        .annotations
+        .update(&shared.cache, &meta.key, |current| {
+            match (current, vivify) {
+                (None, None) => (Update::Keep.into(), Outcome::Missing),
+                (None, Some(exptime)) => {
+                    let expiry = Expiry::from_exptime(exptime, now);
+                    let value = initial.to_string().into_bytes();
+                    let item = Item {
                         value: value.clone(),
-                        flags: item.flags,
+                        flags: 0,
                         cas: 0,
                         expires_at_ms: expiry.expires_at_ms(),
                     };
-                    (expiry.store(value, item.flags), Outcome::Done(new))
+                    let update = expiry.store(value, 0);
+                    (Write::marked(update, marks), Outcome::Done(item))
                 }
-            },
+                (Some(Entry { item, .. }), _) if compare.is_some_and(|c| c != item.cas) => {
+                    (Update::Keep.into(), Outcome::Mismatch)
+                }
+                (Some(Entry { item, .. }), _) => match apply_delta(&item.value, delta, incr, false)
+                {
+                    None => (Update::Keep.into(), Outcome::NonNumeric),
+                    Some((_, value)) => {
+                        let expiry = touch_exptime
+                            .map_or(Expiry::from_item(item), |t| Expiry::from_exptime(t, now));
+                        let new = Item {
+                            value: value.clone(),
+                            flags: item.flags,
+                            cas: 0,
+                            expires_at_ms: expiry.expires_at_ms(),
+                        };
+                        let update = expiry.store(value, item.flags);
+                        (Write::marked(update, marks), Outcome::Done(new))
+                    }
+                },
+            }
         })
         .map_err(|e| engine_error(&e))?;
     match outcome {
         Outcome::Missing => status(meta, "NF", None, None, now, out),
         Outcome::Mismatch => status(meta, "EX", None, None, now, out),
         Outcome::NonNumeric => return Err(NON_NUMERIC.into()),
-        Outcome::Done(item) if meta.has(b'v') => value_reply(meta, &item, cas, now, "", out),
-        Outcome::Done(item) => status(meta, "HD", Some(&item), cas, now, out),
+        Outcome::Done(item) => {
+            let item = Item {
+                cas: cas.unwrap_or(item.cas),
+                ..item
+            };
+            if meta.has(b'v') {
+                value_reply(meta, &item, true, now, "", out);
+            } else {
+                status(meta, "HD", Some(&item), None, now, out);
+            }
+        }
     }
     Ok(())
 }
 
 fn debug(shared: &Shared, meta: &Meta<'_>, out: &mut Vec<u8>) -> Result<(), String> {
-    let Some(item) = shared
-        .cache
-        .get_item(&meta.key)
+    let Some(Entry { item, .. }) = shared
+        .annotations
+        .get(&shared.cache, &meta.key)
         .map_err(|e| engine_error(&e))?
     else {
         line(out, "EN");

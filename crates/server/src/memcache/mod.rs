@@ -1,8 +1,12 @@
 //! memcached text and meta protocol sessions.
 
+pub mod annotations;
+mod auth;
 mod meta;
 pub mod parse;
 mod text;
+
+pub use auth::Credentials;
 
 use std::sync::Arc;
 
@@ -107,13 +111,40 @@ const NON_NUMERIC: &str = "CLIENT_ERROR cannot increment or decrement non-numeri
 /// One memcached connection.
 pub struct MemcacheSession {
     shared: Arc<Shared>,
-    /// Bytes of an oversized data block still to be discarded.
+    /// Bytes of a refused data block still to be discarded.
     swallow: usize,
+    /// False until the client authenticates, when the server asks for it.
+    authenticated: bool,
 }
 
 impl MemcacheSession {
     pub fn new(shared: Arc<Shared>) -> MemcacheSession {
-        MemcacheSession { shared, swallow: 0 }
+        let authenticated = shared.memcached_auth.is_none();
+        MemcacheSession {
+            shared,
+            swallow: 0,
+            authenticated,
+        }
+    }
+
+    fn authenticate(&mut self, credentials: &Credentials, input: &[u8], out: &mut Vec<u8>) -> Step {
+        match auth::attempt(input, credentials) {
+            auth::Attempt::NeedMore => Step::NeedMore,
+            auth::Attempt::Close => Step::Close,
+            auth::Attempt::Answered {
+                reply,
+                len,
+                granted,
+            } => {
+                Counters::bump(&self.shared.counters.auth_cmds);
+                if !granted {
+                    Counters::bump(&self.shared.counters.auth_errors);
+                }
+                self.authenticated = granted;
+                line(out, reply);
+                Step::Consumed(len)
+            }
+        }
     }
 }
 
@@ -123,6 +154,11 @@ impl Session for MemcacheSession {
             let n = self.swallow.min(input.len());
             self.swallow -= n;
             return Step::Consumed(n);
+        }
+        if !self.authenticated
+            && let Some(credentials) = self.shared.memcached_auth.clone()
+        {
+            return self.authenticate(&credentials, input, out);
         }
         match parse::parse(input, self.shared.max_value) {
             Parsed::Incomplete => Step::NeedMore,
@@ -156,9 +192,11 @@ impl MemcacheSession {
         match request {
             Request::Quit => return false,
             Request::Meta(meta) => meta::execute(&self.shared, &meta, out),
-            Request::Error(message) => {
+            Request::Error { reply, noreply } => {
                 Counters::bump(&self.shared.counters.protocol_errors);
-                line(out, message);
+                if !noreply {
+                    line(out, reply);
+                }
             }
             other => text::execute(&self.shared, other, out),
         }

@@ -15,7 +15,11 @@ const RETRIEVAL_LINE_MAX: usize = 256 * 1024;
 const OPAQUE_MAX: usize = 32;
 
 pub const BAD_FORMAT: &str = "CLIENT_ERROR bad command line format";
+/// Longest data block a storage line may announce (memcached's `INT_MAX - 2`); a larger
+/// or negative length is refused at once, without waiting for the data.
+const DATA_LEN_MAX: usize = i32::MAX as usize - 2;
 const BAD_CHUNK: &str = "CLIENT_ERROR bad data chunk";
+const INVALID_EXPTIME: &str = "CLIENT_ERROR invalid exptime argument";
 pub const TOO_LARGE: &str = "SERVER_ERROR object too large for cache";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -78,8 +82,20 @@ pub enum Request<'a> {
         drop_old: bool,
         noreply: bool,
     },
-    /// The request was consumed and gets this line as its reply.
-    Error(&'static str),
+    /// The request was consumed and gets `reply` — unless it asked for `noreply`, which
+    /// memcached honours for the errors of a command it recognised.
+    Error {
+        reply: &'static str,
+        noreply: bool,
+    },
+}
+
+/// An error reply that `noreply` does not silence.
+pub fn error(reply: &'static str) -> Request<'static> {
+    Request::Error {
+        reply,
+        noreply: false,
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -165,6 +181,7 @@ pub fn parse(input: &[u8], max_value: usize) -> Parsed<'_> {
         .collect();
     let rest = &input[line_len..];
     let request = match tokens.first().copied() {
+        None => error(BAD_FORMAT),
         Some(b"get") | Some(b"gets") | Some(b"gat") | Some(b"gats") => retrieval(&tokens),
         Some(b"set") => return storage(&tokens, StoreMode::Set, line_len, rest, max_value),
         Some(b"add") => return storage(&tokens, StoreMode::Add, line_len, rest, max_value),
@@ -185,9 +202,7 @@ pub fn parse(input: &[u8], max_value: usize) -> Parsed<'_> {
         Some(b"flush_all") => flush_all(&tokens),
         Some(b"stats") => stats(&tokens),
         Some(b"version") => Request::Version,
-        Some(b"verbosity") if (2..=3).contains(&tokens.len()) => Request::Verbosity {
-            noreply: noreply(&tokens),
-        },
+        Some(b"verbosity") if (2..=3).contains(&tokens.len()) => verbosity(&tokens),
         Some(b"quit") if tokens.len() == 1 => Request::Quit,
         Some(b"mn") => Request::Meta(Meta {
             kind: MetaKind::Noop,
@@ -201,7 +216,11 @@ pub fn parse(input: &[u8], max_value: usize) -> Parsed<'_> {
         Some(b"md") => meta(&tokens, MetaKind::Delete),
         Some(b"ma") => meta(&tokens, MetaKind::Arith),
         Some(b"ms") => return meta_set(&tokens, line_len, rest, max_value),
-        _ => Request::Error("ERROR"),
+        // memcached hangs up on what looks like HTTP rather than answer a web client.
+        Some(_) if tokens.len() > 1 && tokens.last().is_some_and(|t| t.starts_with(b"HTTP/")) => {
+            return Parsed::Close;
+        }
+        Some(_) => error("ERROR"),
     };
     Parsed::Request {
         request,
@@ -237,20 +256,20 @@ fn retrieval<'a>(tokens: &[&'a [u8]]) -> Request<'a> {
     let with_cas = command.ends_with(b"s");
     let (touch, keys) = if command.starts_with(b"gat") {
         if tokens.len() < 2 {
-            return Request::Error("ERROR");
+            return error("ERROR");
         }
         let Some(t) = exptime(tokens[1]) else {
-            return Request::Error("CLIENT_ERROR invalid exptime argument");
+            return error(INVALID_EXPTIME);
         };
         (Some(t), &tokens[2..])
     } else {
         if tokens.len() < 2 {
-            return Request::Error("ERROR");
+            return error("ERROR");
         }
         (None, &tokens[1..])
     };
     if !keys.iter().all(|k| key_ok(k)) {
-        return Request::Error(BAD_FORMAT);
+        return error(BAD_FORMAT);
     }
     Request::Retrieve {
         keys: keys.to_vec(),
@@ -259,19 +278,40 @@ fn retrieval<'a>(tokens: &[&'a [u8]]) -> Request<'a> {
     }
 }
 
-/// Frames a data block of `len` bytes after the line: waits for all of it plus `\r\n`.
-fn data_block(rest: &[u8], len: usize) -> Option<Result<&[u8], ()>> {
-    let total = len.checked_add(2)?;
-    if rest.len() < total {
-        return None;
-    }
-    Some(if &rest[len..total] == b"\r\n" {
-        Ok(&rest[..len])
-    } else {
-        Err(())
-    })
+/// A data block length as memcached accepts it: `0..=DATA_LEN_MAX`.
+fn data_len(token: &[u8]) -> Option<usize> {
+    usize::try_from(number::<i32>(token)?)
+        .ok()
+        .filter(|&len| len <= DATA_LEN_MAX)
 }
 
+/// Frames a data block of `len` bytes after the line (`line_len` bytes): waits for all of
+/// it plus `\r\n`, refuses a block that does not end so, and hands the data to `request`.
+fn with_data_block<'a>(
+    rest: &'a [u8],
+    line_len: usize,
+    len: usize,
+    request: impl FnOnce(&'a [u8]) -> Request<'a>,
+) -> Parsed<'a> {
+    let total = len + 2;
+    if rest.len() < total {
+        return Parsed::Incomplete;
+    }
+    let request = if &rest[len..total] == b"\r\n" {
+        request(&rest[..len])
+    } else {
+        error(BAD_CHUNK)
+    };
+    Parsed::Request {
+        request,
+        len: line_len + total,
+    }
+}
+
+/// `set/add/replace/append/prepend <key> <flags> <exptime> <bytes> [noreply]` and
+/// `cas <key> <flags> <exptime> <bytes> <unique> [noreply]`, framed as memcached 1.6's
+/// parser does: once the length is known, every refusal skips the data block, so its
+/// bytes are never read as commands.
 fn storage<'a>(
     tokens: &[&'a [u8]],
     mode: StoreMode,
@@ -279,75 +319,68 @@ fn storage<'a>(
     rest: &'a [u8],
     max_value: usize,
 ) -> Parsed<'a> {
-    let is_cas = matches!(mode, StoreMode::Cas(_));
-    let arity = if is_cas { 6 } else { 5 };
-    let error = |e| Parsed::Request {
-        request: Request::Error(e),
-        len: line_len,
-    };
-    if tokens.len() != arity && !(tokens.len() == arity + 1 && noreply(tokens)) {
-        return error("ERROR");
-    }
-    let key = tokens[1];
-    if !key_ok(key) {
-        return error(BAD_FORMAT);
-    }
-    let (Some(flags), Some(exptime), Some(len)) = (
-        number::<u32>(tokens[2]),
-        exptime(tokens[3]),
-        number::<i32>(tokens[4]),
-    ) else {
-        return error(BAD_FORMAT);
-    };
-    let Ok(len) = usize::try_from(len) else {
-        return error(BAD_FORMAT);
-    };
-    let mode = if is_cas {
-        match number::<u64>(tokens[5]) {
-            Some(unique) => StoreMode::Cas(unique),
-            None => return error(BAD_FORMAT),
-        }
-    } else {
-        mode
+    let Some(len) = tokens.get(4).and_then(|t| data_len(t)) else {
+        return Parsed::Request {
+            request: error(BAD_FORMAT),
+            len: line_len,
+        };
     };
     let noreply = noreply(tokens);
+    let skip = |request| Parsed::Swallow {
+        request,
+        len: line_len,
+        swallow: len + 2,
+    };
+    let refuse = || {
+        skip(Request::Error {
+            reply: BAD_FORMAT,
+            noreply,
+        })
+    };
+    let key = tokens[1];
+    let (true, Some(flags), Some(exptime)) =
+        (key_ok(key), number::<u32>(tokens[2]), exptime(tokens[3]))
+    else {
+        return refuse();
+    };
+    let mode = match mode {
+        StoreMode::Cas(_) => match tokens.get(5).and_then(|t| number::<u64>(t)) {
+            Some(unique) => StoreMode::Cas(unique),
+            None => return refuse(),
+        },
+        mode => mode,
+    };
     if len > max_value {
-        return Parsed::Swallow {
-            request: Request::TooLarge {
-                key: Cow::Borrowed(key),
-                drop_old: mode == StoreMode::Set,
-                noreply,
-            },
-            len: line_len,
-            swallow: len + 2,
-        };
+        return skip(Request::TooLarge {
+            key: Cow::Borrowed(key),
+            drop_old: mode == StoreMode::Set,
+            noreply,
+        });
     }
-    match data_block(rest, len) {
-        None => Parsed::Incomplete,
-        Some(Err(())) => Parsed::Request {
-            request: Request::Error(BAD_CHUNK),
-            len: line_len + len + 2,
-        },
-        Some(Ok(data)) => Parsed::Request {
-            request: Request::Store {
-                mode,
-                key,
-                flags,
-                exptime,
-                data,
-                noreply,
-            },
-            len: line_len + len + 2,
-        },
+    with_data_block(rest, line_len, len, |data| Request::Store {
+        mode,
+        key,
+        flags,
+        exptime,
+        data,
+        noreply,
+    })
+}
+
+/// The error reply of a recognised command, silenced by its `noreply`.
+fn refusal(tokens: &[&[u8]], reply: &'static str) -> Request<'static> {
+    Request::Error {
+        reply,
+        noreply: noreply(tokens),
     }
 }
 
 fn arith<'a>(tokens: &[&'a [u8]], incr: bool) -> Request<'a> {
     if tokens.len() != 3 && !(tokens.len() == 4 && noreply(tokens)) {
-        return Request::Error("ERROR");
+        return error("ERROR");
     }
     if !key_ok(tokens[1]) {
-        return Request::Error(BAD_FORMAT);
+        return refusal(tokens, BAD_FORMAT);
     }
     match number::<u64>(tokens[2]) {
         Some(delta) => Request::Arith {
@@ -356,16 +389,16 @@ fn arith<'a>(tokens: &[&'a [u8]], incr: bool) -> Request<'a> {
             incr,
             noreply: noreply(tokens),
         },
-        None => Request::Error("CLIENT_ERROR invalid numeric delta argument"),
+        None => refusal(tokens, "CLIENT_ERROR invalid numeric delta argument"),
     }
 }
 
 fn delete<'a>(tokens: &[&'a [u8]]) -> Request<'a> {
     if !(2..=4).contains(&tokens.len()) {
-        return Request::Error("ERROR");
+        return error("ERROR");
     }
     if !key_ok(tokens[1]) {
-        return Request::Error(BAD_FORMAT);
+        return refusal(tokens, BAD_FORMAT);
     }
     // Only the legacy hold time "0" and "noreply" may follow the key.
     let valid = match tokens.len() {
@@ -374,7 +407,8 @@ fn delete<'a>(tokens: &[&'a [u8]]) -> Request<'a> {
         _ => tokens[2] == b"0" && noreply(tokens),
     };
     if !valid {
-        return Request::Error(
+        return refusal(
+            tokens,
             "CLIENT_ERROR bad command line format.  Usage: delete <key> [noreply]",
         );
     }
@@ -386,10 +420,10 @@ fn delete<'a>(tokens: &[&'a [u8]]) -> Request<'a> {
 
 fn touch<'a>(tokens: &[&'a [u8]]) -> Request<'a> {
     if tokens.len() != 3 && !(tokens.len() == 4 && noreply(tokens)) {
-        return Request::Error("ERROR");
+        return error("ERROR");
     }
     if !key_ok(tokens[1]) {
-        return Request::Error(BAD_FORMAT);
+        return refusal(tokens, BAD_FORMAT);
     }
     match exptime(tokens[2]) {
         Some(exptime) => Request::Touch {
@@ -397,13 +431,13 @@ fn touch<'a>(tokens: &[&'a [u8]]) -> Request<'a> {
             exptime,
             noreply: noreply(tokens),
         },
-        None => Request::Error("CLIENT_ERROR invalid exptime argument"),
+        None => refusal(tokens, INVALID_EXPTIME),
     }
 }
 
 fn flush_all<'a>(tokens: &[&'a [u8]]) -> Request<'a> {
     if tokens.len() > 3 {
-        return Request::Error("ERROR");
+        return error("ERROR");
     }
     let noreply = noreply(tokens);
     let delay_token = tokens.get(1).filter(|t| **t != b"noreply");
@@ -411,27 +445,36 @@ fn flush_all<'a>(tokens: &[&'a [u8]]) -> Request<'a> {
         None => 0,
         Some(t) => match exptime(t) {
             Some(d) => d,
-            None => return Request::Error("CLIENT_ERROR invalid exptime argument"),
+            None => return refusal(tokens, INVALID_EXPTIME),
         },
     };
     Request::FlushAll { delay, noreply }
+}
+
+fn verbosity(tokens: &[&[u8]]) -> Request<'static> {
+    match number::<u32>(tokens[1]) {
+        Some(_) => Request::Verbosity {
+            noreply: noreply(tokens),
+        },
+        None => refusal(tokens, BAD_FORMAT),
+    }
 }
 
 fn stats<'a>(tokens: &[&'a [u8]]) -> Request<'a> {
     match tokens.len() {
         1 => Request::Stats(None),
         2 => Request::Stats(Some(tokens[1])),
-        _ => Request::Error("ERROR"),
+        _ => error("ERROR"),
     }
 }
 
-/// Flags each meta command accepts (memcached 1.6; `E` and `x` are not supported).
+/// Flags each meta command accepts (memcached 1.6).
 fn valid_flags(kind: MetaKind) -> &'static [u8] {
     match kind {
-        MetaKind::Get => b"bcfhklOqstuvNRT",
-        MetaKind::Set => b"bcCFIkOqsTMN",
-        MetaKind::Delete => b"bCIkOqT",
-        MetaKind::Arith => b"bCNJDTMOqtcvk",
+        MetaKind::Get => b"bcCEfhklOqstuvNRT",
+        MetaKind::Set => b"bcCEFIkOqsTMN",
+        MetaKind::Delete => b"bCEFIkOqTx",
+        MetaKind::Arith => b"bCENJDTMOqtcvk",
         MetaKind::Noop | MetaKind::Debug => b"",
     }
 }
@@ -460,15 +503,11 @@ fn meta_flags<'a>(kind: MetaKind, tokens: &[&'a [u8]]) -> Result<Vec<MetaFlag<'a
 
 fn meta<'a>(tokens: &[&'a [u8]], kind: MetaKind) -> Request<'a> {
     if tokens.len() < 2 {
-        return if kind == MetaKind::Debug {
-            Request::Error(BAD_FORMAT)
-        } else {
-            Request::Error("ERROR")
-        };
+        return error(BAD_FORMAT);
     }
     let flags = match meta_flags(kind, &tokens[2..]) {
         Ok(flags) => flags,
-        Err(e) => return Request::Error(e),
+        Err(e) => return error(e),
     };
     // `me` takes a base64 key as a bare `b` after the key, like memcached.
     let binary = flags.iter().any(|f| f.letter == b'b')
@@ -481,7 +520,7 @@ fn meta<'a>(tokens: &[&'a [u8]], kind: MetaKind) -> Request<'a> {
             flags,
             data: b"",
         }),
-        None => Request::Error(BAD_FORMAT),
+        None => error(BAD_FORMAT),
     }
 }
 
@@ -528,75 +567,50 @@ fn base64_decode(text: &[u8]) -> Option<Vec<u8>> {
     Some(out)
 }
 
+/// `ms <key> <bytes> <flags>*`: once the length is known, every refusal skips the data.
 fn meta_set<'a>(
     tokens: &[&'a [u8]],
     line_len: usize,
     rest: &'a [u8],
     max_value: usize,
 ) -> Parsed<'a> {
-    let error = |e| Parsed::Request {
-        request: Request::Error(e),
+    let Some(len) = tokens.get(2).and_then(|t| data_len(t)) else {
+        return Parsed::Request {
+            request: error(BAD_FORMAT),
+            len: line_len,
+        };
+    };
+    let skip = |request| Parsed::Swallow {
+        request,
         len: line_len,
+        swallow: len + 2,
     };
-    if tokens.len() < 2 {
-        return error("ERROR");
-    }
     let key_token = tokens[1];
-    let Some(len) = tokens.get(2).and_then(|t| number::<u32>(t)) else {
-        return error(BAD_FORMAT);
+    let flags = match meta_flags(MetaKind::Set, &tokens[3..]) {
+        Ok(flags) => flags,
+        Err(e) => return skip(error(e)),
     };
-    let len = len as usize;
-    // From here on the data block follows, so every error skips it as memcached does.
-    let flags = meta_flags(MetaKind::Set, &tokens[3..]);
-    let key = flags
-        .as_ref()
-        .ok()
-        .and_then(|flags| meta_key(key_token, flags.iter().any(|f| f.letter == b'b')));
-    let (flags, key) = match (flags, key) {
-        (Ok(flags), Some(key)) => (Ok(flags), key),
-        (Err(e), _) => (Err(e), Cow::Borrowed(key_token)),
-        (Ok(_), None) => (Err(BAD_FORMAT), Cow::Borrowed(key_token)),
+    let Some(key) = meta_key(key_token, flags.iter().any(|f| f.letter == b'b')) else {
+        return skip(error(BAD_FORMAT));
     };
-    let flags = match flags {
-        Ok(flags) if len <= max_value => flags,
-        Ok(flags) => {
-            let noreply = flags.iter().any(|f| f.letter == b'q');
-            let mode = flags.iter().find(|f| f.letter == b'M').map(|f| f.token);
-            return Parsed::Swallow {
-                request: Request::TooLarge {
-                    key,
-                    drop_old: matches!(mode, None | Some(b"S") | Some(b"s")),
-                    noreply,
-                },
-                len: line_len,
-                swallow: len + 2,
-            };
-        }
-        Err(e) => {
-            return Parsed::Swallow {
-                request: Request::Error(e),
-                len: line_len,
-                swallow: len + 2,
-            };
-        }
-    };
-    match data_block(rest, len) {
-        None => Parsed::Incomplete,
-        Some(Err(())) => Parsed::Request {
-            request: Request::Error(BAD_CHUNK),
-            len: line_len + len + 2,
-        },
-        Some(Ok(data)) => Parsed::Request {
-            request: Request::Meta(Meta {
-                kind: MetaKind::Set,
-                key,
-                key_token,
-                flags,
-                data,
-            }),
-            len: line_len + len + 2,
-        },
+    if len > max_value {
+        let noreply = flags.iter().any(|f| f.letter == b'q');
+        let mode = flags.iter().find(|f| f.letter == b'M').map(|f| f.token);
+        return skip(Request::TooLarge {
+            key,
+            drop_old: matches!(mode, None | Some(b"S") | Some(b"s")),
+            noreply,
+        });
     }
+    with_data_block(rest, line_len, len, |data| {
+        Request::Meta(Meta {
+            kind: MetaKind::Set,
+            key,
+            key_token,
+            flags,
+            data,
+        })
+    })
 }
 
 #[cfg(test)]
@@ -630,26 +644,151 @@ mod tests {
 
     #[test]
     fn errors_match_memcached() {
-        assert_eq!(request(b"get\r\n").0, Request::Error("ERROR"));
-        assert_eq!(request(b"set k x 0 1\r\n").0, Request::Error(BAD_FORMAT));
-        assert_eq!(request(b"set k 0 0 -1\r\n").0, Request::Error(BAD_FORMAT));
+        assert_eq!(request(b"get\r\n").0, error("ERROR"));
+        assert_eq!(request(b"set k 0 0 -1\r\n").0, error(BAD_FORMAT));
         assert_eq!(
             request(b"set k 0 0 1\r\nab\r\n").1,
             16,
             "bad chunk spans len + 2"
         );
-        assert_eq!(request(b"delete a b c d e\r\n").0, Request::Error("ERROR"));
+        assert_eq!(request(b"delete a b c d e\r\n").0, error("ERROR"));
         let key = vec![b'k'; 251];
         let line = [b"get ".as_slice(), &key, b"\r\n"].concat();
-        assert_eq!(request(&line).0, Request::Error(BAD_FORMAT));
+        assert_eq!(request(&line).0, error(BAD_FORMAT));
         assert_eq!(
             request(b"mg k v v\r\n").0,
-            Request::Error("CLIENT_ERROR duplicate flag")
+            error("CLIENT_ERROR duplicate flag")
         );
         assert_eq!(
             request(b"mg k zz\r\n").0,
-            Request::Error("CLIENT_ERROR invalid flag")
+            error("CLIENT_ERROR invalid flag")
         );
+    }
+
+    /// A refusal after the length is known skips `len + 2` bytes of data.
+    fn swallowed(input: &[u8]) -> (Request<'_>, usize) {
+        match parse(input, 1 << 20) {
+            Parsed::Swallow {
+                request,
+                len,
+                swallow,
+            } => {
+                assert_eq!(len, input.len(), "the line alone is consumed");
+                (request, swallow)
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn malformed_storage_lines_skip_their_data_block() {
+        let long_key = format!("set {} 0 0 6\r\n", "k".repeat(251));
+        for line in [
+            "cas foo 0 0 6 \r\n",
+            "cas foo 0 0 6 x\r\n",
+            "set k x 0 6\r\n",
+            "add k 0 x 6\r\n",
+            "replace k 4294967296 0 6\r\n",
+            "append k 0 99999999999 6\r\n",
+            long_key.as_str(),
+        ] {
+            assert_eq!(
+                swallowed(line.as_bytes()),
+                (error(BAD_FORMAT), 8),
+                "{line:?}"
+            );
+        }
+        assert_eq!(
+            swallowed(b"prepend k x 0 6 noreply\r\n"),
+            (
+                Request::Error {
+                    reply: BAD_FORMAT,
+                    noreply: true
+                },
+                8
+            )
+        );
+        // Without a usable length there is no block to skip.
+        for line in [
+            &b"set k 0 0\r\n"[..],
+            b"cas k 0 0 x 1\r\n",
+            b"set k 0 0 4294967295\r\n",
+            b"set k 0 0 2147483647\r\nscoobyscoobydoo",
+            b"ms k\r\n",
+            b"ms k -1\r\n",
+        ] {
+            assert_eq!(request(line).0, error(BAD_FORMAT), "{line:?}");
+        }
+        assert_eq!(swallowed(b"ms k 2 zz\r\n").1, 4);
+    }
+
+    #[test]
+    fn blank_lines_http_and_keyless_meta() {
+        assert_eq!(request(b" \n").0, error(BAD_FORMAT));
+        assert_eq!(request(b"\r\n").0, error(BAD_FORMAT));
+        for command in ["mg", "md", "ma", "me"] {
+            let line = format!("{command}\r\n");
+            assert_eq!(request(line.as_bytes()).0, error(BAD_FORMAT));
+        }
+        for line in [
+            &b"GET / HTTP/1.0\r\n"[..],
+            b"PUT /asdf/asd/fasdfasdf/sadf HTTP/1.1\r\n",
+            b"DELETE HTTP/1.1\r\n",
+        ] {
+            assert_eq!(parse(line, 1 << 20), Parsed::Close);
+        }
+        assert_eq!(request(b"HTTP/1.1\r\n").0, error("ERROR"));
+    }
+
+    #[test]
+    fn noreply_silences_errors_of_known_commands() {
+        let silenced = |reply| Request::Error {
+            reply,
+            noreply: true,
+        };
+        assert_eq!(
+            request(b"delete k 10 noreply\r\n").0,
+            silenced("CLIENT_ERROR bad command line format.  Usage: delete <key> [noreply]")
+        );
+        assert_eq!(
+            request(b"delete k 0\r\n").0,
+            Request::Delete {
+                key: b"k",
+                noreply: false
+            }
+        );
+        assert_eq!(
+            request(b"incr k x noreply\r\n").0,
+            silenced("CLIENT_ERROR invalid numeric delta argument")
+        );
+        assert_eq!(
+            request(b"touch k x noreply\r\n").0,
+            silenced(INVALID_EXPTIME)
+        );
+        assert_eq!(request(b"verbosity invalid\r\n").0, error(BAD_FORMAT));
+        assert_eq!(
+            request(b"verbosity 1 noreply\r\n").0,
+            Request::Verbosity { noreply: true }
+        );
+    }
+
+    #[test]
+    fn meta_flags_for_client_cas_invalidation_and_emptying() {
+        for line in [
+            &b"mg k E5 C7 N30 v\r\n"[..],
+            b"md k E5 I x F3 T30\r\n",
+            b"ma k E5 N0 J1\r\n",
+        ] {
+            assert!(matches!(request(line).0, Request::Meta(_)), "{line:?}");
+        }
+        match request(b"ms k 1 E973 I C5\r\nv\r\n").0 {
+            Request::Meta(meta) => {
+                assert_eq!(meta.token(b'E'), Some(&b"973"[..]));
+                assert!(meta.has(b'I'));
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(request(b"mg k x\r\n").0, error("CLIENT_ERROR invalid flag"));
     }
 
     #[test]

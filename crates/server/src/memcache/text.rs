@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use zipcache::Update;
 
+use super::annotations::{Entry, Marks, Write};
 use super::parse::{Request, StoreMode, TOO_LARGE};
 use super::{Expiry, NON_NUMERIC, engine_error, line, parse_counter};
 use crate::server::Shared;
@@ -80,7 +81,7 @@ pub fn execute(shared: &Shared, request: Request<'_>, out: &mut Vec<u8>) {
         ),
         Request::Verbosity { noreply } => reply_unless(noreply, "OK", out),
         // The session handles these before dispatching here.
-        Request::Quit | Request::Meta(_) | Request::Error(_) => {}
+        Request::Quit | Request::Meta(_) | Request::Error { .. } => {}
     }
 }
 
@@ -90,28 +91,23 @@ fn reply_unless(noreply: bool, reply: &str, out: &mut Vec<u8>) {
     }
 }
 
-/// Re-dates `key` (touch, gat/gats, `mg T`) and returns the item as it now is: new
-/// expiry, and the new CAS, since rewriting the item assigns one.
-pub fn touch(
-    shared: &Shared,
-    key: &[u8],
-    exptime: i64,
-) -> zipcache::Result<Option<zipcache::Item>> {
+/// Re-dates `key` (touch, gat/gats) and returns the item as it now is: new expiry, and
+/// a new CAS unless the client chose one, since rewriting the item assigns one.
+pub fn touch(shared: &Shared, key: &[u8], exptime: i64) -> zipcache::Result<Option<Entry>> {
     let expiry = Expiry::from_exptime(exptime, shared.cache.now_ms());
-    let (item, cas) = shared.cache.update(key, |current| match current {
-        None => (Update::Keep, None),
-        Some(item) => (
-            expiry.store(item.value.clone(), item.flags),
-            Some(zipcache::Item {
-                expires_at_ms: expiry.expires_at_ms(),
-                ..item.clone()
-            }),
-        ),
-    })?;
-    Ok(item.map(|item| zipcache::Item {
-        cas: cas.unwrap_or(item.cas),
-        ..item
-    }))
+    let (entry, cas) = shared
+        .annotations
+        .update(&shared.cache, key, |current| match current {
+            None => (Update::Keep.into(), None),
+            Some(entry) => (
+                Write::marked(
+                    expiry.store(entry.item.value.clone(), entry.item.flags),
+                    entry.marks,
+                ),
+                Some(entry.clone()),
+            ),
+        })?;
+    Ok(entry.map(|entry| entry.redated(expiry, cas)))
 }
 
 fn retrieve(
@@ -128,10 +124,10 @@ fn retrieve(
                 Counters::bump(&shared.counters.cmd_touch);
                 touch(shared, key, exptime)
             }
-            None => shared.cache.get_item(key),
+            None => shared.annotations.get(&shared.cache, key),
         };
         let item = match found {
-            Ok(item) => item,
+            Ok(entry) => entry.map(|entry| entry.item),
             Err(e) => {
                 line(out, &engine_error(&e));
                 return;
@@ -157,59 +153,116 @@ fn retrieve(
 /// Outcome of a storage command, shared with `ms`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum StoreOutcome {
-    Stored,
+    /// The value now stored is `size` bytes long (appends included).
+    Stored {
+        size: usize,
+    },
     NotStored,
     Exists,
     NotFound,
 }
 
-/// Runs a storage command atomically; returns the outcome and the new CAS.
+/// A storage command (classic or `ms`) for one key.
+pub struct Storing<'a> {
+    pub mode: StoreMode,
+    pub flags: u32,
+    pub expiry: Expiry,
+    pub data: &'a [u8],
+    /// What the stored version carries (`ms E`).
+    pub marks: Marks,
+    /// A `Cas` older than the item's CAS stores the value as stale instead of failing
+    /// (`ms I`).
+    pub allow_stale: bool,
+    /// The CAS an append or prepend must find (`ms MA C`).
+    pub compare: Option<u64>,
+}
+
+/// Runs a storage command atomically; returns the outcome and the CAS clients now see.
 pub fn store_item(
     shared: &Shared,
-    mode: StoreMode,
     key: &[u8],
-    flags: u32,
-    expiry: Expiry,
-    data: &[u8],
+    storing: &Storing<'_>,
 ) -> zipcache::Result<(StoreOutcome, Option<u64>)> {
-    if mode == StoreMode::Set {
+    let &Storing {
+        mode,
+        flags,
+        expiry,
+        data,
+        marks,
+        allow_stale,
+        compare,
+    } = storing;
+    if mode == StoreMode::Set && marks == Marks::default() {
         // The common case needs no read: a plain write.
         return match expiry.store(data.to_vec(), flags) {
             Update::Put { options, .. } => shared
                 .cache
                 .put_with(key, data, options)
-                .map(|cas| (StoreOutcome::Stored, Some(cas))),
+                .map(|cas| (StoreOutcome::Stored { size: data.len() }, Some(cas))),
             _ => shared
                 .cache
                 .delete(key)
-                .map(|_| (StoreOutcome::Stored, None)),
+                .map(|_| (StoreOutcome::Stored { size: data.len() }, None)),
         };
     }
-    shared.cache.update(key, |current| match (mode, current) {
-        (StoreMode::Set, _) | (StoreMode::Add, None) => {
-            (expiry.store(data.to_vec(), flags), StoreOutcome::Stored)
-        }
-        (StoreMode::Add, Some(_)) => (Update::Keep, StoreOutcome::NotStored),
-        (StoreMode::Replace | StoreMode::Append | StoreMode::Prepend, None) => {
-            (Update::Keep, StoreOutcome::NotStored)
-        }
-        (StoreMode::Cas(_), None) => (Update::Keep, StoreOutcome::NotFound),
-        (StoreMode::Cas(unique), Some(item)) if item.cas != unique => {
-            (Update::Keep, StoreOutcome::Exists)
-        }
-        (StoreMode::Replace | StoreMode::Cas(_), Some(_)) => {
-            (expiry.store(data.to_vec(), flags), StoreOutcome::Stored)
-        }
-        // Appends keep the item's own flags and expiry, as memcached does.
-        (StoreMode::Append, Some(item)) => (
-            Expiry::from_item(item).store([&item.value[..], data].concat(), item.flags),
-            StoreOutcome::Stored,
-        ),
-        (StoreMode::Prepend, Some(item)) => (
-            Expiry::from_item(item).store([data, &item.value[..]].concat(), item.flags),
-            StoreOutcome::Stored,
-        ),
-    })
+    let stored = |update: Update| Write::marked(update, marks);
+    shared
+        .annotations
+        .update(&shared.cache, key, |current| match (mode, current) {
+            (StoreMode::Set, _) | (StoreMode::Add, None) => (
+                stored(expiry.store(data.to_vec(), flags)),
+                StoreOutcome::Stored { size: data.len() },
+            ),
+            (StoreMode::Add, Some(_)) => (Update::Keep.into(), StoreOutcome::NotStored),
+            (StoreMode::Replace | StoreMode::Append | StoreMode::Prepend, None) => {
+                (Update::Keep.into(), StoreOutcome::NotStored)
+            }
+            (StoreMode::Cas(_), None) => (Update::Keep.into(), StoreOutcome::NotFound),
+            // An older CAS under `I`: the value is stored, but stays stale and keeps the
+            // item's expiry and win token, as memcached does.
+            (StoreMode::Cas(unique), Some(entry)) if allow_stale && unique < entry.item.cas => (
+                Write::marked(
+                    Expiry::from_item(&entry.item).store(data.to_vec(), flags),
+                    Marks {
+                        stale: true,
+                        token_sent: entry.marks.token_sent,
+                        ..marks
+                    },
+                ),
+                StoreOutcome::Stored { size: data.len() },
+            ),
+            (StoreMode::Cas(unique), Some(entry)) if entry.item.cas != unique => {
+                (Update::Keep.into(), StoreOutcome::Exists)
+            }
+            (StoreMode::Append | StoreMode::Prepend, Some(entry))
+                if compare.is_some_and(|unique| unique != entry.item.cas) =>
+            {
+                (Update::Keep.into(), StoreOutcome::Exists)
+            }
+            (StoreMode::Replace | StoreMode::Cas(_), Some(_)) => (
+                stored(expiry.store(data.to_vec(), flags)),
+                StoreOutcome::Stored { size: data.len() },
+            ),
+            // Appends keep the item's own flags and expiry, as memcached does.
+            (StoreMode::Append, Some(entry)) => (
+                stored(
+                    Expiry::from_item(&entry.item)
+                        .store([&entry.item.value[..], data].concat(), entry.item.flags),
+                ),
+                StoreOutcome::Stored {
+                    size: entry.item.value.len() + data.len(),
+                },
+            ),
+            (StoreMode::Prepend, Some(entry)) => (
+                stored(
+                    Expiry::from_item(&entry.item)
+                        .store([data, &entry.item.value[..]].concat(), entry.item.flags),
+                ),
+                StoreOutcome::Stored {
+                    size: entry.item.value.len() + data.len(),
+                },
+            ),
+        })
 }
 
 fn store(
@@ -220,9 +273,17 @@ fn store(
     exptime: i64,
     data: &[u8],
 ) -> String {
-    let expiry = Expiry::from_exptime(exptime, shared.cache.now_ms());
-    match store_item(shared, mode, key, flags, expiry, data) {
-        Ok((StoreOutcome::Stored, _)) => "STORED".into(),
+    let storing = Storing {
+        mode,
+        flags,
+        expiry: Expiry::from_exptime(exptime, shared.cache.now_ms()),
+        data,
+        marks: Marks::default(),
+        allow_stale: false,
+        compare: None,
+    };
+    match store_item(shared, key, &storing) {
+        Ok((StoreOutcome::Stored { .. }, _)) => "STORED".into(),
         Ok((StoreOutcome::NotStored, _)) => "NOT_STORED".into(),
         Ok((StoreOutcome::Exists, _)) => "EXISTS".into(),
         Ok((StoreOutcome::NotFound, _)) => "NOT_FOUND".into(),
@@ -254,16 +315,18 @@ pub fn apply_delta(current: &[u8], delta: u64, incr: bool, pad: bool) -> Option<
 }
 
 fn arith(shared: &Shared, key: &[u8], delta: u64, incr: bool) -> String {
-    let result = shared.cache.update(key, |current| match current {
-        None => (Update::Keep, Counted::Missing),
-        Some(item) => match apply_delta(&item.value, delta, incr, true) {
-            None => (Update::Keep, Counted::NonNumeric),
-            Some((n, text)) => (
-                Expiry::from_item(item).store(text, item.flags),
-                Counted::Value(n),
-            ),
-        },
-    });
+    let result = shared
+        .annotations
+        .update(&shared.cache, key, |current| match current {
+            None => (Update::Keep.into(), Counted::Missing),
+            Some(Entry { item, .. }) => match apply_delta(&item.value, delta, incr, true) {
+                None => (Update::Keep.into(), Counted::NonNumeric),
+                Some((n, text)) => (
+                    Expiry::from_item(item).store(text, item.flags).into(),
+                    Counted::Value(n),
+                ),
+            },
+        });
     match result {
         Ok((Counted::Missing, _)) => "NOT_FOUND".into(),
         Ok((Counted::NonNumeric, _)) => NON_NUMERIC.into(),
@@ -272,16 +335,22 @@ fn arith(shared: &Shared, key: &[u8], delta: u64, incr: bool) -> String {
     }
 }
 
+/// `flush_all [delay]`: the delay is an exptime (seconds, or a Unix time past 30 days);
+/// when it comes, everything stored by then is gone.
 fn flush_all(shared: &Shared, delay: i64) -> String {
-    if delay <= 0 {
+    if !shared.flush_all_enabled {
+        return "CLIENT_ERROR flush_all not allowed".into();
+    }
+    let now = shared.cache.now_ms();
+    let Expiry::At(at) = Expiry::from_exptime(delay, now) else {
         return match shared.cache.flush_all() {
             Ok(()) => "OK".into(),
             Err(e) => engine_error(&e),
         };
-    }
+    };
     let cache = shared.cache.clone();
     tokio::spawn(async move {
-        tokio::time::sleep(Duration::from_secs(delay as u64)).await;
+        tokio::time::sleep(Duration::from_millis(at - now)).await;
         let _ = cache.flush_all();
     });
     "OK".into()
@@ -303,6 +372,7 @@ fn stats(shared: &Shared, section: Option<&[u8]>, out: &mut Vec<u8>) {
             stat(out, "curr_items", engine.objects_resident);
             stat(out, "bytes", engine.dram_used);
             stat(out, "limit_maxbytes", engine.dram_capacity);
+            stat(out, "evictions", engine.evicted_objects);
             for (name, value) in shared.counters.snapshot() {
                 stat(out, name, value);
             }
