@@ -1,8 +1,8 @@
 //! The load loops: fill (insert every key once) and look-aside (GET, on a miss wait for the
 //! backend and PUT), over `--threads` threads, with warm-up excluded from what is measured.
 
-use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
-use std::sync::{Barrier, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Barrier, Mutex};
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
@@ -11,6 +11,7 @@ use rand::SeedableRng;
 use rand::rngs::SmallRng;
 
 use crate::targets::{Client, Reply, Request, Snapshot, Target};
+use crate::trace::Trace;
 use crate::values::{ValueGen, mix64};
 use crate::workload::{KeyChooser, OpKind, OpMix, key_bytes};
 
@@ -33,6 +34,34 @@ pub struct Workload {
     pub warmup_ops: u64,
     pub backend_latency: Duration,
     pub seed: u64,
+    /// A real trace to replay instead of `chooser` and `mix`: key ids are its dense ids.
+    pub trace: Option<Arc<Trace>>,
+    /// Next request of `trace`, shared by the threads (reset for every target).
+    pub trace_cursor: AtomicU64,
+}
+
+impl Workload {
+    /// The key bytes of key id `id`.
+    pub fn key(&self, id: u64) -> Vec<u8> {
+        match &self.trace {
+            Some(trace) => trace.key(id),
+            None => key_bytes(id, self.key_size),
+        }
+    }
+
+    /// The next request: the trace's next one, or a draw of the locality and the mix.
+    fn next_request(&self, rng: &mut SmallRng) -> (u64, OpKind) {
+        match &self.trace {
+            Some(trace) => {
+                // Threads take requests in trace order; the op counts keep the cursor
+                // within the trace, the modulo only guards.
+                let i = self.trace_cursor.fetch_add(1, Relaxed) % trace.len();
+                let request = trace.requests[i as usize];
+                (request.key as u64, request.op.kind())
+            }
+            None => (self.chooser.next_id(rng), self.mix.next(rng)),
+        }
+    }
 }
 
 /// What the bench itself counted in the measured phase.
@@ -175,9 +204,7 @@ fn fill_ids(
     while next < ids.end && !STOP.load(Relaxed) && Instant::now() < deadline {
         let end = (next + batch).min(ids.end);
         requests.clear();
-        requests.extend(
-            (next..end).map(|id| Request::Put(key_bytes(id, w.key_size), w.values.value(id, 0))),
-        );
+        requests.extend((next..end).map(|id| Request::Put(w.key(id), w.values.value(id, 0))));
         replies.clear();
         client.execute(&requests, &mut replies)?;
         for (reply, _) in &replies {
@@ -204,7 +231,7 @@ fn count_resident(target: &dyn Target, w: &Workload) -> Result<u64, String> {
     while next < w.keys && !STOP.load(Relaxed) {
         let end = (next + batch).min(w.keys);
         requests.clear();
-        requests.extend((next..end).map(|id| Request::Get(key_bytes(id, w.key_size))));
+        requests.extend((next..end).map(|id| Request::Get(w.key(id))));
         replies.clear();
         client.execute(&requests, &mut replies)?;
         found += replies
@@ -222,6 +249,8 @@ fn count_resident(target: &dyn Target, w: &Workload) -> Result<u64, String> {
 /// The cachebench look-aside loop. Warm-up runs first on every thread; the target is
 /// snapshotted between warm-up and the measured phase, so figures exclude warm-up.
 pub fn lookaside(target: &dyn Target, w: &Workload, progress: &ProgressBar) -> Result<Run, String> {
+    // Every target replays a trace from its first request.
+    w.trace_cursor.store(0, Relaxed);
     let warmed = Barrier::new(w.threads + 1);
     let go = Barrier::new(w.threads + 1);
     let totals = Mutex::new(Counts::new());
@@ -340,15 +369,12 @@ fn run_phase(
         for &slot in &ready {
             if let Some(id) = slots[slot].fill.take() {
                 // The backend holds version 0; the cache is filled from it.
-                requests.push(Request::Put(
-                    key_bytes(id, w.key_size),
-                    w.values.value(id, 0),
-                ));
+                requests.push(Request::Put(w.key(id), w.values.value(id, 0)));
                 meta.push((slot, id, true));
             }
-            let id = w.chooser.next_id(rng);
-            let key = key_bytes(id, w.key_size);
-            requests.push(match w.mix.next(rng) {
+            let (id, op) = w.next_request(rng);
+            let key = w.key(id);
+            requests.push(match op {
                 OpKind::Get => Request::Get(key),
                 OpKind::Put => Request::Put(key, w.values.value(id, rand::Rng::random(rng))),
                 OpKind::Delete => Request::Delete(key),

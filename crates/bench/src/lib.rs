@@ -1,7 +1,7 @@
 //! `zipcache bench`: cachebench-style workloads against ZipCache and its peers.
 //!
 //! * [`workload`]: keys, locality, op mix; [`values`]: value sizes and bytes (synthetic η or
-//!   a real dataset), verifiable on every GET;
+//!   a real dataset), verifiable on every GET; [`trace`]: real key traces to replay instead;
 //! * [`targets`]: the caches, in-process and over the network; [`peers`]: starting and
 //!   stopping memcached / redis;
 //! * [`driver`]: the fill and look-aside loops; [`report`]: the table and JSON;
@@ -22,6 +22,7 @@ pub mod procfs;
 pub mod report;
 pub mod sweep;
 pub mod targets;
+pub mod trace;
 pub mod values;
 pub mod workload;
 
@@ -164,6 +165,16 @@ pub struct Params {
     pub pipeline: usize,
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// Replay this key trace look-aside (every target, same sequence) instead of generating
+    /// keys and ops; `.xz` files are decompressed. Needs --trace-format.
+    #[arg(long, requires = "trace_format")]
+    pub trace: Option<PathBuf>,
+    /// caffeine-u32 / caffeine-u64 (big-endian integer keys), cachelib-kvcache, twitter.
+    #[arg(long, value_enum, requires = "trace")]
+    pub trace_format: Option<trace::TraceFormat>,
+    /// Replay at most this many requests of the trace (warm-up included).
+    #[arg(long, requires = "trace")]
+    pub trace_limit: Option<u64>,
 }
 
 /// Measured operations when neither --ops nor --duration is given.
@@ -196,9 +207,44 @@ impl Params {
         self.ssd.is_none().then_some(self.ssd_size)
     }
 
+    /// Reads `--trace` and checks the flags that go with it.
+    fn load_trace(&self) -> Result<Option<trace::Trace>, String> {
+        let (Some(path), Some(format)) = (&self.trace, self.trace_format) else {
+            return Ok(None);
+        };
+        if self.mode != Mode::Lookaside {
+            return Err("--trace replays look-aside; --mode fill does not apply".into());
+        }
+        if self.ops.is_some() {
+            return Err("--ops does not apply to --trace (use --trace-limit)".into());
+        }
+        let trace = trace::Trace::load(path, format, self.key_size, self.trace_limit)?;
+        if self.warmup_ops >= trace.len() {
+            return Err(format!(
+                "--warmup-ops {} leaves nothing to measure of the {} requests replayed",
+                self.warmup_ops,
+                trace.len()
+            ));
+        }
+        eprintln!(
+            "trace {}: {} requests, {} unique keys{}",
+            path.display(),
+            trace.len(),
+            trace.unique_keys(),
+            match trace.skipped {
+                0 => String::new(),
+                n => format!(", {n} requests of unreplayed operations skipped"),
+            }
+        );
+        Ok(Some(trace))
+    }
+
     /// Resolves the parameters into a runnable workload.
     pub fn workload(&self) -> Result<driver::Workload, String> {
         let values = self.value_gen()?;
+        if let Some(trace) = self.load_trace()? {
+            return self.trace_workload(trace, values);
+        }
         let mean_object = self.key_size as f64 + values.sizes.mean();
         let keys = match (self.keys, self.working_set) {
             (Some(keys), _) => keys,
@@ -242,6 +288,43 @@ impl Params {
             warmup_ops: self.warmup_ops,
             backend_latency: Duration::from_micros(self.backend_latency_us),
             seed: self.seed,
+            trace: None,
+            trace_cursor: 0.into(),
+        })
+    }
+
+    /// A workload replaying `trace`: keys are its dense ids, sizes its own where it records
+    /// them (the --value-size distribution elsewhere), ops its own.
+    fn trace_workload(
+        &self,
+        mut trace: trace::Trace,
+        mut values: ValueGen,
+    ) -> Result<driver::Workload, String> {
+        if self.threads == 0 {
+            return Err("--threads must be at least 1".into());
+        }
+        let sizes = std::mem::take(&mut trace.sizes);
+        if sizes.iter().any(|s| *s > 0) {
+            values.sizes = SizeDist::per_key(sizes, values.sizes, self.seed);
+        }
+        let limit = Duration::from_secs_f64(self.time_limit.max(0.001));
+        Ok(driver::Workload {
+            keys: trace.unique_keys(),
+            key_size: self.key_size,
+            chooser: KeyChooser::new(1, Locality::Uniform, self.hot, self.seed)?,
+            values,
+            mix: OpMix::new(1.0, 0.0, 0.0, 0.0)?,
+            scan_limit: self.scan_limit,
+            threads: self.threads,
+            ops: Some(trace.len() - self.warmup_ops),
+            duration: self
+                .duration
+                .map_or(limit, |d| Duration::from_secs_f64(d.max(0.0)).min(limit)),
+            warmup_ops: self.warmup_ops,
+            backend_latency: Duration::from_micros(self.backend_latency_us),
+            seed: self.seed,
+            trace: Some(Arc::new(trace)),
+            trace_cursor: 0.into(),
         })
     }
 
@@ -336,7 +419,10 @@ pub fn run_target(
     let closed = target.close();
     // Only the per-target directory this function created is removed.
     let _ = std::fs::remove_dir_all(&dir);
-    let result = TargetResult::new(spec, dram_only, run?, params);
+    let mut result = TargetResult::new(spec, dram_only, run?, params);
+    if let (Some(trace), Some(path)) = (&w.trace, &params.trace) {
+        result.trace = Some(trace.summary(path));
+    }
     closed?;
     Ok(result)
 }

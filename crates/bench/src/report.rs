@@ -60,6 +60,8 @@ pub struct TargetResult {
     /// CPU seconds of a server the bench started, in the measured phase.
     pub server_cpu_seconds: Option<f64>,
     pub workload: Params,
+    /// The trace replayed (`--trace`): its requests, unique keys and op counts.
+    pub trace: Option<crate::trace::TraceSummary>,
     #[serde(skip)]
     pub get_latency_ns: Option<Histogram<u64>>,
 }
@@ -180,6 +182,7 @@ impl TargetResult {
                 .zip(before.server_cpu_seconds)
                 .map(|(a, b)| a - b),
             workload: params.clone(),
+            trace: None,
             get_latency_ns: (!h.is_empty()).then(|| h.clone()),
         }
     }
@@ -204,7 +207,7 @@ fn us(v: f64) -> String {
 /// The summary table, one row per target.
 pub fn table(results: &[TargetResult]) -> String {
     let header = [
-        "target", "ops/s", "hit%", "dram%", "ssd%", "p50us", "p99us", "p999us", "objects",
+        "target", "ops", "ops/s", "hit%", "dram%", "ssd%", "p50us", "p99us", "p999us", "objects",
         "dramMiB", "rssMiB", "obj/MiB", "wrong", "errors",
     ];
     let rows: Vec<Vec<String>> = results
@@ -216,6 +219,7 @@ pub fn table(results: &[TargetResult]) -> String {
                 .map(|(o, d)| o as f64 / (d as f64 / (1 << 20) as f64));
             vec![
                 r.target.clone(),
+                r.ops.to_string(),
                 format!("{:.0}", r.throughput_ops),
                 cell(r.hit_ratio, pct),
                 cell(r.dram_hit_ratio, pct),

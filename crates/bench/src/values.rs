@@ -25,6 +25,13 @@ pub enum SizeDist {
         /// Cumulative weights, normalised so the last is 1.
         cumulative: Vec<f64>,
     },
+    /// The sizes a trace records, by dense key id; ids it records none for (size 0, or
+    /// past the end) take `fallback`.
+    PerKey {
+        sizes: Arc<[u32]>,
+        fallback: Box<SizeDist>,
+        mean: f64,
+    },
 }
 
 impl SizeDist {
@@ -74,6 +81,32 @@ impl SizeDist {
                 let i = cumulative.partition_point(|c| *c <= u).min(sizes.len() - 1);
                 sizes[i]
             }
+            SizeDist::PerKey {
+                sizes, fallback, ..
+            } => match sizes.get(key_id as usize) {
+                Some(&size) if size > 0 => size as usize,
+                _ => fallback.size_of(key_id, seed),
+            },
+        }
+    }
+
+    /// Sizes recorded per key id (`sizes[id]`, 0 = not recorded), the rest from `fallback`.
+    pub fn per_key(sizes: Vec<u32>, fallback: SizeDist, seed: u64) -> SizeDist {
+        let mean = if sizes.is_empty() {
+            fallback.mean()
+        } else {
+            let sum: f64 = (0..sizes.len() as u64)
+                .map(|id| match sizes[id as usize] {
+                    0 => fallback.size_of(id, seed) as f64,
+                    size => size as f64,
+                })
+                .sum();
+            sum / sizes.len() as f64
+        };
+        SizeDist::PerKey {
+            sizes: sizes.into(),
+            fallback: Box::new(fallback),
+            mean,
         }
     }
 
@@ -93,6 +126,7 @@ impl SizeDist {
                     })
                     .sum()
             }
+            SizeDist::PerKey { mean, .. } => *mean,
         }
     }
 }
@@ -372,5 +406,23 @@ mod tests {
         let big = (0..10_000).filter(|k| dist.size_of(*k, 1) == 1024).count();
         assert!((7_000..8_000).contains(&big), "{big}");
         assert_eq!(dist.size_of(77, 1), dist.size_of(77, 1));
+    }
+
+    #[test]
+    fn per_key_sizes_fall_back_where_none_is_recorded() {
+        let dist = SizeDist::per_key(vec![100, 0, 300], SizeDist::Fixed(64), 1);
+        assert_eq!(dist.size_of(0, 1), 100);
+        assert_eq!(dist.size_of(1, 1), 64);
+        assert_eq!(dist.size_of(2, 1), 300);
+        assert_eq!(dist.size_of(9, 1), 64);
+        assert!((dist.mean() - 464.0 / 3.0).abs() < 1e-9);
+        let generator = ValueGen {
+            sizes: dist,
+            content: Content::Synthetic { eta: 0.5 },
+            seed: 1,
+        };
+        let value = generator.value(2, 77);
+        assert_eq!(value.len(), 300);
+        assert!(generator.verify(2, &value));
     }
 }
