@@ -845,6 +845,7 @@ impl Inner {
         let dram_objects = (c.objects.load(Ordering::Relaxed)
             + self.dram.buffered_objects(self.now()))
         .max(0) as u64;
+        let dram_clean = c.clean_objects.load(Ordering::Relaxed).max(0) as u64;
         let raw = c.raw_bytes.load(Ordering::Relaxed).max(0) as u64;
         let holding = (mem.compressed_pages + mem.hot_pages + mem.mediums).max(0) as u64;
         let ssd = self.ssd.as_ref().map(|ssd| {
@@ -890,7 +891,10 @@ impl Inner {
                 + lo.counters.io_errors.load(Ordering::Relaxed)
         });
         Stats {
-            objects_resident: dram_objects + ssd.ssd_objects + large_objects,
+            // A clean DRAM object is a copy of one the SSD tier counts already.
+            objects_resident: dram_objects.saturating_sub(dram_clean)
+                + ssd.ssd_objects
+                + large_objects,
             large_objects,
             large_dropped,
             large_hits,
@@ -927,7 +931,7 @@ impl Inner {
             evicted_leaves: c.evicted_leaves.load(Ordering::Relaxed),
             evicted_objects: c.evicted_objects.load(Ordering::Relaxed),
             clean_dropped: c.clean_dropped.load(Ordering::Relaxed),
-            dram_clean_objects: c.clean_objects.load(Ordering::Relaxed).max(0) as u64,
+            dram_clean_objects: dram_clean,
             bypass_threshold: self.dram.bypass.threshold(),
             ..ssd
         }

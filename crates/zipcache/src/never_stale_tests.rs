@@ -290,3 +290,19 @@ fn a_tiny_dram_over_a_large_ssd_stays_within_the_budget() {
     assert!(s.ssd_objects > 0, "{s:?}");
     eprintln!("150k puts in {:?}: {s:?}", start.elapsed());
 }
+
+/// A key promoted from the SSD into DRAM (a clean copy) is one resident object, not two.
+#[test]
+fn promoted_copies_count_once() {
+    let (mut h, _faulty) = Harness::over_faulty_device(1 << 14);
+    h.put_all(0..200, 64);
+    evict_to_ssd(&h);
+    assert_eq!(h.cache.stats().objects_resident, 200);
+    for key in 0..200 {
+        h.run(&Op::Get { key });
+    }
+    h.cache.settle().unwrap();
+    let s = h.cache.stats();
+    assert!(s.dram_clean_objects > 0, "{s:?}");
+    assert_eq!(s.objects_resident, 200, "{s:?}");
+}
