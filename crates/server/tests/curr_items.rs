@@ -1,21 +1,35 @@
 //! `curr_items` (memcached `stats`) and `objects_resident` count objects still in write
-//! buffers, as operators expect right after a `set`.
+//! buffers, as operators expect right after a `set`; `rss_bytes` reports the process's
+//! resident memory beside the DRAM budget.
 
 mod common;
 
 use common::{Client, TestServer};
 
-fn curr_items(client: &mut Client) -> u64 {
+fn stat(client: &mut Client, name: &str) -> u64 {
     client.send(b"stats\r\n");
+    let prefix = format!("STAT {name} ");
     loop {
         let line = client.line();
-        assert_ne!(line, "END", "no curr_items in stats");
-        if let Some(n) = line.strip_prefix("STAT curr_items ") {
+        assert_ne!(line, "END", "no {name} in stats");
+        if let Some(n) = line.strip_prefix(&prefix) {
             let n = n.parse().expect("a number");
             while client.line() != "END" {}
             return n;
         }
     }
+}
+
+fn curr_items(client: &mut Client) -> u64 {
+    stat(client, "curr_items")
+}
+
+#[test]
+fn rss_bytes_is_the_process_resident_memory() {
+    let server = TestServer::start();
+    let mut client = Client::connect(server.memcached);
+    let rss = stat(&mut client, "rss_bytes");
+    assert!(rss > 1 << 20 && rss < 64 << 30, "{rss}");
 }
 
 #[test]

@@ -366,6 +366,7 @@ impl Target for NetTarget {
                 snap.ssd_hits = stat(&stats, "ssd_hits");
                 snap.dram_bytes_used = stat(&stats, "dram_used");
                 snap.objects_resident = stat(&stats, "objects_resident");
+                snap.rss_bytes = snap.rss_bytes.or(stat(&stats, "rss_bytes"));
                 snap.compression_ratio_dram = ratio_stat(&stats, "compression_ratio_dram");
                 snap.wa_host = ratio_stat(&stats, "wa_host");
                 snap.wr_nand = ratio_stat(&stats, "wr_nand");
