@@ -1,18 +1,6 @@
 //! What Linux's /proc says about a process: resident memory, bytes written, CPU time.
 
-/// `VmRSS` of process `pid`, in bytes.
-pub fn rss_bytes(pid: u32) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let kib: u64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))?
-        .trim()
-        .trim_end_matches("kB")
-        .trim()
-        .parse()
-        .ok()?;
-    Some(kib * 1024)
-}
+pub use zipcache::stats::rss_bytes;
 
 /// Whether the in-process target being opened is the first of this process, the only one
 /// whose figure the process's RSS is: memory freed by an earlier target is not reliably

@@ -66,21 +66,6 @@ pub fn engine_metrics(stats: &zipcache::Stats) -> Vec<(String, String)> {
     }
 }
 
-/// This process's resident memory (`VmRSS`), what an operator compares with the DRAM
-/// budget; `None` off Linux.
-pub fn rss_bytes() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let kib: u64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))?
-        .trim()
-        .trim_end_matches("kB")
-        .trim()
-        .parse()
-        .ok()?;
-    Some(kib * 1024)
-}
-
 /// Prometheus text exposition of the server counters and the engine metrics.
 pub fn prometheus(counters: &Counters, stats: &zipcache::Stats) -> String {
     let mut text = String::new();
@@ -88,8 +73,7 @@ pub fn prometheus(counters: &Counters, stats: &zipcache::Stats) -> String {
         .snapshot()
         .into_iter()
         .map(|(k, v)| (k.to_string(), v.to_string()));
-    let rss = rss_bytes().map(|b| ("rss_bytes".to_string(), b.to_string()));
-    for (name, value) in counter_lines.chain(engine_metrics(stats)).chain(rss) {
+    for (name, value) in counter_lines.chain(engine_metrics(stats)) {
         text.push_str(&format!(
             "# TYPE zipcache_{name} gauge\nzipcache_{name} {value}\n"
         ));
@@ -113,9 +97,6 @@ mod tests {
         assert!(metrics.contains(&("V_host".into(), "7".into())));
         assert!(metrics.contains(&("hit_ratio".into(), "0.5".into())));
         assert!(!metrics.iter().any(|(k, _)| k == "wa"));
-        let text = prometheus(&Counters::default(), &stats);
-        assert!(text.contains("\nzipcache_V_host 7\n"));
-        assert!(text.contains("\nzipcache_rss_bytes "), "{text}");
-        assert!(rss_bytes().is_some_and(|b| b > 1 << 20));
+        assert!(prometheus(&Counters::default(), &stats).contains("\nzipcache_V_host 7\n"));
     }
 }

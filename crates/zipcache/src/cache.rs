@@ -911,6 +911,7 @@ impl Inner {
             dram_write_buffer_bytes: mem.write_buffers.max(0) as u64,
             dram_medium_bytes: mem.mediums.max(0) as u64,
             dram_index_bytes: mem.index.max(0) as u64,
+            rss_bytes: crate::stats::rss_bytes(std::process::id()),
             dram_objects,
             dram_leaves: self.dram.leaf_count(),
             hot_leaves: c.hot_leaves.load(Ordering::Relaxed).max(0) as u64,

@@ -18,6 +18,9 @@ pub struct Stats {
     pub dram_medium_bytes: u64,
     /// Leaf descriptors and inner nodes of BT_DRAM and BT_LO, and BT_SSD inner nodes.
     pub dram_index_bytes: u64,
+    /// The resident memory of the process the engine runs in (`VmRSS`), to hold beside
+    /// `dram_capacity`; `None` where /proc cannot tell.
+    pub rss_bytes: Option<u64>,
 
     // --- objects ---
     /// Distinct keys resident in any tier (an object both in DRAM and on SSD counts once
@@ -92,4 +95,18 @@ pub struct Stats {
 /// `num / den`, or `None` when nothing was counted.
 pub(crate) fn ratio(num: u64, den: u64) -> Option<f64> {
     (den > 0).then(|| num as f64 / den as f64)
+}
+
+/// `VmRSS` of process `pid`, in bytes (Linux /proc); `None` where it cannot be read.
+pub fn rss_bytes(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    Some(kib * 1024)
 }

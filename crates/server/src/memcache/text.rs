@@ -373,9 +373,6 @@ fn stats(shared: &Shared, section: Option<&[u8]>, out: &mut Vec<u8>) {
             stat(out, "bytes", engine.dram_used);
             stat(out, "limit_maxbytes", engine.dram_capacity);
             stat(out, "evictions", engine.evicted_objects);
-            if let Some(rss) = crate::stats::rss_bytes() {
-                stat(out, "rss_bytes", rss);
-            }
             for (name, value) in shared.counters.snapshot() {
                 stat(out, name, value);
             }

@@ -163,10 +163,7 @@ fn info(shared: &Shared, sections: &[&[u8]]) -> String {
         "Memory",
         pairs(&[
             ("used_memory", engine.dram_used.to_string()),
-            (
-                "used_memory_rss",
-                crate::stats::rss_bytes().unwrap_or(0).to_string(),
-            ),
+            ("used_memory_rss", engine.rss_bytes.unwrap_or(0).to_string()),
             ("maxmemory", engine.dram_capacity.to_string()),
             ("maxmemory_policy", "allkeys-lru".into()),
         ]),
