@@ -15,12 +15,18 @@ impl Password {
     /// Whether `given` is this password. The time taken depends only on `given`'s length:
     /// neither on where it differs nor on the password's own length.
     pub fn matches(&self, given: &[u8]) -> bool {
-        let mut differences = u8::from(given.len() != self.0.len());
-        for (a, b) in given.iter().zip(self.0.iter().cycle()) {
-            differences |= a ^ b;
-        }
-        std::hint::black_box(differences) == 0
+        constant_time_eq(given, &self.0)
     }
+}
+
+/// Whether `given` equals `secret`, in time that depends only on `given`'s length:
+/// neither on where they differ nor on the secret's own length.
+pub fn constant_time_eq(given: &[u8], secret: &[u8]) -> bool {
+    let mut differences = u8::from(given.len() != secret.len());
+    for (a, b) in given.iter().zip(secret.iter().cycle()) {
+        differences |= a ^ b;
+    }
+    std::hint::black_box(differences) == 0
 }
 
 impl fmt::Debug for Password {

@@ -21,7 +21,7 @@ use parking_lot::{Mutex, RwLock, RwLockWriteGuard};
 
 use crate::btree::{BTree, Fence, KeyRange, Ranged};
 use crate::bypass::Bypass;
-use crate::early_termination::{compress_page, decompress_prefix, with_prefix};
+use crate::early_termination::{compress_behind, decompress_prefix, with_prefix};
 use crate::eviction::{EvictedObject, EvictionSink};
 use crate::memory::{Charge, LeafCharge, Memory, alloc_size};
 use crate::packed_page::PackedLayout;
@@ -266,6 +266,13 @@ impl DramTier {
         self.tree.leaf_count()
     }
 
+    /// Every leaf, in key order, as the tree is now (for passes that lock them one by one).
+    fn leaves(&self) -> Vec<Arc<DramLeaf>> {
+        let mut leaves = Vec::with_capacity(self.tree.leaf_count() as usize);
+        self.tree.for_each_leaf(|_, leaf| leaves.push(leaf.clone()));
+        leaves
+    }
+
     /// Runs `f` on the leaf that owns `key`, locked shared.
     fn read_leaf<R>(&self, key: &[u8], f: impl FnOnce(&DramLeaf, &LeafState) -> R) -> R {
         let mut f = Some(f);
@@ -362,21 +369,21 @@ impl DramTier {
         key: &[u8],
         f: impl FnOnce(Option<Record<'_>>) -> R,
     ) -> Option<R> {
-        let (table, body) = match &st.page {
-            Page::Empty => return Some(f(None)),
-            Page::Hot(page) | Page::Compressed(page) => {
-                let table = self.layout.table(page)?;
-                (table, &page[self.layout.table_len()..])
-            }
-        };
         match &st.page {
-            Page::Compressed(_) => with_prefix(
-                body,
-                table.body_len(),
-                self.layout.prefix_for(&table, key),
-                |prefix| prefix.map(|p| f(self.layout.find(&table, p, key))),
-            ),
-            _ => Some(f(self.layout.find(&table, body, key))),
+            Page::Empty => Some(f(None)),
+            Page::Hot(page) => {
+                let (table, body) = self.layout.split(page)?;
+                Some(f(self.layout.find(&table, body, key)))
+            }
+            Page::Compressed(page) => {
+                let (table, body) = self.layout.split(page)?;
+                with_prefix(
+                    body,
+                    table.body_len(),
+                    self.layout.prefix_for(&table, key),
+                    |prefix| prefix.map(|p| f(self.layout.find(&table, p, key))),
+                )
+            }
         }
     }
 
@@ -409,9 +416,7 @@ impl DramTier {
     /// Live objects still in write buffers, beyond those the pages count: each leaf's
     /// buffer delta, worked out for the leaves written since they were last asked.
     pub fn buffered_objects(&self, now_ms: u64) -> i64 {
-        let mut leaves = Vec::new();
-        self.tree.for_each_leaf(|_, leaf| leaves.push(leaf.clone()));
-        leaves
+        self.leaves()
             .iter()
             .map(|leaf| {
                 let st = leaf.state.read();
@@ -757,9 +762,7 @@ impl DramTier {
             Page::Empty => return None,
             Page::Hot(bytes) | Page::Compressed(bytes) => bytes,
         };
-        let table = self.layout.table(bytes);
-        let body = &bytes[self.layout.table_len().min(bytes.len())..];
-        let decoded = table.and_then(|table| {
+        let decoded = self.layout.split(bytes).and_then(|(table, body)| {
             let len = table.body_len();
             match page {
                 Page::Compressed(_) => {
@@ -779,7 +782,7 @@ impl DramTier {
     /// A cold page from a built one: the table as it is, the body compressed.
     fn compress(&self, page: &[u8]) -> Box<[u8]> {
         let (table, body) = page.split_at(self.layout.table_len());
-        [table, &compress_page(body)].concat().into_boxed_slice()
+        compress_behind(table, body)
     }
 
     /// The newest version of every key in a page and buffer, in key order.
@@ -1082,8 +1085,7 @@ impl DramTier {
     /// One pass of adaptive compression bypassing: choose the hot leaves, convert the
     /// leaves whose status changed, and age every counter.
     pub fn bypass_pass(&self) {
-        let mut leaves = Vec::with_capacity(self.tree.leaf_count() as usize);
-        self.tree.for_each_leaf(|_, leaf| leaves.push(leaf.clone()));
+        let leaves = self.leaves();
         let counts: Vec<u32> = leaves
             .iter()
             .map(|l| l.access.load(Ordering::Relaxed))
@@ -1157,9 +1159,7 @@ impl DramTier {
 
     /// Merges every buffered write into its page (before a clean shutdown).
     pub fn merge_all(&self, now_ms: u64) {
-        let mut leaves = Vec::new();
-        self.tree.for_each_leaf(|_, leaf| leaves.push(leaf.clone()));
-        for leaf in leaves {
+        for leaf in self.leaves() {
             self.merge(&leaf, now_ms);
         }
     }
@@ -1177,9 +1177,11 @@ impl DramTier {
 
     /// What a bypass pass would do to leaves that are all above the threshold.
     pub(crate) fn make_every_leaf_hot(&self) {
-        let mut leaves = Vec::new();
-        self.tree.for_each_leaf(|_, leaf| leaves.push(leaf.clone()));
-        for leaf in leaves.iter().filter(|l| !l.hot.load(Ordering::Relaxed)) {
+        for leaf in self
+            .leaves()
+            .iter()
+            .filter(|l| !l.hot.load(Ordering::Relaxed))
+        {
             self.set_hot(leaf, true);
         }
     }

@@ -263,10 +263,10 @@ impl LargeObjects {
         true
     }
 
-    /// DRAM held by BT_LO: inner nodes, leaves' entries and the log's queue.
+    /// About the DRAM BT_LO holds (inner nodes, and entries taken at a 32-byte key), to
+    /// weigh it against the budget without taking the log's lock.
     pub fn index_bytes(&self) -> u64 {
-        let entries = self.log.lock().extents.len() as u64;
-        self.tree.node_bytes() + entries * entry_bytes(32) as u64
+        self.tree.node_bytes() + self.len() * entry_bytes(32) as u64
     }
 
     /// Drops the oldest extent of the log (FIFO), to shrink BT_LO; false if it is empty.

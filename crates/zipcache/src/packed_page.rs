@@ -95,6 +95,12 @@ impl PackedLayout {
         (last <= self.capacity).then_some(table)
     }
 
+    /// A page split into its checked table and its body; `None` if the table is damaged.
+    pub fn split<'p>(&self, page: &'p [u8]) -> Option<(Table<'p>, &'p [u8])> {
+        let table = self.table(page)?;
+        Some((table, &page[self.table_len()..]))
+    }
+
     /// Bytes of the body, from its start, that hold `key`'s sub-page.
     pub fn prefix_for(&self, table: &Table<'_>, key: &[u8]) -> usize {
         table.end(self.subpage_of(key))

@@ -6,6 +6,8 @@
 use std::fmt;
 use std::path::Path;
 
+use crate::auth::constant_time_eq;
+
 /// The users of an auth file.
 pub struct Credentials {
     users: Vec<(Vec<u8>, Vec<u8>)>,
@@ -49,17 +51,9 @@ impl Credentials {
     /// a guess was right.
     pub fn check(&self, user: &[u8], password: &[u8]) -> bool {
         self.users.iter().fold(false, |found, (u, p)| {
-            found | (constant_time_eq(u, user) & constant_time_eq(p, password))
+            found | (constant_time_eq(user, u) & constant_time_eq(password, p))
         })
     }
-}
-
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    let mut difference = u8::from(a.len() != b.len());
-    for i in 0..a.len().max(b.len()) {
-        difference |= a.get(i).copied().unwrap_or(0) ^ b.get(i).copied().unwrap_or(0);
-    }
-    std::hint::black_box(difference) == 0
 }
 
 /// An auth line shorter than this cannot be one; memcached hangs up.
@@ -100,13 +94,7 @@ pub fn attempt(input: &[u8], credentials: &Credentials) -> Attempt {
         len,
         granted: false,
     };
-    let line = input[..newline]
-        .strip_suffix(b"\r")
-        .unwrap_or(&input[..newline]);
-    let tokens: Vec<&[u8]> = line
-        .split(|&b| b == b' ')
-        .filter(|t| !t.is_empty())
-        .collect();
+    let tokens = super::parse::line_tokens(input, newline);
     let size = tokens
         .get(4)
         .and_then(|t| std::str::from_utf8(t).ok())

@@ -172,13 +172,7 @@ pub fn parse(input: &[u8], max_value: usize) -> Parsed<'_> {
         };
     };
     let line_len = newline + 1;
-    let line = input[..newline]
-        .strip_suffix(b"\r")
-        .unwrap_or(&input[..newline]);
-    let tokens: Vec<&[u8]> = line
-        .split(|&b| b == b' ')
-        .filter(|t| !t.is_empty())
-        .collect();
+    let tokens = line_tokens(input, newline);
     let rest = &input[line_len..];
     let request = match tokens.first().copied() {
         None => error(BAD_FORMAT),
@@ -226,6 +220,16 @@ pub fn parse(input: &[u8], max_value: usize) -> Parsed<'_> {
         request,
         len: line_len,
     }
+}
+
+/// The space-separated tokens of the line that ends at `input[newline]` (`\r` dropped).
+pub(super) fn line_tokens(input: &[u8], newline: usize) -> Vec<&[u8]> {
+    let line = input[..newline]
+        .strip_suffix(b"\r")
+        .unwrap_or(&input[..newline]);
+    line.split(|&b| b == b' ')
+        .filter(|t| !t.is_empty())
+        .collect()
 }
 
 fn is_retrieval(input: &[u8]) -> bool {
