@@ -35,12 +35,14 @@ mod emulated;
 mod faulty;
 mod file;
 mod memory;
+mod read_future;
 
 pub use aligned::AlignedBuf;
 pub use emulated::{AccountingOrigin, CompressingDevice, EmulatorOptions, RebuildReason};
 pub use faulty::{FaultOp, FaultyDevice, InjectedFault};
 pub use file::{FileDevice, FileOptions};
 pub use memory::MemDevice;
+pub use read_future::{ReadCompletion, ReadFuture};
 
 /// The unit of every device I/O, and the size of one SSD sub-page.
 pub const BLOCK_SIZE: usize = 4096;
@@ -144,6 +146,13 @@ pub trait BlockDevice: Send + Sync {
     fn data_extents(&self) -> io::Result<Option<Vec<Range<u64>>>> {
         Ok(None)
     }
+
+    /// Reads one block into `buf` without blocking the caller where the device can;
+    /// by default a synchronous read.
+    fn read_async(&self, lba: u64, mut buf: AlignedBuf) -> ReadFuture {
+        let result = self.read(lba, &mut buf);
+        ReadFuture::ready(result, buf)
+    }
 }
 
 /// Lets the engine share one device between owners and wrap trait objects.
@@ -175,6 +184,9 @@ impl<D: BlockDevice + ?Sized> BlockDevice for Arc<D> {
     fn data_extents(&self) -> io::Result<Option<Vec<Range<u64>>>> {
         (**self).data_extents()
     }
+    fn read_async(&self, lba: u64, buf: AlignedBuf) -> ReadFuture {
+        (**self).read_async(lba, buf)
+    }
 }
 
 /// Lets a `Box<dyn BlockDevice>` chosen at run time be wrapped like a concrete device.
@@ -205,6 +217,9 @@ impl<D: BlockDevice + ?Sized> BlockDevice for Box<D> {
     }
     fn data_extents(&self) -> io::Result<Option<Vec<Range<u64>>>> {
         (**self).data_extents()
+    }
+    fn read_async(&self, lba: u64, buf: AlignedBuf) -> ReadFuture {
+        (**self).read_async(lba, buf)
     }
 }
 

@@ -11,6 +11,8 @@ use tokio::net::TcpStream;
 use tokio::sync::watch;
 use tokio_rustls::server::TlsStream;
 
+use crate::prefetch::{self, Prefetch};
+
 /// A byte stream a connection is served over.
 pub trait Transport: AsyncRead + AsyncWrite + Unpin + Send {
     /// Resolves once a read can make progress, before any read buffer is allocated, so an
@@ -41,6 +43,9 @@ pub enum Step {
     /// Write what is buffered, then close (quit, or a protocol error the peer would not
     /// recover from either).
     Close,
+    /// The request at the front reads the SSD: nothing was executed; await the reads in
+    /// flight (`prefetch`), then step again.
+    Await,
 }
 
 pub trait Session {
@@ -63,6 +68,8 @@ pub enum Processed {
     /// The reply buffer is full: write it, then call again.
     Flush,
     Close,
+    /// Reads are in flight for the request at the front (`Step::Await`).
+    Await,
 }
 
 /// Executes requests from the front of `input` until it runs out of complete requests,
@@ -72,8 +79,12 @@ pub fn process<S: Session>(session: &mut S, input: &[u8], out: &mut Vec<u8>) -> 
     while pos < input.len() {
         match session.step(&input[pos..], out) {
             Step::NeedMore => break,
-            Step::Consumed(n) => pos += n,
+            Step::Consumed(n) => {
+                pos += n;
+                prefetch::executed();
+            }
             Step::Close => return (pos, Processed::Close),
+            Step::Await => return (pos, Processed::Await),
         }
         if out.len() >= FLUSH_AT {
             return (pos, Processed::Flush);
@@ -108,6 +119,7 @@ pub async fn serve<T: Transport, S: Session>(
 ) {
     // Holds only an incomplete request between reads.
     let mut input: Vec<u8> = Vec::new();
+    let mut prefetch = Prefetch::default();
     loop {
         if input.len() >= MAX_INPUT {
             return;
@@ -128,7 +140,9 @@ pub async fn serve<T: Transport, S: Session>(
         let mut out = Vec::new();
         let mut pos = 0;
         loop {
-            let (consumed, processed) = process(&mut session, &input[pos..], &mut out);
+            let (consumed, processed) = prefetch::within(&mut prefetch, || {
+                process(&mut session, &input[pos..], &mut out)
+            });
             pos += consumed;
             if !out.is_empty() {
                 // TLS writes sit in rustls until flushed; for TCP the flush is free.
@@ -139,6 +153,9 @@ pub async fn serve<T: Transport, S: Session>(
             }
             match processed {
                 Processed::Flush => continue,
+                // Replies so far are written; this connection's thread serves others
+                // until its reads complete.
+                Processed::Await => prefetch.finish().await,
                 Processed::NeedMore => break,
                 Processed::Close => {
                     linger(stream).await;

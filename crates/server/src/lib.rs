@@ -10,6 +10,7 @@ mod auth;
 mod connection;
 mod memcache;
 mod metrics_http;
+mod prefetch;
 mod resp;
 mod server;
 mod settings;
@@ -109,13 +110,17 @@ pub mod fuzzing {
         runtime.block_on(async move {
             let mut buffered = Vec::new();
             let mut out = Vec::new();
+            let mut prefetch = crate::prefetch::Prefetch::default();
             for piece in input.chunks(chunk.max(1)) {
                 buffered.extend_from_slice(piece);
                 loop {
-                    let (consumed, processed) = process(&mut session, &buffered, &mut out);
+                    let (consumed, processed) = crate::prefetch::within(&mut prefetch, || {
+                        process(&mut session, &buffered, &mut out)
+                    });
                     buffered.drain(..consumed);
                     match processed {
                         Processed::Flush => continue,
+                        Processed::Await => prefetch.finish().await,
                         Processed::NeedMore => break,
                         Processed::Close => return out,
                     }

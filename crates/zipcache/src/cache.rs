@@ -10,11 +10,14 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError};
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex};
 
 use crate::counters::Counter;
-use zipcache_device::{BlockDevice, CompressingDevice, EmulatorOptions, FileOptions};
+use zipcache_device::{
+    AlignedBuf, BlockDevice, CompressingDevice, EmulatorOptions, FileOptions, ReadFuture,
+};
 
+use crate::async_get::AsyncGet;
 use crate::config::Promotion;
 use crate::dram_tier::{DramLeaf, DramSettings, DramTier, Lookup, ScanEntry};
 use crate::eviction::EvictionSink;
@@ -25,7 +28,7 @@ use crate::promotion::{self, PromotionFilter};
 use crate::record::Meta;
 use crate::run_epoch;
 use crate::sealed_file::IndexFile;
-use crate::ssd_tier::{Freshness, SsdHit, SsdSettings, SsdTier};
+use crate::ssd_tier::{Finished, Freshness, PlannedRead, SsdHit, SsdSettings, SsdTier};
 use crate::stats::ratio;
 use crate::{Config, Error, Item, PutOptions, Result, Stats, Update};
 
@@ -75,6 +78,13 @@ pub(crate) struct Inner {
     flush_epoch: AtomicU64,
     /// One `flush_all` at a time.
     flushing: Mutex<()>,
+    /// Signalled by the background threads after each eviction pass, for writers held
+    /// back by memory pressure.
+    flushed: (Mutex<()>, Condvar),
+    /// Wakes the flusher early when a writer finds DRAM over budget.
+    flush_wake: (Mutex<()>, Condvar),
+    /// The flusher's last pass ended over the low watermark with nothing it could evict.
+    flusher_stuck: AtomicBool,
 }
 
 /// A hybrid DRAM/SSD key-value cache. `Send + Sync`: share it between threads by `Arc`
@@ -243,8 +253,11 @@ impl ZipCache {
             promotion,
             flush_epoch: AtomicU64::new(0),
             flushing: Mutex::new(()),
+            flushed: (Mutex::new(()), Condvar::new()),
+            flush_wake: (Mutex::new(()), Condvar::new()),
+            flusher_stuck: AtomicBool::new(false),
         });
-        let workers = (0..inner.config.background_threads)
+        let mut workers = (0..inner.config.background_threads)
             .map(|i| {
                 let inner = inner.clone();
                 let rx = merge_rx.clone();
@@ -253,6 +266,12 @@ impl ZipCache {
                     .spawn(move || inner.background(rx, i == 0))
             })
             .collect::<std::io::Result<Vec<_>>>()?;
+        let flusher = inner.clone();
+        workers.push(
+            std::thread::Builder::new()
+                .name("zipcache-flusher".into())
+                .spawn(move || flusher.flusher())?,
+        );
         Ok(ZipCache {
             inner,
             workers: Mutex::new(workers),
@@ -277,6 +296,36 @@ impl ZipCache {
         inner.check_key(key)?;
         inner.ops.gets.incr();
         Ok(inner.lookup(key, inner.now()))
+    }
+
+    /// GET that never waits for the device on the caller's thread: DRAM and BT_LO answer at
+    /// once (the returned future is ready); when the SSD tier must be read, the read is in
+    /// flight (`BlockDevice::read_async`) and the future resolves when it completes.
+    /// Same answers and guarantees as `get_item`.
+    pub fn get_item_async(&self, key: &[u8]) -> AsyncGet {
+        let inner = &self.inner;
+        if let Err(e) = inner.check_key(key) {
+            return AsyncGet::ready(Err(e));
+        }
+        inner.ops.gets.incr();
+        let now = inner.now();
+        let epoch = match inner.lookup_memory(key, now) {
+            Ok(item) => return AsyncGet::ready(Ok(item)),
+            Err(epoch) => epoch,
+        };
+        let ssd = inner.ssd.as_ref().expect("only an SSD tier defers a GET");
+        let Some(read) = ssd.plan_get(key) else {
+            return AsyncGet::ready(Ok(inner.ssd_answer(key, None, epoch, now)));
+        };
+        // Submitted now, so that a command's GETs are all in flight at once.
+        // may do I/O: the read is in flight until the future resolves
+        let block = ssd.device().read_async(read.lba, AlignedBuf::zeroed(1));
+        let (inner, key) = (self.inner.clone(), key.to_vec());
+        AsyncGet::reading(async move {
+            let ssd = inner.ssd.as_ref().expect("an SSD tier");
+            let hit = finish_ssd_async(ssd, &key, read, block, now).await;
+            Ok(inner.ssd_answer(&key, hit, epoch, now))
+        })
     }
 
     pub fn put(&self, key: &[u8], value: &[u8], ttl: Option<Duration>) -> Result<()> {
@@ -626,6 +675,28 @@ fn sibling(ssd: &Path, extension: &str) -> std::path::PathBuf {
 /// A scan step's entries from one leaf of a lower tree, and where that leaf ends.
 type Chunk = (Vec<ScanEntry>, Option<crate::btree::Fence>);
 
+/// `SsdTier::get` with the block read in flight instead of on this thread: waits for the
+/// first, already submitted read, then plans and reads again while writers keep moving
+/// the block away.
+async fn finish_ssd_async(
+    ssd: &SsdTier,
+    key: &[u8],
+    mut read: PlannedRead,
+    mut block: ReadFuture,
+    now: u64,
+) -> Option<SsdHit> {
+    loop {
+        let (result, buf) = block.await;
+        match ssd.finish_get(read, key, result.is_ok().then_some(&buf[..]), now) {
+            Finished::Done(hit) => return hit,
+            Finished::Retry => {}
+        }
+        read = ssd.plan_get(key)?;
+        // may do I/O: the read is in flight until the future resolves
+        block = ssd.device().read_async(read.lba, buf);
+    }
+}
+
 fn item_of(value: Vec<u8>, meta: &Meta) -> Item {
     Item {
         value,
@@ -677,12 +748,26 @@ impl Inner {
         }
     }
 
-    /// GET through the tiers in the paper's order: DRAM (buffer, page), then one SSD read.
+    /// GET through the tiers in the paper's order: DRAM (buffer, page), then one SSD read
+    /// on the calling thread.
     fn lookup(&self, key: &[u8], now: u64) -> Option<Item> {
+        match self.lookup_memory(key, now) {
+            Ok(item) => item,
+            // may do I/O: one 4 KiB read
+            Err(epoch) => {
+                let hit = self.ssd.as_ref().and_then(|ssd| ssd.get(key, now));
+                self.ssd_answer(key, hit, epoch, now)
+            }
+        }
+    }
+
+    /// What DRAM and BT_LO answer for `key`, or `Err(flush epoch)` when the SSD must be
+    /// read: the epoch is read before the SSD, for promotion (`lower_tiers_current`).
+    fn lookup_memory(&self, key: &[u8], now: u64) -> std::result::Result<Option<Item>, u64> {
         let found = match self.dram.get(key, now) {
             Lookup::Found(value, meta) => {
                 self.ops.dram_hits.incr();
-                return Some(item_of(value, &meta));
+                return Ok(Some(item_of(value, &meta)));
             }
             Lookup::Expired => {
                 self.ops.expired.incr();
@@ -690,12 +775,30 @@ impl Inner {
             }
             // A tombstone hides small versions; a large one may stand behind it.
             Lookup::Deleted => self.large_get(key, now),
-            Lookup::Absent => self.large_get(key, now).or_else(|| self.ssd_get(key, now)),
+            Lookup::Absent => match self.large_get(key, now) {
+                Some(item) => Some(item),
+                None if self.ssd.is_some() => {
+                    return Err(self.flush_epoch.load(Ordering::SeqCst));
+                }
+                None => None,
+            },
         };
         if found.is_none() {
             self.ops.misses.incr();
         }
-        found
+        Ok(found)
+    }
+
+    /// Counts what the SSD tier answered and promotes a hit.
+    fn ssd_answer(&self, key: &[u8], hit: Option<SsdHit>, epoch: u64, now: u64) -> Option<Item> {
+        let Some(hit) = hit else {
+            self.ops.misses.incr();
+            return None;
+        };
+        self.ops.ssd_hits.incr();
+        let item = item_of(hit.value.clone(), &hit.meta);
+        self.promote(key, hit, epoch, now);
+        Some(item)
     }
 
     fn large_get(&self, key: &[u8], now: u64) -> Option<Item> {
@@ -723,15 +826,6 @@ impl Inner {
             }),
             (None, None) => self.dram.put_with(key, Some(value), meta, now, || ()),
         }
-    }
-
-    fn ssd_get(&self, key: &[u8], now: u64) -> Option<Item> {
-        let epoch = self.flush_epoch.load(Ordering::SeqCst);
-        let hit = self.ssd.as_ref()?.get(key, now)?;
-        self.ops.ssd_hits.incr();
-        let item = item_of(hit.value.clone(), &hit.meta);
-        self.promote(key, hit, epoch, now);
-        Some(item)
     }
 
     /// Whether no `flush_all` ran or started since `epoch` was read (and none was running
@@ -775,17 +869,55 @@ impl Inner {
         self.ssd.as_ref().map(|ssd| ssd as &dyn EvictionSink)
     }
 
-    /// Memory back-pressure: a writer that pushed DRAM past its budget evicts until it is
-    /// back under it (the background thread normally keeps it below the low watermark).
+    /// Memory back-pressure on the foreground (PUT, DELETE, a GET's promotion), which
+    /// never does device I/O: in DRAM-only mode eviction is a drop anyway; with an SSD
+    /// tier, the background flusher writes victims down and this waits for it, at most
+    /// `flush_wait_ms`, then drops cold leaves unwritten until DRAM is back in budget
+    /// (`DramTier::drop_one`, `ssd_write_drops`): a cache may forget.
     fn relieve_pressure(&self) {
-        self.make_room(self.config.dram_capacity as i64, 64);
+        let capacity = self.config.dram_capacity as i64;
+        let over = || self.memory.snapshot().total() > capacity;
+        if !over() {
+            return;
+        }
+        if self.ssd.is_none() {
+            self.make_room(capacity, 64);
+            return;
+        }
+        {
+            // Under the flusher's lock: it checks for work and sleeps under it, so the
+            // wake-up cannot fall between the two.
+            let _flusher = self.flush_wake.0.lock();
+            self.flush_wake.1.notify_one();
+        }
+        let deadline = Instant::now() + Duration::from_millis(self.config.flush_wait_ms);
+        let mut waiting = self.flushed.0.lock();
+        // Not behind a flusher that has nothing left to evict (the rest is index).
+        while over() && !self.flusher_stuck.load(Ordering::Acquire) {
+            if self
+                .flushed
+                .1
+                .wait_until(&mut waiting, deadline)
+                .timed_out()
+            {
+                break;
+            }
+        }
+        drop(waiting);
+        let now = self.now();
+        for _ in 0..64 {
+            if !over() || !self.dram.drop_one(now) {
+                return;
+            }
+        }
     }
 
-    /// Evicts until DRAM use is at most `target`, at most `attempts` times. DRAM leaves go
+    /// Evicts until DRAM use is at most `target`, at most `attempts` times; false if it
+    /// is still above (nothing left to evict). DRAM leaves go
     /// first; when they free nothing (all gone, or the rest is index), or the lower tiers'
     /// indexes take more than half the budget, the SSD tier gives up a super-leaf and
     /// BT_LO its oldest extent: their descriptors live in DRAM too.
-    fn make_room(&self, target: i64, attempts: usize) {
+    fn make_room(&self, target: i64, attempts: usize) -> bool {
         /// DRAM evictions in a row that free nothing before the indexes are shrunk.
         const FUTILE: usize = 8;
         let used = || self.memory.snapshot().total();
@@ -793,15 +925,18 @@ impl Inner {
         for _ in 0..attempts {
             let before = used();
             if before <= target || self.shutdown.load(Ordering::Relaxed) {
-                return;
+                return true;
             }
             let index_heavy = self.lower_index_bytes() > self.config.dram_capacity / 2;
             if !index_heavy && futile < FUTILE && self.dram.evict_one(self.sink(), self.now()) {
                 futile = if used() < before { 0 } else { futile + 1 };
             } else if !self.shrink_lower_index() {
-                return;
+                return false;
             }
+            // Writers held back by `relieve_pressure` may go on as soon as there is room.
+            self.flushed.1.notify_all();
         }
+        used() <= target
     }
 
     /// DRAM held by the BT_SSD and BT_LO indexes.
@@ -817,8 +952,8 @@ impl Inner {
             || self.large.as_ref().is_some_and(|lo| lo.drop_oldest_one())
     }
 
+    /// A merge thread: write-buffer merges; the first one also re-ranks hot leaves.
     fn background(&self, merges: Receiver<Arc<DramLeaf>>, housekeeper: bool) {
-        let low_watermark = (self.config.dram_capacity as f64 * LOW_WATERMARK) as i64;
         let mut last_bypass = Instant::now();
         while !self.shutdown.load(Ordering::Acquire) {
             match merges.recv_timeout(Duration::from_millis(10)) {
@@ -826,10 +961,29 @@ impl Inner {
                 Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => return,
             }
-            self.make_room(low_watermark, usize::MAX);
             if housekeeper && last_bypass.elapsed() >= BYPASS_PERIOD {
                 last_bypass = Instant::now();
                 self.dram.bypass_pass();
+            }
+        }
+    }
+
+    /// The flusher thread: keeps DRAM under the low watermark by evicting CLOCK victims to
+    /// the SSD tier (the only thread that writes evicted objects to the device), and lets
+    /// writers held back by `relieve_pressure` know after each pass.
+    fn flusher(&self) {
+        let low_watermark = (self.config.dram_capacity as f64 * LOW_WATERMARK) as i64;
+        while !self.shutdown.load(Ordering::Acquire) {
+            // may do I/O: the SSD tier's read-modify-writes
+            let stuck = !self.make_room(low_watermark, usize::MAX);
+            self.flusher_stuck.store(stuck, Ordering::Release);
+            self.flushed.1.notify_all();
+            let mut idle = self.flush_wake.0.lock();
+            // Nothing to do, or nothing it can do (all that is left is index): sleep.
+            if stuck || self.memory.snapshot().total() <= low_watermark {
+                self.flush_wake
+                    .1
+                    .wait_for(&mut idle, Duration::from_millis(10));
             }
         }
     }
@@ -932,6 +1086,7 @@ impl Inner {
             evicted_leaves: c.evicted_leaves.load(Ordering::Relaxed),
             evicted_objects: c.evicted_objects.load(Ordering::Relaxed),
             clean_dropped: c.clean_dropped.load(Ordering::Relaxed),
+            ssd_write_drops: c.write_drops.load(Ordering::Relaxed),
             dram_clean_objects: dram_clean,
             bypass_threshold: self.dram.bypass.threshold(),
             ..ssd

@@ -68,8 +68,12 @@ pub struct Config {
     pub medium_max: usize,
     pub max_key_size: usize,
     pub max_value_size: usize,
-    /// Background threads merging write buffers and evicting.
+    /// Background threads merging write buffers (eviction has its own flusher thread).
     pub background_threads: usize,
+    /// With an SSD tier: how long a writer that finds DRAM over budget waits for the
+    /// flusher before dropping cold objects unwritten (`ssd_write_drops`). Larger trades
+    /// write latency under overload for fewer forgotten objects.
+    pub flush_wait_ms: u64,
     /// Which SSD hits are copied into DRAM.
     pub promotion: Promotion,
     pub clock: Arc<dyn Clock>,
@@ -103,6 +107,7 @@ impl Default for Config {
             max_key_size: 250,
             max_value_size: 1 << 20,
             background_threads: 1,
+            flush_wait_ms: 2,
             promotion: Promotion::EveryHit,
             clock: Arc::new(SystemClock),
         }
@@ -162,6 +167,7 @@ impl Config {
         "max_key_size",
         "max_value_size",
         "background_threads",
+        "flush_wait_ms",
         "promotion",
         "device_compression",
         "direct_io",
@@ -184,6 +190,7 @@ impl Config {
             "max_key_size" => self.max_key_size = parse_usize(name, value)?,
             "max_value_size" => self.max_value_size = parse_usize(name, value)?,
             "background_threads" => self.background_threads = parse_usize(name, value)?,
+            "flush_wait_ms" => self.flush_wait_ms = parse_usize(name, value)? as u64,
             "promotion" => {
                 self.promotion = match value.trim() {
                     "every_hit" => Promotion::EveryHit,

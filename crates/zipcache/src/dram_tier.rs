@@ -147,6 +147,8 @@ pub struct DramCounters {
     pub evicted_leaves: AtomicU64,
     pub evicted_objects: AtomicU64,
     pub clean_dropped: AtomicU64,
+    /// Objects dropped unwritten because the flusher was behind (`drop_one`).
+    pub write_drops: AtomicU64,
     pub corrupt_pages: AtomicU64,
     /// Live objects in pages.
     pub objects: AtomicI64,
@@ -876,33 +878,67 @@ impl DramTier {
     }
 
     /// Evicts one group of leaves around a victim chosen by CLOCK. Returns false if
-    /// nothing could be evicted.
+    /// nothing could be evicted. With a sink, may do I/O (the SSD tier's merge).
     pub fn evict_one(&self, sink: Option<&dyn EvictionSink>, now_ms: u64) -> bool {
-        let mut hand = self.hand.lock();
+        self.clock_victim(|low, leaf| {
+            if self.drop_clean(leaf, now_ms) {
+                return true;
+            }
+            let high = leaf.state.read().range.high.clone();
+            let span = match sink {
+                Some(sink) => sink.span(low, high.as_deref()),
+                None => (low.clone(), high),
+            };
+            self.evict_group(low, leaf, span, true, sink, now_ms)
+        })
+    }
+
+    /// Overload (the flusher is behind and DRAM is full): frees one CLOCK victim without
+    /// writing anything. Its clean objects go as in `evict_one`; otherwise its objects are
+    /// dropped (counted in `write_drops`) and the leaf is marked lost, so that its keys
+    /// miss instead of reaching older copies below until the flusher evicts it and the SSD
+    /// tier forgets its range. Never does I/O nor waits for it.
+    pub fn drop_one(&self, now_ms: u64) -> bool {
+        self.clock_victim(|_, leaf| self.drop_clean(leaf, now_ms) || self.drop_unwritten(leaf))
+    }
+
+    /// Moves the CLOCK hand until `take` takes a victim: referenced leaves are spared
+    /// once, hot ones for two sweeps; then, with nothing else left to take, the budget
+    /// wins over the hot sub-tier. The hand's lock is not held while `take` runs, which
+    /// may do I/O: a foreground `drop_one` must not wait behind the flusher's.
+    fn clock_victim(&self, mut take: impl FnMut(&Fence, &Arc<DramLeaf>) -> bool) -> bool {
         let leaves = self.tree.leaf_count();
         for step in 0..3 * leaves + 2 {
-            // Hot leaves are spared for two sweeps, referenced ones for one; then, with
-            // nothing else left to take, the budget wins over the hot sub-tier.
             let spare_hot = step < 2 * leaves + 1;
-            let (low, leaf) = self.tree.clock_step(&mut hand);
+            let (low, leaf) = self.tree.clock_step(&mut self.hand.lock());
             if leaf.referenced.swap(false, Ordering::Relaxed)
                 || (spare_hot && leaf.hot.load(Ordering::Relaxed))
             {
                 continue;
             }
-            if self.drop_clean(&leaf, now_ms) {
-                return true;
-            }
-            let high = leaf.state.read().range.high.clone();
-            let span = match sink {
-                Some(sink) => sink.span(&low, high.as_deref()),
-                None => (low.clone(), high),
-            };
-            if self.evict_group(&low, &leaf, span, true, sink, now_ms) {
+            if take(&low, &leaf) {
                 return true;
             }
         }
         false
+    }
+
+    /// Empties a leaf without handing its objects to the lower tier: see `drop_one`.
+    fn drop_unwritten(&self, leaf: &Arc<DramLeaf>) -> bool {
+        let mut st = leaf.state.write();
+        if st.range.retired || (st.objects == 0 && st.buffer.is_empty()) {
+            return false;
+        }
+        let dropped = u64::from(st.objects) + st.buffer.records().count() as u64;
+        self.counters
+            .write_drops
+            .fetch_add(dropped, Ordering::Relaxed);
+        self.install(&mut st, LeafContents::empty());
+        st.buffer = WriteBuffer::default();
+        st.buffered.store(0, Ordering::Relaxed);
+        st.lost.store(true, Ordering::Relaxed);
+        self.recharge(&mut st);
+        true
     }
 
     /// Clean first: a cold leaf that holds clean objects (unchanged copies of SSD-tier

@@ -6,6 +6,9 @@ pub mod config;
 pub mod error;
 pub mod stats;
 
+mod async_get;
+#[cfg(test)]
+mod async_read_tests;
 mod btree;
 mod bypass;
 mod cache;
@@ -33,6 +36,7 @@ mod ssd_tier;
 mod subpage_hash;
 mod write_buffer;
 
+pub use async_get::AsyncGet;
 pub use cache::ZipCache;
 pub use config::{Clock, Config, SsdConfig, SystemClock, parse_size};
 pub use error::{Error, Result};

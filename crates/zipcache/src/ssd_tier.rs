@@ -57,6 +57,21 @@ pub struct SsdHit {
     pub proof: Freshness,
 }
 
+/// Where a GET will find `key`'s block, planned under the super-leaf's lock
+/// ([`SsdTier::plan_get`]).
+pub struct PlannedRead {
+    pub lba: u64,
+    owner: Owner,
+    proof: Freshness,
+}
+
+/// How [`SsdTier::finish_get`] ended.
+pub enum Finished {
+    Done(Option<SsdHit>),
+    /// The block changed hands while it was read: plan again.
+    Retry,
+}
+
 /// The super-leaf a value was read from and its version at the time.
 pub struct Freshness {
     leaf: Arc<SuperLeaf>,
@@ -274,8 +289,26 @@ impl SsdTier {
         })
     }
 
-    /// The newest SSD version of `key`: at most one 4 KiB read.
+    /// The newest SSD version of `key`: at most one 4 KiB read, on the calling thread.
     pub fn get(&self, key: &[u8], now_ms: u64) -> Option<SsdHit> {
+        loop {
+            let read = self.plan_get(key)?;
+            let found = BLOCK.with(|block| {
+                let mut block = block.borrow_mut();
+                let ok = self.device.read(read.lba, &mut block).is_ok();
+                self.finish_get(read, key, ok.then_some(&block[..]), now_ms)
+            });
+            if let Finished::Done(hit) = found {
+                return hit;
+            }
+        }
+    }
+
+    /// The first half of a GET, under the super-leaf's read lock: which block holds `key`
+    /// if the SSD has it, `None` if its sub-page is empty. The read itself happens
+    /// without the lock (on this thread or in flight); `finish_get` then checks that the
+    /// block is still the one planned.
+    pub fn plan_get(&self, key: &[u8]) -> Option<PlannedRead> {
         self.counters.gets.fetch_add(1, Ordering::Relaxed);
         loop {
             let (_, leaf) = self.tree.find(key);
@@ -284,35 +317,66 @@ impl SsdTier {
                 continue;
             }
             let subpage = self.geometry.subpage_of(key);
-            if st.counts[subpage] == 0 {
-                return None;
-            }
+            let slot = st.slot.filter(|_| st.counts[subpage] > 0)?;
             self.counters.get_reads.fetch_add(1, Ordering::Relaxed);
-            let found = self
-                .read_subpage(&st, subpage, |records| {
-                    for r in records {
-                        if let (true, Payload::Inline(v)) = (r.key == key, r.payload) {
-                            return Some((v.to_vec(), r.meta));
-                        }
-                    }
-                    None
-                })
-                .flatten()?;
-            if found.1.expired(now_ms) {
-                return None;
-            }
-            leaf.referenced.store(true, Ordering::Relaxed);
-            self.counters.hits.fetch_add(1, Ordering::Relaxed);
-            let proof = Freshness {
-                leaf: leaf.clone(),
-                version: st.version,
+            self.counters.reads.fetch_add(1, Ordering::Relaxed);
+            let owner = Owner {
+                superleaf: slot,
+                generation: st.generation,
+                subpage: subpage as u16,
             };
-            return Some(SsdHit {
-                value: found.0,
-                meta: found.1,
-                proof,
+            let version = st.version;
+            drop(st);
+            return Some(PlannedRead {
+                lba: self.lba(slot, subpage),
+                owner,
+                proof: Freshness { leaf, version },
             });
         }
+    }
+
+    /// The second half of a GET: finds `key` in the block read for `read` (`None` if the
+    /// read failed). A block that is not what the super-leaf wrote means a writer replaced
+    /// it since the plan (`Retry`), unless the super-leaf is unchanged: then it is damage.
+    /// A block that passes the owner check is the super-leaf's content at some moment after
+    /// the plan, so what it holds is no older than what the GET could have read under the
+    /// lock; the proof stays the planned version, so promotion refuses it if it moved.
+    pub fn finish_get(
+        &self,
+        read: PlannedRead,
+        key: &[u8],
+        block: Option<&[u8]>,
+        now_ms: u64,
+    ) -> Finished {
+        let Some(block) = block else {
+            self.counters.io_errors.fetch_add(1, Ordering::Relaxed);
+            return Finished::Done(None);
+        };
+        let Some(records) = ssd_block::open(block, read.owner) else {
+            if !self.still_current(&read.proof) {
+                return Finished::Retry;
+            }
+            self.counters
+                .checksum_failures
+                .fetch_add(1, Ordering::Relaxed);
+            return Finished::Done(None);
+        };
+        let found = records
+            .filter(|r| r.key == key)
+            .find_map(|r| match r.payload {
+                Payload::Inline(v) => Some((v.to_vec(), r.meta)),
+                Payload::Medium(_) | Payload::Tombstone => None,
+            });
+        let Some((value, meta)) = found.filter(|(_, meta)| !meta.expired(now_ms)) else {
+            return Finished::Done(None);
+        };
+        read.proof.leaf.referenced.store(true, Ordering::Relaxed);
+        self.counters.hits.fetch_add(1, Ordering::Relaxed);
+        Finished::Done(Some(SsdHit {
+            value,
+            meta,
+            proof: read.proof,
+        }))
     }
 
     /// Whether nothing was written to the super-leaf since the value was read.

@@ -65,6 +65,9 @@ pub struct Stats {
     /// Clean objects (unchanged copies of SSD-tier objects) dropped from DRAM before any
     /// dirty one was evicted: no write, and still an SSD hit.
     pub clean_dropped: u64,
+    /// Objects dropped from DRAM without being written to the SSD tier, because the
+    /// flusher was behind when DRAM was full (a miss later, never a stale value).
+    pub ssd_write_drops: u64,
     pub bypass_threshold: f64,
 
     // --- SSD tier (SPEC §4); zero / None without an SSD ---

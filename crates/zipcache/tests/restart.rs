@@ -34,6 +34,8 @@ fn config(dir: &TempDir) -> Config {
             device_compression: zipcache::config::DeviceCompression::Emulate,
             logical_to_physical: 4.0,
         }),
+        // Writers wait for the flusher rather than drop: a clean close must keep all.
+        flush_wait_ms: 60_000,
         ..Config::default()
     }
 }

@@ -138,7 +138,7 @@ impl Annotations {
 
     /// The live item under `key` as clients see it.
     pub fn get(&self, cache: &ZipCache, key: &[u8]) -> zipcache::Result<Option<Entry>> {
-        let Some(item) = cache.get_item(key)? else {
+        let Some(item) = crate::prefetch::get_item(cache, key)? else {
             return Ok(None);
         };
         Ok(Some(entry_of(item, self.shard(key).get(key))))

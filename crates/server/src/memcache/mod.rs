@@ -13,6 +13,7 @@ use std::sync::Arc;
 use zipcache::{Item, PutOptions, Update};
 
 use crate::connection::{Session, Step};
+use crate::prefetch;
 use crate::server::Shared;
 use crate::stats::Counters;
 use parse::{Parsed, Request};
@@ -164,6 +165,9 @@ impl Session for MemcacheSession {
             Parsed::Incomplete => Step::NeedMore,
             Parsed::Close => Step::Close,
             Parsed::Request { request, len } => {
+                if !prefetch::start(&self.shared.cache, request.keys_read()) {
+                    return Step::Await;
+                }
                 if self.execute(request, out) {
                     Step::Consumed(len)
                 } else {

@@ -90,6 +90,21 @@ pub enum Request<'a> {
     },
 }
 
+impl Request<'_> {
+    /// The keys a GET-like request reads, which may be fetched from the SSD ahead of it
+    /// without blocking (`prefetch`); gat/gats write, so they read under the engine's
+    /// update lock instead.
+    pub fn keys_read(&self) -> Vec<&[u8]> {
+        match self {
+            Request::Retrieve {
+                keys, touch: None, ..
+            } => keys.clone(),
+            Request::Meta(meta) if meta.kind == MetaKind::Get => vec![&meta.key[..]],
+            _ => Vec::new(),
+        }
+    }
+}
+
 /// An error reply that `noreply` does not silence.
 pub fn error(reply: &'static str) -> Request<'static> {
     Request::Error {

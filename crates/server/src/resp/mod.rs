@@ -68,6 +68,7 @@ impl Session for RespSession {
                 match cmd::execute(&self.shared, &mut self.client, &args, &mut out) {
                     cmd::Flow::Continue => Step::Consumed(len),
                     cmd::Flow::Close => Step::Close,
+                    cmd::Flow::Await => Step::Await,
                 }
             }
         }

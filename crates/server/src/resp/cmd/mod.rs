@@ -15,6 +15,7 @@ use std::borrow::Cow;
 use zipcache::{Item, PutOptions, Update, ZipCache};
 
 use super::{Client, Reply};
+use crate::prefetch;
 use crate::server::Shared;
 
 pub const SYNTAX: &str = "ERR syntax error";
@@ -51,6 +52,8 @@ pub type Result<T, E = ErrorReply> = std::result::Result<T, E>;
 pub enum Flow {
     Continue,
     Close,
+    /// Nothing executed: SSD reads are in flight for it (`prefetch`).
+    Await,
 }
 
 /// One parsed request, borrowing its keys and values from the read buffer.
@@ -112,8 +115,12 @@ fn wrong_number(name: &str) -> ErrorReply {
 
 /// Runs one request (`argv` is never empty) and writes its reply.
 pub fn execute(shared: &Shared, client: &mut Client, argv: &[&[u8]], out: &mut Reply) -> Flow {
-    let outcome = Command::parse(argv, client.authenticated, &shared.cache)
-        .and_then(|command| command.execute(shared, client, out));
+    let outcome = Command::parse(argv, client.authenticated, &shared.cache).and_then(|command| {
+        if !prefetch::start(&shared.cache, command.keys_read().iter().copied()) {
+            return Ok(Flow::Await);
+        }
+        command.execute(shared, client, out)
+    });
     match outcome {
         Ok(flow) => flow,
         Err(ErrorReply(message)) => {
@@ -124,6 +131,16 @@ pub fn execute(shared: &Shared, client: &mut Client, argv: &[&[u8]], out: &mut R
 }
 
 impl<'a> Command<'a> {
+    /// The keys a read-only command reads, which may be fetched from the SSD ahead of it
+    /// without blocking (`prefetch`).
+    fn keys_read(&self) -> &[&'a [u8]] {
+        match self {
+            Command::Strings(strings::StringCommand::Get { key }) => std::slice::from_ref(key),
+            Command::Strings(strings::StringCommand::MGet { keys }) => keys,
+            _ => &[],
+        }
+    }
+
     /// Name, arity, authentication, then the command's own syntax, as Redis checks them;
     /// arguments its parser left over are a syntax error.
     pub fn parse(

@@ -8,6 +8,7 @@ use super::{
     Args, Command, ErrorReply, NOT_INTEGER, NewExpiry, Result, SYNTAX, Spec, expiry_ms, integer,
     invalid_expire, rewrite, spec, store,
 };
+use crate::prefetch;
 use crate::resp::Reply;
 use crate::server::Shared;
 use crate::stats::Counters;
@@ -296,7 +297,7 @@ impl StringCommand<'_> {
         match self {
             StringCommand::Get { key } => {
                 Counters::bump(&shared.counters.cmd_get);
-                let value = cache.get(key)?;
+                let value = prefetch::get_item(cache, key)?.map(|item| item.value);
                 shared.counters.hit_or_miss(value.is_some());
                 out.maybe_bulk(value.as_deref());
             }
@@ -361,7 +362,7 @@ impl StringCommand<'_> {
                 let mut values = Vec::with_capacity(keys.len());
                 for key in keys {
                     Counters::bump(&shared.counters.cmd_get);
-                    let value = cache.get(key)?;
+                    let value = prefetch::get_item(cache, key)?.map(|item| item.value);
                     shared.counters.hit_or_miss(value.is_some());
                     values.push(value);
                 }

@@ -1,0 +1,102 @@
+//! SSD reads in flight while the runtime thread serves other connections.
+//!
+//! Sessions execute requests synchronously (`Session::step`). Before a read-only command
+//! runs, its session asks [`start`] for the keys it will read: each GET begins through
+//! `ZipCache::get_item_async`; DRAM and BT_LO answer at once, an SSD read goes in flight.
+//! If any is in flight the step returns `Step::Await` without executing anything; the
+//! connection task awaits the reads (its thread meanwhile serves other connections), then
+//! runs the step again, and the command takes its answers from here through [`get_item`].
+//!
+//! Owner: each connection task holds its `Prefetch` and installs it in this thread's slot
+//! only while it runs `process` ([`within`]), which never yields: no other connection's
+//! request can run in between, so no answer crosses connections. Answers are dropped once
+//! the request that asked for them has executed ([`executed`]), so a later request of the
+//! same connection reads afresh.
+
+use std::cell::RefCell;
+
+use zipcache::{AsyncGet, Item, ZipCache};
+
+/// The GETs started for the request at the front of one connection's input.
+#[derive(Default)]
+pub struct Prefetch {
+    answered: Vec<(Vec<u8>, zipcache::Result<Option<Item>>)>,
+    reading: Vec<(Vec<u8>, AsyncGet)>,
+}
+
+impl Prefetch {
+    /// Awaits every read in flight; their answers join the ready ones.
+    pub async fn finish(&mut self) {
+        for (key, read) in std::mem::take(&mut self.reading) {
+            let answer = read.await;
+            self.answered.push((key, answer));
+        }
+    }
+
+    fn answered(&self, key: &[u8]) -> bool {
+        self.answered.iter().any(|(k, _)| k == key) || self.reading.iter().any(|(k, _)| k == key)
+    }
+}
+
+thread_local! {
+    static CURRENT: RefCell<Option<Prefetch>> = const { RefCell::new(None) };
+}
+
+/// Runs `f` (synchronous) with `prefetch` as this thread's slot.
+pub fn within<R>(prefetch: &mut Prefetch, f: impl FnOnce() -> R) -> R {
+    CURRENT.with(|slot| *slot.borrow_mut() = Some(std::mem::take(prefetch)));
+    let result = f();
+    *prefetch = CURRENT
+        .with(|slot| slot.borrow_mut().take())
+        .unwrap_or_default();
+    result
+}
+
+/// Starts a GET of every key not yet answered; true when all are answered, false when
+/// some read is in flight (the caller returns `Step::Await`). Outside [`within`] (tests,
+/// fuzzing, the shared runtime's embedders) there is no slot: true, and the command reads
+/// synchronously.
+pub fn start<'k>(cache: &ZipCache, keys: impl IntoIterator<Item = &'k [u8]>) -> bool {
+    CURRENT.with(|slot| {
+        let mut slot = slot.borrow_mut();
+        let Some(prefetch) = slot.as_mut() else {
+            return true;
+        };
+        for key in keys {
+            if prefetch.answered(key) {
+                continue;
+            }
+            let mut get = cache.get_item_async(key);
+            match get.take_ready() {
+                Some(answer) => prefetch.answered.push((key.to_vec(), answer)),
+                None => prefetch.reading.push((key.to_vec(), get)),
+            }
+        }
+        prefetch.reading.is_empty()
+    })
+}
+
+/// What a GET of `key` answers: the prefetched answer (taken, so a key repeated in one
+/// command reads again), or the engine's, read now.
+pub fn get_item(cache: &ZipCache, key: &[u8]) -> zipcache::Result<Option<Item>> {
+    let prefetched = CURRENT.with(|slot| {
+        let mut slot = slot.borrow_mut();
+        let answered = &mut slot.as_mut()?.answered;
+        let at = answered.iter().position(|(k, _)| k == key)?;
+        Some(answered.swap_remove(at).1)
+    });
+    match prefetched {
+        Some(answer) => answer,
+        // may do I/O: a synchronous SSD read when nothing was prefetched
+        None => cache.get_item(key),
+    }
+}
+
+/// The request at the front has executed: what was prefetched for it is dropped.
+pub fn executed() {
+    CURRENT.with(|slot| {
+        if let Some(prefetch) = slot.borrow_mut().as_mut() {
+            prefetch.answered.clear();
+        }
+    });
+}

@@ -1,0 +1,225 @@
+//! The asynchronous GET with its SSD read in flight while writers move on: reads that
+//! complete out of order, after the block was rewritten, re-homed under a new generation,
+//! or after the key was deleted. The answer may be any version current during the GET;
+//! what the cache keeps afterwards must be the newest.
+
+use std::io;
+use std::ops::Range;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use parking_lot::Mutex;
+use zipcache_device::{
+    AlignedBuf, BlockDevice, DeviceStats, MemDevice, ReadCompletion, ReadFuture,
+};
+
+use crate::config::{Clock, Promotion};
+use crate::model_tests::{Harness, Op, block_on, key_of};
+
+/// A device whose asynchronous reads wait until the test releases them; after that it
+/// completes them at once. A held read copies the block when submitted (what an in-flight
+/// read may return) or, `late`, when released (a read the device served after later
+/// writes).
+struct Deferred {
+    inner: MemDevice,
+    late: bool,
+    holding: AtomicBool,
+    held: Mutex<Vec<(u64, AlignedBuf, ReadCompletion)>>,
+}
+
+impl Deferred {
+    fn new(blocks: u64, late: bool) -> Arc<Deferred> {
+        Arc::new(Deferred {
+            inner: MemDevice::new(blocks),
+            late,
+            holding: AtomicBool::new(true),
+            held: Mutex::new(Vec::new()),
+        })
+    }
+
+    fn in_flight(&self) -> usize {
+        self.held.lock().len()
+    }
+
+    /// Completes the held reads, the newest first, and holds no more.
+    fn release_all(&self) {
+        self.holding.store(false, Ordering::SeqCst);
+        let held = std::mem::take(&mut *self.held.lock());
+        for (lba, mut buf, completion) in held.into_iter().rev() {
+            let result = match self.late {
+                true => self.inner.read(lba, &mut buf),
+                false => Ok(()),
+            };
+            completion.complete(result, buf);
+        }
+    }
+}
+
+impl BlockDevice for Deferred {
+    fn block_count(&self) -> u64 {
+        self.inner.block_count()
+    }
+    fn read(&self, lba: u64, buf: &mut [u8]) -> io::Result<()> {
+        self.inner.read(lba, buf)
+    }
+    fn write(&self, lba: u64, buf: &[u8]) -> io::Result<()> {
+        self.inner.write(lba, buf)
+    }
+    fn trim(&self, lba: u64, count: u64) -> io::Result<()> {
+        self.inner.trim(lba, count)
+    }
+    fn flush(&self) -> io::Result<()> {
+        self.inner.flush()
+    }
+    fn stats(&self) -> DeviceStats {
+        self.inner.stats()
+    }
+    fn data_extents(&self) -> io::Result<Option<Vec<Range<u64>>>> {
+        self.inner.data_extents()
+    }
+    fn read_async(&self, lba: u64, mut buf: AlignedBuf) -> ReadFuture {
+        if !self.holding.load(Ordering::SeqCst) {
+            let result = self.inner.read(lba, &mut buf);
+            return ReadFuture::ready(result, buf);
+        }
+        if !self.late && self.inner.read(lba, &mut buf).is_err() {
+            return ReadFuture::ready(Err(io::Error::other("read failed")), buf);
+        }
+        let (future, completion) = ReadFuture::pending();
+        self.held.lock().push((lba, buf, completion));
+        future
+    }
+}
+
+fn harness(late: bool) -> (Harness, Arc<Deferred>) {
+    let device = Deferred::new(1 << 14, late);
+    let h = Harness::on(
+        128 << 10,
+        256,
+        3.0,
+        Some(device.clone()),
+        16 << 10,
+        Promotion::EveryHit,
+    );
+    (h, device)
+}
+
+fn evict_to_ssd(h: &Harness) {
+    let inner = &h.cache.inner;
+    inner
+        .dram
+        .evict_all(Some(inner.ssd.as_ref().unwrap()), h.clock.now_ms());
+}
+
+/// Releases the held reads and resolves `get` (its retries read at once).
+fn complete(device: &Deferred, get: crate::AsyncGet) -> Option<Vec<u8>> {
+    device.release_all();
+    block_on(get).unwrap().map(|item| item.value)
+}
+
+fn value(h: &Harness, key: u16) -> Option<Vec<u8>> {
+    h.cache.get(&key_of(key)).unwrap()
+}
+
+#[test]
+fn reads_completing_out_of_order_answer_their_own_keys() {
+    let (mut h, device) = harness(false);
+    h.put_all(0..3_000, 64);
+    evict_to_ssd(&h);
+    let keys = [5u16, 1_500, 2_999, 700];
+    let gets: Vec<_> = keys
+        .iter()
+        .map(|&k| h.cache.get_item_async(&key_of(k)))
+        .collect();
+    assert_eq!(device.in_flight(), keys.len(), "every GET reads the SSD");
+    // `release_all` completes the newest first: the reverse of submission.
+    device.release_all();
+    for (k, get) in keys.iter().zip(gets) {
+        let answer = block_on(get).unwrap().map(|item| item.value);
+        assert_eq!(answer, value(&h, *k), "key {k}");
+    }
+    for k in keys {
+        h.run(&Op::Get { key: k });
+    }
+}
+
+#[test]
+fn a_read_overtaken_by_a_rewrite_never_installs_the_older_value() {
+    let (mut h, device) = harness(false);
+    h.put_all(0..3_000, 64);
+    evict_to_ssd(&h);
+    let old = value(&h, 42);
+    evict_to_ssd(&h);
+    let get = h.cache.get_item_async(&key_of(42));
+    assert_eq!(device.in_flight(), 1);
+    // A newer version reaches the same sub-page while the old block is in flight.
+    h.put_all(40..45, 30);
+    evict_to_ssd(&h);
+    let new = value(&h, 42);
+    assert_ne!(old, new);
+    evict_to_ssd(&h);
+    let answer = complete(&device, get);
+    assert!(
+        answer == old || answer == new,
+        "an answer no GET could give"
+    );
+    // The overtaken copy must not have been promoted over the newer one.
+    h.run(&Op::Get { key: 42 });
+}
+
+#[test]
+fn a_read_of_a_block_rehomed_by_a_split_reads_again() {
+    let (mut h, device) = harness(true);
+    h.put_all((0..3_000).step_by(4), 64);
+    evict_to_ssd(&h);
+    let get = h.cache.get_item_async(&key_of(400));
+    assert_eq!(device.in_flight(), 1);
+    // Fill the gaps: super-leaves split, so blocks are rewritten under new generations
+    // and the planned block may now belong to a different layout.
+    h.put_all(0..3_000, 70);
+    evict_to_ssd(&h);
+    let answer = complete(&device, get);
+    assert_eq!(answer, value(&h, 400));
+    h.run(&Op::Get { key: 400 });
+}
+
+#[test]
+fn a_key_deleted_while_its_read_is_in_flight_stays_deleted() {
+    let (mut h, device) = harness(false);
+    h.put_all(0..3_000, 64);
+    evict_to_ssd(&h);
+    let old = value(&h, 77);
+    evict_to_ssd(&h);
+    let get = h.cache.get_item_async(&key_of(77));
+    assert_eq!(device.in_flight(), 1);
+    h.run(&Op::Delete { key: 77 });
+    evict_to_ssd(&h);
+    let answer = complete(&device, get);
+    assert!(answer.is_none() || answer == old);
+    h.run(&Op::Get { key: 77 });
+    assert_eq!(value(&h, 77), None);
+}
+
+/// Overload: a leaf dropped unwritten (the flusher behind) must not let an older SSD
+/// copy of any of its keys be served, nor come back when the flusher evicts it.
+#[test]
+fn objects_dropped_unwritten_never_expose_older_ssd_copies() {
+    let (mut h, _device) = harness(false);
+    h.put_all(0..3_000, 64);
+    evict_to_ssd(&h);
+    // Newer versions and tombstones in DRAM, then dropped instead of written.
+    h.put_all((0..3_000).step_by(2), 50);
+    for key in (1..3_000).step_by(6) {
+        h.run(&Op::Delete { key });
+    }
+    let now = h.clock.now_ms();
+    while h.cache.inner.dram.drop_one(now) {}
+    assert!(h.cache.stats().ssd_write_drops > 0);
+    for key in 0..3_000 {
+        h.run(&Op::Get { key });
+    }
+    evict_to_ssd(&h);
+    for key in 0..3_000 {
+        h.run(&Op::Get { key });
+    }
+}
