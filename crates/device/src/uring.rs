@@ -157,7 +157,7 @@ fn submit_and_wait(ring: &IoUring, want: usize) -> io::Result<()> {
 }
 
 thread_local! {
-    /// `None` until the thread's first batch; `Some(Err)` once io_uring could not be set up
+    /// `None` until the thread's first batch; `Unavailable` once io_uring could not be set up
     /// here, so later batches go straight to the fallback instead of retrying the setup.
     static BATCH_RING: Cell<Option<BatchRing>> = const { Cell::new(None) };
     /// Requests this thread's batches ran through io_uring, so tests can tell the ring from
@@ -287,7 +287,13 @@ fn put_thread_ring(ring: Box<ThreadRing>) {
 /// `depth` (1..=[`MAX_THREAD_RING_DEPTH`], rounded up to a power of two by the kernel) bounds
 /// the reads in flight; a read submitted while every slot is taken runs synchronously.
 /// Fails when io_uring is unavailable (`ENOSYS`, `EPERM` under seccomp): reads then stay
-/// synchronous. The eventfd belongs to the ring and stays open until the thread exits.
+/// synchronous.
+///
+/// The eventfd belongs to the ring and stays open until the thread exits. To wait for it with
+/// tokio, register a duplicate (`BorrowedFd::borrow_raw(fd).try_clone_to_owned()`) with
+/// `AsyncFd::register_with_interest(dup, Interest::READABLE)`, and loop in a task on the same
+/// thread: `readable().await`, `clear_ready()`, then [`reap_thread_ring`] — readiness cleared
+/// before reaping, so a completion posted meanwhile makes the eventfd readable again.
 pub fn install_thread_ring(depth: u32) -> io::Result<RawFd> {
     if !(1..=MAX_THREAD_RING_DEPTH).contains(&depth) {
         return Err(invalid_input(format!(
@@ -945,6 +951,22 @@ mod tests {
         })
         .join()
         .expect("installer");
+    }
+
+    #[test]
+    fn a_signalled_eventfd_is_emptied_by_the_next_reap() {
+        thread::spawn(|| {
+            let eventfd = install_thread_ring(4).expect("ring");
+            assert!(!wait_readable(eventfd, Duration::ZERO));
+            let ring = take_thread_ring().expect("installed");
+            ring.signal();
+            put_thread_ring(ring);
+            assert!(wait_readable(eventfd, Duration::ZERO));
+            assert_eq!(reap_thread_ring(), 0);
+            assert!(!wait_readable(eventfd, Duration::ZERO));
+        })
+        .join()
+        .expect("thread");
     }
 
     #[test]
