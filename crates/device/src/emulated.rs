@@ -21,8 +21,8 @@ use libdeflater::{CompressionLvl, Compressor};
 use parking_lot::{Mutex, RwLock};
 
 use crate::{
-    AlignedBuf, BLOCK_BYTES, BLOCK_SIZE, BlockDevice, DeviceCompression, DeviceStats, FileDevice,
-    FileOptions, invalid_input,
+    AlignedBuf, BLOCK_BYTES, BLOCK_SIZE, BatchRead, BatchWrite, BlockDevice, DeviceCompression,
+    DeviceStats, FileDevice, FileOptions, ReadFuture, invalid_input,
 };
 
 /// The CSD 3000 compresses with hardware zlib at about level 6 (SPEC §3).
@@ -350,6 +350,27 @@ impl<D: BlockDevice> CompressingDevice<D> {
         &self.controllers[(lba % self.controllers.len() as u64) as usize]
     }
 
+    /// Hands each block of a write that reached the device to the accounting.
+    fn account_write(&self, lba: u64, buf: &[u8]) -> io::Result<()> {
+        match (self.mode, &self.accounting) {
+            (DeviceCompression::Emulate, Some(_)) => {
+                for (block_lba, block) in (lba..).zip(buf.chunks_exact(BLOCK_SIZE)) {
+                    self.controller_for(block_lba).submit(Job::Write {
+                        lba: block_lba,
+                        block: block.into(),
+                    })?;
+                }
+            }
+            (DeviceCompression::None, Some(accounting)) => {
+                for block_lba in lba..lba + (buf.len() / BLOCK_SIZE) as u64 {
+                    accounting.record_write(block_lba, RAW_BLOCK);
+                }
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
     fn persist_sidecar(&self, sidecar: &Sidecar, accounting: &Accounting) -> io::Result<()> {
         let mut bytes = Vec::with_capacity(SIDECAR_HEADER_LEN + accounting.sizes.len() * 2 + 4);
         bytes.extend_from_slice(&SIDECAR_MAGIC);
@@ -396,23 +417,37 @@ impl<D: BlockDevice> BlockDevice for CompressingDevice<D> {
         let _no_flush_in_between = self.sidecar.as_ref().map(|s| s.gate.read());
         self.invalidate_sidecar()?;
         self.inner.write(lba, buf)?;
-        match (self.mode, &self.accounting) {
-            (DeviceCompression::Emulate, Some(_)) => {
-                for (block_lba, block) in (lba..).zip(buf.chunks_exact(BLOCK_SIZE)) {
-                    self.controller_for(block_lba).submit(Job::Write {
-                        lba: block_lba,
-                        block: block.into(),
-                    })?;
-                }
-            }
-            (DeviceCompression::None, Some(accounting)) => {
-                for block_lba in lba..lba + (buf.len() / BLOCK_SIZE) as u64 {
-                    accounting.record_write(block_lba, RAW_BLOCK);
-                }
-            }
-            _ => {}
+        self.account_write(lba, buf)
+    }
+
+    fn read_batch(&self, reads: &mut [BatchRead<'_>]) -> Vec<io::Result<()>> {
+        self.inner.read_batch(reads)
+    }
+
+    fn write_batch(&self, writes: &[BatchWrite<'_>]) -> Vec<io::Result<()>> {
+        if writes.is_empty() {
+            return Vec::new();
         }
-        Ok(())
+        let _no_flush_in_between = self.sidecar.as_ref().map(|s| s.gate.read());
+        if let Err(err) = self.invalidate_sidecar() {
+            return writes
+                .iter()
+                .map(|_| Err(io::Error::new(err.kind(), err.to_string())))
+                .collect();
+        }
+        let mut results = self.inner.write_batch(writes);
+        for (write, result) in writes.iter().zip(&mut results) {
+            if result.is_ok()
+                && let Err(err) = self.account_write(write.lba, write.buf)
+            {
+                *result = Err(err);
+            }
+        }
+        results
+    }
+
+    fn read_async(&self, lba: u64, buf: AlignedBuf) -> ReadFuture {
+        self.inner.read_async(lba, buf)
     }
 
     fn trim(&self, lba: u64, count: u64) -> io::Result<()> {
@@ -856,7 +891,7 @@ fn controller_stopped() -> io::Error {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::test_util::{block_with_eta, random_bytes};
+    use crate::test_util::{block_with_eta, complete, random_bytes};
     use crate::{FaultOp, FaultyDevice, MemDevice};
 
     const BLOCKS: u64 = 1024;
@@ -1280,5 +1315,129 @@ mod tests {
             &AccountingOrigin::Rebuilt(RebuildReason::NoSidecar)
         );
         assert_eq!(sizes(&device), expected);
+    }
+
+    #[test]
+    fn batches_account_and_count_like_single_requests() {
+        for mode in [DeviceCompression::Emulate, DeviceCompression::None] {
+            let options = EmulatorOptions {
+                mode,
+                controller_threads: 2,
+                ..EmulatorOptions::default()
+            };
+            let (single, batched) = (emulator(options.clone()), emulator(options));
+            let blocks: Vec<Vec<u8>> = (0..40)
+                .map(|i| block_with_eta(i, (i % 5) as f64 / 4.0))
+                .collect();
+            let three_blocks = random_bytes(9, 3 * BLOCK_SIZE);
+            let mut writes: Vec<BatchWrite<'_>> = (0..)
+                .zip(&blocks)
+                .map(|(i, buf)| BatchWrite { lba: i * 2, buf })
+                .collect();
+            writes.push(BatchWrite {
+                lba: 200,
+                buf: &three_blocks,
+            });
+            for write in &writes {
+                single.write(write.lba, write.buf).expect("write");
+            }
+            writes.push(BatchWrite {
+                lba: BLOCKS,
+                buf: &blocks[0],
+            });
+            let failed: Vec<bool> = batched
+                .write_batch(&writes)
+                .iter()
+                .map(Result::is_err)
+                .collect();
+            assert_eq!(failed.iter().filter(|&&f| f).count(), 1);
+            assert!(
+                failed[writes.len() - 1],
+                "the request past the end fails alone"
+            );
+            single.drain().expect("drain");
+            batched.drain().expect("drain");
+            assert_eq!(sizes(&single), sizes(&batched), "{mode:?}");
+            assert_eq!(single.stats(), batched.stats(), "{mode:?}");
+
+            let mut back: Vec<Vec<u8>> = writes.iter().map(|w| vec![0; w.buf.len()]).collect();
+            let mut reads: Vec<BatchRead<'_>> = writes
+                .iter()
+                .zip(back.iter_mut())
+                .map(|(write, buf)| BatchRead {
+                    lba: write.lba,
+                    buf,
+                })
+                .collect();
+            let results = batched.read_batch(&mut reads);
+            assert_eq!(
+                results.iter().filter(|r| r.is_ok()).count(),
+                writes.len() - 1
+            );
+            for (write, read) in writes.iter().zip(&back).take(writes.len() - 1) {
+                assert!(write.buf == &read[..], "lba {}", write.lba);
+            }
+            let (result, _) = complete(batched.read_async(200, AlignedBuf::zeroed(3)));
+            result.expect("async read");
+            assert_eq!(batched.stats().reads, writes.len() as u64);
+        }
+    }
+
+    #[test]
+    fn a_batch_invalidates_the_sidecar_and_is_persisted_by_the_next_flush() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let sidecar = EmulatorOptions::sidecar_for(&dir.path().join("ssd"));
+        let device = file_emulator(dir.path());
+        write_mixed_blocks(&device);
+        device.flush().expect("flush");
+        assert!(sidecar.exists());
+        let data = random_bytes(3, 2 * BLOCK_SIZE);
+        let writes = [
+            BatchWrite {
+                lba: 1000,
+                buf: &data[..BLOCK_SIZE],
+            },
+            BatchWrite {
+                lba: 1002,
+                buf: &data[BLOCK_SIZE..],
+            },
+        ];
+        assert!(device.write_batch(&writes).iter().all(Result::is_ok));
+        assert!(!sidecar.exists(), "a batch makes the persisted table stale");
+        device.drain().expect("drain");
+        let expected = sizes(&device);
+        assert_eq!(expected[1000], RAW_BLOCK);
+        device.close().expect("close");
+        let device = file_emulator(dir.path());
+        assert_eq!(device.accounting_origin(), &AccountingOrigin::Loaded);
+        assert_eq!(sizes(&device), expected);
+    }
+
+    #[test]
+    fn failed_requests_of_a_batch_are_not_accounted() {
+        let faulty = FaultyDevice::new(MemDevice::new(BLOCKS));
+        faulty.fail_lba(FaultOp::Write, 3);
+        let device = CompressingDevice::new(faulty, EmulatorOptions::default()).expect("open");
+        let data = random_bytes(1, 2 * BLOCK_SIZE);
+        let writes = [
+            BatchWrite {
+                lba: 3,
+                buf: &data[..BLOCK_SIZE],
+            },
+            BatchWrite {
+                lba: 4,
+                buf: &data[BLOCK_SIZE..],
+            },
+        ];
+        let failed: Vec<bool> = device
+            .write_batch(&writes)
+            .iter()
+            .map(Result::is_err)
+            .collect();
+        assert_eq!(failed, [true, false]);
+        device.drain().expect("drain");
+        assert_eq!(device.physical_size(3), Some(0));
+        assert_eq!(device.stats().nand_bytes_written, BLOCK_BYTES);
+        assert_eq!(device.stats().host_bytes_written, BLOCK_BYTES);
     }
 }

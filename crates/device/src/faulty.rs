@@ -8,14 +8,15 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use parking_lot::Mutex;
 
-use crate::{BLOCK_SIZE, BlockDevice, DeviceStats};
+use crate::{AlignedBuf, BLOCK_SIZE, BatchRead, BatchWrite, BlockDevice, DeviceStats, ReadFuture};
 
 /// The kind of device operation a fault applies to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum FaultOp {
-    /// [`BlockDevice::read`].
+    /// [`BlockDevice::read`], each request of [`BlockDevice::read_batch`], and
+    /// [`BlockDevice::read_async`].
     Read,
-    /// [`BlockDevice::write`].
+    /// [`BlockDevice::write`] and each request of [`BlockDevice::write_batch`].
     Write,
     /// [`BlockDevice::trim`].
     Trim,
@@ -163,14 +164,30 @@ impl<D: BlockDevice> FaultyDevice<D> {
         Ok(())
     }
 
-    fn corrupt(&self, lba: u64, buf: &mut [u8]) {
+    /// The bytes of a read of `len` bytes at `lba` to corrupt: (position in the buffer, mask).
+    fn flips(&self, lba: u64, len: usize) -> Vec<(usize, u8)> {
         let plan = self.plan.lock();
-        let end = lba.saturating_add((buf.len() / BLOCK_SIZE) as u64);
-        for (&block_lba, flips) in plan.bit_flips.range(lba..end) {
-            let block_start = (block_lba - lba) as usize * BLOCK_SIZE;
-            for &(offset, mask) in flips {
-                buf[block_start + offset] ^= mask;
-            }
+        let end = lba.saturating_add((len / BLOCK_SIZE) as u64);
+        plan.bit_flips
+            .range(lba..end)
+            .flat_map(|(&block_lba, flips)| {
+                let block_start = (block_lba - lba) as usize * BLOCK_SIZE;
+                flips
+                    .iter()
+                    .map(move |&(offset, mask)| (block_start + offset, mask))
+            })
+            .collect()
+    }
+
+    fn corrupt(&self, lba: u64, buf: &mut [u8]) {
+        flip(&self.flips(lba, buf.len()), buf);
+    }
+}
+
+fn flip(flips: &[(usize, u8)], buf: &mut [u8]) {
+    for &(position, mask) in flips {
+        if let Some(byte) = buf.get_mut(position) {
+            *byte ^= mask;
         }
     }
 }
@@ -181,15 +198,71 @@ impl<D: BlockDevice> BlockDevice for FaultyDevice<D> {
     }
 
     fn read(&self, lba: u64, buf: &mut [u8]) -> io::Result<()> {
-        self.check(FaultOp::Read, Some(lba), (buf.len() / BLOCK_SIZE) as u64)?;
+        self.check(FaultOp::Read, Some(lba), blocks(buf))?;
         self.inner.read(lba, buf)?;
         self.corrupt(lba, buf);
         Ok(())
     }
 
     fn write(&self, lba: u64, buf: &[u8]) -> io::Result<()> {
-        self.check(FaultOp::Write, Some(lba), (buf.len() / BLOCK_SIZE) as u64)?;
+        self.check(FaultOp::Write, Some(lba), blocks(buf))?;
         self.inner.write(lba, buf)
+    }
+
+    fn read_batch(&self, reads: &mut [BatchRead<'_>]) -> Vec<io::Result<()>> {
+        let mut results: Vec<io::Result<()>> = reads
+            .iter()
+            .map(|read| self.check(FaultOp::Read, Some(read.lba), blocks(read.buf)))
+            .collect();
+        let (indices, mut passed): (Vec<usize>, Vec<BatchRead<'_>>) = reads
+            .iter_mut()
+            .enumerate()
+            .filter(|(index, _)| results[*index].is_ok())
+            .map(|(index, read)| {
+                let lba = read.lba;
+                (index, BatchRead { lba, buf: read.buf })
+            })
+            .unzip();
+        let outcomes = self.inner.read_batch(&mut passed);
+        for ((index, read), outcome) in indices.into_iter().zip(passed).zip(outcomes) {
+            if outcome.is_ok() {
+                self.corrupt(read.lba, read.buf);
+            }
+            results[index] = outcome;
+        }
+        results
+    }
+
+    fn write_batch(&self, writes: &[BatchWrite<'_>]) -> Vec<io::Result<()>> {
+        let mut results: Vec<io::Result<()>> = writes
+            .iter()
+            .map(|write| self.check(FaultOp::Write, Some(write.lba), blocks(write.buf)))
+            .collect();
+        let (indices, passed): (Vec<usize>, Vec<BatchWrite<'_>>) = writes
+            .iter()
+            .enumerate()
+            .filter(|(index, _)| results[*index].is_ok())
+            .map(|(index, write)| (index, *write))
+            .unzip();
+        let outcomes = self.inner.write_batch(&passed);
+        for (index, outcome) in indices.into_iter().zip(outcomes) {
+            results[index] = outcome;
+        }
+        results
+    }
+
+    /// Faults are decided at submission: an injected error comes back as a ready future, and
+    /// the bit flips planned then are applied when the read completes.
+    fn read_async(&self, lba: u64, buf: AlignedBuf) -> ReadFuture {
+        if let Err(err) = self.check(FaultOp::Read, Some(lba), blocks(&buf)) {
+            return ReadFuture::ready(Err(err), buf);
+        }
+        let flips = self.flips(lba, buf.len());
+        self.inner.read_async(lba, buf).inspect(move |result, buf| {
+            if result.is_ok() {
+                flip(&flips, buf);
+            }
+        })
     }
 
     fn trim(&self, lba: u64, count: u64) -> io::Result<()> {
@@ -219,11 +292,15 @@ impl<D: BlockDevice> BlockDevice for FaultyDevice<D> {
     }
 }
 
+fn blocks(buf: &[u8]) -> u64 {
+    (buf.len() / BLOCK_SIZE) as u64
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::MemDevice;
-    use crate::test_util::random_bytes;
+    use crate::test_util::{complete, random_bytes};
 
     fn device() -> FaultyDevice<MemDevice> {
         FaultyDevice::new(MemDevice::new(64))
@@ -307,5 +384,78 @@ mod tests {
             .expect_err("out of range");
         assert!(!InjectedFault::is_injected(&err));
         assert_eq!(err.kind(), io::ErrorKind::InvalidInput);
+    }
+
+    #[test]
+    fn batches_fail_only_the_faulty_requests() {
+        let device = device();
+        let data = random_bytes(5, 3 * BLOCK_SIZE);
+        let block = |i: usize| &data[i * BLOCK_SIZE..(i + 1) * BLOCK_SIZE];
+        device.fail_lba(FaultOp::Write, 3);
+        let writes: Vec<BatchWrite<'_>> = [1, 3, 5]
+            .iter()
+            .enumerate()
+            .map(|(i, &lba)| BatchWrite { lba, buf: block(i) })
+            .collect();
+        let injected: Vec<bool> = device
+            .write_batch(&writes)
+            .iter()
+            .map(|r| r.as_ref().is_err_and(InjectedFault::is_injected))
+            .collect();
+        assert_eq!(injected, [false, true, false]);
+        assert_eq!(device.inner().resident_blocks(), 2);
+
+        device.fail_lba(FaultOp::Read, 1);
+        device.flip_bits_on_read(5, 7, 0x10);
+        let (mut first, mut second) = (vec![0u8; BLOCK_SIZE], vec![0u8; BLOCK_SIZE]);
+        let mut reads = [
+            BatchRead {
+                lba: 1,
+                buf: &mut first,
+            },
+            BatchRead {
+                lba: 5,
+                buf: &mut second,
+            },
+        ];
+        let results = device.read_batch(&mut reads);
+        assert!(results[0].as_ref().is_err_and(InjectedFault::is_injected));
+        assert!(results[1].is_ok());
+        let mut expected = block(2).to_vec();
+        expected[7] ^= 0x10;
+        assert_eq!(second, expected);
+        assert_eq!(device.injected_faults(), 2);
+        assert_eq!(device.inner().stats().reads, 1, "the failed read never ran");
+    }
+
+    #[test]
+    fn every_nth_counts_each_request_of_a_batch() {
+        let device = device();
+        device.fail_every_nth(FaultOp::Write, 2);
+        let block = random_bytes(6, BLOCK_SIZE);
+        let writes: Vec<BatchWrite<'_>> =
+            (0..5).map(|lba| BatchWrite { lba, buf: &block }).collect();
+        let failed: Vec<bool> = device
+            .write_batch(&writes)
+            .iter()
+            .map(Result::is_err)
+            .collect();
+        assert_eq!(failed, [false, true, false, true, false]);
+    }
+
+    #[test]
+    fn async_reads_get_errors_ready_and_bit_flips_on_completion() {
+        let device = device();
+        let data = random_bytes(7, 2 * BLOCK_SIZE);
+        device.write(20, &data).expect("write");
+        device.fail_lba(FaultOp::Read, 21);
+        device.flip_bits_on_read(20, 0, 0xFF);
+
+        let (result, _) = complete(device.read_async(21, AlignedBuf::zeroed(1)));
+        assert!(result.is_err_and(|err| InjectedFault::is_injected(&err)));
+        let (result, buf) = complete(device.read_async(20, AlignedBuf::zeroed(1)));
+        result.expect("read");
+        assert_eq!(buf[0], data[0] ^ 0xFF);
+        assert_eq!(&buf[1..], &data[1..BLOCK_SIZE]);
     }
 }

@@ -1,4 +1,4 @@
-//! A file or block device as a [`BlockDevice`], through `pread`/`pwrite`.
+//! A file or block device as a [`BlockDevice`], through `pread`/`pwrite` and io_uring.
 
 use std::cell::RefCell;
 use std::fs::{File, OpenOptions};
@@ -7,11 +7,14 @@ use std::ops::Range;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::os::unix::fs::{FileExt, FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use crate::aligned::{AlignedBuf, is_aligned};
 use crate::counters::IoCounters;
+use crate::uring::{self, Direction, ReadFuture, Transfer};
 use crate::{
-    BLOCK_BYTES, BLOCK_SIZE, BlockDevice, DeviceStats, check_io, check_range, invalid_input,
+    BLOCK_BYTES, BLOCK_SIZE, BatchRead, BatchWrite, BlockDevice, DeviceStats, check_io,
+    check_range, invalid_input,
 };
 
 /// Blocks per bounce copy for unaligned buffers under `O_DIRECT`: large enough that a
@@ -32,6 +35,10 @@ pub struct FileOptions {
     pub direct_io: bool,
     /// Create the file if it does not exist. Default `true`.
     pub create: bool,
+    /// Run batches and asynchronous reads through io_uring. Default `true`. Off, or on a
+    /// thread where io_uring cannot be set up (`ENOSYS`, `EPERM` under seccomp), batches run
+    /// one request after another and `read_async` reads synchronously.
+    pub io_uring: bool,
 }
 
 impl Default for FileOptions {
@@ -39,8 +46,17 @@ impl Default for FileOptions {
         Self {
             direct_io: true,
             create: true,
+            io_uring: true,
         }
     }
+}
+
+/// The open file and its counters, shared with the reads in flight on thread rings: each
+/// holds an `Arc` so the descriptor stays open until the kernel is done with it.
+#[derive(Debug)]
+pub(crate) struct SharedFile {
+    pub(crate) file: File,
+    pub(crate) counters: IoCounters,
 }
 
 /// A regular file (sparse, sized to the logical capacity) or a block device.
@@ -48,6 +64,9 @@ impl Default for FileOptions {
 /// Reads and writes are positional (`pread`/`pwrite`), so any number of threads may use one
 /// `FileDevice` at once. With `O_DIRECT`, buffers that are not 4096-aligned are copied
 /// through a per-thread aligned bounce buffer; pass an [`AlignedBuf`] to avoid the copy.
+/// Batches keep up to [`uring::BATCH_DEPTH`] requests in flight through the calling thread's
+/// io_uring, and `read_async` submits to the thread's ring when one is installed (see
+/// [`crate::uring`]); [`FileOptions::io_uring`] turns both off.
 /// Trim punches a hole (`fallocate(PUNCH_HOLE | KEEP_SIZE)`), so trimmed blocks free their
 /// space and read as zeros.
 ///
@@ -55,13 +74,13 @@ impl Default for FileOptions {
 /// [`crate::CompressingDevice`] to account them.
 #[derive(Debug)]
 pub struct FileDevice {
-    file: File,
+    shared: Arc<SharedFile>,
     path: PathBuf,
     block_count: u64,
     direct_io: bool,
+    io_uring: bool,
     /// `lseek(SEEK_DATA)` on a block device reports it all as data, which says nothing.
     is_block_device: bool,
-    counters: IoCounters,
 }
 
 impl FileDevice {
@@ -121,12 +140,15 @@ impl FileDevice {
             )));
         }
         let device = Self {
-            file,
+            shared: Arc::new(SharedFile {
+                file,
+                counters: IoCounters::default(),
+            }),
             path: path.to_path_buf(),
             block_count: logical_size / BLOCK_BYTES,
             direct_io: options.direct_io,
+            io_uring: options.io_uring,
             is_block_device,
-            counters: IoCounters::default(),
         };
         if options.direct_io {
             device.probe_direct_io()?;
@@ -144,24 +166,30 @@ impl FileDevice {
         self.direct_io
     }
 
+    /// Whether batches and asynchronous reads may use io_uring ([`FileOptions::io_uring`]).
+    pub fn uses_io_uring(&self) -> bool {
+        self.io_uring
+    }
+
     /// Some filesystems accept `O_DIRECT` at open and refuse it at the first I/O; finding out
     /// at open time turns a baffling EINVAL in the middle of a run into a clear error.
     fn probe_direct_io(&self) -> io::Result<()> {
         let mut block = AlignedBuf::zeroed(1);
-        self.file
+        self.shared
+            .file
             .read_exact_at(&mut block, 0)
             .map_err(|err| explain_open_error(err, &self.path, true))
     }
 
     fn read_blocks(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
         if !self.direct_io || is_aligned(buf) {
-            return self.file.read_exact_at(buf, offset);
+            return self.shared.file.read_exact_at(buf, offset);
         }
         BOUNCE.with_borrow_mut(|bounce| {
             let mut chunk_offset = offset;
             for chunk in buf.chunks_mut(bounce.len()) {
                 let aligned = &mut bounce[..chunk.len()];
-                self.file.read_exact_at(aligned, chunk_offset)?;
+                self.shared.file.read_exact_at(aligned, chunk_offset)?;
                 chunk.copy_from_slice(aligned);
                 chunk_offset += chunk.len() as u64;
             }
@@ -171,18 +199,28 @@ impl FileDevice {
 
     fn write_blocks(&self, offset: u64, buf: &[u8]) -> io::Result<()> {
         if !self.direct_io || is_aligned(buf) {
-            return self.file.write_all_at(buf, offset);
+            return self.shared.file.write_all_at(buf, offset);
         }
         BOUNCE.with_borrow_mut(|bounce| {
             let mut chunk_offset = offset;
             for chunk in buf.chunks(bounce.len()) {
                 let aligned = &mut bounce[..chunk.len()];
                 aligned.copy_from_slice(chunk);
-                self.file.write_all_at(aligned, chunk_offset)?;
+                self.shared.file.write_all_at(aligned, chunk_offset)?;
                 chunk_offset += chunk.len() as u64;
             }
             Ok(())
         })
+    }
+
+    /// Under `O_DIRECT` the kernel moves data only to and from 4096-aligned memory.
+    fn needs_bounce(&self, buf: &[u8]) -> bool {
+        self.direct_io && !is_aligned(buf)
+    }
+
+    fn transfer(&self, direction: Direction, buf: *mut u8, len: usize, lba: u64) -> Transfer {
+        let fd = self.shared.file.as_raw_fd();
+        Transfer::new(direction, fd, buf, len, lba * BLOCK_BYTES)
     }
 
     /// Filesystems without hole punching still owe the caller zeros on read.
@@ -192,7 +230,8 @@ impl FileDevice {
         while done < count {
             let blocks = (count - done).min(BOUNCE_BLOCKS as u64);
             let bytes = blocks as usize * BLOCK_SIZE;
-            self.file
+            self.shared
+                .file
                 .write_all_at(&zeros[..bytes], (lba + done) * BLOCK_BYTES)?;
             done += blocks;
         }
@@ -202,10 +241,10 @@ impl FileDevice {
     /// `lseek(SEEK_DATA | SEEK_HOLE)` from `offset`; `Ok(None)` when no data/hole follows.
     fn seek_extent(&self, offset: u64, whence: libc::c_int) -> io::Result<Option<u64>> {
         let offset = to_off_t(offset)?;
-        // SAFETY: `lseek` takes no pointers; the descriptor is owned by `self.file` and stays
+        // SAFETY: `lseek` takes no pointers; the descriptor is owned by `self.shared.file` and stays
         // open for this call. Moving the file offset is harmless: every read and write here
         // is positional (pread/pwrite) and never uses it.
-        let position = unsafe { libc::lseek(self.file.as_raw_fd(), offset, whence) };
+        let position = unsafe { libc::lseek(self.shared.file.as_raw_fd(), offset, whence) };
         if position >= 0 {
             return Ok(Some(position as u64));
         }
@@ -228,7 +267,7 @@ impl BlockDevice for FileDevice {
             return Ok(());
         }
         self.read_blocks(lba * BLOCK_BYTES, buf)?;
-        self.counters.record_read(buf.len());
+        self.shared.counters.record_read(buf.len());
         Ok(())
     }
 
@@ -237,8 +276,120 @@ impl BlockDevice for FileDevice {
             return Ok(());
         }
         self.write_blocks(lba * BLOCK_BYTES, buf)?;
-        self.counters.record_write(buf.len());
+        self.shared.counters.record_write(buf.len());
         Ok(())
+    }
+
+    fn read_batch(&self, reads: &mut [BatchRead<'_>]) -> Vec<io::Result<()>> {
+        if !self.io_uring || reads.len() < 2 {
+            return reads
+                .iter_mut()
+                .map(|read| self.read(read.lba, read.buf))
+                .collect();
+        }
+        let mut results = Vec::with_capacity(reads.len());
+        let mut transfers = Vec::with_capacity(reads.len());
+        // (index in `reads`, aligned bounce buffer the kernel reads into instead)
+        let mut planned = Vec::with_capacity(reads.len());
+        for (index, read) in reads.iter_mut().enumerate() {
+            let checked = check_io(self.block_count, read.lba, read.buf.len());
+            let runs = matches!(checked, Ok(blocks) if blocks > 0);
+            results.push(checked.map(drop));
+            if !runs {
+                continue;
+            }
+            let len = read.buf.len();
+            let mut bounce = self
+                .needs_bounce(read.buf)
+                .then(|| AlignedBuf::zeroed(len / BLOCK_SIZE));
+            let target = match &mut bounce {
+                Some(bounce) => bounce.as_mut_ptr(),
+                None => read.buf.as_mut_ptr(),
+            };
+            transfers.push(self.transfer(Direction::Read, target, len, read.lba));
+            planned.push((index, bounce));
+        }
+        // SAFETY: each transfer points into its request's buffer, borrowed mutably for this
+        // whole call, or into its bounce buffer, whose heap bytes `planned` keeps until after
+        // the call; `self` keeps the descriptor open.
+        let Some(outcomes) = (unsafe { uring::run_batch(&mut transfers) }) else {
+            for (index, _) in planned {
+                let read = &mut reads[index];
+                results[index] = self.read(read.lba, read.buf);
+            }
+            return results;
+        };
+        for ((index, bounce), outcome) in planned.into_iter().zip(outcomes) {
+            let read = &mut reads[index];
+            if outcome.is_ok() {
+                if let Some(bounce) = bounce {
+                    read.buf.copy_from_slice(&bounce);
+                }
+                self.shared.counters.record_read(read.buf.len());
+            }
+            results[index] = outcome;
+        }
+        results
+    }
+
+    fn write_batch(&self, writes: &[BatchWrite<'_>]) -> Vec<io::Result<()>> {
+        if !self.io_uring || writes.len() < 2 {
+            return writes
+                .iter()
+                .map(|write| self.write(write.lba, write.buf))
+                .collect();
+        }
+        let mut results = Vec::with_capacity(writes.len());
+        let mut transfers = Vec::with_capacity(writes.len());
+        // (index in `writes`, aligned copy the kernel writes from instead)
+        let mut planned = Vec::with_capacity(writes.len());
+        for (index, write) in writes.iter().enumerate() {
+            let checked = check_io(self.block_count, write.lba, write.buf.len());
+            let runs = matches!(checked, Ok(blocks) if blocks > 0);
+            results.push(checked.map(drop));
+            if !runs {
+                continue;
+            }
+            let bounce = self
+                .needs_bounce(write.buf)
+                .then(|| AlignedBuf::copy_from(write.buf));
+            let source = bounce.as_deref().unwrap_or(write.buf).as_ptr();
+            let len = write.buf.len();
+            transfers.push(self.transfer(Direction::Write, source.cast_mut(), len, write.lba));
+            planned.push((index, bounce));
+        }
+        // SAFETY: each transfer points into its request's buffer, borrowed for this whole
+        // call, or into its bounce copy, whose heap bytes `planned` keeps until after the
+        // call; the kernel only reads them. `self` keeps the descriptor open.
+        let Some(outcomes) = (unsafe { uring::run_batch(&mut transfers) }) else {
+            for (index, _) in planned {
+                results[index] = self.write(writes[index].lba, writes[index].buf);
+            }
+            return results;
+        };
+        for ((index, _bounce), outcome) in planned.into_iter().zip(outcomes) {
+            if outcome.is_ok() {
+                self.shared.counters.record_write(writes[index].buf.len());
+            }
+            results[index] = outcome;
+        }
+        results
+    }
+
+    fn read_async(&self, lba: u64, mut buf: AlignedBuf) -> ReadFuture {
+        match check_io(self.block_count, lba, buf.len()) {
+            Err(err) => return ReadFuture::ready(Err(err), buf),
+            Ok(0) => return ReadFuture::ready(Ok(()), buf),
+            Ok(_) => {}
+        }
+        if self.io_uring {
+            match uring::submit_read(&self.shared, lba * BLOCK_BYTES, buf) {
+                Ok(in_flight) => return in_flight,
+                Err(returned) => buf = returned,
+            }
+        }
+        let result = self.read(lba, &mut buf);
+        ReadFuture::ready(result, buf)
     }
 
     fn trim(&self, lba: u64, count: u64) -> io::Result<()> {
@@ -249,9 +400,9 @@ impl BlockDevice for FileDevice {
         let offset = to_off_t(lba * BLOCK_BYTES)?;
         let len = to_off_t(count * BLOCK_BYTES)?;
         let mode = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
-        // SAFETY: `fallocate` takes no pointers; the descriptor is owned by `self.file` and
+        // SAFETY: `fallocate` takes no pointers; the descriptor is owned by `self.shared.file` and
         // stays open for this call, and the range was checked to lie inside the device.
-        let result = unsafe { libc::fallocate(self.file.as_raw_fd(), mode, offset, len) };
+        let result = unsafe { libc::fallocate(self.shared.file.as_raw_fd(), mode, offset, len) };
         if result != 0 {
             let err = io::Error::last_os_error();
             if err.raw_os_error() != Some(libc::EOPNOTSUPP) {
@@ -259,16 +410,18 @@ impl BlockDevice for FileDevice {
             }
             self.write_zeros(lba, count)?;
         }
-        self.counters.record_trim();
+        self.shared.counters.record_trim();
         Ok(())
     }
 
     fn flush(&self) -> io::Result<()> {
-        self.file.sync_data()
+        self.shared.file.sync_data()
     }
 
     fn stats(&self) -> DeviceStats {
-        self.counters.snapshot(self.block_count * BLOCK_BYTES)
+        self.shared
+            .counters
+            .snapshot(self.block_count * BLOCK_BYTES)
     }
 
     fn data_extents(&self) -> io::Result<Option<Vec<Range<u64>>>> {
@@ -304,13 +457,13 @@ impl BlockDevice for FileDevice {
 
 impl AsRawFd for FileDevice {
     fn as_raw_fd(&self) -> RawFd {
-        self.file.as_raw_fd()
+        self.shared.file.as_raw_fd()
     }
 }
 
 impl AsFd for FileDevice {
     fn as_fd(&self) -> BorrowedFd<'_> {
-        self.file.as_fd()
+        self.shared.file.as_fd()
     }
 }
 
@@ -540,5 +693,193 @@ mod tests {
             device.data_extents().expect("extents"),
             extents(&[(31, 32)])
         );
+    }
+
+    fn device_with(blocks: u64, io_uring: bool) -> (tempfile::TempDir, FileDevice) {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let options = FileOptions {
+            io_uring,
+            ..FileOptions::default()
+        };
+        let path = dir.path().join("ssd");
+        let device = FileDevice::open_with(path, blocks * BLOCK_BYTES, &options).expect("open");
+        (dir, device)
+    }
+
+    fn error_kinds(results: &[io::Result<()>]) -> Vec<Option<io::ErrorKind>> {
+        results
+            .iter()
+            .map(|r| r.as_ref().err().map(|e| e.kind()))
+            .collect()
+    }
+
+    /// Buffers for `data` at byte 1 of an aligned buffer when `misaligned`, else at byte 0.
+    fn placed(data: &[u8], misaligned: bool) -> (AlignedBuf, std::ops::Range<usize>) {
+        let mut buf = AlignedBuf::zeroed(data.len() / BLOCK_SIZE + 1);
+        let range = usize::from(misaligned)..usize::from(misaligned) + data.len();
+        buf[range.clone()].copy_from_slice(data);
+        (buf, range)
+    }
+
+    /// Single blocks and 3-block requests, aligned and not, more of them than a batch keeps
+    /// in flight, with invalid requests among them.
+    fn batch_round_trip(io_uring: bool) {
+        let (_dir, device) = device_with(600, io_uring);
+        let requests = 2 * uring::BATCH_DEPTH as usize + 5;
+        let data: Vec<Vec<u8>> = (0..requests)
+            .map(|i| random_bytes(i as u64 + 100, (1 + i % 3 / 2 * 2) * BLOCK_SIZE))
+            .collect();
+        let lba = |i: usize| i as u64 * 4;
+        let sources: Vec<_> = (0..)
+            .zip(&data)
+            .map(|(i, d)| placed(d, i % 3 == 1))
+            .collect();
+        let mut writes: Vec<BatchWrite<'_>> = (0..)
+            .zip(&sources)
+            .map(|(i, (buf, range))| BatchWrite {
+                lba: lba(i),
+                buf: &buf[range.clone()],
+            })
+            .collect();
+        writes.insert(
+            7,
+            BatchWrite {
+                lba: 599,
+                buf: &data[2],
+            },
+        );
+        writes.push(BatchWrite {
+            lba: 0,
+            buf: &data[0][..100],
+        });
+        let through_ring_before = uring::batch_ring_requests();
+        let results = device.write_batch(&writes);
+        let mut expected = vec![None; writes.len()];
+        expected[7] = Some(io::ErrorKind::InvalidInput);
+        expected[writes.len() - 1] = Some(io::ErrorKind::InvalidInput);
+        assert_eq!(error_kinds(&results), expected);
+
+        let mut targets: Vec<_> = (0..)
+            .zip(&data)
+            .map(|(i, d)| placed(&vec![0; d.len()], i % 2 == 0))
+            .collect();
+        let mut outside = [0u8; BLOCK_SIZE];
+        let mut reads: Vec<BatchRead<'_>> = (0..)
+            .zip(targets.iter_mut())
+            .map(|(i, (buf, range))| BatchRead {
+                lba: lba(i),
+                buf: &mut buf[range.clone()],
+            })
+            .collect();
+        reads.insert(
+            3,
+            BatchRead {
+                lba: 600,
+                buf: &mut outside,
+            },
+        );
+        let results = device.read_batch(&mut reads);
+        let mut expected = vec![None; reads.len()];
+        expected[3] = Some(io::ErrorKind::InvalidInput);
+        assert_eq!(error_kinds(&results), expected);
+        drop(reads);
+        for (i, ((buf, range), d)) in targets.iter().zip(&data).enumerate() {
+            assert!(buf[range.clone()] == d[..], "request {i}");
+        }
+
+        let stats = device.stats();
+        let requests = requests as u64;
+        assert_eq!((stats.writes, stats.reads), (requests, requests));
+        let bytes: u64 = data.iter().map(|d| d.len() as u64).sum();
+        assert_eq!(stats.host_bytes_written, bytes);
+        assert_eq!(stats.host_bytes_read, bytes);
+        let through_ring = uring::batch_ring_requests() - through_ring_before;
+        let expected = if io_uring { 2 * requests as usize } else { 0 };
+        assert_eq!(through_ring, expected);
+    }
+
+    #[test]
+    fn batches_through_io_uring_round_trip() {
+        batch_round_trip(true);
+    }
+
+    #[test]
+    fn batches_without_io_uring_round_trip() {
+        batch_round_trip(false);
+    }
+
+    #[test]
+    fn requests_longer_than_one_submission_continue_where_they_stopped() {
+        let (_dir, device) = device_with(1024, true);
+        // 2.5 MiB: three submissions of at most 1 MiB each.
+        let long = random_bytes(5, 640 * BLOCK_SIZE);
+        let (source, range) = placed(&long, true);
+        let short = AlignedBuf::copy_from(&random_bytes(6, BLOCK_SIZE));
+        let writes = [
+            BatchWrite {
+                lba: 10,
+                buf: &source[range.clone()],
+            },
+            BatchWrite {
+                lba: 700,
+                buf: &short,
+            },
+        ];
+        assert!(device.write_batch(&writes).iter().all(Result::is_ok));
+        let mut long_back = AlignedBuf::zeroed(640);
+        let mut short_back = AlignedBuf::zeroed(1);
+        let mut reads = [
+            BatchRead {
+                lba: 10,
+                buf: &mut long_back,
+            },
+            BatchRead {
+                lba: 700,
+                buf: &mut short_back,
+            },
+        ];
+        assert!(device.read_batch(&mut reads).iter().all(Result::is_ok));
+        assert!(long_back[..] == long[..]);
+        assert_eq!(&short_back[..], &short[..]);
+    }
+
+    #[test]
+    fn reads_past_a_truncated_end_of_file_fail_alone() {
+        for io_uring in [true, false] {
+            let (dir, device) = device_with(16, io_uring);
+            let data = AlignedBuf::copy_from(&random_bytes(7, 16 * BLOCK_SIZE));
+            device.write(0, &data).expect("write");
+            // Something shrinks the file under the device: 8.5 blocks remain, so block 8
+            // reads short (half a block, then nothing) and block 12 reads nothing.
+            let file = OpenOptions::new()
+                .write(true)
+                .open(dir.path().join("ssd"))
+                .expect("reopen");
+            file.set_len(8 * BLOCK_BYTES + 2048).expect("truncate");
+            let [mut inside, mut straddling, mut beyond] = [1, 1, 2].map(AlignedBuf::zeroed);
+            let mut reads = [
+                BatchRead {
+                    lba: 2,
+                    buf: &mut inside,
+                },
+                BatchRead {
+                    lba: 8,
+                    buf: &mut straddling,
+                },
+                BatchRead {
+                    lba: 12,
+                    buf: &mut beyond,
+                },
+            ];
+            let results = device.read_batch(&mut reads);
+            let eof = Some(io::ErrorKind::UnexpectedEof);
+            assert_eq!(
+                error_kinds(&results),
+                [None, eof, eof],
+                "io_uring {io_uring}"
+            );
+            assert_eq!(&inside[..], &data[2 * BLOCK_SIZE..3 * BLOCK_SIZE]);
+            assert_eq!(device.stats().reads, 1);
+        }
     }
 }

@@ -9,6 +9,11 @@
 //! * [`MemDevice`] — sparse and in memory, for fast tests of the layers above;
 //! * [`FaultyDevice`] — wraps a device and injects I/O errors and bit flips, for tests.
 //!
+//! Besides one request at a time, a device takes batches ([`BlockDevice::read_batch`],
+//! [`BlockDevice::write_batch`]), which a [`FileDevice`] keeps in flight together through
+//! io_uring, and asynchronous reads ([`BlockDevice::read_async`]) that complete on the thread
+//! that submitted them once it has installed a ring ([`uring`]).
+//!
 //! ```
 //! use zipcache_device::{BlockDevice, CompressingDevice, EmulatorOptions, MemDevice, BLOCK_SIZE};
 //!
@@ -35,14 +40,17 @@ mod emulated;
 mod faulty;
 mod file;
 mod memory;
-mod read_future;
+pub mod uring;
 
 pub use aligned::AlignedBuf;
 pub use emulated::{AccountingOrigin, CompressingDevice, EmulatorOptions, RebuildReason};
 pub use faulty::{FaultOp, FaultyDevice, InjectedFault};
 pub use file::{FileDevice, FileOptions};
 pub use memory::MemDevice;
-pub use read_future::{ReadCompletion, ReadFuture};
+pub use uring::{
+    ReadCompletion, ReadFuture, install_thread_ring, install_thread_ring_owned, reap_thread_ring,
+    thread_ring_in_flight,
+};
 
 /// The unit of every device I/O, and the size of one SSD sub-page.
 pub const BLOCK_SIZE: usize = 4096;
@@ -107,6 +115,24 @@ impl DeviceStats {
     }
 }
 
+/// One block-aligned read of a batch: `buf.len()` a multiple of [`BLOCK_SIZE`].
+#[derive(Debug)]
+pub struct BatchRead<'a> {
+    /// First block to read.
+    pub lba: u64,
+    /// Receives `buf.len() / BLOCK_SIZE` blocks.
+    pub buf: &'a mut [u8],
+}
+
+/// One block-aligned write of a batch: `buf.len()` a multiple of [`BLOCK_SIZE`].
+#[derive(Clone, Copy, Debug)]
+pub struct BatchWrite<'a> {
+    /// First block to write.
+    pub lba: u64,
+    /// `buf.len() / BLOCK_SIZE` blocks of data.
+    pub buf: &'a [u8],
+}
+
 /// A device of 4 KiB logical blocks. Buffers are whole blocks: `buf.len()` is a multiple
 /// of [`BLOCK_SIZE`]. Implementations accept any buffer; an [`AlignedBuf`] avoids a copy
 /// on devices opened with `O_DIRECT`.
@@ -147,8 +173,33 @@ pub trait BlockDevice: Send + Sync {
         Ok(None)
     }
 
-    /// Reads one block into `buf` without blocking the caller where the device can;
-    /// by default a synchronous read.
+    /// Reads every request of the batch and returns one result per request, in the same
+    /// order: a failing request fails alone. The requests may run in any order and at once
+    /// (a [`FileDevice`] keeps up to 64 in flight through io_uring); counters count each
+    /// request as one [`BlockDevice::read`]. By default, one request after another.
+    fn read_batch(&self, reads: &mut [BatchRead<'_>]) -> Vec<io::Result<()>> {
+        reads
+            .iter_mut()
+            .map(|read| self.read(read.lba, read.buf))
+            .collect()
+    }
+
+    /// Writes every request of the batch and returns one result per request, in the same
+    /// order. The requests may run in any order and at once: two writes of one LBA in a batch
+    /// leave either. Counters count each request as one [`BlockDevice::write`]. By default,
+    /// one request after another.
+    fn write_batch(&self, writes: &[BatchWrite<'_>]) -> Vec<io::Result<()>> {
+        writes
+            .iter()
+            .map(|write| self.write(write.lba, write.buf))
+            .collect()
+    }
+
+    /// Reads `buf.len() / BLOCK_SIZE` blocks at `lba` into `buf` and gives the buffer back
+    /// with the result. A [`FileDevice`] submits the read to the calling thread's ring when
+    /// one is installed ([`install_thread_ring`]) and returns at once; the future completes
+    /// when that thread calls [`reap_thread_ring`]. By default (and without a ring), the
+    /// read runs synchronously and the future is ready.
     fn read_async(&self, lba: u64, mut buf: AlignedBuf) -> ReadFuture {
         let result = self.read(lba, &mut buf);
         ReadFuture::ready(result, buf)
@@ -184,6 +235,12 @@ impl<D: BlockDevice + ?Sized> BlockDevice for Arc<D> {
     fn data_extents(&self) -> io::Result<Option<Vec<Range<u64>>>> {
         (**self).data_extents()
     }
+    fn read_batch(&self, reads: &mut [BatchRead<'_>]) -> Vec<io::Result<()>> {
+        (**self).read_batch(reads)
+    }
+    fn write_batch(&self, writes: &[BatchWrite<'_>]) -> Vec<io::Result<()>> {
+        (**self).write_batch(writes)
+    }
     fn read_async(&self, lba: u64, buf: AlignedBuf) -> ReadFuture {
         (**self).read_async(lba, buf)
     }
@@ -217,6 +274,12 @@ impl<D: BlockDevice + ?Sized> BlockDevice for Box<D> {
     }
     fn data_extents(&self) -> io::Result<Option<Vec<Range<u64>>>> {
         (**self).data_extents()
+    }
+    fn read_batch(&self, reads: &mut [BatchRead<'_>]) -> Vec<io::Result<()>> {
+        (**self).read_batch(reads)
+    }
+    fn write_batch(&self, writes: &[BatchWrite<'_>]) -> Vec<io::Result<()>> {
+        (**self).write_batch(writes)
     }
     fn read_async(&self, lba: u64, buf: AlignedBuf) -> ReadFuture {
         (**self).read_async(lba, buf)
@@ -255,7 +318,70 @@ pub(crate) fn invalid_input(message: String) -> io::Error {
 
 #[cfg(test)]
 pub(crate) mod test_util {
-    use super::BLOCK_SIZE;
+    use std::future::Future;
+    use std::io;
+    use std::os::fd::RawFd;
+    use std::pin::Pin;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::task::{Context, Poll, Wake, Waker};
+    use std::time::{Duration, Instant};
+
+    use super::{AlignedBuf, BLOCK_SIZE, ReadFuture, install_thread_ring, reap_thread_ring};
+
+    /// A waker that only records that it was woken.
+    #[derive(Default)]
+    pub struct Flag(AtomicBool);
+
+    impl Flag {
+        pub fn waker() -> (Arc<Flag>, Waker) {
+            let flag = Arc::new(Flag::default());
+            (Arc::clone(&flag), Waker::from(flag))
+        }
+
+        pub fn woken(&self) -> bool {
+            self.0.load(Ordering::SeqCst)
+        }
+    }
+
+    impl Wake for Flag {
+        fn wake(self: Arc<Self>) {
+            self.0.store(true, Ordering::SeqCst);
+        }
+    }
+
+    pub fn poll_once<F: Future + Unpin>(future: &mut F, waker: &Waker) -> Poll<F::Output> {
+        Pin::new(future).poll(&mut Context::from_waker(waker))
+    }
+
+    /// Waits up to `timeout` for `fd` to become readable; true if it did.
+    pub fn wait_readable(fd: RawFd, timeout: Duration) -> bool {
+        let mut pollfd = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let millis = libc::c_int::try_from(timeout.as_millis()).unwrap_or(libc::c_int::MAX);
+        // SAFETY: `pollfd` is one live, initialised `struct pollfd`, and we pass a count of 1.
+        let ready = unsafe { libc::poll(&raw mut pollfd, 1, millis) };
+        ready > 0 && pollfd.revents & libc::POLLIN != 0
+    }
+
+    /// Drives a read submitted on this thread to completion as a server's reaper task would:
+    /// polls it, and while it is pending waits for this thread's eventfd and reaps.
+    pub fn complete(mut read: ReadFuture) -> (io::Result<()>, AlignedBuf) {
+        let (_, waker) = Flag::waker();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Poll::Ready(outcome) = poll_once(&mut read, &waker) {
+                return outcome;
+            }
+            assert!(Instant::now() < deadline, "read never completed");
+            let eventfd = install_thread_ring(1).expect("a pending read implies a ring");
+            wait_readable(eventfd, Duration::from_millis(100));
+            reap_thread_ring();
+        }
+    }
 
     /// Incompressible bytes without a `rand` dependency: xorshift64* is far beyond what
     /// zlib can model, so its output costs a full block on the emulated NAND.
@@ -285,6 +411,8 @@ pub(crate) mod test_util {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_util::random_bytes;
+    use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
     #[test]
     fn check_io_accepts_whole_blocks_inside_the_device() {
@@ -329,5 +457,130 @@ mod tests {
         };
         assert_eq!(stats.wr_nand(), Some(4.0));
         assert_eq!(DeviceStats::default().wr_nand(), None);
+    }
+
+    #[test]
+    fn default_batches_run_every_request_and_fail_alone() {
+        let device = MemDevice::new(16);
+        let data = random_bytes(1, 4 * BLOCK_SIZE);
+        let writes = [
+            BatchWrite {
+                lba: 0,
+                buf: &data[..2 * BLOCK_SIZE],
+            },
+            BatchWrite {
+                lba: 15,
+                buf: &data[..2 * BLOCK_SIZE],
+            },
+            BatchWrite {
+                lba: 4,
+                buf: &data[..100],
+            },
+            BatchWrite {
+                lba: 9,
+                buf: &data[2 * BLOCK_SIZE..],
+            },
+        ];
+        let kinds = |results: Vec<io::Result<()>>| -> Vec<Option<io::ErrorKind>> {
+            results
+                .into_iter()
+                .map(|r| r.err().map(|e| e.kind()))
+                .collect()
+        };
+        let invalid = Some(io::ErrorKind::InvalidInput);
+        assert_eq!(
+            kinds(device.write_batch(&writes)),
+            [None, invalid, invalid, None]
+        );
+
+        let (mut first, mut second, mut outside) = (
+            vec![0u8; 2 * BLOCK_SIZE],
+            vec![0u8; 2 * BLOCK_SIZE],
+            vec![0u8; BLOCK_SIZE],
+        );
+        let mut reads = [
+            BatchRead {
+                lba: 9,
+                buf: &mut second,
+            },
+            BatchRead {
+                lba: 16,
+                buf: &mut outside,
+            },
+            BatchRead {
+                lba: 0,
+                buf: &mut first,
+            },
+        ];
+        assert_eq!(kinds(device.read_batch(&mut reads)), [None, invalid, None]);
+        assert_eq!(first, data[..2 * BLOCK_SIZE]);
+        assert_eq!(second, data[2 * BLOCK_SIZE..]);
+        let stats = device.stats();
+        assert_eq!((stats.reads, stats.writes), (2, 2));
+        assert_eq!(stats.host_bytes_read, 4 * BLOCK_BYTES);
+    }
+
+    /// Counts which batch and async entry points reached it.
+    #[derive(Default)]
+    struct Recorder {
+        batches: AtomicUsize,
+        async_reads: AtomicUsize,
+    }
+
+    impl BlockDevice for Recorder {
+        fn block_count(&self) -> u64 {
+            4
+        }
+        fn read(&self, _lba: u64, _buf: &mut [u8]) -> io::Result<()> {
+            Ok(())
+        }
+        fn write(&self, _lba: u64, _buf: &[u8]) -> io::Result<()> {
+            Ok(())
+        }
+        fn trim(&self, _lba: u64, _count: u64) -> io::Result<()> {
+            Ok(())
+        }
+        fn flush(&self) -> io::Result<()> {
+            Ok(())
+        }
+        fn stats(&self) -> DeviceStats {
+            DeviceStats::default()
+        }
+        fn read_batch(&self, reads: &mut [BatchRead<'_>]) -> Vec<io::Result<()>> {
+            self.batches.fetch_add(1, Relaxed);
+            reads.iter().map(|_| Ok(())).collect()
+        }
+        fn write_batch(&self, writes: &[BatchWrite<'_>]) -> Vec<io::Result<()>> {
+            self.batches.fetch_add(1, Relaxed);
+            writes.iter().map(|_| Ok(())).collect()
+        }
+        fn read_async(&self, _lba: u64, buf: AlignedBuf) -> ReadFuture {
+            self.async_reads.fetch_add(1, Relaxed);
+            ReadFuture::ready(Ok(()), buf)
+        }
+    }
+
+    #[test]
+    fn arc_and_box_forward_batches_and_async_reads() {
+        fn exercise(device: &dyn BlockDevice) {
+            let mut block = vec![0u8; BLOCK_SIZE];
+            let mut reads = [BatchRead {
+                lba: 0,
+                buf: &mut block,
+            }];
+            assert_eq!(device.read_batch(&mut reads).len(), 1);
+            let writes = [BatchWrite {
+                lba: 1,
+                buf: &[0; BLOCK_SIZE],
+            }];
+            assert_eq!(device.write_batch(&writes).len(), 1);
+            drop(device.read_async(2, AlignedBuf::zeroed(1)));
+        }
+        let shared = Arc::new(Recorder::default());
+        exercise(&Arc::clone(&shared));
+        let boxed: Box<dyn BlockDevice> = Box::new(Arc::clone(&shared));
+        exercise(&boxed);
+        assert_eq!(shared.batches.load(Relaxed), 4);
+        assert_eq!(shared.async_reads.load(Relaxed), 2);
     }
 }

@@ -15,7 +15,8 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use socket2::{Domain, Protocol, Socket, Type};
-use tokio::io::AsyncWriteExt;
+use tokio::io::unix::AsyncFd;
+use tokio::io::{AsyncWriteExt, Interest};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch};
 use tokio_rustls::TlsAcceptor;
@@ -269,9 +270,19 @@ pub fn start(cache: Arc<ZipCache>, options: ServerOptions) -> io::Result<ServerH
         let shared = shared.clone();
         let stopped = stopped.clone();
         let tls = tls.clone();
+        // Tasks of a work-stealing runtime move between threads, and a ring's reads
+        // complete only on the thread that submitted them: there, reads stay synchronous.
+        let own_ring = options.runtime == Runtime::PerCore;
         let handle = std::thread::Builder::new()
             .name(format!("zipcache-io-{i}"))
-            .spawn(move || runtime.block_on(serve_thread(set, shared, tls, stopped)))?;
+            .spawn(move || {
+                runtime.block_on(async move {
+                    if own_ring {
+                        tokio::spawn(reap_ssd_reads());
+                    }
+                    serve_thread(set, shared, tls, stopped).await
+                })
+            })?;
         handles.push(handle);
     }
     Ok(ServerHandle {
@@ -282,6 +293,43 @@ pub fn start(cache: Arc<ZipCache>, options: ServerOptions) -> io::Result<ServerH
         stop,
         threads: handles,
     })
+}
+
+/// Reads in flight per runtime thread; more wait for a slot as synchronous reads.
+const SSD_READS_IN_FLIGHT: u32 = 256;
+
+/// Gives this runtime thread its own io_uring for the engine's SSD reads and completes
+/// them as the kernel does, on this thread: a connection awaiting a GET's read costs no
+/// cross-thread wake-up (35–90 µs on our VMs), and the thread serves its other
+/// connections meanwhile. Where io_uring is unavailable, reads stay synchronous.
+async fn reap_ssd_reads() {
+    let eventfd = match zipcache_device::install_thread_ring_owned(SSD_READS_IN_FLIGHT) {
+        Ok(eventfd) => eventfd,
+        Err(e) => {
+            eprintln!(
+                "zipcache: warning: io_uring unavailable ({e}): SSD reads block their thread"
+            );
+            return;
+        }
+    };
+    // SAFETY: `register_with_interest` requires the fd to stay open and the same while the
+    // AsyncFd owns it; it owns the `OwnedFd` (a duplicate of the ring's eventfd), which
+    // closes only when the AsyncFd is dropped.
+    let registered = unsafe { AsyncFd::register_with_interest(eventfd, Interest::READABLE) };
+    let Ok(eventfd) = registered else {
+        eprintln!(
+            "zipcache: warning: cannot watch the io_uring eventfd: SSD reads block their thread"
+        );
+        return;
+    };
+    loop {
+        let Ok(mut ready) = eventfd.readable().await else {
+            return;
+        };
+        // Cleared before reaping: a completion posted meanwhile makes it readable again.
+        ready.clear_ready();
+        zipcache_device::reap_thread_ring();
+    }
 }
 
 /// Accepts on this thread's listeners until shutdown, then waits for its connections.

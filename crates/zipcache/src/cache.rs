@@ -5,7 +5,7 @@
 use std::ops::{Bound, RangeBounds};
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -54,6 +54,11 @@ struct OpCounters {
     puts: Counter,
     deletes: Counter,
     scans: Counter,
+    /// GET reads of the SSD that went in flight (`get_item_async`) rather than completing
+    /// on the caller's thread.
+    async_ssd_reads: Counter,
+    /// Those not completed yet.
+    ssd_reads_in_flight: AtomicI64,
 }
 
 pub(crate) struct Inner {
@@ -110,6 +115,7 @@ impl ZipCache {
                 let file = FileOptions {
                     direct_io: ssd.direct_io,
                     create: true,
+                    ..FileOptions::default()
                 };
                 let emulator = EmulatorOptions {
                     mode: ssd.device_compression,
@@ -323,7 +329,7 @@ impl ZipCache {
         let (inner, key) = (self.inner.clone(), key.to_vec());
         AsyncGet::reading(async move {
             let ssd = inner.ssd.as_ref().expect("an SSD tier");
-            let hit = finish_ssd_async(ssd, &key, read, block, now).await;
+            let hit = finish_ssd_async(ssd, &inner.ops, &key, read, block, now).await;
             Ok(inner.ssd_answer(&key, hit, epoch, now))
         })
     }
@@ -680,13 +686,14 @@ type Chunk = (Vec<ScanEntry>, Option<crate::btree::Fence>);
 /// the block away.
 async fn finish_ssd_async(
     ssd: &SsdTier,
+    ops: &OpCounters,
     key: &[u8],
     mut read: PlannedRead,
     mut block: ReadFuture,
     now: u64,
 ) -> Option<SsdHit> {
     loop {
-        let (result, buf) = block.await;
+        let (result, buf) = ops.awaited(block).await;
         match ssd.finish_get(read, key, result.is_ok().then_some(&buf[..]), now) {
             Finished::Done(hit) => return hit,
             Finished::Retry => {}
@@ -694,6 +701,20 @@ async fn finish_ssd_async(
         read = ssd.plan_get(key)?;
         // may do I/O: the read is in flight until the future resolves
         block = ssd.device().read_async(read.lba, buf);
+    }
+}
+
+impl OpCounters {
+    /// Awaits a device read, counting it while it is in flight.
+    async fn awaited(&self, block: ReadFuture) -> (std::io::Result<()>, AlignedBuf) {
+        if !block.is_in_flight() {
+            return block.await;
+        }
+        self.async_ssd_reads.incr();
+        self.ssd_reads_in_flight.fetch_add(1, Ordering::Relaxed);
+        let outcome = block.await;
+        self.ssd_reads_in_flight.fetch_sub(1, Ordering::Relaxed);
+        outcome
     }
 }
 
@@ -1087,6 +1108,8 @@ impl Inner {
             evicted_objects: c.evicted_objects.load(Ordering::Relaxed),
             clean_dropped: c.clean_dropped.load(Ordering::Relaxed),
             ssd_write_drops: c.write_drops.load(Ordering::Relaxed),
+            ssd_async_reads: self.ops.async_ssd_reads.get(),
+            ssd_reads_in_flight: self.ops.ssd_reads_in_flight.load(Ordering::Relaxed).max(0) as u64,
             dram_clean_objects: dram_clean,
             bypass_threshold: self.dram.bypass.threshold(),
             ..ssd

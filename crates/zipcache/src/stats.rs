@@ -68,6 +68,10 @@ pub struct Stats {
     /// Objects dropped from DRAM without being written to the SSD tier, because the
     /// flusher was behind when DRAM was full (a miss later, never a stale value).
     pub ssd_write_drops: u64,
+    /// GETs whose SSD read went in flight (`get_item_async`) instead of blocking.
+    pub ssd_async_reads: u64,
+    /// Of those, the reads not completed yet.
+    pub ssd_reads_in_flight: u64,
     pub bypass_threshold: f64,
 
     // --- SSD tier (SPEC §4); zero / None without an SSD ---

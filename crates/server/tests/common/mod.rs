@@ -43,6 +43,11 @@ impl TestServer {
             dram_capacity: 256 << 20,
             ..Config::default()
         };
+        TestServer::on_engine(config, options)
+    }
+
+    /// A server over an engine of this configuration (an SSD tier, a small DRAM).
+    pub fn on_engine(config: Config, options: ServerOptions) -> TestServer {
         let cache = Arc::new(ZipCache::open(config).expect("open the engine"));
         let handle = start(cache.clone(), options).expect("start the server");
         TestServer {

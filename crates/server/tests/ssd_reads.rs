@@ -1,0 +1,168 @@
+//! GETs that must read the SSD tier go in flight on the runtime thread's io_uring while
+//! the thread serves on: pipelined and mixed with DRAM hits and writes, on both protocols,
+//! every reply comes in request order with the right value.
+
+mod common;
+
+use std::path::PathBuf;
+
+use common::{Client, TestServer};
+use zipcache::config::DeviceCompression;
+use zipcache::{Config, SsdConfig};
+
+const KEYS: usize = 20_000;
+
+struct TempDir(PathBuf);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn server_with_ssd(name: &str) -> (TestServer, TempDir) {
+    let dir = std::env::temp_dir().join(format!("zipcache-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = Config {
+        dram_capacity: 512 << 10,
+        ssd: Some(SsdConfig {
+            path: dir.join("ssd.bin"),
+            size: 128 << 20,
+            direct_io: true,
+            device_compression: DeviceCompression::Emulate,
+            logical_to_physical: 4.0,
+        }),
+        // Keep every object: the test checks values, not what overload forgets.
+        flush_wait_ms: 60_000,
+        ..Config::default()
+    };
+    (
+        TestServer::on_engine(config, TestServer::options()),
+        TempDir(dir),
+    )
+}
+
+fn key(i: usize) -> String {
+    format!("key:{i:08}")
+}
+
+/// Hex of a hash of `i`: about as compressible as real values, so most keys leave DRAM.
+fn value(i: usize, version: u32) -> String {
+    let mut state = (i as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ u64::from(version);
+    let mut hex = format!("v{version}-");
+    while hex.len() < 60 + i % 30 {
+        state ^= state >> 12;
+        state ^= state << 25;
+        state ^= state >> 27;
+        hex.push_str(&format!(
+            "{:016x}",
+            state.wrapping_mul(0x2545_F491_4F6C_DD1D)
+        ));
+    }
+    hex
+}
+
+fn fill(client: &mut Client) {
+    for chunk in (0..KEYS).collect::<Vec<_>>().chunks(500) {
+        let mut batch = String::new();
+        for &i in chunk {
+            let v = value(i, 1);
+            batch.push_str(&format!("set {} 0 0 {}\r\n{v}\r\n", key(i), v.len()));
+        }
+        client.send(batch.as_bytes());
+        for _ in chunk {
+            assert_eq!(client.line(), "STORED");
+        }
+    }
+}
+
+/// Expects `VALUE key 0 len` + data for each present key, then `END`.
+fn expect_values(client: &mut Client, want: &[(String, Option<String>)]) {
+    for (k, v) in want {
+        if let Some(v) = v {
+            assert_eq!(client.line(), format!("VALUE {k} 0 {}", v.len()));
+            assert_eq!(client.line(), *v, "{k}");
+        }
+    }
+    assert_eq!(client.line(), "END");
+}
+
+#[test]
+fn pipelined_gets_from_the_ssd_answer_in_order() {
+    let (server, _dir) = server_with_ssd("ssd-reads");
+    let mut client = Client::connect(server.memcached);
+    fill(&mut client);
+    server.cache.settle().unwrap();
+    let stats = server.cache.stats();
+    assert!(stats.ssd_objects > KEYS as u64 / 2, "{stats:?}");
+
+    // One pipeline: single and multi-key GETs (most answered by the SSD), overwrites and
+    // deletes of keys read before and after, and DRAM hits in between.
+    let mut pipeline = String::new();
+    let mut replies: Vec<Vec<(String, Option<String>)>> = Vec::new();
+    let mut current: Vec<Option<String>> = (0..KEYS).map(|i| Some(value(i, 1))).collect();
+    for step in 0..600 {
+        let i = (step * 7919) % KEYS;
+        match step % 6 {
+            0..=2 => {
+                pipeline.push_str(&format!("get {}\r\n", key(i)));
+                replies.push(vec![(key(i), current[i].clone())]);
+            }
+            3 => {
+                let ks: Vec<usize> = (0..4).map(|j| (i + j * 4099) % KEYS).collect();
+                let names: Vec<String> = ks.iter().map(|&k| key(k)).collect();
+                pipeline.push_str(&format!("get {}\r\n", names.join(" ")));
+                replies.push(ks.iter().map(|&k| (key(k), current[k].clone())).collect());
+            }
+            4 => {
+                let v = value(i, 2);
+                pipeline.push_str(&format!("set {} 0 0 {}\r\n{v}\r\n", key(i), v.len()));
+                current[i] = Some(v);
+                replies.push(Vec::new());
+            }
+            _ => {
+                pipeline.push_str(&format!("delete {}\r\n", key(i)));
+                current[i] = None;
+                replies.push(Vec::new());
+            }
+        }
+    }
+    client.send(pipeline.as_bytes());
+    for (step, want) in replies.iter().enumerate() {
+        match step % 6 {
+            4 => assert_eq!(client.line(), "STORED"),
+            5 => {
+                let line = client.line();
+                assert!(line == "DELETED" || line == "NOT_FOUND", "{line}");
+            }
+            _ => expect_values(&mut client, want),
+        }
+    }
+    let stats = server.cache.stats();
+    assert!(stats.ssd_hits > 100, "{stats:?}");
+    assert!(
+        stats.ssd_async_reads > 100,
+        "SSD reads went in flight, not on the runtime thread: {stats:?}"
+    );
+    assert_eq!(stats.ssd_reads_in_flight, 0);
+
+    // RESP: GET and MGET of keys on the SSD.
+    let mut resp = Client::connect(server.resp);
+    let ks: Vec<usize> = (0..8).map(|j| (j * 2477 + 13) % KEYS).collect();
+    let mut request = format!("*{}\r\n$4\r\nMGET\r\n", ks.len() + 1);
+    for &k in &ks {
+        request.push_str(&format!("${}\r\n{}\r\n", key(k).len(), key(k)));
+    }
+    resp.send(request.as_bytes());
+    assert_eq!(resp.line(), format!("*{}", ks.len()));
+    for &k in &ks {
+        match &current[k] {
+            Some(v) => {
+                assert_eq!(resp.line(), format!("${}", v.len()));
+                assert_eq!(resp.line(), *v);
+            }
+            None => assert_eq!(resp.line(), "$-1"),
+        }
+    }
+}
