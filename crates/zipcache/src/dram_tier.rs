@@ -25,7 +25,7 @@ use crate::early_termination::{compress_behind, decompress_prefix, with_prefix};
 use crate::eviction::{EvictedObject, EvictionSink};
 use crate::memory::{Charge, LeafCharge, Memory, alloc_size};
 use crate::packed_page::PackedLayout;
-use crate::record::{Meta, Payload, Record, blob_header, decode_blob, encode_blob};
+use crate::record::{CasBase, Meta, Payload, Record, blob_header, decode_blob, encode_blob};
 use crate::subpage_hash::dram_subpage;
 use crate::write_buffer::{Pressure, WriteBuffer};
 
@@ -203,10 +203,6 @@ impl Obj<'_> {
             payload,
             meta: self.meta,
         }
-    }
-
-    fn encoded_len(&self) -> usize {
-        self.record(0).encoded_len()
     }
 
     fn is_medium(&self) -> bool {
@@ -565,7 +561,7 @@ impl DramTier {
         let mut old_blobs = std::mem::take(&mut st.blobs);
         let old_page = std::mem::replace(&mut st.page, Page::Empty);
         let decoded = self.decode(st, &old_page);
-        let page: &[u8] = decoded.as_deref().unwrap_or(&[]);
+        let page = decoded.as_ref().map(|(base, body)| (*base, &body[..]));
         let keep_tombstones = self.settings.keep_tombstones;
         let mut objs = self.gather(page, &buffer, &old_blobs, now_ms, keep_tombstones);
         if drop_clean {
@@ -651,7 +647,7 @@ impl DramTier {
     fn partition(&self, objs: &[Obj]) -> Vec<(usize, usize)> {
         let fits = |range: &[Obj]| {
             range.iter().filter(|o| o.is_medium()).count() <= MAX_BLOBS_PER_LEAF
-                && self.layout.fits(range.iter().map(Obj::encoded_len))
+                && self.layout.fits(range.iter().map(|o| o.record(0)))
         };
         let mut out = Vec::new();
         let mut pending = vec![(0, objs.len())];
@@ -757,21 +753,26 @@ impl DramTier {
 
     /// The whole page of a locked leaf, decompressed; `None` if it is empty, or damaged
     /// (then the leaf is marked lost: its keys are misses that hide the lower tiers).
-    fn decode<'p>(&self, st: &LeafState, page: &'p Page) -> Option<std::borrow::Cow<'p, [u8]>> {
+    fn decode<'p>(
+        &self,
+        st: &LeafState,
+        page: &'p Page,
+    ) -> Option<(CasBase, std::borrow::Cow<'p, [u8]>)> {
         let bytes = match page {
             Page::Empty => return None,
             Page::Hot(bytes) | Page::Compressed(bytes) => bytes,
         };
         let decoded = self.layout.split(bytes).and_then(|(table, body)| {
             let len = table.body_len();
-            match page {
+            let body = match page {
                 Page::Compressed(_) => {
                     let mut out = vec![0u8; len];
                     decompress_prefix(body, len, len, &mut out)
                         .then_some(std::borrow::Cow::Owned(out))
                 }
                 _ => (body.len() == len).then_some(std::borrow::Cow::Borrowed(body)),
-            }
+            };
+            body.map(|body| (table.cas_base(), body))
         });
         if decoded.is_none() {
             self.mark_lost(st);
@@ -781,21 +782,23 @@ impl DramTier {
 
     /// A cold page from a built one: the table as it is, the body compressed.
     fn compress(&self, page: &[u8]) -> Box<[u8]> {
-        let (table, body) = page.split_at(self.layout.table_len());
+        let header = self.layout.table(page).map_or(page.len(), |t| t.len());
+        let (table, body) = page.split_at(header);
         compress_behind(table, body)
     }
 
     /// The newest version of every key in a page and buffer, in key order.
     fn gather<'a>(
         &self,
-        page: &'a [u8],
+        page: Option<(CasBase, &'a [u8])>,
         buffer: &'a WriteBuffer,
         blobs: &[Option<Box<[u8]>>],
         now_ms: u64,
         keep_tombstones: bool,
     ) -> Vec<Obj<'a>> {
         let mut map: BTreeMap<&'a [u8], Obj<'a>> = BTreeMap::new();
-        for r in self.layout.all(page) {
+        let (cas_base, body) = page.unwrap_or_default();
+        for r in self.layout.all(cas_base, body) {
             let (body, meta) = match r.payload {
                 Payload::Inline(v) => (Body::Inline(v), r.meta),
                 Payload::Medium(slot) => {
@@ -1038,7 +1041,7 @@ impl DramTier {
     /// A locked leaf's entries in key order, restricted to `range` if given.
     fn entries(&self, st: &LeafState, now_ms: u64, range: Option<Bounds<'_>>) -> Vec<ScanEntry> {
         let decoded = self.decode(st, &st.page);
-        let page: &[u8] = decoded.as_deref().unwrap_or(&[]);
+        let page = decoded.as_ref().map(|(base, body)| (*base, &body[..]));
         let in_range = |k: &[u8]| range.is_none_or(|r| std::ops::RangeBounds::contains(&r, k));
         self.gather(page, &st.buffer, &st.blobs, now_ms, true)
             .into_iter()
@@ -1124,9 +1127,9 @@ impl DramTier {
         let page = std::mem::replace(&mut st.page, Page::Empty);
         st.page = match (&page, hot) {
             (Page::Compressed(c), true) => {
-                let table = &c[..self.layout.table_len().min(c.len())];
+                let header = self.layout.table(c).map_or(0, |t| t.len());
                 match self.decode(&st, &page) {
-                    Some(body) => Page::Hot([table, &body].concat().into_boxed_slice()),
+                    Some((_, body)) => Page::Hot([&c[..header], &body].concat().into_boxed_slice()),
                     None => {
                         // Damaged (the leaf is marked lost): its objects are gone either way.
                         self.install(&mut st, LeafContents::empty());
