@@ -16,7 +16,7 @@ use crate::counters::Counter;
 use zipcache_device::{BlockDevice, CompressingDevice, EmulatorOptions, FileOptions};
 
 use crate::config::Promotion;
-use crate::dram_tier::{DramLeaf, DramSettings, DramTier, Lookup, ScanEntry};
+use crate::dram_tier::{DramSettings, DramTier, LeafId, Lookup, ScanEntry};
 use crate::eviction::EvictionSink;
 use crate::index_dir::{DataLock, FsDir, IndexDir};
 use crate::large_objects::LargeObjects;
@@ -817,7 +817,7 @@ impl Inner {
             || self.large.as_ref().is_some_and(|lo| lo.drop_oldest_one())
     }
 
-    fn background(&self, merges: Receiver<Arc<DramLeaf>>, housekeeper: bool) {
+    fn background(&self, merges: Receiver<LeafId>, housekeeper: bool) {
         let low_watermark = (self.config.dram_capacity as f64 * LOW_WATERMARK) as i64;
         let mut last_bypass = Instant::now();
         while !self.shutdown.load(Ordering::Acquire) {
@@ -842,11 +842,9 @@ impl Inner {
         let ssd_hits = self.ops.ssd_hits.get();
         let large_hits = self.ops.large_hits.get();
         let hits = dram_hits + large_hits + ssd_hits;
-        let dram_objects = (c.objects.load(Ordering::Relaxed)
-            + self.dram.buffered_objects(self.now()))
-        .max(0) as u64;
-        let dram_clean = c.clean_objects.load(Ordering::Relaxed).max(0) as u64;
-        let raw = c.raw_bytes.load(Ordering::Relaxed).max(0) as u64;
+        let tally = self.dram.tally(self.now());
+        let dram_objects = tally.objects.max(0) as u64;
+        let (dram_clean, raw) = (tally.clean, tally.raw_bytes);
         let holding = (mem.compressed_pages + mem.hot_pages + mem.mediums).max(0) as u64;
         let ssd = self.ssd.as_ref().map(|ssd| {
             let device = ssd.device().stats();

@@ -28,6 +28,7 @@ mod promotion;
 mod record;
 mod run_epoch;
 mod sealed_file;
+mod slots;
 mod ssd_block;
 mod ssd_tier;
 mod subpage_hash;

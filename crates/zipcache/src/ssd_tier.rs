@@ -130,7 +130,7 @@ struct Writer {
 
 pub struct SsdTier {
     device: Arc<dyn BlockDevice>,
-    tree: BTree<SuperLeaf>,
+    tree: BTree<Arc<SuperLeaf>>,
     geometry: Geometry,
     settings: SsdSettings,
     max_slots: u32,
