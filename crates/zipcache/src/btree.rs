@@ -767,7 +767,9 @@ mod tests {
     }
 
     /// Five leaves covering `["", 10)`, `[10, 20)`, ... `[40, ∞)`.
-    fn ranged_tree() -> (BTree<Arc<Ranges>>, Vec<(Fence, Arc<Ranges>)>) {
+    type Run = Vec<(Fence, Arc<Ranges>)>;
+
+    fn ranged_tree() -> (BTree<Arc<Ranges>>, Run) {
         let bounds: Vec<Fence> = (1..5).map(|i| key(i * 10)).collect();
         let lows: Vec<Fence> = std::iter::once(Fence::from(&[][..]))
             .chain(bounds.iter().cloned())

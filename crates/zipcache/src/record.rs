@@ -75,6 +75,9 @@ impl CasBase {
     }
 }
 
+/// `Meta::cas` of a write that asks the DRAM tier for a new CAS version (never stored).
+pub const ASSIGN_CAS: u64 = u64::MAX;
+
 /// Per-object metadata beside the value.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Meta {
@@ -153,6 +156,15 @@ impl Meta {
 
     pub fn expired(&self, now_ms: u64) -> bool {
         self.expires_at_ms.is_some_and(|t| t <= now_ms)
+    }
+
+    /// This metadata with `cas` in place of a request for a new version.
+    pub fn assigning(self, cas: u64) -> Meta {
+        if self.cas == ASSIGN_CAS {
+            Meta { cas, ..self }
+        } else {
+            self
+        }
     }
 }
 
