@@ -2,8 +2,8 @@
 //! and the individually compressed blobs of medium objects.
 //!
 //! ```text
-//! record := key_len:u8 kind:u8 [value_len:varint] key [value | blob_slot:u16le]
-//!           [expires_at_ms:varint] [flags:varint] [cas - base:varint]
+//! record := key_len:u8 kind:u8 [value_len:varint] key
+//!           [expires_at_ms:varint] [flags:varint] [cas - base:varint] [value | blob_slot:u16le]
 //! kind   := bits 0-1 payload (0 inline value, 1 medium pointer, 2 tombstone)
 //!           bit 2 has expiry, bit 3 has flags, bit 4 has cas, bit 5 clean
 //! ```
@@ -13,6 +13,11 @@
 //! from a base kept once by the container of the run (a DRAM page's header, an SSD block's
 //! header; 0 in a write buffer): versions come from one counter, so the objects of one
 //! page lie close together and a delta takes a byte or two where the version takes eight.
+//! The metadata sits between the key and the value, not after the value: a key's last
+//! bytes differ from its neighbours' and LZ4 stores them as literals, so the varying
+//! metadata bytes join that run; behind a value they would cut the match that often runs
+//! from one value's tail through the next record's header and key prefix, which costs a
+//! new LZ4 sequence (token and offset) per record.
 //! A medium pointer carries no metadata: it lives in the blob.
 
 use crate::config::Config;
@@ -221,12 +226,12 @@ impl<'a> Record<'a> {
             put_varint(out, v.len() as u64);
         }
         out.extend_from_slice(self.key);
+        self.meta.encode(out, base);
         match self.payload {
             Payload::Inline(v) => out.extend_from_slice(v),
             Payload::Medium(slot) => out.extend_from_slice(&slot.to_le_bytes()),
             Payload::Tombstone => {}
         }
-        self.meta.encode(out, base);
     }
 
     /// Parses one record, CAS stored whole, at the start of `buf`. `None` at the zero
@@ -249,12 +254,12 @@ impl<'a> Record<'a> {
             _ => return None,
         };
         let key = r.take(key_len)?;
+        let meta = Meta::decode(kind, &mut r, base)?;
         let payload = match (kind & PAYLOAD_MASK, value_len) {
             (PAYLOAD_INLINE, Some(n)) => Payload::Inline(r.take(n)?),
             (PAYLOAD_MEDIUM, _) => Payload::Medium(u16::from_le_bytes(r.array()?)),
             _ => Payload::Tombstone,
         };
-        let meta = Meta::decode(kind, &mut r, base)?;
         Some((Record { key, payload, meta }, r.pos))
     }
 }
@@ -482,10 +487,10 @@ mod tests {
             b'a',
             b'b',
         ];
-        want.extend_from_slice(&[7; 130]);
         want.extend_from_slice(&[0xac, 0x02]); // expiry 300
         want.push(5); // flags
         want.extend_from_slice(&[0x82, 0x01]); // cas - base = 130
+        want.extend_from_slice(&[7; 130]);
         assert_eq!(buf, want);
         assert_eq!(rec.encoded_len_in(CasBase(1_000_000)), want.len());
 

@@ -199,7 +199,7 @@ mod tests {
         want.extend_from_slice(&10u16.to_le_bytes()); // payload length
         want.extend_from_slice(&1_000_000u64.to_le_bytes());
         assert_eq!(&block[..28], &want[..]);
-        let payload = [1, 0b1_0000, 1, b'a', b'1', 5, 1, 0b1_0010, b'b', 0];
+        let payload = [1, 0b1_0000, 1, b'a', 5, b'1', 1, 0b1_0010, b'b', 0];
         assert_eq!(&block[HEADER..HEADER + 10], &payload);
         let crc = crc32c::crc32c_append(crc32c::crc32c(&want), &payload);
         assert_eq!(&block[28..32], &crc.to_le_bytes());
