@@ -394,21 +394,6 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    fn meta_strategy() -> impl Strategy<Value = Meta> {
-        (
-            proptest::option::of(any::<u64>()),
-            any::<u32>(),
-            any::<u64>(),
-            any::<bool>(),
-        )
-            .prop_map(|(expires_at_ms, flags, cas, clean)| Meta {
-                expires_at_ms,
-                flags,
-                cas,
-                clean,
-            })
-    }
-
     /// Lengths on both sides of every varint boundary a value length can cross in a page.
     fn boundary_len() -> impl Strategy<Value = usize> {
         prop_oneof![
@@ -593,7 +578,7 @@ mod tests {
         }
 
         #[test]
-        fn blobs_round_trip(value in proptest::collection::vec(0u8..4, 0..3000), meta in meta_strategy()) {
+        fn blobs_round_trip(value in proptest::collection::vec(0u8..4, 0..3000), meta in boundary_meta(0)) {
             let blob = encode_blob(&value, &meta);
             let (v, m) = decode_blob(&blob).unwrap();
             prop_assert_eq!(&v, &value);

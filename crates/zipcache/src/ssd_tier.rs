@@ -781,7 +781,7 @@ impl EvictionSink for SsdTier {
 /// (`docs/FORMAT.md`, "The index file").
 mod index_file {
     pub const MAGIC: [u8; 4] = *b"ZCIX";
-    pub const VERSION: u32 = 2;
+    pub const VERSION: u32 = 3;
 }
 
 impl SsdTier {
