@@ -1,8 +1,8 @@
 //! The one B+ tree of ZipCache: an ordered index from key ranges to leaves.
 //!
-//! BT_DRAM, BT_SSD and BT_LO are all `BTree<L>` with different leaf types. The tree only
-//! routes a key to the leaf whose range holds it; what a leaf stores, and how, is the
-//! leaf type's business.
+//! BT_DRAM, BT_SSD and BT_LO are all `BTree<C>` with different leaf handles `C` (an
+//! `Arc` of the leaf, or an id into a table of leaves). The tree only routes a key to the
+//! leaf whose range holds it; what a leaf stores, and how, is the leaf type's business.
 //!
 //! Inner nodes are immutable and shared (`Arc`); a change copies the path from the root
 //! to the changed node and publishes the new root with one atomic swap. Readers therefore
@@ -11,12 +11,16 @@
 //!
 //! Every entry carries the low fence of its subtree, so a leaf covers
 //! `[its low, next leaf's low)`. The first leaf's low is the empty key and it is never
-//! removed, so every key has a leaf.
+//! removed, so every key has a leaf. A bottom node packs its leaves' fences into one
+//! byte string, the bytes they all share stored once: a fence costs its distinct bytes
+//! and two bytes of offset, not an allocation of its own.
 //!
-//! A reader may route by a root that was replaced a moment later; the leaf types keep
-//! their own fences under their own locks and send the reader back to the root when the
-//! key is no longer theirs (see `dram_tier`).
+//! A reader may route by a root that was replaced a moment later. Every change to a
+//! leaf's range is published while the leaf is locked, so a reader that holds a leaf's
+//! lock and finds that the tree still routes its key there (`generation` unchanged since
+//! it routed, or a second walk) knows the leaf owns the key.
 
+use std::cmp::Ordering as KeyOrder;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -30,6 +34,27 @@ use crate::memory::alloc_size;
 const FANOUT: usize = 64;
 
 pub type Fence = Arc<[u8]>;
+
+/// How the tree holds a leaf.
+pub trait Child: Clone {
+    /// Whether two handles name the same leaf.
+    fn same(&self, other: &Self) -> bool;
+
+    /// DRAM the leaf spends on a copy of its own low fence, charged with its entry.
+    fn kept_fence_bytes(fence_len: usize) -> usize;
+}
+
+/// BT_SSD and BT_LO leaves are `Arc`s that keep their range as a [`KeyRange`]: one
+/// `Fence` allocation per leaf (a leaf's high fence is its right neighbour's low).
+impl<L> Child for Arc<L> {
+    fn same(&self, other: &Self) -> bool {
+        Arc::ptr_eq(self, other)
+    }
+
+    fn kept_fence_bytes(fence_len: usize) -> usize {
+        alloc_size(fence_len + 2 * size_of::<usize>())
+    }
+}
 
 /// The keys a leaf answers for, kept by the leaf itself under its own lock: readers that
 /// routed through a tree which changed a moment later check here before trusting it.
@@ -83,16 +108,157 @@ impl KeyRange {
     }
 }
 
-enum Children<L> {
-    Leaves(Vec<(Fence, Arc<L>)>),
-    Nodes(Vec<(Fence, Arc<Node<L>>)>),
+/// The entries of a bottom node: its leaves and their low fences, in key order. Fence
+/// `i` is `keys[..shared]` followed by `keys[ends[i-1]..ends[i]]` (`ends[-1] = shared`).
+struct LeafEntries<C> {
+    /// Leading bytes every fence of the node has in common, stored once at the front.
+    shared: u16,
+    keys: Box<[u8]>,
+    ends: Box<[u16]>,
+    children: Box<[C]>,
 }
 
-struct Node<L> {
-    children: Children<L>,
+impl<C: Child> LeafEntries<C> {
+    /// Packs sorted `(fence, leaf)` pairs.
+    fn pack<'f>(entries: impl IntoIterator<Item = (&'f [u8], C)>) -> Self {
+        let entries: Vec<(&[u8], C)> = entries.into_iter().collect();
+        let shared = match (entries.first(), entries.last()) {
+            // Sorted: what the first and the last share, all share.
+            (Some((first, _)), Some((last, _))) => common_prefix(first, last),
+            _ => 0,
+        };
+        let total = shared + entries.iter().map(|(f, _)| f.len() - shared).sum::<usize>();
+        let mut keys = Vec::with_capacity(total);
+        if let Some((first, _)) = entries.first() {
+            keys.extend_from_slice(&first[..shared]);
+        }
+        let mut ends = Vec::with_capacity(entries.len());
+        let mut children = Vec::with_capacity(entries.len());
+        for (fence, child) in entries {
+            keys.extend_from_slice(&fence[shared..]);
+            // Fences are at most a key long (255 B) and a node holds at most FANOUT + 1.
+            ends.push(u16::try_from(keys.len()).expect("a node's fences fit 64 KiB"));
+            children.push(child);
+        }
+        LeafEntries {
+            shared: shared as u16,
+            keys: keys.into_boxed_slice(),
+            ends: ends.into_boxed_slice(),
+            children: children.into_boxed_slice(),
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.children.len()
+    }
+
+    fn prefix(&self) -> &[u8] {
+        &self.keys[..self.shared as usize]
+    }
+
+    /// Fence `i` without its shared prefix.
+    fn suffix(&self, i: usize) -> &[u8] {
+        let start = if i == 0 {
+            self.shared as usize
+        } else {
+            self.ends[i - 1] as usize
+        };
+        &self.keys[start..self.ends[i] as usize]
+    }
+
+    /// Fence `i` written into `out` (cleared first).
+    fn fence_into(&self, i: usize, out: &mut Vec<u8>) {
+        out.clear();
+        out.extend_from_slice(self.prefix());
+        out.extend_from_slice(self.suffix(i));
+    }
+
+    fn fence(&self, i: usize) -> Fence {
+        let mut out = Vec::new();
+        self.fence_into(i, &mut out);
+        Fence::from(out)
+    }
+
+    /// How many fences are below `key` (`strict`) or at most `key`.
+    fn count_below(&self, key: &[u8], strict: bool) -> usize {
+        let prefix = self.prefix();
+        let head = &key[..key.len().min(prefix.len())];
+        match head.cmp(prefix) {
+            // Every fence starts with the prefix, so the prefix decides.
+            KeyOrder::Less => 0,
+            KeyOrder::Greater => self.len(),
+            // `key` is a proper prefix of the prefix: below every fence longer than it.
+            KeyOrder::Equal if key.len() < prefix.len() => 0,
+            KeyOrder::Equal => {
+                let rest = &key[prefix.len()..];
+                let below = |i: usize| match self.suffix(i).cmp(rest) {
+                    KeyOrder::Less => true,
+                    KeyOrder::Equal => !strict,
+                    KeyOrder::Greater => false,
+                };
+                let (mut lo, mut hi) = (0, self.len());
+                while lo < hi {
+                    let mid = (lo + hi) / 2;
+                    if below(mid) {
+                        lo = mid + 1;
+                    } else {
+                        hi = mid;
+                    }
+                }
+                lo
+            }
+        }
+    }
+
+    /// Index of the entry whose range holds `key`: the last with `fence <= key`.
+    fn route(&self, key: &[u8]) -> usize {
+        self.count_below(key, false).saturating_sub(1)
+    }
+
+    /// The entries unpacked, for a rebuilt copy of the node.
+    fn unpack(&self) -> (Vec<u8>, Vec<(std::ops::Range<usize>, C)>) {
+        let mut bytes = Vec::new();
+        let mut entries = Vec::with_capacity(self.len() + 1);
+        for (i, child) in self.children.iter().enumerate() {
+            let start = bytes.len();
+            bytes.extend_from_slice(self.prefix());
+            bytes.extend_from_slice(self.suffix(i));
+            entries.push((start..bytes.len(), child.clone()));
+        }
+        (bytes, entries)
+    }
+
+    /// Packs unpacked entries whose fences are ranges of `bytes`.
+    fn repack(bytes: &[u8], entries: &[(std::ops::Range<usize>, C)]) -> Self {
+        Self::pack(entries.iter().map(|(r, c)| (&bytes[r.clone()], c.clone())))
+    }
+
+    /// DRAM of the packed arrays and of the fence copies the leaves keep.
+    fn bytes(&self) -> usize {
+        let kept: usize = (0..self.len())
+            .map(|i| C::kept_fence_bytes(self.shared as usize + self.suffix(i).len()))
+            .sum();
+        alloc_size(self.keys.len())
+            + alloc_size(self.ends.len() * size_of::<u16>())
+            + alloc_size(self.children.len() * size_of::<C>())
+            + kept
+    }
 }
 
-impl<L> Node<L> {
+fn common_prefix(a: &[u8], b: &[u8]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
+enum Children<C> {
+    Leaves(LeafEntries<C>),
+    Nodes(Vec<(Fence, Arc<Node<C>>)>),
+}
+
+struct Node<C> {
+    children: Children<C>,
+}
+
+impl<C: Child> Node<C> {
     fn len(&self) -> usize {
         match &self.children {
             Children::Leaves(v) => v.len(),
@@ -100,21 +266,31 @@ impl<L> Node<L> {
         }
     }
 
+    /// The node's low fence. A bottom node makes it from its packed fences; the node
+    /// above keeps it, and the levels above share that one allocation.
     fn low(&self) -> Fence {
         match &self.children {
-            Children::Leaves(v) => v[0].0.clone(),
+            Children::Leaves(v) => v.fence(0),
             Children::Nodes(v) => v[0].0.clone(),
         }
     }
 
-    /// DRAM this node holds: its entry vector and the fence keys it introduced.
+    /// DRAM this node holds: its entries, and the fences it introduced (a node above
+    /// bottom nodes holds the one fence made for each of them).
     fn bytes(&self) -> u64 {
-        let entry = size_of::<(Fence, Arc<()>)>();
-        let fences: usize = match &self.children {
-            Children::Leaves(v) => v.iter().map(|(k, _)| alloc_size(k.len() + 16)).sum(),
-            Children::Nodes(_) => 0,
+        let own = alloc_size(size_of::<Node<C>>() + 2 * size_of::<usize>());
+        let entries = match &self.children {
+            Children::Leaves(v) => v.bytes(),
+            Children::Nodes(v) => {
+                let made: usize = v
+                    .iter()
+                    .filter(|(_, n)| matches!(n.children, Children::Leaves(_)))
+                    .map(|(f, _)| alloc_size(f.len() + 2 * size_of::<usize>()))
+                    .sum();
+                alloc_size(v.len() * size_of::<(Fence, Arc<Node<C>>)>()) + made
+            }
         };
-        (alloc_size(size_of::<Node<L>>() + 16) + alloc_size(self.len() * entry) + fences) as u64
+        (own + entries) as u64
     }
 }
 
@@ -125,25 +301,28 @@ fn route<T>(entries: &[(Fence, T)], key: &[u8]) -> usize {
         .saturating_sub(1)
 }
 
-pub struct BTree<L> {
-    root: ArcSwap<Node<L>>,
+pub struct BTree<C> {
+    root: ArcSwap<Node<C>>,
     /// Serializes structural changes; never held while waiting for a leaf lock.
     writer: Mutex<()>,
+    /// Bumped after every published change of the structure.
+    generation: AtomicU64,
     node_bytes: AtomicU64,
     leaves: AtomicU64,
     depth: AtomicU64,
 }
 
-impl<L> BTree<L> {
+impl<C: Child> BTree<C> {
     /// A tree of one leaf covering every key.
-    pub fn new(first: Arc<L>) -> Self {
+    pub fn new(first: C) -> Self {
         let root = Node {
-            children: Children::Leaves(vec![(Fence::from(&[][..]), first)]),
+            children: Children::Leaves(LeafEntries::pack([(&[][..], first)])),
         };
         let bytes = root.bytes();
         BTree {
             root: ArcSwap::from_pointee(root),
             writer: Mutex::new(()),
+            generation: AtomicU64::new(0),
             node_bytes: AtomicU64::new(bytes),
             leaves: AtomicU64::new(1),
             depth: AtomicU64::new(1),
@@ -151,25 +330,43 @@ impl<L> BTree<L> {
     }
 
     /// The leaf whose range holds `key`, with that range's low fence.
-    pub fn find(&self, key: &[u8]) -> (Fence, Arc<L>) {
-        self.with_leaf(key, |low, leaf| (low.clone(), leaf.clone()))
+    pub fn find(&self, key: &[u8]) -> (Fence, C) {
+        let root = self.root.load();
+        let (entries, i) = Self::bottom(&root, key);
+        (entries.fence(i), entries.children[i].clone())
     }
 
-    /// Runs `f` on the leaf whose range holds `key` without taking a reference count:
-    /// the loaded root keeps the leaf alive, and two threads reading one hot leaf do
-    /// not fight over its counter's cache line.
-    pub fn with_leaf<R>(&self, key: &[u8], f: impl FnOnce(&Fence, &Arc<L>) -> R) -> R {
+    /// Runs `f` on the leaf whose range holds `key`, without copying its fence or its
+    /// handle: the loaded root keeps the leaf alive, and two threads reading one hot
+    /// leaf do not fight over a reference count's cache line.
+    pub fn with_leaf<R>(&self, key: &[u8], f: impl FnOnce(&C) -> R) -> R {
         let root = self.root.load();
-        let mut node: &Node<L> = &root;
+        let (entries, i) = Self::bottom(&root, key);
+        f(&entries.children[i])
+    }
+
+    /// The bottom node and entry that route `key`.
+    fn bottom<'n>(root: &'n Node<C>, key: &[u8]) -> (&'n LeafEntries<C>, usize) {
+        let mut node = root;
         loop {
             match &node.children {
                 Children::Nodes(v) => node = &v[route(v, key)].1,
-                Children::Leaves(v) => {
-                    let (low, leaf) = &v[route(v, key)];
-                    return f(low, leaf);
-                }
+                Children::Leaves(v) => return (v, v.route(key)),
             }
         }
+    }
+
+    /// Changes of the structure published so far. A reader that routed a key to a leaf,
+    /// then locked the leaf and reads the same generation, knows the leaf still owns the
+    /// key (see the module documentation).
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    /// Whether the tree routes `key` to `leaf` now. Called with the leaf locked, a yes
+    /// means the leaf owns the key until the lock is released.
+    pub fn routes_to(&self, key: &[u8], leaf: &C) -> bool {
+        self.with_leaf(key, |c| c.same(leaf))
     }
 
     /// Takes the leaf at `low` (not the first) out of the tree: its range goes to its left
@@ -179,53 +376,62 @@ impl<L> BTree<L> {
     pub fn retire<S: Ranged>(
         &self,
         low: &Fence,
-        leaf: &Arc<L>,
-        state: impl Fn(&L) -> &RwLock<S>,
+        leaf: &C,
+        state: impl Fn(&C) -> &RwLock<S>,
         release: impl FnOnce(&mut S),
     ) -> Option<i64> {
         let prev = self.prev_leaf(low)?;
-        self.collapse(&[prev, (low.clone(), leaf.clone())], state, |states| {
+        let run = [prev, (low.clone(), leaf.clone())];
+        let locks = [state(&run[0].1), state(&run[1].1)];
+        self.collapse(&run, &locks, |states| {
+            let (left, right) = states.split_at_mut(1);
+            let absorbed = left[0].range().absorb_right(right[0].range(), low);
+            debug_assert!(absorbed, "the tree checked them, under the same locks");
             release(&mut states[1])
         })
     }
 
-    /// Folds the consecutive leaves `run[1..]` into `run[0]`: locks them all in key order,
-    /// checks that they are still in the tree and consecutive, hands the ranges of
-    /// `run[1..]` to `run[0]` (marking them retired), runs `release` on all their states
-    /// while every lock is still held, and removes `run[1..]` from the tree. Returns the
+    /// Folds the consecutive leaves `run[1..]` into `run[0]`: locks them all in key order
+    /// (`locks[i]` is `run[i]`'s), checks that the tree still holds them, consecutive, at
+    /// these fences, runs `release` on all their states while every lock is still held,
+    /// and removes `run[1..]` from the tree (their ranges join `run[0]`'s). Returns the
     /// change in inner-node bytes, or `None` (nothing released) if any leaf changed since
     /// the caller chose them.
-    pub fn collapse<S: Ranged>(
+    pub fn collapse<'s, S>(
         &self,
-        run: &[(Fence, Arc<L>)],
-        state: impl Fn(&L) -> &RwLock<S>,
-        release: impl FnOnce(&mut [RwLockWriteGuard<'_, S>]),
+        run: &[(Fence, C)],
+        locks: &[&'s RwLock<S>],
+        release: impl FnOnce(&mut [RwLockWriteGuard<'s, S>]),
     ) -> Option<i64> {
-        let mut states: Vec<_> = run.iter().map(|(_, leaf)| state(leaf).write()).collect();
-        for (i, st) in states.iter_mut().enumerate() {
-            let range = st.range();
-            let next = run.get(i + 1).map(|(low, _)| low);
-            if range.retired
-                || range.low != run[i].0
-                || next.is_some_and(|n| range.high.as_ref() != Some(n))
-            {
-                return None;
-            }
-        }
-        for i in (1..run.len()).rev() {
-            let (left, right) = states.split_at_mut(i);
-            let absorbed = left[i - 1]
-                .range()
-                .absorb_right(right[0].range(), &run[i].0);
-            debug_assert!(absorbed, "checked above, under the same locks");
+        let mut states: Vec<_> = locks.iter().map(|lock| lock.write()).collect();
+        if !self.holds_run(run) {
+            return None;
         }
         release(&mut states);
         Some(run[1..].iter().map(|(low, _)| self.remove(low)).sum())
     }
 
+    /// Whether the current tree has exactly `run`, consecutive, at these fences.
+    fn holds_run(&self, run: &[(Fence, C)]) -> bool {
+        let Some((first_low, _)) = run.first() else {
+            return true;
+        };
+        let root = self.root.load();
+        let mut matched = 0;
+        Self::for_each_from(&root, first_low, &mut |fence, leaf| {
+            let (low, want) = &run[matched];
+            if fence != low.as_ref() || !leaf.same(want) {
+                return false;
+            }
+            matched += 1;
+            matched < run.len()
+        });
+        matched == run.len()
+    }
+
     /// One step of a CLOCK hand walking the leaves in key order: the leaf at `hand`, and
     /// `hand` moved to the next leaf (back to the first after the last).
-    pub fn clock_step(&self, hand: &mut Fence) -> (Fence, Arc<L>) {
+    pub fn clock_step(&self, hand: &mut Fence) -> (Fence, C) {
         let (low, leaf) = self.find(hand);
         *hand = self
             .next_leaf(&low)
@@ -234,12 +440,12 @@ impl<L> BTree<L> {
     }
 
     /// The leaf after the one whose low fence is `low`, in key order, if any.
-    pub fn next_leaf(&self, low: &[u8]) -> Option<(Fence, Arc<L>)> {
+    pub fn next_leaf(&self, low: &[u8]) -> Option<(Fence, C)> {
         let root = self.root.load();
         let mut found = None;
         Self::for_each_from(&root, low, &mut |fence, leaf| {
-            if fence.as_ref() > low {
-                found = Some((fence.clone(), leaf.clone()));
+            if fence > low {
+                found = Some((Fence::from(fence), leaf.clone()));
                 false
             } else {
                 true
@@ -250,26 +456,28 @@ impl<L> BTree<L> {
 
     /// The leaf just before the one whose low fence is `low`: the one holding the keys
     /// immediately below `low`.
-    pub fn prev_leaf(&self, low: &[u8]) -> Option<(Fence, Arc<L>)> {
-        let below = |entries_low: &[u8]| entries_low < low;
+    pub fn prev_leaf(&self, low: &[u8]) -> Option<(Fence, C)> {
         let root = self.root.load();
-        let mut node: &Node<L> = &root;
+        let mut node: &Node<C> = &root;
         loop {
             match &node.children {
                 Children::Nodes(v) => {
-                    let i = v.partition_point(|(l, _)| below(l)).checked_sub(1)?;
+                    let i = v
+                        .partition_point(|(l, _)| l.as_ref() < low)
+                        .checked_sub(1)?;
                     node = &v[i].1;
                 }
                 Children::Leaves(v) => {
-                    let i = v.partition_point(|(l, _)| below(l)).checked_sub(1)?;
-                    return Some((v[i].0.clone(), v[i].1.clone()));
+                    let i = v.count_below(low, true).checked_sub(1)?;
+                    return Some((v.fence(i), v.children[i].clone()));
                 }
             }
         }
     }
 
-    /// Calls `visit` for every leaf in key order, on one consistent snapshot of the tree.
-    pub fn for_each_leaf(&self, mut visit: impl FnMut(&Fence, &Arc<L>)) {
+    /// Calls `visit` for every leaf and its low fence in key order, on one consistent
+    /// snapshot of the tree.
+    pub fn for_each_leaf(&self, mut visit: impl FnMut(&[u8], &C)) {
         let root = self.root.load();
         Self::for_each_from(&root, &[], &mut |fence, leaf| {
             visit(fence, leaf);
@@ -279,26 +487,33 @@ impl<L> BTree<L> {
 
     /// Visits leaves in order starting with the one holding `key`; stops when `visit`
     /// returns false. Returns false if it was stopped.
-    fn for_each_from(
-        node: &Node<L>,
+    fn for_each_from(node: &Node<C>, key: &[u8], visit: &mut dyn FnMut(&[u8], &C) -> bool) -> bool {
+        let mut fence = Vec::new();
+        Self::walk_from(node, key, &mut fence, visit)
+    }
+
+    fn walk_from(
+        node: &Node<C>,
         key: &[u8],
-        visit: &mut dyn FnMut(&Fence, &Arc<L>) -> bool,
+        fence: &mut Vec<u8>,
+        visit: &mut dyn FnMut(&[u8], &C) -> bool,
     ) -> bool {
         match &node.children {
-            Children::Leaves(v) => v[route(v, key)..]
-                .iter()
-                .all(|(fence, leaf)| visit(fence, leaf)),
+            Children::Leaves(v) => (v.route(key)..v.len()).all(|i| {
+                v.fence_into(i, fence);
+                visit(fence, &v.children[i])
+            }),
             Children::Nodes(v) => v[route(v, key)..]
                 .iter()
-                .all(|(_, child)| Self::for_each_from(child, key, visit)),
+                .all(|(_, child)| Self::walk_from(child, key, fence, visit)),
         }
     }
 
     /// Puts `leaf` into the tree with low fence `low`; it takes over `[low, next low)` from
-    /// the leaf that held `low` until now. The caller holds that leaf's lock and has
-    /// already shrunk its range, so no reader can be served wrongly in between.
-    /// Returns the change in inner-node bytes.
-    pub fn insert(&self, low: Fence, leaf: Arc<L>) -> i64 {
+    /// the leaf that held `low` until now. The caller holds that leaf's lock, so no reader
+    /// can be served wrongly in between. Returns the change in inner-node bytes.
+    pub fn insert(&self, low: impl AsRef<[u8]>, leaf: C) -> i64 {
+        let low = low.as_ref();
         let _writer = self.writer.lock();
         let root = self.root.load_full();
         let mut delta = Delta::default();
@@ -314,36 +529,54 @@ impl<L> BTree<L> {
                 Arc::new(node)
             }
         };
-        self.root.store(new_root);
+        self.publish(new_root);
         self.leaves.fetch_add(1, Ordering::Relaxed);
         self.apply(delta)
     }
 
+    fn publish(&self, root: Arc<Node<C>>) {
+        self.root.store(root);
+        self.generation.fetch_add(1, Ordering::Release);
+    }
+
     fn insert_into(
-        node: &Node<L>,
-        low: Fence,
-        leaf: Arc<L>,
+        node: &Node<C>,
+        low: &[u8],
+        leaf: C,
         delta: &mut Delta,
-    ) -> (Arc<Node<L>>, Option<Arc<Node<L>>>) {
+    ) -> (Arc<Node<C>>, Option<Arc<Node<C>>>) {
         delta.removed += node.bytes();
-        let children = match &node.children {
+        let (left, right) = match &node.children {
             Children::Leaves(v) => {
-                let at = v.partition_point(|(l, _)| l.as_ref() <= low.as_ref());
-                let v = with_inserted(v, at, (low, leaf));
-                split_if_full(v, Children::Leaves)
+                let at = v.count_below(low, false);
+                let (mut bytes, mut entries) = v.unpack();
+                let start = bytes.len();
+                bytes.extend_from_slice(low);
+                entries.insert(at, (start..bytes.len(), leaf));
+                if entries.len() <= FANOUT {
+                    (
+                        Children::Leaves(LeafEntries::repack(&bytes, &entries)),
+                        None,
+                    )
+                } else {
+                    let right = entries.split_off(entries.len() / 2);
+                    (
+                        Children::Leaves(LeafEntries::repack(&bytes, &entries)),
+                        Some(Children::Leaves(LeafEntries::repack(&bytes, &right))),
+                    )
+                }
             }
             Children::Nodes(v) => {
-                let at = route(v, &low);
+                let at = route(v, low);
                 let (left, right) = Self::insert_into(&v[at].1, low, leaf, delta);
                 let mut v = match right {
                     Some(right) => with_inserted(v, at + 1, (right.low(), right)),
                     None => v.clone(),
                 };
                 v[at] = (left.low(), left);
-                split_if_full(v, Children::Nodes)
+                split_if_full(v)
             }
         };
-        let (left, right) = children;
         let left = Arc::new(Node { children: left });
         delta.added += left.bytes();
         let right = right.map(|c| {
@@ -355,9 +588,8 @@ impl<L> BTree<L> {
     }
 
     /// Takes the leaf with low fence `low` out of the tree; its range joins the leaf
-    /// before it. The caller holds both leaves' locks and has already widened the
-    /// left neighbour's range. The first leaf (empty low fence) is never removed.
-    /// Returns the change in inner-node bytes.
+    /// before it. The caller holds both leaves' locks. The first leaf (empty low fence)
+    /// is never removed. Returns the change in inner-node bytes.
     pub fn remove(&self, low: &[u8]) -> i64 {
         debug_assert!(!low.is_empty(), "the first leaf is never removed");
         let _writer = self.writer.lock();
@@ -377,20 +609,26 @@ impl<L> BTree<L> {
             self.depth.fetch_sub(1, Ordering::Relaxed);
             new_root = only_child;
         }
-        self.root.store(new_root);
+        self.publish(new_root);
         self.leaves.fetch_sub(1, Ordering::Relaxed);
         self.apply(delta)
     }
 
     /// The node without the leaf at `low`; `None` if that leaf is not in this subtree.
     /// An emptied node comes back with no children and its parent drops it.
-    fn remove_from(node: &Node<L>, low: &[u8], delta: &mut Delta) -> Option<Arc<Node<L>>> {
+    fn remove_from(node: &Node<C>, low: &[u8], delta: &mut Delta) -> Option<Arc<Node<C>>> {
         let children = match &node.children {
             Children::Leaves(v) => {
-                let at = v.iter().position(|(l, _)| l.as_ref() == low)?;
-                let mut v = v.clone();
-                v.remove(at);
-                Children::Leaves(v)
+                let at = v.count_below(low, true);
+                let (bytes, mut entries) = v.unpack();
+                if entries
+                    .get(at)
+                    .is_none_or(|(r, _)| &bytes[r.clone()] != low)
+                {
+                    return None;
+                }
+                entries.remove(at);
+                Children::Leaves(LeafEntries::repack(&bytes, &entries))
             }
             Children::Nodes(v) => {
                 let at = route(v, low);
@@ -449,17 +687,14 @@ fn with_inserted<T: Clone>(v: &[T], at: usize, item: T) -> Vec<T> {
     out
 }
 
-/// Splits an overfull entry vector in two halves.
-fn split_if_full<T, L>(
-    mut v: Vec<T>,
-    wrap: fn(Vec<T>) -> Children<L>,
-) -> (Children<L>, Option<Children<L>>) {
+/// Splits an overfull inner entry vector in two halves.
+fn split_if_full<C>(mut v: Vec<(Fence, Arc<Node<C>>)>) -> (Children<C>, Option<Children<C>>) {
     if v.len() <= FANOUT {
-        return (wrap(v), None);
+        return (Children::Nodes(v), None);
     }
     let right = v.split_off(v.len() / 2);
     v.shrink_to_fit();
-    (wrap(v), Some(wrap(right)))
+    (Children::Nodes(v), Some(Children::Nodes(right)))
 }
 
 #[cfg(test)]
@@ -532,7 +767,9 @@ mod tests {
     }
 
     /// Five leaves covering `["", 10)`, `[10, 20)`, ... `[40, ∞)`.
-    fn ranged_tree() -> (BTree<Ranges>, Vec<(Fence, Arc<Ranges>)>) {
+    type Run = Vec<(Fence, Arc<Ranges>)>;
+
+    fn ranged_tree() -> (BTree<Arc<Ranges>>, Run) {
         let bounds: Vec<Fence> = (1..5).map(|i| key(i * 10)).collect();
         let lows: Vec<Fence> = std::iter::once(Fence::from(&[][..]))
             .chain(bounds.iter().cloned())
@@ -552,33 +789,50 @@ mod tests {
         (tree, leaves)
     }
 
+    fn locks(run: &[(Fence, Arc<Ranges>)]) -> Vec<&RwLock<KeyRange>> {
+        run.iter().map(|(_, l)| &l.0).collect()
+    }
+
     #[test]
     fn collapse_folds_a_run_into_its_first_leaf() {
         let (tree, leaves) = ranged_tree();
+        let run = &leaves[1..4];
         let mut released = Vec::new();
-        let removed = tree.collapse(
-            &leaves[1..4],
-            |l| &l.0,
-            |states| {
-                released = states
-                    .iter()
-                    .map(|st| (st.low.clone(), st.retired))
-                    .collect()
-            },
-        );
+        let removed = tree.collapse(run, &locks(run), |states| {
+            released = states.iter().map(|st| st.low.clone()).collect()
+        });
         assert!(removed.is_some());
         assert_eq!(
             released,
-            vec![(key(10), false), (key(20), true), (key(30), true)],
-            "release sees the run with the ranges already handed over"
+            vec![key(10), key(20), key(30)],
+            "release sees the whole run, locked"
         );
         assert_eq!(tree.leaf_count(), 3);
-        let survivor = leaves[1].1.0.read().clone();
-        assert_eq!((survivor.low, survivor.high), (key(10), Some(key(40))));
         for k in [10, 25, 39] {
             assert!(Arc::ptr_eq(&tree.find(&key(k)).1, &leaves[1].1));
+            assert!(tree.routes_to(&key(k), &leaves[1].1));
         }
         assert!(Arc::ptr_eq(&tree.find(&key(40)).1, &leaves[4].1));
+    }
+
+    #[test]
+    fn retire_hands_the_range_to_the_left_neighbour() {
+        let (tree, leaves) = ranged_tree();
+        let generation = tree.generation();
+        assert!(
+            tree.retire(
+                &leaves[2].0,
+                &leaves[2].1,
+                |l| &l.0,
+                |st| assert!(st.retired)
+            )
+            .is_some()
+        );
+        assert!(tree.generation() > generation, "a published change");
+        let left = leaves[1].1.0.read().clone();
+        assert_eq!((left.low, left.high), (key(10), Some(key(30))));
+        assert!(tree.routes_to(&key(25), &leaves[1].1));
+        assert!(!tree.routes_to(&key(25), &leaves[2].1));
     }
 
     #[test]
@@ -587,7 +841,13 @@ mod tests {
         // Not consecutive: [10, 20) and [30, 40).
         let gap = [leaves[1].clone(), leaves[3].clone()];
         assert!(
-            tree.collapse(&gap, |l| &l.0, |_| panic!("released"))
+            tree.collapse(&gap, &locks(&gap), |_| panic!("released"))
+                .is_none()
+        );
+        // A fence that is not the leaf's.
+        let moved = [leaves[1].clone(), (key(21), leaves[2].1.clone())];
+        assert!(
+            tree.collapse(&moved, &locks(&moved), |_| panic!("released"))
                 .is_none()
         );
         // A leaf retired since it was chosen.
@@ -597,7 +857,7 @@ mod tests {
         );
         let stale = [leaves[1].clone(), leaves[2].clone()];
         assert!(
-            tree.collapse(&stale, |l| &l.0, |_| panic!("released"))
+            tree.collapse(&stale, &locks(&stale), |_| panic!("released"))
                 .is_none()
         );
         assert_eq!(tree.leaf_count(), 4);

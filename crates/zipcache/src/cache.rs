@@ -19,13 +19,13 @@ use zipcache_device::{
 
 use crate::async_get::AsyncGet;
 use crate::config::Promotion;
-use crate::dram_tier::{DramLeaf, DramSettings, DramTier, Lookup, ScanEntry};
+use crate::dram_tier::{DramSettings, DramTier, LeafId, Lookup, ScanEntry};
 use crate::eviction::EvictionSink;
 use crate::index_dir::{DataLock, FsDir, IndexDir};
 use crate::large_objects::LargeObjects;
 use crate::memory::{Memory, alloc_size};
 use crate::promotion::{self, PromotionFilter};
-use crate::record::Meta;
+use crate::record::{ASSIGN_CAS, Meta};
 use crate::run_epoch;
 use crate::sealed_file::IndexFile;
 use crate::ssd_tier::{Finished, Freshness, PlannedRead, SsdHit, SsdSettings, SsdTier};
@@ -75,7 +75,6 @@ pub(crate) struct Inner {
     /// Held while the engine lives: one engine per SSD file.
     _lock: Option<DataLock>,
     ops: OpCounters,
-    next_cas: AtomicU64,
     shutdown: AtomicBool,
     /// With `promotion = second_hit`: which SSD hits are copied into DRAM.
     promotion: Option<PromotionFilter>,
@@ -160,6 +159,9 @@ impl ZipCache {
             bypass_max_fraction: config.bypass_max_fraction,
             // Tombstones must reach the SSD tier to delete its copies.
             keep_tombstones: device.is_some(),
+            // CAS versions start from the clock so a restarted cache never reissues one a
+            // client may still hold.
+            cas_origin: config.clock.now_ms().max(1) << 16,
         };
         let dram = DramTier::new(settings, memory.clone(), merge_tx, config.bypass_r);
         let mut warm_start = false;
@@ -240,9 +242,6 @@ impl ZipCache {
             memory.change_index(alloc_size(filter.bytes()) as i64);
             filter
         });
-        // CAS versions start from the clock so a restarted cache never reissues one a
-        // client may still hold.
-        let next_cas = AtomicU64::new(config.clock.now_ms().max(1) << 16);
         let inner = Arc::new(Inner {
             config,
             memory,
@@ -254,7 +253,6 @@ impl ZipCache {
             warm_start,
             _lock: lock,
             ops: OpCounters::default(),
-            next_cas,
             shutdown: AtomicBool::new(false),
             promotion,
             flush_epoch: AtomicU64::new(0),
@@ -354,9 +352,9 @@ impl ZipCache {
         inner.check_value(value)?;
         inner.ops.puts.incr();
         let meta = inner.meta(&options);
-        inner.store(key, value, meta, inner.now());
+        let cas = inner.store(key, value, meta, inner.now());
         inner.relieve_pressure();
-        Ok(meta.cas)
+        Ok(cas)
     }
 
     /// Deletes `key`; true if a live value was there.
@@ -397,7 +395,7 @@ impl ZipCache {
         let inner = &self.inner;
         inner.check_key(key)?;
         let now = inner.now();
-        let outcome = inner.dram.modify(key, now, |current| {
+        let outcome = inner.dram.modify(key, now, |current, cas| {
             // The leaf stays locked while BT_LO and the SSD are read, so no write slips in.
             // What a racing flush_all is erasing below must not come back as a new value.
             let epoch = inner.flush_epoch.load(Ordering::SeqCst);
@@ -424,7 +422,7 @@ impl ZipCache {
                 Update::Put { value, options } => match inner.check_value(&value) {
                     Err(e) => (None, Err(e)),
                     Ok(()) => {
-                        let meta = inner.meta(&options);
+                        let meta = inner.meta(&options).assigning(cas);
                         let change = match inner.large_for(key, &value) {
                             Some(lo) => {
                                 lo.put(key, &value, meta);
@@ -756,11 +754,8 @@ impl Inner {
     }
 
     fn meta(&self, options: &PutOptions) -> Meta {
-        let cas = if options.assign_cas {
-            self.next_cas.fetch_add(1, Ordering::Relaxed)
-        } else {
-            0
-        };
+        // The DRAM tier gives the version, under the key's leaf lock.
+        let cas = if options.assign_cas { ASSIGN_CAS } else { 0 };
         Meta {
             expires_at_ms: options.expires_at_ms,
             flags: options.flags,
@@ -836,16 +831,19 @@ impl Inner {
     }
 
     /// Writes one object: large ones to BT_LO behind a DRAM tombstone, small ones to DRAM
-    /// (dropping any large version), both under the DRAM leaf's lock.
-    fn store(&self, key: &[u8], value: &[u8], meta: Meta, now: u64) {
+    /// (dropping any large version), both under the DRAM leaf's lock. Returns its CAS
+    /// version.
+    fn store(&self, key: &[u8], value: &[u8], meta: Meta, now: u64) -> u64 {
         match (self.large_for(key, value), &self.large) {
-            (Some(lo), _) => self.dram.put_with(key, None, Meta::default(), now, || {
-                lo.put(key, value, meta);
+            (Some(lo), _) => self.dram.put_with(key, None, meta, now, |cas| {
+                lo.put(key, value, meta.assigning(cas));
+                cas
             }),
-            (None, Some(lo)) => self.dram.put_with(key, Some(value), meta, now, || {
+            (None, Some(lo)) => self.dram.put_with(key, Some(value), meta, now, |cas| {
                 lo.remove(key);
+                cas
             }),
-            (None, None) => self.dram.put_with(key, Some(value), meta, now, || ()),
+            (None, None) => self.dram.put_with(key, Some(value), meta, now, |cas| cas),
         }
     }
 
@@ -867,7 +865,7 @@ impl Inner {
         if self.promotion.as_ref().is_some_and(|f| !f.admit(key)) {
             return;
         }
-        let promoted = self.dram.modify(key, now, |current| {
+        let promoted = self.dram.modify(key, now, |current, _| {
             let fresh = current == Lookup::Absent
                 && ssd.still_current(&hit.proof)
                 && self.lower_tiers_current(epoch);
@@ -974,7 +972,7 @@ impl Inner {
     }
 
     /// A merge thread: write-buffer merges; the first one also re-ranks hot leaves.
-    fn background(&self, merges: Receiver<Arc<DramLeaf>>, housekeeper: bool) {
+    fn background(&self, merges: Receiver<LeafId>, housekeeper: bool) {
         let mut last_bypass = Instant::now();
         while !self.shutdown.load(Ordering::Acquire) {
             match merges.recv_timeout(Duration::from_millis(10)) {
@@ -1017,11 +1015,9 @@ impl Inner {
         let ssd_hits = self.ops.ssd_hits.get();
         let large_hits = self.ops.large_hits.get();
         let hits = dram_hits + large_hits + ssd_hits;
-        let dram_objects = (c.objects.load(Ordering::Relaxed)
-            + self.dram.buffered_objects(self.now()))
-        .max(0) as u64;
-        let dram_clean = c.clean_objects.load(Ordering::Relaxed).max(0) as u64;
-        let raw = c.raw_bytes.load(Ordering::Relaxed).max(0) as u64;
+        let tally = self.dram.tally(self.now());
+        let dram_objects = tally.objects.max(0) as u64;
+        let (dram_clean, raw) = (tally.clean, tally.raw_bytes);
         let holding = (mem.compressed_pages + mem.hot_pages + mem.mediums).max(0) as u64;
         let ssd = self.ssd.as_ref().map(|ssd| {
             let device = ssd.device().stats();

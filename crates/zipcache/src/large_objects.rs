@@ -70,7 +70,7 @@ pub struct LoCounters {
 
 pub struct LargeObjects {
     device: Arc<dyn BlockDevice>,
-    tree: BTree<LoLeaf>,
+    tree: BTree<Arc<LoLeaf>>,
     /// First block of the region and its length in blocks.
     start: u64,
     blocks: u64,

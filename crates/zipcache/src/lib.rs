@@ -31,6 +31,7 @@ mod promotion;
 mod record;
 mod run_epoch;
 mod sealed_file;
+mod slots;
 mod ssd_block;
 mod ssd_tier;
 mod subpage_hash;
@@ -61,7 +62,8 @@ pub struct PutOptions {
     pub expires_at_ms: Option<u64>,
     pub flags: u32,
     /// Stamp the object with a fresh CAS version (memcached clients need one; it costs
-    /// 8 bytes per object, so plain `put` does not ask for it).
+    /// a byte or two per object in a page, so plain `put` does not ask for it). Versions
+    /// differ between the versions of one key, not between keys.
     pub assign_cas: bool,
 }
 

@@ -32,44 +32,6 @@ impl Charge {
     }
 }
 
-/// A `Charge` as a leaf stores it: a leaf never holds 4 GiB, and thousands of leaves
-/// each saving 20 bytes is DRAM for objects.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct LeafCharge([u32; 5]);
-
-impl LeafCharge {
-    /// What a leaf holds besides its page: medium blobs and write buffer.
-    pub fn beside_page(&self) -> u64 {
-        u64::from(self.0[2]) + u64::from(self.0[3])
-    }
-}
-
-impl From<Charge> for LeafCharge {
-    fn from(c: Charge) -> Self {
-        let f = |v: i64| u32::try_from(v).unwrap_or(u32::MAX);
-        LeafCharge([
-            f(c.compressed_pages),
-            f(c.hot_pages),
-            f(c.write_buffers),
-            f(c.mediums),
-            f(c.index),
-        ])
-    }
-}
-
-impl From<LeafCharge> for Charge {
-    fn from(c: LeafCharge) -> Self {
-        let [compressed_pages, hot_pages, write_buffers, mediums, index] = c.0.map(i64::from);
-        Charge {
-            compressed_pages,
-            hot_pages,
-            write_buffers,
-            mediums,
-            index,
-        }
-    }
-}
-
 /// The cache-wide account. Holders keep the `Charge` they last reported and pass the
 /// old and new charge on every change, so the totals never drift.
 #[derive(Debug, Default)]

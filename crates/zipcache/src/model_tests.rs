@@ -461,13 +461,14 @@ fn second_hit_promotion_waits_for_the_second_hit() {
     for promotion in [Promotion::SecondHit, Promotion::EveryHit] {
         let device: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(1 << 14));
         let mut h = Harness::on(256 << 10, 256, 3.0, Some(device), 16 << 10, promotion);
-        h.put_all(0..20_000, 64);
+        // Enough keys that most of them leave the 256 KiB of DRAM.
+        h.put_all(0..25_000, 64);
         h.cache.settle().unwrap();
         let promotions = |h: &Harness| h.cache.stats().ssd_promotions;
         let ssd_hits = |h: &Harness| h.cache.stats().ssd_hits;
         // Keys that left DRAM, each read once.
         let mut on_ssd = Vec::new();
-        for key in (0..20_000u16).step_by(50) {
+        for key in (0..25_000u16).step_by(60) {
             let before = ssd_hits(&h);
             h.run(&Op::Get { key });
             if ssd_hits(&h) > before {

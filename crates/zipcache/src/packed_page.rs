@@ -7,16 +7,19 @@
 //! hash bin overflows, which left pages mostly padding and leaves of ~7 objects.
 //!
 //! ```text
-//! page := ends[0] .. ends[n-1]   (u16 LE each, u32 LE when leaf_size > 65,535)
-//!         body                   (LZ4 of it while cold, as is while hot)
-//! body := sub-page 0 | sub-page 1 | ... | sub-page n-1      (bytes ends[n-1])
-//! sub-page i := records, bytes ends[i-1]..ends[i]            (ends[-1] = 0)
+//! page   := header body          (body: LZ4 of it while cold, as is while hot)
+//! header := ends[0] .. ends[n-1]  (u16 LE each, u32 LE when leaf_size > 65,535)
+//!           cas_base              (varint: the smallest CAS version in the page, 0 if none)
+//! body   := sub-page 0 | sub-page 1 | ... | sub-page n-1      (bytes ends[n-1])
+//! sub-page i := records, bytes ends[i-1]..ends[i]             (ends[-1] = 0)
 //! ```
 //!
-//! The table is checked before use (ends never decrease, the last is within the page):
-//! a damaged one reads as a damaged page, never as a slice out of bounds.
+//! Records store their CAS version as the distance from `cas_base` (`record.rs`). The
+//! header is checked before use (ends never decrease, the last is within the page, the
+//! base is a whole varint): a damaged one reads as a damaged page, never as a slice out
+//! of bounds.
 
-use crate::record::{Record, records};
+use crate::record::{CasBase, Record, put_varint, read_varint, records_in};
 
 #[derive(Clone, Copy, Debug)]
 pub struct PackedLayout {
@@ -26,10 +29,13 @@ pub struct PackedLayout {
     pub hash: fn(&[u8], usize) -> usize,
 }
 
-/// A page split into its checked end table and its body (or a prefix of the body).
+/// A page's checked header: where each sub-page ends, and the CAS base of its records.
 pub struct Table<'p> {
-    bytes: &'p [u8],
+    ends: &'p [u8],
     width: usize,
+    cas_base: CasBase,
+    /// Bytes of the header, ends and base together.
+    len: usize,
 }
 
 impl PackedLayout {
@@ -42,7 +48,7 @@ impl PackedLayout {
         }
     }
 
-    /// Bytes of the table in front of every page.
+    /// Bytes of the end table at the front of every page (the header without its base).
     pub fn table_len(&self) -> usize {
         self.subpages * self.width()
     }
@@ -51,38 +57,46 @@ impl PackedLayout {
         (self.hash)(key, self.subpages)
     }
 
-    /// Whether records of these encoded lengths fit one page.
-    pub fn fits(&self, lengths: impl IntoIterator<Item = usize>) -> bool {
-        lengths.into_iter().sum::<usize>() <= self.capacity
+    /// Whether `records` fit one page.
+    pub fn fits<'a>(&self, records: impl Iterator<Item = Record<'a>> + Clone) -> bool {
+        let base = CasBase::of_versions(records.clone().map(|r| r.meta.cas));
+        records.map(|r| r.encoded_len_in(base)).sum::<usize>() <= self.capacity
     }
 
-    /// The page for `records`, uncompressed: table, then body. `None` if they do not fit.
+    /// The page for `records`, uncompressed: header, then body. `None` if they do not fit.
     pub fn build<'a>(&self, records: impl IntoIterator<Item = &'a Record<'a>>) -> Option<Vec<u8>> {
+        let records: Vec<&Record> = records.into_iter().collect();
+        let base = CasBase::of(records.iter().copied());
         let mut subpages: Vec<Vec<u8>> = vec![Vec::new(); self.subpages];
         for r in records {
-            r.encode(&mut subpages[self.subpage_of(r.key)]);
+            r.encode_in(&mut subpages[self.subpage_of(r.key)], base);
         }
         let body: usize = subpages.iter().map(Vec::len).sum();
         if body > self.capacity {
             return None;
         }
-        let mut page = Vec::with_capacity(self.table_len() + body);
+        let mut page = Vec::with_capacity(self.table_len() + 10 + body);
         let mut end = 0;
         for sub in &subpages {
             end += sub.len();
             page.extend_from_slice(&(end as u32).to_le_bytes()[..self.width()]);
         }
+        put_varint(&mut page, base.0);
         for sub in &subpages {
             page.extend_from_slice(sub);
         }
         Some(page)
     }
 
-    /// The table at the front of `page`, checked; `None` if it is damaged.
+    /// The header at the front of `page`, checked; `None` if it is damaged.
     pub fn table<'p>(&self, page: &'p [u8]) -> Option<Table<'p>> {
+        let ends = page.get(..self.table_len())?;
+        let (base, base_len) = read_varint(&page[ends.len()..])?;
         let table = Table {
-            bytes: page.get(..self.table_len())?,
+            ends,
             width: self.width(),
+            cas_base: CasBase(base),
+            len: ends.len() + base_len,
         };
         let mut last = 0;
         for i in 0..self.subpages {
@@ -95,10 +109,11 @@ impl PackedLayout {
         (last <= self.capacity).then_some(table)
     }
 
-    /// A page split into its checked table and its body; `None` if the table is damaged.
+    /// A page split into its checked header and its body; `None` if the header is damaged.
     pub fn split<'p>(&self, page: &'p [u8]) -> Option<(Table<'p>, &'p [u8])> {
         let table = self.table(page)?;
-        Some((table, &page[self.table_len()..]))
+        let body = &page[table.len..];
+        Some((table, body))
     }
 
     /// Bytes of the body, from its start, that hold `key`'s sub-page.
@@ -111,12 +126,12 @@ impl PackedLayout {
         let s = self.subpage_of(key);
         let start = if s == 0 { 0 } else { table.end(s - 1) };
         let sub = body.get(start..table.end(s))?;
-        records(sub).find(|r| r.key == key)
+        records_in(sub, table.cas_base).find(|r| r.key == key)
     }
 
-    /// Every record of a body, sub-page by sub-page.
-    pub fn all<'p>(&self, body: &'p [u8]) -> impl Iterator<Item = Record<'p>> {
-        records(body)
+    /// Every record of a body whose header names `cas_base`, sub-page by sub-page.
+    pub fn all<'p>(&self, cas_base: CasBase, body: &'p [u8]) -> impl Iterator<Item = Record<'p>> {
+        records_in(body, cas_base)
     }
 }
 
@@ -124,20 +139,29 @@ impl Table<'_> {
     /// Where sub-page `i` ends in the body.
     pub fn end(&self, i: usize) -> usize {
         let mut bytes = [0u8; 4];
-        bytes[..self.width].copy_from_slice(&self.bytes[i * self.width..][..self.width]);
+        bytes[..self.width].copy_from_slice(&self.ends[i * self.width..][..self.width]);
         u32::from_le_bytes(bytes) as usize
     }
 
     /// Bytes of the whole body.
     pub fn body_len(&self) -> usize {
-        self.end(self.bytes.len() / self.width - 1)
+        self.end(self.ends.len() / self.width - 1)
+    }
+
+    pub fn cas_base(&self) -> CasBase {
+        self.cas_base
+    }
+
+    /// Bytes of the header in front of the body.
+    pub fn len(&self) -> usize {
+        self.len
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::record::{Meta, Payload};
+    use crate::record::{self, Meta, Payload};
     use crate::subpage_hash::dram_subpage;
     use proptest::prelude::*;
 
@@ -163,7 +187,8 @@ mod tests {
         let (sa, sb) = (l.subpage_of(a), l.subpage_of(b));
         assert_ne!(sa, sb, "the test wants two sub-pages");
         let len = recs[0].encoded_len();
-        assert_eq!(page.len(), 32 + 2 * len);
+        assert_eq!(page.len(), 32 + 1 + 2 * len, "table, base 0, two records");
+        assert_eq!(page[32], 0, "no CAS: base 0");
         let table = l.table(&page).unwrap();
         let (first, second) = if sa < sb { (sa, sb) } else { (sb, sa) };
         for i in 0..16 {
@@ -175,7 +200,7 @@ mod tests {
             assert_eq!(table.end(i), want, "end of sub-page {i}");
             assert_eq!(&page[2 * i..2 * i + 2], &(want as u16).to_le_bytes());
         }
-        let body = &page[32..];
+        let body = &page[33..];
         assert_eq!(l.find(&table, body, a), Some(recs[0]));
         assert_eq!(
             l.find(&table, &body[..l.prefix_for(&table, b)], b),
@@ -183,15 +208,71 @@ mod tests {
         );
     }
 
+    /// The header holds the smallest version; each record its distance from it, so a page
+    /// of objects written one after another pays a byte or two per CAS, not eight.
+    #[test]
+    fn cas_versions_are_stored_against_the_page_base() {
+        let l = layout(4096);
+        let base = 0x0123_4567_89ab_0000u64;
+        let keys: Vec<Vec<u8>> = (0..40u32)
+            .map(|i| format!("{i:016}").into_bytes())
+            .collect();
+        let recs: Vec<Record> = keys
+            .iter()
+            .enumerate()
+            .map(|(i, k)| Record {
+                key: k,
+                payload: Payload::Inline(b"value"),
+                meta: Meta {
+                    cas: if i == 7 { 0 } else { base + 3 * i as u64 },
+                    ..Meta::default()
+                },
+            })
+            .collect();
+        let page = l.build(&recs).unwrap();
+        assert_eq!(
+            &page[32..41],
+            &[0x80, 0x80, 0xac, 0xcd, 0xf8, 0xac, 0xd1, 0x91, 0x01]
+        );
+        let (table, body) = l.split(&page).unwrap();
+        assert_eq!(table.len(), 41);
+        let deltas: usize = recs
+            .iter()
+            .map(|r| {
+                record::varint_len(r.meta.cas.saturating_sub(base)) * usize::from(r.meta.cas != 0)
+            })
+            .sum();
+        let without_cas: usize = recs
+            .iter()
+            .map(|r| {
+                Record {
+                    meta: Meta::default(),
+                    ..*r
+                }
+                .encoded_len()
+            })
+            .sum();
+        assert_eq!(body.len(), without_cas + deltas);
+        assert!(deltas <= 2 * 39);
+        for r in &recs {
+            assert_eq!(l.find(&table, body, r.key), Some(*r));
+        }
+        assert!(l.fits(recs.iter().copied()));
+    }
+
     #[test]
     fn a_damaged_table_is_refused() {
         let l = layout(4096);
-        let mut page = vec![0u8; 32];
+        let mut page = vec![0u8; 33];
         page[2] = 10; // sub-page 1 ends at 10 ...
         assert!(l.table(&page).is_none(), "... but sub-page 2 at 0");
         page.fill(0xff);
         assert!(l.table(&page).is_none(), "past the capacity");
         assert!(l.table(&page[..7]).is_none(), "short");
+        let mut page = vec![0u8; 32];
+        assert!(l.table(&page).is_none(), "no base");
+        page.extend_from_slice(&[0x80, 0x80]);
+        assert!(l.table(&page).is_none(), "a base cut short");
     }
 
     #[test]
@@ -217,19 +298,19 @@ mod tests {
                 .map(|(k, v)| Record { key: k, payload: Payload::Inline(v), meta: Meta::default() })
                 .collect();
             let total: usize = recs.iter().map(Record::encoded_len).sum();
-            prop_assert_eq!(l.fits(recs.iter().map(Record::encoded_len)), total <= 2048);
+            prop_assert_eq!(l.fits(recs.iter().copied()), total <= 2048);
             match l.build(&recs) {
                 None => prop_assert!(total > 2048),
                 Some(page) => {
-                    prop_assert_eq!(page.len(), 32 + total);
+                    prop_assert_eq!(page.len(), 32 + 1 + total);
                     let table = l.table(&page).unwrap();
-                    let body = &page[32..];
+                    let body = &page[table.len()..];
                     prop_assert_eq!(table.body_len(), total);
                     for r in &recs {
                         let prefix = &body[..l.prefix_for(&table, r.key)];
                         prop_assert_eq!(l.find(&table, prefix, r.key), Some(*r));
                     }
-                    prop_assert_eq!(l.all(body).count(), recs.len());
+                    prop_assert_eq!(l.all(table.cas_base(), body).count(), recs.len());
                 }
             }
         }

@@ -2,15 +2,23 @@
 //! and the individually compressed blobs of medium objects.
 //!
 //! ```text
-//! record := key_len:u8 kind:u8 [value_len:varint] key [value | blob_slot:u16le]
-//!           [expires_at_ms:u64le] [flags:u32le] [cas:u64le]
+//! record := key_len:u8 kind:u8 [value_len:varint] key
+//!           [expires_at_ms:varint] [flags:varint] [cas - base:varint] [value | blob_slot:u16le]
 //! kind   := bits 0-1 payload (0 inline value, 1 medium pointer, 2 tombstone)
 //!           bit 2 has expiry, bit 3 has flags, bit 4 has cas, bit 5 clean
 //! ```
-//! A zero `key_len` ends a sub-page (the rest is zero padding, which compresses away).
-//! Metadata fields are present only when set, so a plain `put` pays nothing for them.
-//! A medium pointer carries no metadata: it lives in the blob, which keeps the largest
-//! pointer record (a 250 B key) inside one 256 B sub-page.
+//! A zero `key_len` ends a run of records (a buffer's spare capacity, a damaged page).
+//! Metadata fields are present only when set, so a plain `put` pays nothing for them, and
+//! they are varints, so small flags take one byte. A CAS version is stored as its distance
+//! from a base kept once by the container of the run (a DRAM page's header, an SSD block's
+//! header; 0 in a write buffer): versions come from one counter, so the objects of one
+//! page lie close together and a delta takes a byte or two where the version takes eight.
+//! The metadata sits between the key and the value, not after the value: a key's last
+//! bytes differ from its neighbours' and LZ4 stores them as literals, so the varying
+//! metadata bytes join that run; behind a value they would cut the match that often runs
+//! from one value's tail through the next record's header and key prefix, which costs a
+//! new LZ4 sequence (token and offset) per record.
+//! A medium pointer carries no metadata: it lives in the blob.
 
 use crate::config::Config;
 
@@ -27,17 +35,53 @@ const BLOB_RAW: u8 = 1 << 6;
 
 /// Fixed bytes of every record: key length and kind byte.
 pub const RECORD_HEADER: usize = 2;
-/// Optional metadata: expiry (8), client flags (4), CAS (8).
-pub const MAX_METADATA: usize = 8 + 4 + 8;
+/// Optional metadata at its longest: expiry (varint u64), client flags (varint u32), CAS
+/// delta (varint u64).
+pub const MAX_METADATA: usize = MAX_VARINT + 5 + MAX_VARINT;
 /// Bytes a medium pointer holds after the key: the blob slot.
 pub const MEDIUM_POINTER: usize = 2;
+/// The longest varint: a `u64` takes ten groups of seven bits.
+pub const MAX_VARINT: usize = 10;
 
-/// The largest record that must fit in one DRAM sub-page.
+/// The largest record that must fit in one DRAM page.
 pub fn max_inline_record(config: &Config) -> usize {
     let tiny = RECORD_HEADER + varint_len(config.tiny_max as u64) + config.tiny_max + MAX_METADATA;
     let medium_pointer = RECORD_HEADER + config.max_key_size + MEDIUM_POINTER;
     tiny.max(medium_pointer)
 }
+
+/// What the CAS versions of a run of records are stored relative to: the smallest version
+/// among them, kept once by the run's container. 0 (versions stored whole) where no
+/// container keeps one.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CasBase(pub u64);
+
+impl CasBase {
+    /// The base that makes every delta of `records` as short as it gets.
+    pub fn of<'r, 'a: 'r>(records: impl IntoIterator<Item = &'r Record<'a>>) -> CasBase {
+        Self::of_versions(records.into_iter().map(|r| r.meta.cas))
+    }
+
+    /// `of` for the versions alone (0 for none).
+    pub fn of_versions(versions: impl IntoIterator<Item = u64>) -> CasBase {
+        CasBase(
+            versions
+                .into_iter()
+                .filter(|&cas| cas != 0)
+                .min()
+                .unwrap_or(0),
+        )
+    }
+
+    /// A version as stored. Wrapping, so a version below the base (never written by the
+    /// containers, which take the minimum) still round-trips, only longer.
+    fn delta(self, cas: u64) -> u64 {
+        cas.wrapping_sub(self.0)
+    }
+}
+
+/// `Meta::cas` of a write that asks the DRAM tier for a new CAS version (never stored).
+pub const ASSIGN_CAS: u64 = u64::MAX;
 
 /// Per-object metadata beside the value.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -68,40 +112,64 @@ impl Meta {
         bits
     }
 
-    fn encoded_len(&self) -> usize {
-        let bits = self.bits();
-        (if bits & HAS_EXPIRY != 0 { 8 } else { 0 })
-            + (if bits & HAS_FLAGS != 0 { 4 } else { 0 })
-            + (if bits & HAS_CAS != 0 { 8 } else { 0 })
+    fn encoded_len(&self, base: CasBase) -> usize {
+        self.expires_at_ms.map_or(0, varint_len)
+            + if self.flags != 0 {
+                varint_len(u64::from(self.flags))
+            } else {
+                0
+            }
+            + if self.cas != 0 {
+                varint_len(base.delta(self.cas))
+            } else {
+                0
+            }
     }
 
-    fn encode(&self, out: &mut Vec<u8>) {
+    fn encode(&self, out: &mut Vec<u8>, base: CasBase) {
         if let Some(t) = self.expires_at_ms {
-            out.extend_from_slice(&t.to_le_bytes());
+            put_varint(out, t);
         }
         if self.flags != 0 {
-            out.extend_from_slice(&self.flags.to_le_bytes());
+            put_varint(out, u64::from(self.flags));
         }
         if self.cas != 0 {
-            out.extend_from_slice(&self.cas.to_le_bytes());
+            put_varint(out, base.delta(self.cas));
         }
     }
 
-    fn decode(bits: u8, r: &mut Reader<'_>) -> Option<Meta> {
+    fn decode(bits: u8, r: &mut Reader<'_>, base: CasBase) -> Option<Meta> {
         Some(Meta {
             expires_at_ms: if bits & HAS_EXPIRY != 0 {
-                Some(r.u64()?)
+                Some(r.varint()?)
             } else {
                 None
             },
-            flags: if bits & HAS_FLAGS != 0 { r.u32()? } else { 0 },
-            cas: if bits & HAS_CAS != 0 { r.u64()? } else { 0 },
+            flags: if bits & HAS_FLAGS != 0 {
+                u32::try_from(r.varint()?).ok()?
+            } else {
+                0
+            },
+            cas: if bits & HAS_CAS != 0 {
+                base.0.wrapping_add(r.varint()?)
+            } else {
+                0
+            },
             clean: bits & CLEAN != 0,
         })
     }
 
     pub fn expired(&self, now_ms: u64) -> bool {
         self.expires_at_ms.is_some_and(|t| t <= now_ms)
+    }
+
+    /// This metadata with `cas` in place of a request for a new version.
+    pub fn assigning(self, cas: u64) -> Meta {
+        if self.cas == ASSIGN_CAS {
+            Meta { cas, ..self }
+        } else {
+            self
+        }
     }
 }
 
@@ -121,7 +189,13 @@ pub struct Record<'a> {
 }
 
 impl<'a> Record<'a> {
+    /// Encoded length with the CAS version stored whole: never less than with any base.
     pub fn encoded_len(&self) -> usize {
+        self.encoded_len_in(CasBase::default())
+    }
+
+    /// Encoded length in a run whose CAS versions are stored relative to `base`.
+    pub fn encoded_len_in(&self, base: CasBase) -> usize {
         RECORD_HEADER
             + self.key.len()
             + match self.payload {
@@ -129,11 +203,17 @@ impl<'a> Record<'a> {
                 Payload::Medium(_) => MEDIUM_POINTER,
                 Payload::Tombstone => 0,
             }
-            + self.meta.encoded_len()
+            + self.meta.encoded_len(base)
     }
 
-    /// Appends the record. Keys are at most 255 bytes (checked at the API boundary).
+    /// Appends the record with its CAS version stored whole (a write buffer's way).
     pub fn encode(&self, out: &mut Vec<u8>) {
+        self.encode_in(out, CasBase::default());
+    }
+
+    /// Appends the record to a run whose CAS versions are stored relative to `base`.
+    /// Keys are at most 255 bytes (checked at the API boundary).
+    pub fn encode_in(&self, out: &mut Vec<u8>, base: CasBase) {
         debug_assert!(!self.key.is_empty() && self.key.len() <= 255);
         let payload = match self.payload {
             Payload::Inline(_) => PAYLOAD_INLINE,
@@ -146,17 +226,22 @@ impl<'a> Record<'a> {
             put_varint(out, v.len() as u64);
         }
         out.extend_from_slice(self.key);
+        self.meta.encode(out, base);
         match self.payload {
             Payload::Inline(v) => out.extend_from_slice(v),
             Payload::Medium(slot) => out.extend_from_slice(&slot.to_le_bytes()),
             Payload::Tombstone => {}
         }
-        self.meta.encode(out);
     }
 
-    /// Parses one record at the start of `buf`. `None` at the zero terminator, at the end
-    /// of the buffer, or on bytes that are not a well-formed record.
+    /// Parses one record, CAS stored whole, at the start of `buf`. `None` at the zero
+    /// terminator, at the end of the buffer, or on bytes that are not a well-formed record.
     pub fn parse(buf: &'a [u8]) -> Option<(Record<'a>, usize)> {
+        Self::parse_in(buf, CasBase::default())
+    }
+
+    /// `parse` for a run whose CAS versions are stored relative to `base`.
+    pub fn parse_in(buf: &'a [u8], base: CasBase) -> Option<(Record<'a>, usize)> {
         let mut r = Reader { buf, pos: 0 };
         let key_len = r.u8()? as usize;
         if key_len == 0 {
@@ -169,21 +254,27 @@ impl<'a> Record<'a> {
             _ => return None,
         };
         let key = r.take(key_len)?;
+        let meta = Meta::decode(kind, &mut r, base)?;
         let payload = match (kind & PAYLOAD_MASK, value_len) {
             (PAYLOAD_INLINE, Some(n)) => Payload::Inline(r.take(n)?),
             (PAYLOAD_MEDIUM, _) => Payload::Medium(u16::from_le_bytes(r.array()?)),
             _ => Payload::Tombstone,
         };
-        let meta = Meta::decode(kind, &mut r)?;
         Some((Record { key, payload, meta }, r.pos))
     }
 }
 
-/// The records of a sub-page or buffer, in stored order, up to the terminator.
+/// The records of a run whose CAS versions are stored whole (a write buffer), in stored
+/// order, up to the terminator.
 pub fn records(buf: &[u8]) -> impl Iterator<Item = Record<'_>> {
+    records_in(buf, CasBase::default())
+}
+
+/// `records` for a run whose CAS versions are stored relative to `base`.
+pub fn records_in(buf: &[u8], base: CasBase) -> impl Iterator<Item = Record<'_>> {
     let mut rest = buf;
     std::iter::from_fn(move || {
-        let (record, used) = Record::parse(rest)?;
+        let (record, used) = Record::parse_in(rest, base)?;
         rest = &rest[used..];
         Some(record)
     })
@@ -193,7 +284,7 @@ pub fn records(buf: &[u8]) -> impl Iterator<Item = Record<'_>> {
 pub fn encode_blob(value: &[u8], meta: &Meta) -> Box<[u8]> {
     let mut out = Vec::with_capacity(value.len() / 2 + 32);
     out.push(meta.bits());
-    meta.encode(&mut out);
+    meta.encode(&mut out, CasBase::default());
     put_varint(&mut out, value.len() as u64);
     let header = out.len();
     let compressed = lzzzz::lz4::compress_to_vec(value, &mut out, lzzzz::lz4::ACC_LEVEL_DEFAULT);
@@ -209,7 +300,7 @@ pub fn encode_blob(value: &[u8], meta: &Meta) -> Box<[u8]> {
 pub fn blob_header(blob: &[u8]) -> Option<(Meta, usize)> {
     let mut r = Reader { buf: blob, pos: 0 };
     let bits = r.u8()?;
-    let meta = Meta::decode(bits, &mut r)?;
+    let meta = Meta::decode(bits, &mut r, CasBase::default())?;
     Some((meta, usize::try_from(r.varint()?).ok()?))
 }
 
@@ -217,7 +308,7 @@ pub fn blob_header(blob: &[u8]) -> Option<(Meta, usize)> {
 pub fn decode_blob(blob: &[u8]) -> Option<(Vec<u8>, Meta)> {
     let mut r = Reader { buf: blob, pos: 0 };
     let bits = r.u8()?;
-    let meta = Meta::decode(bits, &mut r)?;
+    let meta = Meta::decode(bits, &mut r, CasBase::default())?;
     let len = usize::try_from(r.varint()?).ok()?;
     let data = &blob[r.pos..];
     if bits & BLOB_RAW != 0 {
@@ -244,7 +335,14 @@ pub fn varint_len(mut v: u64) -> usize {
     n
 }
 
-fn put_varint(out: &mut Vec<u8>, mut v: u64) {
+/// A varint at the start of `buf` and its length; `None` if it is cut short or too long.
+pub fn read_varint(buf: &[u8]) -> Option<(u64, usize)> {
+    let mut r = Reader { buf, pos: 0 };
+    let v = r.varint()?;
+    Some((v, r.pos))
+}
+
+pub fn put_varint(out: &mut Vec<u8>, mut v: u64) {
     while v >= 0x80 {
         out.push((v as u8) | 0x80);
         v >>= 7;
@@ -274,18 +372,14 @@ impl<'a> Reader<'a> {
         Some(self.array::<1>()?[0])
     }
 
-    fn u32(&mut self) -> Option<u32> {
-        Some(u32::from_le_bytes(self.array()?))
-    }
-
-    fn u64(&mut self) -> Option<u64> {
-        Some(u64::from_le_bytes(self.array()?))
-    }
-
     fn varint(&mut self) -> Option<u64> {
         let mut v = 0u64;
         for shift in (0..64).step_by(7) {
             let b = self.u8()?;
+            // The tenth group holds the top bit alone; more would not fit a u64.
+            if shift == 63 && b > 1 {
+                return None;
+            }
             v |= u64::from(b & 0x7f) << shift;
             if b & 0x80 == 0 {
                 return Some(v);
@@ -300,11 +394,49 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    fn meta_strategy() -> impl Strategy<Value = Meta> {
-        (
-            proptest::option::of(any::<u64>()),
-            any::<u32>(),
+    /// Lengths on both sides of every varint boundary a value length can cross in a page.
+    fn boundary_len() -> impl Strategy<Value = usize> {
+        prop_oneof![
+            Just(0usize),
+            Just(1),
+            Just(127),
+            Just(128),
+            Just(129),
+            Just(16_383),
+            Just(16_384),
+            0usize..300,
+        ]
+    }
+
+    /// Metadata with each field present or absent, values at varint boundaries, and CAS
+    /// versions at, near and below the run's base.
+    fn boundary_meta(base: u64) -> impl Strategy<Value = Meta> {
+        let number = prop_oneof![
+            Just(1u64),
+            Just(127),
+            Just(128),
+            Just(u64::from(u32::MAX)),
+            Just(u64::MAX),
             any::<u64>(),
+        ];
+        let cas = prop_oneof![
+            Just(0u64),
+            Just(base.max(1)),
+            Just(base.wrapping_add(127).max(1)),
+            Just(base.wrapping_add(128).max(1)),
+            Just(base.wrapping_sub(1).max(1)),
+            any::<u64>(),
+        ];
+        (
+            proptest::option::of(number.clone()),
+            prop_oneof![
+                Just(0u32),
+                Just(127),
+                Just(128),
+                Just(u32::MAX),
+                any::<u32>()
+            ],
+            cas,
             any::<bool>(),
         )
             .prop_map(|(expires_at_ms, flags, cas, clean)| Meta {
@@ -315,48 +447,165 @@ mod tests {
             })
     }
 
+    /// Every field, byte by byte: this is the format of DRAM pages, write buffers and SSD
+    /// blocks (`docs/FORMAT.md`).
+    #[test]
+    fn the_record_layout_is_pinned() {
+        let meta = Meta {
+            expires_at_ms: Some(300),
+            flags: 5,
+            cas: 1_000_130,
+            clean: true,
+        };
+        let rec = Record {
+            key: b"ab",
+            payload: Payload::Inline(&[7; 130]),
+            meta,
+        };
+        let mut buf = Vec::new();
+        rec.encode_in(&mut buf, CasBase(1_000_000));
+        let mut want = vec![
+            2,           // key length
+            0b0011_1100, // inline | expiry | flags | cas | clean
+            0x82,
+            0x01, // value length 130, LEB128
+            b'a',
+            b'b',
+        ];
+        want.extend_from_slice(&[0xac, 0x02]); // expiry 300
+        want.push(5); // flags
+        want.extend_from_slice(&[0x82, 0x01]); // cas - base = 130
+        want.extend_from_slice(&[7; 130]);
+        assert_eq!(buf, want);
+        assert_eq!(rec.encoded_len_in(CasBase(1_000_000)), want.len());
+
+        // Nothing optional: four bytes of overhead for a short value.
+        let plain = Record {
+            key: b"k",
+            payload: Payload::Inline(b"v"),
+            meta: Meta::default(),
+        };
+        let mut buf = Vec::new();
+        plain.encode(&mut buf);
+        assert_eq!(buf, [1, 0, 1, b'k', b'v']);
+
+        // A medium pointer and a tombstone.
+        let mut buf = Vec::new();
+        Record {
+            key: b"m",
+            payload: Payload::Medium(0x0102),
+            meta: Meta::default(),
+        }
+        .encode(&mut buf);
+        Record {
+            key: b"t",
+            payload: Payload::Tombstone,
+            meta: Meta::default(),
+        }
+        .encode(&mut buf);
+        assert_eq!(buf, [1, 1, b'm', 0x02, 0x01, 1, 2, b't']);
+
+        // Without a base the version is stored whole.
+        let mut buf = Vec::new();
+        Record {
+            key: b"c",
+            payload: Payload::Tombstone,
+            meta: Meta {
+                cas: 300,
+                ..Meta::default()
+            },
+        }
+        .encode(&mut buf);
+        assert_eq!(buf, [1, 0b1_0010, b'c', 0xac, 0x02]);
+    }
+
+    #[test]
+    fn the_base_is_the_smallest_version_present() {
+        let recs = [0, 90, 70, 0].map(|cas| Record {
+            key: b"k",
+            payload: Payload::Tombstone,
+            meta: Meta {
+                cas,
+                ..Meta::default()
+            },
+        });
+        assert_eq!(CasBase::of(&recs), CasBase(70));
+        assert_eq!(CasBase::of(&recs[..1]), CasBase(0));
+    }
+
     proptest! {
         #[test]
         fn records_round_trip(
-            key in proptest::collection::vec(any::<u8>(), 1..=255),
-            value in proptest::collection::vec(any::<u8>(), 0..300),
+            key_len in prop_oneof![Just(1usize), Just(255), 1usize..=255],
+            value_len in boundary_len(),
             kind in 0u8..3,
             slot in any::<u16>(),
-            meta in meta_strategy(),
+            (base, meta) in any::<u64>().prop_flat_map(|b| (Just(b), boundary_meta(b))),
         ) {
+            let key = vec![b'k'; key_len];
+            let value: Vec<u8> = (0..value_len).map(|i| i as u8).collect();
             let payload = match kind {
                 0 => Payload::Inline(&value),
                 1 => Payload::Medium(slot),
                 _ => Payload::Tombstone,
             };
             let rec = Record { key: &key, payload, meta };
+            let base = CasBase(base);
             let mut buf = Vec::new();
-            rec.encode(&mut buf);
-            prop_assert_eq!(buf.len(), rec.encoded_len());
+            rec.encode_in(&mut buf, base);
+            prop_assert_eq!(buf.len(), rec.encoded_len_in(base));
+            prop_assert!(rec.encoded_len_in(base) <= rec.encoded_len() || base.delta(meta.cas) > meta.cas);
+            // Any strict prefix is an error, never a record.
+            for cut in [0, 1, 2, buf.len() / 2, buf.len() - 1] {
+                prop_assert!(Record::parse_in(&buf[..cut], base).is_none(), "cut at {}", cut);
+            }
             buf.extend_from_slice(&[0, 0, 0]);
-            let (parsed, used) = Record::parse(&buf).unwrap();
+            let (parsed, used) = Record::parse_in(&buf, base).unwrap();
             prop_assert_eq!(parsed, rec);
-            prop_assert_eq!(used, rec.encoded_len());
+            prop_assert_eq!(used, rec.encoded_len_in(base));
+            prop_assert_eq!(records_in(&buf, base).count(), 1);
         }
 
         #[test]
-        fn parsing_garbage_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..600)) {
-            let _ = records(&bytes).count();
+        fn parsing_garbage_never_panics(
+            bytes in proptest::collection::vec(any::<u8>(), 0..600),
+            base in any::<u64>(),
+        ) {
+            let _ = records_in(&bytes, CasBase(base)).count();
             let _ = decode_blob(&bytes);
+            let _ = blob_header(&bytes);
+            let _ = read_varint(&bytes);
         }
 
         #[test]
-        fn blobs_round_trip(value in proptest::collection::vec(0u8..4, 0..3000), meta in meta_strategy()) {
+        fn blobs_round_trip(value in proptest::collection::vec(0u8..4, 0..3000), meta in boundary_meta(0)) {
             let blob = encode_blob(&value, &meta);
             let (v, m) = decode_blob(&blob).unwrap();
             prop_assert_eq!(&v, &value);
             prop_assert_eq!(m, meta);
             prop_assert_eq!(blob_header(&blob).unwrap(), (meta, value.len()));
         }
+
+        #[test]
+        fn varints_round_trip(v in prop_oneof![any::<u64>(), Just(u64::MAX), 0u64..300]) {
+            let mut buf = Vec::new();
+            put_varint(&mut buf, v);
+            prop_assert_eq!(buf.len(), varint_len(v));
+            prop_assert!(buf.len() <= MAX_VARINT);
+            prop_assert_eq!(read_varint(&buf), Some((v, buf.len())));
+        }
     }
 
     #[test]
-    fn terminator_ends_a_subpage() {
+    fn overlong_varints_are_refused() {
+        let mut too_big = vec![0xff; 9];
+        too_big.push(0x02);
+        assert_eq!(read_varint(&too_big), None);
+        assert_eq!(read_varint(&[0x80; 11]), None);
+    }
+
+    #[test]
+    fn terminator_ends_a_run() {
         let mut buf = Vec::new();
         Record {
             key: b"a",

@@ -145,7 +145,7 @@ struct Writer {
 
 pub struct SsdTier {
     device: Arc<dyn BlockDevice>,
-    tree: BTree<SuperLeaf>,
+    tree: BTree<Arc<SuperLeaf>>,
     geometry: Geometry,
     settings: SsdSettings,
     max_slots: u32,
@@ -845,7 +845,7 @@ impl EvictionSink for SsdTier {
 /// (`docs/FORMAT.md`, "The index file").
 mod index_file {
     pub const MAGIC: [u8; 4] = *b"ZCIX";
-    pub const VERSION: u32 = 2;
+    pub const VERSION: u32 = 3;
 }
 
 impl SsdTier {

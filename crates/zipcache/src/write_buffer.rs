@@ -6,11 +6,11 @@
 use crate::memory::alloc_size;
 use crate::record::{Record, records};
 
-/// Boxed so that the many leaves with an empty buffer pay one pointer, not a `Vec`.
+/// The records appended since the last merge. A leaf keeps it in a box beside its blobs
+/// only while it is not empty, so the many leaves without one pay nothing for it.
 #[derive(Debug, Default)]
-#[allow(clippy::box_collection)]
 pub struct WriteBuffer {
-    bytes: Option<Box<Vec<u8>>>,
+    bytes: Vec<u8>,
 }
 
 /// What the writer should do after an append.
@@ -27,9 +27,8 @@ pub enum Pressure {
 
 impl WriteBuffer {
     pub fn append(&mut self, record: &Record<'_>, limit: usize) -> Pressure {
-        let bytes = self.bytes.get_or_insert_default();
-        record.encode(bytes);
-        let len = bytes.len();
+        record.encode(&mut self.bytes);
+        let len = self.bytes.len();
         if limit == 0 || len > 4 * limit.max(64) {
             Pressure::Overflowing
         } else if len > limit {
@@ -46,29 +45,20 @@ impl WriteBuffer {
 
     /// Buffered records, oldest first.
     pub fn records(&self) -> impl Iterator<Item = Record<'_>> {
-        records(self.bytes.as_deref().map_or(&[][..], Vec::as_slice))
+        records(&self.bytes)
     }
 
     pub fn is_empty(&self) -> bool {
-        self.bytes.as_ref().is_none_or(|b| b.is_empty())
+        self.bytes.is_empty()
     }
 
-    /// DRAM the buffer holds.
+    /// DRAM the buffered bytes hold.
     pub fn charge(&self) -> usize {
-        self.bytes.as_ref().map_or(0, |b| {
-            alloc_size(size_of::<Vec<u8>>()) + alloc_size(b.capacity())
-        })
+        alloc_size(self.bytes.capacity())
     }
 
-    /// Empties the buffer after a merge, keeping a modest allocation for the next writes.
-    pub fn clear(&mut self, limit: usize) {
-        match &mut self.bytes {
-            Some(b) if b.capacity() <= 2 * limit.max(64) => b.clear(),
-            _ => self.bytes = None,
-        }
-    }
-
-    /// Takes the buffered bytes out, leaving the buffer empty.
+    /// Takes the buffered bytes out, leaving the buffer empty and without an allocation:
+    /// after a merge a buffer costs nothing until the next write.
     pub fn take(&mut self) -> WriteBuffer {
         WriteBuffer {
             bytes: std::mem::take(&mut self.bytes),
@@ -105,8 +95,11 @@ mod tests {
         }
         assert_eq!(b.append(&rec(b"z", Some(&big)), 64), Pressure::Overflowing);
         assert_eq!(b.records().count(), 9);
-        b.clear(64);
+        assert!(b.charge() >= alloc_size(b.bytes.len()));
+        let taken = b.take();
+        assert_eq!(taken.records().count(), 9);
         assert!(b.is_empty());
+        assert_eq!(b.charge(), 0, "a merged buffer keeps no capacity");
     }
 
     #[test]
