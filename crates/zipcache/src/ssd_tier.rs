@@ -28,7 +28,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 
 use parking_lot::{Mutex, RwLock};
-use zipcache_device::{AlignedBuf, BLOCK_SIZE, BlockDevice};
+use zipcache_device::{AlignedBuf, BLOCK_SIZE, BatchRead, BatchWrite, BlockDevice};
 
 use crate::btree::{BTree, Fence, KeyRange, Ranged};
 use crate::config::Clock;
@@ -236,57 +236,61 @@ impl SsdTier {
         u64::from(slot) * self.settings.subpages as u64 + subpage as u64
     }
 
-    /// Reads one sub-page and hands its records to `f`; `None` if the block is unreadable
-    /// or not what this super-leaf wrote (counted).
-    fn read_subpage<R>(
-        &self,
-        st: &SlState,
-        subpage: usize,
-        f: impl FnOnce(&mut dyn Iterator<Item = Record<'_>>) -> R,
-    ) -> Option<R> {
-        let slot = st.slot?;
-        let owner = Owner {
-            superleaf: slot,
-            generation: st.generation,
-            subpage: subpage as u16,
-        };
-        BLOCK.with(|block| {
-            let mut block = block.borrow_mut();
+    /// The records of `subpages`, read with every read in flight at once; `None` for a
+    /// sub-page whose block could not be read or checked (counted), so that what it holds
+    /// is unknown (a writer must then replace the block, not keep it).
+    fn contents_of(&self, st: &SlState, subpages: &[usize]) -> Vec<Option<Contents>> {
+        let mut out: Vec<Option<Contents>> = subpages
+            .iter()
+            .map(|&s| (st.counts[s] == 0).then(Contents::new))
+            .collect();
+        let Some(slot) = st.slot else { return out };
+        let wanted: Vec<usize> = (0..subpages.len()).filter(|&i| out[i].is_none()).collect();
+        if wanted.is_empty() {
+            return out;
+        }
+        let mut blocks = AlignedBuf::zeroed(wanted.len());
+        let mut reads: Vec<BatchRead<'_>> = wanted
+            .iter()
+            .zip(blocks.chunks_mut(BLOCK_SIZE))
+            .map(|(&i, buf)| BatchRead {
+                lba: self.lba(slot, subpages[i]),
+                buf,
+            })
+            .collect();
+        // may do I/O: every read in flight at once
+        let results = self.device.read_batch(&mut reads);
+        drop(reads);
+        for ((&i, result), block) in wanted.iter().zip(results).zip(blocks.chunks(BLOCK_SIZE)) {
             self.counters.reads.fetch_add(1, Ordering::Relaxed);
-            if self
-                .device
-                .read(self.lba(slot, subpage), &mut block)
-                .is_err()
-            {
+            if result.is_err() {
                 self.counters.io_errors.fetch_add(1, Ordering::Relaxed);
-                return None;
+                continue;
             }
-            match ssd_block::open(&block, owner) {
-                Some(mut records) => Some(f(&mut records)),
+            let owner = Owner {
+                superleaf: slot,
+                generation: st.generation,
+                subpage: subpages[i] as u16,
+            };
+            match ssd_block::open(block, owner) {
+                Some(records) => {
+                    out[i] = Some(
+                        records
+                            .filter_map(|r| match r.payload {
+                                Payload::Inline(v) => Some((r.key.to_vec(), (v.to_vec(), r.meta))),
+                                Payload::Medium(_) | Payload::Tombstone => None,
+                            })
+                            .collect(),
+                    )
+                }
                 None => {
                     self.counters
                         .checksum_failures
                         .fetch_add(1, Ordering::Relaxed);
-                    None
                 }
             }
-        })
-    }
-
-    /// The records of one sub-page; `None` if its block could not be read or checked, so
-    /// that what it holds is unknown (a writer must then replace the block, not keep it).
-    fn contents_of(&self, st: &SlState, subpage: usize) -> Option<Contents> {
-        if st.counts[subpage] == 0 {
-            return Some(Contents::new());
         }
-        self.read_subpage(st, subpage, |records| {
-            records
-                .filter_map(|r| match r.payload {
-                    Payload::Inline(v) => Some((r.key.to_vec(), (v.to_vec(), r.meta))),
-                    Payload::Medium(_) | Payload::Tombstone => None,
-                })
-                .collect()
-        })
+        out
     }
 
     /// The newest SSD version of `key`: at most one 4 KiB read, on the calling thread.
@@ -401,9 +405,10 @@ impl SsdTier {
                 continue;
             }
             let mut all = Contents::new();
-            for s in 0..self.settings.subpages {
-                // An unreadable sub-page: its keys are misses (counted).
-                all.append(&mut self.contents_of(&st, s).unwrap_or_default());
+            let every: Vec<usize> = (0..self.settings.subpages).collect();
+            // An unreadable sub-page: its keys are misses (counted).
+            for mut contents in self.contents_of(&st, &every).into_iter().flatten() {
+                all.append(&mut contents);
             }
             let range = (Bound::Included(cursor), end);
             let entries = all
@@ -433,10 +438,12 @@ impl SsdTier {
         let mut touched: BTreeMap<usize, Contents> = BTreeMap::new();
         let mut overflow = false;
         let mut appending = true;
-        for (&s, objs) in &by_subpage {
+        let subpages: Vec<usize> = by_subpage.keys().copied().collect();
+        let read = self.contents_of(st, &subpages);
+        for ((&s, objs), read) in by_subpage.iter().zip(read) {
             // An unreadable block may hold versions that the batch's tombstones and new
             // versions must hide: it is replaced (by what the batch brings) whatever happens.
-            let (mut contents, unreadable) = match self.contents_of(st, s) {
+            let (mut contents, unreadable) = match read {
                 Some(contents) => (contents, false),
                 None => (Contents::new(), true),
             };
@@ -497,44 +504,60 @@ impl SsdTier {
                 None => return,
             }
         }
-        for (s, contents) in touched {
-            self.write_subpage(st, s, &contents);
-        }
+        let pages: Vec<(usize, &Contents)> = touched.iter().map(|(&s, c)| (s, c)).collect();
+        self.write_subpages(st, &pages);
         st.version += 1;
     }
 
-    /// Writes (or, when empty, trims) sub-page `s` of a super-leaf that has a slot.
-    fn write_subpage(&self, st: &mut SlState, s: usize, contents: &Contents) {
+    /// Writes (or, when empty, trims) sub-pages of a super-leaf that has a slot, every
+    /// write in flight at once.
+    fn write_subpages(&self, st: &mut SlState, pages: &[(usize, &Contents)]) {
         let Some(slot) = st.slot else { return };
-        let lba = self.lba(slot, s);
-        let old_count = i64::from(st.counts[s]);
-        let ok = if contents.is_empty() {
-            self.device.trim(lba, 1).is_ok()
-        } else {
+        let mut blocks = AlignedBuf::zeroed(pages.len());
+        let mut ok = vec![false; pages.len()];
+        let mut batch = Vec::new();
+        for ((i, &(s, contents)), block) in
+            pages.iter().enumerate().zip(blocks.chunks_mut(BLOCK_SIZE))
+        {
+            let lba = self.lba(slot, s);
+            if contents.is_empty() {
+                ok[i] = self.device.trim(lba, 1).is_ok();
+                continue;
+            }
             let owner = Owner {
                 superleaf: slot,
                 generation: st.generation,
                 subpage: s as u16,
             };
-            let mut block = AlignedBuf::zeroed(1);
             let records = contents.iter().map(|(k, (v, meta))| Record {
                 key: k,
                 payload: Payload::Inline(v),
                 meta: *meta,
             });
-            ssd_block::seal(&mut block, owner, records) && self.device.write(lba, &block).is_ok()
-        };
-        let new_count = if ok { contents.len() } else { 0 };
-        if !ok {
-            // The block's content is now unknown: forget it rather than risk serving an
-            // older version from it.
-            self.counters.io_errors.fetch_add(1, Ordering::Relaxed);
-            let _ = self.device.trim(lba, 1);
+            if ssd_block::seal(block, owner, records) {
+                let buf: &[u8] = block;
+                batch.push((i, BatchWrite { lba, buf }));
+            }
         }
-        st.counts[s] = new_count as u16;
-        self.counters
-            .objects
-            .fetch_add(new_count as i64 - old_count, Ordering::Relaxed);
+        let (index, writes): (Vec<usize>, Vec<BatchWrite<'_>>) = batch.into_iter().unzip();
+        // may do I/O: every write in flight at once
+        for (i, result) in index.into_iter().zip(self.device.write_batch(&writes)) {
+            ok[i] = result.is_ok();
+        }
+        for (&(s, contents), ok) in pages.iter().zip(ok) {
+            let old_count = i64::from(st.counts[s]);
+            let new_count = if ok { contents.len() } else { 0 };
+            if !ok {
+                // The block's content is now unknown: forget it rather than risk serving
+                // an older version from it.
+                self.counters.io_errors.fetch_add(1, Ordering::Relaxed);
+                let _ = self.device.trim(self.lba(slot, s), 1);
+            }
+            st.counts[s] = new_count as u16;
+            self.counters
+                .objects
+                .fetch_add(new_count as i64 - old_count, Ordering::Relaxed);
+        }
     }
 
     /// Rebuilds an over-full super-leaf as two or more, each within `T`.
@@ -549,13 +572,16 @@ impl SsdTier {
     ) {
         self.counters.splits.fetch_add(1, Ordering::Relaxed);
         let mut all = Contents::new();
-        for s in 0..self.settings.subpages {
-            match touched.get(&s) {
-                Some(c) => all.extend(c.iter().map(|(k, v)| (k.clone(), v.clone()))),
-                // Unreadable: its objects are forgotten; the rewrite under a new generation
-                // leaves no block of the old layout readable.
-                None => all.append(&mut self.contents_of(st, s).unwrap_or_default()),
-            }
+        for c in touched.values() {
+            all.extend(c.iter().map(|(k, v)| (k.clone(), v.clone())));
+        }
+        let untouched: Vec<usize> = (0..self.settings.subpages)
+            .filter(|s| !touched.contains_key(s))
+            .collect();
+        // Unreadable: its objects are forgotten; the rewrite under a new generation leaves
+        // no block of the old layout readable.
+        for mut contents in self.contents_of(st, &untouched).into_iter().flatten() {
+            all.append(&mut contents);
         }
         all.retain(|_, (_, meta)| !meta.expired(now_ms));
         let objs: Vec<Object> = all.into_iter().collect();
@@ -606,12 +632,12 @@ impl SsdTier {
                 None => return,
             }
         }
-        for (s, contents) in per_subpage.iter().enumerate() {
-            if contents.is_empty() && st.counts[s] == 0 {
-                continue;
-            }
-            self.write_subpage(st, s, contents);
-        }
+        let pages: Vec<(usize, &Contents)> = per_subpage
+            .iter()
+            .enumerate()
+            .filter(|(s, contents)| !contents.is_empty() || st.counts[*s] != 0)
+            .collect();
+        self.write_subpages(st, &pages);
     }
 
     /// Cuts sorted objects into runs whose sub-pages all stay within `T`: in halves, so
