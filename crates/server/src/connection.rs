@@ -50,7 +50,15 @@ pub enum Step {
 
 pub trait Session {
     fn step(&mut self, input: &[u8], out: &mut Vec<u8>) -> Step;
+
+    /// If the request at the front is complete and only reads, starts its GETs
+    /// (`prefetch::start`) without executing it and returns its length; else `None`.
+    fn read_ahead(&mut self, input: &[u8]) -> Option<usize>;
 }
+
+/// Requests after one that waits for the SSD whose reads are started with it, so that a
+/// pipeline of GETs has its reads in flight together rather than one after another.
+const READ_AHEAD: usize = 64;
 
 /// Replies are written out once they pass this size even mid-pipeline, so a pipeline
 /// of large GETs cannot grow the write buffer without bound.
@@ -79,12 +87,18 @@ pub fn process<S: Session>(session: &mut S, input: &[u8], out: &mut Vec<u8>) -> 
     while pos < input.len() {
         match session.step(&input[pos..], out) {
             Step::NeedMore => break,
-            Step::Consumed(n) => {
-                pos += n;
-                prefetch::executed();
-            }
+            Step::Consumed(n) => pos += n,
             Step::Close => return (pos, Processed::Close),
-            Step::Await => return (pos, Processed::Await),
+            Step::Await => {
+                let mut ahead = pos;
+                for _ in 0..READ_AHEAD {
+                    match session.read_ahead(&input[ahead..]) {
+                        Some(len) => ahead += len,
+                        None => break,
+                    }
+                }
+                return (pos, Processed::Await);
+            }
         }
         if out.len() >= FLUSH_AT {
             return (pos, Processed::Flush);
@@ -150,6 +164,10 @@ pub async fn serve<T: Transport, S: Session>(
                     return;
                 }
                 out.clear();
+            }
+            if processed != Processed::Await {
+                // Every complete request ran: nothing prefetched is owed to anyone.
+                prefetch.clear();
             }
             match processed {
                 Processed::Flush => continue,

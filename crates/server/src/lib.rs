@@ -118,6 +118,9 @@ pub mod fuzzing {
                         process(&mut session, &buffered, &mut out)
                     });
                     buffered.drain(..consumed);
+                    if processed != Processed::Await {
+                        prefetch.clear();
+                    }
                     match processed {
                         Processed::Flush => continue,
                         Processed::Await => prefetch.finish().await,

@@ -6,12 +6,16 @@
 //! If any is in flight the step returns `Step::Await` without executing anything; the
 //! connection task awaits the reads (its thread meanwhile serves other connections), then
 //! runs the step again, and the command takes its answers from here through [`get_item`].
+//! Before awaiting, the read-only requests pipelined behind it start their reads too
+//! (`Session::read_ahead`), so their reads are in flight together.
 //!
 //! Owner: each connection task holds its `Prefetch` and installs it in this thread's slot
 //! only while it runs `process` ([`within`]), which never yields: no other connection's
-//! request can run in between, so no answer crosses connections. Answers are dropped once
-//! the request that asked for them has executed ([`executed`]), so a later request of the
-//! same connection reads afresh.
+//! request can run in between, so no answer crosses connections. An answer is taken by
+//! the GET that uses it; the rest are dropped before any request that is not a plain read
+//! runs ([`start`] with no keys) — it could change what they answered — and once the
+//! connection has run every complete request ([`Prefetch::clear`]). A request is answered
+//! with what the store held at some moment after it arrived and before its reply.
 
 use std::cell::RefCell;
 
@@ -31,6 +35,12 @@ impl Prefetch {
             let answer = read.await;
             self.answered.push((key, answer));
         }
+    }
+
+    /// Drops every answer and read in flight (a dropped read completes unobserved).
+    pub fn clear(&mut self) {
+        self.answered.clear();
+        self.reading.clear();
     }
 
     fn answered(&self, key: &[u8]) -> bool {
@@ -53,8 +63,9 @@ pub fn within<R>(prefetch: &mut Prefetch, f: impl FnOnce() -> R) -> R {
 }
 
 /// Starts a GET of every key not yet answered; true when all are answered, false when
-/// some read is in flight (the caller returns `Step::Await`). Outside [`within`] (tests,
-/// fuzzing, the shared runtime's embedders) there is no slot: true, and the command reads
+/// some read is in flight (the caller returns `Step::Await`). No keys (a request that is
+/// not a plain read): every answer is dropped first. Outside [`within`] (tests, fuzzing,
+/// the shared runtime's embedders) there is no slot: true, and the command reads
 /// synchronously.
 pub fn start<'k>(cache: &ZipCache, keys: impl IntoIterator<Item = &'k [u8]>) -> bool {
     CURRENT.with(|slot| {
@@ -62,6 +73,11 @@ pub fn start<'k>(cache: &ZipCache, keys: impl IntoIterator<Item = &'k [u8]>) -> 
         let Some(prefetch) = slot.as_mut() else {
             return true;
         };
+        let mut keys = keys.into_iter().peekable();
+        if keys.peek().is_none() {
+            prefetch.clear();
+            return true;
+        }
         for key in keys {
             if prefetch.answered(key) {
                 continue;
@@ -90,13 +106,4 @@ pub fn get_item(cache: &ZipCache, key: &[u8]) -> zipcache::Result<Option<Item>> 
         // may do I/O: a synchronous SSD read when nothing was prefetched
         None => cache.get_item(key),
     }
-}
-
-/// The request at the front has executed: what was prefetched for it is dropped.
-pub fn executed() {
-    CURRENT.with(|slot| {
-        if let Some(prefetch) = slot.borrow_mut().as_mut() {
-            prefetch.answered.clear();
-        }
-    });
 }

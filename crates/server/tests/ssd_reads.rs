@@ -147,6 +147,30 @@ fn pipelined_gets_from_the_ssd_answer_in_order() {
     );
     assert_eq!(stats.ssd_reads_in_flight, 0);
 
+    // A pipelined GET behind a write of the same key sees the write, although the GETs
+    // before the write had their reads started together.
+    let (a, b) = (KEYS - 1, KEYS - 2);
+    let new = value(b, 3);
+    client.send(
+        format!(
+            "get {}\r\nget {}\r\nset {} 0 0 {}\r\n{new}\r\nget {}\r\nmg {} v\r\n",
+            key(a),
+            key(b),
+            key(b),
+            new.len(),
+            key(b),
+            key(b)
+        )
+        .as_bytes(),
+    );
+    expect_values(&mut client, &[(key(a), current[a].clone())]);
+    expect_values(&mut client, &[(key(b), current[b].clone())]);
+    assert_eq!(client.line(), "STORED");
+    expect_values(&mut client, &[(key(b), Some(new.clone()))]);
+    assert_eq!(client.line(), format!("VA {}", new.len()));
+    assert_eq!(client.line(), new);
+    current[b] = Some(new);
+
     // RESP: GET and MGET of keys on the SSD.
     let mut resp = Client::connect(server.resp);
     let ks: Vec<usize> = (0..8).map(|j| (j * 2477 + 13) % KEYS).collect();

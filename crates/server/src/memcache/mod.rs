@@ -187,6 +187,21 @@ impl Session for MemcacheSession {
             }
         }
     }
+    fn read_ahead(&mut self, input: &[u8]) -> Option<usize> {
+        if self.swallow > 0 || !self.authenticated && self.shared.memcached_auth.is_some() {
+            return None;
+        }
+        match parse::parse(input, self.shared.max_value) {
+            Parsed::Request { request, len } => {
+                let keys = request.keys_read();
+                (!keys.is_empty()).then(|| {
+                    prefetch::start(&self.shared.cache, keys);
+                    len
+                })
+            }
+            _ => None,
+        }
+    }
 }
 
 impl MemcacheSession {

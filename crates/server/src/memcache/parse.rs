@@ -91,15 +91,21 @@ pub enum Request<'a> {
 }
 
 impl Request<'_> {
-    /// The keys a GET-like request reads, which may be fetched from the SSD ahead of it
-    /// without blocking (`prefetch`); gat/gats write, so they read under the engine's
-    /// update lock instead.
+    /// The keys a request that only reads reads, which may be fetched from the SSD ahead
+    /// of it without blocking (`prefetch`); empty for anything that may write (gat/gats,
+    /// an mg that touches, vivifies or sets a CAS: they read under the engine's update
+    /// lock instead).
     pub fn keys_read(&self) -> Vec<&[u8]> {
         match self {
             Request::Retrieve {
                 keys, touch: None, ..
             } => keys.clone(),
-            Request::Meta(meta) if meta.kind == MetaKind::Get => vec![&meta.key[..]],
+            Request::Meta(meta)
+                if meta.kind == MetaKind::Get
+                    && !meta.flags.iter().any(|f| b"TNE".contains(&f.letter)) =>
+            {
+                vec![&meta.key[..]]
+            }
             _ => Vec::new(),
         }
     }

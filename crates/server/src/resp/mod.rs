@@ -73,6 +73,13 @@ impl Session for RespSession {
             }
         }
     }
+    fn read_ahead(&mut self, input: &[u8]) -> Option<usize> {
+        let parse::Parsed::Command { args, len } = parse::parse(input) else {
+            return None;
+        };
+        let args: Vec<&[u8]> = args.iter().map(|a| a.as_ref()).collect();
+        cmd::read_ahead(&self.shared, &self.client, &args).then_some(len)
+    }
 }
 
 /// Reply encoding for the protocol version the client chose with HELLO: RESP3 differs

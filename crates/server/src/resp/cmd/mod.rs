@@ -130,6 +130,19 @@ pub fn execute(shared: &Shared, client: &mut Client, argv: &[&[u8]], out: &mut R
     }
 }
 
+/// `Session::read_ahead` for RESP: starts the GETs of a read-only request.
+pub fn read_ahead(shared: &Shared, client: &Client, argv: &[&[u8]]) -> bool {
+    let Ok(command) = Command::parse(argv, client.authenticated, &shared.cache) else {
+        return false;
+    };
+    let keys = command.keys_read();
+    if keys.is_empty() {
+        return false;
+    }
+    prefetch::start(&shared.cache, keys.iter().copied());
+    true
+}
+
 impl<'a> Command<'a> {
     /// The keys a read-only command reads, which may be fetched from the SSD ahead of it
     /// without blocking (`prefetch`).
