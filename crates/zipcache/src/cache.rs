@@ -940,15 +940,20 @@ impl Inner {
         /// DRAM evictions in a row that free nothing before the indexes are shrunk.
         const FUTILE: usize = 8;
         let used = || self.memory.snapshot().total();
-        let mut futile = 0;
+        let mut futile_runs = 0;
         for _ in 0..attempts {
             let before = used();
             if before <= target || self.shutdown.load(Ordering::Relaxed) {
                 return true;
             }
-            let index_heavy = self.lower_index_bytes() > self.config.dram_capacity / 2;
-            if !index_heavy && futile < FUTILE && self.dram.evict_one(self.sink(), self.now()) {
-                futile = if used() < before { 0 } else { futile + 1 };
+            let index = self.lower_index_bytes();
+            let index_heavy = index > self.config.dram_capacity / 2;
+            // Evictions that seem to free nothing point at the index only when it is a
+            // real share of DRAM: writers running beside the flusher refill what it frees,
+            // and giving up super-leaves for that would throw away the SSD's objects.
+            let futile = futile_runs >= FUTILE && index > self.config.dram_capacity / 8;
+            if !index_heavy && !futile && self.dram.evict_one(self.sink(), self.now()) {
+                futile_runs = if used() < before { 0 } else { futile_runs + 1 };
             } else if !self.shrink_lower_index() {
                 return false;
             }
