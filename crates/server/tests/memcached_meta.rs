@@ -58,6 +58,32 @@ fn e_sets_the_cas_that_gets_and_compares_see() {
     );
 }
 
+/// `E` is the item's CAS in the engine, not an entry of the bounded annotation table:
+/// filling that table far past its 64 Ki entries (a vivified item leaves one: its win
+/// token went out) forgets none of the CASes clients chose.
+#[test]
+fn a_client_cas_outlives_a_full_annotation_table() {
+    let server = TestServer::start();
+    let mut c = Client::connect(server.memcached);
+    let chosen = |i: usize| 1_000_000 + i;
+    for i in 0..100 {
+        let set = format!("ms e{i} 1 E{}\r\nx\r\n", chosen(i));
+        assert_eq!(c.ask(&set, 1), ["HD"]);
+    }
+    const BATCH: usize = 1000;
+    for batch in 0..4 * 64 {
+        let fill: String = (0..BATCH)
+            .map(|i| format!("mg f{batch}.{i} N30\r\n"))
+            .collect();
+        let replies = c.ask(&fill, BATCH);
+        assert!(replies.iter().all(|r| r == "HD W"), "{replies:?}");
+    }
+    for i in 0..100 {
+        let got = c.ask(&format!("mg e{i} c\r\n"), 1);
+        assert_eq!(flag(&got[0], 'c'), Some(chosen(i).to_string()), "e{i}");
+    }
+}
+
 #[test]
 fn appends_compare_the_cas_too() {
     let server = TestServer::start();

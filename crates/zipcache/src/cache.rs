@@ -754,8 +754,13 @@ impl Inner {
     }
 
     fn meta(&self, options: &PutOptions) -> Meta {
-        // The DRAM tier gives the version, under the key's leaf lock.
-        let cas = if options.assign_cas { ASSIGN_CAS } else { 0 };
+        // A version the write names is kept as it is (memcached meta `E`); otherwise the
+        // DRAM tier gives one, under the key's leaf lock.
+        let cas = match options.cas {
+            Some(chosen) => chosen,
+            None if options.assign_cas => ASSIGN_CAS,
+            None => 0,
+        };
         Meta {
             expires_at_ms: options.expires_at_ms,
             flags: options.flags,

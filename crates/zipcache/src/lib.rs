@@ -65,6 +65,8 @@ pub struct PutOptions {
     /// a byte or two per object in a page, so plain `put` does not ask for it). Versions
     /// differ between the versions of one key, not between keys.
     pub assign_cas: bool,
+    /// Store this CAS instead of assigning one (memcached's meta `E`: the client chooses).
+    pub cas: Option<u64>,
 }
 
 /// What an `update` closure decides to do with the key it was shown.

@@ -181,6 +181,13 @@ impl Harness {
         }
     }
 
+    /// Every third key's writes carry a CAS the client chose (memcached's meta `E`), one
+    /// no engine-assigned CAS would collide with; the model then holds that CAS, so every
+    /// read and scan checks that it was stored, on whichever tier the object is.
+    fn client_cas(&self, key: u16) -> Option<u64> {
+        (key % 3 == 0).then_some(u64::MAX - self.version)
+    }
+
     fn live(&self, key: &[u8]) -> Option<&Item> {
         let now = self.clock.now_ms();
         self.model
@@ -208,12 +215,15 @@ impl Harness {
                 let k = key_of(key);
                 let value = value_of(key, len, self.version);
                 let expires_at_ms = ttl_ms.map(|t| self.clock.now_ms() + t);
+                let client_cas = self.client_cas(key);
                 let options = PutOptions {
                     expires_at_ms,
                     flags: key as u32,
                     assign_cas: key % 2 == 0,
+                    cas: client_cas,
                 };
                 let cas = self.cache.put_with(&k, &value, options).unwrap();
+                assert!(client_cas.is_none_or(|chosen| chosen == cas));
                 self.model.insert(
                     k,
                     Item {
@@ -255,6 +265,8 @@ impl Harness {
             }
             Op::Append { key } => {
                 let k = key_of(key);
+                self.version += 1;
+                let client_cas = self.client_cas(key);
                 let (appended, cas) = self
                     .cache
                     .update(&k, |cur| match cur {
@@ -265,6 +277,7 @@ impl Harness {
                                 expires_at_ms: item.expires_at_ms,
                                 flags: item.flags,
                                 assign_cas: true,
+                                cas: client_cas,
                             };
                             (Update::Put { value, options }, Some(item.clone()))
                         }
@@ -281,6 +294,7 @@ impl Harness {
                         let mut value = old.value;
                         value.push(b'+');
                         let cas = cas.unwrap();
+                        assert!(client_cas.is_none_or(|chosen| chosen == cas));
                         self.model.insert(k, Item { value, cas, ..old });
                     }
                     None => assert!(self.live(&k).is_none() || self.evicted()),
@@ -583,4 +597,40 @@ fn bad_blocks_and_io_errors_are_misses_not_wrong_values() {
     assert!(s.checksum_failures > 0, "{s:?}");
     assert!(s.io_errors > 0, "{s:?}");
     assert!(s.ssd_hits > 0, "the healthy blocks still serve: {s:?}");
+}
+
+/// `PutOptions::cas`: a CAS the client chose is stored as the object's, instead of one
+/// the engine assigns, through `put_with` and `update` alike.
+#[test]
+fn a_client_cas_is_stored_as_the_objects_cas() {
+    let h = Harness::new(64 << 20, 256, 3.0);
+    let chosen = |cas| PutOptions {
+        assign_cas: true,
+        cas: Some(cas),
+        ..PutOptions::default()
+    };
+    assert_eq!(h.cache.put_with(b"k", b"v", chosen(973)).unwrap(), 973);
+    assert_eq!(h.cache.get_item(b"k").unwrap().unwrap().cas, 973);
+    let put = Update::Put {
+        value: b"w".to_vec(),
+        options: chosen(5),
+    };
+    let ((), cas) = h.cache.update(b"k", |_| (put, ())).unwrap();
+    assert_eq!(cas, Some(5));
+    assert_eq!(
+        h.cache.get_item(b"k").unwrap().unwrap(),
+        Item {
+            value: b"w".to_vec(),
+            flags: 0,
+            cas: 5,
+            expires_at_ms: None
+        }
+    );
+    let assign = PutOptions {
+        assign_cas: true,
+        ..PutOptions::default()
+    };
+    let assigned = h.cache.put_with(b"k", b"x", assign).unwrap();
+    assert!(assigned != 5 && assigned != 0);
+    assert_eq!(h.cache.get_item(b"k").unwrap().unwrap().cas, assigned);
 }

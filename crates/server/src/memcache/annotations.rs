@@ -1,12 +1,15 @@
-//! What memcached keeps on an item that the engine does not store: a CAS the client
-//! chose (`E`), the stale mark of an invalidated item (`md I`, `ms I`), and whether a
-//! client was already handed the win token (`W`, then `Z` for everyone else).
+//! What memcached keeps on an item that the engine does not store: the stale mark of an
+//! invalidated item (`md I`, `ms I`), and whether a client was already handed the win
+//! token (`W`, then `Z` for everyone else). (A CAS the client chooses, `E`, the engine
+//! stores itself: `PutOptions::cas`.)
 //!
-//! An annotation belongs to one version of one item, named by the CAS the engine gave
-//! that version (every memcached write asks for a fresh one). A later write, delete,
-//! expiry or eviction makes a new version or none, which outdates the annotation without
-//! our knowing: it only counts while the engine still holds that version. So plain
-//! writes and deletes never touch this table; reads and read-modify-writes consult it.
+//! An annotation belongs to one version of one item, named by its CAS. A plain write
+//! asks the engine for a fresh CAS, so a later write, delete, expiry or eviction makes a
+//! new version or none, which outdates the annotation without our knowing: it only counts
+//! while the engine still holds that version. So plain writes and deletes never touch
+//! this table; reads and read-modify-writes consult it. A write that chooses its CAS
+//! (`E`, or a touch keeping the item's) goes through `update`, which replaces the key's
+//! annotation, since the CAS may repeat that of the version annotated.
 //!
 //! Consistency: a read-modify-write holds its key's shard lock across the engine update
 //! and the annotation it leaves, and a read takes that lock after reading the item, so a
@@ -14,9 +17,8 @@
 //! engine's own; nothing takes them the other way round.
 //!
 //! The table is bounded: when a shard is full an arbitrary annotation is dropped. A
-//! dropped client CAS makes the engine's show through (a client comparing with the old
-//! one gets `EX`, as if the item had changed); a dropped stale mark takes its item with
-//! it, so an invalidated value is never served as fresh.
+//! dropped stale mark takes its item with it, so an invalidated value is never served as
+//! fresh; a dropped token lets one more client win.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
@@ -28,11 +30,9 @@ const SHARDS: usize = 64;
 /// Annotations kept per shard (64 Ki in all).
 const SHARD_CAPACITY: usize = 1024;
 
-/// The memcached state of one item version beyond value, flags and expiry.
+/// The memcached state of one item version beyond value, flags, expiry and CAS.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Marks {
-    /// The CAS clients see instead of the engine's (`E`).
-    pub cas: Option<u64>,
     /// Invalidated (`I`): served with `X` until rewritten.
     pub stale: bool,
     /// A client got `W` for this version; the others get `Z`.
@@ -42,11 +42,8 @@ pub struct Marks {
 /// An item as memcached clients see it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Entry {
-    /// `item.cas` is the CAS clients see.
     pub item: Item,
     pub marks: Marks,
-    /// The engine's CAS for this version.
-    pub version: u64,
 }
 
 /// What a read-modify-write does: the engine update, and the marks of the version it
@@ -98,12 +95,10 @@ impl Default for Annotations {
 }
 
 impl Entry {
-    /// The entry after a rewrite that changed only its expiry: `cas` is what the rewrite
-    /// returned (the CAS clients now see), `None` if the item was gone.
-    pub(super) fn redated(self, expiry: super::Expiry, cas: Option<u64>) -> Entry {
+    /// The entry after a rewrite that changed only its expiry (its CAS is kept).
+    pub(super) fn redated(self, expiry: super::Expiry) -> Entry {
         Entry {
             item: Item {
-                cas: cas.unwrap_or(self.item.cas),
                 expires_at_ms: expiry.expires_at_ms(),
                 ..self.item
             },
@@ -113,18 +108,10 @@ impl Entry {
 }
 
 fn entry_of(item: Item, annotation: Option<&Annotation>) -> Entry {
-    let version = item.cas;
     let marks = annotation
-        .filter(|a| a.version == version)
+        .filter(|a| a.version == item.cas)
         .map_or_else(Marks::default, |a| a.marks);
-    Entry {
-        item: Item {
-            cas: marks.cas.unwrap_or(version),
-            ..item
-        },
-        marks,
-        version,
-    }
+    Entry { item, marks }
 }
 
 impl Annotations {
@@ -145,7 +132,7 @@ impl Annotations {
     }
 
     /// Atomic read-modify-write of `key` as clients see it; returns `f`'s result and, for
-    /// a put, the CAS clients now see.
+    /// a put, the new CAS.
     pub fn update<R>(
         &self,
         cache: &ZipCache,
@@ -161,7 +148,7 @@ impl Annotations {
             left = match (&write.update, &entry, write.marks) {
                 (Update::Put { .. }, _, marks) => Some((None, marks.unwrap_or_default())),
                 (Update::Keep, Some(entry), Some(marks)) if entry.marks != marks => {
-                    Some((Some(entry.version), marks))
+                    Some((Some(entry.item.cas), marks))
                 }
                 (Update::Keep, _, _) => None,
                 (Update::Delete, _, _) => Some((None, Marks::default())),
@@ -179,7 +166,7 @@ impl Annotations {
                 shard.remove(key);
             }
         }
-        Ok((result, new_version.map(|v| marks.cas.unwrap_or(v))))
+        Ok((result, new_version))
     }
 
     fn insert(&self, cache: &ZipCache, shard: &mut Shard, key: &[u8], annotation: Annotation) {
@@ -216,41 +203,37 @@ mod tests {
         .unwrap()
     }
 
-    fn put(value: &[u8], marks: Marks) -> Write {
+    fn put(value: &[u8], cas: Option<u64>, marks: Marks) -> Write {
         let update = Update::Put {
             value: value.to_vec(),
             options: PutOptions {
                 assign_cas: true,
+                cas,
                 ..PutOptions::default()
             },
         };
         Write::marked(update, marks)
     }
 
+    const STALE: Marks = Marks {
+        stale: true,
+        token_sent: false,
+    };
+
     #[test]
-    fn a_client_cas_lasts_until_the_next_write() {
+    fn marks_last_until_the_next_write() {
         let (cache, annotations) = (cache(), Annotations::default());
-        let chosen = Marks {
-            cas: Some(973),
-            ..Marks::default()
-        };
         let (_, cas) = annotations
-            .update(&cache, b"k", |_| (put(b"v", chosen), ()))
+            .update(&cache, b"k", |_| (put(b"v", None, STALE), ()))
             .unwrap();
-        assert_eq!(cas, Some(973));
         let entry = annotations.get(&cache, b"k").unwrap().unwrap();
-        assert_eq!((entry.item.cas, entry.marks), (973, chosen));
+        assert_eq!((Some(entry.item.cas), entry.marks), (cas, STALE));
         // A plain write outdates the annotation without touching the table.
-        let engine_cas = cache
-            .put_with(
-                b"k",
-                b"w",
-                PutOptions {
-                    assign_cas: true,
-                    ..PutOptions::default()
-                },
-            )
-            .unwrap();
+        let options = PutOptions {
+            assign_cas: true,
+            ..PutOptions::default()
+        };
+        let engine_cas = cache.put_with(b"k", b"w", options).unwrap();
         let entry = annotations.get(&cache, b"k").unwrap().unwrap();
         assert_eq!(
             (entry.item.cas, entry.marks),
@@ -259,18 +242,30 @@ mod tests {
     }
 
     #[test]
+    fn a_write_repeating_the_annotated_cas_is_a_new_version() {
+        let (cache, annotations) = (cache(), Annotations::default());
+        annotations
+            .update(&cache, b"k", |_| (put(b"v", Some(5), STALE), ()))
+            .unwrap();
+        let entry = annotations.get(&cache, b"k").unwrap().unwrap();
+        assert_eq!((entry.item.cas, entry.marks), (5, STALE));
+        let (_, cas) = annotations
+            .update(&cache, b"k", |_| (put(b"w", Some(5), Marks::default()), ()))
+            .unwrap();
+        assert_eq!(cas, Some(5));
+        let entry = annotations.get(&cache, b"k").unwrap().unwrap();
+        assert_eq!((entry.item.cas, entry.marks), (5, Marks::default()));
+    }
+
+    #[test]
     fn a_full_shard_drops_stale_items_with_their_marks() {
         let (cache, annotations) = (cache(), Annotations::default());
-        let stale = Marks {
-            stale: true,
-            ..Marks::default()
-        };
         let keys: Vec<Vec<u8>> = (0..SHARDS * SHARD_CAPACITY * 2)
             .map(|i| format!("key{i}").into_bytes())
             .collect();
         for key in &keys {
             annotations
-                .update(&cache, key, |_| (put(b"v", stale), ()))
+                .update(&cache, key, |_| (put(b"v", None, STALE), ()))
                 .unwrap();
         }
         let mut stale_left = 0;

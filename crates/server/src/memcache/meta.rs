@@ -182,10 +182,10 @@ impl GetWrites {
                     // An empty placeholder; this client wins the right to fill it.
                     Some(expiry) => {
                         let marks = Marks {
-                            cas: self.client_cas,
                             token_sent: true,
                             ..Marks::default()
                         };
+                        // Its CAS is the one the write returns.
                         let item = Item {
                             value: Vec::new(),
                             flags: 0,
@@ -193,15 +193,11 @@ impl GetWrites {
                             expires_at_ms: expiry.expires_at_ms(),
                         };
                         let fetched = Fetched {
-                            entry: Entry {
-                                item,
-                                marks,
-                                version: 0,
-                            },
+                            entry: Entry { item, marks },
                             won: true,
                             token_was_sent: false,
                         };
-                        let update = expiry.store(Vec::new(), 0);
+                        let update = expiry.store(Vec::new(), 0, self.client_cas);
                         (Write::marked(update, marks), Some(fetched))
                     }
                     None => (Update::Keep.into(), None),
@@ -212,10 +208,11 @@ impl GetWrites {
                         token_sent: entry.marks.token_sent || won,
                         ..entry.marks
                     };
+                    let item = &entry.item;
                     let (update, entry) = match self.touch {
                         Some(expiry) => (
-                            expiry.store(entry.item.value.clone(), entry.item.flags),
-                            entry.clone().redated(expiry, None),
+                            expiry.store(item.value.clone(), item.flags, Some(item.cas)),
+                            entry.clone().redated(expiry),
                         ),
                         None => (Update::Keep, entry.clone()),
                     };
@@ -295,10 +292,7 @@ fn set(shared: &Shared, meta: &Meta<'_>, out: &mut Vec<u8>) -> Result<(), String
     let flags = numeric::<u32>(meta, b'F')?.unwrap_or(0);
     let exptime = numeric::<i64>(meta, b'T')?.unwrap_or(0);
     let compare = numeric::<u64>(meta, b'C')?;
-    let marks = Marks {
-        cas: numeric::<u64>(meta, b'E')?,
-        ..Marks::default()
-    };
+    let client_cas = numeric::<u64>(meta, b'E')?;
     let mode = match meta.token(b'M') {
         None | Some(b"S" | b"s") => StoreMode::Set,
         Some(b"E" | b"e") => StoreMode::Add,
@@ -322,7 +316,7 @@ fn set(shared: &Shared, meta: &Meta<'_>, out: &mut Vec<u8>) -> Result<(), String
             flags,
             expiry,
             data: meta.data,
-            marks,
+            cas: client_cas,
             allow_stale: invalidate,
             compare,
         };
@@ -388,19 +382,16 @@ fn delete(shared: &Shared, meta: &Meta<'_>, out: &mut Vec<u8>) -> Result<(), Str
                     let expiry = new_expiry.unwrap_or_else(|| Expiry::from_item(item));
                     (item.value.clone(), item.flags, expiry)
                 };
-                let marks = if invalidate {
-                    Marks {
-                        cas: client_cas,
+                let (cas, marks) = if invalidate {
+                    let stale = Marks {
                         stale: true,
                         token_sent: false,
-                    }
+                    };
+                    (client_cas, stale)
                 } else {
-                    Marks {
-                        cas: client_cas.or(Some(item.cas)),
-                        ..Marks::default()
-                    }
+                    (client_cas.or(Some(item.cas)), Marks::default())
                 };
-                let update = expiry.store(value, flags);
+                let update = expiry.store(value, flags, cas);
                 (Write::marked(update, marks), "HD")
             }
         })
@@ -420,10 +411,7 @@ fn arith(shared: &Shared, meta: &Meta<'_>, out: &mut Vec<u8>) -> Result<(), Stri
     let vivify = numeric::<i64>(meta, b'N')?;
     let touch_exptime = numeric::<i64>(meta, b'T')?;
     let compare = numeric::<u64>(meta, b'C')?;
-    let marks = Marks {
-        cas: numeric::<u64>(meta, b'E')?,
-        ..Marks::default()
-    };
+    let client_cas = numeric::<u64>(meta, b'E')?;
     let now = shared.cache.now_ms();
 
     enum Outcome {
@@ -446,8 +434,8 @@ fn arith(shared: &Shared, meta: &Meta<'_>, out: &mut Vec<u8>) -> Result<(), Stri
                         cas: 0,
                         expires_at_ms: expiry.expires_at_ms(),
                     };
-                    let update = expiry.store(value, 0);
-                    (Write::marked(update, marks), Outcome::Done(item))
+                    let update = expiry.store(value, 0, client_cas);
+                    (update.into(), Outcome::Done(item))
                 }
                 (Some(Entry { item, .. }), _) if compare.is_some_and(|c| c != item.cas) => {
                     (Update::Keep.into(), Outcome::Mismatch)
@@ -464,8 +452,8 @@ fn arith(shared: &Shared, meta: &Meta<'_>, out: &mut Vec<u8>) -> Result<(), Stri
                             cas: 0,
                             expires_at_ms: expiry.expires_at_ms(),
                         };
-                        let update = expiry.store(value, item.flags);
-                        (Write::marked(update, marks), Outcome::Done(new))
+                        let update = expiry.store(value, item.flags, client_cas);
+                        (update.into(), Outcome::Done(new))
                     }
                 },
             }

@@ -60,8 +60,9 @@ impl Expiry {
         }
     }
 
-    /// The update storing `value` with this expiry and `flags` (a past expiry deletes).
-    fn store(self, value: Vec<u8>, flags: u32) -> Update {
+    /// The update storing `value` with this expiry and `flags` (a past expiry deletes),
+    /// under `cas` — the item's own, kept, or one the client chose — or a fresh CAS.
+    fn store(self, value: Vec<u8>, flags: u32, cas: Option<u64>) -> Update {
         if self == Expiry::Past {
             return Update::Delete;
         }
@@ -71,6 +72,7 @@ impl Expiry {
                 expires_at_ms: self.expires_at_ms(),
                 flags,
                 assign_cas: true,
+                cas,
             },
         }
     }

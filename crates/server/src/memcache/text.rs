@@ -91,23 +91,26 @@ fn reply_unless(noreply: bool, reply: &str, out: &mut Vec<u8>) {
     }
 }
 
-/// Re-dates `key` (touch, gat/gats) and returns the item as it now is: new expiry, and
-/// a new CAS unless the client chose one, since rewriting the item assigns one.
+/// Re-dates `key` (touch, gat/gats) and returns the item as it now is: a new expiry, the
+/// same CAS (as memcached's touch, which changes the expiry in place).
 pub fn touch(shared: &Shared, key: &[u8], exptime: i64) -> zipcache::Result<Option<Entry>> {
     let expiry = Expiry::from_exptime(exptime, shared.cache.now_ms());
-    let (entry, cas) = shared
+    let (entry, _) = shared
         .annotations
         .update(&shared.cache, key, |current| match current {
             None => (Update::Keep.into(), None),
-            Some(entry) => (
+            Some(Entry { item, marks }) => (
                 Write::marked(
-                    expiry.store(entry.item.value.clone(), entry.item.flags),
-                    entry.marks,
+                    expiry.store(item.value.clone(), item.flags, Some(item.cas)),
+                    *marks,
                 ),
-                Some(entry.clone()),
+                Some(Entry {
+                    item: item.clone(),
+                    marks: *marks,
+                }),
             ),
         })?;
-    Ok(entry.map(|entry| entry.redated(expiry, cas)))
+    Ok(entry.map(|entry| entry.redated(expiry)))
 }
 
 fn retrieve(
@@ -168,8 +171,8 @@ pub struct Storing<'a> {
     pub flags: u32,
     pub expiry: Expiry,
     pub data: &'a [u8],
-    /// What the stored version carries (`ms E`).
-    pub marks: Marks,
+    /// The CAS the client chose (`ms E`); `None`: a fresh one.
+    pub cas: Option<u64>,
     /// A `Cas` older than the item's CAS stores the value as stale instead of failing
     /// (`ms I`).
     pub allow_stale: bool,
@@ -188,13 +191,14 @@ pub fn store_item(
         flags,
         expiry,
         data,
-        marks,
+        cas,
         allow_stale,
         compare,
     } = storing;
-    if mode == StoreMode::Set && marks == Marks::default() {
-        // The common case needs no read: a plain write.
-        return match expiry.store(data.to_vec(), flags) {
+    // The common case needs no read: a plain write, under a fresh CAS that no annotation
+    // names. A CAS the client chose may repeat an annotated one, so the table must see it.
+    if mode == StoreMode::Set && cas.is_none() {
+        return match expiry.store(data.to_vec(), flags, None) {
             Update::Put { options, .. } => shared
                 .cache
                 .put_with(key, data, options)
@@ -205,12 +209,11 @@ pub fn store_item(
                 .map(|_| (StoreOutcome::Stored { size: data.len() }, None)),
         };
     }
-    let stored = |update: Update| Write::marked(update, marks);
     shared
         .annotations
         .update(&shared.cache, key, |current| match (mode, current) {
             (StoreMode::Set, _) | (StoreMode::Add, None) => (
-                stored(expiry.store(data.to_vec(), flags)),
+                expiry.store(data.to_vec(), flags, cas).into(),
                 StoreOutcome::Stored { size: data.len() },
             ),
             (StoreMode::Add, Some(_)) => (Update::Keep.into(), StoreOutcome::NotStored),
@@ -222,11 +225,10 @@ pub fn store_item(
             // item's expiry and win token, as memcached does.
             (StoreMode::Cas(unique), Some(entry)) if allow_stale && unique < entry.item.cas => (
                 Write::marked(
-                    Expiry::from_item(&entry.item).store(data.to_vec(), flags),
+                    Expiry::from_item(&entry.item).store(data.to_vec(), flags, cas),
                     Marks {
                         stale: true,
                         token_sent: entry.marks.token_sent,
-                        ..marks
                     },
                 ),
                 StoreOutcome::Stored { size: data.len() },
@@ -240,24 +242,30 @@ pub fn store_item(
                 (Update::Keep.into(), StoreOutcome::Exists)
             }
             (StoreMode::Replace | StoreMode::Cas(_), Some(_)) => (
-                stored(expiry.store(data.to_vec(), flags)),
+                expiry.store(data.to_vec(), flags, cas).into(),
                 StoreOutcome::Stored { size: data.len() },
             ),
             // Appends keep the item's own flags and expiry, as memcached does.
             (StoreMode::Append, Some(entry)) => (
-                stored(
-                    Expiry::from_item(&entry.item)
-                        .store([&entry.item.value[..], data].concat(), entry.item.flags),
-                ),
+                Expiry::from_item(&entry.item)
+                    .store(
+                        [&entry.item.value[..], data].concat(),
+                        entry.item.flags,
+                        cas,
+                    )
+                    .into(),
                 StoreOutcome::Stored {
                     size: entry.item.value.len() + data.len(),
                 },
             ),
             (StoreMode::Prepend, Some(entry)) => (
-                stored(
-                    Expiry::from_item(&entry.item)
-                        .store([data, &entry.item.value[..]].concat(), entry.item.flags),
-                ),
+                Expiry::from_item(&entry.item)
+                    .store(
+                        [data, &entry.item.value[..]].concat(),
+                        entry.item.flags,
+                        cas,
+                    )
+                    .into(),
                 StoreOutcome::Stored {
                     size: entry.item.value.len() + data.len(),
                 },
@@ -278,7 +286,7 @@ fn store(
         flags,
         expiry: Expiry::from_exptime(exptime, shared.cache.now_ms()),
         data,
-        marks: Marks::default(),
+        cas: None,
         allow_stale: false,
         compare: None,
     };
@@ -322,7 +330,7 @@ fn arith(shared: &Shared, key: &[u8], delta: u64, incr: bool) -> String {
             Some(Entry { item, .. }) => match apply_delta(&item.value, delta, incr, true) {
                 None => (Update::Keep.into(), Counted::NonNumeric),
                 Some((n, text)) => (
-                    Expiry::from_item(item).store(text, item.flags).into(),
+                    Expiry::from_item(item).store(text, item.flags, None).into(),
                     Counted::Value(n),
                 ),
             },

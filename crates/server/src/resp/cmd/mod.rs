@@ -340,7 +340,7 @@ pub fn store(value: Vec<u8>, expires_at_ms: Option<u64>, flags: u32) -> Update {
         options: PutOptions {
             expires_at_ms,
             flags,
-            assign_cas: false,
+            ..PutOptions::default()
         },
     }
 }
