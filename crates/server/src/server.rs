@@ -65,7 +65,7 @@ pub struct ServerOptions {
     /// Most keys one `KEYS` examines.
     pub keys_limit: usize,
     /// False answers memcached's `flush_all` with `CLIENT_ERROR flush_all not allowed`
-    /// (memcached `-F`).
+    /// (memcached `-F`) and RESP `FLUSHALL`/`FLUSHDB` with Redis's ACL `-NOPERM` error.
     pub flush_all_enabled: bool,
     /// Users a memcached connection must authenticate as before anything else
     /// (memcached `-Y`); `None` = open.

@@ -79,7 +79,8 @@ pub struct ServeArgs {
     /// Most keys one RESP `KEYS` examines before it refuses (use SCAN) [default: 100000].
     #[arg(long)]
     pub keys_limit: Option<usize>,
-    /// Refuse memcached's `flush_all` (`CLIENT_ERROR flush_all not allowed`), as memcached -F.
+    /// Refuse memcached's `flush_all` (`CLIENT_ERROR flush_all not allowed`, as memcached -F)
+    /// and RESP `FLUSHALL`/`FLUSHDB` (`-NOPERM …`, as a Redis ACL without them).
     #[arg(long)]
     #[serde(default)]
     pub disable_flush_all: bool,

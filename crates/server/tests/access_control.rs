@@ -1,12 +1,15 @@
-//! Operator controls of the memcached port: ascii authentication against an auth file
-//! (memcached `-Y`, here `--auth-file`) and a refused `flush_all` (memcached `-F`, here
-//! `--disable-flush-all`), both through the server and through `serve`'s settings.
+//! Operator controls: ascii authentication against an auth file on the memcached port
+//! (memcached `-Y`, here `--auth-file`) and a refused flush (memcached `-F`, here
+//! `--disable-flush-all`: `flush_all`, and RESP `FLUSHALL`/`FLUSHDB`), both through the
+//! server and through `serve`'s settings.
 
 mod common;
 
+use std::process::Command;
 use std::sync::Arc;
+use std::time::Duration;
 
-use common::{Client, TestServer, free_port};
+use common::{Client, TestServer, free_port, require_python_modules, run_tool};
 use zipcache_server::{Credentials, ServeArgs, ServerOptions, Settings};
 
 fn server_with(options: ServerOptions) -> TestServer {
@@ -91,6 +94,43 @@ fn flush_all_can_be_refused() {
         ["CLIENT_ERROR flush_all not allowed"]
     );
     assert_eq!(c.ask("get foo\r\n", 3)[1], "fooval2");
+}
+
+/// redis-py against a server with `--disable-flush-all`: both flushes raise its
+/// `NoPermissionError` with Redis's ACL text, and nothing is flushed.
+const REDIS_PY_FLUSH_REFUSED: &str = r#"
+import sys
+import redis
+r = redis.Redis(host="127.0.0.1", port=int(sys.argv[1]), socket_timeout=10)
+assert r.set("k", "v")
+for flush, name in ((r.flushall, "flushall"), (r.flushdb, "flushdb")):
+    for asynchronous in (False, True):
+        try:
+            flush(asynchronous=asynchronous)
+            raise SystemExit(name + " was not refused")
+        except redis.exceptions.NoPermissionError as e:
+            assert str(e) == "this user has no permissions to run the '%s' command" % name, e
+assert r.get("k") == b"v"
+assert r.dbsize() == 1
+print("ok")
+"#;
+
+#[test]
+fn resp_flushes_can_be_refused_too() {
+    require_python_modules(&[("redis", "redis")]);
+    let server = server_with(ServerOptions {
+        flush_all_enabled: false,
+        ..ServerOptions::default()
+    });
+    let (ok, output) = run_tool(
+        Command::new("python3").args([
+            "-c",
+            REDIS_PY_FLUSH_REFUSED,
+            &server.resp.port().to_string(),
+        ]),
+        Duration::from_secs(60),
+    );
+    assert!(ok && output.contains("ok"), "redis-py:\n{output}");
 }
 
 #[test]

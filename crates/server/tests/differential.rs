@@ -199,6 +199,13 @@ const RESP_AUTH_CASES: &[&str] = &[
     "quit\r\nping\r\n",
 ];
 
+/// With `--disable-flush-all`, as a redis-server whose user may not run the two flushes
+/// (`-NOPERM`, checked after arity and before the command's own syntax). `DEL k` resets.
+const RESP_FLUSH_REFUSED_CASES: &[&str] = &[
+    "SET k v\r\nFLUSHALL\r\nFLUSHDB\r\nGET k\r\n",
+    "SET k v\r\nflushall async\r\nFlushDB SYNC\r\nflushall foo\r\nflushdb a b\r\nFLUSHALL ASYNC x\r\nGET k\r\n",
+];
+
 /// A real redis-server on a free loopback port, with `extra` arguments.
 fn real_redis(extra: &[&str]) -> (u16, ChildGuard) {
     let redis = require_tool("redis-server", "redis-server");
@@ -252,6 +259,23 @@ fn resp_authentication_matches_the_real_redis() {
         (([127, 0, 0, 1], port).into(), &mut real),
         ours.resp,
         "AUTH secret\r\nFLUSHALL\r\n",
+        ("ECHO sentinel\r\n", "$8\r\nsentinel\r\n"),
+    );
+}
+
+#[test]
+fn resp_flush_refusal_matches_the_real_redis() {
+    let no_flushes = ["--user", "default", "on", "nopass", "~*", "&*", "+@all"];
+    let (port, mut real) = real_redis(&[&no_flushes[..], &["-flushall", "-flushdb"]].concat());
+    let ours = TestServer::with_options(ServerOptions {
+        flush_all_enabled: false,
+        ..TestServer::options()
+    });
+    compare(
+        RESP_FLUSH_REFUSED_CASES,
+        (([127, 0, 0, 1], port).into(), &mut real),
+        ours.resp,
+        "DEL k\r\n",
         ("ECHO sentinel\r\n", "$8\r\nsentinel\r\n"),
     );
 }

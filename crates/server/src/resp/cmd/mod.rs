@@ -23,6 +23,8 @@ pub const NOT_INTEGER: &str = "ERR value is not an integer or out of range";
 const NOAUTH: &str = "NOAUTH Authentication required.";
 /// Commands a client may send before it authenticates (Redis's `no-auth` flag).
 const BEFORE_AUTH: [&str; 3] = ["auth", "hello", "quit"];
+/// What `--disable-flush-all` refuses on this port.
+const FLUSHES: [&str; 2] = ["flushall", "flushdb"];
 
 /// The error a request is answered with instead of running (`ERR …`, `WRONGPASS …`).
 #[derive(Debug, PartialEq, Eq)]
@@ -115,12 +117,19 @@ fn wrong_number(name: &str) -> ErrorReply {
 
 /// Runs one request (`argv` is never empty) and writes its reply.
 pub fn execute(shared: &Shared, client: &mut Client, argv: &[&[u8]], out: &mut Reply) -> Flow {
-    let outcome = Command::parse(argv, client.authenticated, &shared.cache).and_then(|command| {
-        if !prefetch::start(&shared.cache, command.keys_read().iter().copied()) {
-            return Ok(Flow::Await);
-        }
-        command.execute(shared, client, out)
-    });
+    let refused: &[&str] = if shared.flush_all_enabled {
+        &[]
+    } else {
+        &FLUSHES
+    };
+    let outcome = Command::parse(argv, client.authenticated, refused, &shared.cache).and_then(
+        |command| {
+            if !prefetch::start(&shared.cache, command.keys_read().iter().copied()) {
+                return Ok(Flow::Await);
+            }
+            command.execute(shared, client, out)
+        },
+    );
     match outcome {
         Ok(flow) => flow,
         Err(ErrorReply(message)) => {
@@ -132,7 +141,8 @@ pub fn execute(shared: &Shared, client: &mut Client, argv: &[&[u8]], out: &mut R
 
 /// `Session::read_ahead` for RESP: starts the GETs of a read-only request.
 pub fn read_ahead(shared: &Shared, client: &Client, argv: &[&[u8]]) -> bool {
-    let Ok(command) = Command::parse(argv, client.authenticated, &shared.cache) else {
+    // GET and MGET are never refused: no permission list applies to them.
+    let Ok(command) = Command::parse(argv, client.authenticated, &[], &shared.cache) else {
         return false;
     };
     let keys = command.keys_read();
@@ -154,11 +164,13 @@ impl<'a> Command<'a> {
         }
     }
 
-    /// Name, arity, authentication, then the command's own syntax, as Redis checks them;
-    /// arguments its parser left over are a syntax error.
+    /// Name, arity, authentication, permission (`refused` names the commands this server
+    /// does not allow: a Redis ACL's `NOPERM`), then the command's own syntax, as Redis
+    /// checks them; arguments its parser left over are a syntax error.
     pub fn parse(
         argv: &'a [&'a [u8]],
         authenticated: bool,
+        refused: &[&str],
         cache: &'a ZipCache,
     ) -> Result<Command<'a>> {
         let Some((name, _)) = argv.split_first() else {
@@ -173,6 +185,13 @@ impl<'a> Command<'a> {
         }
         if !authenticated && !BEFORE_AUTH.contains(&spec.name) {
             return Err(NOAUTH.into());
+        }
+        if refused.contains(&spec.name) {
+            return Err(format!(
+                "NOPERM this user has no permissions to run the '{}' command",
+                spec.name
+            )
+            .into());
         }
         let mut args = Args {
             argv,
@@ -382,8 +401,8 @@ mod tests {
             assert_eq!(*name, name.to_ascii_lowercase());
             assert_eq!(names.iter().filter(|n| *n == name).count(), 1, "{name}");
         }
-        for name in BEFORE_AUTH {
-            assert!(names.contains(&name), "{name}");
+        for name in BEFORE_AUTH.iter().chain(&FLUSHES) {
+            assert!(names.contains(name), "{name}");
         }
     }
 }
