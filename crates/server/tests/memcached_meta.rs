@@ -199,3 +199,16 @@ fn md_x_empties_the_value_and_keeps_the_item() {
     );
     assert_eq!(c.ask("md missing x\r\n", 1), ["NF"]);
 }
+
+/// The engine keeps no last-access time or fetched bit, so `me` leaves out memcached's
+/// `la=` and `fetch=` rather than make them up, and `mg` does not report `h` or `l`.
+#[test]
+fn access_time_and_fetched_bit_are_never_made_up() {
+    let server = TestServer::start();
+    let mut c = Client::connect(server.memcached);
+    assert_eq!(c.ask("ms k 2 T100\r\nhi\r\n", 1), ["HD"]);
+    let cas = flag(&c.ask("mg k c\r\n", 1)[0], 'c').unwrap();
+    let me = c.ask("me k\r\n", 1)[0].clone();
+    assert_eq!(me, format!("ME k exp=100 cas={cas} cls=1 size=3"));
+    assert_eq!(c.ask("mg k s h l t u\r\n", 1), ["HD s2 t100"]);
+}

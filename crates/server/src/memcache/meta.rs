@@ -489,10 +489,10 @@ fn debug(shared: &Shared, meta: &Meta<'_>, out: &mut Vec<u8>) -> Result<(), Stri
     };
     out.extend_from_slice(b"ME ");
     out.extend_from_slice(meta.key_token);
-    // The engine keeps no last-access time or fetched bit; report them as memcached
-    // reports a fresh item.
+    // memcached also reports `la=` (seconds since the last access) and `fetch=`: the
+    // engine keeps neither, and a made-up value would be a wrong answer.
     let details = format!(
-        " exp={} la=0 cas={} fetch=no cls=1 size={}\r\n",
+        " exp={} cas={} cls=1 size={}\r\n",
         ttl_seconds(&item, shared.cache.now_ms()),
         item.cas,
         meta.key.len() + item.value.len()
