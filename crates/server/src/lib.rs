@@ -31,9 +31,9 @@ pub use tls::TlsFiles;
 /// Whole protocol sessions over an in-memory byte stream, for the fuzz targets and the
 /// property tests: whatever the bytes, a session must answer or close, never panic.
 pub mod fuzzing {
-    use std::sync::Arc;
+    use std::sync::{Arc, OnceLock};
 
-    use zipcache::ZipCache;
+    use zipcache::{Config, ZipCache};
 
     use crate::auth::Password;
     use crate::connection::{Processed, Session, process};
@@ -45,9 +45,26 @@ pub mod fuzzing {
         Arc::new(Shared::new(cache, ServerInfo::detached(), options))
     }
 
-    fn options() -> ServerOptions {
+    const MAX_VALUE: usize = 1 << 20;
+
+    /// One engine (16 MiB of DRAM) for every input of a fuzzing process.
+    pub fn engine() -> Arc<ZipCache> {
+        static ENGINE: OnceLock<Arc<ZipCache>> = OnceLock::new();
+        ENGINE
+            .get_or_init(|| {
+                let config = Config {
+                    dram_capacity: 16 << 20,
+                    ..Config::default()
+                };
+                Arc::new(ZipCache::open(config).expect("a 16 MiB engine"))
+            })
+            .clone()
+    }
+
+    /// The server options of the sessions here: 1 MiB values, `KEYS` limited to 1000.
+    pub fn options() -> ServerOptions {
         ServerOptions {
-            max_value_size: 1 << 20,
+            max_value_size: MAX_VALUE,
             keys_limit: 1000,
             ..ServerOptions::default()
         }
@@ -80,7 +97,123 @@ pub mod fuzzing {
             requirepass: requirepass.and_then(Password::new),
             ..options()
         };
-        drive(RespSession::new(shared(cache, &options)), input, chunk)
+        resp_session_with(cache, &options, input, chunk)
+    }
+
+    /// As `resp_session`, with server options (`flush_all` disabled, a password).
+    pub fn resp_session_with(
+        cache: Arc<ZipCache>,
+        options: &ServerOptions,
+        input: &[u8],
+        chunk: usize,
+    ) -> Vec<u8> {
+        drive(RespSession::new(shared(cache, options)), input, chunk)
+    }
+
+    /// The one user of the authenticating framing checks.
+    const USER: &[u8] = b"foo:bar";
+
+    /// Frames `input` request by request as a memcached connection would — plain, and as
+    /// an unauthenticated one whose only request is an authentication block — and checks
+    /// what framing must hold whatever the bytes (see `check_span`). Panics on a
+    /// violation: for the fuzz targets and the property tests.
+    pub fn check_memcached_framing(input: &[u8]) {
+        use crate::memcache::auth::{Attempt, attempt};
+        use crate::memcache::parse::{Parsed, parse};
+
+        /// A request: its span, the data bytes skipped after it, and the request.
+        fn framed(bytes: &[u8]) -> Option<(usize, usize, Parsed<'_>)> {
+            match parse(bytes, MAX_VALUE) {
+                parsed @ Parsed::Request { len, .. } => Some((len, 0, parsed)),
+                parsed @ Parsed::Swallow { len, swallow, .. } => Some((len, swallow, parsed)),
+                Parsed::Incomplete | Parsed::Close => None,
+            }
+        }
+        let mut rest = input;
+        while let Some((len, swallow, _)) = framed(rest) {
+            check_span(rest, len, framed);
+            rest = rest.get(len.saturating_add(swallow)..).unwrap_or_default();
+        }
+
+        let credentials = crate::memcache::Credentials::parse(USER).expect("credentials");
+        let answered = |bytes: &[u8]| match attempt(bytes, &credentials) {
+            answer @ Attempt::Answered { len, .. } => Some((len, answer)),
+            Attempt::NeedMore | Attempt::Close => None,
+        };
+        let mut rest = input;
+        while let Some((len, _)) = answered(rest) {
+            check_span(rest, len, answered);
+            rest = &rest[len..];
+        }
+    }
+
+    /// Frames `input` request by request as a RESP connection would (see `check_span`),
+    /// and types each request as a client `authenticated` or not would have it typed on a
+    /// server with `flush_all` enabled or not: any outcome but a panic. Panics on a
+    /// violation.
+    pub fn check_resp_framing(
+        cache: &ZipCache,
+        input: &[u8],
+        authenticated: bool,
+        flush_all_enabled: bool,
+    ) {
+        use std::borrow::Cow;
+
+        use crate::resp::cmd::{Command, refused};
+        use crate::resp::parse::{Parsed, parse};
+
+        /// A request: its span and its arguments.
+        fn framed(bytes: &[u8]) -> Option<(usize, Vec<Cow<'_, [u8]>>)> {
+            match parse(bytes) {
+                Parsed::Command { args, len } => Some((len, args)),
+                Parsed::Incomplete | Parsed::Error(_) => None,
+            }
+        }
+        let mut rest = input;
+        while let Some((len, args)) = framed(rest) {
+            check_span(rest, len, framed);
+            let argv: Vec<&[u8]> = args.iter().map(|a| a.as_ref()).collect();
+            if !argv.is_empty() {
+                let _ = Command::parse(&argv, authenticated, refused(flush_all_enabled), cache);
+            }
+            rest = &rest[len..];
+        }
+    }
+
+    /// What framing must hold for a request `frame(input)` says spans `len` bytes: at
+    /// least one byte, no more than there are; its own bytes frame to the same request
+    /// (nothing beyond the span was read); and no shorter input cut at a line or block
+    /// boundary frames to a request (a request is never answered before it is whole).
+    fn check_span<'a, T: PartialEq + std::fmt::Debug>(
+        input: &'a [u8],
+        len: usize,
+        frame: impl Fn(&'a [u8]) -> Option<T>,
+    ) {
+        assert!(
+            (1..=input.len()).contains(&len),
+            "a request spans {len} of {} bytes",
+            input.len()
+        );
+        assert_eq!(
+            frame(&input[..len]),
+            frame(input),
+            "a request read beyond its {len} bytes"
+        );
+        let boundaries = input[..len]
+            .iter()
+            .enumerate()
+            .filter(|(_, b)| matches!(b, b'\r' | b'\n'))
+            .flat_map(|(at, _)| [at, at + 1]);
+        for cut in boundaries
+            .chain([0, len / 2, len - 1])
+            .filter(|&cut| cut < len)
+        {
+            assert_eq!(
+                frame(&input[..cut]),
+                None,
+                "the first {cut} bytes of a {len}-byte request framed a request"
+            );
+        }
     }
 
     /// Every RESP command name, for generating requests.

@@ -1,14 +1,16 @@
 //! Bounded property tests run in CI on stable (the cargo-fuzz targets in `fuzz/` go
 //! deeper on nightly): whole protocol sessions fed arbitrary bytes, and valid commands
 //! with mutations, in arbitrary read-sized pieces. A session may answer errors or close,
-//! but never panic, and a valid request after garbage still gets an answer.
+//! but never panic, and a valid request after garbage still gets an answer. The framing
+//! checks (`check_*_framing`, shared with the fuzz targets) hold for every request.
 
 use std::sync::Arc;
 
 use proptest::prelude::*;
 use zipcache::{Config, ZipCache};
 use zipcache_server::fuzzing::{
-    memcached_session, memcached_session_with, resp_command_names, resp_request, resp_session,
+    check_memcached_framing, check_resp_framing, memcached_session, memcached_session_with,
+    options, resp_command_names, resp_request, resp_session, resp_session_with,
 };
 use zipcache_server::{Credentials, ServerOptions};
 
@@ -62,9 +64,8 @@ const AUTH_SEEDS: &[&[u8]] = &[
 
 fn authenticating(input: &[u8], chunk: usize) -> Vec<u8> {
     let options = ServerOptions {
-        max_value_size: 1 << 20,
         memcached_auth: Some(Arc::new(Credentials::parse(b"foo:bar").unwrap())),
-        ..ServerOptions::default()
+        ..options()
     };
     memcached_session_with(cache(), &options, input, chunk)
 }
@@ -90,6 +91,7 @@ const RESP_SEEDS: &[&[u8]] = &[
     b"KEYS *\r\nKEYS k\xff*\r\nKEYS [\r\n",
     b"AUTH default pw\r\nAUTH pw\r\nHELLO 3 AUTH default pw SETNAME x\r\n",
     b"CLIENT SETINFO lib-name x\r\nCLIENT ID x\r\nCONFIG GET\r\nCOMMAND COUNT\r\n",
+    b"FLUSHALL ASYNC\r\nFLUSHDB x\r\n*1\r\n$7\r\nflushdb\r\n",
 ];
 
 /// Arguments the typed parser treats specially: numbers at their limits, every option
@@ -225,8 +227,9 @@ proptest! {
     }
 
     #[test]
-    fn resp_sessions_survive_mutated_commands(cmds in prop::collection::vec(mutated(RESP_SEEDS), 1..8), chunk in 1..64usize) {
-        resp_session(cache(), &cmds.concat(), chunk, None);
+    fn resp_sessions_survive_mutated_commands(cmds in prop::collection::vec(mutated(RESP_SEEDS), 1..8), chunk in 1..64usize, flush_all_enabled in any::<bool>()) {
+        let options = ServerOptions { flush_all_enabled, ..options() };
+        resp_session_with(cache(), &options, &cmds.concat(), chunk);
     }
 
     /// Every command with arguments it may or may not accept, with and without a
@@ -252,6 +255,26 @@ proptest! {
                 prop_assert!(replies.ends_with(expected), "{}", String::from_utf8_lossy(&replies));
             }
         }
+    }
+
+    #[test]
+    fn memcached_framing_holds_for_any_bytes(input in prop::collection::vec(any::<u8>(), 0..2048)) {
+        check_memcached_framing(&input);
+    }
+
+    #[test]
+    fn memcached_framing_holds_for_mutated_commands(cmds in prop::collection::vec(prop_oneof![mutated(MEMCACHED_SEEDS), mutated(AUTH_SEEDS)], 1..8)) {
+        check_memcached_framing(&cmds.concat());
+    }
+
+    #[test]
+    fn resp_framing_holds_for_any_bytes(input in prop::collection::vec(any::<u8>(), 0..2048), authenticated in any::<bool>(), flush in any::<bool>()) {
+        check_resp_framing(&cache(), &input, authenticated, flush);
+    }
+
+    #[test]
+    fn resp_framing_holds_for_mutated_commands(cmds in prop::collection::vec(mutated(RESP_SEEDS), 1..8), authenticated in any::<bool>(), flush in any::<bool>()) {
+        check_resp_framing(&cache(), &cmds.concat(), authenticated, flush);
     }
 
     #[test]

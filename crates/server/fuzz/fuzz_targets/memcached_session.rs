@@ -1,28 +1,13 @@
-//! Arbitrary bytes through a memcached session, split at a fuzzer-chosen read size.
+//! Arbitrary bytes through a memcached session over a real engine, split at a
+//! fuzzer-chosen read size.
 #![no_main]
 
-use std::sync::{Arc, OnceLock};
-
 use libfuzzer_sys::fuzz_target;
-use zipcache::{Config, ZipCache};
-use zipcache_server::fuzzing::memcached_session;
-
-fn cache() -> Arc<ZipCache> {
-    static CACHE: OnceLock<Arc<ZipCache>> = OnceLock::new();
-    CACHE
-        .get_or_init(|| {
-            let config = Config {
-                dram_capacity: 16 << 20,
-                ..Config::default()
-            };
-            Arc::new(ZipCache::open(config).expect("engine"))
-        })
-        .clone()
-}
+use zipcache_server::fuzzing::{engine, memcached_session};
 
 fuzz_target!(|data: &[u8]| {
     let Some((&chunk, input)) = data.split_first() else {
         return;
     };
-    memcached_session(cache(), input, usize::from(chunk) + 1);
+    memcached_session(engine(), input, usize::from(chunk) + 1);
 });

@@ -1,25 +1,13 @@
-//! Typed RESP commands: a real command name chosen by the first byte, arguments split at
-//! zero bytes, sent as one multi-bulk request; an odd second byte requires a password.
+//! Typed RESP commands over a real engine: a real command name chosen by the first byte,
+//! arguments split at zero bytes, sent as one multi-bulk request; the second byte says
+//! whether the server wants a password (bit 0) and refuses flushes (bit 1).
 #![no_main]
 
-use std::sync::{Arc, OnceLock};
-
 use libfuzzer_sys::fuzz_target;
-use zipcache::{Config, ZipCache};
-use zipcache_server::fuzzing::{resp_command_names, resp_request, resp_session};
-
-fn cache() -> Arc<ZipCache> {
-    static CACHE: OnceLock<Arc<ZipCache>> = OnceLock::new();
-    CACHE
-        .get_or_init(|| {
-            let config = Config {
-                dram_capacity: 16 << 20,
-                ..Config::default()
-            };
-            Arc::new(ZipCache::open(config).expect("engine"))
-        })
-        .clone()
-}
+use zipcache_server::fuzzing::{
+    engine, options, resp_command_names, resp_request, resp_session_with,
+};
+use zipcache_server::{Password, ServerOptions};
 
 fuzz_target!(|data: &[u8]| {
     let [pick, flags, rest @ ..] = data else {
@@ -30,6 +18,10 @@ fuzz_target!(|data: &[u8]| {
     let mut args = vec![name.as_bytes()];
     args.extend(rest.split(|&b| b == 0));
     let request = resp_request(&args);
-    let requirepass = (flags % 2 == 1).then_some("pw");
-    resp_session(cache(), &request, request.len(), requirepass);
+    let options = ServerOptions {
+        requirepass: Password::new("pw").filter(|_| flags & 1 == 1),
+        flush_all_enabled: flags & 2 == 0,
+        ..options()
+    };
+    resp_session_with(engine(), &options, &request, request.len());
 });

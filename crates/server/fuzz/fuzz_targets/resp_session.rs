@@ -1,30 +1,20 @@
-//! Arbitrary bytes through a RESP session, split at a fuzzer-chosen read size.
+//! Arbitrary bytes through a RESP session over a real engine, split at a fuzzer-chosen
+//! read size; the same byte decides whether the server wants a password (bit 0) and
+//! refuses flushes (bit 1).
 #![no_main]
 
-use std::sync::{Arc, OnceLock};
-
 use libfuzzer_sys::fuzz_target;
-use zipcache::{Config, ZipCache};
-use zipcache_server::fuzzing::resp_session;
-
-fn cache() -> Arc<ZipCache> {
-    static CACHE: OnceLock<Arc<ZipCache>> = OnceLock::new();
-    CACHE
-        .get_or_init(|| {
-            let config = Config {
-                dram_capacity: 16 << 20,
-                ..Config::default()
-            };
-            Arc::new(ZipCache::open(config).expect("engine"))
-        })
-        .clone()
-}
+use zipcache_server::fuzzing::{engine, options, resp_session_with};
+use zipcache_server::{Password, ServerOptions};
 
 fuzz_target!(|data: &[u8]| {
     let Some((&chunk, input)) = data.split_first() else {
         return;
     };
-    // An odd chunk byte makes the session require a password (AUTH paths).
-    let requirepass = (chunk % 2 == 1).then_some("pw");
-    resp_session(cache(), input, usize::from(chunk) + 1, requirepass);
+    let options = ServerOptions {
+        requirepass: Password::new("pw").filter(|_| chunk & 1 == 1),
+        flush_all_enabled: chunk & 2 == 0,
+        ..options()
+    };
+    resp_session_with(engine(), &options, input, usize::from(chunk) + 1);
 });

@@ -1,7 +1,7 @@
 //! memcached text and meta protocol sessions.
 
 pub mod annotations;
-mod auth;
+pub(crate) mod auth;
 mod meta;
 pub mod parse;
 mod text;

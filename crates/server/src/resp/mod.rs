@@ -1,6 +1,6 @@
 //! Redis RESP2/RESP3 sessions: `parse` frames a request, `cmd` types and runs it.
 
-mod cmd;
+pub(crate) mod cmd;
 mod glob;
 pub mod parse;
 

@@ -115,13 +115,14 @@ fn wrong_number(name: &str) -> ErrorReply {
     format!("ERR wrong number of arguments for '{name}' command").into()
 }
 
+/// The commands a server refuses (`NOPERM`): the flushes under `--disable-flush-all`.
+pub fn refused(flush_all_enabled: bool) -> &'static [&'static str] {
+    if flush_all_enabled { &[] } else { &FLUSHES }
+}
+
 /// Runs one request (`argv` is never empty) and writes its reply.
 pub fn execute(shared: &Shared, client: &mut Client, argv: &[&[u8]], out: &mut Reply) -> Flow {
-    let refused: &[&str] = if shared.flush_all_enabled {
-        &[]
-    } else {
-        &FLUSHES
-    };
+    let refused = refused(shared.flush_all_enabled);
     let outcome = Command::parse(argv, client.authenticated, refused, &shared.cache).and_then(
         |command| {
             if !prefetch::start(&shared.cache, command.keys_read().iter().copied()) {
