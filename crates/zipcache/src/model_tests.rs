@@ -185,7 +185,7 @@ impl Harness {
     /// no engine-assigned CAS would collide with; the model then holds that CAS, so every
     /// read and scan checks that it was stored, on whichever tier the object is.
     fn client_cas(&self, key: u16) -> Option<u64> {
-        (key % 3 == 0).then_some(u64::MAX - self.version)
+        key.is_multiple_of(3).then_some(u64::MAX - self.version)
     }
 
     fn live(&self, key: &[u8]) -> Option<&Item> {

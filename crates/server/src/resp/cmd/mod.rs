@@ -123,14 +123,13 @@ pub fn refused(flush_all_enabled: bool) -> &'static [&'static str] {
 /// Runs one request (`argv` is never empty) and writes its reply.
 pub fn execute(shared: &Shared, client: &mut Client, argv: &[&[u8]], out: &mut Reply) -> Flow {
     let refused = refused(shared.flush_all_enabled);
-    let outcome = Command::parse(argv, client.authenticated, refused, &shared.cache).and_then(
-        |command| {
+    let outcome =
+        Command::parse(argv, client.authenticated, refused, &shared.cache).and_then(|command| {
             if !prefetch::start(&shared.cache, command.keys_read().iter().copied()) {
                 return Ok(Flow::Await);
             }
             command.execute(shared, client, out)
-        },
-    );
+        });
     match outcome {
         Ok(flow) => flow,
         Err(ErrorReply(message)) => {
