@@ -17,7 +17,8 @@
 # the harness connects to our server instead of starting memcached, and ignores the
 # arguments a test asks for; the few that map to a `serve` flag are passed here
 # (ascii-auth*.t: `-Y t/authfile*` -> `--auth-file`; maxconns.t relies on memcached's
-# default `-c 1024`). Servers listen on 127.0.0.1 and are stopped by PID.
+# default `-c 1024`). Servers listen on 127.0.0.1 and are stopped by PID, on the ports
+# the kernel picks, or on T_SUITE_PORT (memcached) and T_SUITE_PORT+1 (RESP) when set.
 set -uo pipefail
 
 src=$(cd "${1:?usage: $0 SRC_DIR [ZIPCACHE_BIN] [FILE.t ...]}" && pwd)
@@ -29,6 +30,8 @@ bin=${1:-${CARGO_TARGET_DIR:-$here/target}/release/zipcache}
 memcached=$(command -v memcached) || { echo "memcached not installed (apt-get install memcached)" >&2; exit 2; }
 [ -d "$src/t" ] || { echo "$src/t: not a memcached source checkout" >&2; exit 2; }
 
+memcached_port=${T_SUITE_PORT:-0}
+resp_port=$((memcached_port == 0 ? 0 : memcached_port + 1))
 work=$(mktemp -d)
 server_pid=""
 stop_server() {
@@ -69,8 +72,9 @@ total_not_ok=0
 printf '%-28s %8s %8s %8s\n' file planned ok "not ok"
 for file in "${files[@]}"; do
     log="$work/$file.log"
+    : >"$log" # exists before the server writes to it, for the port lookup below
     # shellcheck disable=SC2046  # the flags are words
-    "$bin" serve --memcached-port 0 --resp-port 0 --ssd none --dram 64MiB \
+    "$bin" serve --listen 127.0.0.1 --memcached-port "$memcached_port" --resp-port "$resp_port" --ssd none --dram 64MiB \
         --data-dir "$work/data" $(serve_flags "$file") >"$log" 2>&1 &
     server_pid=$!
     port=""
