@@ -937,10 +937,10 @@ impl Inner {
     }
 
     /// Evicts until DRAM use is at most `target`, at most `attempts` times; false if it
-    /// is still above (nothing left to evict). DRAM leaves go
-    /// first; when they free nothing (all gone, or the rest is index), or the lower tiers'
-    /// indexes take more than half the budget, the SSD tier gives up a super-leaf and
-    /// BT_LO its oldest extent: their descriptors live in DRAM too.
+    /// is still above (nothing left to evict). DRAM leaves go first; when they free
+    /// nothing while the lower tiers' indexes hold more than 1/8 of the budget, or those
+    /// indexes take more than half of it, the SSD tier gives up a super-leaf and BT_LO its
+    /// oldest extent: their descriptors live in DRAM too.
     fn make_room(&self, target: i64, attempts: usize) -> bool {
         /// DRAM evictions in a row that free nothing before the indexes are shrunk.
         const FUTILE: usize = 8;
