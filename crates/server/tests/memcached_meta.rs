@@ -209,6 +209,14 @@ fn access_time_and_fetched_bit_are_never_made_up() {
     assert_eq!(c.ask("ms k 2 T100\r\nhi\r\n", 1), ["HD"]);
     let cas = flag(&c.ask("mg k c\r\n", 1)[0], 'c').unwrap();
     let me = c.ask("me k\r\n", 1)[0].clone();
-    assert_eq!(me, format!("ME k exp=100 cas={cas} cls=1 size=3"));
-    assert_eq!(c.ask("mg k s h l t u\r\n", 1), ["HD s2 t100"]);
+    let fields: Vec<&str> = me.split(' ').collect();
+    assert_eq!(fields[..2], ["ME", "k"], "{me}");
+    assert!(matches!(fields[2], "exp=100" | "exp=99"), "{me}");
+    assert_eq!(
+        fields[3..],
+        [&format!("cas={cas}"), "cls=1", "size=3"],
+        "{me}"
+    );
+    let hit = c.ask("mg k s h l t u\r\n", 1)[0].clone();
+    assert!(matches!(hit.as_str(), "HD s2 t100" | "HD s2 t99"), "{hit}");
 }
