@@ -64,10 +64,14 @@ pub fn within<R>(prefetch: &mut Prefetch, f: impl FnOnce() -> R) -> R {
 
 /// Starts a GET of every key not yet answered; true when all are answered, false when
 /// some read is in flight (the caller returns `Step::Await`). No keys (a request that is
-/// not a plain read): every answer is dropped first. Outside [`within`] (tests, fuzzing,
-/// the shared runtime's embedders) there is no slot: true, and the command reads
-/// synchronously.
+/// not a plain read): every answer is dropped first. Without an SSD tier, or outside
+/// [`within`] (tests, fuzzing, the shared runtime's embedders; no slot), true at once, and
+/// the command reads as it runs.
 pub fn start<'k>(cache: &ZipCache, keys: impl IntoIterator<Item = &'k [u8]>) -> bool {
+    // DRAM-only, every GET answers at once: nothing to start, copy or keep.
+    if !cache.has_ssd_tier() {
+        return true;
+    }
     CURRENT.with(|slot| {
         let mut slot = slot.borrow_mut();
         let Some(prefetch) = slot.as_mut() else {

@@ -332,6 +332,12 @@ impl ZipCache {
         })
     }
 
+    /// Whether a GET may have to read the SSD tier: without one, `get_item` never waits
+    /// for a device and `get_item_async` is always ready.
+    pub fn has_ssd_tier(&self) -> bool {
+        self.inner.ssd.is_some()
+    }
+
     pub fn put(&self, key: &[u8], value: &[u8], ttl: Option<Duration>) -> Result<()> {
         let expires_at_ms = ttl.map(|d| self.now_ms().saturating_add(d.as_millis() as u64));
         self.put_with(
