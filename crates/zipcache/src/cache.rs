@@ -1059,6 +1059,7 @@ impl Inner {
                 ssd_reads: c.reads.load(Ordering::Relaxed),
                 ssd_reads_per_ssd_get: ratio(c.get_reads.load(Ordering::Relaxed), ssd_gets),
                 ssd_evicted_superleaves: c.evicted_superleaves.load(Ordering::Relaxed),
+                ssd_evicted_objects: c.evicted_objects.load(Ordering::Relaxed),
                 ssd_physical_used: device.physical_used,
                 ssd_logical_capacity: device.logical_capacity,
                 ssd_physical_capacity: device.physical_capacity,
@@ -1118,6 +1119,10 @@ impl Inner {
             leaf_splits: c.splits.load(Ordering::Relaxed),
             evicted_leaves: c.evicted_leaves.load(Ordering::Relaxed),
             evicted_objects: c.evicted_objects.load(Ordering::Relaxed),
+            dropped_objects: c.dropped_objects.load(Ordering::Relaxed)
+                + c.write_drops.load(Ordering::Relaxed)
+                + ssd.ssd_evicted_objects
+                + large_dropped,
             clean_dropped: c.clean_dropped.load(Ordering::Relaxed),
             ssd_write_drops: c.write_drops.load(Ordering::Relaxed),
             ssd_async_reads: self.ops.async_ssd_reads.get(),

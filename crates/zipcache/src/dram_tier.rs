@@ -265,6 +265,8 @@ pub struct DramCounters {
     pub splits: AtomicU64,
     pub evicted_leaves: AtomicU64,
     pub evicted_objects: AtomicU64,
+    /// Objects of leaves evicted with no tier below to take them.
+    pub dropped_objects: AtomicU64,
     pub clean_dropped: AtomicU64,
     /// Objects dropped unwritten because the flusher was behind (`drop_one`).
     pub write_drops: AtomicU64,
@@ -281,6 +283,15 @@ pub struct Tally {
     pub clean: u64,
     /// Key + value bytes of the objects in pages.
     pub raw_bytes: u64,
+}
+
+/// Why leaves leave DRAM.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Departure {
+    /// Evicted to make room: hot neighbours are spared, and the leaves count as evicted.
+    ForRoom,
+    /// `flush_all` or a clean shutdown: every leaf goes, and none is an eviction.
+    Everything,
 }
 
 pub struct DramTier {
@@ -1135,7 +1146,7 @@ impl DramTier {
                 Some(sink) => sink.span(low, high.as_deref()),
                 None => (low.clone(), high),
             };
-            self.evict_group(low, id, span, true, sink, now_ms)
+            self.evict_group(low, id, span, Departure::ForRoom, sink, now_ms)
         })
     }
 
@@ -1209,7 +1220,7 @@ impl DramTier {
     /// super-leaves `leaf` maps to ([`EvictionSink::span`]), so that one read-modify-write
     /// of each super-leaf takes the objects of all of them: a super-leaf covers the key
     /// range of several DRAM leaves, and rewriting it once per DRAM leaf multiplies the
-    /// bytes written to the SSD. With `spare_hot`, hot (bypassed) neighbours stay. The
+    /// bytes written to the SSD. Evicted for room, hot (bypassed) neighbours stay. The
     /// group's range joins the leaf left of it; the first leaf of the tree is emptied in
     /// place instead.
     fn evict_group(
@@ -1217,10 +1228,11 @@ impl DramTier {
         low: &Fence,
         leaf: LeafId,
         (span_low, span_high): (Fence, Option<Fence>),
-        spare_hot: bool,
+        why: Departure,
         sink: Option<&dyn EvictionSink>,
         now_ms: u64,
     ) -> bool {
+        let spare_hot = why == Departure::ForRoom;
         let hot = |id: &LeafId| {
             let view = self.view();
             view.get(id.0).is_some_and(DramLeaf::hot)
@@ -1279,6 +1291,7 @@ impl DramTier {
                 victims,
                 high,
                 &mut states[keeps_range..],
+                why,
                 sink,
                 now_ms,
             );
@@ -1305,6 +1318,7 @@ impl DramTier {
         run: &[(Fence, LeafId)],
         high: Option<Fence>,
         victims: &mut [RwLockWriteGuard<'_, LeafState>],
+        why: Departure,
         sink: Option<&dyn EvictionSink>,
         now_ms: u64,
     ) {
@@ -1326,14 +1340,35 @@ impl DramTier {
         }
         for (i, st) in victims.iter_mut().enumerate() {
             self.raise_cas_floor(self.leaf_cas_top(st));
-            self.counters.evicted_leaves.fetch_add(1, Ordering::Relaxed);
-            self.counters
-                .evicted_objects
-                .fetch_add(st.summary().objects, Ordering::Relaxed);
+            if why == Departure::ForRoom {
+                self.count_eviction(leaf(i), st, sink.is_none(), now_ms);
+            }
             let leaf = leaf(i);
             self.charged(leaf, st, |st| *st = LeafState::default());
             leaf.set(RAW_PAGE, false);
             leaf.set(LOST, false);
+        }
+    }
+
+    /// Counts a locked leaf evicted for room; with nothing below to take its objects,
+    /// they are dropped from the cache: the page's and the buffer's.
+    fn count_eviction(&self, leaf: &DramLeaf, st: &LeafState, dropped: bool, now_ms: u64) {
+        let objects = st.summary().objects;
+        self.counters.evicted_leaves.fetch_add(1, Ordering::Relaxed);
+        self.counters
+            .evicted_objects
+            .fetch_add(objects, Ordering::Relaxed);
+        if dropped {
+            let buffered = st.extras.as_ref().map_or(0, |extras| {
+                match extras.buffered.load(Ordering::Relaxed) {
+                    UNKNOWN => self.buffered_delta(leaf, st, &extras.buffer, now_ms),
+                    known => known,
+                }
+            });
+            let live = objects as i64 + i64::from(buffered);
+            self.counters
+                .dropped_objects
+                .fetch_add(live.max(0) as u64, Ordering::Relaxed);
         }
     }
 
@@ -1495,7 +1530,7 @@ impl DramTier {
             // Counted after the group left, not before: a merge that was splitting one of
             // its leaves (it holds that leaf's lock, which the group waits for) publishes
             // the new leaf before it lets go, and that leaf must go too.
-            if self.evict_group(&low, first, everything, false, sink, now_ms)
+            if self.evict_group(&low, first, everything, Departure::Everything, sink, now_ms)
                 && self.tree.leaf_count() == 1
             {
                 return;

@@ -634,3 +634,71 @@ fn a_client_cas_is_stored_as_the_objects_cas() {
     assert!(assigned != 5 && assigned != 0);
     assert_eq!(h.cache.get_item(b"k").unwrap().unwrap().cas, assigned);
 }
+
+/// `dropped_objects` counts the objects the cache forgot to make room (memcached's
+/// `evictions`), not the ones it moved: DRAM leaves evicted onto a roomy SSD drop
+/// nothing, a small SSD drops super-leaves with their objects, DRAM-only eviction drops
+/// the leaves' objects. Every key that went missing was counted. A flush is no eviction.
+#[test]
+fn dropped_objects_count_what_left_the_cache_to_make_room() {
+    let hybrid = |blocks| {
+        let device: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(blocks));
+        Harness::on(
+            256 << 10,
+            256,
+            3.0,
+            Some(device),
+            16 << 10,
+            Promotion::EveryHit,
+        )
+    };
+    let fill = |h: &mut Harness| {
+        h.put_all(0..20_000, 64);
+        h.cache.settle().unwrap();
+        let missing = (0..20_000u16)
+            .filter(|&k| h.cache.get(&key_of(k)).unwrap().is_none())
+            .count() as u64;
+        (h.cache.stats(), missing)
+    };
+
+    let (s, missing) = fill(&mut hybrid(1 << 16));
+    assert!(s.evicted_objects > 10_000, "{s:?}");
+    assert_eq!((s.dropped_objects, missing), (0, 0), "{s:?}");
+
+    let (s, missing) = fill(&mut hybrid(64));
+    assert!(s.ssd_evicted_superleaves > 0, "{s:?}");
+    assert!(
+        missing > 0 && missing <= s.dropped_objects,
+        "{missing} {s:?}"
+    );
+    assert!(s.dropped_objects <= 20_000, "{s:?}");
+
+    let mut dram_only = Harness::new(256 << 10, 256, 3.0);
+    let (s, missing) = fill(&mut dram_only);
+    assert!(
+        missing > 0 && missing <= s.dropped_objects,
+        "{missing} {s:?}"
+    );
+    assert_eq!(s.dropped_objects, s.evicted_objects, "{s:?}");
+
+    for mut h in [dram_only, hybrid(1 << 16)] {
+        h.put_all(0..20_000, 64);
+        let before = h.cache.stats();
+        h.cache.flush_all().unwrap();
+        let after = h.cache.stats();
+        assert_eq!(
+            (
+                after.dropped_objects,
+                after.evicted_objects,
+                after.evicted_leaves,
+                after.ssd_evicted_superleaves
+            ),
+            (
+                before.dropped_objects,
+                before.evicted_objects,
+                before.evicted_leaves,
+                before.ssd_evicted_superleaves
+            )
+        );
+    }
+}

@@ -131,6 +131,8 @@ pub struct SsdCounters {
     pub io_errors: AtomicU64,
     pub splits: AtomicU64,
     pub evicted_superleaves: AtomicU64,
+    /// Objects forgotten to make room: in evicted super-leaves, or left without a slot.
+    pub evicted_objects: AtomicU64,
     pub objects: AtomicI64,
     pub superleaves: AtomicI64,
     pub occupied: AtomicI64,
@@ -501,7 +503,13 @@ impl SsdTier {
                     self.counters.occupied.fetch_add(1, Ordering::Relaxed);
                 }
                 // No room even after evicting: these objects are forgotten (a miss later).
-                None => return,
+                None => {
+                    let objects = touched.values().map(|c| c.len() as u64).sum();
+                    self.counters
+                        .evicted_objects
+                        .fetch_add(objects, Ordering::Relaxed);
+                    return;
+                }
             }
         }
         let pages: Vec<(usize, &Contents)> = touched.iter().map(|(&s, c)| (s, c)).collect();
@@ -629,7 +637,12 @@ impl SsdTier {
                     st.slot = Some(slot);
                     self.counters.occupied.fetch_add(1, Ordering::Relaxed);
                 }
-                None => return,
+                None => {
+                    self.counters
+                        .evicted_objects
+                        .fetch_add(objs.len() as u64, Ordering::Relaxed);
+                    return;
+                }
             }
         }
         let pages: Vec<(usize, &Contents)> = per_subpage
@@ -719,15 +732,24 @@ impl SsdTier {
             if leaf.referenced.swap(false, Ordering::Relaxed) {
                 continue;
             }
-            if self.evict_superleaf(w, &low, &leaf) {
+            if let Some(objects) = self.evict_superleaf(w, &low, &leaf) {
+                self.counters
+                    .evicted_superleaves
+                    .fetch_add(1, Ordering::Relaxed);
+                self.counters
+                    .evicted_objects
+                    .fetch_add(objects, Ordering::Relaxed);
                 return true;
             }
         }
         false
     }
 
-    fn evict_superleaf(&self, w: &mut Writer, low: &Fence, leaf: &Arc<SuperLeaf>) -> bool {
-        let release = |st: &mut SlState, w: &mut Writer| {
+    /// Trims a super-leaf and frees its slot; the objects it held, or `None` if it could
+    /// not go.
+    fn evict_superleaf(&self, w: &mut Writer, low: &Fence, leaf: &Arc<SuperLeaf>) -> Option<u64> {
+        let mut released = 0;
+        let mut release = |st: &mut SlState, w: &mut Writer| {
             if let Some(slot) = st.slot.take() {
                 let _ = self
                     .device
@@ -737,30 +759,23 @@ impl SsdTier {
             }
             let objects: i64 = st.counts.iter().map(|&c| i64::from(c)).sum();
             self.counters.objects.fetch_sub(objects, Ordering::Relaxed);
+            released = objects.max(0) as u64;
             st.counts.iter_mut().for_each(|c| *c = 0);
             st.version += 1;
-            self.counters
-                .evicted_superleaves
-                .fetch_add(1, Ordering::Relaxed);
         };
         if low.is_empty() {
             let mut st = leaf.state.write();
-            if st.slot.is_none() {
-                return false;
-            }
+            st.slot?;
             release(&mut st, w);
-            return true;
+            return Some(released);
         }
-        let Some(delta) = self
+        let delta = self
             .tree
-            .retire(low, leaf, |l| &l.state, |st| release(st, w))
-        else {
-            return false;
-        };
+            .retire(low, leaf, |l| &l.state, |st| release(st, w))?;
         self.counters.superleaves.fetch_sub(1, Ordering::Relaxed);
         self.memory
             .change_index(delta - descriptor_bytes(self.settings.subpages) as i64);
-        true
+        Some(released)
     }
 }
 
@@ -779,7 +794,7 @@ impl SsdTier {
             let Some((low, leaf)) = self.tree.next_leaf(&[]) else {
                 break;
             };
-            if !self.evict_superleaf(&mut w, &low, &leaf) {
+            if self.evict_superleaf(&mut w, &low, &leaf).is_none() {
                 break;
             }
         }
@@ -849,7 +864,11 @@ impl EvictionSink for SsdTier {
             doomed.push(next);
         }
         for (leaf_low, leaf) in doomed {
-            self.evict_superleaf(&mut w, &leaf_low, &leaf);
+            if self.evict_superleaf(&mut w, &leaf_low, &leaf).is_some() {
+                self.counters
+                    .evicted_superleaves
+                    .fetch_add(1, Ordering::Relaxed);
+            }
         }
     }
 

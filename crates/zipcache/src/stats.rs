@@ -60,8 +60,15 @@ pub struct Stats {
     pub merges: u64,
     pub foreground_merges: u64,
     pub leaf_splits: u64,
+    /// DRAM leaves evicted to make room, and their objects (moved to the SSD tier, or
+    /// dropped without one); a flush or a clean shutdown counts nothing.
     pub evicted_leaves: u64,
     pub evicted_objects: u64,
+    /// Objects the cache forgot to make room (memcached's `evictions`): evicted from
+    /// DRAM with no SSD tier or unwritten (`ssd_write_drops`), from the SSD tier with their super-leaf
+    /// (`ssd_evicted_objects`), or from the large-object log (`large_dropped`). Objects
+    /// moved from DRAM to the SSD are not dropped; a flush is not an eviction.
+    pub dropped_objects: u64,
     /// Clean objects (unchanged copies of SSD-tier objects) dropped from DRAM before any
     /// dirty one was evicted: no write, and still an SSD hit.
     pub clean_dropped: u64,
@@ -92,6 +99,7 @@ pub struct Stats {
     pub ssd_reads: u64,
     pub ssd_reads_per_ssd_get: Option<f64>,
     pub ssd_evicted_superleaves: u64,
+    pub ssd_evicted_objects: u64,
     pub ssd_physical_used: u64,
     pub ssd_logical_capacity: u64,
     pub ssd_physical_capacity: u64,

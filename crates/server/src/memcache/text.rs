@@ -380,7 +380,7 @@ fn stats(shared: &Shared, section: Option<&[u8]>, out: &mut Vec<u8>) {
             stat(out, "curr_items", engine.objects_resident);
             stat(out, "bytes", engine.dram_used);
             stat(out, "limit_maxbytes", engine.dram_capacity);
-            stat(out, "evictions", engine.evicted_objects);
+            stat(out, "evictions", engine.dropped_objects);
             for (name, value) in shared.counters.snapshot() {
                 stat(out, name, value);
             }
@@ -404,7 +404,7 @@ fn stats(shared: &Shared, section: Option<&[u8]>, out: &mut Vec<u8>) {
             stat(out, "items:1:number", engine.objects_resident);
             stat(out, "items:1:number_dram", engine.dram_objects);
             stat(out, "items:1:number_ssd", engine.ssd_objects);
-            stat(out, "items:1:evicted", engine.evicted_objects);
+            stat(out, "items:1:evicted", engine.dropped_objects);
             stat(out, "items:1:expired_unfetched", engine.expired);
         }
         Some(b"slabs") => {

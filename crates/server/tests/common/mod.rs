@@ -49,6 +49,15 @@ impl TestServer {
     /// A server over an engine of this configuration (an SSD tier, a small DRAM).
     pub fn on_engine(config: Config, options: ServerOptions) -> TestServer {
         let cache = Arc::new(ZipCache::open(config).expect("open the engine"));
+        TestServer::serving(cache, options)
+    }
+
+    /// `start`'s server over an engine the test configured.
+    pub fn on(cache: Arc<ZipCache>) -> TestServer {
+        TestServer::serving(cache, TestServer::options())
+    }
+
+    fn serving(cache: Arc<ZipCache>, options: ServerOptions) -> TestServer {
         let handle = start(cache.clone(), options).expect("start the server");
         TestServer {
             cache,

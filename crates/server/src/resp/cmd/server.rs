@@ -185,7 +185,7 @@ fn info(shared: &Shared, sections: &[&[u8]]) -> String {
             ),
             ("keyspace_hits", counter("get_hits").to_string()),
             ("keyspace_misses", counter("get_misses").to_string()),
-            ("evicted_keys", engine.evicted_objects.to_string()),
+            ("evicted_keys", engine.dropped_objects.to_string()),
             ("expired_keys", engine.expired.to_string()),
         ]),
     );
