@@ -166,6 +166,9 @@ fn evictions_count_what_the_cache_forgot() {
             device_compression: DeviceCompression::None,
             logical_to_physical: 1.0,
         }),
+        // Writers wait for the flusher instead of dropping objects unwritten (which
+        // would be evictions: see the DRAM-only half).
+        flush_wait_ms: 60_000,
         ..Config::default()
     });
     let mut mc = Client::connect(hybrid.memcached);
@@ -180,6 +183,7 @@ fn evictions_count_what_the_cache_forgot() {
     );
     assert_eq!(info_field(&mut resp, "evicted_keys"), 0);
     assert_eq!(mc.ask("get key0.0\r\n", 3)[1].len(), 64);
+    assert_eq!(hybrid.cache.stats().ssd_write_drops, 0);
     drop(hybrid);
     std::fs::remove_dir_all(&dir).unwrap();
 

@@ -1286,12 +1286,16 @@ impl DramTier {
                 .next_leaf(&run[run.len() - 1].0)
                 .map(|(next, _)| next);
             let victims = &run[keeps_range..];
+            if why == Departure::ForRoom {
+                for ((_, id), st) in victims.iter().zip(&states[keeps_range..]) {
+                    self.count_eviction(leaf(id), st, sink.is_none(), now_ms);
+                }
+            }
             self.hand_over(
                 &view,
                 victims,
                 high,
                 &mut states[keeps_range..],
-                why,
                 sink,
                 now_ms,
             );
@@ -1318,7 +1322,6 @@ impl DramTier {
         run: &[(Fence, LeafId)],
         high: Option<Fence>,
         victims: &mut [RwLockWriteGuard<'_, LeafState>],
-        why: Departure,
         sink: Option<&dyn EvictionSink>,
         now_ms: u64,
     ) {
@@ -1340,9 +1343,6 @@ impl DramTier {
         }
         for (i, st) in victims.iter_mut().enumerate() {
             self.raise_cas_floor(self.leaf_cas_top(st));
-            if why == Departure::ForRoom {
-                self.count_eviction(leaf(i), st, sink.is_none(), now_ms);
-            }
             let leaf = leaf(i);
             self.charged(leaf, st, |st| *st = LeafState::default());
             leaf.set(RAW_PAGE, false);
