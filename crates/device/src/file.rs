@@ -266,7 +266,9 @@ impl BlockDevice for FileDevice {
         if check_io(self.block_count, lba, buf.len())? == 0 {
             return Ok(());
         }
+        let in_flight = self.shared.counters.in_flight(1);
         self.read_blocks(lba * BLOCK_BYTES, buf)?;
+        drop(in_flight);
         self.shared.counters.record_read(buf.len());
         Ok(())
     }
@@ -275,7 +277,9 @@ impl BlockDevice for FileDevice {
         if check_io(self.block_count, lba, buf.len())? == 0 {
             return Ok(());
         }
+        let in_flight = self.shared.counters.in_flight(1);
         self.write_blocks(lba * BLOCK_BYTES, buf)?;
+        drop(in_flight);
         self.shared.counters.record_write(buf.len());
         Ok(())
     }
@@ -309,10 +313,13 @@ impl BlockDevice for FileDevice {
             transfers.push(self.transfer(Direction::Read, target, len, read.lba));
             planned.push((index, bounce));
         }
+        let in_flight = self.shared.counters.in_flight(transfers.len());
         // SAFETY: each transfer points into its request's buffer, borrowed mutably for this
         // whole call, or into its bounce buffer, whose heap bytes `planned` keeps until after
         // the call; `self` keeps the descriptor open.
-        let Some(outcomes) = (unsafe { uring::run_batch(&mut transfers) }) else {
+        let outcomes = unsafe { uring::run_batch(&mut transfers) };
+        drop(in_flight);
+        let Some(outcomes) = outcomes else {
             for (index, _) in planned {
                 let read = &mut reads[index];
                 results[index] = self.read(read.lba, read.buf);
@@ -358,10 +365,13 @@ impl BlockDevice for FileDevice {
             transfers.push(self.transfer(Direction::Write, source.cast_mut(), len, write.lba));
             planned.push((index, bounce));
         }
+        let in_flight = self.shared.counters.in_flight(transfers.len());
         // SAFETY: each transfer points into its request's buffer, borrowed for this whole
         // call, or into its bounce copy, whose heap bytes `planned` keeps until after the
         // call; the kernel only reads them. `self` keeps the descriptor open.
-        let Some(outcomes) = (unsafe { uring::run_batch(&mut transfers) }) else {
+        let outcomes = unsafe { uring::run_batch(&mut transfers) };
+        drop(in_flight);
+        let Some(outcomes) = outcomes else {
             for (index, _) in planned {
                 results[index] = self.write(writes[index].lba, writes[index].buf);
             }

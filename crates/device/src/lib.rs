@@ -97,6 +97,9 @@ pub struct DeviceStats {
     pub writes: u64,
     /// Trim calls that succeeded.
     pub trims: u64,
+    /// Reads and writes submitted to the medium and not yet completed: batches, reads in
+    /// flight on thread rings, and synchronous calls under way.
+    pub in_flight: u64,
 }
 
 impl DeviceStats {

@@ -441,6 +441,7 @@ impl ThreadRing {
             file: Arc::clone(file),
             completion: Arc::clone(&completion),
         });
+        file.counters.submitted(1);
         self.submit();
         Ok(ReadFuture {
             state: ReadState::InFlight(completion),
@@ -505,6 +506,7 @@ impl ThreadRing {
                 continue;
             };
             self.free.push(index);
+            slot.file.counters.completed(1);
             if outcome.is_ok() {
                 slot.file.counters.record_read(slot.buf.len());
             }
@@ -790,6 +792,7 @@ mod tests {
         }
         assert_eq!(thread_ring_in_flight(), requests.len());
         assert!(!flag.woken(), "nothing wakes a read before it is reaped");
+        assert_eq!(device.stats().in_flight, requests.len() as u64);
 
         let deadline = Instant::now() + Duration::from_secs(10);
         let mut reaped = 0;
@@ -808,6 +811,7 @@ mod tests {
         let stats = device.stats();
         assert_eq!(stats.reads, requests.len() as u64);
         assert_eq!(stats.host_bytes_read, 7 * BLOCK_BYTES);
+        assert_eq!(stats.in_flight, 0, "every read was reaped");
 
         let (result, buf) = expect_ready(&mut reads[0]);
         assert!(result.is_err(), "polled after completion");

@@ -146,6 +146,16 @@ fn pipelined_gets_from_the_ssd_answer_in_order() {
         "SSD reads went in flight, not on the runtime thread: {stats:?}"
     );
     assert_eq!(stats.ssd_reads_in_flight, 0);
+    assert!(
+        stats.ssd_device_reads >= stats.ssd_async_reads && stats.ssd_device_writes > 0,
+        "the device counts every read and the flusher's writes: {stats:?}"
+    );
+    server.cache.settle().expect("settle");
+    assert_eq!(
+        server.cache.stats().ssd_io_in_flight,
+        0,
+        "all I/O completed"
+    );
 
     // A pipelined GET behind a write of the same key sees the write, although the GETs
     // before the write had their reads started together.

@@ -13,6 +13,7 @@ use crossbeam_channel::{Receiver, RecvTimeoutError};
 use parking_lot::{Condvar, Mutex};
 
 use crate::counters::Counter;
+use crate::io_rates::IoRates;
 use zipcache_device::{
     AlignedBuf, BlockDevice, CompressingDevice, EmulatorOptions, FileOptions, ReadFuture,
 };
@@ -89,6 +90,9 @@ pub(crate) struct Inner {
     flush_wake: (Mutex<()>, Condvar),
     /// The flusher's last pass ended over the low watermark with nothing it could evict.
     flusher_stuck: AtomicBool,
+    /// Writers in `relieve_pressure`'s wait for the flusher.
+    flusher_waiting: AtomicU64,
+    io_rates: IoRates,
 }
 
 /// A hybrid DRAM/SSD key-value cache. `Send + Sync`: share it between threads by `Arc`
@@ -260,6 +264,8 @@ impl ZipCache {
             flushed: (Mutex::new(()), Condvar::new()),
             flush_wake: (Mutex::new(()), Condvar::new()),
             flusher_stuck: AtomicBool::new(false),
+            flusher_waiting: AtomicU64::new(0),
+            io_rates: IoRates::default(),
         });
         let mut workers = (0..inner.config.background_threads)
             .map(|i| {
@@ -921,6 +927,7 @@ impl Inner {
             self.flush_wake.1.notify_one();
         }
         let deadline = Instant::now() + Duration::from_millis(self.config.flush_wait_ms);
+        self.flusher_waiting.fetch_add(1, Ordering::Relaxed);
         let mut waiting = self.flushed.0.lock();
         // Not behind a flusher that has nothing left to evict (the rest is index).
         while over() && !self.flusher_stuck.load(Ordering::Acquire) {
@@ -934,6 +941,7 @@ impl Inner {
             }
         }
         drop(waiting);
+        self.flusher_waiting.fetch_sub(1, Ordering::Relaxed);
         let now = self.now();
         for _ in 0..64 {
             if !over() || !self.dram.drop_one(now) {
@@ -1007,7 +1015,7 @@ impl Inner {
     /// the SSD tier (the only thread that writes evicted objects to the device), and lets
     /// writers held back by `relieve_pressure` know after each pass.
     fn flusher(&self) {
-        let low_watermark = (self.config.dram_capacity as f64 * LOW_WATERMARK) as i64;
+        let low_watermark = self.flusher_target();
         while !self.shutdown.load(Ordering::Acquire) {
             // may do I/O: the SSD tier's read-modify-writes
             let stuck = !self.make_room(low_watermark, usize::MAX);
@@ -1021,6 +1029,11 @@ impl Inner {
                     .wait_for(&mut idle, Duration::from_millis(10));
             }
         }
+    }
+
+    /// The DRAM use the flusher evicts down to.
+    fn flusher_target(&self) -> i64 {
+        (self.config.dram_capacity as f64 * LOW_WATERMARK) as i64
     }
 
     fn stats(&self) -> Stats {
@@ -1043,7 +1056,17 @@ impl Inner {
             let (v_host, v_nand) = (device.host_bytes_written, device.nand_bytes_written);
             let index = ssd.index_bytes();
             let leaf_bytes = ssd.leaf_bytes();
+            let rates = self
+                .io_rates
+                .observe(Instant::now(), device.reads, device.writes);
             Stats {
+                ssd_io_in_flight: device.in_flight,
+                ssd_device_reads: device.reads,
+                ssd_device_writes: device.writes,
+                ssd_device_reads_per_sec: rates.map(|r| r.reads),
+                ssd_device_writes_per_sec: rates.map(|r| r.writes),
+                flusher_backlog_bytes: (mem.total() - self.flusher_target()).max(0) as u64,
+                flusher_waiting_writers: self.flusher_waiting.load(Ordering::Relaxed),
                 v_obj,
                 v_host,
                 v_nand,

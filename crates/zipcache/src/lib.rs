@@ -17,6 +17,7 @@ mod dram_tier;
 mod early_termination;
 mod eviction;
 mod index_dir;
+mod io_rates;
 mod large_objects;
 mod leaf_page;
 mod memory;

@@ -79,6 +79,19 @@ pub struct Stats {
     pub ssd_async_reads: u64,
     /// Of those, the reads not completed yet.
     pub ssd_reads_in_flight: u64,
+    /// Device reads and writes submitted and not yet completed (GET reads, the flusher's
+    /// batches, promotion and split reads).
+    pub ssd_io_in_flight: u64,
+    /// Device read and write calls that succeeded (all SSD-tier I/O, not only GETs').
+    pub ssd_device_reads: u64,
+    pub ssd_device_writes: u64,
+    /// Their rates over the last window of at least a second between two `stats` calls.
+    pub ssd_device_reads_per_sec: Option<f64>,
+    pub ssd_device_writes_per_sec: Option<f64>,
+    /// The flusher's queue: DRAM bytes above the level it evicts down to.
+    pub flusher_backlog_bytes: u64,
+    /// Writers waiting for the flusher to make room (at most `flush_wait_ms` each).
+    pub flusher_waiting_writers: u64,
     pub bypass_threshold: f64,
 
     // --- SSD tier (SPEC §4); zero / None without an SSD ---
