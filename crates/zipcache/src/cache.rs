@@ -773,11 +773,13 @@ impl Inner {
             None if options.assign_cas => ASSIGN_CAS,
             None => 0,
         };
+        let client_cas = options.cas.is_some_and(|chosen| chosen != 0);
         Meta {
             expires_at_ms: options.expires_at_ms,
             flags: options.flags,
             cas,
             clean: false,
+            client_cas,
         }
     }
 

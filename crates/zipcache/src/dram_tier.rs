@@ -631,7 +631,7 @@ impl DramTier {
         });
         let buffer = st
             .buffer()
-            .and_then(|b| b.records().map(|r| r.meta.cas).max());
+            .and_then(|b| b.records().map(|r| r.meta.ordered_cas()).max());
         page.unwrap_or(0).max(buffer.unwrap_or(0))
     }
 
@@ -656,7 +656,7 @@ impl DramTier {
         alongside: impl FnOnce(u64) -> R,
     ) -> R {
         self.write_leaf(key, |id, leaf, st| {
-            let meta = meta.assigning(if meta.cas == ASSIGN_CAS {
+            let meta = meta.assigning(if meta.cas == ASSIGN_CAS && !meta.client_cas {
                 self.next_cas(st)
             } else {
                 0
@@ -670,7 +670,7 @@ impl DramTier {
                 },
                 None => {
                     // The version went elsewhere (a large object's extent).
-                    self.raise_cas_floor(meta.cas);
+                    self.raise_cas_floor(meta.ordered_cas());
                     Record {
                         key,
                         payload: Payload::Tombstone,
@@ -820,9 +820,9 @@ impl DramTier {
         let gone = objs
             .iter()
             .map(|o| match o.body {
-                Body::Tombstone => o.meta.cas.max(o.replaced_cas),
-                _ if dropped(o) => o.meta.cas.max(o.replaced_cas),
-                _ if o.meta.cas == 0 => o.replaced_cas,
+                Body::Tombstone => o.meta.ordered_cas().max(o.replaced_cas),
+                _ if dropped(o) => o.meta.ordered_cas().max(o.replaced_cas),
+                _ if o.meta.ordered_cas() == 0 => o.replaced_cas,
                 _ => 0,
             })
             .max();
@@ -950,7 +950,7 @@ impl DramTier {
             summary.clean += u64::from(o.meta.clean);
             summary.raw_bytes += (o.key.len() + value_len) as u64;
         }
-        let cas_top = objs.iter().map(|o| o.meta.cas).max().unwrap_or(0);
+        let cas_top = objs.iter().map(|o| o.meta.ordered_cas()).max().unwrap_or(0);
         summary.cas_top_above_base = cas_top.wrapping_sub(CasBase::of(&records).0);
         // `partition` only hands over chunks that fit (a single record always does:
         // `Config::validate` sees to it).
@@ -1063,7 +1063,7 @@ impl DramTier {
             };
             let older = map.get(r.key);
             let new_key = older.is_none_or(|o| o.new_key);
-            let replaced_cas = older.map_or(0, |o| o.meta.cas.max(o.replaced_cas));
+            let replaced_cas = older.map_or(0, |o| o.meta.ordered_cas().max(o.replaced_cas));
             map.insert(
                 r.key,
                 Obj {
@@ -1080,7 +1080,7 @@ impl DramTier {
                 if !matches!(o.body, Body::Tombstone) && o.meta.expired(now_ms) {
                     // An expired value must still hide any older copy below it.
                     o.body = Body::Tombstone;
-                    o.replaced_cas = o.replaced_cas.max(o.meta.cas);
+                    o.replaced_cas = o.replaced_cas.max(o.meta.ordered_cas());
                     o.meta = Meta::default();
                 }
                 o

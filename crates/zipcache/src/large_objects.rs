@@ -405,7 +405,7 @@ impl LargeObjects {
             out.extend_from_slice(&e.blocks.to_le_bytes());
             out.extend_from_slice(&e.value_len.to_le_bytes());
             out.extend_from_slice(&e.seq.to_le_bytes());
-            out.push(u8::from(e.meta.expires_at_ms.is_some()));
+            out.push(u8::from(e.meta.expires_at_ms.is_some()) | u8::from(e.meta.client_cas) << 1);
             out.extend_from_slice(&e.meta.expires_at_ms.unwrap_or(0).to_le_bytes());
             out.extend_from_slice(&e.meta.flags.to_le_bytes());
             out.extend_from_slice(&e.meta.cas.to_le_bytes());
@@ -446,7 +446,11 @@ impl LargeObjects {
             let len = f.u32()?;
             let value_len = f.u32()?;
             let seq = f.u64()?;
-            let has_expiry = f.u8()? == 1;
+            let tags = f.u8()?;
+            if tags > 0b11 {
+                return None;
+            }
+            let (has_expiry, client_cas) = (tags & 1 != 0, tags & 0b10 != 0);
             let expires_at_ms = f.u64()?;
             let flags = f.u32()?;
             let cas = f.u64()?;
@@ -461,6 +465,7 @@ impl LargeObjects {
                 flags,
                 cas,
                 clean: false,
+                client_cas,
             };
             let extent = Extent {
                 lba: start + first,
@@ -649,6 +654,7 @@ mod tests {
                 flags: i,
                 cas: 77,
                 clean: false,
+                client_cas: i % 3 == 0,
             };
             assert!(lo.put(format!("key-{i:02}").as_bytes(), &vec![i as u8; 5000], meta));
         }

@@ -705,3 +705,39 @@ fn dropped_objects_count_what_left_the_cache_to_make_room() {
         "{s:?}"
     );
 }
+
+/// A client may choose any CAS (meta `E`), the largest ones too; the versions the engine
+/// assigns afterwards must still differ from every earlier version of the key — in its
+/// leaf, and once those versions left DRAM (a flush), for every key.
+#[test]
+fn assigned_versions_stay_distinct_after_a_client_cas_at_the_top_of_the_range() {
+    let h = Harness::new(64 << 20, 256, 3.0);
+    let assign = PutOptions {
+        assign_cas: true,
+        ..PutOptions::default()
+    };
+    for (round, top) in [u64::MAX - 1, u64::MAX].into_iter().enumerate() {
+        let key = format!("k{round}");
+        let chosen = PutOptions {
+            cas: Some(top),
+            ..assign
+        };
+        let mut seen = vec![h.cache.put_with(key.as_bytes(), b"v", chosen).unwrap()];
+        for _ in 0..3 {
+            let cas = h
+                .cache
+                .put_with(key.as_bytes(), b"w", assign)
+                .unwrap();
+            assert!(!seen.contains(&cas), "{cas} repeats one of {seen:?}");
+            assert_eq!(h.cache.get_item(key.as_bytes()).unwrap().unwrap().cas, cas);
+            seen.push(cas);
+        }
+        h.cache.flush_all().unwrap();
+        let mut seen = Vec::new();
+        for _ in 0..3 {
+            let cas = h.cache.put_with(b"other", b"x", assign).unwrap();
+            assert!(!seen.contains(&cas), "{cas} repeats one of {seen:?}");
+            seen.push(cas);
+        }
+    }
+}

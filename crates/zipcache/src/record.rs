@@ -5,7 +5,8 @@
 //! record := key_len:u8 kind:u8 [value_len:varint] key
 //!           [expires_at_ms:varint] [flags:varint] [cas - base:varint] [value | blob_slot:u16le]
 //! kind   := bits 0-1 payload (0 inline value, 1 medium pointer, 2 tombstone)
-//!           bit 2 has expiry, bit 3 has flags, bit 4 has cas, bit 5 clean
+//!           bit 2 has expiry, bit 3 has flags, bit 4 has cas, bit 5 clean,
+//!           bit 7 the client chose the cas (memcached meta `E`)
 //! ```
 //! A zero `key_len` ends a run of records (a buffer's spare capacity, a damaged page).
 //! Metadata fields are present only when set, so a plain `put` pays nothing for them, and
@@ -30,6 +31,7 @@ const HAS_EXPIRY: u8 = 1 << 2;
 const HAS_FLAGS: u8 = 1 << 3;
 const HAS_CAS: u8 = 1 << 4;
 const CLEAN: u8 = 1 << 5;
+const CLIENT_CAS: u8 = 1 << 7;
 /// In a blob header: the value is stored as is because LZ4 would not shrink it.
 const BLOB_RAW: u8 = 1 << 6;
 
@@ -92,6 +94,9 @@ pub struct Meta {
     /// The object came from the SSD tier and has not changed since: evicting it again
     /// writes nothing.
     pub clean: bool,
+    /// `cas` was chosen by the client (memcached meta `E`), not assigned: it may be any
+    /// number, so the engine's version ordering leaves it out (`ordered_cas`).
+    pub client_cas: bool,
 }
 
 impl Meta {
@@ -105,6 +110,9 @@ impl Meta {
         }
         if self.cas != 0 {
             bits |= HAS_CAS;
+            if self.client_cas {
+                bits |= CLIENT_CAS;
+            }
         }
         if self.clean {
             bits |= CLEAN;
@@ -156,7 +164,17 @@ impl Meta {
                 0
             },
             clean: bits & CLEAN != 0,
+            client_cas: bits & CLIENT_CAS != 0 && bits & HAS_CAS != 0,
         })
+    }
+
+    /// The version as the engine orders versions: a client's choice counts as none. The
+    /// versions the engine assigns each lie above every assigned one before them (see
+    /// `DramTier::next_cas`); a client may choose `u64::MAX`, above which nothing lies, so
+    /// its choices stay out of that reckoning (distinct from them is the client's
+    /// business, as in memcached).
+    pub fn ordered_cas(&self) -> u64 {
+        if self.client_cas { 0 } else { self.cas }
     }
 
     pub fn expired(&self, now_ms: u64) -> bool {
@@ -165,7 +183,7 @@ impl Meta {
 
     /// This metadata with `cas` in place of a request for a new version.
     pub fn assigning(self, cas: u64) -> Meta {
-        if self.cas == ASSIGN_CAS {
+        if self.cas == ASSIGN_CAS && !self.client_cas {
             Meta { cas, ..self }
         } else {
             self
@@ -438,12 +456,15 @@ mod tests {
             ],
             cas,
             any::<bool>(),
+            any::<bool>(),
         )
-            .prop_map(|(expires_at_ms, flags, cas, clean)| Meta {
+            .prop_map(|(expires_at_ms, flags, cas, clean, client)| Meta {
                 expires_at_ms,
                 flags,
                 cas,
                 clean,
+                // Only a version can be the client's.
+                client_cas: client && cas != 0,
             })
     }
 
@@ -456,6 +477,7 @@ mod tests {
             flags: 5,
             cas: 1_000_130,
             clean: true,
+            client_cas: false,
         };
         let rec = Record {
             key: b"ab",
@@ -517,6 +539,23 @@ mod tests {
         }
         .encode(&mut buf);
         assert_eq!(buf, [1, 0b1_0010, b'c', 0xac, 0x02]);
+
+        // A version the client chose: bit 7 besides bit 4.
+        let mut buf = Vec::new();
+        let chosen = Meta {
+            cas: u64::MAX,
+            client_cas: true,
+            ..Meta::default()
+        };
+        Record {
+            key: b"c",
+            payload: Payload::Tombstone,
+            meta: chosen,
+        }
+        .encode(&mut buf);
+        assert_eq!(buf[..3], [1, 0b1001_0010, b'c']);
+        let (back, _) = Record::parse(&buf).expect("decodes");
+        assert_eq!((back.meta, back.meta.ordered_cas()), (chosen, 0));
     }
 
     #[test]
