@@ -146,8 +146,8 @@ pub fn open(spec: &str, budget: &Budget) -> Result<Box<dyn Target>, String> {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, clap::ValueEnum)]
 #[serde(rename_all = "snake_case")]
 pub enum InProcessGets {
-    /// Consecutive GETs of a batch through the engine's asynchronous API, their reads in
-    /// flight together (as many as a network target has pipelined).
+    /// A batch's GETs through the engine's asynchronous API, their reads in flight together
+    /// (as many as a network target has pipelined); see [`EngineClient`].
     #[default]
     Overlapped,
     /// Every request through the synchronous API, one after another: a GET that reads the
@@ -178,13 +178,83 @@ pub trait Engine: Send + Sync + 'static {
 /// The [`Client`] of every in-process engine. It serves as many virtual clients as a network
 /// client does, so every target sees the same look-aside concurrency, and it times replies
 /// as a pipelined network client does: from the start of the batch until the reply is
-/// known. Requests take effect in batch order; with [`InProcessGets::Overlapped`] each run
-/// of consecutive GETs goes to [`Engine::get_overlapped`] as one, which cannot reorder
-/// anything a GET observes (a GET never changes what another returns).
+/// known.
+///
+/// With [`InProcessGets::Overlapped`], every GET of the batch whose key no earlier request of
+/// the batch writes goes to [`Engine::get_overlapped`] at once, ahead of the writes, as the
+/// requests of a network batch reach the server together over several connections; the
+/// other requests then run in batch order, so a GET behind a PUT or DELETE of its own key
+/// sees that write. A GET answered ahead of a write of another key may miss what that write
+/// evicted a moment later; it never sees anything a request behind it wrote.
 pub struct EngineClient<E> {
     pub engine: std::sync::Arc<E>,
     pub batch: usize,
     pub gets: InProcessGets,
+}
+
+impl<E: Engine> EngineClient<E> {
+    /// One request through the synchronous API.
+    fn run(&self, request: &Request) -> Reply {
+        let engine = &self.engine;
+        let reply = match request {
+            Request::Get(key) => engine.get(key).map(Reply::Value),
+            Request::Put(key, value) => engine.put(key, value).map(|()| Reply::Stored),
+            Request::Delete(key) => engine.delete(key).map(Reply::Deleted),
+            Request::Scan(from, limit) => engine
+                .scan(from, *limit)
+                .map(|n| n.map_or(Reply::Unsupported, Reply::Scanned)),
+        };
+        reply.unwrap_or_else(Reply::Error)
+    }
+
+    /// The GETs `gets` (request index, key) together; each reply goes to its request's place.
+    fn get_together(
+        &self,
+        gets: &[(usize, &[u8])],
+        start: Instant,
+        replies: &mut [(Reply, Duration)],
+    ) {
+        if gets.is_empty() {
+            return;
+        }
+        let keys: Vec<&[u8]> = gets.iter().map(|(_, key)| *key).collect();
+        let mut answers = Vec::with_capacity(keys.len());
+        self.engine.get_overlapped(&keys, start, &mut answers);
+        for ((i, _), answer) in gets.iter().zip(answers) {
+            replies[*i] = answer;
+        }
+    }
+
+    fn execute_overlapped(&self, requests: &[Request], replies: &mut [(Reply, Duration)]) {
+        let start = Instant::now();
+        let mut written = std::collections::HashSet::new();
+        let mut ahead = Vec::new();
+        let mut in_order = Vec::new();
+        for (i, request) in requests.iter().enumerate() {
+            match request {
+                Request::Get(key) if !written.contains(key.as_slice()) => ahead.push((i, &key[..])),
+                Request::Put(key, _) | Request::Delete(key) => {
+                    written.insert(key.as_slice());
+                    in_order.push(i);
+                }
+                _ => in_order.push(i),
+            }
+        }
+        self.get_together(&ahead, start, replies);
+        // The rest in order; consecutive GETs among them (each behind a write of its key)
+        // still go together.
+        let mut run = Vec::new();
+        for i in in_order {
+            if let Request::Get(key) = &requests[i] {
+                run.push((i, key.as_slice()));
+                continue;
+            }
+            self.get_together(&run, start, replies);
+            run.clear();
+            replies[i] = (self.run(&requests[i]), start.elapsed());
+        }
+        self.get_together(&run, start, replies);
+    }
 }
 
 impl<E: Engine> Client for EngineClient<E> {
@@ -193,34 +263,18 @@ impl<E: Engine> Client for EngineClient<E> {
         requests: &[Request],
         replies: &mut Vec<(Reply, Duration)>,
     ) -> Result<(), String> {
-        let engine = &self.engine;
-        let start = Instant::now();
-        let mut next = 0;
-        while let Some(request) = requests.get(next) {
-            if self.gets == InProcessGets::Overlapped {
-                let keys: Vec<&[u8]> = requests[next..]
-                    .iter()
-                    .map_while(|r| match r {
-                        Request::Get(key) => Some(key.as_slice()),
-                        _ => None,
-                    })
-                    .collect();
-                if !keys.is_empty() {
-                    engine.get_overlapped(&keys, start, replies);
-                    next += keys.len();
-                    continue;
+        match self.gets {
+            InProcessGets::Overlapped => {
+                let base = replies.len();
+                replies.resize(base + requests.len(), (Reply::Unsupported, Duration::ZERO));
+                self.execute_overlapped(requests, &mut replies[base..]);
+            }
+            InProcessGets::Serial => {
+                let start = Instant::now();
+                for request in requests {
+                    replies.push((self.run(request), start.elapsed()));
                 }
             }
-            let reply = match request {
-                Request::Get(key) => engine.get(key).map(Reply::Value),
-                Request::Put(key, value) => engine.put(key, value).map(|()| Reply::Stored),
-                Request::Delete(key) => engine.delete(key).map(Reply::Deleted),
-                Request::Scan(from, limit) => engine
-                    .scan(from, *limit)
-                    .map(|n| n.map_or(Reply::Unsupported, Reply::Scanned)),
-            };
-            replies.push((reply.unwrap_or_else(Reply::Error), start.elapsed()));
-            next += 1;
         }
         Ok(())
     }

@@ -1,7 +1,7 @@
 //! The ZipCache engine, in-process.
 //!
-//! With `--in-process-gets overlapped` (the default) a batch's consecutive GETs start
-//! together through `ZipCache::get_item_async`: DRAM answers at once, and each GET that must
+//! With `--in-process-gets overlapped` (the default) the GETs a batch lets go together
+//! (see `EngineClient`) start through `ZipCache::get_item_async`: DRAM answers at once, and each GET that must
 //! read the SSD submits its read to the bench thread's own io_uring (installed on the
 //! thread's first batch, as the server installs one per runtime thread). The thread then
 //! reaps that ring and polls the reads until all have answered, sleeping in `poll(2)` on
