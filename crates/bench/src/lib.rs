@@ -163,10 +163,10 @@ pub struct Params {
     /// Network targets: requests in flight per connection.
     #[arg(long, default_value_t = 16)]
     pub pipeline: usize,
-    /// In-process targets (zipcache, foyer): `overlapped` runs each batch's consecutive GETs
-    /// through the engine's asynchronous API with their SSD reads in flight together, as
-    /// many as connections × pipeline; `serial` calls the synchronous API one request at a
-    /// time.
+    /// In-process targets (zipcache, foyer): `overlapped` splits each batch into
+    /// --connections streams, as a network client does, and runs the streams' GETs through
+    /// the engine's asynchronous API with their SSD reads in flight together; `serial`
+    /// calls the synchronous API one request at a time.
     #[arg(long, value_enum, default_value = "overlapped")]
     pub in_process_gets: targets::InProcessGets,
     #[arg(long, default_value_t = 1)]

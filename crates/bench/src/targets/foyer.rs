@@ -34,6 +34,8 @@ pub struct FoyerTarget {
     engine: Arc<FoyerEngine>,
     batch: usize,
     gets: InProcessGets,
+    /// Streams of an overlapped batch: the network client's connections per thread.
+    streams: usize,
     /// Whether this process's RSS is this target's (see `procfs::claim_own_rss`).
     own_rss: bool,
 }
@@ -96,6 +98,7 @@ impl FoyerTarget {
             }),
             batch: budget.batch(),
             gets: budget.in_process_gets,
+            streams: budget.connections,
             own_rss: procfs::claim_own_rss(),
         })
     }
@@ -194,6 +197,7 @@ impl Target for FoyerTarget {
             engine: self.engine.clone(),
             batch: self.batch,
             gets: self.gets,
+            streams: self.streams,
         }))
     }
 

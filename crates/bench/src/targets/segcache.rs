@@ -86,6 +86,7 @@ impl Target for SegTarget {
             batch: self.batch,
             // A DRAM-only engine without an asynchronous GET: nothing to overlap.
             gets: InProcessGets::Serial,
+            streams: 1,
         }))
     }
 

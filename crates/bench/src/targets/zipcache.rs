@@ -43,6 +43,8 @@ pub struct ZipTarget {
     dram_only: bool,
     batch: usize,
     gets: InProcessGets,
+    /// Streams of an overlapped batch: the network client's connections per thread.
+    streams: usize,
     /// Whether this process's RSS is this target's (see `procfs::claim_own_rss`).
     own_rss: bool,
 }
@@ -86,6 +88,7 @@ impl ZipTarget {
             dram_only,
             batch,
             gets: budget.in_process_gets,
+            streams: budget.connections,
             own_rss: procfs::claim_own_rss(),
         })
     }
@@ -230,6 +233,7 @@ impl Target for ZipTarget {
             engine: self.engine.clone(),
             batch: self.batch,
             gets: self.gets,
+            streams: self.streams,
         }))
     }
 
