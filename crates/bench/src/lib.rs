@@ -163,6 +163,12 @@ pub struct Params {
     /// Network targets: requests in flight per connection.
     #[arg(long, default_value_t = 16)]
     pub pipeline: usize,
+    /// In-process targets (zipcache, foyer): `overlapped` splits each batch into
+    /// --connections streams, as a network client does, and runs the streams' GETs through
+    /// the engine's asynchronous API with their SSD reads in flight together; `serial`
+    /// calls the synchronous API one request at a time.
+    #[arg(long, value_enum, default_value = "overlapped")]
+    pub in_process_gets: targets::InProcessGets,
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
     /// Replay this key trace look-aside (every target, same sequence) instead of generating
@@ -338,6 +344,7 @@ impl Params {
             threads: self.threads,
             connections: self.connections,
             pipeline: self.pipeline,
+            in_process_gets: self.in_process_gets,
         }
     }
 }

@@ -1,11 +1,14 @@
 //! The caches a workload drives, behind one trait: in-process engines and network servers.
 
+use std::collections::HashMap;
 use std::path::PathBuf;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 pub mod foyer;
 pub mod network;
 pub mod segcache;
+#[cfg(test)]
+mod test_support;
 pub mod zipcache;
 
 /// One request of a batch.
@@ -31,8 +34,9 @@ pub enum Reply {
     Error(String),
 }
 
-/// A per-thread handle on a target. Executes a batch and returns each reply with its latency
-/// (for a pipelined network client: from sending the batch to parsing that reply).
+/// A per-thread handle on a target. Executes a batch and returns each reply with its latency:
+/// from the start of the batch until that reply was known (for a pipelined network client,
+/// parsed; for an in-process engine, returned by the engine).
 pub trait Client: Send {
     fn execute(
         &mut self,
@@ -95,6 +99,8 @@ pub struct Budget {
     pub threads: usize,
     pub connections: usize,
     pub pipeline: usize,
+    /// In-process targets: GETs overlapped through the asynchronous API, or one by one.
+    pub in_process_gets: InProcessGets,
 }
 
 impl Budget {
@@ -137,6 +143,20 @@ pub fn open(spec: &str, budget: &Budget) -> Result<Box<dyn Target>, String> {
     }
 }
 
+/// How an in-process target executes a batch's GETs (`--in-process-gets`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum InProcessGets {
+    /// A batch's GETs through the engine's asynchronous API, their reads in flight together
+    /// across the streams a network client would spread the batch over; see
+    /// [`EngineClient`].
+    #[default]
+    Overlapped,
+    /// Every request through the synchronous API, one after another: a GET that reads the
+    /// SSD holds up the rest of the batch (what an embedder calling `get` gets).
+    Serial,
+}
+
 /// An in-process cache, called directly from the bench threads.
 pub trait Engine: Send + Sync + 'static {
     fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, String>;
@@ -146,14 +166,165 @@ pub trait Engine: Send + Sync + 'static {
     fn scan(&self, _from: &[u8], _limit: usize) -> Result<Option<usize>, String> {
         Ok(None)
     }
+    /// GETs every key of `keys` with their device reads in flight together, and pushes one
+    /// reply per key, in order, each with the time from `start` until its answer was known.
+    /// The default, for an engine without an asynchronous GET, runs them one by one.
+    fn get_overlapped(&self, keys: &[&[u8]], start: Instant, replies: &mut Vec<(Reply, Duration)>) {
+        for key in keys {
+            let reply = self.get(key).map_or_else(Reply::Error, Reply::Value);
+            replies.push((reply, start.elapsed()));
+        }
+    }
 }
 
-/// The [`Client`] of every in-process engine: requests run one at a time, each timed. It
-/// serves as many virtual clients as a network client does, so every target sees the same
-/// look-aside concurrency.
+/// The [`Client`] of every in-process engine. It serves as many virtual clients as a network
+/// client does, so every target sees the same look-aside concurrency, and it times replies
+/// as a pipelined network client does: from the start of the batch until the reply is
+/// known.
+///
+/// With [`InProcessGets::Overlapped`] it splits a batch into `streams` as the network
+/// client spreads one over its connections (request `i` on stream `i % streams`), and keeps
+/// each stream's order as a server keeps a connection's: a stream's consecutive GETs go
+/// together, and a write waits for the requests ahead of it. Every round, each stream's
+/// ready GETs join one [`Engine::get_overlapped`] call — so the reads of all streams are in
+/// flight together, as on a server serving several connections — and then each stream with
+/// a write at its head runs it. Across streams a request also waits for the batch's earlier
+/// requests on its key (a GET for an earlier write of the key, a write for any earlier
+/// request of it) and a SCAN for every earlier request, so replies are those of the batch
+/// run in order, except that a GET may answer before a write of another key that precedes
+/// it (which may evict what it reads, as on a server).
 pub struct EngineClient<E> {
     pub engine: std::sync::Arc<E>,
     pub batch: usize,
+    pub gets: InProcessGets,
+    /// Network connections per thread, whose streams an overlapped batch mirrors.
+    pub streams: usize,
+}
+
+/// What request `i` of an overlapped batch waits for besides the one ahead of it on its
+/// stream: earlier requests of the same key, and the latest earlier SCAN.
+#[derive(Default)]
+struct Deps {
+    /// A GET: the latest earlier write of its key. A write: that write and every GET of the
+    /// key since (GETs of one key may sit on different streams, so each is named).
+    key: Vec<usize>,
+    scan: Option<usize>,
+}
+
+/// The batch's requests of one key so far.
+#[derive(Default)]
+struct KeyHistory {
+    last_write: Option<usize>,
+    gets_since: Vec<usize>,
+}
+
+impl Deps {
+    /// For each request: what it waits for (see [`EngineClient`]).
+    fn of(requests: &[Request]) -> Vec<Deps> {
+        let mut keys: HashMap<&[u8], KeyHistory> = HashMap::new();
+        let mut last_scan = None;
+        let mut deps = Vec::with_capacity(requests.len());
+        for (i, request) in requests.iter().enumerate() {
+            let scan = last_scan;
+            let key = match request {
+                Request::Get(key) => {
+                    let history = keys.entry(key.as_slice()).or_default();
+                    history.gets_since.push(i);
+                    history.last_write.into_iter().collect()
+                }
+                Request::Put(key, _) | Request::Delete(key) => {
+                    let history = keys.entry(key.as_slice()).or_default();
+                    let mut key: Vec<usize> = history.last_write.into_iter().collect();
+                    key.append(&mut history.gets_since);
+                    history.last_write = Some(i);
+                    key
+                }
+                // Waits for every earlier request (checked when it runs).
+                Request::Scan(..) => {
+                    last_scan = Some(i);
+                    Vec::new()
+                }
+            };
+            deps.push(Deps { key, scan });
+        }
+        deps
+    }
+}
+
+impl<E: Engine> EngineClient<E> {
+    /// One request through the synchronous API.
+    fn run(&self, request: &Request) -> Reply {
+        let engine = &self.engine;
+        let reply = match request {
+            Request::Get(key) => engine.get(key).map(Reply::Value),
+            Request::Put(key, value) => engine.put(key, value).map(|()| Reply::Stored),
+            Request::Delete(key) => engine.delete(key).map(Reply::Deleted),
+            Request::Scan(from, limit) => engine
+                .scan(from, *limit)
+                .map(|n| n.map_or(Reply::Unsupported, Reply::Scanned)),
+        };
+        reply.unwrap_or_else(Reply::Error)
+    }
+
+    fn execute_overlapped(&self, requests: &[Request], replies: &mut [(Reply, Duration)]) {
+        let start = Instant::now();
+        let n = requests.len();
+        let streams = self.streams.clamp(1, n.max(1));
+        let deps = Deps::of(requests);
+        let mut done = vec![false; n];
+        // Requests 0..prefix are all done (what a SCAN waits for).
+        let mut prefix = 0;
+        // The next request of each stream.
+        let mut head: Vec<usize> = (0..streams).collect();
+        let (mut gets, mut keys, mut writes, mut answers) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        while prefix < n {
+            let ready = |i: usize, done: &[bool]| {
+                let d = &deps[i];
+                d.key.iter().all(|&j| done[j])
+                    && d.scan.is_none_or(|j| done[j])
+                    && (!matches!(requests[i], Request::Scan(..)) || i == prefix)
+            };
+            gets.clear();
+            keys.clear();
+            writes.clear();
+            for next in head.iter_mut() {
+                let first = *next;
+                while let Some(Request::Get(key)) = requests.get(*next) {
+                    if !ready(*next, &done) {
+                        break;
+                    }
+                    gets.push(*next);
+                    keys.push(key.as_slice());
+                    *next += streams;
+                }
+                if *next == first && *next < n && ready(*next, &done) {
+                    writes.push(*next);
+                    *next += streams;
+                }
+            }
+            // The earliest request not done is always ready (all it waits for is earlier),
+            // and heads its stream, so every round makes progress.
+            debug_assert!(!gets.is_empty() || !writes.is_empty());
+            if !keys.is_empty() {
+                answers.clear();
+                self.engine.get_overlapped(&keys, start, &mut answers);
+                for (&i, answer) in gets.iter().zip(answers.drain(..)) {
+                    replies[i] = answer;
+                    done[i] = true;
+                }
+            }
+            // A round's writes are of different keys (each waits for the earlier requests of
+            // its key, none of them done when the round began), so their order is free.
+            for &i in &writes {
+                replies[i] = (self.run(&requests[i]), start.elapsed());
+                done[i] = true;
+            }
+            while prefix < n && done[prefix] {
+                prefix += 1;
+            }
+        }
+    }
 }
 
 impl<E: Engine> Client for EngineClient<E> {
@@ -162,23 +333,149 @@ impl<E: Engine> Client for EngineClient<E> {
         requests: &[Request],
         replies: &mut Vec<(Reply, Duration)>,
     ) -> Result<(), String> {
-        let engine = &self.engine;
-        for request in requests {
-            let start = std::time::Instant::now();
-            let reply = match request {
-                Request::Get(key) => engine.get(key).map(Reply::Value),
-                Request::Put(key, value) => engine.put(key, value).map(|()| Reply::Stored),
-                Request::Delete(key) => engine.delete(key).map(Reply::Deleted),
-                Request::Scan(from, limit) => engine
-                    .scan(from, *limit)
-                    .map(|n| n.map_or(Reply::Unsupported, Reply::Scanned)),
-            };
-            replies.push((reply.unwrap_or_else(Reply::Error), start.elapsed()));
+        match self.gets {
+            InProcessGets::Overlapped => {
+                let base = replies.len();
+                replies.resize(base + requests.len(), (Reply::Unsupported, Duration::ZERO));
+                self.execute_overlapped(requests, &mut replies[base..]);
+            }
+            InProcessGets::Serial => {
+                let start = Instant::now();
+                for request in requests {
+                    replies.push((self.run(request), start.elapsed()));
+                }
+            }
         }
         Ok(())
     }
 
     fn batch_size(&self) -> usize {
         self.batch
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+    use std::sync::{Arc, Mutex};
+
+    use rand::rngs::SmallRng;
+    use rand::{Rng, SeedableRng};
+
+    use super::*;
+
+    /// A map that never forgets, so an overlapped batch must answer exactly as the batch
+    /// run in order; it records the size of every overlapped call.
+    #[derive(Default)]
+    struct Map {
+        objects: Mutex<BTreeMap<Vec<u8>, Vec<u8>>>,
+        overlapped: Mutex<Vec<usize>>,
+    }
+
+    impl Engine for Map {
+        fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, String> {
+            Ok(self.objects.lock().unwrap().get(key).cloned())
+        }
+        fn put(&self, key: &[u8], value: &[u8]) -> Result<(), String> {
+            self.objects
+                .lock()
+                .unwrap()
+                .insert(key.to_vec(), value.to_vec());
+            Ok(())
+        }
+        fn delete(&self, key: &[u8]) -> Result<bool, String> {
+            Ok(self.objects.lock().unwrap().remove(key).is_some())
+        }
+        fn scan(&self, from: &[u8], limit: usize) -> Result<Option<usize>, String> {
+            let objects = self.objects.lock().unwrap();
+            Ok(Some(objects.range(from.to_vec()..).take(limit).count()))
+        }
+        fn get_overlapped(
+            &self,
+            keys: &[&[u8]],
+            start: Instant,
+            replies: &mut Vec<(Reply, Duration)>,
+        ) {
+            self.overlapped.lock().unwrap().push(keys.len());
+            for key in keys {
+                replies.push((Reply::Value(self.get(key).unwrap()), start.elapsed()));
+            }
+        }
+    }
+
+    fn client(gets: InProcessGets, streams: usize) -> EngineClient<Map> {
+        EngineClient {
+            engine: Arc::new(Map::default()),
+            batch: 64,
+            gets,
+            streams,
+        }
+    }
+
+    fn random_batch(rng: &mut SmallRng, len: usize) -> Vec<Request> {
+        (0..len)
+            .map(|_| {
+                // Few keys, so that requests of one key meet in most batches.
+                let key = vec![b'a' + rng.random_range(0..6u8)];
+                match rng.random_range(0..10) {
+                    0..=4 => Request::Get(key),
+                    5..=7 => Request::Put(key, vec![rng.random()]),
+                    8 => Request::Delete(key),
+                    _ => Request::Scan(key, 3),
+                }
+            })
+            .collect()
+    }
+
+    #[test]
+    fn overlapped_batches_answer_as_the_batch_run_in_order() {
+        let mut rng = SmallRng::seed_from_u64(5);
+        for streams in [1, 2, 4, 64] {
+            let (mut serial, mut overlapped) = (
+                client(InProcessGets::Serial, 1),
+                client(InProcessGets::Overlapped, streams),
+            );
+            for _ in 0..300 {
+                let len = rng.random_range(1..=64);
+                let batch = random_batch(&mut rng, len);
+                let (mut want, mut got) = (Vec::new(), Vec::new());
+                serial.execute(&batch, &mut want).unwrap();
+                overlapped.execute(&batch, &mut got).unwrap();
+                let replies = |r: &[(Reply, Duration)]| r.iter().map(|(r, _)| r.clone()).collect();
+                let (want, got): (Vec<Reply>, Vec<Reply>) = (replies(&want), replies(&got));
+                assert_eq!(got, want, "{streams} streams, batch {batch:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_batch_of_gets_is_one_overlapped_call_and_writes_split_streams_only() {
+        let mut client = client(InProcessGets::Overlapped, 4);
+        let get = |k: u8| Request::Get(vec![k]);
+        let put = |k: u8| Request::Put(vec![k], vec![k]);
+        let mut replies = Vec::new();
+        client
+            .execute(&(0..64).map(get).collect::<Vec<_>>(), &mut replies)
+            .unwrap();
+        assert_eq!(*client.engine.overlapped.lock().unwrap(), [64]);
+
+        // Stream 0 holds a write ahead of its second GET: the other streams' GETs and its
+        // first go in round one, its second in round two.
+        client.engine.overlapped.lock().unwrap().clear();
+        let batch = vec![
+            get(0),
+            get(1),
+            get(2),
+            get(3),
+            put(9),
+            get(5),
+            get(6),
+            get(7),
+            get(8),
+        ];
+        replies.clear();
+        client.execute(&batch, &mut replies).unwrap();
+        assert_eq!(replies.len(), batch.len());
+        assert_eq!(*client.engine.overlapped.lock().unwrap(), [7, 1]);
     }
 }

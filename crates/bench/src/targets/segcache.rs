@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use segcache::{Policy, Segcache, Value};
 
-use super::{Budget, Client, Engine, EngineClient, Snapshot, Target};
+use super::{Budget, Client, Engine, EngineClient, InProcessGets, Snapshot, Target};
 use crate::procfs;
 
 /// Segment size: Pelikan's default for its segcache server.
@@ -84,6 +84,9 @@ impl Target for SegTarget {
         Ok(Box::new(EngineClient {
             engine: self.cache.clone(),
             batch: self.batch,
+            // A DRAM-only engine without an asynchronous GET: nothing to overlap.
+            gets: InProcessGets::Serial,
+            streams: 1,
         }))
     }
 
