@@ -19,7 +19,7 @@ use zipcache_device::{
 
 use crate::async_get::AsyncGet;
 use crate::config::Promotion;
-use crate::dram_tier::{DramSettings, DramTier, LeafId, Lookup, ScanEntry};
+use crate::dram::{DramSettings, DramTier, LeafId, Lookup, ScanEntry};
 use crate::eviction::EvictionSink;
 use crate::index_dir::{DataLock, FsDir, IndexDir};
 use crate::large_objects::LargeObjects;

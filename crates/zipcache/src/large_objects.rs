@@ -20,7 +20,7 @@ use parking_lot::{Mutex, RwLock};
 use zipcache_device::{AlignedBuf, BLOCK_SIZE, BlockDevice};
 
 use crate::btree::{BTree, Fence, KeyRange};
-use crate::dram_tier::ScanEntry;
+use crate::dram::ScanEntry;
 use crate::memory::{Memory, alloc_size};
 use crate::record::Meta;
 use crate::sealed_file::{self, Fields, IndexFile};

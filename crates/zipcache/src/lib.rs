@@ -13,7 +13,7 @@ mod btree;
 mod bypass;
 mod cache;
 mod counters;
-mod dram_tier;
+mod dram;
 mod early_termination;
 mod eviction;
 mod index_dir;

@@ -32,7 +32,7 @@ use zipcache_device::{AlignedBuf, BLOCK_SIZE, BatchRead, BatchWrite, BlockDevice
 
 use crate::btree::{BTree, Fence, KeyRange, Ranged};
 use crate::config::Clock;
-use crate::dram_tier::{ScanEntry, separator};
+use crate::dram::{ScanEntry, separator};
 use crate::eviction::{EvictedObject, EvictionSink};
 use crate::leaf_page::Geometry;
 use crate::memory::{Memory, alloc_size};
