@@ -28,7 +28,7 @@ use crate::promotion::{self, PromotionFilter};
 use crate::record::{ASSIGN_CAS, Meta};
 use crate::run_epoch;
 use crate::sealed_file::IndexFile;
-use crate::ssd_tier::{Finished, Freshness, PlannedRead, SsdHit, SsdSettings, SsdTier};
+use crate::ssd::{Finished, Freshness, PlannedRead, SsdHit, SsdSettings, SsdTier};
 use crate::stats::ratio;
 use crate::{Config, Error, Item, PutOptions, Result, Stats, Update};
 

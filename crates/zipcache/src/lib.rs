@@ -32,8 +32,8 @@ mod record;
 mod run_epoch;
 mod sealed_file;
 mod slots;
+mod ssd;
 mod ssd_block;
-mod ssd_tier;
 mod subpage_hash;
 mod write_buffer;
 
