@@ -8,6 +8,7 @@ use parking_lot::RwLock;
 
 use super::DramTier;
 use super::page::Summary;
+use crate::btree::Lockable;
 use crate::memory::{Charge, alloc_size};
 use crate::write_buffer::WriteBuffer;
 
@@ -77,7 +78,7 @@ pub(super) const RAW_PAGE: u8 = 1 << 5;
 
 /// One slot of the tier's table: 40 bytes per leaf.
 #[derive(Default)]
-pub struct DramLeaf {
+pub(super) struct DramLeaf {
     pub(super) state: RwLock<LeafState>,
     /// Accesses since the bypass pass last aged the counters.
     pub(super) access: AtomicU32,
@@ -121,6 +122,19 @@ impl DramLeaf {
 
     pub(super) fn raw_page(&self) -> bool {
         self.has(RAW_PAGE)
+    }
+}
+
+/// A DRAM leaf keeps no range: the tree decides whether it owns a key.
+impl Lockable for DramLeaf {
+    type State = LeafState;
+
+    fn lock(&self) -> &RwLock<LeafState> {
+        &self.state
+    }
+
+    fn owns(_: &LeafState, _: &[u8]) -> Option<bool> {
+        None
     }
 }
 

@@ -9,7 +9,7 @@ use super::leaf::{
 };
 use super::page::Summary;
 use super::{Bounds, DramTier, LeafId, ScanEntry};
-use crate::btree::Fence;
+use crate::btree::{cut_into_leaves, split_fences};
 use crate::record::{CasBase, Meta, Payload, Record, blob_header, decode_blob, encode_blob};
 use crate::write_buffer::WriteBuffer;
 
@@ -138,10 +138,7 @@ impl DramTier {
         }
         let chunks = self.partition(&objs);
         let hot = leaf.hot();
-        let mut fences: Vec<Fence> = Vec::with_capacity(chunks.len());
-        for pair in chunks.windows(2) {
-            fences.push(separator(objs[pair[0].1 - 1].key, objs[pair[1].0].key));
-        }
+        let fences = split_fences(&objs, &chunks, |o| o.key);
         let mut objs_iter = objs.into_iter();
         let mut contents = Vec::with_capacity(chunks.len());
         for (i, &(start, end)) in chunks.iter().enumerate() {
@@ -156,15 +153,17 @@ impl DramTier {
         self.memory.change(&before, &self.charge_of(leaf, st));
         let access = leaf.access.load(Ordering::Relaxed);
         let lost = leaf.lost();
-        for (fence, c) in fences.iter().zip(contents) {
-            // New leaves start compressed: a hot leaf that splits on every few sequential
-            // inserts would otherwise fill DRAM with uncompressed pages between two bypass
-            // passes. The next pass promotes whichever half stays hot.
-            let id = self.new_leaf(access / 2, lost, c);
-            let delta = self.tree.insert(fence, id);
-            self.memory.change_index(delta);
-            self.counters.splits.fetch_add(1, Ordering::Relaxed);
-        }
+        let splits = fences.len() as u64;
+        // New leaves start compressed: a hot leaf that splits on every few sequential
+        // inserts would otherwise fill DRAM with uncompressed pages between two bypass
+        // passes. The next pass promotes whichever half stays hot.
+        let new_leaves = fences
+            .into_iter()
+            .zip(contents)
+            .map(|(fence, c)| (fence, self.new_leaf(access / 2, lost, c)));
+        self.memory
+            .change_index(self.tree.split_and_publish(new_leaves));
+        self.counters.splits.fetch_add(splits, Ordering::Relaxed);
     }
 
     /// A leaf for `contents`, in a free slot, charged; not in the tree yet.
@@ -195,31 +194,23 @@ impl DramTier {
             range.iter().filter(|o| o.is_medium()).count() <= MAX_BLOBS_PER_LEAF
                 && self.layout.fits(range.iter().map(|o| o.record(0)))
         };
-        let mut out = Vec::new();
-        let mut pending = vec![(0, objs.len())];
-        while let Some((start, end)) = pending.pop() {
-            if end - start <= 1 || fits(&objs[start..end]) {
-                out.push((start, end));
-                continue;
-            }
+        let cut = |start: usize, end: usize| {
             let appended = objs[start..end]
                 .iter()
                 .rev()
                 .take_while(|o| o.new_key)
                 .count();
             let mut cut = end - appended;
-            let mid = if cut > start && cut < end && fits(&objs[start..cut]) {
+            if cut > start && cut < end && fits(&objs[start..cut]) {
                 while cut + 1 < end && fits(&objs[start..=cut]) {
                     cut += 1;
                 }
                 cut
             } else {
                 (start + end) / 2
-            };
-            pending.push((mid, end));
-            pending.push((start, mid));
-        }
-        out
+            }
+        };
+        cut_into_leaves(objs.len(), |start, end| fits(&objs[start..end]), cut)
     }
 
     /// Page and blobs for one leaf's worth of objects.
@@ -388,14 +379,6 @@ impl DramTier {
             self.merge(&id, now_ms);
         }
     }
-}
-
-/// The shortest key `s` with `left < s <= right`: a prefix of `right` (suffix truncation
-/// keeps inner-node fences short).
-pub(crate) fn separator(left: &[u8], right: &[u8]) -> Fence {
-    debug_assert!(left < right);
-    let common = left.iter().zip(right).take_while(|(a, b)| a == b).count();
-    Fence::from(&right[..(common + 1).min(right.len())])
 }
 
 #[cfg(test)]

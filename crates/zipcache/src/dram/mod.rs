@@ -35,7 +35,7 @@ use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use crossbeam_channel::Sender;
 use parking_lot::Mutex;
 
-use crate::btree::{BTree, Child, Fence};
+use crate::btree::{BTree, Child, Exclusive, Fence, Shared};
 use crate::bypass::Bypass;
 use crate::memory::Memory;
 use crate::packed_page::PackedLayout;
@@ -44,8 +44,6 @@ use crate::slots::{SlotId, Slots, View};
 use crate::subpage_hash::dram_subpage;
 use crate::write_buffer::Pressure;
 use leaf::{DramLeaf, LeafState, MERGE_QUEUED, UNKNOWN};
-
-pub(crate) use merge::separator;
 
 /// What the DRAM tier knows about a key.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -126,6 +124,11 @@ pub struct DramTier {
     cas_high: AtomicU64,
 }
 
+/// The leaf `id` names in `view`; `None` if it was handed out after the view was taken.
+fn reach<'v>(view: &'v View<DramLeaf>, id: &'v LeafId) -> Option<&'v DramLeaf> {
+    view.get(id.0)
+}
+
 /// One key of a scan: its newest DRAM version, `None` for a tombstone or an expired value
 /// (which hide older versions in lower tiers).
 pub type ScanEntry = (Vec<u8>, Option<(Vec<u8>, Meta)>);
@@ -182,16 +185,12 @@ impl DramTier {
 
     /// Runs `f` on the leaf that owns `key`, locked shared.
     fn read_leaf<R>(&self, key: &[u8], f: impl FnOnce(&DramLeaf, &LeafState) -> R) -> R {
-        loop {
-            let generation = self.tree.generation();
-            let id = self.tree.with_leaf(key, |&id| id);
-            let view = self.view();
-            let Some(leaf) = view.get(id.0) else { continue };
-            let st = leaf.state.read();
-            if self.owns(generation, key, id) {
-                return f(leaf, &st);
-            }
-        }
+        self.tree.with_leaf_locked::<Shared, _, _, _>(
+            key,
+            || self.view(),
+            reach,
+            |_, leaf, st| f(leaf, &st),
+        )
     }
 
     /// Runs `f` on the leaf that owns `key`, locked exclusive.
@@ -200,23 +199,12 @@ impl DramTier {
         key: &[u8],
         f: impl FnOnce(LeafId, &DramLeaf, &mut LeafState) -> R,
     ) -> R {
-        loop {
-            let generation = self.tree.generation();
-            let id = self.tree.with_leaf(key, |&id| id);
-            let view = self.view();
-            let Some(leaf) = view.get(id.0) else { continue };
-            let mut st = leaf.state.write();
-            if self.owns(generation, key, id) {
-                return f(id, leaf, &mut st);
-            }
-        }
-    }
-
-    /// Whether the leaf `id`, routed to for `key` at `generation` and locked since, owns
-    /// `key`: nothing changed in the tree since it was routed, or the tree routes there
-    /// still (every change of a leaf's range is published under the leaf's lock).
-    fn owns(&self, generation: u64, key: &[u8], id: LeafId) -> bool {
-        self.tree.generation() == generation || self.tree.routes_to(key, &id)
+        self.tree.with_leaf_locked::<Exclusive, _, _, _>(
+            key,
+            || self.view(),
+            reach,
+            |&id, leaf, mut st| f(id, leaf, &mut st),
+        )
     }
 
     pub fn get(&self, key: &[u8], now_ms: u64) -> Lookup {

@@ -7,8 +7,7 @@ use std::sync::atomic::Ordering;
 
 use super::reclaim::Writer;
 use super::{Contents, Object, SlState, SsdTier, SuperLeaf, descriptor_bytes};
-use crate::btree::{Fence, KeyRange};
-use crate::dram::separator;
+use crate::btree::{Fence, KeyRange, cut_into_leaves, split_fences};
 use crate::eviction::{EvictedObject, EvictionSink};
 use crate::record::{Meta, Payload, Record};
 use crate::ssd_block::PAYLOAD;
@@ -140,17 +139,15 @@ impl SsdTier {
         let objs: Vec<Object> = all.into_iter().collect();
         let chunks = self.partition(&objs, appending);
         let old_high = st.range.high.take();
-        let fences: Vec<Fence> = chunks
-            .windows(2)
-            .map(|p| separator(&objs[p[0].1 - 1].0, &objs[p[1].0].0))
-            .collect();
+        let fences = split_fences(&objs, &chunks, |o| o.0.as_slice());
         // The first chunk stays in this super-leaf, rewritten whole under a new generation
         // so that no block of the old layout can be mistaken for the new one.
         st.generation = st.generation.wrapping_add(1);
         st.range.high = fences.first().cloned().or_else(|| old_high.clone());
         self.rewrite(w, st, &objs[chunks[0].0..chunks[0].1]);
         st.version += 1;
-        for (i, &(start, end)) in chunks.iter().enumerate().skip(1) {
+        // may do I/O: each new super-leaf is written before it is published
+        let new_leaves = chunks.iter().enumerate().skip(1).map(|(i, &(start, end))| {
             let mut nst = SlState {
                 range: KeyRange::new(
                     fences[i - 1].clone(),
@@ -162,12 +159,15 @@ impl SsdTier {
                 version: 0,
             };
             self.rewrite(w, &mut nst, &objs[start..end]);
-            let low = nst.range.low.clone();
-            let delta = self.tree.insert(low, SuperLeaf::new(nst));
-            self.counters.superleaves.fetch_add(1, Ordering::Relaxed);
-            self.memory
-                .change_index(delta + descriptor_bytes(self.settings.subpages) as i64);
-        }
+            (nst.range.low.clone(), SuperLeaf::new(nst))
+        });
+        let delta = self.tree.split_and_publish(new_leaves);
+        let added = chunks.len() as i64 - 1;
+        self.counters
+            .superleaves
+            .fetch_add(added, Ordering::Relaxed);
+        self.memory
+            .change_index(delta + added * descriptor_bytes(self.settings.subpages) as i64);
     }
 
     /// Writes `objs` as the whole content of a super-leaf, allocating a slot if needed.
@@ -207,24 +207,17 @@ impl SsdTier {
             self.geometry
                 .fits(r.iter().map(|o| (o.0.as_slice(), len(o))))
         };
-        let mut out = Vec::new();
-        let mut pending = vec![(0, objs.len())];
-        while let Some((start, end)) = pending.pop() {
-            if end - start <= 1 || fits(&objs[start..end]) {
-                out.push((start, end));
-            } else {
-                let mut mid = (start + end) / 2;
-                if appending {
-                    mid = start + 1;
-                    while mid < end && fits(&objs[start..=mid]) {
-                        mid += 1;
-                    }
-                }
-                pending.push((mid, end));
-                pending.push((start, mid));
+        let cut = |start: usize, end: usize| {
+            if !appending {
+                return (start + end) / 2;
             }
-        }
-        out
+            let mut mid = start + 1;
+            while mid < end && fits(&objs[start..=mid]) {
+                mid += 1;
+            }
+            mid
+        };
+        cut_into_leaves(objs.len(), |start, end| fits(&objs[start..end]), cut)
     }
 }
 

@@ -42,7 +42,7 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use parking_lot::{Mutex, RwLock};
 use zipcache_device::{AlignedBuf, BLOCK_SIZE, BlockDevice};
 
-use crate::btree::{BTree, Fence, KeyRange, Ranged};
+use crate::btree::{BTree, Fence, KeyRange, Lockable, Ranged, Shared};
 use crate::config::Clock;
 use crate::dram::ScanEntry;
 use crate::leaf_page::Geometry;
@@ -98,7 +98,19 @@ impl Ranged for SlState {
     }
 }
 
-pub struct SuperLeaf {
+impl Lockable for SuperLeaf {
+    type State = SlState;
+
+    fn lock(&self) -> &RwLock<SlState> {
+        &self.state
+    }
+
+    fn owns(state: &SlState, key: &[u8]) -> Option<bool> {
+        Some(state.range.owns(key))
+    }
+}
+
+struct SuperLeaf {
     state: RwLock<SlState>,
     referenced: AtomicBool,
 }
@@ -251,29 +263,28 @@ impl SsdTier {
     /// block is still the one planned.
     pub fn plan_get(&self, key: &[u8]) -> Option<PlannedRead> {
         self.counters.gets.fetch_add(1, Ordering::Relaxed);
-        loop {
-            let (_, leaf) = self.tree.find(key);
-            let st = leaf.state.read();
-            if !st.range.owns(key) {
-                continue;
-            }
-            let subpage = self.geometry.subpage_of(key);
-            let slot = st.slot.filter(|_| st.counts[subpage] > 0)?;
-            self.counters.get_reads.fetch_add(1, Ordering::Relaxed);
-            self.counters.reads.fetch_add(1, Ordering::Relaxed);
-            let owner = Owner {
-                superleaf: slot,
-                generation: st.generation,
-                subpage: subpage as u16,
-            };
-            let version = st.version;
-            drop(st);
-            return Some(PlannedRead {
-                lba: self.lba(slot, subpage),
-                owner,
-                proof: Freshness { leaf, version },
-            });
-        }
+        self.tree
+            .with_arc_leaf_locked::<Shared, _>(key, |leaf, st| {
+                let subpage = self.geometry.subpage_of(key);
+                let slot = st.slot.filter(|_| st.counts[subpage] > 0)?;
+                self.counters.get_reads.fetch_add(1, Ordering::Relaxed);
+                self.counters.reads.fetch_add(1, Ordering::Relaxed);
+                let owner = Owner {
+                    superleaf: slot,
+                    generation: st.generation,
+                    subpage: subpage as u16,
+                };
+                let version = st.version;
+                drop(st);
+                Some(PlannedRead {
+                    lba: self.lba(slot, subpage),
+                    owner,
+                    proof: Freshness {
+                        leaf: leaf.clone(),
+                        version,
+                    },
+                })
+            })
     }
 
     /// The second half of a GET: finds `key` in the block read for `read` (`None` if the
@@ -335,31 +346,28 @@ impl SsdTier {
         end: Bound<&[u8]>,
         now_ms: u64,
     ) -> (Vec<ScanEntry>, Option<Fence>, Freshness) {
-        loop {
-            let (_, leaf) = self.tree.find(cursor);
-            let st = leaf.state.read();
-            if !st.range.owns(cursor) {
-                continue;
-            }
-            let mut all = Contents::new();
-            let every: Vec<usize> = (0..self.settings.subpages).collect();
-            // An unreadable sub-page: its keys are misses (counted).
-            for mut contents in self.contents_of(&st, &every).into_iter().flatten() {
-                all.append(&mut contents);
-            }
-            let range = (Bound::Included(cursor), end);
-            let entries = all
-                .into_iter()
-                .filter(|(k, (_, meta))| {
-                    std::ops::RangeBounds::contains(&range, k.as_slice()) && !meta.expired(now_ms)
-                })
-                .map(|(k, v)| (k, Some(v)))
-                .collect();
-            let proof = Freshness {
-                leaf: leaf.clone(),
-                version: st.version,
-            };
-            return (entries, st.range.high.clone(), proof);
-        }
+        self.tree
+            .with_arc_leaf_locked::<Shared, _>(cursor, |leaf, st| {
+                let mut all = Contents::new();
+                let every: Vec<usize> = (0..self.settings.subpages).collect();
+                // An unreadable sub-page: its keys are misses (counted).
+                for mut contents in self.contents_of(&st, &every).into_iter().flatten() {
+                    all.append(&mut contents);
+                }
+                let range = (Bound::Included(cursor), end);
+                let entries = all
+                    .into_iter()
+                    .filter(|(k, (_, meta))| {
+                        std::ops::RangeBounds::contains(&range, k.as_slice())
+                            && !meta.expired(now_ms)
+                    })
+                    .map(|(k, v)| (k, Some(v)))
+                    .collect();
+                let proof = Freshness {
+                    leaf: leaf.clone(),
+                    version: st.version,
+                };
+                (entries, st.range.high.clone(), proof)
+            })
     }
 }
