@@ -156,6 +156,26 @@ pub trait Lockable {
     fn owns(state: &Self::State, key: &[u8]) -> Option<bool>;
 }
 
+/// Implements [`Lockable`] for a leaf `$leaf { state: RwLock<$state>, .. }` whose state
+/// keeps its range in a `range: KeyRange` field (BT_SSD, BT_LO): the range answers the
+/// owns check.
+macro_rules! lockable_by_range {
+    ($leaf:ty, $state:ty) => {
+        impl $crate::btree::Lockable for $leaf {
+            type State = $state;
+
+            fn lock(&self) -> &parking_lot::RwLock<$state> {
+                &self.state
+            }
+
+            fn owns(state: &$state, key: &[u8]) -> Option<bool> {
+                Some(state.range.owns(key))
+            }
+        }
+    };
+}
+pub(crate) use lockable_by_range;
+
 /// Where to cut `n` sorted items into leaves: consecutive chunks that `fits` (given a
 /// chunk's start and end) accepts, or single items. A chunk that does not fit is cut at
 /// `cut(start, end)`, strictly inside it, and both sides are cut again.

@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use parking_lot::{Mutex, RwLock};
 use zipcache_device::{AlignedBuf, BLOCK_SIZE, BlockDevice};
 
-use crate::btree::{BTree, Exclusive, Fence, KeyRange, Lockable, Shared};
+use crate::btree::{BTree, Exclusive, Fence, KeyRange, Shared, lockable_by_range};
 use crate::dram::ScanEntry;
 use crate::memory::{Memory, alloc_size};
 use crate::record::Meta;
@@ -49,17 +49,7 @@ struct LoLeaf {
     state: RwLock<LoState>,
 }
 
-impl Lockable for LoLeaf {
-    type State = LoState;
-
-    fn lock(&self) -> &RwLock<LoState> {
-        &self.state
-    }
-
-    fn owns(state: &LoState, key: &[u8]) -> Option<bool> {
-        Some(state.range.owns(key))
-    }
-}
+lockable_by_range!(LoLeaf, LoState);
 
 struct Log {
     /// Next block to write, relative to the region start.

@@ -42,7 +42,7 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use parking_lot::{Mutex, RwLock};
 use zipcache_device::{AlignedBuf, BLOCK_SIZE, BlockDevice};
 
-use crate::btree::{BTree, Fence, KeyRange, Lockable, Ranged, Shared};
+use crate::btree::{BTree, Fence, KeyRange, Ranged, Shared, lockable_by_range};
 use crate::config::Clock;
 use crate::dram::ScanEntry;
 use crate::leaf_page::Geometry;
@@ -98,17 +98,7 @@ impl Ranged for SlState {
     }
 }
 
-impl Lockable for SuperLeaf {
-    type State = SlState;
-
-    fn lock(&self) -> &RwLock<SlState> {
-        &self.state
-    }
-
-    fn owns(state: &SlState, key: &[u8]) -> Option<bool> {
-        Some(state.range.owns(key))
-    }
-}
+lockable_by_range!(SuperLeaf, SlState);
 
 struct SuperLeaf {
     state: RwLock<SlState>,
