@@ -15,8 +15,14 @@
 //! Concurrency: the tree is read without locks; each leaf has its own `RwLock`. GETs take
 //! it shared, writers exclusive. Whoever locks a leaf checks with the tree that the leaf
 //! still owns its key (it may have split, been evicted, or its slot been reused since
-//! the tree was read) and otherwise goes back to the root. Lock order is left leaf →
-//! right leaf → tree writer, which the splitting merge and eviction both follow.
+//! the tree was read) and otherwise goes back to the root ([`BTree::with_leaf_locked`]).
+//! Lock order is left leaf → right leaf → tree writer, which the splitting merge and
+//! eviction both follow.
+//!
+//! Modules by technique: this one holds the tier, its GET, writes and scan; [`leaf`] the
+//! leaf descriptor, its state and what that is charged; [`page`] the page format;
+//! [`merge`] buffer merges and splits; [`eviction`] CLOCK and group eviction; [`hot`]
+//! compression bypassing; [`cas`] CAS versions; [`tally`] object counts for `stats`.
 
 mod cas;
 mod eviction;

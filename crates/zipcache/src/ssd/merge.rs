@@ -146,7 +146,6 @@ impl SsdTier {
         st.range.high = fences.first().cloned().or_else(|| old_high.clone());
         self.rewrite(w, st, &objs[chunks[0].0..chunks[0].1]);
         st.version += 1;
-        // may do I/O: each new super-leaf is written before it is published
         let new_leaves = chunks.iter().enumerate().skip(1).map(|(i, &(start, end))| {
             let mut nst = SlState {
                 range: KeyRange::new(
@@ -161,6 +160,7 @@ impl SsdTier {
             self.rewrite(w, &mut nst, &objs[start..end]);
             (nst.range.low.clone(), SuperLeaf::new(nst))
         });
+        // may do I/O: each new super-leaf is written (`rewrite`) just before it is published
         let delta = self.tree.split_and_publish(new_leaves);
         let added = chunks.len() as i64 - 1;
         self.counters
