@@ -19,13 +19,19 @@
 //! leaf's range is published while the leaf is locked, so a reader that holds a leaf's
 //! lock and finds that the tree still routes its key there (`generation` unchanged since
 //! it routed, or a second walk) knows the leaf owns the key.
+//!
+//! That leaf protocol (route, lock, check that the leaf owns the key, else route again) is
+//! [`BTree::with_leaf_locked`] for all three trees; a leaf that keeps its own
+//! [`KeyRange`] (BT_SSD, BT_LO) answers the check from it, one that keeps none (BT_DRAM)
+//! leaves it to the tree. A split is cut by [`cut_into_leaves`] and [`split_fences`] and
+//! published, under the split leaf's lock, by [`BTree::split_and_publish`].
 
 use std::cmp::Ordering as KeyOrder;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use arc_swap::ArcSwap;
-use parking_lot::{Mutex, RwLock, RwLockWriteGuard};
+use parking_lot::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use crate::memory::alloc_size;
 
@@ -106,6 +112,112 @@ impl KeyRange {
         victim.retired = true;
         true
     }
+}
+
+/// Shared or exclusive: how the leaf protocol ([`BTree::with_leaf_locked`]) takes a
+/// leaf's lock.
+pub trait LockMode {
+    type Guard<'l, S: 'l>: std::ops::Deref<Target = S>;
+
+    fn lock<S>(lock: &RwLock<S>) -> Self::Guard<'_, S>;
+}
+
+/// The leaf's lock taken shared: readers.
+pub enum Shared {}
+
+/// The leaf's lock taken exclusive: writers.
+pub enum Exclusive {}
+
+impl LockMode for Shared {
+    type Guard<'l, S: 'l> = RwLockReadGuard<'l, S>;
+
+    fn lock<S>(lock: &RwLock<S>) -> RwLockReadGuard<'_, S> {
+        lock.read()
+    }
+}
+
+impl LockMode for Exclusive {
+    type Guard<'l, S: 'l> = RwLockWriteGuard<'l, S>;
+
+    fn lock<S>(lock: &RwLock<S>) -> RwLockWriteGuard<'_, S> {
+        lock.write()
+    }
+}
+
+/// A leaf the leaf protocol can lock.
+pub trait Lockable {
+    type State;
+
+    fn lock(&self) -> &RwLock<Self::State>;
+
+    /// Whether the leaf, locked in `state`, owns `key`, if it keeps its own range
+    /// (BT_SSD, BT_LO: a [`KeyRange`]); `None` if it keeps none (BT_DRAM): it then owns
+    /// `key` while the tree still routes `key` to it.
+    fn owns(state: &Self::State, key: &[u8]) -> Option<bool>;
+}
+
+/// Implements [`Lockable`] for a leaf `$leaf { state: RwLock<$state>, .. }` whose state
+/// keeps its range in a `range: KeyRange` field (BT_SSD, BT_LO): the range answers the
+/// owns check.
+macro_rules! lockable_by_range {
+    ($leaf:ty, $state:ty) => {
+        impl $crate::btree::Lockable for $leaf {
+            type State = $state;
+
+            fn lock(&self) -> &parking_lot::RwLock<$state> {
+                &self.state
+            }
+
+            fn owns(state: &$state, key: &[u8]) -> Option<bool> {
+                Some(state.range.owns(key))
+            }
+        }
+    };
+}
+pub(crate) use lockable_by_range;
+
+/// Where to cut `n` sorted items into leaves: consecutive chunks that `fits` (given a
+/// chunk's start and end) accepts, or single items. A chunk that does not fit is cut at
+/// `cut(start, end)`, strictly inside it, and both sides are cut again.
+pub fn cut_into_leaves(
+    n: usize,
+    fits: impl Fn(usize, usize) -> bool,
+    cut: impl Fn(usize, usize) -> usize,
+) -> Vec<(usize, usize)> {
+    let mut out = Vec::new();
+    let mut pending = vec![(0, n)];
+    while let Some((start, end)) = pending.pop() {
+        if end - start <= 1 || fits(start, end) {
+            out.push((start, end));
+            continue;
+        }
+        let mid = cut(start, end);
+        pending.push((mid, end));
+        pending.push((start, mid));
+    }
+    out
+}
+
+/// The low fences of the leaves that `chunks` (from [`cut_into_leaves`]) of sorted
+/// `items` become, the first excepted: the shortest separator between each chunk's last
+/// key and the next chunk's first.
+pub fn split_fences<T>(
+    items: &[T],
+    chunks: &[(usize, usize)],
+    key: impl Fn(&T) -> &[u8],
+) -> Vec<Fence> {
+    chunks
+        .windows(2)
+        .map(|pair| separator(key(&items[pair[0].1 - 1]), key(&items[pair[1].0])))
+        .collect()
+}
+
+/// The shortest key `s` with `left < s <= right`: a prefix of `right` (suffix truncation
+/// keeps inner-node fences short).
+fn separator(left: &[u8], right: &[u8]) -> Fence {
+    debug_assert!(left < right);
+    let common = left.iter().zip(right).take_while(|(a, b)| a == b).count();
+    Fence::from(&right[..(common + 1).min(right.len())])
 }
 
 /// The entries of a bottom node: its leaves and their low fences, in key order. Fence
@@ -343,6 +455,46 @@ impl<C: Child> BTree<C> {
         let root = self.root.load();
         let (entries, i) = Self::bottom(&root, key);
         f(&entries.children[i])
+    }
+
+    /// The leaf protocol of all three trees: routes `key` to a leaf, locks it (`M`) and
+    /// runs `body` on it if it still owns `key` ([`Lockable::owns`]); otherwise (it
+    /// split, was retired, or its slot was reused since the tree was read) routes again.
+    /// `reach` finds the leaf a handle names in a `view()` taken for each attempt, after
+    /// routing (BT_DRAM's table of leaves grows); `None` routes again.
+    pub fn with_leaf_locked<M: LockMode, V, L: Lockable, R>(
+        &self,
+        key: &[u8],
+        view: impl Fn() -> V,
+        reach: impl for<'v> Fn(&'v V, &'v C) -> Option<&'v L>,
+        body: impl FnOnce(&C, &L, M::Guard<'_, L::State>) -> R,
+    ) -> R {
+        loop {
+            let generation = self.generation();
+            let handle = self.with_leaf(key, C::clone);
+            let view = view();
+            let Some(leaf) = reach(&view, &handle) else {
+                continue;
+            };
+            let state = M::lock(leaf.lock());
+            let owns = L::owns(&state, key)
+                .unwrap_or_else(|| self.generation() == generation || self.routes_to(key, &handle));
+            if owns {
+                return body(&handle, leaf, state);
+            }
+        }
+    }
+
+    /// Publishes the leaves a split of a locked leaf made: each `(low, leaf)`, in key
+    /// order, takes over `[low, next low)` from the split leaf. The caller holds the split
+    /// leaf's lock throughout (and has narrowed its range, if it keeps one), so a reader
+    /// routed to it waits, then finds that it no longer owns the keys that moved. Returns
+    /// the change in inner-node bytes.
+    pub fn split_and_publish(&self, new_leaves: impl IntoIterator<Item = (Fence, C)>) -> i64 {
+        new_leaves
+            .into_iter()
+            .map(|(low, leaf)| self.insert(low, leaf))
+            .sum()
     }
 
     /// The bottom node and entry that route `key`.
@@ -671,6 +823,23 @@ impl<C: Child> BTree<C> {
     }
 }
 
+impl<L: Lockable> BTree<Arc<L>> {
+    /// [`BTree::with_leaf_locked`] for a tree whose handles hold their leaves (BT_SSD,
+    /// BT_LO).
+    pub fn with_arc_leaf_locked<M: LockMode, R>(
+        &self,
+        key: &[u8],
+        body: impl FnOnce(&Arc<L>, M::Guard<'_, L::State>) -> R,
+    ) -> R {
+        self.with_leaf_locked::<M, _, _, _>(
+            key,
+            || (),
+            |_, leaf| Some(&**leaf),
+            |leaf, _, state| body(leaf, state),
+        )
+    }
+}
+
 #[derive(Default)]
 struct Delta {
     added: u64,
@@ -791,6 +960,100 @@ mod tests {
 
     fn locks(run: &[(Fence, Arc<Ranges>)]) -> Vec<&RwLock<KeyRange>> {
         run.iter().map(|(_, l)| &l.0).collect()
+    }
+
+    impl Lockable for Ranges {
+        type State = KeyRange;
+
+        fn lock(&self) -> &RwLock<KeyRange> {
+            &self.0
+        }
+
+        fn owns(state: &KeyRange, key: &[u8]) -> Option<bool> {
+            Some(state.owns(key))
+        }
+    }
+
+    /// A leaf that keeps no range, as BT_DRAM's: the tree decides what it owns.
+    struct Unranged(RwLock<u32>);
+
+    impl Lockable for Unranged {
+        type State = u32;
+
+        fn lock(&self) -> &RwLock<u32> {
+            &self.0
+        }
+
+        fn owns(_: &u32, _: &[u8]) -> Option<bool> {
+            None
+        }
+    }
+
+    #[test]
+    fn the_leaf_protocol_routes_again_when_a_split_moved_the_key() {
+        let (tree, leaves) = ranged_tree();
+        let right = Arc::new(Ranges(RwLock::new(KeyRange::new(key(15), Some(key(20))))));
+        let attempts = std::cell::Cell::new(0);
+        let (found, low) = tree.with_leaf_locked::<Shared, _, _, _>(
+            &key(17),
+            || {
+                // Between routing and locking, the leaf [10, 20) splits at 15.
+                attempts.set(attempts.get() + 1);
+                if attempts.get() == 1 {
+                    leaves[1].1.0.write().high = Some(key(15));
+                    tree.split_and_publish([(key(15), right.clone())]);
+                }
+            },
+            |_, leaf| Some(&**leaf),
+            |leaf, _, state| (leaf.clone(), state.low.clone()),
+        );
+        assert!(Arc::ptr_eq(&found, &right));
+        assert_eq!((low, attempts.get()), (key(15), 2));
+    }
+
+    #[test]
+    fn a_leaf_without_a_range_owns_what_the_tree_routes_to_it() {
+        let tree = BTree::new(Arc::new(Unranged(RwLock::new(0))));
+        let attempts = std::cell::Cell::new(0);
+        // Locks the leaf of `k` while a leaf `(low, id)` splits off between routing and
+        // locking; the id it found, and how many routings it took.
+        let lock = |k: u32, low: u32, id: u32| {
+            attempts.set(0);
+            let split = tree.with_leaf_locked::<Exclusive, _, _, _>(
+                &key(k),
+                || {
+                    attempts.set(attempts.get() + 1);
+                    if attempts.get() == 1 {
+                        tree.split_and_publish([(key(low), Arc::new(Unranged(RwLock::new(id))))]);
+                    }
+                },
+                |_, leaf| Some(&**leaf),
+                |_, _, state| *state,
+            );
+            (split, attempts.get())
+        };
+        // The tree changed, but a second walk still leads to the locked leaf.
+        assert_eq!(lock(3, 15, 1), (0, 1));
+        // Routed to leaf 1, which leaf 2 took key 17 from: routed again.
+        assert_eq!(lock(17, 16, 2), (2, 2));
+    }
+
+    #[test]
+    fn splits_cut_into_fitting_chunks_at_short_fences() {
+        let halves = |start, end| (start + end) / 2;
+        let chunks = cut_into_leaves(10, |start, end| end - start <= 3, halves);
+        assert_eq!(chunks, vec![(0, 2), (2, 5), (5, 7), (7, 10)]);
+        assert_eq!(
+            cut_into_leaves(2, |_, _| false, halves),
+            vec![(0, 1), (1, 2)],
+            "a single item is a chunk, fits or not"
+        );
+        let keys: Vec<&[u8]> = vec![b"apple", b"apricot", b"banana", b"bandana"];
+        let fences = split_fences(&keys, &[(0, 1), (1, 3), (3, 4)], |k| k);
+        assert_eq!(
+            fences,
+            vec![Fence::from(&b"apr"[..]), Fence::from(&b"band"[..])]
+        );
     }
 
     #[test]

@@ -20,7 +20,7 @@ use zipcache_device::{
 
 use crate::async_get::AsyncGet;
 use crate::config::Promotion;
-use crate::dram_tier::{DramSettings, DramTier, LeafId, Lookup, ScanEntry};
+use crate::dram::{DramSettings, DramTier, LeafId, Lookup, ScanEntry};
 use crate::eviction::EvictionSink;
 use crate::index_dir::{DataLock, FsDir, IndexDir};
 use crate::large_objects::LargeObjects;
@@ -29,7 +29,7 @@ use crate::promotion::{self, PromotionFilter};
 use crate::record::{ASSIGN_CAS, Meta};
 use crate::run_epoch;
 use crate::sealed_file::IndexFile;
-use crate::ssd_tier::{Finished, Freshness, PlannedRead, SsdHit, SsdSettings, SsdTier};
+use crate::ssd::{Finished, Freshness, PlannedRead, SsdHit, SsdSettings, SsdTier};
 use crate::stats::ratio;
 use crate::{Config, Error, Item, PutOptions, Result, Stats, Update};
 

@@ -19,8 +19,8 @@ use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use parking_lot::{Mutex, RwLock};
 use zipcache_device::{AlignedBuf, BLOCK_SIZE, BlockDevice};
 
-use crate::btree::{BTree, Fence, KeyRange};
-use crate::dram_tier::ScanEntry;
+use crate::btree::{BTree, Exclusive, Fence, KeyRange, Shared, lockable_by_range};
+use crate::dram::ScanEntry;
 use crate::memory::{Memory, alloc_size};
 use crate::record::Meta;
 use crate::sealed_file::{self, Fields, IndexFile};
@@ -45,9 +45,11 @@ struct LoState {
     entries: Vec<(Arc<[u8]>, Extent)>,
 }
 
-pub struct LoLeaf {
+struct LoLeaf {
     state: RwLock<LoState>,
 }
+
+lockable_by_range!(LoLeaf, LoState);
 
 struct Log {
     /// Next block to write, relative to the region start.
@@ -120,17 +122,6 @@ impl LargeObjects {
         self.counters.objects.load(Ordering::Relaxed).max(0) as u64
     }
 
-    /// Runs `f` on the leaf for `key` until it finds the leaf still owning the key (a
-    /// split may move it between finding and locking).
-    fn with_leaf<R>(&self, key: &[u8], mut f: impl FnMut(&LoLeaf) -> Option<R>) -> R {
-        loop {
-            let (_, leaf) = self.tree.find(key);
-            if let Some(r) = f(&leaf) {
-                return r;
-            }
-        }
-    }
-
     /// Large objects with keys in `[cursor, end)` from the BT_LO leaf holding `cursor`,
     /// and where the next leaf starts.
     pub fn scan_leaf(
@@ -139,10 +130,10 @@ impl LargeObjects {
         end: std::ops::Bound<&[u8]>,
         now_ms: u64,
     ) -> (Vec<ScanEntry>, Option<Fence>) {
-        let (keys, next) = self.with_leaf(cursor, |leaf| {
-            let st = leaf.state.read();
-            let range = (std::ops::Bound::Included(cursor), end);
-            st.range.owns(cursor).then(|| {
+        let (keys, next) = self
+            .tree
+            .with_arc_leaf_locked::<Shared, _>(cursor, |_, st| {
+                let range = (std::ops::Bound::Included(cursor), end);
                 let keys: Vec<Vec<u8>> = st
                     .entries
                     .iter()
@@ -150,8 +141,7 @@ impl LargeObjects {
                     .map(|(k, _)| k.to_vec())
                     .collect();
                 (keys, st.range.high.clone())
-            })
-        });
+            });
         let entries = keys
             .into_iter()
             .filter_map(|k| self.get(&k, now_ms).map(|v| (k, Some(v))))
@@ -160,14 +150,11 @@ impl LargeObjects {
     }
 
     fn lookup(&self, key: &[u8]) -> Option<Extent> {
-        self.with_leaf(key, |leaf| {
-            let st = leaf.state.read();
-            st.range.owns(key).then(|| {
-                st.entries
-                    .binary_search_by(|(k, _)| k.as_ref().cmp(key))
-                    .ok()
-                    .map(|i| st.entries[i].1)
-            })
+        self.tree.with_arc_leaf_locked::<Shared, _>(key, |_, st| {
+            st.entries
+                .binary_search_by(|(k, _)| k.as_ref().cmp(key))
+                .ok()
+                .map(|i| st.entries[i].1)
         })
     }
 
@@ -288,34 +275,32 @@ impl LargeObjects {
     }
 
     fn insert(&self, key: Arc<[u8]>, extent: Extent) {
-        let replaced = self.with_leaf(&key, |leaf| {
-            let mut st = leaf.state.write();
-            if !st.range.owns(&key) {
-                return None;
-            }
-            let replaced = match st.entries.binary_search_by(|(k, _)| k.as_ref().cmp(&key)) {
-                Ok(i) => Some(std::mem::replace(&mut st.entries[i].1, extent)),
-                Err(i) => {
-                    st.entries.insert(i, (key.clone(), extent));
-                    None
+        let replaced = self
+            .tree
+            .with_arc_leaf_locked::<Exclusive, _>(&key, |_, mut st| {
+                let replaced = match st.entries.binary_search_by(|(k, _)| k.as_ref().cmp(&key)) {
+                    Ok(i) => Some(std::mem::replace(&mut st.entries[i].1, extent)),
+                    Err(i) => {
+                        st.entries.insert(i, (key.clone(), extent));
+                        None
+                    }
+                };
+                if st.entries.len() > LEAF_ENTRIES {
+                    let half = st.entries.len() / 2;
+                    let right = st.entries.split_off(half);
+                    let low = Fence::from(right[0].0.as_ref());
+                    let new = Arc::new(LoLeaf {
+                        state: RwLock::new(LoState {
+                            range: KeyRange::new(low.clone(), st.range.high.take()),
+                            entries: right,
+                        }),
+                    });
+                    st.range.high = Some(low.clone());
+                    self.memory
+                        .change_index(self.tree.split_and_publish([(low, new)]));
                 }
-            };
-            if st.entries.len() > LEAF_ENTRIES {
-                let half = st.entries.len() / 2;
-                let right = st.entries.split_off(half);
-                let low = Fence::from(right[0].0.as_ref());
-                let new = Arc::new(LoLeaf {
-                    state: RwLock::new(LoState {
-                        range: KeyRange::new(low.clone(), st.range.high.take()),
-                        entries: right,
-                    }),
-                });
-                st.range.high = Some(low.clone());
-                let delta = self.tree.insert(low, new);
-                self.memory.change_index(delta);
-            }
-            Some(replaced)
-        });
+                replaced
+            });
         match replaced {
             Some(old) => self.trim(&old),
             None => {
@@ -336,18 +321,14 @@ impl LargeObjects {
         // Every small PUT asks: look under the shared lock first, so that writers of small
         // objects do not queue on BT_LO's one leaf for nothing.
         self.lookup(key)?;
-        let removed = self.with_leaf(key, |leaf| {
-            let mut st = leaf.state.write();
-            if !st.range.owns(key) {
-                return None;
-            }
-            Some(
+        let removed = self
+            .tree
+            .with_arc_leaf_locked::<Exclusive, _>(key, |_, mut st| {
                 match st.entries.binary_search_by(|(k, _)| k.as_ref().cmp(key)) {
                     Ok(i) if pred(&st.entries[i].1) => Some(st.entries.remove(i).1),
                     _ => None,
-                },
-            )
-        })?;
+                }
+            })?;
         self.counters.objects.fetch_sub(1, Ordering::Relaxed);
         self.memory.change_index(-entry_bytes(key.len()));
         self.trim(&removed);

@@ -13,7 +13,7 @@ mod btree;
 mod bypass;
 mod cache;
 mod counters;
-mod dram_tier;
+mod dram;
 mod early_termination;
 mod eviction;
 mod index_dir;
@@ -33,8 +33,8 @@ mod record;
 mod run_epoch;
 mod sealed_file;
 mod slots;
+mod ssd;
 mod ssd_block;
-mod ssd_tier;
 mod subpage_hash;
 mod write_buffer;
 

@@ -724,10 +724,7 @@ fn assigned_versions_stay_distinct_after_a_client_cas_at_the_top_of_the_range() 
         };
         let mut seen = vec![h.cache.put_with(key.as_bytes(), b"v", chosen).unwrap()];
         for _ in 0..3 {
-            let cas = h
-                .cache
-                .put_with(key.as_bytes(), b"w", assign)
-                .unwrap();
+            let cas = h.cache.put_with(key.as_bytes(), b"w", assign).unwrap();
             assert!(!seen.contains(&cas), "{cas} repeats one of {seen:?}");
             assert_eq!(h.cache.get_item(key.as_bytes()).unwrap().unwrap().cas, cas);
             seen.push(cas);

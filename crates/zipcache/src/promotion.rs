@@ -3,8 +3,8 @@
 //! Inclusive caching copies an SSD hit into DRAM as a clean object. In a look-aside
 //! workload those copies are most of what enters DRAM, and every clean copy takes room a
 //! dirty object could use to wait for company before its super-leaf is rewritten (see
-//! `dram_tier::drop_clean`). Copying a key only on its second SSD hit within a short window
-//! keeps one-off reads on the SSD.
+//! `dram::eviction::drop_clean`). Copying a key only on its second SSD hit within a
+//! short window keeps one-off reads on the SSD.
 //!
 //! The window is a table of 32-bit key fingerprints, one slot per key hash: a hit whose
 //! fingerprint is in its slot is admitted (and the slot cleared); otherwise the

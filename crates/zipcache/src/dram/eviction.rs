@@ -1,0 +1,424 @@
+//! Page-based eviction of DRAM leaves (paper §3.3): CLOCK over leaves, clean objects
+//! first, then a group of neighbours inside the span of the SSD super-leaves the victim
+//! maps to, handed to the tier below in one batch.
+
+use std::collections::VecDeque;
+use std::sync::atomic::Ordering;
+
+use parking_lot::RwLockWriteGuard;
+
+use super::leaf::{DramLeaf, HOT, LOST, LeafState, RAW_PAGE, REFERENCED, RETIRED, UNKNOWN};
+use super::{DramTier, LeafId};
+use crate::btree::Fence;
+use crate::eviction::{EvictedObject, EvictionSink};
+use crate::record::Meta;
+use crate::slots::View;
+
+/// Most leaves one eviction takes (see `evict_group`): bounds how long their readers
+/// wait and how much a hot neighbour can be pulled out with a cold victim.
+pub(super) const MAX_EVICTION_GROUP: usize = 8;
+
+/// Why leaves leave DRAM.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Departure {
+    /// Evicted to make room: hot neighbours are spared, and the leaves count as evicted.
+    ForRoom,
+    /// `flush_all` or a clean shutdown: every leaf goes, and none is an eviction.
+    Everything,
+}
+
+impl DramTier {
+    /// Evicts one group of leaves around a victim chosen by CLOCK. Returns false if
+    /// nothing could be evicted. With a sink, may do I/O (the SSD tier's merge).
+    pub fn evict_one(&self, sink: Option<&dyn EvictionSink>, now_ms: u64) -> bool {
+        // One group eviction at a time: two collapses over overlapping runs of leaves
+        // would each hold leaves the other waits for.
+        let _evicting = self.evicting.lock();
+        self.clock_victim(|low, id, leaf| {
+            if self.drop_clean(leaf, now_ms) {
+                return true;
+            }
+            let high = self.tree.next_leaf(low).map(|(next, _)| next);
+            let span = match sink {
+                Some(sink) => sink.span(low, high.as_deref()),
+                None => (low.clone(), high),
+            };
+            self.evict_group(low, id, span, Departure::ForRoom, sink, now_ms)
+        })
+    }
+
+    /// Overload (the flusher is behind and DRAM is full): frees one CLOCK victim without
+    /// writing anything. Its clean objects go as in `evict_one`; otherwise its objects are
+    /// dropped (counted in `write_drops`) and the leaf is marked lost, so that its keys
+    /// miss instead of reaching older copies below until the flusher evicts it and the SSD
+    /// tier forgets its range. Never does I/O nor waits for it.
+    pub fn drop_one(&self, now_ms: u64) -> bool {
+        self.clock_victim(|_, _, leaf| self.drop_clean(leaf, now_ms) || self.drop_unwritten(leaf))
+    }
+
+    /// Moves the CLOCK hand until `take` takes a victim: referenced leaves are spared
+    /// once, hot ones for two sweeps; then, with nothing else left to take, the budget
+    /// wins over the hot sub-tier. The hand's lock is not held while `take` runs, which
+    /// may do I/O: a foreground `drop_one` (which locks one leaf at a time, as a merge
+    /// does) must not wait behind the flusher's.
+    fn clock_victim(&self, mut take: impl FnMut(&Fence, LeafId, &DramLeaf) -> bool) -> bool {
+        let leaves = self.tree.leaf_count();
+        for step in 0..3 * leaves + 2 {
+            let spare_hot = step < 2 * leaves + 1;
+            let (low, id) = self.tree.clock_step(&mut self.hand.lock());
+            let view = self.view();
+            let Some(leaf) = view.get(id.0) else { continue };
+            if leaf.set(REFERENCED, false) || (spare_hot && leaf.hot()) {
+                continue;
+            }
+            if take(&low, id, leaf) {
+                return true;
+            }
+        }
+        false
+    }
+
+    /// Empties a leaf without handing its objects to the lower tier: see `drop_one`.
+    fn drop_unwritten(&self, leaf: &DramLeaf) -> bool {
+        let mut st = leaf.state.write();
+        let buffered = st.buffer().map_or(0, |b| b.records().count() as u64);
+        if leaf.has(RETIRED) || st.summary().objects + buffered == 0 {
+            return false;
+        }
+        self.counters
+            .write_drops
+            .fetch_add(st.summary().objects + buffered, Ordering::Relaxed);
+        // Its versions are forgotten with it: none may be handed out again.
+        self.raise_cas_floor(self.leaf_cas_top(&st));
+        self.charged(leaf, &mut st, |st| *st = LeafState::default());
+        leaf.set(RAW_PAGE, false);
+        leaf.set(LOST, true);
+        true
+    }
+
+    /// Clean first: a cold leaf that holds clean objects (unchanged copies of SSD-tier
+    /// objects) gives up just those. Dropping them writes nothing and loses no hit (a
+    /// later GET finds them on the SSD); its dirty objects stay and gather company, so
+    /// that when the leaf does leave, its super-leaves are rewritten for more new
+    /// objects. False if the leaf holds nothing clean.
+    fn drop_clean(&self, leaf: &DramLeaf, now_ms: u64) -> bool {
+        let mut st = leaf.state.write();
+        let buffered = st
+            .buffer()
+            .map_or(0, |b| b.records().filter(|r| r.meta.clean).count());
+        if leaf.has(RETIRED) || st.summary().clean as usize + buffered == 0 {
+            return false;
+        }
+        self.merge_locked(leaf, &mut st, now_ms, true);
+        true
+    }
+
+    /// Evicts `leaf` together with its neighbours inside `span`, the key range of the SSD
+    /// super-leaves `leaf` maps to ([`EvictionSink::span`]), so that one read-modify-write
+    /// of each super-leaf takes the objects of all of them: a super-leaf covers the key
+    /// range of several DRAM leaves, and rewriting it once per DRAM leaf multiplies the
+    /// bytes written to the SSD. Evicted for room, hot (bypassed) neighbours stay. The
+    /// group's range joins the leaf left of it; the first leaf of the tree is emptied in
+    /// place instead.
+    fn evict_group(
+        &self,
+        low: &Fence,
+        leaf: LeafId,
+        (span_low, span_high): (Fence, Option<Fence>),
+        why: Departure,
+        sink: Option<&dyn EvictionSink>,
+        now_ms: u64,
+    ) -> bool {
+        let spare_hot = why == Departure::ForRoom;
+        let hot = |id: &LeafId| {
+            let view = self.view();
+            view.get(id.0).is_some_and(DramLeaf::hot)
+        };
+        let mut run = VecDeque::from([(low.clone(), leaf)]);
+        while run.len() < MAX_EVICTION_GROUP && run[0].0.as_ref() > span_low.as_ref() {
+            match self.tree.prev_leaf(&run[0].0) {
+                Some(prev) if !(spare_hot && hot(&prev.1)) => run.push_front(prev),
+                _ => break,
+            }
+        }
+        while run.len() < MAX_EVICTION_GROUP {
+            let last = &run[run.len() - 1].0;
+            match self.tree.next_leaf(last) {
+                Some(next)
+                    if !(spare_hot && hot(&next.1))
+                        && span_high.as_ref().is_none_or(|h| next.0 < *h) =>
+                {
+                    run.push_back(next)
+                }
+                _ => break,
+            }
+        }
+        let keeps_range = match run[0].0.is_empty() {
+            true => 0,
+            false => match self.tree.prev_leaf(&run[0].0) {
+                Some(prev) => {
+                    run.push_front(prev);
+                    1
+                }
+                None => return false,
+            },
+        };
+        let run: Vec<_> = run.into();
+        // Ids the tree named before this view was taken are all in it.
+        let view = self.view();
+        let Some(locks) = run
+            .iter()
+            .map(|(_, id)| view.get(id.0).map(|l| &l.state))
+            .collect::<Option<Vec<_>>>()
+        else {
+            return false;
+        };
+        let leaf = |id: &LeafId| {
+            view.get(id.0)
+                .expect("every leaf of the run is in the view")
+        };
+        let removed = self.tree.collapse(&run, &locks, |states| {
+            let high = self
+                .tree
+                .next_leaf(&run[run.len() - 1].0)
+                .map(|(next, _)| next);
+            let victims = &run[keeps_range..];
+            if why == Departure::ForRoom {
+                for ((_, id), st) in victims.iter().zip(&states[keeps_range..]) {
+                    self.count_eviction(leaf(id), st, sink.is_none(), now_ms);
+                }
+            }
+            self.hand_over(
+                &view,
+                victims,
+                high,
+                &mut states[keeps_range..],
+                sink,
+                now_ms,
+            );
+            for (_, id) in &run[1..] {
+                leaf(id).set(RETIRED, true);
+            }
+        });
+        let Some(delta) = removed else { return false };
+        self.memory.change_index(delta);
+        for (_, id) in &run[1..] {
+            if leaf(id).set(HOT, false) {
+                self.counters.hot_leaves.fetch_sub(1, Ordering::Relaxed);
+            }
+            self.memory.change_index(self.leaves.free(id.0));
+        }
+        true
+    }
+
+    /// Gives the objects of locked, consecutive leaves (`run`, the last one's range
+    /// ending at `high`) to `sink` in one batch and empties the leaves.
+    fn hand_over(
+        &self,
+        view: &View<DramLeaf>,
+        run: &[(Fence, LeafId)],
+        high: Option<Fence>,
+        victims: &mut [RwLockWriteGuard<'_, LeafState>],
+        sink: Option<&dyn EvictionSink>,
+        now_ms: u64,
+    ) {
+        let leaf = |i: usize| view.get(run[i].1.0).expect("locked by the caller");
+        if let Some(sink) = sink.filter(|_| !run.is_empty()) {
+            for i in (0..run.len()).filter(|&i| leaf(i).lost()) {
+                let high_i = run
+                    .get(i + 1)
+                    .map(|(f, _)| f.clone())
+                    .or_else(|| high.clone());
+                sink.forget(&run[i].0, high_i.as_deref());
+            }
+            let objects = victims
+                .iter()
+                .enumerate()
+                .flat_map(|(i, st)| self.export(leaf(i), st, now_ms))
+                .collect();
+            sink.absorb(&run[0].0, high.as_deref(), objects);
+        }
+        for (i, st) in victims.iter_mut().enumerate() {
+            self.raise_cas_floor(self.leaf_cas_top(st));
+            let leaf = leaf(i);
+            self.charged(leaf, st, |st| *st = LeafState::default());
+            leaf.set(RAW_PAGE, false);
+            leaf.set(LOST, false);
+        }
+    }
+
+    /// Counts a locked leaf evicted for room; with nothing below to take its objects,
+    /// they are dropped from the cache: the page's and the buffer's.
+    fn count_eviction(&self, leaf: &DramLeaf, st: &LeafState, dropped: bool, now_ms: u64) {
+        let objects = st.summary().objects;
+        self.counters.evicted_leaves.fetch_add(1, Ordering::Relaxed);
+        self.counters
+            .evicted_objects
+            .fetch_add(objects, Ordering::Relaxed);
+        if dropped {
+            let buffered = st.extras.as_ref().map_or(0, |extras| {
+                match extras.buffered.load(Ordering::Relaxed) {
+                    UNKNOWN => self.buffered_delta(leaf, st, &extras.buffer, now_ms),
+                    known => known,
+                }
+            });
+            let live = objects as i64 + i64::from(buffered);
+            self.counters
+                .dropped_objects
+                .fetch_add(live.max(0) as u64, Ordering::Relaxed);
+        }
+    }
+
+    /// A leaf's newest objects in key order, tombstones included.
+    fn export(&self, leaf: &DramLeaf, st: &LeafState, now_ms: u64) -> Vec<EvictedObject> {
+        self.entries(leaf, st, now_ms, None)
+            .into_iter()
+            .map(|(key, v)| match v {
+                Some((value, meta)) => EvictedObject {
+                    key,
+                    value: Some(value),
+                    meta,
+                },
+                None => EvictedObject {
+                    key,
+                    value: None,
+                    meta: Meta::default(),
+                },
+            })
+            .collect()
+    }
+
+    /// Empties the tier: every leaf's objects go to `sink` (a clean shutdown writes them
+    /// to the SSD tier) or are dropped (memcached `flush_all`).
+    pub fn evict_all(&self, sink: Option<&dyn EvictionSink>, now_ms: u64) {
+        loop {
+            let (low, first) = self.tree.find(&[]);
+            let everything = (low.clone(), None);
+            // Counted after the group left, not before: a merge that was splitting one of
+            // its leaves (it holds that leaf's lock, which the group waits for) publishes
+            // the new leaf before it lets go, and that leaf must go too.
+            if self.evict_group(&low, first, everything, Departure::Everything, sink, now_ms)
+                && self.tree.leaf_count() == 1
+            {
+                return;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use parking_lot::Mutex;
+
+    use super::super::test_support::*;
+    use super::*;
+    use crate::dram::Lookup;
+
+    /// Clears a leaf's CLOCK bit, as a sweep of the hand would.
+    fn unreference(dram: &DramTier, id: LeafId) {
+        dram.view().get(id.0).unwrap().set(REFERENCED, false);
+    }
+
+    #[test]
+    fn one_eviction_takes_every_leaf_of_the_sinks_span_in_one_batch() {
+        let dram = tier();
+        for i in 0..3000 {
+            dram.put_with(&key(i), Some(&[7; 60]), Meta::default(), 0, |_| ());
+        }
+        let leaves = dram.leaf_count();
+        assert!(leaves > 20, "{leaves} leaves");
+        // The span covers keys [1000, 1600): the leaves inside it leave together.
+        let sink = RecordingSink {
+            span: (
+                Fence::from(&key(1000)[..]),
+                Some(Fence::from(&key(1600)[..])),
+            ),
+            batches: Mutex::default(),
+        };
+        let (low, victim) = dram.tree.find(&key(1300));
+        unreference(&dram, victim);
+        *dram.hand.lock() = low;
+        assert!(dram.evict_one(Some(&sink), 0));
+        let batches = sink.batches.lock();
+        assert_eq!(batches.len(), 1, "one batch for the whole group");
+        let keys: Vec<&[u8]> = batches[0].iter().map(|o| o.key.as_slice()).collect();
+        assert!(keys.windows(2).all(|w| w[0] < w[1]), "in key order");
+        assert!(keys.contains(&key(1300).as_slice()));
+        let evicted = leaves - dram.leaf_count();
+        assert!(
+            (2..=MAX_EVICTION_GROUP as u64).contains(&evicted),
+            "{evicted} leaves evicted"
+        );
+        // What left is gone from DRAM, everything else is still there.
+        for i in 0..3000 {
+            let gone = keys.contains(&key(i).as_slice());
+            let found = matches!(dram.get(&key(i), 0), Lookup::Found(..));
+            assert_eq!(found, !gone, "key {i}");
+        }
+        // The leaves outside the span are untouched: every evicted key is inside it,
+        // apart from the straddling leaves at its two ends.
+        let inside = |k: &[u8]| (&key(900)[..]..&key(1700)[..]).contains(&k);
+        assert!(keys.iter().all(|k| inside(k)));
+    }
+
+    #[test]
+    fn hot_neighbours_are_spared() {
+        let dram = tier();
+        for i in 0..3000 {
+            dram.put_with(&key(i), Some(&[7; 60]), Meta::default(), 0, |_| ());
+        }
+        let sink = RecordingSink {
+            span: (Fence::from(&[][..]), None),
+            batches: Mutex::default(),
+        };
+        let (low, victim) = dram.tree.find(&key(1300));
+        let (right_first, right) = dram.tree.next_leaf(&low).unwrap();
+        dram.set_hot(dram.view().get(right.0).unwrap(), true);
+        unreference(&dram, victim);
+        *dram.hand.lock() = low;
+        assert!(dram.evict_one(Some(&sink), 0));
+        assert!(!dram.view().get(right.0).unwrap().has(RETIRED));
+        assert!(dram.tree.routes_to(&right_first, &right));
+        assert!(
+            sink.batches.lock()[0]
+                .iter()
+                .all(|o| o.key.as_slice() < right_first.as_ref())
+        );
+    }
+
+    #[test]
+    fn clean_objects_leave_first_and_without_a_write() {
+        let dram = tier();
+        let clean = Meta {
+            clean: true,
+            ..Meta::default()
+        };
+        for i in 0..10 {
+            let meta = if i % 2 == 0 { clean } else { Meta::default() };
+            dram.put_with(&key(i), Some(&[i as u8; 40]), meta, 0, |_| ());
+        }
+        let sink = RecordingSink {
+            span: (Fence::from(&[][..]), None),
+            batches: Mutex::default(),
+        };
+        assert!(dram.evict_one(Some(&sink), 0));
+        assert!(
+            sink.batches.lock().is_empty(),
+            "dropping clean objects writes nothing"
+        );
+        assert_eq!(dram.counters.clean_dropped.load(Ordering::Relaxed), 5);
+        for i in 0..10 {
+            let found = matches!(dram.get(&key(i), 0), Lookup::Found(..));
+            assert_eq!(found, i % 2 == 1, "key {i}");
+        }
+        // Nothing clean is left: the next eviction hands the dirty objects over.
+        unreference(&dram, dram.tree.find(&[]).1);
+        assert!(dram.evict_one(Some(&sink), 0));
+        let batches = sink.batches.lock();
+        let keys: Vec<Vec<u8>> = batches[0].iter().map(|o| o.key.clone()).collect();
+        assert_eq!(
+            keys,
+            (0..10).filter(|i| i % 2 == 1).map(key).collect::<Vec<_>>()
+        );
+    }
+}

@@ -1,0 +1,278 @@
+//! A DRAM leaf: its 40-byte descriptor (`DramLeaf`) in the tier's table of slots, the
+//! state its lock guards (page, write buffer, medium blobs), its flags, and what its
+//! state is charged to the DRAM budget.
+
+use std::sync::atomic::{AtomicI32, AtomicU8, AtomicU32, Ordering};
+
+use parking_lot::RwLock;
+
+use super::DramTier;
+use super::page::Summary;
+use crate::btree::Lockable;
+use crate::memory::{Charge, alloc_size};
+use crate::write_buffer::WriteBuffer;
+
+/// What a leaf holds besides its page while it has any of it: the write buffer and the
+/// medium objects' blobs. Boxed, and absent for most leaves (no medium objects, no write
+/// since the last merge).
+#[derive(Default)]
+pub(super) struct Extras {
+    pub(super) buffer: WriteBuffer,
+    /// How the buffer changes the number of live objects (+1 for each new key, -1 for
+    /// each deletion of a live one), worked out when `stats` asks rather than on every
+    /// write (it takes a page lookup); `UNKNOWN` after each append.
+    pub(super) buffered: AtomicI32,
+    /// Medium objects' blobs, by the slot their page record names.
+    pub(super) blobs: Box<[Option<Box<[u8]>>]>,
+}
+
+#[derive(Default)]
+pub(super) struct LeafState {
+    pub(super) page: Option<Box<[u8]>>,
+    pub(super) extras: Option<Box<Extras>>,
+}
+
+impl LeafState {
+    pub(super) fn buffer(&self) -> Option<&WriteBuffer> {
+        self.extras.as_ref().map(|e| &e.buffer)
+    }
+
+    pub(super) fn blobs(&self) -> &[Option<Box<[u8]>>] {
+        self.extras.as_ref().map_or(&[], |e| &e.blobs)
+    }
+
+    pub(super) fn summary(&self) -> Summary {
+        self.page
+            .as_deref()
+            .and_then(Summary::split)
+            .map_or_else(Summary::default, |(s, _)| s)
+    }
+
+    /// Drops the box of extras once it holds nothing.
+    pub(super) fn tidy(&mut self) {
+        if self
+            .extras
+            .as_ref()
+            .is_some_and(|e| e.buffer.is_empty() && e.blobs.is_empty())
+        {
+            self.extras = None;
+        }
+    }
+}
+
+/// Bits of `DramLeaf::flags`.
+pub(super) const REFERENCED: u8 = 1;
+/// Chosen for the uncompressed hot sub-tier.
+pub(super) const HOT: u8 = 1 << 1;
+pub(super) const MERGE_QUEUED: u8 = 1 << 2;
+/// The page was found damaged: which keys it held newer versions or tombstones of is
+/// unknown, so every key of the range it cannot answer for hides the lower tiers (a
+/// miss), and the range is forgotten below when the leaf leaves. Set under the read lock
+/// by whoever finds the damage.
+pub(super) const LOST: u8 = 1 << 3;
+/// Removed from the tree by an eviction; its slot is free (or handed out again, which
+/// clears the flag).
+pub(super) const RETIRED: u8 = 1 << 4;
+/// The page's body is stored uncompressed (the hot sub-tier), not as LZ4.
+pub(super) const RAW_PAGE: u8 = 1 << 5;
+
+/// One slot of the tier's table: 40 bytes per leaf.
+#[derive(Default)]
+pub(super) struct DramLeaf {
+    pub(super) state: RwLock<LeafState>,
+    /// Accesses since the bypass pass last aged the counters.
+    pub(super) access: AtomicU32,
+    pub(super) flags: AtomicU8,
+}
+
+impl DramLeaf {
+    /// Counts an access. A plain load/store, not an atomic add: a lost increment under a
+    /// race does not matter to a hotness estimate, a locked bus cycle per GET would.
+    pub(super) fn touch(&self) {
+        self.access.store(
+            self.access.load(Ordering::Relaxed).saturating_add(1),
+            Ordering::Relaxed,
+        );
+        if !self.has(REFERENCED) {
+            self.flags.fetch_or(REFERENCED, Ordering::Relaxed);
+        }
+    }
+
+    pub(super) fn has(&self, flag: u8) -> bool {
+        self.flags.load(Ordering::Relaxed) & flag != 0
+    }
+
+    /// Sets or clears `flag`; returns whether it was set before.
+    pub(super) fn set(&self, flag: u8, on: bool) -> bool {
+        let before = if on {
+            self.flags.fetch_or(flag, Ordering::AcqRel)
+        } else {
+            self.flags.fetch_and(!flag, Ordering::AcqRel)
+        };
+        before & flag != 0
+    }
+
+    pub(super) fn hot(&self) -> bool {
+        self.has(HOT)
+    }
+
+    pub(super) fn lost(&self) -> bool {
+        self.has(LOST)
+    }
+
+    pub(super) fn raw_page(&self) -> bool {
+        self.has(RAW_PAGE)
+    }
+}
+
+/// A DRAM leaf keeps no range: the tree decides whether it owns a key.
+impl Lockable for DramLeaf {
+    type State = LeafState;
+
+    fn lock(&self) -> &RwLock<LeafState> {
+        &self.state
+    }
+
+    fn owns(_: &LeafState, _: &[u8]) -> Option<bool> {
+        None
+    }
+}
+
+/// `Extras::buffered` until someone asks.
+pub(super) const UNKNOWN: i32 = i32::MIN;
+
+pub(super) struct LeafContents {
+    pub(super) page: Option<Box<[u8]>>,
+    /// The page's body is uncompressed.
+    pub(super) raw: bool,
+    pub(super) blobs: Box<[Option<Box<[u8]>>]>,
+}
+
+/// Puts a page and its blobs into a locked leaf (the caller charges the change).
+pub(super) fn install(leaf: &DramLeaf, st: &mut LeafState, c: LeafContents) {
+    st.page = c.page;
+    leaf.set(RAW_PAGE, c.raw && st.page.is_some());
+    if !c.blobs.is_empty() {
+        st.extras.get_or_insert_default().blobs = c.blobs;
+    } else if let Some(extras) = &mut st.extras {
+        extras.blobs = Box::default();
+    }
+    st.tidy();
+}
+
+impl DramTier {
+    /// What a leaf's state takes besides its slot: a pure function of the state, so
+    /// every change is charged as the difference of this before and after it.
+    pub(super) fn charge_of(&self, leaf: &DramLeaf, st: &LeafState) -> Charge {
+        let page = st.page.as_deref().map_or(0, |p| alloc_size(p.len())) as i64;
+        let raw = leaf.raw_page();
+        let (buffer, mediums) = match &st.extras {
+            None => (0, 0),
+            Some(e) => {
+                let blobs: usize = e.blobs.iter().flatten().map(|b| alloc_size(b.len())).sum();
+                let table = alloc_size(e.blobs.len() * size_of::<Option<Box<[u8]>>>());
+                // The box itself goes with whichever of the two keeps it.
+                let boxed = alloc_size(size_of::<Extras>());
+                let buffer = e.buffer.charge();
+                if e.buffer.is_empty() {
+                    (buffer, blobs + table + boxed)
+                } else {
+                    (buffer + boxed, blobs + table)
+                }
+            }
+        };
+        Charge {
+            compressed_pages: if raw { 0 } else { page },
+            hot_pages: if raw { page } else { 0 },
+            write_buffers: buffer as i64,
+            mediums: mediums as i64,
+            index: 0,
+        }
+    }
+
+    /// Runs `f` on a locked leaf's state (and flags) and charges what it changed.
+    pub(super) fn charged<R>(
+        &self,
+        leaf: &DramLeaf,
+        st: &mut LeafState,
+        f: impl FnOnce(&mut LeafState) -> R,
+    ) -> R {
+        let before = self.charge_of(leaf, st);
+        let result = f(st);
+        st.tidy();
+        self.memory.change(&before, &self.charge_of(leaf, st));
+        result
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::test_support::*;
+    use super::*;
+    use crate::record::Meta;
+
+    /// The account, recounted from scratch: every leaf's state, the tree, the table.
+    fn recount(dram: &DramTier) -> Charge {
+        let view = dram.view();
+        let mut total = Charge::default();
+        for id in dram.leaves() {
+            let leaf = view.get(id.0).unwrap();
+            let c = dram.charge_of(leaf, &leaf.state.read());
+            total.compressed_pages += c.compressed_pages;
+            total.hot_pages += c.hot_pages;
+            total.write_buffers += c.write_buffers;
+            total.mediums += c.mediums;
+        }
+        total.index = (dram.tree.node_bytes() + dram.leaves.bytes() as u64) as i64;
+        total
+    }
+
+    /// A leaf costs a 40-byte slot; with the tree's entry (a 4-byte id, its fence's
+    /// distinct bytes and a 2-byte offset) and its share of the inner nodes it stays
+    /// within 64 bytes, as the account charges it. The account matches a recount of
+    /// every allocation's size and capacity, before and after evictions.
+    #[test]
+    fn a_leaf_costs_at_most_64_bytes_and_the_account_is_exact() {
+        assert_eq!(size_of::<DramLeaf>(), 40);
+        let (dram, memory) = tier_with(settings(256));
+        let mut order: Vec<u32> = (0..40_000).collect();
+        // Spread over the key space, as a hashed workload would.
+        order.sort_by_key(|&i| i.wrapping_mul(2_654_435_761));
+        for &i in &order {
+            let key = format!("{i:016}").into_bytes();
+            let meta = Meta {
+                cas: 1 << 40 | u64::from(i),
+                ..Meta::default()
+            };
+            dram.put_with(&key, Some(&[i as u8; 64]), meta, 0, |_| ());
+        }
+        dram.merge_all(0);
+        assert_eq!(memory.snapshot(), recount(&dram));
+        let leaves = dram.leaf_count() as i64;
+        let per_leaf = memory.snapshot().index / leaves;
+        assert!(leaves > 500, "{leaves} leaves");
+        assert!(per_leaf <= 64, "{per_leaf} bytes per leaf");
+        assert_eq!(
+            memory.snapshot().write_buffers,
+            0,
+            "merged buffers keep nothing"
+        );
+        for _ in 0..200 {
+            dram.evict_one(None, 0);
+        }
+        assert_eq!(memory.snapshot(), recount(&dram));
+        for &i in &order[..5000] {
+            dram.put_with(
+                &format!("{i:016}").into_bytes(),
+                Some(b"again"),
+                Meta::default(),
+                0,
+                |_| (),
+            );
+        }
+        assert_eq!(memory.snapshot(), recount(&dram));
+        dram.evict_all(None, 0);
+        assert_eq!(memory.snapshot(), recount(&dram));
+        assert_eq!(dram.leaf_count(), 1);
+    }
+}

@@ -1,0 +1,415 @@
+//! The merge of a leaf's write buffer into its page (decompress → apply → recompress),
+//! and the split of a leaf whose objects no longer fit one page.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
+
+use super::leaf::{
+    DramLeaf, LOST, LeafContents, LeafState, MERGE_QUEUED, REFERENCED, RETIRED, install,
+};
+use super::page::Summary;
+use super::{Bounds, DramTier, LeafId, ScanEntry};
+use crate::btree::{cut_into_leaves, split_fences};
+use crate::record::{CasBase, Meta, Payload, Record, blob_header, decode_blob, encode_blob};
+use crate::write_buffer::WriteBuffer;
+
+/// Medium objects one page can name: a page record points at its blob by a `u16` slot,
+/// so a page with more (a large `leaf_size`, short keys) splits instead.
+const MAX_BLOBS_PER_LEAF: usize = u16::MAX as usize + 1;
+
+/// An object of a leaf on its way into a rebuilt page, an eviction or a scan.
+struct Obj<'a> {
+    key: &'a [u8],
+    body: Body<'a>,
+    meta: Meta,
+    /// Came from the buffer with a key the page did not have.
+    new_key: bool,
+    /// The largest CAS version among the older versions of the key this one replaced.
+    replaced_cas: u64,
+}
+
+enum Body<'a> {
+    Inline(&'a [u8]),
+    /// A medium object whose blob sits in the source leaf's blob table.
+    Slot(u16),
+    /// A medium object's blob, compressed during this merge.
+    Blob(Box<[u8]>),
+    Tombstone,
+}
+
+impl Obj<'_> {
+    pub(super) fn record(&self, slot: u16) -> Record<'_> {
+        let payload = match &self.body {
+            Body::Inline(v) => Payload::Inline(v),
+            Body::Slot(_) | Body::Blob(_) => {
+                return Record {
+                    key: self.key,
+                    payload: Payload::Medium(slot),
+                    meta: Meta::default(),
+                };
+            }
+            Body::Tombstone => Payload::Tombstone,
+        };
+        Record {
+            key: self.key,
+            payload,
+            meta: self.meta,
+        }
+    }
+
+    pub(super) fn is_medium(&self) -> bool {
+        matches!(self.body, Body::Slot(_) | Body::Blob(_))
+    }
+}
+
+impl DramTier {
+    /// The background merger's entry: merges the buffer of leaf `id` if it still has
+    /// one (the slot may hold another leaf by now; merging it does no harm).
+    pub fn merge(&self, id: &LeafId, now_ms: u64) {
+        let view = self.view();
+        let Some(leaf) = view.get(id.0) else { return };
+        let mut st = leaf.state.write();
+        leaf.set(MERGE_QUEUED, false);
+        if !leaf.has(RETIRED) && st.buffer().is_some_and(|b| !b.is_empty()) {
+            self.merge_locked(leaf, &mut st, now_ms, false);
+        }
+    }
+
+    /// Decompress → apply the buffer → recompress; splits the leaf when its records no
+    /// longer fit a page. Objects that do not survive (expired, tombstones with nothing
+    /// below, and with `drop_clean` the clean ones) are dropped here.
+    pub(super) fn merge_locked(
+        &self,
+        leaf: &DramLeaf,
+        st: &mut LeafState,
+        now_ms: u64,
+        drop_clean: bool,
+    ) {
+        self.counters.merges.fetch_add(1, Ordering::Relaxed);
+        let before = self.charge_of(leaf, st);
+        let mut extras = st.extras.take().unwrap_or_default();
+        let buffer = extras.buffer.take();
+        let mut old_blobs = std::mem::take(&mut extras.blobs);
+        drop(extras);
+        let old_page = st.page.take();
+        let decoded = self.decode(leaf, old_page.as_deref());
+        let page = decoded.as_ref().map(|(base, body)| (*base, &body[..]));
+        let keep_tombstones = self.settings.keep_tombstones;
+        let mut objs = self.gather(page, &buffer, &old_blobs, now_ms);
+        for obj in &mut objs {
+            match obj.body {
+                Body::Slot(slot) => match old_blobs.get_mut(slot as usize).and_then(Option::take) {
+                    Some(blob) => obj.body = Body::Blob(blob),
+                    None => obj.body = Body::Tombstone,
+                },
+                Body::Inline(v) if obj.key.len() + v.len() >= self.settings.tiny_max => {
+                    obj.body = Body::Blob(encode_blob(v, &obj.meta));
+                }
+                _ => {}
+            }
+        }
+        let dropped = |o: &Obj| {
+            (drop_clean && o.meta.clean) || (!keep_tombstones && matches!(o.body, Body::Tombstone))
+        };
+        // Versions that leave with this merge: dropped objects, tombstones (a blob that
+        // went missing above, from corruption, is one too) and what a value without a
+        // version replaced. A surviving version stays in the leaf, above what it replaced.
+        let gone = objs
+            .iter()
+            .map(|o| match o.body {
+                Body::Tombstone => o.meta.ordered_cas().max(o.replaced_cas),
+                _ if dropped(o) => o.meta.ordered_cas().max(o.replaced_cas),
+                _ if o.meta.ordered_cas() == 0 => o.replaced_cas,
+                _ => 0,
+            })
+            .max();
+        self.raise_cas_floor(gone.unwrap_or(0));
+        if drop_clean {
+            let before = objs.len();
+            objs.retain(|o| !o.meta.clean);
+            self.counters
+                .clean_dropped
+                .fetch_add((before - objs.len()) as u64, Ordering::Relaxed);
+        }
+        // A tombstone with nothing below to hide (the blob of one that went missing above
+        // must still hide an older SSD copy, so only without a lower tier).
+        if !keep_tombstones {
+            objs.retain(|o| !matches!(o.body, Body::Tombstone));
+        }
+        let chunks = self.partition(&objs);
+        let hot = leaf.hot();
+        let fences = split_fences(&objs, &chunks, |o| o.key);
+        let mut objs_iter = objs.into_iter();
+        let mut contents = Vec::with_capacity(chunks.len());
+        for (i, &(start, end)) in chunks.iter().enumerate() {
+            let chunk: Vec<Obj> = objs_iter.by_ref().take(end - start).collect();
+            contents.push(self.build(chunk, hot && i == 0));
+        }
+        drop(buffer);
+        let mut contents = contents.into_iter();
+        if let Some(first) = contents.next() {
+            install(leaf, st, first);
+        }
+        self.memory.change(&before, &self.charge_of(leaf, st));
+        let access = leaf.access.load(Ordering::Relaxed);
+        let lost = leaf.lost();
+        let splits = fences.len() as u64;
+        // New leaves start compressed: a hot leaf that splits on every few sequential
+        // inserts would otherwise fill DRAM with uncompressed pages between two bypass
+        // passes. The next pass promotes whichever half stays hot.
+        let new_leaves = fences
+            .into_iter()
+            .zip(contents)
+            .map(|(fence, c)| (fence, self.new_leaf(access / 2, lost, c)));
+        self.memory
+            .change_index(self.tree.split_and_publish(new_leaves));
+        self.counters.splits.fetch_add(splits, Ordering::Relaxed);
+    }
+
+    /// A leaf for `contents`, in a free slot, charged; not in the tree yet.
+    fn new_leaf(&self, access: u32, lost: bool, contents: LeafContents) -> LeafId {
+        let (slot, grown) = self.leaves.allocate();
+        self.memory.change_index(grown);
+        let view = self.view();
+        let leaf = view
+            .get(slot)
+            .expect("a slot just handed out is in the table");
+        let mut st = leaf.state.write();
+        leaf.access.store(access, Ordering::Relaxed);
+        leaf.flags.store(
+            if lost { LOST | REFERENCED } else { REFERENCED },
+            Ordering::Release,
+        );
+        let before = self.charge_of(leaf, &st);
+        install(leaf, &mut st, contents);
+        self.memory.change(&before, &self.charge_of(leaf, &st));
+        LeafId(slot)
+    }
+
+    /// Chooses where to cut sorted objects into pages that fit. Sequential inserts (all
+    /// buffered keys beyond the page's keys) cut right before the new keys, so the left
+    /// leaf stays as full as hashing allows instead of half empty forever.
+    fn partition(&self, objs: &[Obj]) -> Vec<(usize, usize)> {
+        let fits = |range: &[Obj]| {
+            range.iter().filter(|o| o.is_medium()).count() <= MAX_BLOBS_PER_LEAF
+                && self.layout.fits(range.iter().map(|o| o.record(0)))
+        };
+        let cut = |start: usize, end: usize| {
+            let appended = objs[start..end]
+                .iter()
+                .rev()
+                .take_while(|o| o.new_key)
+                .count();
+            let mut cut = end - appended;
+            if cut > start && cut < end && fits(&objs[start..cut]) {
+                while cut + 1 < end && fits(&objs[start..=cut]) {
+                    cut += 1;
+                }
+                cut
+            } else {
+                (start + end) / 2
+            }
+        };
+        cut_into_leaves(objs.len(), |start, end| fits(&objs[start..end]), cut)
+    }
+
+    /// Page and blobs for one leaf's worth of objects.
+    fn build(&self, objs: Vec<Obj>, hot: bool) -> LeafContents {
+        let mut slots = 0usize;
+        let records: Vec<Record> = objs
+            .iter()
+            .map(|o| {
+                // `partition` keeps a page within `MAX_BLOBS_PER_LEAF` medium objects.
+                let slot = u16::try_from(slots).expect("blob slots fit a u16");
+                if o.is_medium() {
+                    slots += 1;
+                }
+                o.record(slot)
+            })
+            .collect();
+        let mut summary = Summary::default();
+        for o in &objs {
+            let value_len = match &o.body {
+                Body::Inline(v) => v.len(),
+                Body::Blob(b) => blob_header(b).map_or(0, |(_, n)| n),
+                Body::Slot(_) | Body::Tombstone => continue,
+            };
+            summary.objects += 1;
+            summary.clean += u64::from(o.meta.clean);
+            summary.raw_bytes += (o.key.len() + value_len) as u64;
+        }
+        let cas_top = objs.iter().map(|o| o.meta.ordered_cas()).max().unwrap_or(0);
+        summary.cas_top_above_base = cas_top.wrapping_sub(CasBase::of(&records).0);
+        // `partition` only hands over chunks that fit (a single record always does:
+        // `Config::validate` sees to it).
+        let page = if records.is_empty() {
+            None
+        } else {
+            self.layout
+                .build(&records)
+                .map(|packed| self.page(summary, &packed, hot))
+        };
+        drop(records);
+        // Pushed one by one: `collect` would reuse the far larger `objs` allocation.
+        let mut blobs = Vec::new();
+        for o in objs {
+            if let Body::Blob(b) = o.body {
+                blobs.push(Some(b));
+            }
+        }
+        LeafContents {
+            page,
+            raw: hot,
+            blobs: blobs.into_boxed_slice(),
+        }
+    }
+
+    /// The newest version of every key in a page and buffer, in key order.
+    /// Expired values come back as tombstones (which hide older copies below).
+    fn gather<'a>(
+        &self,
+        page: Option<(CasBase, &'a [u8])>,
+        buffer: &'a WriteBuffer,
+        blobs: &[Option<Box<[u8]>>],
+        now_ms: u64,
+    ) -> Vec<Obj<'a>> {
+        let mut map: BTreeMap<&'a [u8], Obj<'a>> = BTreeMap::new();
+        let (cas_base, body) = page.unwrap_or_default();
+        for r in self.layout.all(cas_base, body) {
+            let (body, meta) = match r.payload {
+                Payload::Inline(v) => (Body::Inline(v), r.meta),
+                Payload::Medium(slot) => {
+                    match blobs
+                        .get(slot as usize)
+                        .and_then(Option::as_deref)
+                        .and_then(blob_header)
+                    {
+                        Some((meta, _)) => (Body::Slot(slot), meta),
+                        None => (Body::Tombstone, Meta::default()),
+                    }
+                }
+                Payload::Tombstone => (Body::Tombstone, r.meta),
+            };
+            map.insert(
+                r.key,
+                Obj {
+                    key: r.key,
+                    body,
+                    meta,
+                    new_key: false,
+                    replaced_cas: 0,
+                },
+            );
+        }
+        for r in buffer.records() {
+            let body = match r.payload {
+                Payload::Inline(v) => Body::Inline(v),
+                // Buffers hold only inline values and tombstones.
+                Payload::Medium(_) | Payload::Tombstone => Body::Tombstone,
+            };
+            let older = map.get(r.key);
+            let new_key = older.is_none_or(|o| o.new_key);
+            let replaced_cas = older.map_or(0, |o| o.meta.ordered_cas().max(o.replaced_cas));
+            map.insert(
+                r.key,
+                Obj {
+                    key: r.key,
+                    body,
+                    meta: r.meta,
+                    new_key,
+                    replaced_cas,
+                },
+            );
+        }
+        map.into_values()
+            .map(|mut o| {
+                if !matches!(o.body, Body::Tombstone) && o.meta.expired(now_ms) {
+                    // An expired value must still hide any older copy below it.
+                    o.body = Body::Tombstone;
+                    o.replaced_cas = o.replaced_cas.max(o.meta.ordered_cas());
+                    o.meta = Meta::default();
+                }
+                o
+            })
+            .collect()
+    }
+
+    /// A locked leaf's entries in key order, restricted to `range` if given.
+    pub(super) fn entries(
+        &self,
+        leaf: &DramLeaf,
+        st: &LeafState,
+        now_ms: u64,
+        range: Option<Bounds<'_>>,
+    ) -> Vec<ScanEntry> {
+        let decoded = self.decode(leaf, st.page.as_deref());
+        let page = decoded.as_ref().map(|(base, body)| (*base, &body[..]));
+        let in_range = |k: &[u8]| range.is_none_or(|r| std::ops::RangeBounds::contains(&r, k));
+        let empty = WriteBuffer::default();
+        let buffer = st.buffer().unwrap_or(&empty);
+        self.gather(page, buffer, st.blobs(), now_ms)
+            .into_iter()
+            .filter(|o| in_range(o.key))
+            .map(|o| {
+                let value = match o.body {
+                    Body::Inline(v) => Some((v.to_vec(), o.meta)),
+                    Body::Slot(slot) => match st
+                        .blobs()
+                        .get(slot as usize)
+                        .and_then(Option::as_deref)
+                        .and_then(decode_blob)
+                    {
+                        Some(found) => Some(found),
+                        // A damaged blob: a tombstone, which hides the older copies below.
+                        None => {
+                            self.counters.corrupt_pages.fetch_add(1, Ordering::Relaxed);
+                            None
+                        }
+                    },
+                    Body::Blob(_) | Body::Tombstone => None,
+                };
+                (o.key.to_vec(), value)
+            })
+            .collect()
+    }
+
+    /// Merges every buffered write into its page (before a clean shutdown).
+    pub fn merge_all(&self, now_ms: u64) {
+        for id in self.leaves() {
+            self.merge(&id, now_ms);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::test_support::*;
+    use super::*;
+
+    /// Write buffers at rest after a fill: only leaves written since their last merge
+    /// hold one, and it is gone once merged.
+    #[test]
+    fn write_buffers_at_rest_take_under_two_bytes_an_object() {
+        let (dram, memory) = tier_with(settings(256));
+        for i in 0..40_000u32 {
+            let key = format!("{:016}", i.wrapping_mul(2_654_435_761) % 1_000_000).into_bytes();
+            dram.put_with(&key, Some(&[i as u8; 64]), Meta::default(), 0, |_| ());
+        }
+        // Full buffers are queued for the background merger, which this tier has not.
+        for _ in 0..2 {
+            let view = dram.view();
+            for id in dram.leaves() {
+                let leaf = view.get(id.0).unwrap();
+                if leaf.has(MERGE_QUEUED) {
+                    dram.merge(&id, 0);
+                }
+            }
+        }
+        let objects = dram.tally(0).objects;
+        let at_rest = memory.snapshot().write_buffers as f64 / objects as f64;
+        assert!(at_rest <= 2.0, "{at_rest} buffer bytes per object");
+        dram.merge_all(0);
+        assert_eq!(memory.snapshot().write_buffers, 0);
+        assert_eq!(dram.tally(0).objects, objects);
+    }
+}

@@ -1,0 +1,446 @@
+//! BT_DRAM, the compressed DRAM tier (paper §3.2).
+//!
+//! A B+ tree ([`BTree`]) of leaves. Each leaf holds a 4 KiB logical page of `n`
+//! hash-partitioned sub-pages of variable length ([`packed_page`](crate::packed_page))
+//! stored as one LZ4 stream (or uncompressed while hot, [`bypass`](crate::bypass)), the
+//! individually compressed blobs of its medium objects, and a write buffer
+//! ([`write_buffer`](crate::write_buffer)).
+//!
+//! A leaf is small because there are many: its descriptor is a 40-byte slot in a table
+//! ([`slots`](crate::slots)) that the tree names by a 32-bit id; it keeps no fences (the
+//! tree's bottom nodes hold them packed, and a leaf's high fence is its right
+//! neighbour's low); its object counts travel in its page; its blobs and buffer sit in
+//! one box that exists only while it has either.
+//!
+//! Concurrency: the tree is read without locks; each leaf has its own `RwLock`. GETs take
+//! it shared, writers exclusive. Whoever locks a leaf checks with the tree that the leaf
+//! still owns its key (it may have split, been evicted, or its slot been reused since
+//! the tree was read) and otherwise goes back to the root ([`BTree::with_leaf_locked`]).
+//! Lock order is left leaf → right leaf → tree writer, which the splitting merge and
+//! eviction both follow.
+//!
+//! Modules by technique: this one holds the tier, its GET, writes and scan; [`leaf`] the
+//! leaf descriptor, its state and what that is charged; [`page`] the page format;
+//! [`merge`] buffer merges and splits; [`eviction`] CLOCK and group eviction; [`hot`]
+//! compression bypassing; [`cas`] CAS versions; [`tally`] object counts for `stats`.
+
+mod cas;
+mod eviction;
+mod hot;
+mod leaf;
+mod merge;
+mod page;
+mod tally;
+#[cfg(test)]
+mod test_support;
+
+use std::ops::Bound;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+
+use crossbeam_channel::Sender;
+use parking_lot::Mutex;
+
+use crate::btree::{BTree, Child, Exclusive, Fence, Shared};
+use crate::bypass::Bypass;
+use crate::memory::Memory;
+use crate::packed_page::PackedLayout;
+use crate::record::{ASSIGN_CAS, Meta, Payload, Record, decode_blob};
+use crate::slots::{SlotId, Slots, View};
+use crate::subpage_hash::dram_subpage;
+use crate::write_buffer::Pressure;
+use leaf::{DramLeaf, LeafState, MERGE_QUEUED, UNKNOWN};
+
+/// What the DRAM tier knows about a key.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Lookup {
+    Found(Vec<u8>, Meta),
+    /// A tombstone: the key was deleted or replaced by a large object. Also what a
+    /// damaged page or blob answers (counted): it may have held a newer version or a
+    /// tombstone, so the older SSD copies must stay hidden.
+    Deleted,
+    /// The newest DRAM version expired: a miss, and lower tiers hold nothing newer.
+    Expired,
+    /// Not in DRAM; lower tiers may have it.
+    Absent,
+}
+
+/// A DRAM leaf as the tree names it: its slot in the tier's table of descriptors.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LeafId(SlotId);
+
+impl Child for LeafId {
+    fn same(&self, other: &Self) -> bool {
+        self == other
+    }
+
+    /// A DRAM leaf keeps no fence: the tree's copy is the only one.
+    fn kept_fence_bytes(_fence_len: usize) -> usize {
+        0
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct DramSettings {
+    pub leaf_size: usize,
+    pub subpages: usize,
+    pub write_buffer: usize,
+    pub tiny_max: usize,
+    pub dram_capacity: u64,
+    pub bypass_max_fraction: f64,
+    /// With an SSD tier below, tombstones must live until they reach it.
+    pub keep_tombstones: bool,
+    /// Where CAS versions start: above every version an earlier run may have handed out.
+    pub cas_origin: u64,
+}
+
+#[derive(Debug, Default)]
+pub struct DramCounters {
+    pub merges: AtomicU64,
+    pub foreground_merges: AtomicU64,
+    pub splits: AtomicU64,
+    pub evicted_leaves: AtomicU64,
+    pub evicted_objects: AtomicU64,
+    /// Objects of leaves evicted with no tier below to take them.
+    pub dropped_objects: AtomicU64,
+    pub clean_dropped: AtomicU64,
+    /// Objects dropped unwritten because the flusher was behind (`drop_one`).
+    pub write_drops: AtomicU64,
+    pub corrupt_pages: AtomicU64,
+    pub hot_leaves: AtomicI64,
+}
+
+pub struct DramTier {
+    tree: BTree<LeafId>,
+    leaves: Slots<DramLeaf>,
+    layout: PackedLayout,
+    settings: DramSettings,
+    memory: Arc<Memory>,
+    merge_queue: Sender<LeafId>,
+    pub bypass: Bypass,
+    pub counters: DramCounters,
+    /// Low fence of the leaf the CLOCK hand points at.
+    hand: Mutex<Fence>,
+    /// Held by `evict_one` for its whole group eviction.
+    evicting: Mutex<()>,
+    /// Above every CAS version that left DRAM (evicted, dropped, replaced by a version
+    /// without one, or moved to BT_LO). See `next_cas`.
+    cas_floor: AtomicU64,
+    /// At least every CAS version handed out.
+    cas_high: AtomicU64,
+}
+
+/// The leaf `id` names in `view`; `None` if it was handed out after the view was taken.
+fn reach<'v>(view: &'v View<DramLeaf>, id: &'v LeafId) -> Option<&'v DramLeaf> {
+    view.get(id.0)
+}
+
+/// One key of a scan: its newest DRAM version, `None` for a tombstone or an expired value
+/// (which hide older versions in lower tiers).
+pub type ScanEntry = (Vec<u8>, Option<(Vec<u8>, Meta)>);
+
+type Bounds<'k> = (Bound<&'k [u8]>, Bound<&'k [u8]>);
+
+impl DramTier {
+    pub fn new(
+        settings: DramSettings,
+        memory: Arc<Memory>,
+        merge_queue: Sender<LeafId>,
+        bypass_r: f64,
+    ) -> Self {
+        let layout = PackedLayout {
+            subpages: settings.subpages,
+            capacity: settings.leaf_size,
+            hash: dram_subpage,
+        };
+        let leaves = Slots::default();
+        let (first, slots_bytes) = leaves.allocate();
+        let tree = BTree::new(LeafId(first));
+        memory.change_index(tree.node_bytes() as i64 + slots_bytes);
+        DramTier {
+            tree,
+            leaves,
+            layout,
+            settings,
+            memory,
+            merge_queue,
+            bypass: Bypass::new(bypass_r),
+            counters: DramCounters::default(),
+            hand: Mutex::new(Fence::from(&[][..])),
+            evicting: Mutex::new(()),
+            cas_floor: AtomicU64::new(settings.cas_origin),
+            cas_high: AtomicU64::new(settings.cas_origin),
+        }
+    }
+
+    pub fn leaf_count(&self) -> u64 {
+        self.tree.leaf_count()
+    }
+
+    /// Every leaf, in key order, as the tree is now (for passes that lock them one by one).
+    fn leaves(&self) -> Vec<LeafId> {
+        let mut leaves = Vec::with_capacity(self.tree.leaf_count() as usize);
+        self.tree.for_each_leaf(|_, &leaf| leaves.push(leaf));
+        leaves
+    }
+
+    /// The table as of now: every id the tree has named so far is in it.
+    fn view(&self) -> View<DramLeaf> {
+        self.leaves.view()
+    }
+
+    /// Runs `f` on the leaf that owns `key`, locked shared.
+    fn read_leaf<R>(&self, key: &[u8], f: impl FnOnce(&DramLeaf, &LeafState) -> R) -> R {
+        self.tree.with_leaf_locked::<Shared, _, _, _>(
+            key,
+            || self.view(),
+            reach,
+            |_, leaf, st| f(leaf, &st),
+        )
+    }
+
+    /// Runs `f` on the leaf that owns `key`, locked exclusive.
+    fn write_leaf<R>(
+        &self,
+        key: &[u8],
+        f: impl FnOnce(LeafId, &DramLeaf, &mut LeafState) -> R,
+    ) -> R {
+        self.tree.with_leaf_locked::<Exclusive, _, _, _>(
+            key,
+            || self.view(),
+            reach,
+            |&id, leaf, mut st| f(id, leaf, &mut st),
+        )
+    }
+
+    pub fn get(&self, key: &[u8], now_ms: u64) -> Lookup {
+        self.read_leaf(key, |leaf, st| {
+            leaf.touch();
+            self.lookup_locked(leaf, st, key, now_ms)
+        })
+    }
+
+    fn resolve(&self, st: &LeafState, r: &Record<'_>, now_ms: u64) -> Lookup {
+        let (value, meta) = match r.payload {
+            Payload::Tombstone => return Lookup::Deleted,
+            Payload::Inline(v) => (v.to_vec(), r.meta),
+            Payload::Medium(slot) => {
+                match st
+                    .blobs()
+                    .get(slot as usize)
+                    .and_then(Option::as_deref)
+                    .and_then(decode_blob)
+                {
+                    Some(found) => found,
+                    None => {
+                        self.counters.corrupt_pages.fetch_add(1, Ordering::Relaxed);
+                        return Lookup::Deleted;
+                    }
+                }
+            }
+        };
+        if meta.expired(now_ms) {
+            Lookup::Expired
+        } else {
+            Lookup::Found(value, meta)
+        }
+    }
+
+    /// What the leaf holding `key` knows of it; the caller holds the leaf's lock.
+    fn lookup_locked(&self, leaf: &DramLeaf, st: &LeafState, key: &[u8], now_ms: u64) -> Lookup {
+        let found = self.with_record(leaf, st, key, |r| match r {
+            Some(r) => self.resolve(st, &r, now_ms),
+            // Not in this leaf; unless the leaf lost its page, then nobody knows.
+            None if leaf.lost() => Lookup::Deleted,
+            None => Lookup::Absent,
+        });
+        found.unwrap_or_else(|| {
+            self.mark_lost(leaf);
+            Lookup::Deleted
+        })
+    }
+
+    /// Hands the newest record of `key` in a locked leaf (buffer first, then the page
+    /// through early termination) to `f`; `None` if the page is damaged.
+    fn with_record<R>(
+        &self,
+        leaf: &DramLeaf,
+        st: &LeafState,
+        key: &[u8],
+        f: impl FnOnce(Option<Record<'_>>) -> R,
+    ) -> Option<R> {
+        match st.buffer().and_then(|b| b.find(key)) {
+            Some(r) => Some(f(Some(r))),
+            None => self.with_page_record(leaf, st, key, f),
+        }
+    }
+
+    /// Stores `value` under `key` (`None`: a tombstone, without metadata), after running
+    /// `alongside` under the same leaf lock with the write's CAS version (a new one if
+    /// `meta.cas` is [`ASSIGN_CAS`]): a write that must change BT_LO too (drop or add a
+    /// large version) is then atomic with respect to every other write of the key.
+    pub fn put_with<R>(
+        &self,
+        key: &[u8],
+        value: Option<&[u8]>,
+        meta: Meta,
+        now_ms: u64,
+        alongside: impl FnOnce(u64) -> R,
+    ) -> R {
+        self.write_leaf(key, |id, leaf, st| {
+            let meta = meta.assigning(if meta.cas == ASSIGN_CAS && !meta.client_cas {
+                self.next_cas(st)
+            } else {
+                0
+            });
+            let result = alongside(meta.cas);
+            let record = match value {
+                Some(v) => Record {
+                    key,
+                    payload: Payload::Inline(v),
+                    meta,
+                },
+                None => {
+                    // The version went elsewhere (a large object's extent).
+                    self.raise_cas_floor(meta.ordered_cas());
+                    Record {
+                        key,
+                        payload: Payload::Tombstone,
+                        meta: Meta::default(),
+                    }
+                }
+            };
+            self.append_locked(id, leaf, st, &record, now_ms);
+            result
+        })
+    }
+
+    /// Deletes `key`; returns what DRAM held of it before, and what `alongside` (run
+    /// under the same leaf lock) returned.
+    pub fn delete<R>(&self, key: &[u8], now_ms: u64, alongside: impl FnOnce() -> R) -> (Lookup, R) {
+        self.write_leaf(key, |id, leaf, st| {
+            let before = self.lookup_locked(leaf, st, key, now_ms);
+            let result = alongside();
+            // Without a lower tier a tombstone is only needed to hide a DRAM copy.
+            if self.settings.keep_tombstones || before != Lookup::Absent {
+                let record = Record {
+                    key,
+                    payload: Payload::Tombstone,
+                    meta: Meta::default(),
+                };
+                self.append_locked(id, leaf, st, &record, now_ms);
+            }
+            (before, result)
+        })
+    }
+
+    /// Atomic read-modify-write of one key: `decide` sees what DRAM holds and the CAS
+    /// version a put would take, and returns the change to make (`Some(Some(value))`
+    /// put, `Some(None)` delete, `None` nothing). The leaf stays locked throughout, so no
+    /// other write to the key interleaves.
+    pub fn modify<R>(
+        &self,
+        key: &[u8],
+        now_ms: u64,
+        decide: impl FnOnce(Lookup, u64) -> (Option<Option<(Vec<u8>, Meta)>>, R),
+    ) -> R {
+        self.write_leaf(key, |id, leaf, st| {
+            let current = self.lookup_locked(leaf, st, key, now_ms);
+            let cas = self.next_cas(st);
+            let (change, result) = decide(current, cas);
+            match change {
+                None => {}
+                Some(Some((value, meta))) => {
+                    let record = Record {
+                        key,
+                        payload: Payload::Inline(&value),
+                        meta: meta.assigning(cas),
+                    };
+                    self.append_locked(id, leaf, st, &record, now_ms);
+                }
+                Some(None) => {
+                    // `decide` may have given the version to a large object.
+                    self.raise_cas_floor(cas);
+                    let record = Record {
+                        key,
+                        payload: Payload::Tombstone,
+                        meta: Meta::default(),
+                    };
+                    self.append_locked(id, leaf, st, &record, now_ms);
+                }
+            }
+            result
+        })
+    }
+
+    fn append_locked(
+        &self,
+        id: LeafId,
+        leaf: &DramLeaf,
+        st: &mut LeafState,
+        record: &Record<'_>,
+        now_ms: u64,
+    ) {
+        leaf.touch();
+        let pressure = self.charged(leaf, st, |st| {
+            let extras = st.extras.get_or_insert_default();
+            extras.buffered.store(UNKNOWN, Ordering::Relaxed);
+            extras.buffer.append(record, self.settings.write_buffer)
+        });
+        match pressure {
+            Pressure::Fine => {}
+            Pressure::Full => {
+                if !leaf.set(MERGE_QUEUED, true) {
+                    // The merger may be gone at shutdown; the buffer then merges on close.
+                    let _ = self.merge_queue.send(id);
+                }
+            }
+            Pressure::Overflowing => {
+                self.counters
+                    .foreground_merges
+                    .fetch_add(1, Ordering::Relaxed);
+                self.merge_locked(leaf, st, now_ms, false);
+            }
+        }
+    }
+
+    /// DRAM entries with keys in `[cursor, end)` from the one leaf holding `cursor`,
+    /// where the next leaf starts (`None` after the last leaf), and whether the leaf lost
+    /// its page (then no lower tier may answer for its range).
+    pub fn scan_leaf(
+        &self,
+        cursor: &[u8],
+        end: Bound<&[u8]>,
+        now_ms: u64,
+    ) -> (Vec<ScanEntry>, Option<Fence>, bool) {
+        self.read_leaf(cursor, |leaf, st| {
+            let entries = self.entries(leaf, st, now_ms, Some((Bound::Included(cursor), end)));
+            // The leaf's high fence cannot move while it is locked.
+            let next = self.tree.next_leaf(cursor).map(|(next, _)| next);
+            (entries, next, leaf.lost())
+        })
+    }
+}
+
+#[cfg(test)]
+impl DramTier {
+    /// Overwrites the page of the leaf holding `key` with garbage, as a DRAM error would.
+    pub(crate) fn corrupt_page_of(&self, key: &[u8]) {
+        self.write_leaf(key, |_, _, st| {
+            if let Some(page) = &mut st.page {
+                page.fill(0xf7);
+            }
+        });
+    }
+
+    /// Overwrites every medium blob of the leaf holding `key` with garbage.
+    pub(crate) fn corrupt_blob_of(&self, key: &[u8]) {
+        self.write_leaf(key, |_, _, st| {
+            if let Some(extras) = &mut st.extras {
+                for blob in extras.blobs.iter_mut().flatten() {
+                    blob.iter_mut().for_each(|b| *b = 0xf7);
+                }
+            }
+        });
+    }
+}

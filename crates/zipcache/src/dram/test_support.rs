@@ -1,0 +1,61 @@
+//! What the DRAM tier's unit tests share: a small tier, keys, a sink that records.
+
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use super::{DramSettings, DramTier};
+use crate::btree::Fence;
+use crate::eviction::{EvictedObject, EvictionSink};
+use crate::memory::Memory;
+
+/// Records every batch it is given; its span is a fixed range of keys.
+pub(super) struct RecordingSink {
+    pub(super) span: (Fence, Option<Fence>),
+    pub(super) batches: Mutex<Vec<Vec<EvictedObject>>>,
+}
+
+impl EvictionSink for RecordingSink {
+    fn absorb(&self, _low: &[u8], _high: Option<&[u8]>, objects: Vec<EvictedObject>) -> bool {
+        self.batches.lock().push(objects);
+        true
+    }
+
+    fn span(&self, _low: &Fence, _high: Option<&[u8]>) -> (Fence, Option<Fence>) {
+        self.span.clone()
+    }
+
+    fn forget(&self, _low: &[u8], _high: Option<&[u8]>) {}
+}
+
+pub(super) fn tier() -> DramTier {
+    let settings = DramSettings {
+        leaf_size: 4096,
+        subpages: 16,
+        write_buffer: 0,
+        tiny_max: 1024,
+        dram_capacity: 64 << 20,
+        bypass_max_fraction: 0.0,
+        keep_tombstones: true,
+        cas_origin: 1 << 40,
+    };
+    let (merges, _) = crossbeam_channel::unbounded();
+    DramTier::new(settings, Arc::new(Memory::default()), merges, 0.0)
+}
+
+pub(super) fn key(i: u32) -> Vec<u8> {
+    format!("{i:08}").into_bytes()
+}
+
+pub(super) fn settings(write_buffer: usize) -> DramSettings {
+    DramSettings {
+        write_buffer,
+        ..tier().settings
+    }
+}
+
+pub(super) fn tier_with(settings: DramSettings) -> (DramTier, Arc<Memory>) {
+    let memory = Arc::new(Memory::default());
+    let (merges, _) = crossbeam_channel::unbounded();
+    (DramTier::new(settings, memory.clone(), merges, 0.0), memory)
+}

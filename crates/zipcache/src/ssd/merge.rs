@@ -1,0 +1,305 @@
+//! Evicted objects into super-leaves: `absorb` merges each DRAM leaf's objects into the
+//! super-leaves covering them (read-modify-write of the touched sub-pages only), and a
+//! merge that would push a sub-page past `T` splits the super-leaf instead.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
+
+use super::reclaim::Writer;
+use super::{Contents, Object, SlState, SsdTier, SuperLeaf, descriptor_bytes};
+use crate::btree::{Fence, KeyRange, cut_into_leaves, split_fences};
+use crate::eviction::{EvictedObject, EvictionSink};
+use crate::record::{Meta, Payload, Record};
+use crate::ssd_block::PAYLOAD;
+
+/// Free slots kept before merging into a super-leaf: a DRAM leaf's objects rarely split
+/// one super-leaf more than two ways.
+const SLOTS_PER_MERGE: usize = 4;
+
+impl SsdTier {
+    /// Merges one group of evicted objects (all inside `leaf`'s range) into `leaf`.
+    pub(super) fn merge_into(
+        &self,
+        w: &mut Writer,
+        st: &mut SlState,
+        batch: &[&EvictedObject],
+        now_ms: u64,
+    ) {
+        let mut by_subpage: BTreeMap<usize, Vec<&EvictedObject>> = BTreeMap::new();
+        for o in batch {
+            by_subpage
+                .entry(self.geometry.subpage_of(&o.key))
+                .or_default()
+                .push(o);
+        }
+        let mut touched: BTreeMap<usize, Contents> = BTreeMap::new();
+        let mut overflow = false;
+        let mut appending = true;
+        let subpages: Vec<usize> = by_subpage.keys().copied().collect();
+        let read = self.contents_of(st, &subpages);
+        for ((&s, objs), read) in by_subpage.iter().zip(read) {
+            // An unreadable block may hold versions that the batch's tombstones and new
+            // versions must hide: it is replaced (by what the batch brings) whatever happens.
+            let (mut contents, unreadable) = match read {
+                Some(contents) => (contents, false),
+                None => (Contents::new(), true),
+            };
+            let before = contents.len();
+            let first_new = objs.iter().map(|o| o.key.as_slice()).min();
+            appending &= contents
+                .keys()
+                .next_back()
+                .is_none_or(|last| first_new.is_none_or(|f| f > last.as_slice()));
+            let mut changed = unreadable;
+            for o in objs {
+                match &o.value {
+                    // Too big for any sub-page: it cannot be kept, and no older copy may stay.
+                    Some(v) if record_len(&o.key, v, &o.meta) > PAYLOAD => {
+                        changed |= contents.remove(&o.key).is_some()
+                    }
+                    Some(v) => {
+                        contents.insert(
+                            o.key.clone(),
+                            (
+                                v.clone(),
+                                Meta {
+                                    clean: false,
+                                    ..o.meta
+                                },
+                            ),
+                        );
+                        changed = true;
+                    }
+                    None => changed |= contents.remove(&o.key).is_some(),
+                }
+            }
+            contents.retain(|_, (_, meta)| !meta.expired(now_ms));
+            changed |= contents.len() != before;
+            if !changed {
+                continue;
+            }
+            if payload_len(&contents) > self.fill_limit && contents.len() > 1 {
+                overflow = true;
+            }
+            touched.insert(s, contents);
+        }
+        if touched.is_empty() {
+            return;
+        }
+        if overflow {
+            self.split(w, st, touched, appending, now_ms);
+            return;
+        }
+        if st.slot.is_none() {
+            match self.allocate(w) {
+                Some(slot) => {
+                    st.slot = Some(slot);
+                    st.generation = st.generation.wrapping_add(1);
+                    self.counters.occupied.fetch_add(1, Ordering::Relaxed);
+                }
+                // No room even after evicting: these objects are forgotten (a miss later).
+                None => {
+                    let objects = touched.values().map(|c| c.len() as u64).sum();
+                    self.counters
+                        .evicted_objects
+                        .fetch_add(objects, Ordering::Relaxed);
+                    return;
+                }
+            }
+        }
+        let pages: Vec<(usize, &Contents)> = touched.iter().map(|(&s, c)| (s, c)).collect();
+        self.write_subpages(st, &pages);
+        st.version += 1;
+    }
+
+    /// Rebuilds an over-full super-leaf as two or more, each within `T`.
+    /// `appending`: every new key sorts after every key the super-leaf held.
+    fn split(
+        &self,
+        w: &mut Writer,
+        st: &mut SlState,
+        touched: BTreeMap<usize, Contents>,
+        appending: bool,
+        now_ms: u64,
+    ) {
+        self.counters.splits.fetch_add(1, Ordering::Relaxed);
+        let mut all = Contents::new();
+        for c in touched.values() {
+            all.extend(c.iter().map(|(k, v)| (k.clone(), v.clone())));
+        }
+        let untouched: Vec<usize> = (0..self.settings.subpages)
+            .filter(|s| !touched.contains_key(s))
+            .collect();
+        // Unreadable: its objects are forgotten; the rewrite under a new generation leaves
+        // no block of the old layout readable.
+        for mut contents in self.contents_of(st, &untouched).into_iter().flatten() {
+            all.append(&mut contents);
+        }
+        all.retain(|_, (_, meta)| !meta.expired(now_ms));
+        let objs: Vec<Object> = all.into_iter().collect();
+        let chunks = self.partition(&objs, appending);
+        let old_high = st.range.high.take();
+        let fences = split_fences(&objs, &chunks, |o| o.0.as_slice());
+        // The first chunk stays in this super-leaf, rewritten whole under a new generation
+        // so that no block of the old layout can be mistaken for the new one.
+        st.generation = st.generation.wrapping_add(1);
+        st.range.high = fences.first().cloned().or_else(|| old_high.clone());
+        self.rewrite(w, st, &objs[chunks[0].0..chunks[0].1]);
+        st.version += 1;
+        let new_leaves = chunks.iter().enumerate().skip(1).map(|(i, &(start, end))| {
+            let mut nst = SlState {
+                range: KeyRange::new(
+                    fences[i - 1].clone(),
+                    fences.get(i).cloned().or_else(|| old_high.clone()),
+                ),
+                slot: None,
+                generation: 0,
+                counts: vec![0; self.settings.subpages].into_boxed_slice(),
+                version: 0,
+            };
+            self.rewrite(w, &mut nst, &objs[start..end]);
+            (nst.range.low.clone(), SuperLeaf::new(nst))
+        });
+        // may do I/O: each new super-leaf is written (`rewrite`) just before it is published
+        let delta = self.tree.split_and_publish(new_leaves);
+        let added = chunks.len() as i64 - 1;
+        self.counters
+            .superleaves
+            .fetch_add(added, Ordering::Relaxed);
+        self.memory
+            .change_index(delta + added * descriptor_bytes(self.settings.subpages) as i64);
+    }
+
+    /// Writes `objs` as the whole content of a super-leaf, allocating a slot if needed.
+    fn rewrite(&self, w: &mut Writer, st: &mut SlState, objs: &[Object]) {
+        let mut per_subpage: Vec<Contents> = vec![Contents::new(); self.settings.subpages];
+        for (k, v) in objs {
+            per_subpage[self.geometry.subpage_of(k)].insert(k.clone(), v.clone());
+        }
+        if st.slot.is_none() && !objs.is_empty() {
+            match self.allocate(w) {
+                Some(slot) => {
+                    st.slot = Some(slot);
+                    self.counters.occupied.fetch_add(1, Ordering::Relaxed);
+                }
+                None => {
+                    self.counters
+                        .evicted_objects
+                        .fetch_add(objs.len() as u64, Ordering::Relaxed);
+                    return;
+                }
+            }
+        }
+        let pages: Vec<(usize, &Contents)> = per_subpage
+            .iter()
+            .enumerate()
+            .filter(|(s, contents)| !contents.is_empty() || st.counts[*s] != 0)
+            .collect();
+        self.write_subpages(st, &pages);
+    }
+
+    /// Cuts sorted objects into runs whose sub-pages all stay within `T`: in halves, so
+    /// that both sides have room for the inserts to come, or, when keys arrive in
+    /// ascending order, as full as each run gets, since no insert will come back to it.
+    fn partition(&self, objs: &[Object], appending: bool) -> Vec<(usize, usize)> {
+        let len = |(k, (v, meta)): &Object| record_len(k, v, meta);
+        let fits = |r: &[Object]| {
+            self.geometry
+                .fits(r.iter().map(|o| (o.0.as_slice(), len(o))))
+        };
+        let cut = |start: usize, end: usize| {
+            if !appending {
+                return (start + end) / 2;
+            }
+            let mut mid = start + 1;
+            while mid < end && fits(&objs[start..=mid]) {
+                mid += 1;
+            }
+            mid
+        };
+        cut_into_leaves(objs.len(), |start, end| fits(&objs[start..end]), cut)
+    }
+}
+
+fn record_len(key: &[u8], value: &[u8], meta: &Meta) -> usize {
+    Record {
+        key,
+        payload: Payload::Inline(value),
+        meta: *meta,
+    }
+    .encoded_len()
+}
+
+fn payload_len(contents: &Contents) -> usize {
+    contents
+        .iter()
+        .map(|(k, (v, meta))| record_len(k, v, meta))
+        .sum()
+}
+
+impl EvictionSink for SsdTier {
+    fn absorb(&self, _low: &[u8], _high: Option<&[u8]>, objects: Vec<EvictedObject>) -> bool {
+        let now_ms = self.clock.now_ms();
+        let mut w = self.writer.lock();
+        self.relieve_physical(&mut w);
+        // Clean objects are already on the SSD as they are: nothing to write.
+        let dirty: Vec<&EvictedObject> = objects.iter().filter(|o| !o.meta.clean).collect();
+        let v_obj: usize = dirty
+            .iter()
+            .filter_map(|o| o.value.as_ref().map(|v| o.key.len() + v.len()))
+            .sum();
+        self.counters
+            .v_obj
+            .fetch_add(v_obj as u64, Ordering::Relaxed);
+        let mut i = 0;
+        while i < dirty.len() {
+            // Enough for this group to split a few ways; if a split still runs out, the
+            // objects it cannot place are forgotten (a miss, never a wrong value).
+            self.reserve(&mut w, SLOTS_PER_MERGE);
+            let (_, leaf) = self.tree.find(&dirty[i].key);
+            let mut st = leaf.state.write();
+            let end = i + dirty[i..].partition_point(|o| {
+                st.range
+                    .high
+                    .as_ref()
+                    .is_none_or(|h| o.key.as_slice() < h.as_ref())
+            });
+            self.merge_into(&mut w, &mut st, &dirty[i..end.max(i + 1)], now_ms);
+            i = end.max(i + 1);
+        }
+        true
+    }
+
+    /// Evicts every super-leaf that overlaps `[low, high)`: more than asked, but damaged
+    /// DRAM pages are rare and a whole super-leaf is what this tier knows how to drop.
+    fn forget(&self, low: &[u8], high: Option<&[u8]>) {
+        let mut w = self.writer.lock();
+        let mut doomed = vec![self.tree.find(low)];
+        while let Some(next) = self.tree.next_leaf(&doomed[doomed.len() - 1].0) {
+            if high.is_some_and(|h| next.0.as_ref() >= h) {
+                break;
+            }
+            doomed.push(next);
+        }
+        for (leaf_low, leaf) in doomed {
+            if self.evict_superleaf(&mut w, &leaf_low, &leaf).is_some() {
+                self.counters
+                    .evicted_superleaves
+                    .fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// From the low fence of the super-leaf holding `low` to the high fence of the one
+    /// holding the keys just below `high`. Read from the tree without locks: a hint that
+    /// a concurrent split or eviction may make slightly stale, which costs only a write.
+    fn span(&self, low: &Fence, high: Option<&[u8]>) -> (Fence, Option<Fence>) {
+        let (span_low, _) = self.tree.find(low);
+        // `None` (no bound) when that super-leaf is the last one.
+        let span_high = high.and_then(|h| {
+            let (last, _) = self.tree.prev_leaf(h)?;
+            self.tree.next_leaf(&last).map(|(next, _)| next)
+        });
+        (span_low, span_high)
+    }
+}

@@ -1,0 +1,363 @@
+//! BT_SSD, the SSD tier (paper §3.3).
+//!
+//! The same [`BTree`] as BT_DRAM, with leaves that are super-leaf descriptors: the leaf's
+//! key range and where its `m` 4 KiB sub-pages sit on the device. Inner nodes and
+//! descriptors stay in DRAM; records live on the SSD.
+//!
+//! * Intra-page object hashing: an object's sub-page is `g(key) mod m`, so a GET reads
+//!   exactly one 4 KiB block whatever the super-leaf size, and an eviction rewrites only
+//!   the sub-pages its objects hash to.
+//! * Sub-page under-filling: no sub-page holds more than `T × 4 KiB`; a merge that would
+//!   push one past it splits the super-leaf instead. The unused rest of every block is
+//!   zeros, which the SSD's transparent compression removes.
+//! * Page-based eviction lands here as [`EvictionSink::absorb`]: one DRAM leaf's objects
+//!   merge into the one or few super-leaves covering its key range. Clean objects (read
+//!   from the SSD and unchanged since) are not written again.
+//! * When the device runs short of free slots or physical space, whole cold super-leaves
+//!   leave (CLOCK over super-leaves, referenced by SSD hits), are trimmed, and hand their
+//!   key range to their left neighbour.
+//!
+//! Writers (eviction merges, splits, super-leaf eviction) are serialized by one mutex:
+//! they are bound by the device, and one writer keeps slot allocation and the tree's
+//! structure simple. Readers take only the super-leaf's read lock.
+//!
+//! Modules by job: this one holds the tier and its GET (`plan_get`, `finish_get`) and
+//! scan; [`merge`] takes evicted objects in and splits super-leaves; [`reclaim`] hands
+//! out slots and evicts cold super-leaves (CLOCK); [`index_file`] saves and loads the
+//! descriptors across a clean restart; [`io`] reads and writes sub-pages.
+
+mod index_file;
+mod io;
+mod merge;
+mod reclaim;
+#[cfg(test)]
+mod test_support;
+
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+use std::ops::Bound;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+
+use parking_lot::{Mutex, RwLock};
+use zipcache_device::{AlignedBuf, BLOCK_SIZE, BlockDevice};
+
+use crate::btree::{BTree, Fence, KeyRange, Ranged, Shared, lockable_by_range};
+use crate::config::Clock;
+use crate::dram::ScanEntry;
+use crate::leaf_page::Geometry;
+use crate::memory::{Memory, alloc_size};
+use crate::record::{Meta, Payload};
+use crate::ssd_block::{self, Owner, PAYLOAD};
+use crate::subpage_hash::ssd_subpage;
+use reclaim::Writer;
+
+/// A key's newest SSD version, with what is needed to check later that it is still the
+/// newest (see `ZipCache` inclusive caching).
+pub struct SsdHit {
+    pub value: Vec<u8>,
+    pub meta: Meta,
+    pub proof: Freshness,
+}
+
+/// Where a GET will find `key`'s block, planned under the super-leaf's lock
+/// ([`SsdTier::plan_get`]).
+pub struct PlannedRead {
+    pub lba: u64,
+    owner: Owner,
+    proof: Freshness,
+}
+
+/// How [`SsdTier::finish_get`] ended.
+pub enum Finished {
+    Done(Option<SsdHit>),
+    /// The block changed hands while it was read: plan again.
+    Retry,
+}
+
+/// The super-leaf a value was read from and its version at the time.
+pub struct Freshness {
+    leaf: Arc<SuperLeaf>,
+    version: u64,
+}
+
+struct SlState {
+    range: KeyRange,
+    /// Where the sub-pages live (`slot × m` is the first LBA); `None` while empty.
+    slot: Option<u32>,
+    generation: u32,
+    /// Objects in each sub-page; 0 means the block holds nothing (and is not read).
+    counts: Box<[u16]>,
+    /// Bumped by every write to this super-leaf.
+    version: u64,
+}
+
+impl Ranged for SlState {
+    fn range(&mut self) -> &mut KeyRange {
+        &mut self.range
+    }
+}
+
+lockable_by_range!(SuperLeaf, SlState);
+
+struct SuperLeaf {
+    state: RwLock<SlState>,
+    referenced: AtomicBool,
+}
+
+impl SuperLeaf {
+    fn new(state: SlState) -> Arc<Self> {
+        Arc::new(SuperLeaf {
+            state: RwLock::new(state),
+            referenced: AtomicBool::new(true),
+        })
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct SsdSettings {
+    /// Sub-pages per super-leaf (`m`).
+    pub subpages: usize,
+    /// Under-filling threshold `T`.
+    pub fill_threshold: f64,
+    /// Blocks of the device (from LBA 0) that hold super-leaves.
+    pub blocks: u64,
+}
+
+#[derive(Debug, Default)]
+pub struct SsdCounters {
+    pub v_obj: AtomicU64,
+    pub gets: AtomicU64,
+    pub reads: AtomicU64,
+    /// Reads made by GETs (the paper's promise: at most one per GET).
+    pub get_reads: AtomicU64,
+    pub hits: AtomicU64,
+    pub checksum_failures: AtomicU64,
+    pub io_errors: AtomicU64,
+    pub splits: AtomicU64,
+    pub evicted_superleaves: AtomicU64,
+    /// Objects forgotten to make room: in evicted super-leaves, or left without a slot.
+    pub evicted_objects: AtomicU64,
+    pub objects: AtomicI64,
+    pub superleaves: AtomicI64,
+    pub occupied: AtomicI64,
+}
+
+pub struct SsdTier {
+    device: Arc<dyn BlockDevice>,
+    tree: BTree<Arc<SuperLeaf>>,
+    geometry: Geometry,
+    settings: SsdSettings,
+    max_slots: u32,
+    /// Payload bytes a sub-page may hold under `T`.
+    fill_limit: usize,
+    writer: Mutex<Writer>,
+    memory: Arc<Memory>,
+    clock: Arc<dyn Clock>,
+    pub counters: SsdCounters,
+}
+
+/// DRAM one super-leaf descriptor takes besides its tree entry.
+fn descriptor_bytes(subpages: usize) -> usize {
+    alloc_size(size_of::<SuperLeaf>() + 16) + alloc_size(subpages * 2)
+}
+
+thread_local! {
+    static BLOCK: RefCell<AlignedBuf> = RefCell::new(AlignedBuf::zeroed(1));
+}
+
+type Contents = BTreeMap<Vec<u8>, (Vec<u8>, Meta)>;
+/// An object on its way into a super-leaf: key, value and metadata.
+type Object = (Vec<u8>, (Vec<u8>, Meta));
+
+impl SsdTier {
+    pub fn new(
+        device: Arc<dyn BlockDevice>,
+        settings: SsdSettings,
+        memory: Arc<Memory>,
+        clock: Arc<dyn Clock>,
+    ) -> SsdTier {
+        let m = settings.subpages;
+        let first = SuperLeaf::new(SlState {
+            range: KeyRange::everything(),
+            slot: None,
+            generation: 0,
+            counts: vec![0; m].into_boxed_slice(),
+            version: 0,
+        });
+        let max_slots = u32::try_from(settings.blocks / m as u64).unwrap_or(u32::MAX);
+        let fill_limit = ((settings.fill_threshold * BLOCK_SIZE as f64) as usize)
+            .saturating_sub(ssd_block::HEADER)
+            .min(PAYLOAD);
+        let tier = SsdTier {
+            device,
+            tree: BTree::new(first),
+            geometry: Geometry {
+                subpages: m,
+                subpage_size: PAYLOAD,
+                fill_limit,
+                hash: ssd_subpage,
+            },
+            settings,
+            max_slots,
+            fill_limit,
+            writer: Mutex::new(Writer {
+                free_slots: Vec::new(),
+                next_slot: 0,
+                hand: Fence::from(&[][..]),
+            }),
+            memory,
+            clock,
+            counters: SsdCounters::default(),
+        };
+        tier.counters.superleaves.store(1, Ordering::Relaxed);
+        tier.memory
+            .change_index(tier.tree.node_bytes() as i64 + descriptor_bytes(m) as i64);
+        tier
+    }
+
+    pub fn device(&self) -> &Arc<dyn BlockDevice> {
+        &self.device
+    }
+
+    /// DRAM held by BT_SSD: inner nodes and super-leaf descriptors.
+    pub fn index_bytes(&self) -> u64 {
+        let leaves = self.counters.superleaves.load(Ordering::Relaxed).max(0) as u64;
+        self.tree.node_bytes() + leaves * descriptor_bytes(self.settings.subpages) as u64
+    }
+
+    /// SSD bytes of the super-leaves that hold data.
+    pub fn leaf_bytes(&self) -> u64 {
+        self.counters.occupied.load(Ordering::Relaxed).max(0) as u64
+            * (self.settings.subpages * BLOCK_SIZE) as u64
+    }
+
+    /// The newest SSD version of `key`: at most one 4 KiB read, on the calling thread.
+    pub fn get(&self, key: &[u8], now_ms: u64) -> Option<SsdHit> {
+        loop {
+            let read = self.plan_get(key)?;
+            let found = BLOCK.with(|block| {
+                let mut block = block.borrow_mut();
+                let ok = self.device.read(read.lba, &mut block).is_ok();
+                self.finish_get(read, key, ok.then_some(&block[..]), now_ms)
+            });
+            if let Finished::Done(hit) = found {
+                return hit;
+            }
+        }
+    }
+
+    /// The first half of a GET, under the super-leaf's read lock: which block holds `key`
+    /// if the SSD has it, `None` if its sub-page is empty. The read itself happens
+    /// without the lock (on this thread or in flight); `finish_get` then checks that the
+    /// block is still the one planned.
+    pub fn plan_get(&self, key: &[u8]) -> Option<PlannedRead> {
+        self.counters.gets.fetch_add(1, Ordering::Relaxed);
+        self.tree
+            .with_arc_leaf_locked::<Shared, _>(key, |leaf, st| {
+                let subpage = self.geometry.subpage_of(key);
+                let slot = st.slot.filter(|_| st.counts[subpage] > 0)?;
+                self.counters.get_reads.fetch_add(1, Ordering::Relaxed);
+                self.counters.reads.fetch_add(1, Ordering::Relaxed);
+                let owner = Owner {
+                    superleaf: slot,
+                    generation: st.generation,
+                    subpage: subpage as u16,
+                };
+                let version = st.version;
+                drop(st);
+                Some(PlannedRead {
+                    lba: self.lba(slot, subpage),
+                    owner,
+                    proof: Freshness {
+                        leaf: leaf.clone(),
+                        version,
+                    },
+                })
+            })
+    }
+
+    /// The second half of a GET: finds `key` in the block read for `read` (`None` if the
+    /// read failed). A block that is not what the super-leaf wrote means a writer replaced
+    /// it since the plan (`Retry`), unless the super-leaf is unchanged: then it is damage.
+    /// A block that passes the owner check is the super-leaf's content at some moment after
+    /// the plan, so what it holds is no older than what the GET could have read under the
+    /// lock; the proof stays the planned version, so promotion refuses it if it moved.
+    pub fn finish_get(
+        &self,
+        read: PlannedRead,
+        key: &[u8],
+        block: Option<&[u8]>,
+        now_ms: u64,
+    ) -> Finished {
+        let Some(block) = block else {
+            self.counters.io_errors.fetch_add(1, Ordering::Relaxed);
+            return Finished::Done(None);
+        };
+        let Some(records) = ssd_block::open(block, read.owner) else {
+            if !self.still_current(&read.proof) {
+                return Finished::Retry;
+            }
+            self.counters
+                .checksum_failures
+                .fetch_add(1, Ordering::Relaxed);
+            return Finished::Done(None);
+        };
+        let found = records
+            .filter(|r| r.key == key)
+            .find_map(|r| match r.payload {
+                Payload::Inline(v) => Some((v.to_vec(), r.meta)),
+                Payload::Medium(_) | Payload::Tombstone => None,
+            });
+        let Some((value, meta)) = found.filter(|(_, meta)| !meta.expired(now_ms)) else {
+            return Finished::Done(None);
+        };
+        read.proof.leaf.referenced.store(true, Ordering::Relaxed);
+        self.counters.hits.fetch_add(1, Ordering::Relaxed);
+        Finished::Done(Some(SsdHit {
+            value,
+            meta,
+            proof: read.proof,
+        }))
+    }
+
+    /// Whether nothing was written to the super-leaf since the value was read.
+    pub fn still_current(&self, proof: &Freshness) -> bool {
+        let st = proof.leaf.state.read();
+        !st.range.retired && st.version == proof.version
+    }
+
+    /// SSD entries with keys in `[cursor, end)` from the super-leaf holding `cursor`,
+    /// where the next super-leaf starts, and the proof to check later that nothing was
+    /// written to it since.
+    pub fn scan_leaf(
+        &self,
+        cursor: &[u8],
+        end: Bound<&[u8]>,
+        now_ms: u64,
+    ) -> (Vec<ScanEntry>, Option<Fence>, Freshness) {
+        self.tree
+            .with_arc_leaf_locked::<Shared, _>(cursor, |leaf, st| {
+                let mut all = Contents::new();
+                let every: Vec<usize> = (0..self.settings.subpages).collect();
+                // An unreadable sub-page: its keys are misses (counted).
+                for mut contents in self.contents_of(&st, &every).into_iter().flatten() {
+                    all.append(&mut contents);
+                }
+                let range = (Bound::Included(cursor), end);
+                let entries = all
+                    .into_iter()
+                    .filter(|(k, (_, meta))| {
+                        std::ops::RangeBounds::contains(&range, k.as_slice())
+                            && !meta.expired(now_ms)
+                    })
+                    .map(|(k, v)| (k, Some(v)))
+                    .collect();
+                let proof = Freshness {
+                    leaf: leaf.clone(),
+                    version: st.version,
+                };
+                (entries, st.range.high.clone(), proof)
+            })
+    }
+}
