@@ -28,12 +28,25 @@ impl Geometry {
 
     /// Whether records of these `(key, encoded length)` fit without a sub-page overflowing.
     pub fn fits<'k>(&self, records: impl IntoIterator<Item = (&'k [u8], usize)>) -> bool {
+        let placed: Vec<(usize, usize)> = records
+            .into_iter()
+            .map(|(key, len)| (self.subpage_of(key), len))
+            .collect();
+        self.fitting_prefix(&placed) == placed.len()
+    }
+
+    /// How many of these records, `(sub-page, encoded length)` from the first, fit
+    /// before a sub-page would overflow. Callers that test many runs of the same records
+    /// place them once (a hash each) and ask this.
+    pub fn fitting_prefix(&self, placed: &[(usize, usize)]) -> usize {
         let mut fill = vec![0usize; self.subpages];
-        records.into_iter().all(|(key, len)| {
-            let s = self.subpage_of(key);
-            fill[s] += len;
-            fill[s] <= self.fill_limit
-        })
+        placed
+            .iter()
+            .take_while(|&&(s, len)| {
+                fill[s] += len;
+                fill[s] <= self.fill_limit
+            })
+            .count()
     }
 
     /// Lays `records` out into a zero-padded page; `None` if a sub-page overflows.
@@ -129,5 +142,36 @@ mod tests {
         assert!(!g.fits(recs.iter().map(|r| (r.key, r.encoded_len()))));
         assert!(g.fits(recs[..1].iter().map(|r| (r.key, r.encoded_len()))));
         assert!(g.build(&recs).is_none());
+    }
+
+    #[test]
+    fn the_fitting_prefix_is_the_longest_run_that_builds() {
+        let g = Geometry {
+            fill_limit: 120,
+            ..geometry()
+        };
+        let keys: Vec<String> = (0..200).map(|i| format!("key-{i}")).collect();
+        let values: Vec<Vec<u8>> = (0..200).map(|i| vec![7; 5 + i * 7 % 40]).collect();
+        let recs: Vec<Record> = keys
+            .iter()
+            .zip(&values)
+            .map(|(k, v)| Record {
+                key: k.as_bytes(),
+                payload: Payload::Inline(v),
+                meta: Meta::default(),
+            })
+            .collect();
+        let placed: Vec<(usize, usize)> = recs
+            .iter()
+            .map(|r| (g.subpage_of(r.key), r.encoded_len()))
+            .collect();
+        for start in [0, 3, 50, 199] {
+            let n = g.fitting_prefix(&placed[start..]);
+            assert!(g.build(&recs[start..start + n]).is_some(), "{start}: {n}");
+            if start + n < recs.len() {
+                assert!(g.build(&recs[start..=start + n]).is_none(), "{start}: {n}");
+            }
+        }
+        assert!(g.fitting_prefix(&placed) < placed.len(), "the limit is reached");
     }
 }

@@ -202,22 +202,24 @@ impl SsdTier {
     /// that both sides have room for the inserts to come, or, when keys arrive in
     /// ascending order, as full as each run gets, since no insert will come back to it.
     fn partition(&self, objs: &[Object], appending: bool) -> Vec<(usize, usize)> {
-        let len = |(k, (v, meta)): &Object| record_len(k, v, meta);
-        let fits = |r: &[Object]| {
-            self.geometry
-                .fits(r.iter().map(|o| (o.0.as_slice(), len(o))))
+        // Each object's sub-page and length, worked out once: the cuts test many runs of
+        // the same objects (testing every prefix of a run hashed a whole super-leaf's
+        // keys once per object — most of the flusher's time during a fill).
+        let placed: Vec<(usize, usize)> = objs
+            .iter()
+            .map(|(k, (v, meta))| (self.geometry.subpage_of(k), record_len(k, v, meta)))
+            .collect();
+        let fits = |start: usize, end: usize| {
+            self.geometry.fitting_prefix(&placed[start..end]) == end - start
         };
         let cut = |start: usize, end: usize| {
             if !appending {
                 return (start + end) / 2;
             }
-            let mut mid = start + 1;
-            while mid < end && fits(&objs[start..=mid]) {
-                mid += 1;
-            }
-            mid
+            // The longest run from `start` that fits; at least one object.
+            start + self.geometry.fitting_prefix(&placed[start..end]).max(1)
         };
-        cut_into_leaves(objs.len(), |start, end| fits(&objs[start..end]), cut)
+        cut_into_leaves(objs.len(), fits, cut)
     }
 }
 
