@@ -223,3 +223,35 @@ fn objects_dropped_unwritten_never_expose_older_ssd_copies() {
         h.run(&Op::Get { key });
     }
 }
+
+/// A leaf dropped unwritten keeps its dirty keys as tombstones, so the keys it did not
+/// hold — whose only copies are on the SSD — are still served, before and after the
+/// flusher evicts it (marking the whole leaf lost made the SSD tier forget its range).
+#[test]
+fn a_leaf_dropped_unwritten_leaves_the_rest_of_its_range_to_the_ssd() {
+    let (mut h, _device) = harness(false);
+    h.put_all(0..3_000, 64);
+    evict_to_ssd(&h);
+    // Every fourth key rewritten in DRAM; the others live only on the SSD.
+    h.put_all((0..3_000).step_by(4), 50);
+    let now = h.clock.now_ms();
+    for _ in 0..5 {
+        assert!(h.cache.inner.dram.drop_one(now));
+    }
+    let drops = h.cache.stats().ssd_write_drops;
+    assert!(drops > 0 && drops < 750, "{drops}");
+    let only_on_ssd = (0..3_000).filter(|k| k % 4 != 0);
+    for key in only_on_ssd.clone() {
+        assert!(value(&h, key).is_some(), "key {key} was never dropped");
+    }
+    for key in 0..3_000 {
+        h.run(&Op::Get { key });
+    }
+    evict_to_ssd(&h);
+    for key in only_on_ssd {
+        assert!(value(&h, key).is_some(), "key {key} after the flusher");
+    }
+    for key in 0..3_000 {
+        h.run(&Op::Get { key });
+    }
+}

@@ -172,6 +172,9 @@ mod tests {
                 assert!(g.build(&recs[start..=start + n]).is_none(), "{start}: {n}");
             }
         }
-        assert!(g.fitting_prefix(&placed) < placed.len(), "the limit is reached");
+        assert!(
+            g.fitting_prefix(&placed) < placed.len(),
+            "the limit is reached"
+        );
     }
 }

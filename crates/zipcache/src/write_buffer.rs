@@ -29,7 +29,7 @@ impl WriteBuffer {
     pub fn append(&mut self, record: &Record<'_>, limit: usize) -> Pressure {
         record.encode(&mut self.bytes);
         let len = self.bytes.len();
-        if limit == 0 || len > 4 * limit.max(64) {
+        if limit == 0 || len > limit.max(64).saturating_mul(4) {
             Pressure::Overflowing
         } else if len > limit {
             Pressure::Full

@@ -11,7 +11,7 @@ use super::leaf::{DramLeaf, HOT, LOST, LeafState, RAW_PAGE, REFERENCED, RETIRED,
 use super::{DramTier, LeafId};
 use crate::btree::Fence;
 use crate::eviction::{EvictedObject, EvictionSink};
-use crate::record::Meta;
+use crate::record::{Meta, Payload, Record};
 use crate::slots::View;
 
 /// Most leaves one eviction takes (see `evict_group`): bounds how long their readers
@@ -49,11 +49,12 @@ impl DramTier {
 
     /// Overload (the flusher is behind and DRAM is full): frees one CLOCK victim without
     /// writing anything. Its clean objects go as in `evict_one`; otherwise its objects are
-    /// dropped (counted in `write_drops`) and the leaf is marked lost, so that its keys
-    /// miss instead of reaching older copies below until the flusher evicts it and the SSD
-    /// tier forgets its range. Never does I/O nor waits for it.
+    /// dropped (counted in `write_drops`) and their keys kept as tombstones
+    /// (`drop_unwritten`). Never does I/O nor waits for it.
     pub fn drop_one(&self, now_ms: u64) -> bool {
-        self.clock_victim(|_, _, leaf| self.drop_clean(leaf, now_ms) || self.drop_unwritten(leaf))
+        self.clock_victim(|_, _, leaf| {
+            self.drop_clean(leaf, now_ms) || self.drop_unwritten(leaf, now_ms)
+        })
     }
 
     /// Moves the CLOCK hand until `take` takes a victim: referenced leaves are spared
@@ -78,21 +79,61 @@ impl DramTier {
         false
     }
 
-    /// Empties a leaf without handing its objects to the lower tier: see `drop_one`.
-    fn drop_unwritten(&self, leaf: &DramLeaf) -> bool {
+    /// Drops a leaf's objects without handing them to the lower tier: see `drop_one`.
+    /// Clean ones simply go (the SSD holds the same version). Every other key stays as a
+    /// tombstone — its key and two bytes, most of the leaf freed — so that it misses
+    /// instead of reaching an older copy below, while the rest of the leaf's range is
+    /// still answered there; when the flusher evicts the leaf, the tombstones delete just
+    /// those keys below. A leaf already down to tombstones (or with a damaged page) is
+    /// emptied and marked lost instead: its keys miss, and the SSD tier forgets its whole
+    /// range when the flusher evicts it.
+    fn drop_unwritten(&self, leaf: &DramLeaf, now_ms: u64) -> bool {
         let mut st = leaf.state.write();
-        let buffered = st.buffer().map_or(0, |b| b.records().count() as u64);
-        if leaf.has(RETIRED) || st.summary().objects + buffered == 0 {
+        if leaf.has(RETIRED) {
             return false;
         }
+        let objects = if leaf.lost() {
+            Vec::new()
+        } else {
+            self.export(leaf, &st, now_ms)
+        };
+        let values = objects.iter().filter(|o| o.value.is_some()).count() as u64;
+        let keep: Vec<&EvictedObject> = objects.iter().filter(|o| !o.meta.clean).collect();
+        let lose_range = values == 0;
+        let buffered = st.buffer().map_or(0, |b| b.records().count() as u64);
+        if lose_range && st.summary().objects + buffered == 0 {
+            return false;
+        }
+        let dropped = if lose_range {
+            st.summary().objects + buffered
+        } else {
+            keep.iter().filter(|o| o.value.is_some()).count() as u64
+        };
         self.counters
             .write_drops
-            .fetch_add(st.summary().objects + buffered, Ordering::Relaxed);
+            .fetch_add(dropped, Ordering::Relaxed);
         // Its versions are forgotten with it: none may be handed out again.
         self.raise_cas_floor(self.leaf_cas_top(&st));
-        self.charged(leaf, &mut st, |st| *st = LeafState::default());
+        self.charged(leaf, &mut st, |st| {
+            *st = LeafState::default();
+            if lose_range {
+                return;
+            }
+            let extras = st.extras.get_or_insert_default();
+            extras.buffered.store(UNKNOWN, Ordering::Relaxed);
+            for object in &keep {
+                let tombstone = Record {
+                    key: &object.key,
+                    payload: Payload::Tombstone,
+                    meta: Meta::default(),
+                };
+                // No limit: the tombstones stay until the flusher takes the leaf.
+                extras.buffer.append(&tombstone, usize::MAX);
+            }
+            st.tidy();
+        });
         leaf.set(RAW_PAGE, false);
-        leaf.set(LOST, true);
+        leaf.set(LOST, lose_range);
         true
     }
 

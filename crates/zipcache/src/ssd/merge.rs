@@ -272,8 +272,10 @@ impl EvictionSink for SsdTier {
         true
     }
 
-    /// Evicts every super-leaf that overlaps `[low, high)`: more than asked, but damaged
-    /// DRAM pages are rare and a whole super-leaf is what this tier knows how to drop.
+    /// Evicts every super-leaf that overlaps `[low, high)`: more than asked, but DRAM
+    /// leaves lost this way are rare (a damaged page, or one dropped under overload when
+    /// it held nothing but tombstones) and a whole super-leaf is what this tier knows how
+    /// to drop. Its objects count as evictions.
     fn forget(&self, low: &[u8], high: Option<&[u8]>) {
         let mut w = self.writer.lock();
         let mut doomed = vec![self.tree.find(low)];
@@ -284,11 +286,7 @@ impl EvictionSink for SsdTier {
             doomed.push(next);
         }
         for (leaf_low, leaf) in doomed {
-            if self.evict_superleaf(&mut w, &leaf_low, &leaf).is_some() {
-                self.counters
-                    .evicted_superleaves
-                    .fetch_add(1, Ordering::Relaxed);
-            }
+            self.evict_superleaf_for_room(&mut w, &leaf_low, &leaf);
         }
     }
 

@@ -72,17 +72,31 @@ impl SsdTier {
             if leaf.referenced.swap(false, Ordering::Relaxed) {
                 continue;
             }
-            if let Some(objects) = self.evict_superleaf(w, &low, &leaf) {
-                self.counters
-                    .evicted_superleaves
-                    .fetch_add(1, Ordering::Relaxed);
-                self.counters
-                    .evicted_objects
-                    .fetch_add(objects, Ordering::Relaxed);
+            if self.evict_superleaf_for_room(w, &low, &leaf) {
                 return true;
             }
         }
         false
+    }
+
+    /// `evict_superleaf`, counted as an eviction: its objects are forgotten to make room
+    /// (by CLOCK, or because the DRAM tier dropped the range's newest versions unwritten).
+    pub(super) fn evict_superleaf_for_room(
+        &self,
+        w: &mut Writer,
+        low: &Fence,
+        leaf: &Arc<SuperLeaf>,
+    ) -> bool {
+        let Some(objects) = self.evict_superleaf(w, low, leaf) else {
+            return false;
+        };
+        self.counters
+            .evicted_superleaves
+            .fetch_add(1, Ordering::Relaxed);
+        self.counters
+            .evicted_objects
+            .fetch_add(objects, Ordering::Relaxed);
+        true
     }
 
     /// Trims a super-leaf and frees its slot; the objects it held, or `None` if it could
