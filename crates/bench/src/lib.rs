@@ -117,6 +117,10 @@ pub struct Params {
     /// Value sizes as `SIZE WEIGHT` lines (overrides --value-size).
     #[arg(long)]
     pub value_size_file: Option<PathBuf>,
+    /// Every overwrite (a PUT of a new version) draws its value size afresh from
+    /// --value-size-file, so overwrites change sizes; fills keep each key's own size.
+    #[arg(long, requires = "value_size_file")]
+    pub value_size_per_version: bool,
     /// Compressibility of synthetic values: this fraction of each value is zeros.
     #[arg(long, default_value_t = 0.5)]
     pub eta: f64,
@@ -160,6 +164,13 @@ pub struct Params {
     /// Network targets: connections per bench thread.
     #[arg(long, default_value_t = 4)]
     pub connections: usize,
+    /// PID of the server behind a `zipcache://`, `memcached://` or `redis://` target, so the
+    /// report's RSS (and server CPU) comes from /proc rather than from what the server
+    /// says of itself (zipcache's `rss_bytes`, Redis's `used_memory_rss`; memcached says
+    /// nothing). For one such target only.
+    #[arg(long)]
+    #[serde(skip)]
+    pub server_pid: Option<u32>,
     /// Network targets: requests in flight per connection.
     #[arg(long, default_value_t = 16)]
     pub pipeline: usize,
@@ -200,6 +211,7 @@ impl Params {
             sizes,
             content,
             seed: self.seed,
+            size_per_version: self.value_size_per_version,
         })
     }
 
@@ -338,6 +350,7 @@ impl Params {
             threads: self.threads,
             connections: self.connections,
             pipeline: self.pipeline,
+            server_pid: self.server_pid,
         }
     }
 }
@@ -437,6 +450,16 @@ pub fn run_all(list: &str, params: &Params) -> (Vec<TargetResult>, Vec<String>) 
         Ok(w) => w,
         Err(e) => return (results, vec![e]),
     };
+    let remotes = list.split(',').filter(|s| s.contains("://")).count();
+    if params.server_pid.is_some() && remotes != 1 {
+        return (
+            results,
+            vec![format!(
+                "--server-pid names the server of one zipcache://, memcached:// or redis:// \
+                 target; --target lists {remotes}"
+            )],
+        );
+    }
     for spec in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
         if driver::STOP.load(std::sync::atomic::Ordering::Relaxed) {
             failures.push("interrupted".into());

@@ -95,6 +95,8 @@ pub struct Budget {
     pub threads: usize,
     pub connections: usize,
     pub pipeline: usize,
+    /// PID of the server of a remote (`scheme://`) target, for its RSS and CPU time.
+    pub server_pid: Option<u32>,
 }
 
 impl Budget {
