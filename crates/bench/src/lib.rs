@@ -117,10 +117,11 @@ pub struct Params {
     /// Value sizes as `SIZE WEIGHT` lines (overrides --value-size).
     #[arg(long)]
     pub value_size_file: Option<PathBuf>,
-    /// Every overwrite (a PUT of a new version) draws its value size afresh from
-    /// --value-size-file, so overwrites change sizes; fills keep each key's own size.
-    #[arg(long, requires = "value_size_file")]
-    pub value_size_per_version: bool,
+    /// Value sizes of overwrites (PUTs of a new version), as `SIZE WEIGHT` lines: each
+    /// overwrite draws its own, so a key's value changes size; fills and look-aside misses
+    /// keep --value-size / --value-size-file, so a fill and a later churn agree.
+    #[arg(long)]
+    pub overwrite_size_file: Option<PathBuf>,
     /// Compressibility of synthetic values: this fraction of each value is zeros.
     #[arg(long, default_value_t = 0.5)]
     pub eta: f64,
@@ -211,7 +212,11 @@ impl Params {
             sizes,
             content,
             seed: self.seed,
-            size_per_version: self.value_size_per_version,
+            overwrite_sizes: self
+                .overwrite_size_file
+                .as_deref()
+                .map(SizeDist::from_file)
+                .transpose()?,
         })
     }
 

@@ -157,10 +157,10 @@ pub struct ValueGen {
     pub sizes: SizeDist,
     pub content: Content,
     pub seed: u64,
-    /// Each version of a key other than 0 draws its own size from `sizes`, so overwrites
-    /// change a value's size (churn that moves objects between size classes); version 0,
-    /// what fills and look-aside misses store, keeps the key's own size.
-    pub size_per_version: bool,
+    /// Sizes of versions other than 0 (overwrites), each (key, version) drawing its own,
+    /// so overwrites change a value's size (churn that moves objects between allocator
+    /// size classes); version 0, what fills and look-aside misses store, keeps `sizes`.
+    pub overwrite_sizes: Option<SizeDist>,
 }
 
 impl ValueGen {
@@ -173,10 +173,9 @@ impl ValueGen {
 
     /// The size of `key_id`'s value at `version`.
     pub fn size_for(&self, key_id: u64, version: u64) -> usize {
-        if self.size_per_version && version != 0 {
-            self.sizes.size_of(key_id ^ mix64(version), self.seed)
-        } else {
-            self.sizes.size_of(key_id, self.seed)
+        match &self.overwrite_sizes {
+            Some(sizes) if version != 0 => sizes.size_of(key_id ^ mix64(version), self.seed),
+            _ => self.sizes.size_of(key_id, self.seed),
         }
     }
 
@@ -208,18 +207,21 @@ impl ValueGen {
 
     /// Whether `bytes` is a value this generator could have produced for `key_id`.
     pub fn verify(&self, key_id: u64, bytes: &[u8]) -> bool {
-        match &self.content {
-            Content::Synthetic { eta } if random_len(bytes.len(), *eta) >= STAMP => {
+        let stamped = match &self.content {
+            Content::Synthetic { eta } => random_len(bytes.len(), *eta) >= STAMP,
+            Content::Dataset(_) => false,
+        };
+        match &self.overwrite_sizes {
+            _ if stamped => {
                 let stamp = u64::from_le_bytes(bytes[..STAMP].try_into().expect("8 bytes"));
                 // The stamp names the version, and the version the size.
                 self.value(key_id, stamp ^ self.key_hash(key_id)) == bytes
             }
             // No stamp (too little random room, or a dataset): the content is the
-            // key's alone. Its size is the key's own, unless every version draws one, in
-            // which case the length must at least be one the distribution has.
-            _ if self.size_per_version => {
-                self.sizes.has_size(bytes.len())
-                    && self.value_of_len(key_id, 0, bytes.len()) == bytes
+            // key's alone. Its size is the key's own, unless overwrites draw sizes, in
+            // which case the length must at least be one of theirs.
+            Some(sizes) if sizes.has_size(bytes.len()) => {
+                self.value_of_len(key_id, 0, bytes.len()) == bytes
             }
             _ => self.value(key_id, 0) == bytes,
         }
@@ -355,7 +357,7 @@ mod tests {
             sizes: SizeDist::Fixed(size),
             content: Content::Synthetic { eta },
             seed: 11,
-            size_per_version: false,
+            overwrite_sizes: None,
         }
     }
 
@@ -426,7 +428,7 @@ mod tests {
             sizes: SizeDist::Fixed(40),
             content: Content::Dataset(Arc::new(csv)),
             seed: 1,
-            size_per_version: false,
+            overwrite_sizes: None,
         };
         let value = generator.value(9, 5);
         assert_eq!(value.len(), 40);
@@ -457,7 +459,7 @@ mod tests {
             sizes: dist,
             content: Content::Synthetic { eta: 0.5 },
             seed: 1,
-            size_per_version: false,
+            overwrite_sizes: None,
         };
         let value = generator.value(2, 77);
         assert_eq!(value.len(), 300);
@@ -465,27 +467,27 @@ mod tests {
     }
 
     #[test]
-    fn sizes_per_version_vary_and_still_verify() {
-        let sizes = SizeDist::Weighted {
+    fn overwrites_draw_their_own_sizes_and_still_verify() {
+        let overwrites = SizeDist::Weighted {
             sizes: vec![12, 64, 300, 1500],
             cumulative: vec![0.25, 0.5, 0.75, 1.0],
         };
         let generator = ValueGen {
-            sizes: sizes.clone(),
+            sizes: SizeDist::Fixed(40),
             content: Content::Synthetic { eta: 0.5 },
             seed: 3,
-            size_per_version: true,
+            overwrite_sizes: Some(overwrites),
         };
-        // Version 0 keeps the key's own size; other versions draw theirs.
-        assert_eq!(generator.size_for(7, 0), sizes.size_of(7, 3));
+        // Version 0 (fills) keeps the key's own size; other versions draw theirs.
+        assert_eq!(generator.value(7, 0).len(), 40);
         let lens: std::collections::HashSet<usize> =
             (1..200).map(|v| generator.value(7, v).len()).collect();
-        assert_eq!(lens.len(), 4, "{lens:?}");
+        assert_eq!(lens, [12, 64, 300, 1500].into());
         for version in 0..200 {
             let value = generator.value(7, version);
             assert!(generator.verify(7, &value), "version {version}");
             assert!(!generator.verify(8, &value));
-            // A value cut to another size of the distribution is wrong.
+            // A value cut to another size is wrong.
             let cut = &value[..value.len().min(64)];
             assert!(cut.len() == value.len() || !generator.verify(7, cut));
         }
