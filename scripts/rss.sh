@@ -80,18 +80,19 @@ kib() { awk -v f="$2" '$1 == f":" {print $2}' "/proc/$1/status"; }
 ROWS=()
 # One row of the table: server, phase, its RSS now and at peak, and what it holds.
 measure() {
-    local server=$1 phase=$2 port=$3 s rss hwm objects used
+    local server=$1 phase=$2 port=$3 s rss hwm objects used withheld
     s=$(stats "$port")
     rss=$(kib "$SPID" VmRSS)
     hwm=$(kib "$SPID" VmHWM)
     objects=$(stat "$s" curr_items)
     used=$(stat "$s" dram_used)
     [ -n "$used" ] || used=$(stat "$s" bytes)
+    withheld=$(stat "$s" dram_withheld_bytes)
     ROWS+=("$(awk -v srv="$server" -v ph="$phase" -v rss="$rss" -v hwm="$hwm" -v obj="$objects" \
-        -v used="$used" -v dram="$DRAM_MIB" 'BEGIN {
+        -v used="$used" -v wh="${withheld:-0}" -v dram="$DRAM_MIB" 'BEGIN {
             limit = 1.05 * dram + 24
-            printf "%-10s %-12s %8.1f %9.1f %9.1f %10.1f %9d %8d  %s",
-                srv, ph, rss / 1024, hwm / 1024, limit, used / 1048576, obj, obj / dram,
+            printf "%-10s %-12s %8.1f %9.1f %9.1f %10.1f %12.1f %9d %8d  %s",
+                srv, ph, rss / 1024, hwm / 1024, limit, used / 1048576, wh / 1048576, obj, obj / dram,
                 (rss / 1024 <= limit ? "yes" : "NO")
         }')")
 }
@@ -145,6 +146,6 @@ for server in $SERVERS; do
 done
 
 echo "machine: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2 / 1048576}' /proc/meminfo); logs in $LOG_DIR"
-printf "%-10s %-12s %8s %9s %9s %10s %9s %8s  %s\n" \
-    server phase rss_MiB peak_MiB limit_MiB used_MiB objects obj/MiB within
+printf "%-10s %-12s %8s %9s %9s %10s %12s %9s %8s  %s\n" \
+    server phase rss_MiB peak_MiB limit_MiB used_MiB withheld_MiB objects obj/MiB within
 printf "%s\n" "${ROWS[@]}"
