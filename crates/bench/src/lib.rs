@@ -117,6 +117,11 @@ pub struct Params {
     /// Value sizes as `SIZE WEIGHT` lines (overrides --value-size).
     #[arg(long)]
     pub value_size_file: Option<PathBuf>,
+    /// Value sizes of overwrites (PUTs of a new version), as `SIZE WEIGHT` lines: each
+    /// overwrite draws its own, so a key's value changes size; fills and look-aside misses
+    /// keep --value-size / --value-size-file, so a fill and a later churn agree.
+    #[arg(long)]
+    pub overwrite_size_file: Option<PathBuf>,
     /// Compressibility of synthetic values: this fraction of each value is zeros.
     #[arg(long, default_value_t = 0.5)]
     pub eta: f64,
@@ -160,6 +165,13 @@ pub struct Params {
     /// Network targets: connections per bench thread.
     #[arg(long, default_value_t = 4)]
     pub connections: usize,
+    /// PID of the server behind a `zipcache://`, `memcached://` or `redis://` target, so the
+    /// report's RSS (and server CPU) comes from /proc rather than from what the server
+    /// says of itself (zipcache's `rss_bytes`, Redis's `used_memory_rss`; memcached says
+    /// nothing). For one such target only.
+    #[arg(long)]
+    #[serde(skip)]
+    pub server_pid: Option<u32>,
     /// Network targets: requests in flight per connection.
     #[arg(long, default_value_t = 16)]
     pub pipeline: usize,
@@ -206,6 +218,11 @@ impl Params {
             sizes,
             content,
             seed: self.seed,
+            overwrite_sizes: self
+                .overwrite_size_file
+                .as_deref()
+                .map(SizeDist::from_file)
+                .transpose()?,
         })
     }
 
@@ -345,6 +362,7 @@ impl Params {
             connections: self.connections,
             pipeline: self.pipeline,
             in_process_gets: self.in_process_gets,
+            server_pid: self.server_pid,
         }
     }
 }
@@ -444,6 +462,16 @@ pub fn run_all(list: &str, params: &Params) -> (Vec<TargetResult>, Vec<String>) 
         Ok(w) => w,
         Err(e) => return (results, vec![e]),
     };
+    let remotes = list.split(',').filter(|s| s.contains("://")).count();
+    if params.server_pid.is_some() && remotes != 1 {
+        return (
+            results,
+            vec![format!(
+                "--server-pid names the server of one zipcache://, memcached:// or redis:// \
+                 target; --target lists {remotes}"
+            )],
+        );
+    }
     for spec in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
         if driver::STOP.load(std::sync::atomic::Ordering::Relaxed) {
             failures.push("interrupted".into());

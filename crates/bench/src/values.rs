@@ -110,6 +110,17 @@ impl SizeDist {
         }
     }
 
+    /// Whether some key may have a value of `len` bytes.
+    pub fn has_size(&self, len: usize) -> bool {
+        match self {
+            SizeDist::Fixed(size) => *size == len,
+            SizeDist::Weighted { sizes, .. } => sizes.contains(&len),
+            SizeDist::PerKey {
+                sizes, fallback, ..
+            } => sizes.contains(&(len as u32)) || fallback.has_size(len),
+        }
+    }
+
     /// Mean size, for sizing working sets and budgets.
     pub fn mean(&self) -> f64 {
         match self {
@@ -146,6 +157,10 @@ pub struct ValueGen {
     pub sizes: SizeDist,
     pub content: Content,
     pub seed: u64,
+    /// Sizes of versions other than 0 (overwrites), each (key, version) drawing its own,
+    /// so overwrites change a value's size (churn that moves objects between allocator
+    /// size classes); version 0, what fills and look-aside misses store, keeps `sizes`.
+    pub overwrite_sizes: Option<SizeDist>,
 }
 
 impl ValueGen {
@@ -153,7 +168,19 @@ impl ValueGen {
     /// hash, so the stamp looks random) in their first bytes, which lets a reader check a
     /// value whose version it does not know.
     pub fn value(&self, key_id: u64, version: u64) -> Vec<u8> {
-        let len = self.sizes.size_of(key_id, self.seed);
+        self.value_of_len(key_id, version, self.size_for(key_id, version))
+    }
+
+    /// The size of `key_id`'s value at `version`.
+    pub fn size_for(&self, key_id: u64, version: u64) -> usize {
+        match &self.overwrite_sizes {
+            Some(sizes) if version != 0 => sizes.size_of(key_id ^ mix64(version), self.seed),
+            _ => self.sizes.size_of(key_id, self.seed),
+        }
+    }
+
+    /// The bytes of `key_id`'s value at `version`, `len` long.
+    fn value_of_len(&self, key_id: u64, version: u64, len: usize) -> Vec<u8> {
         match &self.content {
             Content::Synthetic { eta } => {
                 let random = random_len(len, *eta);
@@ -180,14 +207,24 @@ impl ValueGen {
 
     /// Whether `bytes` is a value this generator could have produced for `key_id`.
     pub fn verify(&self, key_id: u64, bytes: &[u8]) -> bool {
-        let version = match &self.content {
-            Content::Synthetic { eta } if random_len(bytes.len(), *eta) >= STAMP => {
-                let stamp = u64::from_le_bytes(bytes[..STAMP].try_into().expect("8 bytes"));
-                stamp ^ self.key_hash(key_id)
-            }
-            _ => 0,
+        let stamped = match &self.content {
+            Content::Synthetic { eta } => random_len(bytes.len(), *eta) >= STAMP,
+            Content::Dataset(_) => false,
         };
-        self.value(key_id, version) == bytes
+        match &self.overwrite_sizes {
+            _ if stamped => {
+                let stamp = u64::from_le_bytes(bytes[..STAMP].try_into().expect("8 bytes"));
+                // The stamp names the version, and the version the size.
+                self.value(key_id, stamp ^ self.key_hash(key_id)) == bytes
+            }
+            // No stamp (too little random room, or a dataset): the content is the
+            // key's alone. Its size is the key's own, unless overwrites draw sizes, in
+            // which case the length must at least be one of theirs.
+            Some(sizes) if sizes.has_size(bytes.len()) => {
+                self.value_of_len(key_id, 0, bytes.len()) == bytes
+            }
+            _ => self.value(key_id, 0) == bytes,
+        }
     }
 }
 
@@ -320,6 +357,7 @@ mod tests {
             sizes: SizeDist::Fixed(size),
             content: Content::Synthetic { eta },
             seed: 11,
+            overwrite_sizes: None,
         }
     }
 
@@ -390,6 +428,7 @@ mod tests {
             sizes: SizeDist::Fixed(40),
             content: Content::Dataset(Arc::new(csv)),
             seed: 1,
+            overwrite_sizes: None,
         };
         let value = generator.value(9, 5);
         assert_eq!(value.len(), 40);
@@ -420,9 +459,44 @@ mod tests {
             sizes: dist,
             content: Content::Synthetic { eta: 0.5 },
             seed: 1,
+            overwrite_sizes: None,
         };
         let value = generator.value(2, 77);
         assert_eq!(value.len(), 300);
         assert!(generator.verify(2, &value));
+    }
+
+    #[test]
+    fn overwrites_draw_their_own_sizes_and_still_verify() {
+        let overwrites = SizeDist::Weighted {
+            sizes: vec![12, 64, 300, 1500],
+            cumulative: vec![0.25, 0.5, 0.75, 1.0],
+        };
+        let generator = ValueGen {
+            sizes: SizeDist::Fixed(40),
+            content: Content::Synthetic { eta: 0.5 },
+            seed: 3,
+            overwrite_sizes: Some(overwrites),
+        };
+        // Version 0 (fills) keeps the key's own size; other versions draw theirs.
+        assert_eq!(generator.value(7, 0).len(), 40);
+        let lens: std::collections::HashSet<usize> =
+            (1..200).map(|v| generator.value(7, v).len()).collect();
+        assert_eq!(lens, [12, 64, 300, 1500].into());
+        for version in 0..200 {
+            let value = generator.value(7, version);
+            assert!(generator.verify(7, &value), "version {version}");
+            assert!(!generator.verify(8, &value));
+            // A value cut to another size is wrong.
+            let cut = &value[..value.len().min(64)];
+            assert!(cut.len() == value.len() || !generator.verify(7, cut));
+        }
+        // Stampless sizes (12 bytes at η 0.5: 6 random bytes) verify by content and size.
+        let short = generator.value_of_len(7, 0, 12);
+        assert!(generator.verify(7, &short));
+        assert!(!generator.verify(7, &generator.value_of_len(7, 0, 13)));
+        let mut bad = short.clone();
+        bad[0] ^= 1;
+        assert!(!generator.verify(7, &bad));
     }
 }

@@ -6,9 +6,8 @@ use clap::{Parser, Subcommand};
 
 /// mimalloc hands freed memory back and fragments less than glibc's per-thread arenas
 /// under the cache's churn of small page and blob allocations, so RSS tracks what the
-/// engine accounts.
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+/// engine accounts; `allocator` says how it is tuned.
+mod allocator;
 
 #[derive(Parser)]
 #[command(
@@ -30,8 +29,12 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    allocator::configure();
     let result = match Cli::parse().command {
-        Command::Serve(args) => zipcache_server::run(*args),
+        Command::Serve(args) => {
+            allocator::disable_thp();
+            zipcache_server::run(*args)
+        }
         Command::Bench(args) => zipcache_bench::run(*args),
     };
     match result {

@@ -259,6 +259,9 @@ impl Settings {
                 .set(name, value)
                 .map_err(|e| format!("--set {name}={value}: {e}"))?;
         }
+        if !self.set.iter().any(|(name, _)| name == "rss_limit") {
+            config.rss_limit = default_rss_limit(config.dram_capacity);
+        }
         config.validate().map_err(|e| e.to_string())?;
         Ok(config)
     }
@@ -308,7 +311,7 @@ impl Settings {
         });
         let set_or_off = |on: bool| if on { "set" } else { "off" };
         format!(
-            "zipcache serve settings:\n  listen           {}\n  memcached-port   {}\n  resp-port        {}\n  dram             {} bytes\n  data-dir         {}\n  ssd              {ssd}\n  max-connections  {}\n  threads          {} ({} runtime)\n  metrics          {metrics}\n  tls              {tls}\n  requirepass      {}\n  auth-file        {}\n  keys-limit       {}\n  flush_all        {}\n  engine: leaf_size={} subpages={} superleaf_size={} fill_threshold={} write_buffer={} bypass_r={} bypass_max_fraction={} tiny_max={} medium_max={} max_key_size={} max_value_size={} background_threads={} promotion={:?}",
+            "zipcache serve settings:\n  listen           {}\n  memcached-port   {}\n  resp-port        {}\n  dram             {} bytes\n  data-dir         {}\n  ssd              {ssd}\n  max-connections  {}\n  threads          {} ({} runtime)\n  metrics          {metrics}\n  tls              {tls}\n  requirepass      {}\n  auth-file        {}\n  keys-limit       {}\n  flush_all        {}\n  engine: leaf_size={} subpages={} superleaf_size={} fill_threshold={} write_buffer={} bypass_r={} bypass_max_fraction={} tiny_max={} medium_max={} max_key_size={} max_value_size={} background_threads={} promotion={:?} rss_limit={}",
             self.listen,
             self.memcached_port,
             self.resp_port,
@@ -342,8 +345,16 @@ impl Settings {
             config.max_value_size,
             config.background_threads,
             config.promotion,
+            config.rss_limit,
         )
     }
+}
+
+/// The server's RSS target (issue 10): 5% over the DRAM budget for what the allocator
+/// holds beyond the engine's count, plus 24 MiB for the process itself (binary, threads,
+/// connection buffers). `--set rss_limit=0` turns the governor off.
+pub fn default_rss_limit(dram_capacity: u64) -> u64 {
+    dram_capacity + dram_capacity / 20 + (24 << 20)
 }
 
 #[cfg(test)]
@@ -361,6 +372,29 @@ mod tests {
         let ssd = config.ssd.unwrap();
         assert_eq!(ssd.path, PathBuf::from("zipcache-data/ssd.bin"));
         assert!(ssd.direct_io);
+    }
+
+    #[test]
+    fn rss_limit_follows_the_dram_budget_unless_set() {
+        let args = |set: &[&str]| ServeArgs {
+            dram: Some("64MiB".into()),
+            set: set.iter().map(|s| s.to_string()).collect(),
+            ..ServeArgs::default()
+        };
+        let config = |set: &[&str]| {
+            Settings::resolve(args(set))
+                .unwrap()
+                .engine_config()
+                .unwrap()
+        };
+        // 1.05 × 64 MiB + 24 MiB = 91.2 MiB.
+        assert_eq!(config(&[]).rss_limit, 95_630_131);
+        assert_eq!(config(&["rss_limit=0"]).rss_limit, 0);
+        assert_eq!(config(&["rss_limit=100MiB"]).rss_limit, 100 << 20);
+        assert_eq!(
+            config(&["dram=32MiB"]).rss_limit,
+            default_rss_limit(32 << 20)
+        );
     }
 
     #[test]

@@ -27,6 +27,7 @@ use crate::large_objects::LargeObjects;
 use crate::memory::{Memory, alloc_size};
 use crate::promotion::{self, PromotionFilter};
 use crate::record::{ASSIGN_CAS, Meta};
+use crate::rss_governor::RssGovernor;
 use crate::run_epoch;
 use crate::sealed_file::IndexFile;
 use crate::ssd::{Finished, Freshness, PlannedRead, SsdHit, SsdSettings, SsdTier};
@@ -42,6 +43,9 @@ const BLOCK: usize = zipcache_device::BLOCK_SIZE;
 const LARGE_REGION: f64 = 0.125;
 /// How often the bypass pass re-ranks leaves.
 const BYPASS_PERIOD: Duration = Duration::from_millis(100);
+/// How often the RSS governor (setting `rss_limit`) measures: RSS moves by at most a few
+/// MiB in that time, which its margin absorbs.
+const RSS_PERIOD: Duration = Duration::from_millis(100);
 
 #[derive(Default)]
 struct OpCounters {
@@ -93,6 +97,8 @@ pub(crate) struct Inner {
     /// Writers in `relieve_pressure`'s wait for the flusher.
     flusher_waiting: AtomicU64,
     io_rates: IoRates,
+    /// With an `rss_limit`: how much of `dram_capacity` RSS leaves the cache.
+    governor: Option<RssGovernor>,
 }
 
 /// A hybrid DRAM/SSD key-value cache. `Send + Sync`: share it between threads by `Arc`
@@ -246,6 +252,8 @@ impl ZipCache {
             memory.change_index(alloc_size(filter.bytes()) as i64);
             filter
         });
+        let governor = (config.rss_limit > 0)
+            .then(|| RssGovernor::new(config.rss_limit, config.dram_capacity));
         let inner = Arc::new(Inner {
             config,
             memory,
@@ -266,6 +274,7 @@ impl ZipCache {
             flusher_stuck: AtomicBool::new(false),
             flusher_waiting: AtomicU64::new(0),
             io_rates: IoRates::default(),
+            governor,
         });
         let mut workers = (0..inner.config.background_threads)
             .map(|i| {
@@ -913,7 +922,7 @@ impl Inner {
     /// `flush_wait_ms`, then drops cold leaves unwritten until DRAM is back in budget
     /// (`DramTier::drop_one`, `ssd_write_drops`): a cache may forget.
     fn relieve_pressure(&self) {
-        let capacity = self.config.dram_capacity as i64;
+        let capacity = self.budget();
         let over = || self.memory.snapshot().total() > capacity;
         if !over() {
             return;
@@ -984,6 +993,26 @@ impl Inner {
         used() <= target
     }
 
+    /// What the cache may hold now: `dram_capacity`, less what the RSS governor withholds.
+    fn budget(&self) -> i64 {
+        self.config.dram_capacity as i64 - self.governor.as_ref().map_or(0, |g| g.reserve())
+    }
+
+    /// The RSS governor's tick: measure, re-set the budget and, DRAM-only (where only
+    /// writers evict), evict down to it so a quiet server gives memory back too.
+    fn govern_rss(&self) {
+        let Some(governor) = &self.governor else {
+            return;
+        };
+        let Some(rss) = crate::stats::rss_bytes(std::process::id()) else {
+            return;
+        };
+        governor.step(rss);
+        if self.ssd.is_none() {
+            self.make_room(self.budget(), 1024);
+        }
+    }
+
     /// DRAM held by the BT_SSD and BT_LO indexes.
     fn lower_index_bytes(&self) -> u64 {
         self.ssd.as_ref().map_or(0, |ssd| ssd.index_bytes())
@@ -1000,6 +1029,7 @@ impl Inner {
     /// A merge thread: write-buffer merges; the first one also re-ranks hot leaves.
     fn background(&self, merges: Receiver<LeafId>, housekeeper: bool) {
         let mut last_bypass = Instant::now();
+        let mut last_rss = Instant::now();
         while !self.shutdown.load(Ordering::Acquire) {
             match merges.recv_timeout(Duration::from_millis(10)) {
                 Ok(leaf) => self.dram.merge(&leaf, self.now()),
@@ -1010,6 +1040,10 @@ impl Inner {
                 last_bypass = Instant::now();
                 self.dram.bypass_pass();
             }
+            if housekeeper && last_rss.elapsed() >= RSS_PERIOD {
+                last_rss = Instant::now();
+                self.govern_rss();
+            }
         }
     }
 
@@ -1017,8 +1051,8 @@ impl Inner {
     /// the SSD tier (the only thread that writes evicted objects to the device), and lets
     /// writers held back by `relieve_pressure` know after each pass.
     fn flusher(&self) {
-        let low_watermark = self.flusher_target();
         while !self.shutdown.load(Ordering::Acquire) {
+            let low_watermark = self.flusher_target();
             // may do I/O: the SSD tier's read-modify-writes
             let stuck = !self.make_room(low_watermark, usize::MAX);
             self.flusher_stuck.store(stuck, Ordering::Release);
@@ -1035,7 +1069,7 @@ impl Inner {
 
     /// The DRAM use the flusher evicts down to.
     fn flusher_target(&self) -> i64 {
-        (self.config.dram_capacity as f64 * LOW_WATERMARK) as i64
+        (self.budget() as f64 * LOW_WATERMARK) as i64
     }
 
     fn stats(&self) -> Stats {
@@ -1125,6 +1159,10 @@ impl Inner {
             dram_medium_bytes: mem.mediums.max(0) as u64,
             dram_index_bytes: mem.index.max(0) as u64,
             rss_bytes: crate::stats::rss_bytes(std::process::id()),
+            dram_withheld_bytes: self
+                .governor
+                .as_ref()
+                .map_or(0, |g| g.reserve().max(0) as u64),
             dram_objects,
             dram_leaves: self.dram.leaf_count(),
             hot_leaves: c.hot_leaves.load(Ordering::Relaxed).max(0) as u64,

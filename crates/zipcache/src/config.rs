@@ -76,6 +76,10 @@ pub struct Config {
     pub flush_wait_ms: u64,
     /// Which SSD hits are copied into DRAM.
     pub promotion: Promotion,
+    /// Resident memory (bytes) the process should stay within: while RSS is above it the
+    /// engine withholds the excess from `dram_capacity` (`rss_governor.rs`); 0 = off.
+    /// For a process that is mostly the cache, such as `zipcache serve`.
+    pub rss_limit: u64,
     pub clock: Arc<dyn Clock>,
 }
 
@@ -109,6 +113,7 @@ impl Default for Config {
             background_threads: 1,
             flush_wait_ms: 2,
             promotion: Promotion::EveryHit,
+            rss_limit: 0,
             clock: Arc::new(SystemClock),
         }
     }
@@ -168,6 +173,7 @@ impl Config {
         "max_value_size",
         "background_threads",
         "flush_wait_ms",
+        "rss_limit",
         "promotion",
         "device_compression",
         "direct_io",
@@ -191,6 +197,7 @@ impl Config {
             "max_value_size" => self.max_value_size = parse_usize(name, value)?,
             "background_threads" => self.background_threads = parse_usize(name, value)?,
             "flush_wait_ms" => self.flush_wait_ms = parse_usize(name, value)? as u64,
+            "rss_limit" => self.rss_limit = parse_size(value)?,
             "promotion" => {
                 self.promotion = match value.trim() {
                     "every_hit" => Promotion::EveryHit,

@@ -30,6 +30,7 @@ mod packed_page;
 mod power_loss_tests;
 mod promotion;
 mod record;
+mod rss_governor;
 mod run_epoch;
 mod sealed_file;
 mod slots;

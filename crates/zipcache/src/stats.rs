@@ -21,6 +21,9 @@ pub struct Stats {
     /// The resident memory of the process the engine runs in (`VmRSS`), to hold beside
     /// `dram_capacity`; `None` where /proc cannot tell.
     pub rss_bytes: Option<u64>,
+    /// Bytes of `dram_capacity` withheld from the cache because RSS was above the
+    /// `rss_limit` setting (allocator overhead the engine's count cannot see).
+    pub dram_withheld_bytes: u64,
 
     // --- objects ---
     /// Distinct keys resident in any tier (an object both in DRAM and on SSD counts once

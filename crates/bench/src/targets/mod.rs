@@ -101,6 +101,8 @@ pub struct Budget {
     pub pipeline: usize,
     /// In-process targets: GETs overlapped through the asynchronous API, or one by one.
     pub in_process_gets: InProcessGets,
+    /// PID of the server of a remote (`scheme://`) target, for its RSS and CPU time.
+    pub server_pid: Option<u32>,
 }
 
 impl Budget {

@@ -245,6 +245,8 @@ pub struct NetTarget {
     connections: usize,
     pipeline: usize,
     dram_only: bool,
+    /// `--server-pid`: the PID of a server the bench did not start.
+    server_pid: Option<u32>,
 }
 
 impl NetTarget {
@@ -287,7 +289,9 @@ impl NetTarget {
             .map_err(|e| format!("{name}: {e}"))?
             .next()
             .ok_or_else(|| format!("{name}: no address"))?;
-        Self::new(name, addr, protocol, None, budget, false)
+        let mut target = Self::new(name, addr, protocol, None, budget, false)?;
+        target.server_pid = budget.server_pid;
+        Ok(target)
     }
 
     fn new(
@@ -307,11 +311,13 @@ impl NetTarget {
             connections: budget.connections.max(1),
             pipeline: budget.pipeline.max(1),
             dram_only,
+            server_pid: None,
         })
     }
 
+    /// The server's PID: the peer the bench started, or what `--server-pid` named.
     pub fn pid(&self) -> Option<u32> {
-        self.peer.as_ref().map(Peer::pid)
+        self.peer.as_ref().map(Peer::pid).or(self.server_pid)
     }
 }
 
@@ -322,6 +328,58 @@ fn stat<T: std::str::FromStr>(stats: &HashMap<String, String>, name: &str) -> Op
 /// A §4 ratio as `zipcache serve` prints it; it prints what it cannot say as text.
 fn ratio_stat(stats: &HashMap<String, String>, name: &str) -> Option<f64> {
     stat::<f64>(stats, name).filter(|v| v.is_finite())
+}
+
+/// What a server's `stats` (memcached) or `INFO` + `DBSIZE` (RESP) says, as a snapshot.
+/// RSS comes from /proc when the server's PID is known (`pid`), else from what the server
+/// reports of itself.
+fn snapshot_of(protocol: Protocol, stats: &HashMap<String, String>, pid: Option<u32>) -> Snapshot {
+    let mut snap = Snapshot {
+        rss_bytes: pid.and_then(procfs::rss_bytes),
+        server_cpu_seconds: pid.and_then(procfs::cpu_seconds),
+        ..Snapshot::default()
+    };
+    match protocol {
+        Protocol::Resp => {
+            snap.dram_hits = stat(stats, "keyspace_hits");
+            snap.ssd_hits = Some(0);
+            snap.dram_bytes_used = stat(stats, "used_memory");
+            snap.objects_resident = stat(stats, "dbsize");
+            snap.rss_bytes = snap.rss_bytes.or(stat(stats, "used_memory_rss"));
+        }
+        // `zipcache serve` prints the engine's §4 names in `stats`.
+        Protocol::Memcached if stats.contains_key("dram_hits") => {
+            snap.dram_hits = stat(stats, "dram_hits");
+            snap.ssd_hits = stat(stats, "ssd_hits");
+            snap.dram_bytes_used = stat(stats, "dram_used");
+            snap.objects_resident = stat(stats, "objects_resident");
+            snap.rss_bytes = snap.rss_bytes.or(stat(stats, "rss_bytes"));
+            snap.compression_ratio_dram = ratio_stat(stats, "compression_ratio_dram");
+            snap.wa_host = ratio_stat(stats, "wa_host");
+            snap.wr_nand = ratio_stat(stats, "wr_nand");
+            snap.wa = ratio_stat(stats, "wa");
+            snap.zeta = ratio_stat(stats, "zeta");
+            snap.ssd_objects = stat(stats, "ssd_objects");
+            snap.ssd_index_bytes = stat(stats, "ssd_index_bytes");
+            snap.ssd_reads_per_ssd_get = ratio_stat(stats, "ssd_reads_per_ssd_get");
+            snap.host_bytes_written = stat(stats, "V_host");
+        }
+        Protocol::Memcached => {
+            let hits: Option<u64> = stat(stats, "get_hits");
+            let flash: u64 = stat(stats, "get_extstore").unwrap_or(0);
+            snap.dram_hits = hits.map(|h| h.saturating_sub(flash));
+            snap.ssd_hits = Some(flash);
+            snap.dram_bytes_used = stat(stats, "bytes");
+            snap.objects_resident = stat(stats, "curr_items");
+            if stats.contains_key("extstore_bytes_written") {
+                snap.ssd_objects = stat(stats, "extstore_objects_used");
+                snap.host_bytes_written = pid
+                    .and_then(procfs::wchar)
+                    .or(stat(stats, "extstore_bytes_written"));
+            }
+        }
+    }
+    snap
 }
 
 impl Target for NetTarget {
@@ -346,53 +404,7 @@ impl Target for NetTarget {
             .lock()
             .map_err(|_| "control connection poisoned")?
             .stats(self.protocol)?;
-        let pid = self.pid();
-        let mut snap = Snapshot {
-            rss_bytes: pid.and_then(procfs::rss_bytes),
-            server_cpu_seconds: pid.and_then(procfs::cpu_seconds),
-            ..Snapshot::default()
-        };
-        match self.protocol {
-            Protocol::Resp => {
-                snap.dram_hits = stat(&stats, "keyspace_hits");
-                snap.ssd_hits = Some(0);
-                snap.dram_bytes_used = stat(&stats, "used_memory");
-                snap.objects_resident = stat(&stats, "dbsize");
-                snap.rss_bytes = snap.rss_bytes.or(stat(&stats, "used_memory_rss"));
-            }
-            // `zipcache serve` prints the engine's §4 names in `stats`.
-            Protocol::Memcached if stats.contains_key("dram_hits") => {
-                snap.dram_hits = stat(&stats, "dram_hits");
-                snap.ssd_hits = stat(&stats, "ssd_hits");
-                snap.dram_bytes_used = stat(&stats, "dram_used");
-                snap.objects_resident = stat(&stats, "objects_resident");
-                snap.rss_bytes = snap.rss_bytes.or(stat(&stats, "rss_bytes"));
-                snap.compression_ratio_dram = ratio_stat(&stats, "compression_ratio_dram");
-                snap.wa_host = ratio_stat(&stats, "wa_host");
-                snap.wr_nand = ratio_stat(&stats, "wr_nand");
-                snap.wa = ratio_stat(&stats, "wa");
-                snap.zeta = ratio_stat(&stats, "zeta");
-                snap.ssd_objects = stat(&stats, "ssd_objects");
-                snap.ssd_index_bytes = stat(&stats, "ssd_index_bytes");
-                snap.ssd_reads_per_ssd_get = ratio_stat(&stats, "ssd_reads_per_ssd_get");
-                snap.host_bytes_written = stat(&stats, "V_host");
-            }
-            Protocol::Memcached => {
-                let hits: Option<u64> = stat(&stats, "get_hits");
-                let flash: u64 = stat(&stats, "get_extstore").unwrap_or(0);
-                snap.dram_hits = hits.map(|h| h.saturating_sub(flash));
-                snap.ssd_hits = Some(flash);
-                snap.dram_bytes_used = stat(&stats, "bytes");
-                snap.objects_resident = stat(&stats, "curr_items");
-                if stats.contains_key("extstore_bytes_written") {
-                    snap.ssd_objects = stat(&stats, "extstore_objects_used");
-                    snap.host_bytes_written = pid
-                        .and_then(procfs::wchar)
-                        .or(stat(&stats, "extstore_bytes_written"));
-                }
-            }
-        }
-        Ok(snap)
+        Ok(snapshot_of(self.protocol, &stats, self.pid()))
     }
 
     fn dram_only(&self) -> bool {
@@ -402,5 +414,102 @@ impl Target for NetTarget {
     fn close(self: Box<Self>) -> Result<(), String> {
         // Dropping `peer` stops the server by its PID.
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{BufRead, BufReader, Write};
+    use std::net::TcpListener;
+
+    /// A server that answers one connection's `stats` requests with `reply`.
+    fn fake_server(reply: &'static str) -> SocketAddr {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        std::thread::spawn(move || {
+            let (stream, _) = listener.accept().unwrap();
+            let mut reader = BufReader::new(stream.try_clone().unwrap());
+            let mut writer = stream;
+            let mut line = String::new();
+            while reader.read_line(&mut line).unwrap_or(0) > 0 {
+                if line == "stats\r\n" {
+                    writer.write_all(reply.as_bytes()).unwrap();
+                }
+                line.clear();
+            }
+        });
+        addr
+    }
+
+    fn budget(server_pid: Option<u32>) -> Budget {
+        Budget {
+            dram: 64 << 20,
+            ssd: None,
+            data_dir: std::env::temp_dir(),
+            mean_object: 80,
+            settings: Vec::new(),
+            threads: 1,
+            connections: 1,
+            pipeline: 1,
+            in_process_gets: crate::targets::InProcessGets::default(),
+            server_pid,
+        }
+    }
+
+    const ZIPCACHE_STATS: &str = "STAT pid 1\r\nSTAT curr_items 7\r\nSTAT dram_hits 5\r\n\
+        STAT ssd_hits 0\r\nSTAT dram_used 4096\r\nSTAT objects_resident 7\r\n\
+        STAT rss_bytes 95420416\r\nSTAT compression_ratio_dram 1.87\r\nSTAT wa NaN\r\nEND\r\n";
+
+    #[test]
+    fn zipcache_stats_give_rss_and_the_engine_figures() {
+        let addr = fake_server(ZIPCACHE_STATS).to_string();
+        let target =
+            NetTarget::remote("zipcache://x", &addr, Protocol::Memcached, &budget(None)).unwrap();
+        let snap = target.snapshot().unwrap();
+        assert_eq!(snap.rss_bytes, Some(95_420_416));
+        assert_eq!(snap.dram_bytes_used, Some(4096));
+        assert_eq!(snap.objects_resident, Some(7));
+        assert_eq!(snap.dram_hits, Some(5));
+        assert_eq!(snap.compression_ratio_dram, Some(1.87));
+        // What the server cannot say (printed as text) is absent, not a number.
+        assert_eq!(snap.wa, None);
+        assert_eq!(snap.server_cpu_seconds, None);
+    }
+
+    #[test]
+    fn a_server_pid_gives_rss_from_proc() {
+        let addr = fake_server(ZIPCACHE_STATS).to_string();
+        let pid = std::process::id();
+        let target = NetTarget::remote(
+            "zipcache://x",
+            &addr,
+            Protocol::Memcached,
+            &budget(Some(pid)),
+        )
+        .unwrap();
+        let snap = target.snapshot().unwrap();
+        let rss = snap.rss_bytes.unwrap();
+        assert_ne!(rss, 95_420_416, "/proc/PID, not the stat");
+        assert!(rss > 0);
+        assert!(snap.server_cpu_seconds.is_some());
+    }
+
+    #[test]
+    fn memcached_says_no_rss_unless_its_pid_is_known() {
+        let reply =
+            "STAT pid 1\r\nSTAT curr_items 3\r\nSTAT get_hits 9\r\nSTAT bytes 300\r\nEND\r\n";
+        let addr = fake_server(reply).to_string();
+        let target =
+            NetTarget::remote("memcached://x", &addr, Protocol::Memcached, &budget(None)).unwrap();
+        let snap = target.snapshot().unwrap();
+        assert_eq!(snap.rss_bytes, None);
+        assert_eq!(snap.objects_resident, Some(3));
+        assert_eq!(snap.dram_hits, Some(9));
+        // Given its PID, the bench reads memcached's RSS from /proc.
+        let stats: HashMap<String, String> = [("curr_items".into(), "3".into())].into();
+        let snap = snapshot_of(Protocol::Memcached, &stats, Some(std::process::id()));
+        assert!(snap.rss_bytes.is_some_and(|rss| rss > 0));
+        assert_eq!(snap.objects_resident, Some(3));
     }
 }

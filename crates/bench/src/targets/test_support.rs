@@ -44,6 +44,7 @@ pub fn budget(dir: &TempDir, gets: InProcessGets, settings: &[(&str, &str)]) -> 
         connections: 4,
         pipeline: 16,
         in_process_gets: gets,
+        server_pid: None,
     }
 }
 
@@ -53,6 +54,7 @@ pub fn values() -> ValueGen {
         sizes: SizeDist::Fixed(64),
         content: Content::Synthetic { eta: 0.25 },
         seed: 7,
+        overwrite_sizes: None,
     }
 }
 
