@@ -183,7 +183,7 @@ fn async_reads(device: &FileDevice, eventfd: RawFd, total: u64, lbas: &mut Lbas)
             *slot = Some(device.read_async(lbas.next(IOPS_FILE_BLOCKS), buf));
             submitted += 1;
         }
-        wait_readable(eventfd);
+        zipcache_device::wait_thread_ring(eventfd, Duration::from_millis(100));
         reap_thread_ring();
         for slot in reads.iter_mut() {
             if let Some(read) = slot
@@ -197,16 +197,6 @@ fn async_reads(device: &FileDevice, eventfd: RawFd, total: u64, lbas: &mut Lbas)
         }
     }
     start.elapsed()
-}
-
-fn wait_readable(fd: RawFd) {
-    let mut pollfd = libc::pollfd {
-        fd,
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: `pollfd` is one live, initialised `struct pollfd`, and we pass a count of 1.
-    unsafe { libc::poll(&raw mut pollfd, 1, 100) };
 }
 
 /// Times `WRITES_PER_DRAIN` writes at a time and lets the controller catch up untimed.

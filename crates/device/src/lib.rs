@@ -49,7 +49,7 @@ pub use file::{FileDevice, FileOptions};
 pub use memory::MemDevice;
 pub use uring::{
     ReadCompletion, ReadFuture, install_thread_ring, install_thread_ring_owned, reap_thread_ring,
-    thread_ring_in_flight,
+    thread_ring_in_flight, wait_thread_ring,
 };
 
 /// The unit of every device I/O, and the size of one SSD sub-page.
@@ -323,7 +323,6 @@ pub(crate) fn invalid_input(message: String) -> io::Error {
 pub(crate) mod test_util {
     use std::future::Future;
     use std::io;
-    use std::os::fd::RawFd;
     use std::pin::Pin;
     use std::sync::Arc;
     use std::sync::atomic::{AtomicBool, Ordering};
@@ -357,19 +356,6 @@ pub(crate) mod test_util {
         Pin::new(future).poll(&mut Context::from_waker(waker))
     }
 
-    /// Waits up to `timeout` for `fd` to become readable; true if it did.
-    pub fn wait_readable(fd: RawFd, timeout: Duration) -> bool {
-        let mut pollfd = libc::pollfd {
-            fd,
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        let millis = libc::c_int::try_from(timeout.as_millis()).unwrap_or(libc::c_int::MAX);
-        // SAFETY: `pollfd` is one live, initialised `struct pollfd`, and we pass a count of 1.
-        let ready = unsafe { libc::poll(&raw mut pollfd, 1, millis) };
-        ready > 0 && pollfd.revents & libc::POLLIN != 0
-    }
-
     /// Drives a read submitted on this thread to completion as a server's reaper task would:
     /// polls it, and while it is pending waits for this thread's eventfd and reaps.
     pub fn complete(mut read: ReadFuture) -> (io::Result<()>, AlignedBuf) {
@@ -381,7 +367,7 @@ pub(crate) mod test_util {
             }
             assert!(Instant::now() < deadline, "read never completed");
             let eventfd = install_thread_ring(1).expect("a pending read implies a ring");
-            wait_readable(eventfd, Duration::from_millis(100));
+            crate::wait_thread_ring(eventfd, Duration::from_millis(100));
             reap_thread_ring();
         }
     }

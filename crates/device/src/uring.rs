@@ -319,6 +319,24 @@ pub fn install_thread_ring_owned(depth: u32) -> io::Result<OwnedFd> {
     eventfd
 }
 
+/// Blocks until `eventfd` (from [`install_thread_ring`]) is readable — a completion is due
+/// — or `timeout` passes; true if it is readable. For a thread that has nothing to do but
+/// wait for its reads (a bench client, a test); a server watches the eventfd from its
+/// reactor instead.
+pub fn wait_thread_ring(eventfd: RawFd, timeout: std::time::Duration) -> bool {
+    let mut pollfd = libc::pollfd {
+        fd: eventfd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let millis = libc::c_int::try_from(timeout.as_millis()).unwrap_or(libc::c_int::MAX);
+    // SAFETY: `pollfd` is one live, initialised `struct pollfd` that `poll` may write, and
+    // the count passed is 1. A descriptor that is not open is reported in `revents`
+    // (POLLNVAL), not undefined behaviour.
+    let ready = unsafe { libc::poll(&raw mut pollfd, 1, millis) };
+    ready > 0 && pollfd.revents & libc::POLLIN != 0
+}
+
 /// Reaps the calling thread's completions and wakes their futures; returns how many reads
 /// completed. Call it when the eventfd of [`install_thread_ring`] is readable; it empties the
 /// eventfd first, so a completion that arrives meanwhile makes it readable again.
@@ -706,7 +724,7 @@ mod tests {
         assert!(result.is_ok());
         assert_eq!(buf[0], 9);
     }
-    use crate::test_util::{Flag, complete, poll_once, random_bytes, wait_readable};
+    use crate::test_util::{Flag, complete, poll_once, random_bytes};
     use crate::{
         BLOCK_BYTES, BLOCK_SIZE, BlockDevice, CompressingDevice, DeviceCompression,
         EmulatorOptions, FaultOp, FaultyDevice, FileDevice, FileOptions, InjectedFault,
@@ -737,7 +755,7 @@ mod tests {
         let mut reaped = 0;
         while thread_ring_in_flight() > 0 {
             assert!(Instant::now() < deadline, "reads never completed");
-            wait_readable(eventfd, Duration::from_millis(100));
+            wait_thread_ring(eventfd, Duration::from_millis(100));
             reaped += reap_thread_ring();
         }
         reaped
@@ -798,7 +816,7 @@ mod tests {
         let mut reaped = 0;
         while reaped < requests.len() {
             assert!(Instant::now() < deadline, "reads never completed");
-            assert!(wait_readable(eventfd, Duration::from_secs(5)));
+            assert!(wait_thread_ring(eventfd, Duration::from_secs(5)));
             reaped += reap_thread_ring();
         }
         assert!(flag.woken());
@@ -835,7 +853,7 @@ mod tests {
                 in_flight.push((lba_of(submitted), read));
                 submitted += 1;
             }
-            wait_readable(eventfd, Duration::from_millis(100));
+            wait_thread_ring(eventfd, Duration::from_millis(100));
             reap_thread_ring();
             in_flight.retain_mut(|(lba, read)| match poll_once(read, &waker) {
                 Poll::Ready((result, buf)) => {
@@ -1012,13 +1030,13 @@ mod tests {
     fn a_signalled_eventfd_is_emptied_by_the_next_reap() {
         thread::spawn(|| {
             let eventfd = install_thread_ring(4).expect("ring");
-            assert!(!wait_readable(eventfd, Duration::ZERO));
+            assert!(!wait_thread_ring(eventfd, Duration::ZERO));
             let ring = take_thread_ring().expect("installed");
             ring.signal();
             put_thread_ring(ring);
-            assert!(wait_readable(eventfd, Duration::ZERO));
+            assert!(wait_thread_ring(eventfd, Duration::ZERO));
             assert_eq!(reap_thread_ring(), 0);
-            assert!(!wait_readable(eventfd, Duration::ZERO));
+            assert!(!wait_thread_ring(eventfd, Duration::ZERO));
         })
         .join()
         .expect("thread");

@@ -196,7 +196,7 @@ fn reap_or_wait(eventfd: Option<RawFd>) {
             // `reap_thread_ring` empties the eventfd before it collects completions, so one
             // posted since then has made it readable again and the wait returns at once.
             Some(fd) if thread_ring_in_flight() > 0 => {
-                wait_readable(fd, RING_WAIT);
+                zipcache_device::wait_thread_ring(fd, RING_WAIT);
             }
             // A read pending with nothing on this ring completes elsewhere (a device that
             // does not use the ring): look again shortly.
@@ -206,21 +206,6 @@ fn reap_or_wait(eventfd: Option<RawFd>) {
             }
         }
     }
-}
-
-/// Blocks until `fd` is readable or `timeout` passes; true if it is readable.
-fn wait_readable(fd: RawFd, timeout: Duration) -> bool {
-    let mut pollfd = libc::pollfd {
-        fd,
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    let millis = libc::c_int::try_from(timeout.as_millis()).unwrap_or(libc::c_int::MAX);
-    // SAFETY: `pollfd` is one live, initialised `struct pollfd` that `poll` may write, and
-    // the count passed is 1. An fd that is not open is reported in `revents` (POLLNVAL),
-    // not undefined behaviour.
-    let ready = unsafe { libc::poll(&raw mut pollfd, 1, millis) };
-    ready > 0 && pollfd.revents & libc::POLLIN != 0
 }
 
 impl Target for ZipTarget {
@@ -363,12 +348,15 @@ mod tests {
 
         let (reader, mut writer) = std::io::pipe().expect("pipe");
         let start = Instant::now();
-        assert!(!wait_readable(
+        assert!(!zipcache_device::wait_thread_ring(
             reader.as_raw_fd(),
             Duration::from_millis(20)
         ));
         assert!(start.elapsed() >= Duration::from_millis(20), "it waited");
         writer.write_all(b"x").expect("write");
-        assert!(wait_readable(reader.as_raw_fd(), Duration::from_secs(10)));
+        assert!(zipcache_device::wait_thread_ring(
+            reader.as_raw_fd(),
+            Duration::from_secs(10)
+        ));
     }
 }
