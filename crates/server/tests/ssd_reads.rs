@@ -141,8 +141,11 @@ fn pipelined_gets_from_the_ssd_answer_in_order() {
     }
     let stats = server.cache.stats();
     assert!(stats.ssd_hits > 100, "{stats:?}");
+    // Were SSD reads made on the runtime threads, none would count here. How many go in
+    // flight rather than being answered by a promoted copy depends on timing: a loaded
+    // machine gave exactly 100 (a bound of > 100 failed there).
     assert!(
-        stats.ssd_async_reads > 100,
+        stats.ssd_async_reads > 20,
         "SSD reads went in flight, not on the runtime thread: {stats:?}"
     );
     assert_eq!(stats.ssd_reads_in_flight, 0);
