@@ -80,13 +80,16 @@ impl DramTier {
     }
 
     /// Drops a leaf's objects without handing them to the lower tier: see `drop_one`.
-    /// Clean ones simply go (the SSD holds the same version). Every other key stays as a
-    /// tombstone — its key and two bytes, most of the leaf freed — so that it misses
-    /// instead of reaching an older copy below, while the rest of the leaf's range is
-    /// still answered there; when the flusher evicts the leaf, the tombstones delete just
-    /// those keys below. A leaf already down to tombstones (or with a damaged page) is
-    /// emptied and marked lost instead: its keys miss, and the SSD tier forgets its whole
-    /// range when the flusher evicts it.
+    /// Clean ones simply go (the SSD holds the same version; counted in `clean_dropped`).
+    /// Every other key stays as a tombstone — its key and two bytes, most of the leaf
+    /// freed — so that it misses instead of reaching an older copy below, while the rest
+    /// of the leaf's range is still answered there; when the flusher evicts the leaf, the
+    /// tombstones delete just those keys below. A leaf already down to tombstones (some
+    /// still in its write buffer) or with a damaged page is emptied and marked lost
+    /// instead: its keys miss, and the SSD tier forgets its whole range when the flusher
+    /// evicts it. `write_drops` counts the values forgotten, never tombstones; for a
+    /// damaged page, the objects its summary says it held. False if there is nothing to
+    /// drop: a retired leaf, or one whose tombstones are all merged into its page.
     fn drop_unwritten(&self, leaf: &DramLeaf, now_ms: u64) -> bool {
         let mut st = leaf.state.write();
         if leaf.has(RETIRED) {
@@ -97,21 +100,28 @@ impl DramTier {
         } else {
             self.export(leaf, &st, now_ms)
         };
+        // Lost before, or the export just found the page damaged (and marked it lost):
+        // which keys the page held is unknown, so none may reach a copy below.
+        let damaged = leaf.lost();
         let values = objects.iter().filter(|o| o.value.is_some()).count() as u64;
         let keep: Vec<&EvictedObject> = objects.iter().filter(|o| !o.meta.clean).collect();
-        let lose_range = values == 0;
+        let lose_range = damaged || values == 0;
         let buffered = st.buffer().map_or(0, |b| b.records().count() as u64);
         if lose_range && st.summary().objects + buffered == 0 {
             return false;
         }
-        let dropped = if lose_range {
-            st.summary().objects + buffered
+        let (dropped, clean) = if damaged {
+            (self.live_objects(leaf, &st, now_ms), 0)
         } else {
-            keep.iter().filter(|o| o.value.is_some()).count() as u64
+            let dirty = keep.iter().filter(|o| o.value.is_some()).count() as u64;
+            (dirty, values - dirty)
         };
         self.counters
             .write_drops
             .fetch_add(dropped, Ordering::Relaxed);
+        self.counters
+            .clean_dropped
+            .fetch_add(clean, Ordering::Relaxed);
         // Its versions are forgotten with it: none may be handed out again.
         self.raise_cas_floor(self.leaf_cas_top(&st));
         self.charged(leaf, &mut st, |st| {
@@ -297,17 +307,23 @@ impl DramTier {
             .evicted_objects
             .fetch_add(objects, Ordering::Relaxed);
         if dropped {
-            let buffered = st.extras.as_ref().map_or(0, |extras| {
-                match extras.buffered.load(Ordering::Relaxed) {
-                    UNKNOWN => self.buffered_delta(leaf, st, &extras.buffer, now_ms),
-                    known => known,
-                }
-            });
-            let live = objects as i64 + i64::from(buffered);
             self.counters
                 .dropped_objects
-                .fetch_add(live.max(0) as u64, Ordering::Relaxed);
+                .fetch_add(self.live_objects(leaf, st, now_ms), Ordering::Relaxed);
         }
+    }
+
+    /// A locked leaf's live objects, as `tally` counts them: its page's summary and how
+    /// its buffer changes that.
+    fn live_objects(&self, leaf: &DramLeaf, st: &LeafState, now_ms: u64) -> u64 {
+        let buffered =
+            st.extras
+                .as_ref()
+                .map_or(0, |extras| match extras.buffered.load(Ordering::Relaxed) {
+                    UNKNOWN => self.buffered_delta(leaf, st, &extras.buffer, now_ms),
+                    known => known,
+                });
+        (st.summary().objects as i64 + i64::from(buffered)).max(0) as u64
     }
 
     /// A leaf's newest objects in key order, tombstones included.
@@ -461,5 +477,101 @@ mod tests {
             keys,
             (0..10).filter(|i| i % 2 == 1).map(key).collect::<Vec<_>>()
         );
+    }
+
+    /// Overload: `drop_one` until it has nothing left to take, with no thread beside it
+    /// (no merger, no flusher). Only the values forgotten unwritten are write drops: the
+    /// clean ones go as clean drops, and tombstones — the deleted keys, then the keys the
+    /// first pass kept, when a leaf down to tombstones is emptied — are no objects.
+    #[test]
+    fn dropping_unwritten_counts_the_values_it_forgets_not_tombstones() {
+        let (dram, _) = tier_with(settings(256));
+        let clean = Meta {
+            clean: true,
+            ..Meta::default()
+        };
+        // Keys 3k+1 clean, 3k+2 dirty, 3k deleted (some tombstones merged, some buffered).
+        for i in 0..3000 {
+            let meta = if i % 3 == 1 { clean } else { Meta::default() };
+            dram.put_with(&key(i), Some(&[7; 60]), meta, 0, |_| ());
+        }
+        for i in (0..3000).step_by(3) {
+            dram.delete(&key(i), 0, || ());
+        }
+        let leaves = dram.leaf_count();
+        assert!(leaves > 20, "{leaves} leaves");
+        let mut taken = 0;
+        while dram.drop_one(0) {
+            taken += 1;
+            assert!(
+                taken <= 10 * leaves,
+                "drop_one still taking after {taken} calls"
+            );
+        }
+        assert!(taken >= leaves, "{taken} drops of {leaves} leaves");
+        let counters = &dram.counters;
+        assert_eq!(counters.write_drops.load(Ordering::Relaxed), 1000);
+        assert_eq!(counters.clean_dropped.load(Ordering::Relaxed), 1000);
+        for i in 0..3000 {
+            let found = dram.get(&key(i), 0);
+            match i % 3 {
+                1 => assert!(!matches!(found, Lookup::Found(..)), "key {i}"),
+                _ => assert_eq!(found, Lookup::Deleted, "key {i}"),
+            }
+        }
+    }
+
+    /// A clean object that is still there when its leaf is dropped unwritten (written
+    /// back between `drop_clean` and `drop_unwritten`) is a clean drop, not a write drop.
+    #[test]
+    fn clean_objects_dropped_unwritten_count_as_clean_drops() {
+        let dram = tier();
+        let clean = Meta {
+            clean: true,
+            ..Meta::default()
+        };
+        for i in 0..10 {
+            let meta = if i % 2 == 0 { clean } else { Meta::default() };
+            dram.put_with(&key(i), Some(&[i as u8; 40]), meta, 0, |_| ());
+        }
+        let view = dram.view();
+        let leaf = view.get(dram.tree.find(&[]).1.0).unwrap();
+        assert!(dram.drop_unwritten(leaf, 0));
+        assert_eq!(dram.counters.write_drops.load(Ordering::Relaxed), 5);
+        assert_eq!(dram.counters.clean_dropped.load(Ordering::Relaxed), 5);
+    }
+
+    /// A page found damaged when its leaf is dropped unwritten: its objects count as its
+    /// summary says, with the buffered ones, and the leaf stays lost — its write buffer
+    /// holding values must not turn it into a leaf of tombstones whose other keys reach
+    /// older copies below.
+    #[test]
+    fn a_damaged_page_dropped_unwritten_counts_its_objects_and_stays_lost() {
+        let (dram, _) = tier_with(settings(256));
+        for i in 0..30 {
+            dram.put_with(&key(i), Some(&[i as u8; 40]), Meta::default(), 0, |_| ());
+        }
+        dram.merge_all(0);
+        assert_eq!(dram.leaf_count(), 1);
+        // Three more in the write buffer, then the page's body (not its summary) damaged.
+        for i in 30..33 {
+            dram.put_with(&key(i), Some(&[i as u8; 40]), Meta::default(), 0, |_| ());
+        }
+        dram.write_leaf(&key(0), |_, _, st| {
+            let page = st.page.as_mut().unwrap();
+            let half = page.len() / 2;
+            page[half..].fill(0xff);
+        });
+        let view = dram.view();
+        let leaf = view.get(dram.tree.find(&[]).1.0).unwrap();
+        assert_eq!(leaf.state.read().summary().objects, 30);
+        assert!(dram.drop_one(0));
+        assert_eq!(dram.counters.corrupt_pages.load(Ordering::Relaxed), 1);
+        assert_eq!(dram.counters.write_drops.load(Ordering::Relaxed), 33);
+        assert!(leaf.lost());
+        for i in 0..33 {
+            assert_eq!(dram.get(&key(i), 0), Lookup::Deleted, "key {i}");
+        }
+        assert!(!dram.drop_one(0), "nothing left to drop");
     }
 }
