@@ -48,8 +48,8 @@ pub use faulty::{FaultOp, FaultyDevice, InjectedFault};
 pub use file::{FileDevice, FileOptions};
 pub use memory::MemDevice;
 pub use uring::{
-    ReadCompletion, ReadFuture, install_thread_ring, install_thread_ring_owned, reap_thread_ring,
-    thread_ring_in_flight, wait_thread_ring,
+    ReadCompletion, ReadFuture, SubmitBatch, batch_thread_ring_submissions, install_thread_ring,
+    install_thread_ring_owned, reap_thread_ring, thread_ring_in_flight, wait_thread_ring,
 };
 
 /// The unit of every device I/O, and the size of one SSD sub-page.

@@ -82,7 +82,11 @@ pub enum Processed {
 
 /// Executes requests from the front of `input` until it runs out of complete requests,
 /// `out` passes `FLUSH_AT`, or the session closes; returns the bytes consumed.
+///
+/// The SSD reads its requests start reach the kernel together when it returns, before
+/// anything awaits them.
 pub fn process<S: Session>(session: &mut S, input: &[u8], out: &mut Vec<u8>) -> (usize, Processed) {
+    let _submit_reads_at_return = zipcache_device::batch_thread_ring_submissions();
     let mut pos = 0;
     while pos < input.len() {
         match session.step(&input[pos..], out) {

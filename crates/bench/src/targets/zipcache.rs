@@ -123,8 +123,10 @@ impl Engine for ZipEngine {
             None
         };
         // Every GET starts before any read is waited for, so the batch's reads are in
-        // flight together; a reply's place is kept for each one still reading.
+        // flight together (and reach the kernel in one submission, as the server's do);
+        // a reply's place is kept for each one still reading.
         let mut reading = Vec::new();
+        let submit_at_end_of_batch = zipcache_device::batch_thread_ring_submissions();
         for key in keys {
             let mut get = cache.get_item_async(key);
             match get.take_ready() {
@@ -135,6 +137,7 @@ impl Engine for ZipEngine {
                 }
             }
         }
+        drop(submit_at_end_of_batch);
         // The reads complete only when this thread reaps its ring, so no waker is needed:
         // after each reap every read still pending is polled again.
         let mut cx = Context::from_waker(Waker::noop());
