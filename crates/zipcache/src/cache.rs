@@ -9,7 +9,6 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, RecvTimeoutError};
 use parking_lot::{Condvar, Mutex};
 
 use crate::counters::Counter;
@@ -20,7 +19,7 @@ use zipcache_device::{
 
 use crate::async_get::AsyncGet;
 use crate::config::Promotion;
-use crate::dram::{DramSettings, DramTier, LeafId, Lookup, ScanEntry};
+use crate::dram::{DramSettings, DramTier, Lookup, ScanEntry};
 use crate::eviction::EvictionSink;
 use crate::index_dir::{DataLock, FsDir, IndexDir};
 use crate::large_objects::LargeObjects;
@@ -46,6 +45,12 @@ const BYPASS_PERIOD: Duration = Duration::from_millis(100);
 /// How often the RSS governor (setting `rss_limit`) measures: RSS moves by at most a few
 /// MiB in that time, which its margin absorbs.
 const RSS_PERIOD: Duration = Duration::from_millis(100);
+/// How long a merge thread sleeps between rounds while writers keep queueing leaves (a
+/// full buffer waits about this long for its merge), and when nothing was queued.
+const MERGE_PERIOD_BUSY: Duration = Duration::from_millis(1);
+const MERGE_PERIOD_IDLE: Duration = Duration::from_millis(10);
+/// Merges between two looks at the housekeeping clocks.
+const MERGES_PER_ROUND: usize = 256;
 
 #[derive(Default)]
 struct OpCounters {
@@ -159,7 +164,6 @@ impl ZipCache {
     ) -> Result<ZipCache> {
         config.validate()?;
         let memory = Arc::new(Memory::default());
-        let (merge_tx, merge_rx) = crossbeam_channel::unbounded();
         let settings = DramSettings {
             leaf_size: config.leaf_size,
             subpages: config.subpages,
@@ -173,7 +177,7 @@ impl ZipCache {
             // client may still hold.
             cas_origin: config.clock.now_ms().max(1) << 16,
         };
-        let dram = DramTier::new(settings, memory.clone(), merge_tx, config.bypass_r);
+        let dram = DramTier::new(settings, memory.clone(), config.bypass_r);
         let mut warm_start = false;
         let mut epoch = 0;
         let (ssd, large) = match device {
@@ -279,10 +283,9 @@ impl ZipCache {
         let mut workers = (0..inner.config.background_threads)
             .map(|i| {
                 let inner = inner.clone();
-                let rx = merge_rx.clone();
                 std::thread::Builder::new()
                     .name(format!("zipcache-bg-{i}"))
-                    .spawn(move || inner.background(rx, i == 0))
+                    .spawn(move || inner.background(i == 0))
             })
             .collect::<std::io::Result<Vec<_>>>()?;
         let flusher = inner.clone();
@@ -1027,14 +1030,16 @@ impl Inner {
     }
 
     /// A merge thread: write-buffer merges; the first one also re-ranks hot leaves.
-    fn background(&self, merges: Receiver<LeafId>, housekeeper: bool) {
+    fn background(&self, housekeeper: bool) {
         let mut last_bypass = Instant::now();
         let mut last_rss = Instant::now();
         while !self.shutdown.load(Ordering::Acquire) {
-            match merges.recv_timeout(Duration::from_millis(10)) {
-                Ok(leaf) => self.dram.merge(&leaf, self.now()),
-                Err(RecvTimeoutError::Timeout) => {}
-                Err(RecvTimeoutError::Disconnected) => return,
+            let mut merged = 0;
+            while merged < MERGES_PER_ROUND
+                && let Some(leaf) = self.dram.merge_queue.pop()
+            {
+                self.dram.merge(&leaf, self.now());
+                merged += 1;
             }
             if housekeeper && last_bypass.elapsed() >= BYPASS_PERIOD {
                 last_bypass = Instant::now();
@@ -1044,6 +1049,12 @@ impl Inner {
                 last_rss = Instant::now();
                 self.govern_rss();
             }
+            let period = if merged > 0 {
+                MERGE_PERIOD_BUSY
+            } else {
+                MERGE_PERIOD_IDLE
+            };
+            self.dram.merge_queue.wait(period);
         }
     }
 

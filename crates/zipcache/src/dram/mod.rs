@@ -38,7 +38,6 @@ use std::ops::Bound;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 
-use crossbeam_channel::Sender;
 use parking_lot::Mutex;
 
 use crate::btree::{BTree, Child, Exclusive, Fence, Shared};
@@ -116,7 +115,8 @@ pub struct DramTier {
     layout: PackedLayout,
     settings: DramSettings,
     memory: Arc<Memory>,
-    merge_queue: Sender<LeafId>,
+    /// Leaves whose write buffer is full, for the background merger.
+    pub(crate) merge_queue: merge::MergeQueue,
     pub bypass: Bypass,
     pub counters: DramCounters,
     /// Low fence of the leaf the CLOCK hand points at.
@@ -142,12 +142,7 @@ pub type ScanEntry = (Vec<u8>, Option<(Vec<u8>, Meta)>);
 type Bounds<'k> = (Bound<&'k [u8]>, Bound<&'k [u8]>);
 
 impl DramTier {
-    pub fn new(
-        settings: DramSettings,
-        memory: Arc<Memory>,
-        merge_queue: Sender<LeafId>,
-        bypass_r: f64,
-    ) -> Self {
+    pub fn new(settings: DramSettings, memory: Arc<Memory>, bypass_r: f64) -> Self {
         let layout = PackedLayout {
             subpages: settings.subpages,
             capacity: settings.leaf_size,
@@ -163,7 +158,7 @@ impl DramTier {
             layout,
             settings,
             memory,
-            merge_queue,
+            merge_queue: merge::MergeQueue::new(),
             bypass: Bypass::new(bypass_r),
             counters: DramCounters::default(),
             hand: Mutex::new(Fence::from(&[][..])),
@@ -391,8 +386,8 @@ impl DramTier {
             Pressure::Fine => {}
             Pressure::Full => {
                 if !leaf.set(MERGE_QUEUED, true) {
-                    // The merger may be gone at shutdown; the buffer then merges on close.
-                    let _ = self.merge_queue.send(id);
+                    // At shutdown the merger may be gone; the buffer then merges on close.
+                    self.merge_queue.push(id);
                 }
             }
             Pressure::Overflowing => {

@@ -39,8 +39,7 @@ pub(super) fn tier() -> DramTier {
         keep_tombstones: true,
         cas_origin: 1 << 40,
     };
-    let (merges, _) = crossbeam_channel::unbounded();
-    DramTier::new(settings, Arc::new(Memory::default()), merges, 0.0)
+    DramTier::new(settings, Arc::new(Memory::default()), 0.0)
 }
 
 pub(super) fn key(i: u32) -> Vec<u8> {
@@ -56,6 +55,5 @@ pub(super) fn settings(write_buffer: usize) -> DramSettings {
 
 pub(super) fn tier_with(settings: DramSettings) -> (DramTier, Arc<Memory>) {
     let memory = Arc::new(Memory::default());
-    let (merges, _) = crossbeam_channel::unbounded();
-    (DramTier::new(settings, memory.clone(), merges, 0.0), memory)
+    (DramTier::new(settings, memory.clone(), 0.0), memory)
 }
