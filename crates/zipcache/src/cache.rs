@@ -1128,6 +1128,7 @@ impl Inner {
                 ssd_gets,
                 ssd_reads: c.reads.load(Ordering::Relaxed),
                 ssd_reads_per_ssd_get: ratio(c.get_reads.load(Ordering::Relaxed), ssd_gets),
+                ssd_filtered_gets: c.filtered_gets.load(Ordering::Relaxed),
                 ssd_evicted_superleaves: c.evicted_superleaves.load(Ordering::Relaxed),
                 ssd_evicted_objects: c.evicted_objects.load(Ordering::Relaxed),
                 ssd_physical_used: device.physical_used,

@@ -114,6 +114,9 @@ pub struct Stats {
     pub ssd_gets: u64,
     pub ssd_reads: u64,
     pub ssd_reads_per_ssd_get: Option<f64>,
+    /// SSD GETs that read nothing because their sub-page's presence filter ruled the key
+    /// out (a miss without I/O).
+    pub ssd_filtered_gets: u64,
     pub ssd_evicted_superleaves: u64,
     pub ssd_evicted_objects: u64,
     pub ssd_physical_used: u64,

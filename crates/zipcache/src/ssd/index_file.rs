@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 
 use zipcache_device::BlockDevice;
 
-use super::{SlState, SsdSettings, SsdTier, SuperLeaf, descriptor_bytes};
+use super::{SlState, SsdSettings, SsdTier, SuperLeaf, descriptor_bytes, presence};
 use crate::btree::{Fence, KeyRange};
 use crate::config::Clock;
 use crate::memory::Memory;
@@ -109,6 +109,8 @@ impl SsdTier {
                 range: KeyRange::new(low.clone(), high),
                 slot,
                 generation,
+                // Not saved: "maybe" for every key until the sub-page is written again.
+                filters: vec![presence::UNKNOWN; m].into_boxed_slice(),
                 counts: counts.into_boxed_slice(),
                 version: 0,
             };

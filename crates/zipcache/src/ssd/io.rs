@@ -5,7 +5,7 @@ use std::sync::atomic::Ordering;
 
 use zipcache_device::{AlignedBuf, BLOCK_SIZE, BatchRead, BatchWrite};
 
-use super::{Contents, SlState, SsdTier};
+use super::{Contents, SlState, SsdTier, presence};
 use crate::record::{Payload, Record};
 use crate::ssd_block::{self, Owner};
 
@@ -116,6 +116,11 @@ impl SsdTier {
                 let _ = self.device.trim(self.lba(slot, s), 1);
             }
             st.counts[s] = new_count as u16;
+            st.filters[s] = if ok {
+                presence::filter_of(contents.keys().map(Vec::as_slice))
+            } else {
+                0
+            };
             self.counters
                 .objects
                 .fetch_add(new_count as i64 - old_count, Ordering::Relaxed);

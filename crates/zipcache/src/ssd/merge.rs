@@ -155,6 +155,7 @@ impl SsdTier {
                 slot: None,
                 generation: 0,
                 counts: vec![0; self.settings.subpages].into_boxed_slice(),
+                filters: vec![0; self.settings.subpages].into_boxed_slice(),
                 version: 0,
             };
             self.rewrite(w, &mut nst, &objs[start..end]);

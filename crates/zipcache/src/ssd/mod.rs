@@ -29,6 +29,7 @@
 mod index_file;
 mod io;
 mod merge;
+mod presence;
 mod reclaim;
 #[cfg(test)]
 mod test_support;
@@ -88,6 +89,9 @@ struct SlState {
     generation: u32,
     /// Objects in each sub-page; 0 means the block holds nothing (and is not read).
     counts: Box<[u16]>,
+    /// Each sub-page's presence filter (`presence.rs`): a GET whose key it rules out
+    /// reads nothing.
+    filters: Box<[u128]>,
     /// Bumped by every write to this super-leaf.
     version: u64,
 }
@@ -131,6 +135,8 @@ pub struct SsdCounters {
     pub reads: AtomicU64,
     /// Reads made by GETs (the paper's promise: at most one per GET).
     pub get_reads: AtomicU64,
+    /// GETs whose read a presence filter saved (the key's sub-page held other keys only).
+    pub filtered_gets: AtomicU64,
     pub hits: AtomicU64,
     pub checksum_failures: AtomicU64,
     pub io_errors: AtomicU64,
@@ -159,7 +165,9 @@ pub struct SsdTier {
 
 /// DRAM one super-leaf descriptor takes besides its tree entry.
 fn descriptor_bytes(subpages: usize) -> usize {
-    alloc_size(size_of::<SuperLeaf>() + 16) + alloc_size(subpages * 2)
+    alloc_size(size_of::<SuperLeaf>() + 16)
+        + alloc_size(subpages * size_of::<u16>())
+        + alloc_size(subpages * size_of::<u128>())
 }
 
 thread_local! {
@@ -183,6 +191,7 @@ impl SsdTier {
             slot: None,
             generation: 0,
             counts: vec![0; m].into_boxed_slice(),
+            filters: vec![0; m].into_boxed_slice(),
             version: 0,
         });
         let max_slots = u32::try_from(settings.blocks / m as u64).unwrap_or(u32::MAX);
@@ -257,6 +266,10 @@ impl SsdTier {
             .with_arc_leaf_locked::<Shared, _>(key, |leaf, st| {
                 let subpage = self.geometry.subpage_of(key);
                 let slot = st.slot.filter(|_| st.counts[subpage] > 0)?;
+                if !presence::may_hold(st.filters[subpage], key) {
+                    self.counters.filtered_gets.fetch_add(1, Ordering::Relaxed);
+                    return None;
+                }
                 self.counters.get_reads.fetch_add(1, Ordering::Relaxed);
                 self.counters.reads.fetch_add(1, Ordering::Relaxed);
                 let owner = Owner {
