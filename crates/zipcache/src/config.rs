@@ -81,8 +81,9 @@ pub struct Config {
     /// For a process that is mostly the cache, such as `zipcache serve`.
     pub rss_limit: u64,
     /// Keep memcached's per-object access state (fetched bit, last access time) for the
-    /// objects in DRAM, reported in `Item::access`. Off by default: it costs about 12
-    /// bytes per DRAM object, in tables beside the leaves' pages.
+    /// objects in DRAM, reported in `Item::access`. Off by default: it costs about 15
+    /// bytes per DRAM object (a 12-byte stamp and its share of the tables beside the
+    /// leaves' pages), which a leaf's dense page otherwise avoids.
     pub track_access: bool,
     pub clock: Arc<dyn Clock>,
 }
