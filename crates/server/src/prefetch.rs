@@ -5,7 +5,9 @@
 //! `ZipCache::get_item_async`; DRAM and BT_LO answer at once, an SSD read goes in flight.
 //! If any is in flight the step returns `Step::Await` without executing anything; the
 //! connection task awaits the reads (its thread meanwhile serves other connections), then
-//! runs the step again, and the command takes its answers from here through [`get_item`].
+//! runs the step again, and the command takes its answers from here through [`get_item`],
+//! which matches them by key and by how the GET reads (`GetOptions`: a peek leaves the
+//! access state a GET marks, so one cannot stand in for the other).
 //! Before awaiting, the read-only requests pipelined behind it start their reads too
 //! (`Session::read_ahead`), so their reads are in flight together.
 //!
@@ -19,21 +21,24 @@
 
 use std::cell::RefCell;
 
-use zipcache::{AsyncGet, Item, ZipCache};
+use zipcache::{AsyncGet, GetOptions, Item, ZipCache};
+
+/// A GET as a prefetched answer is matched to it.
+type Get = (Vec<u8>, GetOptions);
 
 /// The GETs started for the request at the front of one connection's input.
 #[derive(Default)]
 pub struct Prefetch {
-    answered: Vec<(Vec<u8>, zipcache::Result<Option<Item>>)>,
-    reading: Vec<(Vec<u8>, AsyncGet)>,
+    answered: Vec<(Get, zipcache::Result<Option<Item>>)>,
+    reading: Vec<(Get, AsyncGet)>,
 }
 
 impl Prefetch {
     /// Awaits every read in flight; their answers join the ready ones.
     pub async fn finish(&mut self) {
-        for (key, read) in std::mem::take(&mut self.reading) {
+        for (get, read) in std::mem::take(&mut self.reading) {
             let answer = read.await;
-            self.answered.push((key, answer));
+            self.answered.push((get, answer));
         }
     }
 
@@ -43,8 +48,10 @@ impl Prefetch {
         self.reading.clear();
     }
 
-    fn answered(&self, key: &[u8]) -> bool {
-        self.answered.iter().any(|(k, _)| k == key) || self.reading.iter().any(|(k, _)| k == key)
+    fn answered(&self, key: &[u8], options: GetOptions) -> bool {
+        let same = |(k, o): &Get| k == key && *o == options;
+        self.answered.iter().any(|(get, _)| same(get))
+            || self.reading.iter().any(|(get, _)| same(get))
     }
 }
 
@@ -62,12 +69,16 @@ pub fn within<R>(prefetch: &mut Prefetch, f: impl FnOnce() -> R) -> R {
     result
 }
 
-/// Starts a GET of every key not yet answered; true when all are answered, false when
+/// Starts a GET (as `options` say) of every key not yet answered; true when all are answered, false when
 /// some read is in flight (the caller returns `Step::Await`). No keys (a request that is
 /// not a plain read): every answer is dropped first. Without an SSD tier, or outside
 /// [`within`] (tests, fuzzing, the shared runtime's embedders; no slot), true at once, and
 /// the command reads as it runs.
-pub fn start<'k>(cache: &ZipCache, keys: impl IntoIterator<Item = &'k [u8]>) -> bool {
+pub fn start<'k>(
+    cache: &ZipCache,
+    keys: impl IntoIterator<Item = &'k [u8]>,
+    options: GetOptions,
+) -> bool {
     // DRAM-only, every GET answers at once: nothing to start, copy or keep.
     if !cache.has_ssd_tier() {
         return true;
@@ -83,13 +94,14 @@ pub fn start<'k>(cache: &ZipCache, keys: impl IntoIterator<Item = &'k [u8]>) -> 
             return true;
         }
         for key in keys {
-            if prefetch.answered(key) {
+            if prefetch.answered(key, options) {
                 continue;
             }
-            let mut get = cache.get_item_async(key);
-            match get.take_ready() {
-                Some(answer) => prefetch.answered.push((key.to_vec(), answer)),
-                None => prefetch.reading.push((key.to_vec(), get)),
+            let mut read = cache.get_item_async(key, options);
+            let get = (key.to_vec(), options);
+            match read.take_ready() {
+                Some(answer) => prefetch.answered.push((get, answer)),
+                None => prefetch.reading.push((get, read)),
             }
         }
         prefetch.reading.is_empty()
@@ -98,16 +110,22 @@ pub fn start<'k>(cache: &ZipCache, keys: impl IntoIterator<Item = &'k [u8]>) -> 
 
 /// What a GET of `key` answers: the prefetched answer (taken, so a key repeated in one
 /// command reads again), or the engine's, read now.
-pub fn get_item(cache: &ZipCache, key: &[u8]) -> zipcache::Result<Option<Item>> {
+pub fn get_item(
+    cache: &ZipCache,
+    key: &[u8],
+    options: GetOptions,
+) -> zipcache::Result<Option<Item>> {
     let prefetched = CURRENT.with(|slot| {
         let mut slot = slot.borrow_mut();
         let answered = &mut slot.as_mut()?.answered;
-        let at = answered.iter().position(|(k, _)| k == key)?;
+        let at = answered
+            .iter()
+            .position(|((k, o), _)| k == key && *o == options)?;
         Some(answered.swap_remove(at).1)
     });
     match prefetched {
         Some(answer) => answer,
         // may do I/O: a synchronous SSD read when nothing was prefetched
-        None => cache.get_item(key),
+        None => cache.get_item(key, options),
     }
 }

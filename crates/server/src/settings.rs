@@ -311,7 +311,7 @@ impl Settings {
         });
         let set_or_off = |on: bool| if on { "set" } else { "off" };
         format!(
-            "zipcache serve settings:\n  listen           {}\n  memcached-port   {}\n  resp-port        {}\n  dram             {} bytes\n  data-dir         {}\n  ssd              {ssd}\n  max-connections  {}\n  threads          {} ({} runtime)\n  metrics          {metrics}\n  tls              {tls}\n  requirepass      {}\n  auth-file        {}\n  keys-limit       {}\n  flush_all        {}\n  engine: leaf_size={} subpages={} superleaf_size={} fill_threshold={} write_buffer={} bypass_r={} bypass_max_fraction={} tiny_max={} medium_max={} max_key_size={} max_value_size={} background_threads={} promotion={:?} rss_limit={}",
+            "zipcache serve settings:\n  listen           {}\n  memcached-port   {}\n  resp-port        {}\n  dram             {} bytes\n  data-dir         {}\n  ssd              {ssd}\n  max-connections  {}\n  threads          {} ({} runtime)\n  metrics          {metrics}\n  tls              {tls}\n  requirepass      {}\n  auth-file        {}\n  keys-limit       {}\n  flush_all        {}\n  engine: leaf_size={} subpages={} superleaf_size={} fill_threshold={} write_buffer={} bypass_r={} bypass_max_fraction={} tiny_max={} medium_max={} max_key_size={} max_value_size={} background_threads={} promotion={:?} rss_limit={} track_access={}",
             self.listen,
             self.memcached_port,
             self.resp_port,
@@ -346,6 +346,7 @@ impl Settings {
             config.background_threads,
             config.promotion,
             config.rss_limit,
+            config.track_access,
         )
     }
 }
@@ -415,7 +416,7 @@ mod tests {
         let args = ServeArgs {
             config: Some(file),
             resp_port: Some(7001),
-            set: vec!["write_buffer=128".into()],
+            set: vec!["write_buffer=128".into(), "track_access=true".into()],
             ..ServeArgs::default()
         };
         let s = Settings::resolve(args).unwrap();
@@ -430,6 +431,8 @@ mod tests {
         );
         let config = s.engine_config().unwrap();
         assert_eq!((config.bypass_r, config.write_buffer), (0.0, 128));
+        assert!(config.track_access);
+        assert!(s.describe(&config).contains("track_access=true"));
         std::fs::remove_dir_all(dir).unwrap();
     }
 

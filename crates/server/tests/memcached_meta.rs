@@ -1,10 +1,17 @@
 //! Meta-command state beyond value and flags: a CAS the client sets (`E`), invalidation
 //! (`md I`, `ms I`: stale items served with `X`, one client at a time winning `W` while
-//! the others see `Z`), and `md x` (empty the value, keep the item and its CAS).
+//! the others see `Z`), `md x` (empty the value, keep the item and its CAS), and with the
+//! engine setting `track_access` the fetched bit and last access time (`h`, `l`, `u`,
+//! `me`'s `fetch=` and `la=`).
 
 mod common;
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use common::{Client, TestServer};
+use zipcache::config::DeviceCompression;
+use zipcache::{Clock, Config, SsdConfig};
 
 /// The token after `letter` in a meta reply line (`c123` → "123"), if present.
 fn flag(line: &str, letter: char) -> Option<String> {
@@ -200,8 +207,9 @@ fn md_x_empties_the_value_and_keeps_the_item() {
     assert_eq!(c.ask("md missing x\r\n", 1), ["NF"]);
 }
 
-/// The engine keeps no last-access time or fetched bit, so `me` leaves out memcached's
-/// `la=` and `fetch=` rather than make them up, and `mg` does not report `h` or `l`.
+/// Without `track_access` the engine keeps no last-access time or fetched bit, so `me`
+/// leaves out memcached's `la=` and `fetch=` rather than make them up, and `mg` does not
+/// report `h` or `l`.
 #[test]
 fn access_time_and_fetched_bit_are_never_made_up() {
     let server = TestServer::start();
@@ -219,4 +227,103 @@ fn access_time_and_fetched_bit_are_never_made_up() {
     );
     let hit = c.ask("mg k s h l t u\r\n", 1)[0].clone();
     assert!(matches!(hit.as_str(), "HD s2 t100" | "HD s2 t99"), "{hit}");
+}
+
+/// A clock the test moves, so `l` and `la=` are exact.
+#[derive(Debug)]
+struct TestClock(AtomicU64);
+
+impl Clock for TestClock {
+    fn now_ms(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+impl TestClock {
+    fn advance(&self, seconds: u64) {
+        self.0.fetch_add(seconds * 1000, Ordering::Relaxed);
+    }
+}
+
+/// The one-line reply to `request`.
+fn one(c: &mut Client, request: &str) -> String {
+    c.ask(request, 1).remove(0)
+}
+
+/// memcached's `metaget.t` checks of `h`, `u` and `l`, and what else reads and writes do
+/// to the state, with `track_access` on: DRAM-only, and over an SSD tier (where reads
+/// are prefetched before a request runs, a `u` read apart from one that marks).
+#[test]
+fn hit_flag_last_access_and_no_update_with_track_access() {
+    let dir = std::env::temp_dir().join(format!("zipcache-meta-access-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let ssd = SsdConfig {
+        path: dir.join("ssd.bin"),
+        size: 64 << 20,
+        direct_io: false,
+        device_compression: DeviceCompression::Emulate,
+        logical_to_physical: 4.0,
+    };
+    for ssd in [None, Some(ssd)] {
+        let clock = Arc::new(TestClock(AtomicU64::new(1_700_000_000_000)));
+        let config = Config {
+            dram_capacity: 64 << 20,
+            ssd,
+            track_access: true,
+            clock: clock.clone(),
+            ..Config::default()
+        };
+        let server = TestServer::on_engine(config, TestServer::options());
+        let mut c = Client::connect(server.memcached);
+
+        // metaget.t: "test hit-before? flag"
+        assert_eq!(one(&mut c, "ms hitflag 3 T100\r\nhit\r\n"), "HD");
+        assert_eq!(one(&mut c, "mg hitflag s t h\r\n"), "HD s3 t100 h0");
+        assert_eq!(one(&mut c, "mg hitflag s t h\r\n"), "HD s3 t100 h1");
+        // "test no-update flag"
+        assert_eq!(one(&mut c, "ms noupdate 3 T100\r\nhit\r\n"), "HD");
+        assert_eq!(one(&mut c, "mg noupdate s t u h\r\n"), "HD s3 t100 h0");
+        assert_eq!(one(&mut c, "mg noupdate s t h\r\n"), "HD s3 t100 h0");
+        assert_eq!(one(&mut c, "mg noupdate s t u h\r\n"), "HD s3 t100 h1");
+        // "test last-access time"
+        assert_eq!(one(&mut c, "ms la_test 2 T100\r\nla\r\n"), "HD");
+        clock.advance(2);
+        assert_eq!(one(&mut c, "mg la_test s t l\r\n"), "HD s2 t98 l2");
+        clock.advance(3);
+        assert_eq!(
+            one(&mut c, "mg la_test l u\r\n"),
+            "HD l3",
+            "the mg before accessed it"
+        );
+        assert_eq!(
+            one(&mut c, "me la_test\r\n").split(' ').nth(3),
+            Some("la=3")
+        );
+
+        // A set starts afresh; get, gets, gat and touch all fetch; me does not.
+        assert_eq!(one(&mut c, "set hitflag 0 0 1\r\nx\r\n"), "STORED");
+        assert_eq!(one(&mut c, "mg hitflag h u\r\n"), "HD h0");
+        let me = one(&mut c, "me hitflag\r\n");
+        assert!(me.contains(" la=0 ") && me.contains(" fetch=no "), "{me}");
+        assert_eq!(c.ask("get hitflag\r\n", 3)[2], "END");
+        assert_eq!(one(&mut c, "mg hitflag h\r\n"), "HD h1");
+        assert_eq!(one(&mut c, "set t 0 0 1\r\nx\r\n"), "STORED");
+        assert_eq!(one(&mut c, "touch t 100\r\n"), "TOUCHED");
+        assert_eq!(one(&mut c, "mg t h t\r\n"), "HD h1 t100");
+        // mg T reports the state before it, then the item is fetched.
+        assert_eq!(one(&mut c, "ms tt 1\r\nx\r\n"), "HD");
+        clock.advance(4);
+        assert_eq!(one(&mut c, "mg tt T30 h l t\r\n"), "HD h0 l4 t30");
+        assert_eq!(one(&mut c, "mg tt h l u\r\n"), "HD h1 l0");
+        // A vivified item is new and unfetched; the mg that made it fetches it.
+        assert_eq!(one(&mut c, "mg viv N30 h l\r\n"), "HD h0 l0 W");
+        assert_eq!(one(&mut c, "mg viv h u\r\n"), "HD h1 Z");
+        // A delete forgets the state.
+        assert_eq!(one(&mut c, "md hitflag\r\n"), "HD");
+        assert_eq!(one(&mut c, "ms hitflag 1\r\nx\r\n"), "HD");
+        assert_eq!(one(&mut c, "mg hitflag h\r\n"), "HD h0");
+        server.stop();
+    }
+    let _ = std::fs::remove_dir_all(dir);
 }

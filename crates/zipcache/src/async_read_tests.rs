@@ -13,6 +13,7 @@ use zipcache_device::{
     AlignedBuf, BlockDevice, DeviceStats, MemDevice, ReadCompletion, ReadFuture,
 };
 
+use crate::GetOptions;
 use crate::config::{Clock, Promotion};
 use crate::model_tests::{Harness, Op, block_on, key_of};
 
@@ -100,6 +101,7 @@ fn harness(late: bool) -> (Harness, Arc<Deferred>) {
         Some(device.clone()),
         16 << 10,
         Promotion::EveryHit,
+        false,
     );
     (h, device)
 }
@@ -129,7 +131,7 @@ fn reads_completing_out_of_order_answer_their_own_keys() {
     let keys = [5u16, 1_500, 2_999, 700];
     let gets: Vec<_> = keys
         .iter()
-        .map(|&k| h.cache.get_item_async(&key_of(k)))
+        .map(|&k| h.cache.get_item_async(&key_of(k), GetOptions::default()))
         .collect();
     assert_eq!(device.in_flight(), keys.len(), "every GET reads the SSD");
     // `release_all` completes the newest first: the reverse of submission.
@@ -150,7 +152,7 @@ fn a_read_overtaken_by_a_rewrite_never_installs_the_older_value() {
     evict_to_ssd(&h);
     let old = value(&h, 42);
     evict_to_ssd(&h);
-    let get = h.cache.get_item_async(&key_of(42));
+    let get = h.cache.get_item_async(&key_of(42), GetOptions::default());
     assert_eq!(device.in_flight(), 1);
     // A newer version reaches the same sub-page while the old block is in flight.
     h.put_all(40..45, 30);
@@ -172,7 +174,7 @@ fn a_read_of_a_block_rehomed_by_a_split_reads_again() {
     let (mut h, device) = harness(true);
     h.put_all((0..3_000).step_by(4), 64);
     evict_to_ssd(&h);
-    let get = h.cache.get_item_async(&key_of(400));
+    let get = h.cache.get_item_async(&key_of(400), GetOptions::default());
     assert_eq!(device.in_flight(), 1);
     // Fill the gaps: super-leaves split, so blocks are rewritten under new generations
     // and the planned block may now belong to a different layout.
@@ -190,7 +192,7 @@ fn a_key_deleted_while_its_read_is_in_flight_stays_deleted() {
     evict_to_ssd(&h);
     let old = value(&h, 77);
     evict_to_ssd(&h);
-    let get = h.cache.get_item_async(&key_of(77));
+    let get = h.cache.get_item_async(&key_of(77), GetOptions::default());
     assert_eq!(device.in_flight(), 1);
     h.run(&Op::Delete { key: 77 });
     evict_to_ssd(&h);

@@ -31,7 +31,7 @@ use crate::run_epoch;
 use crate::sealed_file::IndexFile;
 use crate::ssd::{Finished, Freshness, PlannedRead, SsdHit, SsdSettings, SsdTier};
 use crate::stats::ratio;
-use crate::{Config, Error, Item, PutOptions, Result, Stats, Update};
+use crate::{AccessState, Config, Error, GetOptions, Item, PutOptions, Result, Stats, Update};
 
 /// Background eviction keeps DRAM below this fraction of the budget, so foreground
 /// writers rarely have to evict themselves.
@@ -176,6 +176,8 @@ impl ZipCache {
             // CAS versions start from the clock so a restarted cache never reissues one a
             // client may still hold.
             cas_origin: config.clock.now_ms().max(1) << 16,
+            track_access: config.track_access,
+            opened_ms: config.clock.now_ms(),
         };
         let dram = DramTier::new(settings, memory.clone(), config.bypass_r);
         let mut warm_start = false;
@@ -310,34 +312,36 @@ impl ZipCache {
     }
 
     pub fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
-        Ok(self.get_item(key)?.map(|item| item.value))
+        Ok(self
+            .get_item(key, GetOptions::default())?
+            .map(|item| item.value))
     }
 
-    pub fn get_item(&self, key: &[u8]) -> Result<Option<Item>> {
+    pub fn get_item(&self, key: &[u8], options: GetOptions) -> Result<Option<Item>> {
         let inner = &self.inner;
         inner.check_key(key)?;
         inner.ops.gets.incr();
-        Ok(inner.lookup(key, inner.now()))
+        Ok(inner.lookup(key, inner.now(), options))
     }
 
     /// GET that never waits for the device on the caller's thread: DRAM and BT_LO answer at
     /// once (the returned future is ready); when the SSD tier must be read, the read is in
     /// flight (`BlockDevice::read_async`) and the future resolves when it completes.
     /// Same answers and guarantees as `get_item`.
-    pub fn get_item_async(&self, key: &[u8]) -> AsyncGet {
+    pub fn get_item_async(&self, key: &[u8], options: GetOptions) -> AsyncGet {
         let inner = &self.inner;
         if let Err(e) = inner.check_key(key) {
             return AsyncGet::ready(Err(e));
         }
         inner.ops.gets.incr();
         let now = inner.now();
-        let epoch = match inner.lookup_memory(key, now) {
+        let epoch = match inner.lookup_memory(key, now, options) {
             Ok(item) => return AsyncGet::ready(Ok(item)),
             Err(epoch) => epoch,
         };
         let ssd = inner.ssd.as_ref().expect("only an SSD tier defers a GET");
         let Some(read) = ssd.plan_get(key) else {
-            return AsyncGet::ready(Ok(inner.ssd_answer(key, None, epoch, now)));
+            return AsyncGet::ready(Ok(inner.ssd_answer(key, None, epoch, now, options)));
         };
         // Submitted now, so that a command's GETs are all in flight at once.
         // may do I/O: the read is in flight until the future resolves
@@ -346,7 +350,7 @@ impl ZipCache {
         AsyncGet::reading(async move {
             let ssd = inner.ssd.as_ref().expect("an SSD tier");
             let hit = finish_ssd_async(ssd, &inner.ops, &key, read, block, now).await;
-            Ok(inner.ssd_answer(&key, hit, epoch, now))
+            Ok(inner.ssd_answer(&key, hit, epoch, now, options))
         })
     }
 
@@ -376,7 +380,7 @@ impl ZipCache {
         inner.check_value(value)?;
         inner.ops.puts.incr();
         let meta = inner.meta(&options);
-        let cas = inner.store(key, value, meta, inner.now());
+        let cas = inner.store(key, value, meta, options.access, inner.now());
         inner.relieve_pressure();
         Ok(cas)
     }
@@ -425,7 +429,10 @@ impl ZipCache {
             let epoch = inner.flush_epoch.load(Ordering::SeqCst);
             let below = |item: Option<Item>| item.filter(|_| inner.lower_tiers_current(epoch));
             let current = match current {
-                Lookup::Found(value, meta) => Some(item_of(value, &meta)),
+                Lookup::Found(value, meta, access) => Some(Item {
+                    access,
+                    ..item_of(value, &meta)
+                }),
                 Lookup::Expired => None,
                 Lookup::Deleted => below(inner.large_get(key, now)),
                 Lookup::Absent => below(inner.large_get(key, now).or_else(|| {
@@ -456,7 +463,7 @@ impl ZipCache {
                                 if let Some(lo) = &inner.large {
                                     lo.remove(key);
                                 }
-                                Some((value, meta))
+                                Some((value, meta, options.access))
                             }
                         };
                         (Some(change), Ok((result, Some(meta.cas))))
@@ -746,6 +753,7 @@ fn item_of(value: Vec<u8>, meta: &Meta) -> Item {
         flags: meta.flags,
         cas: meta.cas,
         expires_at_ms: meta.expires_at_ms,
+        access: None,
     }
 }
 
@@ -797,24 +805,32 @@ impl Inner {
 
     /// GET through the tiers in the paper's order: DRAM (buffer, page), then one SSD read
     /// on the calling thread.
-    fn lookup(&self, key: &[u8], now: u64) -> Option<Item> {
-        match self.lookup_memory(key, now) {
+    fn lookup(&self, key: &[u8], now: u64, options: GetOptions) -> Option<Item> {
+        match self.lookup_memory(key, now, options) {
             Ok(item) => item,
             // may do I/O: one 4 KiB read
             Err(epoch) => {
                 let hit = self.ssd.as_ref().and_then(|ssd| ssd.get(key, now));
-                self.ssd_answer(key, hit, epoch, now)
+                self.ssd_answer(key, hit, epoch, now, options)
             }
         }
     }
 
     /// What DRAM and BT_LO answer for `key`, or `Err(flush epoch)` when the SSD must be
     /// read: the epoch is read before the SSD, for promotion (`lower_tiers_current`).
-    fn lookup_memory(&self, key: &[u8], now: u64) -> std::result::Result<Option<Item>, u64> {
-        let found = match self.dram.get(key, now) {
-            Lookup::Found(value, meta) => {
+    fn lookup_memory(
+        &self,
+        key: &[u8],
+        now: u64,
+        options: GetOptions,
+    ) -> std::result::Result<Option<Item>, u64> {
+        let found = match self.dram.get(key, now, options.peek) {
+            Lookup::Found(value, meta, access) => {
                 self.ops.dram_hits.incr();
-                return Ok(Some(item_of(value, &meta)));
+                return Ok(Some(Item {
+                    access,
+                    ..item_of(value, &meta)
+                }));
             }
             Lookup::Expired => {
                 self.ops.expired.incr();
@@ -837,14 +853,26 @@ impl Inner {
     }
 
     /// Counts what the SSD tier answered and promotes a hit.
-    fn ssd_answer(&self, key: &[u8], hit: Option<SsdHit>, epoch: u64, now: u64) -> Option<Item> {
+    fn ssd_answer(
+        &self,
+        key: &[u8],
+        hit: Option<SsdHit>,
+        epoch: u64,
+        now: u64,
+        options: GetOptions,
+    ) -> Option<Item> {
         let Some(hit) = hit else {
             self.ops.misses.incr();
             return None;
         };
         self.ops.ssd_hits.incr();
         let item = item_of(hit.value.clone(), &hit.meta);
-        self.promote(key, hit, epoch, now);
+        // The copy starts fetched by this GET, unless it only peeked.
+        let fetched = AccessState {
+            fetched: true,
+            last_access_ms: now,
+        };
+        self.promote(key, hit, epoch, (!options.peek).then_some(fetched), now);
         Some(item)
     }
 
@@ -864,17 +892,25 @@ impl Inner {
     /// Writes one object: large ones to BT_LO behind a DRAM tombstone, small ones to DRAM
     /// (dropping any large version), both under the DRAM leaf's lock. Returns its CAS
     /// version.
-    fn store(&self, key: &[u8], value: &[u8], meta: Meta, now: u64) -> u64 {
+    fn store(
+        &self,
+        key: &[u8],
+        value: &[u8],
+        meta: Meta,
+        access: Option<AccessState>,
+        now: u64,
+    ) -> u64 {
+        let dram = &self.dram;
         match (self.large_for(key, value), &self.large) {
-            (Some(lo), _) => self.dram.put_with(key, None, meta, now, |cas| {
+            (Some(lo), _) => dram.put_with(key, None, meta, None, now, |cas| {
                 lo.put(key, value, meta.assigning(cas));
                 cas
             }),
-            (None, Some(lo)) => self.dram.put_with(key, Some(value), meta, now, |cas| {
+            (None, Some(lo)) => dram.put_with(key, Some(value), meta, access, now, |cas| {
                 lo.remove(key);
                 cas
             }),
-            (None, None) => self.dram.put_with(key, Some(value), meta, now, |cas| cas),
+            (None, None) => dram.put_with(key, Some(value), meta, access, now, |cas| cas),
         }
     }
 
@@ -890,8 +926,8 @@ impl Inner {
     /// eviction will not write again. Only if DRAM still has no version of the key, the
     /// super-leaf was not written since the read and no flush ran since (`epoch`, read
     /// before the SSD): otherwise a PUT, DELETE or flush that landed in between is newer,
-    /// and the copy read would be stale.
-    fn promote(&self, key: &[u8], hit: SsdHit, epoch: u64, now: u64) {
+    /// and the copy read would be stale. The copy starts with access state `access`.
+    fn promote(&self, key: &[u8], hit: SsdHit, epoch: u64, access: Option<AccessState>, now: u64) {
         let ssd = self.ssd.as_ref().expect("promote follows an SSD hit");
         if self.promotion.as_ref().is_some_and(|f| !f.admit(key)) {
             return;
@@ -906,6 +942,7 @@ impl Inner {
                     clean: true,
                     ..hit.meta
                 },
+                access,
             )));
             (change, fresh)
         });
@@ -1169,6 +1206,7 @@ impl Inner {
             dram_hot_page_bytes: mem.hot_pages.max(0) as u64,
             dram_write_buffer_bytes: mem.write_buffers.max(0) as u64,
             dram_medium_bytes: mem.mediums.max(0) as u64,
+            dram_access_bytes: mem.access_tables.max(0) as u64,
             dram_index_bytes: mem.index.max(0) as u64,
             rss_bytes: crate::stats::rss_bytes(std::process::id()),
             dram_withheld_bytes: self

@@ -55,6 +55,31 @@ pub struct Item {
     pub cas: u64,
     /// Absolute expiry, Unix milliseconds by the engine's clock; `None` = never expires.
     pub expires_at_ms: Option<u64>,
+    /// How the object had been read before the request that returned it (setting
+    /// `track_access`, for objects held in DRAM); `None` when tracking is off or the
+    /// engine does not know: the answer came from the SSD tier or BT_LO, or from a write.
+    pub access: Option<AccessState>,
+}
+
+/// memcached's per-item access metadata (its `h`, `l` and `me`'s `fetch=`, `la=`), kept
+/// with the setting `track_access` while the object is in DRAM. A write starts it
+/// afresh (not fetched, accessed now); a GET that is not a peek marks the object fetched
+/// and accessed now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AccessState {
+    /// A GET read the object since it was written (or came into DRAM).
+    pub fetched: bool,
+    /// Its last GET, or the write that stored it: Unix milliseconds by the engine's
+    /// clock, kept to the second (a whole number of seconds since the engine opened).
+    pub last_access_ms: u64,
+}
+
+/// How `get_item` and `get_item_async` read.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GetOptions {
+    /// Leave the object's access state as it is: no fetched mark, no new access time, no
+    /// CLOCK reference for its leaf (memcached's meta `u` flag, and `me`).
+    pub peek: bool,
 }
 
 /// How `put_with` stores an object.
@@ -69,6 +94,10 @@ pub struct PutOptions {
     pub assign_cas: bool,
     /// Store this CAS instead of assigning one (memcached's meta `E`: the client chooses).
     pub cas: Option<u64>,
+    /// The access state the object starts with (setting `track_access`). `None`, a new
+    /// write: not fetched, accessed now. A rewrite that only re-dates the object (a
+    /// touch) passes the state memcached leaves: fetched and accessed now, or as it was.
+    pub access: Option<AccessState>,
 }
 
 /// What an `update` closure decides to do with the key it was shown.

@@ -23,12 +23,19 @@ pub struct Charge {
     pub hot_pages: i64,
     pub write_buffers: i64,
     pub mediums: i64,
+    /// Per-object access state (setting `track_access`).
+    pub access_tables: i64,
     pub index: i64,
 }
 
 impl Charge {
     pub fn total(&self) -> i64 {
-        self.compressed_pages + self.hot_pages + self.write_buffers + self.mediums + self.index
+        self.compressed_pages
+            + self.hot_pages
+            + self.write_buffers
+            + self.mediums
+            + self.access_tables
+            + self.index
     }
 }
 
@@ -40,6 +47,7 @@ pub struct Memory {
     hot_pages: AtomicI64,
     write_buffers: AtomicI64,
     mediums: AtomicI64,
+    access_tables: AtomicI64,
     index: AtomicI64,
 }
 
@@ -58,6 +66,7 @@ impl Memory {
         apply(&self.hot_pages, old.hot_pages, new.hot_pages);
         apply(&self.write_buffers, old.write_buffers, new.write_buffers);
         apply(&self.mediums, old.mediums, new.mediums);
+        apply(&self.access_tables, old.access_tables, new.access_tables);
         apply(&self.index, old.index, new.index);
     }
 
@@ -73,6 +82,7 @@ impl Memory {
             hot_pages: self.hot_pages.load(Ordering::Relaxed),
             write_buffers: self.write_buffers.load(Ordering::Relaxed),
             mediums: self.mediums.load(Ordering::Relaxed),
+            access_tables: self.access_tables.load(Ordering::Relaxed),
             index: self.index.load(Ordering::Relaxed),
         }
     }

@@ -1,6 +1,8 @@
 //! Model-based tests: the engine against a `BTreeMap`, with a clock the test moves and a
 //! DRAM budget small enough that leaves split and get evicted. A miss is allowed once
-//! anything was evicted; a wrong, stale or deleted value never is.
+//! anything was evicted; a wrong, stale or deleted value never is. With `track_access`,
+//! an object's access state never claims a read the model did not make, nor a last
+//! access before its last write; DRAM-only, where every hit is a DRAM hit, it is exact.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -14,7 +16,7 @@ use zipcache_device::{
 };
 
 use crate::config::Promotion;
-use crate::{Clock, Config, Item, PutOptions, Update, ZipCache};
+use crate::{AccessState, Clock, Config, GetOptions, Item, PutOptions, Update, ZipCache};
 
 #[derive(Debug, Default)]
 pub struct ManualClock(AtomicU64);
@@ -105,10 +107,17 @@ fn op_strategy(keys: u16) -> impl Strategy<Value = Op> {
     ]
 }
 
+/// Where the harness clock starts: the engine counts access times in seconds from it.
+const START_MS: u64 = 1_000_000;
+
 pub(crate) struct Harness {
     pub(crate) cache: ZipCache,
     pub(crate) clock: Arc<ManualClock>,
     model: BTreeMap<Vec<u8>, Item>,
+    /// With `track_access`: the second of each key's last write, and its access state as
+    /// the engine should report it (accessed at its last write or GET, to the second;
+    /// fetched by a GET since the write).
+    accesses: BTreeMap<Vec<u8>, (u64, AccessState)>,
     version: u64,
 }
 
@@ -121,6 +130,7 @@ impl Harness {
             None,
             16 << 10,
             Promotion::EveryHit,
+            false,
         )
     }
 
@@ -131,14 +141,16 @@ impl Harness {
         device: Option<Arc<dyn BlockDevice>>,
         superleaf: usize,
         promotion: Promotion,
+        track_access: bool,
     ) -> Harness {
-        let clock = ManualClock::starting_at(1_000_000);
+        let clock = ManualClock::starting_at(START_MS);
         let config = Config {
             dram_capacity: dram,
             write_buffer,
             bypass_r,
             superleaf_size: superleaf,
             promotion,
+            track_access,
             clock: clock.clone(),
             // Writers wait for the flusher rather than drop: the tests that count hits
             // need every object kept; dropping has tests of its own.
@@ -150,6 +162,7 @@ impl Harness {
             cache,
             clock,
             model: BTreeMap::new(),
+            accesses: BTreeMap::new(),
             version: 0,
         }
     }
@@ -166,6 +179,7 @@ impl Harness {
             Some(device),
             16 << 10,
             Promotion::EveryHit,
+            false,
         );
         (h, faulty)
     }
@@ -208,6 +222,49 @@ impl Harness {
             || s.ssd_write_drops > 0
     }
 
+    /// Checks the access state a read reported for `key` (`peek`: an `update`, which
+    /// does not mark it), then records the read.
+    fn check_access(&mut self, key: &[u8], got: Option<AccessState>, peek: bool) {
+        if !self.cache.config().track_access {
+            assert_eq!(got, None, "access state without tracking");
+            return;
+        }
+        let (written, want) = self.accesses[key];
+        if self.cache.inner.ssd.is_none() {
+            assert_eq!(got, Some(want), "access state of {key:?}");
+        } else if let Some(got) = got {
+            // The object may have left DRAM and come back: the engine knows less.
+            assert!(!got.fetched || want.fetched, "a read that never was");
+            assert!(
+                got.last_access_ms >= written,
+                "a last access before the write"
+            );
+            assert!(got.last_access_ms <= self.clock.now_ms());
+        }
+        if !peek {
+            let fetched = AccessState {
+                fetched: true,
+                last_access_ms: self.second(),
+            };
+            self.accesses.insert(key.to_vec(), (written, fetched));
+        }
+    }
+
+    /// Records a write of `key`: not fetched, accessed now.
+    fn written(&mut self, key: &[u8]) {
+        let now = self.second();
+        let state = AccessState {
+            fetched: false,
+            last_access_ms: now,
+        };
+        self.accesses.insert(key.to_vec(), (now, state));
+    }
+
+    /// Now, to the second the engine keeps access times in.
+    fn second(&self) -> u64 {
+        START_MS + (self.clock.now_ms() - START_MS) / 1000 * 1000
+    }
+
     pub(crate) fn run(&mut self, op: &Op) {
         match *op {
             Op::Put { key, len, ttl_ms } => {
@@ -221,9 +278,11 @@ impl Harness {
                     flags: key as u32,
                     assign_cas: key % 2 == 0,
                     cas: client_cas,
+                    access: None,
                 };
                 let cas = self.cache.put_with(&k, &value, options).unwrap();
                 assert!(client_cas.is_none_or(|chosen| chosen == cas));
+                self.written(&k);
                 self.model.insert(
                     k,
                     Item {
@@ -231,6 +290,7 @@ impl Harness {
                         flags: key as u32,
                         cas,
                         expires_at_ms,
+                        access: None,
                     },
                 );
             }
@@ -238,11 +298,19 @@ impl Harness {
                 let k = key_of(key);
                 // Odd keys through the asynchronous GET: the same answers are owed.
                 let got = match key % 2 {
-                    0 => self.cache.get_item(&k).unwrap(),
-                    _ => block_on(self.cache.get_item_async(&k)).unwrap(),
+                    0 => self.cache.get_item(&k, GetOptions::default()).unwrap(),
+                    _ => block_on(self.cache.get_item_async(&k, GetOptions::default())).unwrap(),
                 };
                 match (got, self.live(&k)) {
-                    (Some(got), Some(want)) => assert_eq!(&got, want, "wrong value for {key}"),
+                    (Some(got), Some(want)) => {
+                        let access = got.access;
+                        let got = Item {
+                            access: None,
+                            ..got
+                        };
+                        assert_eq!(&got, want, "wrong value for {key}");
+                        self.check_access(&k, access, false);
+                    }
                     (Some(got), None) => {
                         panic!("key {key} served {} bytes but it is gone", got.value.len())
                     }
@@ -278,6 +346,7 @@ impl Harness {
                                 flags: item.flags,
                                 assign_cas: true,
                                 cas: client_cas,
+                                access: None,
                             };
                             (Update::Put { value, options }, Some(item.clone()))
                         }
@@ -286,11 +355,18 @@ impl Harness {
                     .unwrap();
                 match appended {
                     Some(old) => {
+                        let access = old.access;
+                        let old = Item {
+                            access: None,
+                            ..old
+                        };
                         assert_eq!(
                             Some(&old),
                             self.live(&k),
                             "update saw a wrong value for {key}"
                         );
+                        self.check_access(&k, access, true);
+                        self.written(&k);
                         let mut value = old.value;
                         value.push(b'+');
                         let cas = cas.unwrap();
@@ -322,7 +398,8 @@ impl Harness {
                     if got != want {
                         for ((gk, gi), (wk, wi)) in got.iter().zip(&want) {
                             if gk != wk || gi != wi {
-                                let direct = self.cache.get_item(gk).unwrap();
+                                let direct =
+                                    self.cache.get_item(gk, GetOptions::default()).unwrap();
                                 panic!(
                                     "scan mismatch at {:?}: got {} bytes cas {} / want {:?} {} bytes cas {}; get() gives {:?} bytes; stats {:?}",
                                     String::from_utf8_lossy(gk),
@@ -354,8 +431,11 @@ proptest! {
 
     /// Plenty of DRAM: nothing is evicted, so the engine must agree with the model exactly.
     #[test]
-    fn engine_matches_model_without_eviction(ops in proptest::collection::vec(op_strategy(400), 1..600)) {
-        let mut h = Harness::new(64 << 20, 256, 3.0);
+    fn engine_matches_model_without_eviction(
+        ops in proptest::collection::vec(op_strategy(400), 1..600),
+        track_access in any::<bool>(),
+    ) {
+        let mut h = Harness::on(64 << 20, 256, 3.0, None, 16 << 10, Promotion::EveryHit, track_access);
         for op in &ops {
             h.run(op);
         }
@@ -368,8 +448,9 @@ proptest! {
         ops in proptest::collection::vec(op_strategy(3000), 1..1500),
         write_buffer in prop_oneof![Just(0usize), Just(128), Just(256), Just(1024)],
         bypass_r in prop_oneof![Just(0.0), Just(0.5), Just(3.0)],
+        track_access in any::<bool>(),
     ) {
-        let mut h = Harness::new(64 << 10, write_buffer, bypass_r);
+        let mut h = Harness::on(64 << 10, write_buffer, bypass_r, None, 16 << 10, Promotion::EveryHit, track_access);
         for op in &ops {
             h.run(op);
         }
@@ -389,10 +470,11 @@ proptest! {
         write_buffer in prop_oneof![Just(0usize), Just(256)],
         promotion in prop_oneof![Just(Promotion::EveryHit), Just(Promotion::SecondHit)],
         transient_faults in any::<bool>(),
+        track_access in any::<bool>(),
     ) {
         let faulty = Arc::new(FaultyDevice::new(MemDevice::new(blocks)));
         let device: Arc<dyn BlockDevice> = faulty.clone();
-        let mut h = Harness::on(64 << 10, write_buffer, 3.0, Some(device), superleaf, promotion);
+        let mut h = Harness::on(64 << 10, write_buffer, 3.0, Some(device), superleaf, promotion, track_access);
         // Faults that clear: reads and writes fail during the first half, then the device
         // heals, and every key is checked again (an old block kept behind a failed read
         // would now be served).
@@ -427,6 +509,7 @@ fn ssd_tier_serves_what_dram_evicted() {
         Some(device),
         64 << 10,
         Promotion::EveryHit,
+        false,
     );
     h.put_all(0..20_000, 64);
     for key in (0..20_000u16).step_by(5) {
@@ -477,7 +560,15 @@ fn ssd_tier_serves_what_dram_evicted() {
 fn second_hit_promotion_waits_for_the_second_hit() {
     for promotion in [Promotion::SecondHit, Promotion::EveryHit] {
         let device: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(1 << 14));
-        let mut h = Harness::on(256 << 10, 256, 3.0, Some(device), 16 << 10, promotion);
+        let mut h = Harness::on(
+            256 << 10,
+            256,
+            3.0,
+            Some(device),
+            16 << 10,
+            promotion,
+            false,
+        );
         // Enough keys that most of them leave the 256 KiB of DRAM.
         h.put_all(0..25_000, 64);
         h.cache.settle().unwrap();
@@ -613,7 +704,14 @@ fn a_client_cas_is_stored_as_the_objects_cas() {
         ..PutOptions::default()
     };
     assert_eq!(h.cache.put_with(b"k", b"v", chosen(973)).unwrap(), 973);
-    assert_eq!(h.cache.get_item(b"k").unwrap().unwrap().cas, 973);
+    assert_eq!(
+        h.cache
+            .get_item(b"k", GetOptions::default())
+            .unwrap()
+            .unwrap()
+            .cas,
+        973
+    );
     let put = Update::Put {
         value: b"w".to_vec(),
         options: chosen(5),
@@ -621,12 +719,16 @@ fn a_client_cas_is_stored_as_the_objects_cas() {
     let ((), cas) = h.cache.update(b"k", |_| (put, ())).unwrap();
     assert_eq!(cas, Some(5));
     assert_eq!(
-        h.cache.get_item(b"k").unwrap().unwrap(),
+        h.cache
+            .get_item(b"k", GetOptions::default())
+            .unwrap()
+            .unwrap(),
         Item {
             value: b"w".to_vec(),
             flags: 0,
             cas: 5,
-            expires_at_ms: None
+            expires_at_ms: None,
+            access: None,
         }
     );
     let assign = PutOptions {
@@ -635,7 +737,14 @@ fn a_client_cas_is_stored_as_the_objects_cas() {
     };
     let assigned = h.cache.put_with(b"k", b"x", assign).unwrap();
     assert!(assigned != 5 && assigned != 0);
-    assert_eq!(h.cache.get_item(b"k").unwrap().unwrap().cas, assigned);
+    assert_eq!(
+        h.cache
+            .get_item(b"k", GetOptions::default())
+            .unwrap()
+            .unwrap()
+            .cas,
+        assigned
+    );
 }
 
 /// `dropped_objects` counts the objects the cache forgot to make room (memcached's
@@ -653,6 +762,7 @@ fn dropped_objects_count_what_left_the_cache_to_make_room() {
             Some(device),
             16 << 10,
             Promotion::EveryHit,
+            false,
         )
     };
     let fill = |h: &mut Harness| {
@@ -729,7 +839,14 @@ fn assigned_versions_stay_distinct_after_a_client_cas_at_the_top_of_the_range() 
         for _ in 0..3 {
             let cas = h.cache.put_with(key.as_bytes(), b"w", assign).unwrap();
             assert!(!seen.contains(&cas), "{cas} repeats one of {seen:?}");
-            assert_eq!(h.cache.get_item(key.as_bytes()).unwrap().unwrap().cas, cas);
+            assert_eq!(
+                h.cache
+                    .get_item(key.as_bytes(), GetOptions::default())
+                    .unwrap()
+                    .unwrap()
+                    .cas,
+                cas
+            );
             seen.push(cas);
         }
         h.cache.flush_all().unwrap();
@@ -740,4 +857,84 @@ fn assigned_versions_stay_distinct_after_a_client_cas_at_the_top_of_the_range() 
             seen.push(cas);
         }
     }
+}
+
+/// `track_access` through the public API: a GET reports the state before it and marks
+/// the object (a peek does not), a write starts afresh or with the state it names, and
+/// an object that comes back from the SSD tier starts fetched by the GET that promoted
+/// it. Without the setting nothing is reported.
+#[test]
+fn access_state_through_the_api() {
+    let device: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(1 << 14));
+    let h = Harness::on(
+        256 << 10,
+        256,
+        3.0,
+        Some(device),
+        16 << 10,
+        Promotion::EveryHit,
+        true,
+    );
+    let state = |fetched, since_start_ms| {
+        Some(AccessState {
+            fetched,
+            last_access_ms: START_MS + since_start_ms,
+        })
+    };
+    let (get, peek) = (GetOptions::default(), GetOptions { peek: true });
+    let access = |options| h.cache.get_item(b"k", options).unwrap().unwrap().access;
+    h.cache.put(b"k", b"v", None).unwrap();
+    h.clock.advance(2_500);
+    assert_eq!(access(peek), state(false, 0));
+    assert_eq!(access(get), state(false, 0));
+    h.clock.advance(1_000);
+    assert_eq!(access(get), state(true, 2_000));
+    assert_eq!(access(peek), state(true, 3_000));
+    // A touch: rewritten to re-date it, fetched and accessed now.
+    let touched = h.cache.update(b"k", |item| {
+        let item = item.unwrap();
+        let options = PutOptions {
+            expires_at_ms: Some(START_MS + 60_000),
+            access: state(true, 3_000),
+            ..PutOptions::default()
+        };
+        let value = item.value.clone();
+        (Update::Put { value, options }, item.access)
+    });
+    assert_eq!(
+        touched.unwrap().0,
+        state(true, 3_000),
+        "update sees it as it is"
+    );
+    assert_eq!(access(peek), state(true, 3_000));
+    h.cache.put(b"k", b"w", None).unwrap();
+    assert_eq!(access(get), state(false, 3_000));
+    h.cache.delete(b"k").unwrap();
+    h.cache.put(b"k", b"x", None).unwrap();
+    assert_eq!(access(peek), state(false, 3_000));
+
+    // Down to the SSD tier and back.
+    let ssd = h.cache.inner.ssd.as_ref().unwrap();
+    h.cache.inner.dram.evict_all(Some(ssd), h.clock.now_ms());
+    h.clock.advance(2_000);
+    assert_eq!(access(peek), None, "the SSD tier keeps no state");
+    assert_eq!(
+        access(get),
+        state(false, 5_000),
+        "promoted by a peek: not fetched"
+    );
+    h.cache.inner.dram.evict_all(Some(ssd), h.clock.now_ms());
+    assert_eq!(access(get), None);
+    assert_eq!(
+        access(peek),
+        state(true, 5_000),
+        "promoted by a GET: fetched"
+    );
+
+    let untracked = Harness::new(256 << 10, 256, 3.0);
+    untracked.cache.put(b"k", b"v", None).unwrap();
+    assert_eq!(
+        untracked.cache.get_item(b"k", get).unwrap().unwrap().access,
+        None
+    );
 }

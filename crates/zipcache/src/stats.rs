@@ -16,6 +16,8 @@ pub struct Stats {
     pub dram_write_buffer_bytes: u64,
     /// Individually compressed medium objects.
     pub dram_medium_bytes: u64,
+    /// Per-object access state (setting `track_access`; 0 without it).
+    pub dram_access_bytes: u64,
     /// Leaf descriptors and inner nodes of BT_DRAM and BT_LO, and BT_SSD inner nodes.
     pub dram_index_bytes: u64,
     /// The resident memory of the process the engine runs in (`VmRSS`), to hold beside

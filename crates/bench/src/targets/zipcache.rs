@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
-use zipcache::{Config, Item, SsdConfig, ZipCache};
+use zipcache::{Config, GetOptions, Item, SsdConfig, ZipCache};
 use zipcache_device::uring::MAX_THREAD_RING_DEPTH;
 use zipcache_device::{install_thread_ring, reap_thread_ring, thread_ring_in_flight};
 
@@ -128,7 +128,7 @@ impl Engine for ZipEngine {
         let mut reading = Vec::new();
         let submit_at_end_of_batch = zipcache_device::batch_thread_ring_submissions();
         for key in keys {
-            let mut get = cache.get_item_async(key);
+            let mut get = cache.get_item_async(key, GetOptions::default());
             match get.take_ready() {
                 Some(answer) => replies.push((reply(answer), start.elapsed())),
                 None => {

@@ -24,7 +24,7 @@ use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
 use std::sync::{Mutex, MutexGuard};
 
-use zipcache::{Item, Update, ZipCache};
+use zipcache::{GetOptions, Item, Update, ZipCache};
 
 const SHARDS: usize = 64;
 /// Annotations kept per shard (64 Ki in all).
@@ -123,9 +123,14 @@ impl Annotations {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// The live item under `key` as clients see it.
-    pub fn get(&self, cache: &ZipCache, key: &[u8]) -> zipcache::Result<Option<Entry>> {
-        let Some(item) = crate::prefetch::get_item(cache, key)? else {
+    /// The live item under `key` as clients see it, read as `options` say.
+    pub fn get(
+        &self,
+        cache: &ZipCache,
+        key: &[u8],
+        options: GetOptions,
+    ) -> zipcache::Result<Option<Entry>> {
+        let Some(item) = crate::prefetch::get_item(cache, key, options)? else {
             return Ok(None);
         };
         Ok(Some(entry_of(item, self.shard(key).get(key))))
@@ -226,7 +231,10 @@ mod tests {
         let (_, cas) = annotations
             .update(&cache, b"k", |_| (put(b"v", None, STALE), ()))
             .unwrap();
-        let entry = annotations.get(&cache, b"k").unwrap().unwrap();
+        let entry = annotations
+            .get(&cache, b"k", GetOptions::default())
+            .unwrap()
+            .unwrap();
         assert_eq!((Some(entry.item.cas), entry.marks), (cas, STALE));
         // A plain write outdates the annotation without touching the table.
         let options = PutOptions {
@@ -234,7 +242,10 @@ mod tests {
             ..PutOptions::default()
         };
         let engine_cas = cache.put_with(b"k", b"w", options).unwrap();
-        let entry = annotations.get(&cache, b"k").unwrap().unwrap();
+        let entry = annotations
+            .get(&cache, b"k", GetOptions::default())
+            .unwrap()
+            .unwrap();
         assert_eq!(
             (entry.item.cas, entry.marks),
             (engine_cas, Marks::default())
@@ -247,13 +258,19 @@ mod tests {
         annotations
             .update(&cache, b"k", |_| (put(b"v", Some(5), STALE), ()))
             .unwrap();
-        let entry = annotations.get(&cache, b"k").unwrap().unwrap();
+        let entry = annotations
+            .get(&cache, b"k", GetOptions::default())
+            .unwrap()
+            .unwrap();
         assert_eq!((entry.item.cas, entry.marks), (5, STALE));
         let (_, cas) = annotations
             .update(&cache, b"k", |_| (put(b"w", Some(5), Marks::default()), ()))
             .unwrap();
         assert_eq!(cas, Some(5));
-        let entry = annotations.get(&cache, b"k").unwrap().unwrap();
+        let entry = annotations
+            .get(&cache, b"k", GetOptions::default())
+            .unwrap()
+            .unwrap();
         assert_eq!((entry.item.cas, entry.marks), (5, Marks::default()));
     }
 
@@ -270,7 +287,7 @@ mod tests {
         }
         let mut stale_left = 0;
         for key in &keys {
-            if let Some(entry) = annotations.get(&cache, key).unwrap() {
+            if let Some(entry) = annotations.get(&cache, key, GetOptions::default()).unwrap() {
                 assert!(entry.marks.stale, "an item lost its stale mark");
                 stale_left += 1;
             }

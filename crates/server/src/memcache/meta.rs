@@ -1,11 +1,11 @@
 //! memcached meta commands: mg, ms, md, ma, mn, me.
 
-use zipcache::{Item, Update};
+use zipcache::{AccessState, GetOptions, Item, Update};
 
 use super::annotations::{Entry, Marks, Write};
 use super::parse::{Meta, MetaKind, StoreMode};
 use super::text::{StoreOutcome, Storing, apply_delta, store_item};
-use super::{Expiry, NON_NUMERIC, engine_error, line, ttl_seconds};
+use super::{Expiry, NON_NUMERIC, after_read, engine_error, line, ttl_seconds, with_access};
 use crate::server::Shared;
 use crate::stats::Counters;
 
@@ -76,12 +76,32 @@ fn return_flags(
             (b'f', Some(item)) if meta.kind == MetaKind::Get => item.flags.to_string(),
             (b's', Some(item)) => item.value.len().to_string(),
             (b't', Some(item)) => ttl_seconds(item, now_ms).to_string(),
+            // Known with the engine setting `track_access`, else left out.
+            (
+                b'h',
+                Some(Item {
+                    access: Some(access),
+                    ..
+                }),
+            ) => u8::from(access.fetched).to_string(),
+            (
+                b'l',
+                Some(Item {
+                    access: Some(access),
+                    ..
+                }),
+            ) => idle_seconds(access, now_ms).to_string(),
             _ => continue,
         };
         out.push(b' ');
         out.push(flag.letter);
         out.extend_from_slice(value.as_bytes());
     }
+}
+
+/// Seconds since the last access, as memcached counts them (whole seconds of its clock).
+fn idle_seconds(access: &AccessState, now_ms: u64) -> u64 {
+    now_ms.saturating_sub(access.last_access_ms) / 1000
 }
 
 /// `VA <len> <flags>` and the value, or `HD <flags>` without it; `extra` ends the line.
@@ -160,6 +180,9 @@ struct GetWrites {
     vivify: Option<Expiry>,
     recache_before_ms: Option<u64>,
     client_cas: Option<u64>,
+    /// `u`: the item's access state stays as it was.
+    peek: bool,
+    now_ms: u64,
 }
 
 impl GetWrites {
@@ -185,19 +208,28 @@ impl GetWrites {
                             token_sent: true,
                             ..Marks::default()
                         };
-                        // Its CAS is the one the write returns.
+                        // Its CAS is the one the write returns; as memcached, it was
+                        // created unfetched just now, and this read then fetches it.
+                        let created = AccessState {
+                            fetched: false,
+                            last_access_ms: self.now_ms,
+                        };
                         let item = Item {
                             value: Vec::new(),
                             flags: 0,
                             cas: 0,
                             expires_at_ms: expiry.expires_at_ms(),
+                            access: shared.cache.config().track_access.then_some(created),
                         };
                         let fetched = Fetched {
                             entry: Entry { item, marks },
                             won: true,
                             token_was_sent: false,
                         };
-                        let update = expiry.store(Vec::new(), 0, self.client_cas);
+                        let update = with_access(
+                            expiry.store(Vec::new(), 0, self.client_cas),
+                            after_read(self.peek, None, self.now_ms),
+                        );
                         (Write::marked(update, marks), Some(fetched))
                     }
                     None => (Update::Keep.into(), None),
@@ -210,8 +242,13 @@ impl GetWrites {
                     };
                     let item = &entry.item;
                     let (update, entry) = match self.touch {
+                        // The read before this one marked the access (unless `u`):
+                        // the rewrite keeps the state as it is.
                         Some(expiry) => (
-                            expiry.store(item.value.clone(), item.flags, Some(item.cas)),
+                            with_access(
+                                expiry.store(item.value.clone(), item.flags, Some(item.cas)),
+                                item.access,
+                            ),
                             entry.clone().redated(expiry),
                         ),
                         None => (Update::Keep, entry.clone()),
@@ -245,12 +282,14 @@ fn get(shared: &Shared, meta: &Meta<'_>, out: &mut Vec<u8>) -> Result<(), String
         vivify: expiry(b'N')?,
         recache_before_ms: expiry(b'R')?.map(|e| e.expires_at_ms().unwrap_or(0)),
         client_cas: numeric::<u64>(meta, b'E')?,
+        peek: meta.get_options().peek,
+        now_ms: now,
     };
     let unless_cas = numeric::<u64>(meta, b'C')?;
     // A plain read unless this request may write: touch, vivify, or win a token.
     let found = shared
         .annotations
-        .get(&shared.cache, &meta.key)
+        .get(&shared.cache, &meta.key, meta.get_options())
         .map_err(|e| engine_error(&e))?;
     let must_write = writes.touch.is_some()
         || match &found {
@@ -258,7 +297,12 @@ fn get(shared: &Shared, meta: &Meta<'_>, out: &mut Vec<u8>) -> Result<(), String
             Some(entry) => writes.wins(entry),
         };
     let fetched = if must_write {
-        writes.fetch(shared, &meta.key)?
+        let mut fetched = writes.fetch(shared, &meta.key)?;
+        // `h` and `l` report the state before this request, which the read above saw.
+        if let (Some(fetched), Some(found)) = (&mut fetched, &found) {
+            fetched.entry.item.access = found.item.access;
+        }
+        fetched
     } else {
         found.map(|entry| Fetched {
             token_was_sent: entry.marks.token_sent,
@@ -344,6 +388,7 @@ fn set(shared: &Shared, meta: &Meta<'_>, out: &mut Vec<u8>) -> Result<(), String
         flags,
         cas: cas.unwrap_or(0),
         expires_at_ms: None,
+        access: None,
     });
     // memcached reports `c0` when nothing was stored.
     status(
@@ -433,6 +478,7 @@ fn arith(shared: &Shared, meta: &Meta<'_>, out: &mut Vec<u8>) -> Result<(), Stri
                         flags: 0,
                         cas: 0,
                         expires_at_ms: expiry.expires_at_ms(),
+                        access: None,
                     };
                     let update = expiry.store(value, 0, client_cas);
                     (update.into(), Outcome::Done(item))
@@ -451,6 +497,7 @@ fn arith(shared: &Shared, meta: &Meta<'_>, out: &mut Vec<u8>) -> Result<(), Stri
                             flags: item.flags,
                             cas: 0,
                             expires_at_ms: expiry.expires_at_ms(),
+                            access: None,
                         };
                         let update = expiry.store(value, item.flags, client_cas);
                         (update.into(), Outcome::Done(new))
@@ -478,10 +525,12 @@ fn arith(shared: &Shared, meta: &Meta<'_>, out: &mut Vec<u8>) -> Result<(), Stri
     Ok(())
 }
 
+/// `me`: the item's metadata, read without touching it (as memcached, which does not
+/// bump the item either).
 fn debug(shared: &Shared, meta: &Meta<'_>, out: &mut Vec<u8>) -> Result<(), String> {
     let Some(Entry { item, .. }) = shared
         .annotations
-        .get(&shared.cache, &meta.key)
+        .get(&shared.cache, &meta.key, GetOptions { peek: true })
         .map_err(|e| engine_error(&e))?
     else {
         line(out, "EN");
@@ -489,11 +538,19 @@ fn debug(shared: &Shared, meta: &Meta<'_>, out: &mut Vec<u8>) -> Result<(), Stri
     };
     out.extend_from_slice(b"ME ");
     out.extend_from_slice(meta.key_token);
-    // memcached also reports `la=` (seconds since the last access) and `fetch=`: the
-    // engine keeps neither, and a made-up value would be a wrong answer.
+    let now = shared.cache.now_ms();
+    // `la=` and `fetch=` only where the engine knows them (setting `track_access`): a
+    // made-up value would be a wrong answer.
+    let (last_access, fetch) = match item.access {
+        Some(access) => (
+            format!(" la={}", idle_seconds(&access, now)),
+            format!(" fetch={}", if access.fetched { "yes" } else { "no" }),
+        ),
+        None => (String::new(), String::new()),
+    };
     let details = format!(
-        " exp={} cas={} cls=1 size={}\r\n",
-        ttl_seconds(&item, shared.cache.now_ms()),
+        " exp={}{last_access} cas={}{fetch} cls=1 size={}\r\n",
+        ttl_seconds(&item, now),
         item.cas,
         meta.key.len() + item.value.len()
     );

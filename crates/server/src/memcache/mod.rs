@@ -10,7 +10,7 @@ pub use auth::Credentials;
 
 use std::sync::Arc;
 
-use zipcache::{Item, PutOptions, Update};
+use zipcache::{AccessState, Item, PutOptions, Update};
 
 use crate::connection::{Session, Step};
 use crate::prefetch;
@@ -73,8 +73,35 @@ impl Expiry {
                 flags,
                 assign_cas: true,
                 cas,
+                // A new write: not fetched, accessed now.
+                access: None,
             },
         }
+    }
+}
+
+/// `update`, if a put, storing an item that starts with access state `access`: what a
+/// touch leaves (memcached counts it as a fetch), or a read's `u` keeps.
+fn with_access(update: Update, access: Option<AccessState>) -> Update {
+    match update {
+        Update::Put { value, options } => Update::Put {
+            value,
+            options: PutOptions { access, ..options },
+        },
+        other => other,
+    }
+}
+
+/// The access state a read leaves: fetched and accessed at `now_ms`, or with `u`
+/// (`peek`) the state it found.
+fn after_read(peek: bool, found: Option<AccessState>, now_ms: u64) -> Option<AccessState> {
+    if peek {
+        found
+    } else {
+        Some(AccessState {
+            fetched: true,
+            last_access_ms: now_ms,
+        })
     }
 }
 
@@ -167,7 +194,8 @@ impl Session for MemcacheSession {
             Parsed::Incomplete => Step::NeedMore,
             Parsed::Close => Step::Close,
             Parsed::Request { request, len } => {
-                if !prefetch::start(&self.shared.cache, request.keys_read()) {
+                let (keys, options) = request.keys_read();
+                if !prefetch::start(&self.shared.cache, keys, options) {
                     return Step::Await;
                 }
                 if self.execute(request, out) {
@@ -195,9 +223,9 @@ impl Session for MemcacheSession {
         }
         match parse::parse(input, self.shared.max_value) {
             Parsed::Request { request, len } => {
-                let keys = request.keys_read();
+                let (keys, options) = request.keys_read();
                 (!keys.is_empty()).then(|| {
-                    prefetch::start(&self.shared.cache, keys);
+                    prefetch::start(&self.shared.cache, keys, options);
                     len
                 })
             }

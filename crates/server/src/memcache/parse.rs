@@ -5,6 +5,8 @@
 
 use std::borrow::Cow;
 
+use zipcache::GetOptions;
+
 /// Longest key memcached accepts; longer keys get `CLIENT_ERROR bad command line format`.
 pub const KEY_MAX: usize = 250;
 /// A request line without a newline after this many bytes closes the connection, as
@@ -91,22 +93,22 @@ pub enum Request<'a> {
 }
 
 impl Request<'_> {
-    /// The keys a request that only reads reads, which may be fetched from the SSD ahead
-    /// of it without blocking (`prefetch`); empty for anything that may write (gat/gats,
-    /// an mg that touches, vivifies or sets a CAS: they read under the engine's update
-    /// lock instead).
-    pub fn keys_read(&self) -> Vec<&[u8]> {
+    /// The keys a request that only reads reads, and how (an `mg` with `u` peeks), which
+    /// may be fetched from the SSD ahead of it without blocking (`prefetch`); no keys for
+    /// anything that may write (gat/gats, an mg that touches, vivifies or sets a CAS:
+    /// they read under the engine's update lock instead).
+    pub fn keys_read(&self) -> (Vec<&[u8]>, GetOptions) {
         match self {
             Request::Retrieve {
                 keys, touch: None, ..
-            } => keys.clone(),
+            } => (keys.clone(), GetOptions::default()),
             Request::Meta(meta)
                 if meta.kind == MetaKind::Get
                     && !meta.flags.iter().any(|f| b"TNE".contains(&f.letter)) =>
             {
-                vec![&meta.key[..]]
+                (vec![&meta.key[..]], meta.get_options())
             }
-            _ => Vec::new(),
+            _ => (Vec::new(), GetOptions::default()),
         }
     }
 }
@@ -158,6 +160,13 @@ impl<'a> Meta<'a> {
             .iter()
             .find(|f| f.letter == letter)
             .map(|f| f.token)
+    }
+
+    /// How an `mg` reads: `u` leaves the item's access state as it was.
+    pub fn get_options(&self) -> GetOptions {
+        GetOptions {
+            peek: self.has(b'u'),
+        }
     }
 }
 

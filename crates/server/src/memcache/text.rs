@@ -2,11 +2,11 @@
 
 use std::time::Duration;
 
-use zipcache::Update;
+use zipcache::{GetOptions, Update};
 
 use super::annotations::{Entry, Marks, Write};
 use super::parse::{Request, StoreMode, TOO_LARGE};
-use super::{Expiry, NON_NUMERIC, engine_error, line, parse_counter};
+use super::{Expiry, NON_NUMERIC, after_read, engine_error, line, parse_counter, with_access};
 use crate::server::Shared;
 use crate::stats::{Counters, engine_metrics};
 
@@ -92,16 +92,21 @@ fn reply_unless(noreply: bool, reply: &str, out: &mut Vec<u8>) {
 }
 
 /// Re-dates `key` (touch, gat/gats) and returns the item as it now is: a new expiry, the
-/// same CAS (as memcached's touch, which changes the expiry in place).
+/// same CAS (as memcached's touch, which changes the expiry in place), fetched and
+/// accessed now (memcached counts a touch as a fetch).
 pub fn touch(shared: &Shared, key: &[u8], exptime: i64) -> zipcache::Result<Option<Entry>> {
-    let expiry = Expiry::from_exptime(exptime, shared.cache.now_ms());
+    let now = shared.cache.now_ms();
+    let expiry = Expiry::from_exptime(exptime, now);
     let (entry, _) = shared
         .annotations
         .update(&shared.cache, key, |current| match current {
             None => (Update::Keep.into(), None),
             Some(Entry { item, marks }) => (
                 Write::marked(
-                    expiry.store(item.value.clone(), item.flags, Some(item.cas)),
+                    with_access(
+                        expiry.store(item.value.clone(), item.flags, Some(item.cas)),
+                        after_read(false, item.access, now),
+                    ),
                     *marks,
                 ),
                 Some(Entry {
@@ -127,7 +132,9 @@ fn retrieve(
                 Counters::bump(&shared.counters.cmd_touch);
                 touch(shared, key, exptime)
             }
-            None => shared.annotations.get(&shared.cache, key),
+            None => shared
+                .annotations
+                .get(&shared.cache, key, GetOptions::default()),
         };
         let item = match found {
             Ok(entry) => entry.map(|entry| entry.item),

@@ -95,14 +95,17 @@ mod tests {
                     None
                 }
                 1 => Some(dram.modify(&key, now, |_, cas| {
-                    (Some(Some((value.clone(), assign.assigning(cas)))), cas)
+                    (
+                        Some(Some((value.clone(), assign.assigning(cas), None))),
+                        cas,
+                    )
                 })),
                 2 => {
                     let meta = Meta {
                         expires_at_ms: Some(now + 1),
                         ..assign
                     };
-                    Some(dram.put_with(&key, Some(&value), meta, now, |cas| cas))
+                    Some(dram.put_with(&key, Some(&value), meta, None, now, |cas| cas))
                 }
                 3 => {
                     dram.evict_one(Some(&sink), now);
@@ -116,7 +119,7 @@ mod tests {
                     dram.evict_one(None, now);
                     None
                 }
-                _ => Some(dram.put_with(&key, Some(&value), assign, now, |cas| cas)),
+                _ => Some(dram.put_with(&key, Some(&value), assign, None, now, |cas| cas)),
             };
             if let Some(cas) = cas {
                 let before = last.insert(k, cas).unwrap_or(0);
@@ -134,7 +137,7 @@ mod tests {
                                 clean: true,
                                 ..o.meta
                             };
-                            Some((o.value.clone().unwrap(), meta))
+                            Some((o.value.clone().unwrap(), meta, None))
                         });
                         (change, ())
                     });
@@ -159,6 +162,7 @@ mod tests {
                 &format!("{i:016}").into_bytes(),
                 Some(&[1; 64]),
                 assign,
+                None,
                 0,
                 |_| (),
             );

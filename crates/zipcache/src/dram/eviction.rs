@@ -380,7 +380,7 @@ mod tests {
     fn one_eviction_takes_every_leaf_of_the_sinks_span_in_one_batch() {
         let dram = tier();
         for i in 0..3000 {
-            dram.put_with(&key(i), Some(&[7; 60]), Meta::default(), 0, |_| ());
+            dram.put_with(&key(i), Some(&[7; 60]), Meta::default(), None, 0, |_| ());
         }
         let leaves = dram.leaf_count();
         assert!(leaves > 20, "{leaves} leaves");
@@ -409,7 +409,7 @@ mod tests {
         // What left is gone from DRAM, everything else is still there.
         for i in 0..3000 {
             let gone = keys.contains(&key(i).as_slice());
-            let found = matches!(dram.get(&key(i), 0), Lookup::Found(..));
+            let found = matches!(dram.get(&key(i), 0, false), Lookup::Found(..));
             assert_eq!(found, !gone, "key {i}");
         }
         // The leaves outside the span are untouched: every evicted key is inside it,
@@ -422,7 +422,7 @@ mod tests {
     fn hot_neighbours_are_spared() {
         let dram = tier();
         for i in 0..3000 {
-            dram.put_with(&key(i), Some(&[7; 60]), Meta::default(), 0, |_| ());
+            dram.put_with(&key(i), Some(&[7; 60]), Meta::default(), None, 0, |_| ());
         }
         let sink = RecordingSink {
             span: (Fence::from(&[][..]), None),
@@ -452,7 +452,7 @@ mod tests {
         };
         for i in 0..10 {
             let meta = if i % 2 == 0 { clean } else { Meta::default() };
-            dram.put_with(&key(i), Some(&[i as u8; 40]), meta, 0, |_| ());
+            dram.put_with(&key(i), Some(&[i as u8; 40]), meta, None, 0, |_| ());
         }
         let sink = RecordingSink {
             span: (Fence::from(&[][..]), None),
@@ -465,7 +465,7 @@ mod tests {
         );
         assert_eq!(dram.counters.clean_dropped.load(Ordering::Relaxed), 5);
         for i in 0..10 {
-            let found = matches!(dram.get(&key(i), 0), Lookup::Found(..));
+            let found = matches!(dram.get(&key(i), 0, false), Lookup::Found(..));
             assert_eq!(found, i % 2 == 1, "key {i}");
         }
         // Nothing clean is left: the next eviction hands the dirty objects over.
@@ -493,7 +493,7 @@ mod tests {
         // Keys 3k+1 clean, 3k+2 dirty, 3k deleted (some tombstones merged, some buffered).
         for i in 0..3000 {
             let meta = if i % 3 == 1 { clean } else { Meta::default() };
-            dram.put_with(&key(i), Some(&[7; 60]), meta, 0, |_| ());
+            dram.put_with(&key(i), Some(&[7; 60]), meta, None, 0, |_| ());
         }
         for i in (0..3000).step_by(3) {
             dram.delete(&key(i), 0, || ());
@@ -513,7 +513,7 @@ mod tests {
         assert_eq!(counters.write_drops.load(Ordering::Relaxed), 1000);
         assert_eq!(counters.clean_dropped.load(Ordering::Relaxed), 1000);
         for i in 0..3000 {
-            let found = dram.get(&key(i), 0);
+            let found = dram.get(&key(i), 0, false);
             match i % 3 {
                 1 => assert!(!matches!(found, Lookup::Found(..)), "key {i}"),
                 _ => assert_eq!(found, Lookup::Deleted, "key {i}"),
@@ -532,7 +532,7 @@ mod tests {
         };
         for i in 0..10 {
             let meta = if i % 2 == 0 { clean } else { Meta::default() };
-            dram.put_with(&key(i), Some(&[i as u8; 40]), meta, 0, |_| ());
+            dram.put_with(&key(i), Some(&[i as u8; 40]), meta, None, 0, |_| ());
         }
         let view = dram.view();
         let leaf = view.get(dram.tree.find(&[]).1.0).unwrap();
@@ -549,13 +549,27 @@ mod tests {
     fn a_damaged_page_dropped_unwritten_counts_its_objects_and_stays_lost() {
         let (dram, _) = tier_with(settings(256));
         for i in 0..30 {
-            dram.put_with(&key(i), Some(&[i as u8; 40]), Meta::default(), 0, |_| ());
+            dram.put_with(
+                &key(i),
+                Some(&[i as u8; 40]),
+                Meta::default(),
+                None,
+                0,
+                |_| (),
+            );
         }
         dram.merge_all(0);
         assert_eq!(dram.leaf_count(), 1);
         // Three more in the write buffer, then the page's body (not its summary) damaged.
         for i in 30..33 {
-            dram.put_with(&key(i), Some(&[i as u8; 40]), Meta::default(), 0, |_| ());
+            dram.put_with(
+                &key(i),
+                Some(&[i as u8; 40]),
+                Meta::default(),
+                None,
+                0,
+                |_| (),
+            );
         }
         dram.write_leaf(&key(0), |_, _, st| {
             let page = st.page.as_mut().unwrap();
@@ -570,7 +584,7 @@ mod tests {
         assert_eq!(dram.counters.write_drops.load(Ordering::Relaxed), 33);
         assert!(leaf.lost());
         for i in 0..33 {
-            assert_eq!(dram.get(&key(i), 0), Lookup::Deleted, "key {i}");
+            assert_eq!(dram.get(&key(i), 0, false), Lookup::Deleted, "key {i}");
         }
         assert!(!dram.drop_one(0), "nothing left to drop");
     }

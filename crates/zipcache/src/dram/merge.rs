@@ -8,6 +8,7 @@ use std::time::Duration;
 use crossbeam_channel::{Receiver, Sender};
 use parking_lot::{Condvar, Mutex};
 
+use super::access::AccessTable;
 use super::leaf::{
     DramLeaf, LOST, LeafContents, LeafState, MERGE_QUEUED, REFERENCED, RETIRED, install,
 };
@@ -145,6 +146,7 @@ impl DramTier {
         let mut extras = st.extras.take().unwrap_or_default();
         let buffer = extras.buffer.take();
         let mut old_blobs = std::mem::take(&mut extras.blobs);
+        let access_table = extras.access_table.take();
         drop(extras);
         let old_page = st.page.take();
         let decoded = self.decode(leaf, old_page.as_deref());
@@ -198,7 +200,7 @@ impl DramTier {
         let mut contents = Vec::with_capacity(chunks.len());
         for (i, &(start, end)) in chunks.iter().enumerate() {
             let chunk: Vec<Obj> = objs_iter.by_ref().take(end - start).collect();
-            contents.push(self.build(chunk, hot && i == 0));
+            contents.push(self.build(chunk, hot && i == 0, access_table.as_deref()));
         }
         drop(buffer);
         let mut contents = contents.into_iter();
@@ -268,8 +270,9 @@ impl DramTier {
         cut_into_leaves(objs.len(), |start, end| fits(&objs[start..end]), cut)
     }
 
-    /// Page and blobs for one leaf's worth of objects.
-    fn build(&self, objs: Vec<Obj>, hot: bool) -> LeafContents {
+    /// Page, blobs and access state (from `access_table`, the merged leaf's) for one
+    /// leaf's worth of objects.
+    fn build(&self, objs: Vec<Obj>, hot: bool, access_table: Option<&AccessTable>) -> LeafContents {
         let mut slots = 0usize;
         let records: Vec<Record> = objs
             .iter()
@@ -305,6 +308,10 @@ impl DramTier {
                 .map(|packed| self.page(summary, &packed, hot))
         };
         drop(records);
+        let access_table = access_table.and_then(|table| {
+            let values = objs.iter().filter(|o| !matches!(o.body, Body::Tombstone));
+            table.carried(values.map(|o| o.key))
+        });
         // Pushed one by one: `collect` would reuse the far larger `objs` allocation.
         let mut blobs = Vec::new();
         for o in objs {
@@ -316,6 +323,7 @@ impl DramTier {
             page,
             raw: hot,
             blobs: blobs.into_boxed_slice(),
+            access_table,
         }
     }
 
@@ -448,7 +456,7 @@ mod tests {
         let (dram, memory) = tier_with(settings(256));
         for i in 0..40_000u32 {
             let key = format!("{:016}", i.wrapping_mul(2_654_435_761) % 1_000_000).into_bytes();
-            dram.put_with(&key, Some(&[i as u8; 64]), Meta::default(), 0, |_| ());
+            dram.put_with(&key, Some(&[i as u8; 64]), Meta::default(), None, 0, |_| ());
         }
         // Full buffers are queued for the background merger, which this tier has not.
         for _ in 0..2 {

@@ -20,10 +20,12 @@
 //! eviction both follow.
 //!
 //! Modules by technique: this one holds the tier, its GET, writes and scan; [`leaf`] the
-//! leaf descriptor, its state and what that is charged; [`page`] the page format;
+//! leaf descriptor, its state and what that is charged; [`access`] objects' access state
+//! (setting `track_access`); [`page`] the page format;
 //! [`merge`] buffer merges and splits; [`eviction`] CLOCK and group eviction; [`hot`]
 //! compression bypassing; [`cas`] CAS versions; [`tally`] object counts for `stats`.
 
+mod access;
 mod cas;
 mod eviction;
 mod hot;
@@ -40,6 +42,7 @@ use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 
+use crate::AccessState;
 use crate::btree::{BTree, Child, Exclusive, Fence, Shared};
 use crate::bypass::Bypass;
 use crate::memory::Memory;
@@ -48,12 +51,14 @@ use crate::record::{ASSIGN_CAS, Meta, Payload, Record, decode_blob};
 use crate::slots::{SlotId, Slots, View};
 use crate::subpage_hash::dram_subpage;
 use crate::write_buffer::Pressure;
-use leaf::{DramLeaf, LeafState, MERGE_QUEUED, UNKNOWN};
+use access::{AccessClock, fingerprint};
+use leaf::{DramLeaf, Extras, LeafState, MERGE_QUEUED, UNKNOWN};
 
 /// What the DRAM tier knows about a key.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Lookup {
-    Found(Vec<u8>, Meta),
+    /// A live value, and with `track_access` its access state before this read.
+    Found(Vec<u8>, Meta, Option<AccessState>),
     /// A tombstone: the key was deleted or replaced by a large object. Also what a
     /// damaged page or blob answers (counted): it may have held a newer version or a
     /// tombstone, so the older SSD copies must stay hidden.
@@ -91,6 +96,10 @@ pub struct DramSettings {
     pub keep_tombstones: bool,
     /// Where CAS versions start: above every version an earlier run may have handed out.
     pub cas_origin: u64,
+    /// Keep each object's access state ([`access`]).
+    pub track_access: bool,
+    /// The engine clock at open: access times are whole seconds from it.
+    pub opened_ms: u64,
 }
 
 #[derive(Debug, Default)]
@@ -134,6 +143,9 @@ pub struct DramTier {
 fn reach<'v>(view: &'v View<DramLeaf>, id: &'v LeafId) -> Option<&'v DramLeaf> {
     view.get(id.0)
 }
+
+/// A value `modify` stores: value, metadata and the access state it starts with.
+pub type Stored = (Vec<u8>, Meta, Option<AccessState>);
 
 /// One key of a scan: its newest DRAM version, `None` for a tombstone or an expired value
 /// (which hide older versions in lower tiers).
@@ -208,11 +220,21 @@ impl DramTier {
         )
     }
 
-    pub fn get(&self, key: &[u8], now_ms: u64) -> Lookup {
+    /// What DRAM holds of `key`. A hit marks the object fetched and accessed now, and
+    /// the leaf referenced, unless `peek`.
+    pub fn get(&self, key: &[u8], now_ms: u64, peek: bool) -> Lookup {
         self.read_leaf(key, |leaf, st| {
-            leaf.touch();
-            self.lookup_locked(leaf, st, key, now_ms)
+            if !peek {
+                leaf.touch();
+            }
+            self.lookup_locked(leaf, st, key, now_ms, peek)
         })
+    }
+
+    fn access_clock(&self) -> AccessClock {
+        AccessClock {
+            origin_ms: self.settings.opened_ms,
+        }
     }
 
     fn resolve(&self, st: &LeafState, r: &Record<'_>, now_ms: u64) -> Lookup {
@@ -237,22 +259,39 @@ impl DramTier {
         if meta.expired(now_ms) {
             Lookup::Expired
         } else {
-            Lookup::Found(value, meta)
+            Lookup::Found(value, meta, None)
         }
     }
 
-    /// What the leaf holding `key` knows of it; the caller holds the leaf's lock.
-    fn lookup_locked(&self, leaf: &DramLeaf, st: &LeafState, key: &[u8], now_ms: u64) -> Lookup {
+    /// What the leaf holding `key` knows of it; the caller holds the leaf's lock. A hit
+    /// is marked fetched and accessed now unless `peek`.
+    fn lookup_locked(
+        &self,
+        leaf: &DramLeaf,
+        st: &LeafState,
+        key: &[u8],
+        now_ms: u64,
+        peek: bool,
+    ) -> Lookup {
         let found = self.with_record(leaf, st, key, |r| match r {
             Some(r) => self.resolve(st, &r, now_ms),
             // Not in this leaf; unless the leaf lost its page, then nobody knows.
             None if leaf.lost() => Lookup::Deleted,
             None => Lookup::Absent,
         });
-        found.unwrap_or_else(|| {
-            self.mark_lost(leaf);
-            Lookup::Deleted
-        })
+        match found {
+            Some(Lookup::Found(value, meta, _)) if self.settings.track_access => {
+                let access = st.access_table().and_then(|table| {
+                    table.read(self.access_clock(), fingerprint(key), now_ms, peek)
+                });
+                Lookup::Found(value, meta, access)
+            }
+            Some(found) => found,
+            None => {
+                self.mark_lost(leaf);
+                Lookup::Deleted
+            }
+        }
     }
 
     /// Hands the newest record of `key` in a locked leaf (buffer first, then the page
@@ -273,12 +312,14 @@ impl DramTier {
     /// Stores `value` under `key` (`None`: a tombstone, without metadata), after running
     /// `alongside` under the same leaf lock with the write's CAS version (a new one if
     /// `meta.cas` is [`ASSIGN_CAS`]): a write that must change BT_LO too (drop or add a
-    /// large version) is then atomic with respect to every other write of the key.
+    /// large version) is then atomic with respect to every other write of the key. The
+    /// value starts with access state `access` (`None`: not fetched, accessed now).
     pub fn put_with<R>(
         &self,
         key: &[u8],
         value: Option<&[u8]>,
         meta: Meta,
+        access: Option<AccessState>,
         now_ms: u64,
         alongside: impl FnOnce(u64) -> R,
     ) -> R {
@@ -305,7 +346,7 @@ impl DramTier {
                     }
                 }
             };
-            self.append_locked(id, leaf, st, &record, now_ms);
+            self.append_locked(id, leaf, st, &record, access, now_ms);
             result
         })
     }
@@ -314,7 +355,7 @@ impl DramTier {
     /// under the same leaf lock) returned.
     pub fn delete<R>(&self, key: &[u8], now_ms: u64, alongside: impl FnOnce() -> R) -> (Lookup, R) {
         self.write_leaf(key, |id, leaf, st| {
-            let before = self.lookup_locked(leaf, st, key, now_ms);
+            let before = self.lookup_locked(leaf, st, key, now_ms, true);
             let result = alongside();
             // Without a lower tier a tombstone is only needed to hide a DRAM copy.
             if self.settings.keep_tombstones || before != Lookup::Absent {
@@ -323,35 +364,36 @@ impl DramTier {
                     payload: Payload::Tombstone,
                     meta: Meta::default(),
                 };
-                self.append_locked(id, leaf, st, &record, now_ms);
+                self.append_locked(id, leaf, st, &record, None, now_ms);
             }
             (before, result)
         })
     }
 
-    /// Atomic read-modify-write of one key: `decide` sees what DRAM holds and the CAS
-    /// version a put would take, and returns the change to make (`Some(Some(value))`
-    /// put, `Some(None)` delete, `None` nothing). The leaf stays locked throughout, so no
-    /// other write to the key interleaves.
+    /// Atomic read-modify-write of one key: `decide` sees what DRAM holds (a hit's
+    /// access state as it is, not marked) and the CAS version a put would take, and
+    /// returns the change to make (`Some(Some(value, meta, access))` put, as `put_with`
+    /// does, `Some(None)` delete, `None` nothing). The leaf stays locked throughout, so
+    /// no other write to the key interleaves.
     pub fn modify<R>(
         &self,
         key: &[u8],
         now_ms: u64,
-        decide: impl FnOnce(Lookup, u64) -> (Option<Option<(Vec<u8>, Meta)>>, R),
+        decide: impl FnOnce(Lookup, u64) -> (Option<Option<Stored>>, R),
     ) -> R {
         self.write_leaf(key, |id, leaf, st| {
-            let current = self.lookup_locked(leaf, st, key, now_ms);
+            let current = self.lookup_locked(leaf, st, key, now_ms, true);
             let cas = self.next_cas(st);
             let (change, result) = decide(current, cas);
             match change {
                 None => {}
-                Some(Some((value, meta))) => {
+                Some(Some((value, meta, access))) => {
                     let record = Record {
                         key,
                         payload: Payload::Inline(&value),
                         meta: meta.assigning(cas),
                     };
-                    self.append_locked(id, leaf, st, &record, now_ms);
+                    self.append_locked(id, leaf, st, &record, access, now_ms);
                 }
                 Some(None) => {
                     // `decide` may have given the version to a large object.
@@ -361,25 +403,31 @@ impl DramTier {
                         payload: Payload::Tombstone,
                         meta: Meta::default(),
                     };
-                    self.append_locked(id, leaf, st, &record, now_ms);
+                    self.append_locked(id, leaf, st, &record, None, now_ms);
                 }
             }
             result
         })
     }
 
+    /// Appends a write to a locked leaf's buffer; a value's access state becomes
+    /// `access` (`None`: not fetched, accessed now), a tombstone's key loses its own.
     fn append_locked(
         &self,
         id: LeafId,
         leaf: &DramLeaf,
         st: &mut LeafState,
         record: &Record<'_>,
+        access: Option<AccessState>,
         now_ms: u64,
     ) {
         leaf.touch();
         let pressure = self.charged(leaf, st, |st| {
             let extras = st.extras.get_or_insert_default();
             extras.buffered.store(UNKNOWN, Ordering::Relaxed);
+            if self.settings.track_access {
+                self.restamp(extras, record, access, now_ms);
+            }
             extras.buffer.append(record, self.settings.write_buffer)
         });
         match pressure {
@@ -395,6 +443,34 @@ impl DramTier {
                     .foreground_merges
                     .fetch_add(1, Ordering::Relaxed);
                 self.merge_locked(leaf, st, now_ms, false);
+            }
+        }
+    }
+
+    fn restamp(
+        &self,
+        extras: &mut Extras,
+        record: &Record<'_>,
+        access: Option<AccessState>,
+        now_ms: u64,
+    ) {
+        let fingerprint = fingerprint(record.key);
+        match record.payload {
+            Payload::Tombstone => {
+                if let Some(table) = &mut extras.access_table {
+                    table.remove(fingerprint);
+                }
+            }
+            Payload::Inline(_) | Payload::Medium(_) => {
+                let written = AccessState {
+                    fetched: false,
+                    last_access_ms: now_ms,
+                };
+                extras.access_table.get_or_insert_default().set(
+                    self.access_clock(),
+                    fingerprint,
+                    access.unwrap_or(written),
+                );
             }
         }
     }

@@ -38,6 +38,8 @@ pub(super) fn tier() -> DramTier {
         bypass_max_fraction: 0.0,
         keep_tombstones: true,
         cas_origin: 1 << 40,
+        track_access: false,
+        opened_ms: 0,
     };
     DramTier::new(settings, Arc::new(Memory::default()), 0.0)
 }

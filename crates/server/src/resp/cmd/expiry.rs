@@ -4,7 +4,8 @@
 use zipcache::Update;
 
 use super::{
-    Args, Command, NOT_INTEGER, Result, Spec, expiry_ms, integer, invalid_expire, redate, spec,
+    Args, Command, NO_TOUCH, NOT_INTEGER, Result, Spec, expiry_ms, integer, invalid_expire, redate,
+    spec,
 };
 use crate::resp::Reply;
 use crate::server::Shared;
@@ -144,7 +145,7 @@ impl ExpiryCommand<'_> {
                 millis,
                 absolute,
             } => {
-                let reply = match cache.get_item(key)?.map(|i| i.expires_at_ms) {
+                let reply = match cache.get_item(key, NO_TOUCH)?.map(|i| i.expires_at_ms) {
                     None => -2,
                     Some(None) => -1,
                     Some(Some(at)) => {

@@ -3,7 +3,7 @@
 
 use std::ops::Bound;
 
-use super::{Args, Command, NOT_INTEGER, Result, SYNTAX, Spec, integer, spec};
+use super::{Args, Command, NO_TOUCH, NOT_INTEGER, Result, SYNTAX, Spec, integer, spec};
 use crate::resp::{Reply, glob};
 use crate::server::Shared;
 
@@ -195,12 +195,12 @@ impl KeyCommand<'_> {
             KeyCommand::Exists { keys } => {
                 let mut found = 0;
                 for key in keys {
-                    found += cache.get_item(key)?.is_some() as i64;
+                    found += cache.get_item(key, NO_TOUCH)?.is_some() as i64;
                 }
                 out.integer(found);
             }
             KeyCommand::Type { key } => {
-                let found = cache.get_item(key)?.is_some();
+                let found = cache.get_item(key, NO_TOUCH)?.is_some();
                 out.simple(if found { "string" } else { "none" });
             }
             KeyCommand::Scan {

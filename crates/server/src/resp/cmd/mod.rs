@@ -12,7 +12,7 @@ mod strings;
 
 use std::borrow::Cow;
 
-use zipcache::{Item, PutOptions, Update, ZipCache};
+use zipcache::{GetOptions, Item, PutOptions, Update, ZipCache};
 
 use super::{Client, Reply};
 use crate::prefetch;
@@ -120,12 +120,17 @@ pub fn refused(flush_all_enabled: bool) -> &'static [&'static str] {
     if flush_all_enabled { &[] } else { &FLUSHES }
 }
 
+/// How commands that only look at whether a key exists, or at its expiry, read it (as
+/// Redis's `LOOKUP_NOTOUCH`): without marking the item fetched or accessed.
+const NO_TOUCH: GetOptions = GetOptions { peek: true };
+
 /// Runs one request (`argv` is never empty) and writes its reply.
 pub fn execute(shared: &Shared, client: &mut Client, argv: &[&[u8]], out: &mut Reply) -> Flow {
     let refused = refused(shared.flush_all_enabled);
     let outcome =
         Command::parse(argv, client.authenticated, refused, &shared.cache).and_then(|command| {
-            if !prefetch::start(&shared.cache, command.keys_read().iter().copied()) {
+            let keys = command.keys_read().iter().copied();
+            if !prefetch::start(&shared.cache, keys, GetOptions::default()) {
                 return Ok(Flow::Await);
             }
             command.execute(shared, client, out)
@@ -149,7 +154,7 @@ pub fn read_ahead(shared: &Shared, client: &Client, argv: &[&[u8]]) -> bool {
     if keys.is_empty() {
         return false;
     }
-    prefetch::start(&shared.cache, keys.iter().copied());
+    prefetch::start(&shared.cache, keys.iter().copied(), GetOptions::default());
     true
 }
 
@@ -373,9 +378,18 @@ pub fn rewrite(item: Option<&Item>, value: Vec<u8>) -> Update {
     )
 }
 
-/// `item` as it is, expiring at `at` instead (EXPIRE, PERSIST, GETEX).
+/// `item` as it is, access state included, expiring at `at` instead (EXPIRE, PERSIST,
+/// GETEX).
 pub fn redate(item: &Item, at: Option<u64>) -> Update {
-    store(item.value.clone(), at, item.flags)
+    Update::Put {
+        value: item.value.clone(),
+        options: PutOptions {
+            expires_at_ms: at,
+            flags: item.flags,
+            access: item.access,
+            ..PutOptions::default()
+        },
+    }
 }
 
 #[cfg(test)]

@@ -2,11 +2,11 @@
 //! MSET MSETNX INCR DECR INCRBY DECRBY INCRBYFLOAT GETRANGE SETRANGE. Read-modify-write
 //! commands go through `ZipCache::update`, so they are atomic per key.
 
-use zipcache::Update;
+use zipcache::{GetOptions, Update};
 
 use super::{
-    Args, Command, ErrorReply, NOT_INTEGER, NewExpiry, Result, SYNTAX, Spec, expiry_ms, integer,
-    invalid_expire, rewrite, spec, store,
+    Args, Command, ErrorReply, NO_TOUCH, NOT_INTEGER, NewExpiry, Result, SYNTAX, Spec, expiry_ms,
+    integer, invalid_expire, rewrite, spec, store,
 };
 use crate::prefetch;
 use crate::resp::Reply;
@@ -297,7 +297,8 @@ impl StringCommand<'_> {
         match self {
             StringCommand::Get { key } => {
                 Counters::bump(&shared.counters.cmd_get);
-                let value = prefetch::get_item(cache, key)?.map(|item| item.value);
+                let value =
+                    prefetch::get_item(cache, key, GetOptions::default())?.map(|item| item.value);
                 shared.counters.hit_or_miss(value.is_some());
                 out.maybe_bulk(value.as_deref());
             }
@@ -362,7 +363,8 @@ impl StringCommand<'_> {
                 let mut values = Vec::with_capacity(keys.len());
                 for key in keys {
                     Counters::bump(&shared.counters.cmd_get);
-                    let value = prefetch::get_item(cache, key)?.map(|item| item.value);
+                    let value = prefetch::get_item(cache, key, GetOptions::default())?
+                        .map(|item| item.value);
                     shared.counters.hit_or_miss(value.is_some());
                     values.push(value);
                 }
@@ -375,7 +377,7 @@ impl StringCommand<'_> {
                 // MSETNX checks, then writes: atomic per key, not across its keys.
                 if only_new {
                     for pair in pairs.chunks_exact(2) {
-                        if cache.get_item(pair[0])?.is_some() {
+                        if cache.get_item(pair[0], NO_TOUCH)?.is_some() {
                             out.integer(0);
                             return Ok(());
                         }
