@@ -195,6 +195,7 @@ impl ZipCache {
                     subpages: config.superleaf_size / BLOCK,
                     fill_threshold: config.fill_threshold,
                     blocks: small_blocks,
+                    presence_filters: config.ssd_presence_filters,
                 };
                 let (memory, clock) = (&memory, &config.clock);
                 // Only an index saved by the run that last wrote to the device describes

@@ -76,6 +76,12 @@ pub struct Config {
     pub flush_wait_ms: u64,
     /// Which SSD hits are copied into DRAM.
     pub promotion: Promotion,
+    /// With an SSD tier: keep a 128-bit presence filter per SSD sub-page in DRAM
+    /// (`ssd/presence.rs`), so that a GET of a key its sub-page does not hold reads
+    /// nothing. It costs 16 bytes of DRAM per sub-page — about half a byte per SSD object
+    /// with the default geometry and 64-byte values, which at a large SSD-to-DRAM ratio
+    /// is DRAM the index would otherwise not need (off: `false`).
+    pub ssd_presence_filters: bool,
     /// Resident memory (bytes) the process should stay within: while RSS is above it the
     /// engine withholds the excess from `dram_capacity` (`rss_governor.rs`); 0 = off.
     /// For a process that is mostly the cache, such as `zipcache serve`.
@@ -118,6 +124,7 @@ impl Default for Config {
             background_threads: 1,
             flush_wait_ms: 2,
             promotion: Promotion::EveryHit,
+            ssd_presence_filters: true,
             rss_limit: 0,
             track_access: false,
             clock: Arc::new(SystemClock),
@@ -191,6 +198,7 @@ impl Config {
         "flush_wait_ms",
         "rss_limit",
         "promotion",
+        "ssd_presence_filters",
         "track_access",
         "device_compression",
         "direct_io",
@@ -216,6 +224,7 @@ impl Config {
             "flush_wait_ms" => self.flush_wait_ms = parse_usize(name, value)? as u64,
             "rss_limit" => self.rss_limit = parse_size(value)?,
             "track_access" => self.track_access = parse_bool(name, value)?,
+            "ssd_presence_filters" => self.ssd_presence_filters = parse_bool(name, value)?,
             "promotion" => {
                 self.promotion = match value.trim() {
                     "every_hit" => Promotion::EveryHit,

@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 
 use zipcache_device::BlockDevice;
 
-use super::{SlState, SsdSettings, SsdTier, SuperLeaf, descriptor_bytes, presence};
+use super::{SlState, SsdSettings, SsdTier, SuperLeaf, presence};
 use crate::btree::{Fence, KeyRange};
 use crate::config::Clock;
 use crate::memory::Memory;
@@ -110,7 +110,7 @@ impl SsdTier {
                 slot,
                 generation,
                 // Not saved: "maybe" for every key until the sub-page is written again.
-                filters: vec![presence::UNKNOWN; m].into_boxed_slice(),
+                filters: settings.filters(presence::UNKNOWN),
                 counts: counts.into_boxed_slice(),
                 version: 0,
             };
@@ -119,7 +119,8 @@ impl SsdTier {
             } else {
                 let delta = tier.tree.insert(low, SuperLeaf::new(state));
                 tier.counters.superleaves.fetch_add(1, Ordering::Relaxed);
-                tier.memory.change_index(delta + descriptor_bytes(m) as i64);
+                tier.memory
+                    .change_index(delta + settings.descriptor_bytes() as i64);
             }
         }
         {

@@ -116,11 +116,13 @@ impl SsdTier {
                 let _ = self.device.trim(self.lba(slot, s), 1);
             }
             st.counts[s] = new_count as u16;
-            st.filters[s] = if ok {
-                presence::filter_of(contents.keys().map(Vec::as_slice))
-            } else {
-                0
-            };
+            if let Some(filter) = st.filters.get_mut(s) {
+                *filter = if ok {
+                    presence::filter_of(contents.keys().map(Vec::as_slice))
+                } else {
+                    0
+                };
+            }
             self.counters
                 .objects
                 .fetch_add(new_count as i64 - old_count, Ordering::Relaxed);

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 
 use super::reclaim::Writer;
-use super::{Contents, Object, SlState, SsdTier, SuperLeaf, descriptor_bytes};
+use super::{Contents, Object, SlState, SsdTier, SuperLeaf};
 use crate::btree::{Fence, KeyRange, cut_into_leaves, split_fences};
 use crate::eviction::{EvictedObject, EvictionSink};
 use crate::record::{Meta, Payload, Record};
@@ -155,7 +155,7 @@ impl SsdTier {
                 slot: None,
                 generation: 0,
                 counts: vec![0; self.settings.subpages].into_boxed_slice(),
-                filters: vec![0; self.settings.subpages].into_boxed_slice(),
+                filters: self.settings.filters(0),
                 version: 0,
             };
             self.rewrite(w, &mut nst, &objs[start..end]);
@@ -168,7 +168,7 @@ impl SsdTier {
             .superleaves
             .fetch_add(added, Ordering::Relaxed);
         self.memory
-            .change_index(delta + added * descriptor_bytes(self.settings.subpages) as i64);
+            .change_index(delta + added * self.settings.descriptor_bytes() as i64);
     }
 
     /// Writes `objs` as the whole content of a super-leaf, allocating a slot if needed.

@@ -90,7 +90,7 @@ struct SlState {
     /// Objects in each sub-page; 0 means the block holds nothing (and is not read).
     counts: Box<[u16]>,
     /// Each sub-page's presence filter (`presence.rs`): a GET whose key it rules out
-    /// reads nothing.
+    /// reads nothing. Empty when the setting is off.
     filters: Box<[u128]>,
     /// Bumped by every write to this super-leaf.
     version: u64,
@@ -126,6 +126,32 @@ pub struct SsdSettings {
     pub fill_threshold: f64,
     /// Blocks of the device (from LBA 0) that hold super-leaves.
     pub blocks: u64,
+    /// Keep a presence filter per sub-page (`presence.rs`).
+    pub presence_filters: bool,
+}
+
+impl SsdSettings {
+    /// DRAM one super-leaf descriptor takes besides its tree entry.
+    fn descriptor_bytes(&self) -> usize {
+        let filters = if self.presence_filters {
+            alloc_size(self.subpages * size_of::<u128>())
+        } else {
+            0
+        };
+        alloc_size(size_of::<SuperLeaf>() + 16)
+            + alloc_size(self.subpages * size_of::<u16>())
+            + filters
+    }
+
+    /// A new descriptor's filters, each `filter` (none when filters are off).
+    fn filters(&self, filter: u128) -> Box<[u128]> {
+        let count = if self.presence_filters {
+            self.subpages
+        } else {
+            0
+        };
+        vec![filter; count].into_boxed_slice()
+    }
 }
 
 #[derive(Debug, Default)]
@@ -163,13 +189,6 @@ pub struct SsdTier {
     pub counters: SsdCounters,
 }
 
-/// DRAM one super-leaf descriptor takes besides its tree entry.
-fn descriptor_bytes(subpages: usize) -> usize {
-    alloc_size(size_of::<SuperLeaf>() + 16)
-        + alloc_size(subpages * size_of::<u16>())
-        + alloc_size(subpages * size_of::<u128>())
-}
-
 thread_local! {
     static BLOCK: RefCell<AlignedBuf> = RefCell::new(AlignedBuf::zeroed(1));
 }
@@ -191,7 +210,7 @@ impl SsdTier {
             slot: None,
             generation: 0,
             counts: vec![0; m].into_boxed_slice(),
-            filters: vec![0; m].into_boxed_slice(),
+            filters: settings.filters(0),
             version: 0,
         });
         let max_slots = u32::try_from(settings.blocks / m as u64).unwrap_or(u32::MAX);
@@ -221,7 +240,7 @@ impl SsdTier {
         };
         tier.counters.superleaves.store(1, Ordering::Relaxed);
         tier.memory
-            .change_index(tier.tree.node_bytes() as i64 + descriptor_bytes(m) as i64);
+            .change_index(tier.tree.node_bytes() as i64 + settings.descriptor_bytes() as i64);
         tier
     }
 
@@ -232,7 +251,7 @@ impl SsdTier {
     /// DRAM held by BT_SSD: inner nodes and super-leaf descriptors.
     pub fn index_bytes(&self) -> u64 {
         let leaves = self.counters.superleaves.load(Ordering::Relaxed).max(0) as u64;
-        self.tree.node_bytes() + leaves * descriptor_bytes(self.settings.subpages) as u64
+        self.tree.node_bytes() + leaves * self.settings.descriptor_bytes() as u64
     }
 
     /// SSD bytes of the super-leaves that hold data.
@@ -266,7 +285,11 @@ impl SsdTier {
             .with_arc_leaf_locked::<Shared, _>(key, |leaf, st| {
                 let subpage = self.geometry.subpage_of(key);
                 let slot = st.slot.filter(|_| st.counts[subpage] > 0)?;
-                if !presence::may_hold(st.filters[subpage], key) {
+                if st
+                    .filters
+                    .get(subpage)
+                    .is_some_and(|&filter| !presence::may_hold(filter, key))
+                {
                     self.counters.filtered_gets.fetch_add(1, Ordering::Relaxed);
                     return None;
                 }

@@ -93,7 +93,43 @@ mod tier_tests {
 
     use zipcache_device::{BlockDevice, MemDevice};
 
+    use super::super::SsdSettings;
     use super::super::test_support::{absorb, key, settings, tier_on};
+
+    /// Objects 0, 2, ..., 1198 in a tier with or without filters; the device reads that
+    /// GETs of the odd keys (none held) cost, and the tier's DRAM index.
+    fn absent_key_reads(presence_filters: bool) -> (u64, u64) {
+        let device: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(4 * 64));
+        let settings = SsdSettings {
+            presence_filters,
+            ..settings(64)
+        };
+        let ssd = tier_on(device.clone(), settings);
+        for batch in (0..600).map(|i| i * 2).collect::<Vec<u32>>().chunks(40) {
+            absorb(&ssd, batch.iter().copied());
+        }
+        let before = device.stats().reads;
+        assert!((0..600).all(|i| ssd.get(&key(i * 2 + 1), 0).is_none()));
+        (device.stats().reads - before, ssd.index_bytes())
+    }
+
+    #[test]
+    fn filters_are_a_setting_that_trades_index_bytes_for_reads() {
+        let (reads_with, index_with) = absent_key_reads(true);
+        let (reads_without, index_without) = absent_key_reads(false);
+        assert!(
+            reads_with < reads_without / 5,
+            "{reads_with} vs {reads_without}"
+        );
+        assert!(
+            reads_without > 500,
+            "nearly every absent key's sub-page held something"
+        );
+        assert!(
+            index_without < index_with,
+            "{index_without} vs {index_with}"
+        );
+    }
 
     #[test]
     fn a_get_of_a_key_the_ssd_does_not_hold_rarely_reads() {

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use super::{SlState, SsdTier, SuperLeaf, descriptor_bytes};
+use super::{SlState, SsdTier, SuperLeaf};
 use crate::btree::Fence;
 
 /// Start evicting super-leaves when physical use passes this share of the device.
@@ -134,7 +134,7 @@ impl SsdTier {
             .retire(low, leaf, |l| &l.state, |st| release(st, w))?;
         self.counters.superleaves.fetch_sub(1, Ordering::Relaxed);
         self.memory
-            .change_index(delta - descriptor_bytes(self.settings.subpages) as i64);
+            .change_index(delta - self.settings.descriptor_bytes() as i64);
         Some(released)
     }
 

@@ -17,6 +17,7 @@ pub(super) fn settings(slots: u64) -> SsdSettings {
         subpages: 4,
         fill_threshold: 0.5,
         blocks: 4 * slots,
+        presence_filters: true,
     }
 }
 
