@@ -8,17 +8,18 @@ use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use zipcache::internals::{
-    Geometry, Meta, Payload, Record, compress_page, decompress_prefix, dram_subpage,
+    Meta, PackedLayout, Payload, Record, compress_page, decompress_prefix, dram_subpage,
 };
 use zipcache::{Config, ZipCache};
 
-/// A leaf page as BT_DRAM builds it: sorted 16 B keys, 64 B values half zeros (η = 0.5),
-/// as many as fit before a sub-page overflows.
-fn realistic_page() -> Vec<u8> {
-    let g = Geometry {
+/// A leaf page as BT_DRAM builds it (`packed_page.rs`): 16 B keys, 64 B values half zeros
+/// (η = 0.5), as many as fit 4 KiB, in 16 variable-length sub-pages behind their end
+/// table. Returns the end of each sub-page and the body, whose LZ4 a GET decodes
+/// through the end of its key's sub-page.
+fn realistic_page() -> (Vec<usize>, Vec<u8>) {
+    let layout = PackedLayout {
         subpages: 16,
-        subpage_size: 256,
-        fill_limit: 256,
+        capacity: 4096,
         hash: dram_subpage,
     };
     let mut rng = 0x9e37_79b9_7f4a_7c15u64;
@@ -44,25 +45,27 @@ fn realistic_page() -> Vec<u8> {
                 meta: Meta::default(),
             })
             .collect();
-        if let Some(page) = g.build(&records) {
-            return page;
+        if let Some(page) = layout.build(&records) {
+            let (table, body) = layout.split(&page).expect("a page just built");
+            let ends = (0..16).map(|i| table.end(i)).collect();
+            return (ends, body.to_vec());
         }
         n -= 1;
     }
 }
 
 fn early_termination(c: &mut Criterion) {
-    let page = realistic_page();
-    let compressed = compress_page(&page);
-    let mut out = vec![0u8; 4096];
+    let (ends, body) = realistic_page();
+    let compressed = compress_page(&body);
+    let mut out = vec![0u8; body.len()];
     let mut group = c.benchmark_group("decode_4KiB_leaf");
     for m in [1usize, 2, 4, 8, 16] {
         group.bench_function(format!("subpages_{m}_of_16"), |b| {
             b.iter(|| {
                 assert!(decompress_prefix(
                     black_box(&compressed),
-                    4096,
-                    m * 256,
+                    body.len(),
+                    ends[m - 1],
                     &mut out
                 ))
             })

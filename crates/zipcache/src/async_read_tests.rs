@@ -101,7 +101,7 @@ fn harness(late: bool) -> (Harness, Arc<Deferred>) {
         Some(device.clone()),
         16 << 10,
         Promotion::EveryHit,
-        false,
+        &[],
     );
     (h, device)
 }

@@ -78,9 +78,10 @@ pub struct Config {
     pub promotion: Promotion,
     /// With an SSD tier: keep a 128-bit presence filter per SSD sub-page in DRAM
     /// (`ssd/presence.rs`), so that a GET of a key its sub-page does not hold reads
-    /// nothing. It costs 16 bytes of DRAM per sub-page — about half a byte per SSD object
-    /// with the default geometry and 64-byte values, which at a large SSD-to-DRAM ratio
-    /// is DRAM the index would otherwise not need (off: `false`).
+    /// nothing. Off by default: it costs 16 bytes of DRAM per sub-page, about one byte
+    /// per SSD object with the default geometry and 64-byte values, which doubles the SSD
+    /// index (0.91 → 1.85 B per object, docs/RESULTS.md) — at a large SSD-to-DRAM ratio,
+    /// DRAM taken from the objects. Worth it where many GETs miss both tiers.
     pub ssd_presence_filters: bool,
     /// Resident memory (bytes) the process should stay within: while RSS is above it the
     /// engine withholds the excess from `dram_capacity` (`rss_governor.rs`); 0 = off.
@@ -124,7 +125,7 @@ impl Default for Config {
             background_threads: 1,
             flush_wait_ms: 2,
             promotion: Promotion::EveryHit,
-            ssd_presence_filters: true,
+            ssd_presence_filters: false,
             rss_limit: 0,
             track_access: false,
             clock: Arc::new(SystemClock),

@@ -118,6 +118,7 @@ pub enum Update {
 pub mod internals {
     pub use crate::early_termination::{compress_page, decompress_prefix};
     pub use crate::leaf_page::Geometry;
+    pub use crate::packed_page::PackedLayout;
     pub use crate::record::{Meta, Payload, Record};
     pub use crate::subpage_hash::dram_subpage;
 }

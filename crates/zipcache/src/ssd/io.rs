@@ -116,8 +116,8 @@ impl SsdTier {
                 let _ = self.device.trim(self.lba(slot, s), 1);
             }
             st.counts[s] = new_count as u16;
-            if let Some(filter) = st.filters.get_mut(s) {
-                *filter = if ok {
+            if let Some(filters) = &mut st.filters {
+                filters[s] = if ok {
                     presence::filter_of(contents.keys().map(Vec::as_slice))
                 } else {
                     0

@@ -90,8 +90,8 @@ struct SlState {
     /// Objects in each sub-page; 0 means the block holds nothing (and is not read).
     counts: Box<[u16]>,
     /// Each sub-page's presence filter (`presence.rs`): a GET whose key it rules out
-    /// reads nothing. Empty when the setting is off.
-    filters: Box<[u128]>,
+    /// reads nothing. `None` when the setting is off.
+    filters: Option<presence::Filters>,
     /// Bumped by every write to this super-leaf.
     version: u64,
 }
@@ -134,7 +134,7 @@ impl SsdSettings {
     /// DRAM one super-leaf descriptor takes besides its tree entry.
     fn descriptor_bytes(&self) -> usize {
         let filters = if self.presence_filters {
-            alloc_size(self.subpages * size_of::<u128>())
+            alloc_size(size_of::<Box<[u128]>>()) + alloc_size(self.subpages * size_of::<u128>())
         } else {
             0
         };
@@ -144,13 +144,9 @@ impl SsdSettings {
     }
 
     /// A new descriptor's filters, each `filter` (none when filters are off).
-    fn filters(&self, filter: u128) -> Box<[u128]> {
-        let count = if self.presence_filters {
-            self.subpages
-        } else {
-            0
-        };
-        vec![filter; count].into_boxed_slice()
+    fn filters(&self, filter: u128) -> Option<presence::Filters> {
+        self.presence_filters
+            .then(|| Box::new(vec![filter; self.subpages].into_boxed_slice()))
     }
 }
 
@@ -287,8 +283,8 @@ impl SsdTier {
                 let slot = st.slot.filter(|_| st.counts[subpage] > 0)?;
                 if st
                     .filters
-                    .get(subpage)
-                    .is_some_and(|&filter| !presence::may_hold(filter, key))
+                    .as_ref()
+                    .is_some_and(|filters| !presence::may_hold(filters[subpage], key))
                 {
                     self.counters.filtered_gets.fetch_add(1, Ordering::Relaxed);
                     return None;

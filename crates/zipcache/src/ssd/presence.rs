@@ -23,6 +23,10 @@ const BITS_PER_KEY: u32 = 3;
 /// The filter that knows nothing: every key may be there.
 pub(super) const UNKNOWN: u128 = u128::MAX;
 
+/// A super-leaf's filters, one per sub-page, behind a thin pointer: a descriptor without
+/// them (the setting off) stays as small as it was before there were any.
+pub(super) type Filters = Box<Box<[u128]>>;
+
 /// The bits `key` sets (double hashing over one 64-bit hash).
 fn bits_of(key: &[u8]) -> u128 {
     let hash = xxh3_64_with_seed(key, SEED);

@@ -120,7 +120,9 @@ impl SsdTier {
             self.counters.objects.fetch_sub(objects, Ordering::Relaxed);
             released = objects.max(0) as u64;
             st.counts.iter_mut().for_each(|c| *c = 0);
-            st.filters.iter_mut().for_each(|f| *f = 0);
+            if let Some(filters) = &mut st.filters {
+                filters.fill(0);
+            }
             st.version += 1;
         };
         if low.is_empty() {
