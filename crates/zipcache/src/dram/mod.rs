@@ -26,6 +26,7 @@
 
 mod cas;
 mod eviction;
+mod frequency;
 mod hot;
 mod leaf;
 mod merge;
@@ -103,6 +104,8 @@ pub struct DramCounters {
     /// Objects of leaves evicted with no tier below to take them.
     pub dropped_objects: AtomicU64,
     pub clean_dropped: AtomicU64,
+    /// Objects a leaf kept because they are read often, each time it was evicted.
+    pub retained_objects: AtomicU64,
     /// Objects dropped unwritten because the flusher was behind (`drop_one`).
     pub write_drops: AtomicU64,
     pub corrupt_pages: AtomicU64,
@@ -119,6 +122,8 @@ pub struct DramTier {
     pub(crate) merge_queue: merge::MergeQueue,
     pub bypass: Bypass,
     pub counters: DramCounters,
+    /// How often keys were read lately: eviction keeps a cold leaf's hot objects.
+    reads: frequency::ReadFrequency,
     /// Low fence of the leaf the CLOCK hand points at.
     hand: Mutex<Fence>,
     /// Held by `evict_one` for its whole group eviction.
@@ -151,7 +156,8 @@ impl DramTier {
         let leaves = Slots::default();
         let (first, slots_bytes) = leaves.allocate();
         let tree = BTree::new(LeafId(first));
-        memory.change_index(tree.node_bytes() as i64 + slots_bytes);
+        let reads = frequency::ReadFrequency::new(settings.dram_capacity);
+        memory.change_index(tree.node_bytes() as i64 + slots_bytes + reads.bytes());
         DramTier {
             tree,
             leaves,
@@ -161,6 +167,7 @@ impl DramTier {
             merge_queue: merge::MergeQueue::new(),
             bypass: Bypass::new(bypass_r),
             counters: DramCounters::default(),
+            reads,
             hand: Mutex::new(Fence::from(&[][..])),
             evicting: Mutex::new(()),
             cas_floor: AtomicU64::new(settings.cas_origin),
@@ -209,6 +216,7 @@ impl DramTier {
     }
 
     pub fn get(&self, key: &[u8], now_ms: u64) -> Lookup {
+        self.reads.record(key);
         self.read_leaf(key, |leaf, st| {
             leaf.touch();
             self.lookup_locked(leaf, st, key, now_ms)
@@ -394,7 +402,7 @@ impl DramTier {
                 self.counters
                     .foreground_merges
                     .fetch_add(1, Ordering::Relaxed);
-                self.merge_locked(leaf, st, now_ms, false);
+                self.merge_locked(leaf, st, now_ms, merge::Shed::Nothing);
             }
         }
     }
