@@ -153,10 +153,10 @@ impl DramTier {
     }
 
     /// Clean first: a cold leaf that holds clean objects (unchanged copies of SSD-tier
-    /// objects) gives up just those. Dropping them writes nothing and loses no hit (a
-    /// later GET finds them on the SSD); its dirty objects stay and gather company, so
-    /// that when the leaf does leave, its super-leaves are rewritten for more new
-    /// objects. False if the leaf holds nothing clean.
+    /// objects) gives up just those, but for the most read (`ReadFrequency::keep`).
+    /// Dropping them writes nothing and loses no hit (a later GET finds them on the SSD);
+    /// its dirty objects stay and gather company, so that when the leaf does leave, its
+    /// super-leaves are rewritten for more new objects. False if nothing clean went.
     fn drop_clean(&self, leaf: &DramLeaf, now_ms: u64) -> bool {
         let mut st = leaf.state.write();
         let buffered = st
@@ -165,11 +165,14 @@ impl DramTier {
         if leaf.has(RETIRED) || st.summary().clean as usize + buffered == 0 {
             return false;
         }
-        let Shedding { shed, .. } = self.merge_locked(leaf, &mut st, now_ms, Shed::Clean);
+        let Shedding { shed, kept } = self.merge_locked(leaf, &mut st, now_ms, Shed::Clean);
         self.counters
             .clean_dropped
             .fetch_add(shed, Ordering::Relaxed);
-        true
+        self.counters
+            .retained_objects
+            .fetch_add(kept, Ordering::Relaxed);
+        shed > 0
     }
 
     /// Without a tier below, a cold leaf keeps its most read objects: it is rebuilt with
@@ -632,6 +635,37 @@ mod tests {
         dram.evict_one(None, 0);
         assert_eq!(found(&dram, 7), None);
         assert_eq!(dram.tally(0).objects, 0);
+    }
+
+    /// With an SSD tier below, a clean copy read often stays in DRAM while the cold clean
+    /// ones go first; dirty objects stay to be written with their group.
+    #[test]
+    fn hot_clean_copies_stay_when_the_clean_go() {
+        let dram = tier();
+        let clean = Meta {
+            clean: true,
+            ..Meta::default()
+        };
+        for i in 0..10 {
+            let meta = if i % 2 == 0 { clean } else { Meta::default() };
+            dram.put_with(&key(i), Some(&[i as u8; 40]), meta, 0, |_| ());
+        }
+        for _ in 0..3 {
+            assert!(found(&dram, 4).is_some());
+        }
+        let sink = RecordingSink {
+            span: (Fence::from(&[][..]), None),
+            batches: Mutex::default(),
+        };
+        unreference(&dram, dram.tree.find(&[]).1);
+        assert!(dram.evict_one(Some(&sink), 0));
+        assert!(sink.batches.lock().is_empty(), "nothing written");
+        assert_eq!(dram.counters.clean_dropped.load(Ordering::Relaxed), 4);
+        assert_eq!(dram.counters.retained_objects.load(Ordering::Relaxed), 1);
+        for i in 0..10 {
+            let stays = i % 2 == 1 || i == 4;
+            assert_eq!(found(&dram, i).is_some(), stays, "key {i}");
+        }
     }
 
     /// Overload: `drop_one` until it has nothing left to take, with no thread beside it

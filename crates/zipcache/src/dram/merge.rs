@@ -130,14 +130,14 @@ impl Obj<'_> {
     }
 }
 
-/// Which values a merge lets go besides expired ones.
+/// Which values a merge lets go besides expired ones: the candidates, less the most
+/// read of them (`ReadFrequency::keep`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Shed {
     Nothing,
     /// Clean copies of SSD-tier objects (`drop_clean`).
     Clean,
-    /// Every value but the most read (`ReadFrequency::keep`): the leaf is being evicted
-    /// (`shed_cold`).
+    /// Every value: the leaf is being evicted (`shed_cold`).
     Cold,
 }
 
@@ -252,7 +252,7 @@ impl DramTier {
 
     /// Which of a merge's objects `shed` lets go, and how many candidates it kept: a
     /// candidate is a value (never a tombstone, which may hide an older copy below),
-    /// clean for `Shed::Clean`; for `Shed::Cold` the most read stay.
+    /// clean for `Shed::Clean`; the most read stay.
     fn shedding(&self, objs: &[Obj], shed: Shed) -> (Vec<bool>, u64) {
         let candidate = |o: &Obj| match shed {
             Shed::Nothing => false,
@@ -264,8 +264,8 @@ impl DramTier {
             .filter(|o| candidate(o))
             .map(|o| (o.key, o.key.len() + o.value_len()))
             .collect();
-        if candidates.is_empty() || shed == Shed::Clean {
-            return (objs.iter().map(candidate).collect(), 0);
+        if candidates.is_empty() {
+            return (vec![false; objs.len()], 0);
         }
         let keep = self.reads.keep(&candidates);
         let kept = keep.iter().filter(|&&k| k).count() as u64;
