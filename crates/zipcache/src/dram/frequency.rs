@@ -23,7 +23,7 @@ const READS_PER_COUNTER: u64 = 10;
 /// DRAM budget per counter of a row: 0.8 % of the budget for four rows. Eviction compares
 /// the objects of one leaf, so the sketch need not tell every resident key apart: on the
 /// cache2k replays (1 KiB values, about 550 bytes an object) half as many counters hit
-/// 0.4 points less, twice as many 0.1 more.
+/// 0.4–0.5 points less, twice as many 0.2 more.
 const BUDGET_PER_COUNTER: u64 = 512;
 /// Reads that make an object worth keeping: read again since it came in (look-aside,
 /// a miss and then a hit or a second miss).
