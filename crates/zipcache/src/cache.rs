@@ -1238,6 +1238,7 @@ impl Inner {
                 + ssd.ssd_evicted_objects
                 + large_dropped,
             clean_dropped: c.clean_dropped.load(Ordering::Relaxed),
+            retained_objects: c.retained_objects.load(Ordering::Relaxed),
             ssd_write_drops: c.write_drops.load(Ordering::Relaxed),
             ssd_async_reads: self.ops.async_ssd_reads.get(),
             ssd_reads_in_flight: self.ops.ssd_reads_in_flight.load(Ordering::Relaxed).max(0) as u64,

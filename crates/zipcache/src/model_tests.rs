@@ -216,12 +216,12 @@ impl Harness {
             .filter(|i| i.expires_at_ms.is_none_or(|t| t > now))
     }
 
-    /// Whether anything may have been forgotten: a DRAM leaf left (DRAM-only), a large
-    /// object left the log, a super-leaf left the SSD, or a block could not be read or
-    /// written.
+    /// Whether anything may have been forgotten: objects left DRAM (DRAM-only: with
+    /// their leaf, or the cold ones of a leaf that kept its hot ones), a large object
+    /// left the log, a super-leaf left the SSD, or a block could not be read or written.
     fn evicted(&self) -> bool {
         let s = self.cache.stats();
-        (s.evicted_leaves > 0 && self.cache.inner.ssd.is_none())
+        (s.dropped_objects > 0 && self.cache.inner.ssd.is_none())
             || s.large_dropped > 0
             || s.ssd_evicted_superleaves > 0
             || s.checksum_failures > 0

@@ -77,6 +77,10 @@ pub struct Stats {
     /// Clean objects (unchanged copies of SSD-tier objects) dropped from DRAM before any
     /// dirty one was evicted: no write, and still an SSD hit.
     pub clean_dropped: u64,
+    /// Objects kept in DRAM, because they were read often lately, when the rest of their
+    /// leaf was dropped (DRAM-only) or when its clean copies were (`clean_dropped`):
+    /// counted at each eviction.
+    pub retained_objects: u64,
     /// Objects dropped from DRAM without being written to the SSD tier, because the
     /// flusher was behind when DRAM was full (a miss later, never a stale value).
     pub ssd_write_drops: u64,

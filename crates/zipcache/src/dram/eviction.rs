@@ -8,6 +8,7 @@ use std::sync::atomic::Ordering;
 use parking_lot::RwLockWriteGuard;
 
 use super::leaf::{DramLeaf, HOT, LOST, LeafState, RAW_PAGE, REFERENCED, RETIRED, UNKNOWN};
+use super::merge::{Shed, Shedding};
 use super::{DramTier, LeafId};
 use crate::btree::Fence;
 use crate::eviction::{EvictedObject, EvictionSink};
@@ -36,6 +37,10 @@ impl DramTier {
         let _evicting = self.evicting.lock();
         self.clock_victim(|low, id, leaf| {
             if self.drop_clean(leaf, now_ms) {
+                return true;
+            }
+            // With a tier below, what leaves must be written: the group's one batch does it.
+            if sink.is_none() && self.shed_cold(leaf, now_ms) {
                 return true;
             }
             let high = self.tree.next_leaf(low).map(|(next, _)| next);
@@ -148,10 +153,10 @@ impl DramTier {
     }
 
     /// Clean first: a cold leaf that holds clean objects (unchanged copies of SSD-tier
-    /// objects) gives up just those. Dropping them writes nothing and loses no hit (a
-    /// later GET finds them on the SSD); its dirty objects stay and gather company, so
-    /// that when the leaf does leave, its super-leaves are rewritten for more new
-    /// objects. False if the leaf holds nothing clean.
+    /// objects) gives up just those, but for the most read (`ReadFrequency::keep`).
+    /// Dropping them writes nothing and loses no hit (a later GET finds them on the SSD);
+    /// its dirty objects stay and gather company, so that when the leaf does leave, its
+    /// super-leaves are rewritten for more new objects. False if nothing clean went.
     fn drop_clean(&self, leaf: &DramLeaf, now_ms: u64) -> bool {
         let mut st = leaf.state.write();
         let buffered = st
@@ -160,8 +165,37 @@ impl DramTier {
         if leaf.has(RETIRED) || st.summary().clean as usize + buffered == 0 {
             return false;
         }
-        self.merge_locked(leaf, &mut st, now_ms, true);
-        true
+        let Shedding { shed, kept } = self.merge_locked(leaf, &mut st, now_ms, Shed::Clean);
+        self.counters
+            .clean_dropped
+            .fetch_add(shed, Ordering::Relaxed);
+        self.counters
+            .retained_objects
+            .fetch_add(kept, Ordering::Relaxed);
+        shed > 0
+    }
+
+    /// Without a tier below, a cold leaf keeps its most read objects: it is rebuilt with
+    /// them alone (`ReadFrequency::keep`: at most 7/8 of its bytes, so every call frees
+    /// some) and the rest are dropped, where CLOCK over whole leaves would drop them all.
+    /// False if nothing is read often enough to stay: the leaf, emptied, is left for
+    /// `evict_group` to take out of the tree.
+    fn shed_cold(&self, leaf: &DramLeaf, now_ms: u64) -> bool {
+        let mut st = leaf.state.write();
+        if leaf.has(RETIRED) || leaf.lost() {
+            return false;
+        }
+        let Shedding { shed, kept } = self.merge_locked(leaf, &mut st, now_ms, Shed::Cold);
+        for counter in [
+            &self.counters.evicted_objects,
+            &self.counters.dropped_objects,
+        ] {
+            counter.fetch_add(shed, Ordering::Relaxed);
+        }
+        self.counters
+            .retained_objects
+            .fetch_add(kept, Ordering::Relaxed);
+        kept > 0
     }
 
     /// Evicts `leaf` together with its neighbours inside `span`, the key range of the SSD
@@ -369,7 +403,7 @@ mod tests {
 
     use super::super::test_support::*;
     use super::*;
-    use crate::dram::Lookup;
+    use crate::dram::{DramSettings, Lookup};
 
     /// Clears a leaf's CLOCK bit, as a sweep of the hand would.
     fn unreference(dram: &DramTier, id: LeafId) {
@@ -477,6 +511,161 @@ mod tests {
             keys,
             (0..10).filter(|i| i % 2 == 1).map(key).collect::<Vec<_>>()
         );
+    }
+
+    /// A tier with nothing below it: eviction drops what leaves.
+    fn dram_only(write_buffer: usize) -> DramTier {
+        let (dram, _) = tier_with(DramSettings {
+            keep_tombstones: false,
+            ..settings(write_buffer)
+        });
+        dram
+    }
+
+    /// Keys 0..40 in one leaf, key i with CAS version `1 << 40 | i`.
+    fn one_leaf_of_40(dram: &DramTier) {
+        for i in 0..40 {
+            let meta = Meta {
+                cas: 1 << 40 | u64::from(i),
+                ..Meta::default()
+            };
+            dram.put_with(&key(i), Some(&[i as u8; 40]), meta, None, 0, |_| ());
+        }
+        dram.merge_all(0);
+        assert_eq!(dram.leaf_count(), 1);
+    }
+
+    fn found(dram: &DramTier, i: u32) -> Option<Vec<u8>> {
+        match dram.get(&key(i), 0, false) {
+            Lookup::Found(value, _, _) => Some(value),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn a_hot_object_stays_when_its_cold_leaf_is_evicted() {
+        let dram = dram_only(0);
+        one_leaf_of_40(&dram);
+        for _ in 0..3 {
+            assert!(found(&dram, 7).is_some());
+        }
+        unreference(&dram, dram.tree.find(&[]).1);
+        assert!(dram.evict_one(None, 0));
+        let counters = &dram.counters;
+        assert_eq!(counters.evicted_objects.load(Ordering::Relaxed), 39);
+        assert_eq!(counters.dropped_objects.load(Ordering::Relaxed), 39);
+        assert_eq!(counters.retained_objects.load(Ordering::Relaxed), 1);
+        assert_eq!(counters.evicted_leaves.load(Ordering::Relaxed), 0);
+        assert_eq!(dram.tally(0).objects, 1);
+        // Read after the eviction (which the sketch counts, so last).
+        for i in 0..40 {
+            assert_eq!(found(&dram, i).is_some(), i == 7, "key {i}");
+        }
+        // The dropped versions are never handed out again.
+        assert!(dram.cas_floor.load(Ordering::Relaxed) > 1 << 40 | 39);
+    }
+
+    #[test]
+    fn a_leaf_of_nothing_hot_goes_whole() {
+        let dram = dram_only(0);
+        one_leaf_of_40(&dram);
+        assert!(found(&dram, 7).is_some(), "read once: not hot");
+        unreference(&dram, dram.tree.find(&[]).1);
+        assert!(dram.evict_one(None, 0));
+        let counters = &dram.counters;
+        assert_eq!(counters.evicted_objects.load(Ordering::Relaxed), 40);
+        assert_eq!(counters.dropped_objects.load(Ordering::Relaxed), 40);
+        assert_eq!(counters.retained_objects.load(Ordering::Relaxed), 0);
+        assert_eq!(counters.evicted_leaves.load(Ordering::Relaxed), 1);
+        assert_eq!(dram.tally(0).objects, 0);
+    }
+
+    /// However hot, every eviction frees something: a leaf keeps at most 7/8 of its
+    /// bytes, so a handful of evictions empties it.
+    #[test]
+    fn eviction_makes_progress_when_every_object_is_hot() {
+        let dram = dram_only(0);
+        one_leaf_of_40(&dram);
+        for _ in 0..5 {
+            for i in 0..40 {
+                assert!(found(&dram, i).is_some());
+            }
+        }
+        let mut evictions = 0;
+        while dram.tally(0).objects > 0 {
+            let before = dram.tally(0).objects;
+            assert!(dram.evict_one(None, 0));
+            evictions += 1;
+            let after = dram.tally(0).objects;
+            assert!(after < before, "eviction {evictions} kept all {before}");
+            assert!(evictions <= 40);
+        }
+        assert!(dram.counters.retained_objects.load(Ordering::Relaxed) > 0);
+        assert_eq!(dram.counters.dropped_objects.load(Ordering::Relaxed), 40);
+    }
+
+    /// What a leaf keeps is the key's newest version, and later writes win over it.
+    #[test]
+    fn a_retained_object_is_never_stale() {
+        let dram = dram_only(1024);
+        one_leaf_of_40(&dram);
+        for _ in 0..3 {
+            assert!(found(&dram, 7).is_some());
+        }
+        // Overwritten in the write buffer, not merged yet, when its leaf is evicted.
+        dram.put_with(&key(7), Some(b"new"), Meta::default(), None, 0, |_| ());
+        let first = dram.tree.find(&[]).1;
+        unreference(&dram, first);
+        assert!(dram.evict_one(None, 0));
+        assert_eq!(found(&dram, 7).as_deref(), Some(&b"new"[..]));
+        // Overwritten after it was retained, then retained again among new neighbours
+        // (alone it would go: no leaf keeps all its bytes).
+        dram.put_with(&key(7), Some(b"newer"), Meta::default(), None, 0, |_| ());
+        for i in 100..110 {
+            dram.put_with(&key(i), Some(&[1; 40]), Meta::default(), None, 0, |_| ());
+        }
+        unreference(&dram, first);
+        assert!(dram.evict_one(None, 0));
+        assert_eq!(dram.counters.retained_objects.load(Ordering::Relaxed), 2);
+        assert_eq!(found(&dram, 7).as_deref(), Some(&b"newer"[..]));
+        // Deleted after it was retained: gone, before and after the next eviction.
+        dram.delete(&key(7), 0, || ());
+        assert_eq!(found(&dram, 7), None);
+        unreference(&dram, first);
+        dram.evict_one(None, 0);
+        assert_eq!(found(&dram, 7), None);
+        assert_eq!(dram.tally(0).objects, 0);
+    }
+
+    /// With an SSD tier below, a clean copy read often stays in DRAM while the cold clean
+    /// ones go first; dirty objects stay to be written with their group.
+    #[test]
+    fn hot_clean_copies_stay_when_the_clean_go() {
+        let dram = tier();
+        let clean = Meta {
+            clean: true,
+            ..Meta::default()
+        };
+        for i in 0..10 {
+            let meta = if i % 2 == 0 { clean } else { Meta::default() };
+            dram.put_with(&key(i), Some(&[i as u8; 40]), meta, None, 0, |_| ());
+        }
+        for _ in 0..3 {
+            assert!(found(&dram, 4).is_some());
+        }
+        let sink = RecordingSink {
+            span: (Fence::from(&[][..]), None),
+            batches: Mutex::default(),
+        };
+        unreference(&dram, dram.tree.find(&[]).1);
+        assert!(dram.evict_one(Some(&sink), 0));
+        assert!(sink.batches.lock().is_empty(), "nothing written");
+        assert_eq!(dram.counters.clean_dropped.load(Ordering::Relaxed), 4);
+        assert_eq!(dram.counters.retained_objects.load(Ordering::Relaxed), 1);
+        for i in 0..10 {
+            let stays = i % 2 == 1 || i == 4;
+            assert_eq!(found(&dram, i).is_some(), stays, "key {i}");
+        }
     }
 
     /// Overload: `drop_one` until it has nothing left to take, with no thread beside it

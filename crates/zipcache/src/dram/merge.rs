@@ -116,6 +116,36 @@ impl Obj<'_> {
     pub(super) fn is_medium(&self) -> bool {
         matches!(self.body, Body::Slot(_) | Body::Blob(_))
     }
+
+    fn is_value(&self) -> bool {
+        !matches!(self.body, Body::Tombstone)
+    }
+
+    /// The value's length uncompressed (0 for a tombstone or a blob not at hand).
+    fn value_len(&self) -> usize {
+        match &self.body {
+            Body::Inline(v) => v.len(),
+            Body::Blob(b) => blob_header(b).map_or(0, |(_, n)| n),
+            Body::Slot(_) | Body::Tombstone => 0,
+        }
+    }
+}
+
+/// Which values a merge lets go besides expired ones: the candidates, less the most
+/// read of them (`ReadFrequency::keep`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Shed {
+    Nothing,
+    /// Clean copies of SSD-tier objects (`drop_clean`).
+    Clean,
+    /// Every value: the leaf is being evicted (`shed_cold`).
+    Cold,
+}
+
+/// What a merge's `Shed` did: candidates let go, and candidates kept as hot.
+pub(super) struct Shedding {
+    pub(super) shed: u64,
+    pub(super) kept: u64,
 }
 
 impl DramTier {
@@ -127,20 +157,20 @@ impl DramTier {
         let mut st = leaf.state.write();
         leaf.set(MERGE_QUEUED, false);
         if !leaf.has(RETIRED) && st.buffer().is_some_and(|b| !b.is_empty()) {
-            self.merge_locked(leaf, &mut st, now_ms, false);
+            self.merge_locked(leaf, &mut st, now_ms, Shed::Nothing);
         }
     }
 
     /// Decompress → apply the buffer → recompress; splits the leaf when its records no
     /// longer fit a page. Objects that do not survive (expired, tombstones with nothing
-    /// below, and with `drop_clean` the clean ones) are dropped here.
+    /// below, and what `shed` lets go) are dropped here.
     pub(super) fn merge_locked(
         &self,
         leaf: &DramLeaf,
         st: &mut LeafState,
         now_ms: u64,
-        drop_clean: bool,
-    ) {
+        shed: Shed,
+    ) -> Shedding {
         self.counters.merges.fetch_add(1, Ordering::Relaxed);
         let before = self.charge_of(leaf, st);
         let mut extras = st.extras.take().unwrap_or_default();
@@ -165,34 +195,32 @@ impl DramTier {
                 _ => {}
             }
         }
-        let dropped = |o: &Obj| {
-            (drop_clean && o.meta.clean) || (!keep_tombstones && matches!(o.body, Body::Tombstone))
-        };
+        let (shedding, kept) = self.shedding(&objs, shed);
+        // A tombstone with nothing below to hide (the blob of one that went missing above
+        // must still hide an older SSD copy, so only without a lower tier).
+        let dropped =
+            |o: &Obj, shed: bool| shed || (!keep_tombstones && matches!(o.body, Body::Tombstone));
         // Versions that leave with this merge: dropped objects, tombstones (a blob that
         // went missing above, from corruption, is one too) and what a value without a
         // version replaced. A surviving version stays in the leaf, above what it replaced.
         let gone = objs
             .iter()
-            .map(|o| match o.body {
+            .zip(&shedding)
+            .map(|(o, &shed)| match o.body {
                 Body::Tombstone => o.meta.ordered_cas().max(o.replaced_cas),
-                _ if dropped(o) => o.meta.ordered_cas().max(o.replaced_cas),
+                _ if dropped(o, shed) => o.meta.ordered_cas().max(o.replaced_cas),
                 _ if o.meta.ordered_cas() == 0 => o.replaced_cas,
                 _ => 0,
             })
             .max();
         self.raise_cas_floor(gone.unwrap_or(0));
-        if drop_clean {
-            let before = objs.len();
-            objs.retain(|o| !o.meta.clean);
-            self.counters
-                .clean_dropped
-                .fetch_add((before - objs.len()) as u64, Ordering::Relaxed);
-        }
-        // A tombstone with nothing below to hide (the blob of one that went missing above
-        // must still hide an older SSD copy, so only without a lower tier).
-        if !keep_tombstones {
-            objs.retain(|o| !matches!(o.body, Body::Tombstone));
-        }
+        let let_go = shedding.iter().filter(|&&shed| shed).count() as u64;
+        let objs: Vec<Obj> = objs
+            .into_iter()
+            .zip(shedding)
+            .filter(|(o, shed)| !dropped(o, *shed))
+            .map(|(o, _)| o)
+            .collect();
         let chunks = self.partition(&objs);
         let hot = leaf.hot();
         let fences = split_fences(&objs, &chunks, |o| o.key);
@@ -221,6 +249,34 @@ impl DramTier {
         self.memory
             .change_index(self.tree.split_and_publish(new_leaves));
         self.counters.splits.fetch_add(splits, Ordering::Relaxed);
+        Shedding { shed: let_go, kept }
+    }
+
+    /// Which of a merge's objects `shed` lets go, and how many candidates it kept: a
+    /// candidate is a value (never a tombstone, which may hide an older copy below),
+    /// clean for `Shed::Clean`; the most read stay.
+    fn shedding(&self, objs: &[Obj], shed: Shed) -> (Vec<bool>, u64) {
+        let candidate = |o: &Obj| match shed {
+            Shed::Nothing => false,
+            Shed::Clean => o.is_value() && o.meta.clean,
+            Shed::Cold => o.is_value(),
+        };
+        let candidates: Vec<(&[u8], usize)> = objs
+            .iter()
+            .filter(|o| candidate(o))
+            .map(|o| (o.key, o.key.len() + o.value_len()))
+            .collect();
+        if candidates.is_empty() {
+            return (vec![false; objs.len()], 0);
+        }
+        let keep = self.reads.keep(&candidates);
+        let kept = keep.iter().filter(|&&k| k).count() as u64;
+        let mut keep = keep.into_iter();
+        let shedding = objs
+            .iter()
+            .map(|o| candidate(o) && !keep.next().expect("one verdict per candidate"))
+            .collect();
+        (shedding, kept)
     }
 
     /// A leaf for `contents`, in a free slot, charged; not in the tree yet.

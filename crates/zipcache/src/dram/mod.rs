@@ -28,6 +28,7 @@
 mod access;
 mod cas;
 mod eviction;
+mod frequency;
 mod hot;
 mod leaf;
 mod merge;
@@ -112,6 +113,8 @@ pub struct DramCounters {
     /// Objects of leaves evicted with no tier below to take them.
     pub dropped_objects: AtomicU64,
     pub clean_dropped: AtomicU64,
+    /// Objects a leaf kept because they are read often, each time it was evicted.
+    pub retained_objects: AtomicU64,
     /// Objects dropped unwritten because the flusher was behind (`drop_one`).
     pub write_drops: AtomicU64,
     pub corrupt_pages: AtomicU64,
@@ -128,6 +131,8 @@ pub struct DramTier {
     pub(crate) merge_queue: merge::MergeQueue,
     pub bypass: Bypass,
     pub counters: DramCounters,
+    /// How often keys were read lately: eviction keeps a cold leaf's hot objects.
+    reads: frequency::ReadFrequency,
     /// Low fence of the leaf the CLOCK hand points at.
     hand: Mutex<Fence>,
     /// Held by `evict_one` for its whole group eviction.
@@ -163,7 +168,8 @@ impl DramTier {
         let leaves = Slots::default();
         let (first, slots_bytes) = leaves.allocate();
         let tree = BTree::new(LeafId(first));
-        memory.change_index(tree.node_bytes() as i64 + slots_bytes);
+        let reads = frequency::ReadFrequency::new(settings.dram_capacity);
+        memory.change_index(tree.node_bytes() as i64 + slots_bytes + reads.bytes());
         DramTier {
             tree,
             leaves,
@@ -173,6 +179,7 @@ impl DramTier {
             merge_queue: merge::MergeQueue::new(),
             bypass: Bypass::new(bypass_r),
             counters: DramCounters::default(),
+            reads,
             hand: Mutex::new(Fence::from(&[][..])),
             evicting: Mutex::new(()),
             cas_floor: AtomicU64::new(settings.cas_origin),
@@ -221,8 +228,11 @@ impl DramTier {
     }
 
     /// What DRAM holds of `key`. A hit marks the object fetched and accessed now, and
-    /// the leaf referenced, unless `peek`.
+    /// the leaf referenced, and the read counts in the frequency sketch, unless `peek`.
     pub fn get(&self, key: &[u8], now_ms: u64, peek: bool) -> Lookup {
+        if !peek {
+            self.reads.record(key);
+        }
         self.read_leaf(key, |leaf, st| {
             if !peek {
                 leaf.touch();
@@ -442,7 +452,7 @@ impl DramTier {
                 self.counters
                     .foreground_merges
                     .fetch_add(1, Ordering::Relaxed);
-                self.merge_locked(leaf, st, now_ms, false);
+                self.merge_locked(leaf, st, now_ms, merge::Shed::Nothing);
             }
         }
     }
