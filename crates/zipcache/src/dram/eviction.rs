@@ -477,8 +477,9 @@ mod tests {
         );
     }
 
-    #[test]
-    fn clean_objects_leave_first_and_without_a_write() {
+    /// A tier holding objects 0..10 of 40 bytes, the even ones clean (copies of SSD
+    /// objects, as promotion leaves them), the odd ones dirty.
+    fn half_clean() -> DramTier {
         let dram = tier();
         let clean = Meta {
             clean: true,
@@ -488,6 +489,12 @@ mod tests {
             let meta = if i % 2 == 0 { clean } else { Meta::default() };
             dram.put_with(&key(i), Some(&[i as u8; 40]), meta, None, 0, |_| ());
         }
+        dram
+    }
+
+    #[test]
+    fn clean_objects_leave_first_and_without_a_write() {
+        let dram = half_clean();
         let sink = RecordingSink {
             span: (Fence::from(&[][..]), None),
             batches: Mutex::default(),
@@ -641,15 +648,7 @@ mod tests {
     /// ones go first; dirty objects stay to be written with their group.
     #[test]
     fn hot_clean_copies_stay_when_the_clean_go() {
-        let dram = tier();
-        let clean = Meta {
-            clean: true,
-            ..Meta::default()
-        };
-        for i in 0..10 {
-            let meta = if i % 2 == 0 { clean } else { Meta::default() };
-            dram.put_with(&key(i), Some(&[i as u8; 40]), meta, None, 0, |_| ());
-        }
+        let dram = half_clean();
         for _ in 0..3 {
             assert!(found(&dram, 4).is_some());
         }
@@ -714,15 +713,7 @@ mod tests {
     /// back between `drop_clean` and `drop_unwritten`) is a clean drop, not a write drop.
     #[test]
     fn clean_objects_dropped_unwritten_count_as_clean_drops() {
-        let dram = tier();
-        let clean = Meta {
-            clean: true,
-            ..Meta::default()
-        };
-        for i in 0..10 {
-            let meta = if i % 2 == 0 { clean } else { Meta::default() };
-            dram.put_with(&key(i), Some(&[i as u8; 40]), meta, None, 0, |_| ());
-        }
+        let dram = half_clean();
         let view = dram.view();
         let leaf = view.get(dram.tree.find(&[]).1.0).unwrap();
         assert!(dram.drop_unwritten(leaf, 0));
