@@ -549,6 +549,18 @@ mod tests {
         }
     }
 
+    /// Objects evicted, dropped and retained, leaves evicted, and objects left.
+    fn eviction_counts(dram: &DramTier) -> (u64, u64, u64, u64, i64) {
+        let c = &dram.counters;
+        (
+            c.evicted_objects.load(Ordering::Relaxed),
+            c.dropped_objects.load(Ordering::Relaxed),
+            c.retained_objects.load(Ordering::Relaxed),
+            c.evicted_leaves.load(Ordering::Relaxed),
+            dram.tally(0).objects,
+        )
+    }
+
     #[test]
     fn a_hot_object_stays_when_its_cold_leaf_is_evicted() {
         let dram = dram_only(0);
@@ -558,12 +570,8 @@ mod tests {
         }
         unreference(&dram, dram.tree.find(&[]).1);
         assert!(dram.evict_one(None, 0));
-        let counters = &dram.counters;
-        assert_eq!(counters.evicted_objects.load(Ordering::Relaxed), 39);
-        assert_eq!(counters.dropped_objects.load(Ordering::Relaxed), 39);
-        assert_eq!(counters.retained_objects.load(Ordering::Relaxed), 1);
-        assert_eq!(counters.evicted_leaves.load(Ordering::Relaxed), 0);
-        assert_eq!(dram.tally(0).objects, 1);
+        // evicted, dropped, retained objects; evicted leaves; objects left
+        assert_eq!(eviction_counts(&dram), (39, 39, 1, 0, 1));
         // Read after the eviction (which the sketch counts, so last).
         for i in 0..40 {
             assert_eq!(found(&dram, i).is_some(), i == 7, "key {i}");
@@ -579,12 +587,7 @@ mod tests {
         assert!(found(&dram, 7).is_some(), "read once: not hot");
         unreference(&dram, dram.tree.find(&[]).1);
         assert!(dram.evict_one(None, 0));
-        let counters = &dram.counters;
-        assert_eq!(counters.evicted_objects.load(Ordering::Relaxed), 40);
-        assert_eq!(counters.dropped_objects.load(Ordering::Relaxed), 40);
-        assert_eq!(counters.retained_objects.load(Ordering::Relaxed), 0);
-        assert_eq!(counters.evicted_leaves.load(Ordering::Relaxed), 1);
-        assert_eq!(dram.tally(0).objects, 0);
+        assert_eq!(eviction_counts(&dram), (40, 40, 0, 1, 0));
     }
 
     /// However hot, every eviction frees something: a leaf keeps at most 7/8 of its
