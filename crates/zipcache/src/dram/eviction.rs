@@ -530,6 +530,20 @@ mod tests {
     }
 
     /// Keys 0..40 in one leaf, key i with CAS version `1 << 40 | i`.
+    /// Objects `keys`, each a 40-byte value of its own number.
+    fn put_40_byte_values(dram: &DramTier, keys: std::ops::Range<u32>) {
+        for i in keys {
+            dram.put_with(
+                &key(i),
+                Some(&[i as u8; 40]),
+                Meta::default(),
+                None,
+                0,
+                |_| (),
+            );
+        }
+    }
+
     fn one_leaf_of_40(dram: &DramTier) {
         for i in 0..40 {
             let meta = Meta {
@@ -731,29 +745,11 @@ mod tests {
     #[test]
     fn a_damaged_page_dropped_unwritten_counts_its_objects_and_stays_lost() {
         let (dram, _) = tier_with(settings(256));
-        for i in 0..30 {
-            dram.put_with(
-                &key(i),
-                Some(&[i as u8; 40]),
-                Meta::default(),
-                None,
-                0,
-                |_| (),
-            );
-        }
+        put_40_byte_values(&dram, 0..30);
         dram.merge_all(0);
         assert_eq!(dram.leaf_count(), 1);
         // Three more in the write buffer, then the page's body (not its summary) damaged.
-        for i in 30..33 {
-            dram.put_with(
-                &key(i),
-                Some(&[i as u8; 40]),
-                Meta::default(),
-                None,
-                0,
-                |_| (),
-            );
-        }
+        put_40_byte_values(&dram, 30..33);
         dram.write_leaf(&key(0), |_, _, st| {
             let page = st.page.as_mut().unwrap();
             let half = page.len() / 2;
