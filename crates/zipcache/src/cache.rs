@@ -1081,6 +1081,7 @@ impl Inner {
             }
             if housekeeper && last_bypass.elapsed() >= BYPASS_PERIOD {
                 last_bypass = Instant::now();
+                self.dram.free_retired_leaves();
                 self.dram.bypass_pass();
             }
             if housekeeper && last_rss.elapsed() >= RSS_PERIOD {

@@ -34,7 +34,8 @@ impl DramTier {
     pub fn evict_one(&self, sink: Option<&dyn EvictionSink>, now_ms: u64) -> bool {
         // One group eviction at a time: two collapses over overlapping runs of leaves
         // would each hold leaves the other waits for.
-        let _evicting = self.evicting.lock();
+        let evicting = self.evicting.lock();
+        self.free_retired(&evicting);
         self.clock_victim(|low, id, leaf| {
             if self.drop_clean(leaf, now_ms) {
                 return true;
@@ -383,6 +384,8 @@ impl DramTier {
     /// to the SSD tier) or are dropped (memcached `flush_all`).
     pub fn evict_all(&self, sink: Option<&dyn EvictionSink>, now_ms: u64) {
         loop {
+            let evicting = self.evicting.lock();
+            self.free_retired(&evicting);
             let (low, first) = self.tree.find(&[]);
             let everything = (low.clone(), None);
             // Counted after the group left, not before: a merge that was splitting one of

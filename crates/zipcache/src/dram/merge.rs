@@ -74,7 +74,7 @@ impl MergeQueue {
 }
 
 /// An object of a leaf on its way into a rebuilt page, an eviction or a scan.
-struct Obj<'a> {
+pub(super) struct Obj<'a> {
     key: &'a [u8],
     body: Body<'a>,
     meta: Meta,
@@ -173,6 +173,9 @@ impl DramTier {
     ) -> Shedding {
         self.counters.merges.fetch_add(1, Ordering::Relaxed);
         let before = self.charge_of(leaf, st);
+        // Declared before the objects that borrow from them (a neighbour's too).
+        let view = self.view();
+        let mut given = None;
         let mut extras = st.extras.take().unwrap_or_default();
         let buffer = extras.buffer.take();
         let mut old_blobs = std::mem::take(&mut extras.blobs);
@@ -181,8 +184,67 @@ impl DramTier {
         let old_page = st.page.take();
         let decoded = self.decode(leaf, old_page.as_deref());
         let page = decoded.as_ref().map(|(base, body)| (*base, &body[..]));
+        let gathered = self.gather(page, &buffer, &old_blobs, now_ms);
+        let (mut objs, shedding) = self.survivors(gathered, &mut old_blobs, shed);
+        // A full leaf shares with its right neighbour before it splits (`share`).
+        let mut neighbour = None;
+        if shed == Shed::Nothing && !leaf.lost() && self.splits_at_random(&objs) {
+            neighbour = self.lock_right_neighbour(&view, leaf, objs[0].key);
+        }
+        if let Some(n) = &mut neighbour {
+            given = self.take_neighbour(n);
+        }
+        let chunks = match (&mut given, neighbour) {
+            (Some(given), Some(n)) => {
+                let page = given.body.as_deref().map(|body| (given.cas_base, body));
+                let theirs = self.gather(page, &given.buffer, &given.blobs, now_ms);
+                let (theirs, _) = self.survivors(theirs, &mut given.blobs, Shed::Nothing);
+                objs.extend(theirs);
+                self.retire_neighbour(n);
+                self.share(&objs)
+            }
+            _ => self.partition(&objs),
+        };
+        let hot = leaf.hot();
+        let fences = split_fences(&objs, &chunks, |o| o.key);
+        let mut objs_iter = objs.into_iter();
+        let mut contents = Vec::with_capacity(chunks.len());
+        for (i, &(start, end)) in chunks.iter().enumerate() {
+            let chunk: Vec<Obj> = objs_iter.by_ref().take(end - start).collect();
+            contents.push(self.build(chunk, hot && i == 0, access_table.as_deref()));
+        }
+        drop(buffer);
+        let mut contents = contents.into_iter();
+        if let Some(first) = contents.next() {
+            install(leaf, st, first);
+        }
+        self.memory.change(&before, &self.charge_of(leaf, st));
+        let access = leaf.access.load(Ordering::Relaxed);
+        let lost = leaf.lost();
+        let splits = fences.len() as u64;
+        // New leaves start compressed: a hot leaf that splits on every few sequential
+        // inserts would otherwise fill DRAM with uncompressed pages between two bypass
+        // passes. The next pass promotes whichever half stays hot.
+        let new_leaves = fences
+            .into_iter()
+            .zip(contents)
+            .map(|(fence, c)| (fence, self.new_leaf(access / 2, lost, c)));
+        self.memory
+            .change_index(self.tree.split_and_publish(new_leaves));
+        self.counters.splits.fetch_add(splits, Ordering::Relaxed);
+        shedding
+    }
+
+    /// The objects of a merge that stay: medium objects' blobs taken from `old_blobs`,
+    /// less what `shed` lets go and tombstones with nothing below to hide. Raises the
+    /// CAS floor over the versions that leave.
+    fn survivors<'a>(
+        &self,
+        mut objs: Vec<Obj<'a>>,
+        old_blobs: &mut [Option<Box<[u8]>>],
+        shed: Shed,
+    ) -> (Vec<Obj<'a>>, Shedding) {
         let keep_tombstones = self.settings.keep_tombstones;
-        let mut objs = self.gather(page, &buffer, &old_blobs, now_ms);
         for obj in &mut objs {
             match obj.body {
                 Body::Slot(slot) => match old_blobs.get_mut(slot as usize).and_then(Option::take) {
@@ -215,41 +277,13 @@ impl DramTier {
             .max();
         self.raise_cas_floor(gone.unwrap_or(0));
         let let_go = shedding.iter().filter(|&&shed| shed).count() as u64;
-        let objs: Vec<Obj> = objs
+        let objs = objs
             .into_iter()
             .zip(shedding)
             .filter(|(o, shed)| !dropped(o, *shed))
             .map(|(o, _)| o)
             .collect();
-        let chunks = self.partition(&objs);
-        let hot = leaf.hot();
-        let fences = split_fences(&objs, &chunks, |o| o.key);
-        let mut objs_iter = objs.into_iter();
-        let mut contents = Vec::with_capacity(chunks.len());
-        for (i, &(start, end)) in chunks.iter().enumerate() {
-            let chunk: Vec<Obj> = objs_iter.by_ref().take(end - start).collect();
-            contents.push(self.build(chunk, hot && i == 0, access_table.as_deref()));
-        }
-        drop(buffer);
-        let mut contents = contents.into_iter();
-        if let Some(first) = contents.next() {
-            install(leaf, st, first);
-        }
-        self.memory.change(&before, &self.charge_of(leaf, st));
-        let access = leaf.access.load(Ordering::Relaxed);
-        let lost = leaf.lost();
-        let splits = fences.len() as u64;
-        // New leaves start compressed: a hot leaf that splits on every few sequential
-        // inserts would otherwise fill DRAM with uncompressed pages between two bypass
-        // passes. The next pass promotes whichever half stays hot.
-        let new_leaves = fences
-            .into_iter()
-            .zip(contents)
-            .map(|(fence, c)| (fence, self.new_leaf(access / 2, lost, c)));
-        self.memory
-            .change_index(self.tree.split_and_publish(new_leaves));
-        self.counters.splits.fetch_add(splits, Ordering::Relaxed);
-        Shedding { shed: let_go, kept }
+        (objs, Shedding { shed: let_go, kept })
     }
 
     /// Which of a merge's objects `shed` lets go, and how many candidates it kept: a
@@ -299,31 +333,47 @@ impl DramTier {
         LeafId(slot)
     }
 
-    /// Chooses where to cut sorted objects into pages that fit. Sequential inserts (all
-    /// buffered keys beyond the page's keys) cut right before the new keys, so the left
-    /// leaf stays as full as hashing allows instead of half empty forever.
-    fn partition(&self, objs: &[Obj]) -> Vec<(usize, usize)> {
-        let fits = |range: &[Obj]| {
-            range.iter().filter(|o| o.is_medium()).count() <= MAX_BLOBS_PER_LEAF
-                && self.layout.fits(range.iter().map(|o| o.record(0)))
-        };
-        let cut = |start: usize, end: usize| {
-            let appended = objs[start..end]
-                .iter()
-                .rev()
-                .take_while(|o| o.new_key)
-                .count();
-            let mut cut = end - appended;
-            if cut > start && cut < end && fits(&objs[start..cut]) {
-                while cut + 1 < end && fits(&objs[start..=cut]) {
-                    cut += 1;
-                }
-                cut
-            } else {
-                (start + end) / 2
+    /// Whether `objs` fit one page.
+    fn fits(&self, objs: &[Obj]) -> bool {
+        objs.iter().filter(|o| o.is_medium()).count() <= MAX_BLOBS_PER_LEAF
+            && self.layout.fits(objs.iter().map(|o| o.record(0)))
+    }
+
+    /// Where sequential inserts cut `objs[start..end]`: all buffered keys beyond the
+    /// page's keys cut right before the new keys (as many more as still fit stay left),
+    /// so the left leaf stays as full as hashing allows instead of half empty forever.
+    /// `None` if the chunk's last keys are not new, or the old ones alone do not fit.
+    fn sequential_cut(&self, objs: &[Obj], start: usize, end: usize) -> Option<usize> {
+        let appended = objs[start..end]
+            .iter()
+            .rev()
+            .take_while(|o| o.new_key)
+            .count();
+        let mut cut = end - appended;
+        if cut > start && cut < end && self.fits(&objs[start..cut]) {
+            while cut + 1 < end && self.fits(&objs[start..=cut]) {
+                cut += 1;
             }
+            Some(cut)
+        } else {
+            None
+        }
+    }
+
+    /// Whether `objs` overflow a page with keys that did not arrive in order: the merge
+    /// then shares with the right neighbour instead of cutting at the median.
+    fn splits_at_random(&self, objs: &[Obj]) -> bool {
+        !self.fits(objs) && self.sequential_cut(objs, 0, objs.len()).is_none()
+    }
+
+    /// Chooses where to cut sorted objects into pages that fit: at the sequential cut,
+    /// else at the median.
+    pub(super) fn partition(&self, objs: &[Obj]) -> Vec<(usize, usize)> {
+        let cut = |start, end| {
+            self.sequential_cut(objs, start, end)
+                .unwrap_or((start + end) / 2)
         };
-        cut_into_leaves(objs.len(), |start, end| fits(&objs[start..end]), cut)
+        cut_into_leaves(objs.len(), |start, end| self.fits(&objs[start..end]), cut)
     }
 
     /// Page, blobs and access state (from `access_table`, the merged leaf's) for one

@@ -22,7 +22,8 @@
 //! Modules by technique: this one holds the tier, its GET, writes and scan; [`leaf`] the
 //! leaf descriptor, its state and what that is charged; [`access`] objects' access state
 //! (setting `track_access`); [`page`] the page format;
-//! [`merge`] buffer merges and splits; [`eviction`] CLOCK and group eviction; [`hot`]
+//! [`merge`] buffer merges and splits; [`share`] a full leaf sharing with its
+//! neighbour before it splits; [`eviction`] CLOCK and group eviction; [`hot`]
 //! compression bypassing; [`cas`] CAS versions; [`tally`] object counts for `stats`.
 
 mod access;
@@ -33,6 +34,7 @@ mod hot;
 mod leaf;
 mod merge;
 mod page;
+mod share;
 mod tally;
 #[cfg(test)]
 mod test_support;
@@ -135,8 +137,13 @@ pub struct DramTier {
     reads: frequency::ReadFrequency,
     /// Low fence of the leaf the CLOCK hand points at.
     hand: Mutex<Fence>,
-    /// Held by `evict_one` for its whole group eviction.
+    /// Held by `evict_one` for its whole group eviction, and by whoever frees the slots
+    /// of leaves taken out of the tree: an eviction walks the tree one step at a time,
+    /// and a slot freed and handed out again meanwhile could sit twice in its run, or be
+    /// locked by it while a split takes it.
     evicting: Mutex<()>,
+    /// Leaves a share took out of the tree, their slots not free yet (see `evicting`).
+    retired: Mutex<Vec<LeafId>>,
     /// Above every CAS version that left DRAM (evicted, dropped, replaced by a version
     /// without one, or moved to BT_LO). See `next_cas`.
     cas_floor: AtomicU64,
@@ -182,6 +189,7 @@ impl DramTier {
             reads,
             hand: Mutex::new(Fence::from(&[][..])),
             evicting: Mutex::new(()),
+            retired: Mutex::new(Vec::new()),
             cas_floor: AtomicU64::new(settings.cas_origin),
             cas_high: AtomicU64::new(settings.cas_origin),
         }
