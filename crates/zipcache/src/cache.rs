@@ -19,7 +19,7 @@ use zipcache_device::{
 
 use crate::async_get::AsyncGet;
 use crate::config::Promotion;
-use crate::dram::{DramSettings, DramTier, Lookup, ScanEntry};
+use crate::dram::{DramSettings, DramTier, Lookup, Reclaimed, ScanEntry};
 use crate::eviction::EvictionSink;
 use crate::index_dir::{DataLock, FsDir, IndexDir};
 use crate::large_objects::LargeObjects;
@@ -589,6 +589,17 @@ impl ZipCache {
             cursor = next.to_vec();
         }
         Ok(out)
+    }
+
+    /// Drops the expired objects DRAM still holds (they count as resident until their
+    /// leaf next merges), leaf by leaf; `keep_going` sees the totals after each leaf and
+    /// may end the pass. Expired objects on the SSD tier and in BT_LO stay until those
+    /// tiers rewrite them (no read ever returns them).
+    pub fn reclaim_expired(&self, keep_going: impl FnMut(&Reclaimed) -> bool) -> Reclaimed {
+        let inner = &self.inner;
+        let done = inner.dram.reclaim_expired(inner.now(), keep_going);
+        inner.relieve_pressure();
+        done
     }
 
     /// Forgets every object: a barrier, after which nothing stored before it is served.

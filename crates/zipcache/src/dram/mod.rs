@@ -33,6 +33,7 @@ mod hot;
 mod leaf;
 mod merge;
 mod page;
+mod reclaim;
 mod tally;
 #[cfg(test)]
 mod test_support;
@@ -54,6 +55,7 @@ use crate::subpage_hash::dram_subpage;
 use crate::write_buffer::Pressure;
 use access::{AccessClock, fingerprint};
 use leaf::{DramLeaf, Extras, LeafState, MERGE_QUEUED, UNKNOWN};
+pub use reclaim::Reclaimed;
 
 /// What the DRAM tier knows about a key.
 #[derive(Clone, Debug, PartialEq, Eq)]
