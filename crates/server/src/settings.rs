@@ -382,6 +382,7 @@ mod tests {
         assert_eq!(s.dram, 1 << 30);
         assert_eq!(s.ssd_size, Some(8 << 30));
         assert_eq!(s.data_dir, PathBuf::from("zipcache-data"));
+        assert!(s.lru_crawler, "memcached 1.6 starts its LRU crawler");
         let config = s.engine_config().unwrap();
         let ssd = config.ssd.unwrap();
         assert_eq!(ssd.path, PathBuf::from("zipcache-data/ssd.bin"));
@@ -421,7 +422,7 @@ mod tests {
         std::fs::write(
             &file,
             format!(
-                "dram = \"64MiB\"\nresp-port = 7000\nssd = \"none\"\nset = [\"bypass_r=0\"]\nruntime = \"shared\"\nthreads = 3\ndisable-flush-all = true\nauth-file = {:?}\n",
+                "dram = \"64MiB\"\nresp-port = 7000\nssd = \"none\"\nset = [\"bypass_r=0\"]\nruntime = \"shared\"\nthreads = 3\ndisable-flush-all = true\ndisable-lru-crawler = true\nauth-file = {:?}\n",
                 users.display().to_string()
             ),
         )
@@ -436,6 +437,7 @@ mod tests {
         assert_eq!((s.dram, s.resp_port, s.ssd_size), (64 << 20, 7001, None));
         assert_eq!((s.runtime, s.threads), (Runtime::Shared, 3));
         assert!(!s.flush_all_enabled);
+        assert!(!s.lru_crawler && !s.server_options(1).lru_crawler);
         assert!(
             s.memcached_auth
                 .as_ref()
@@ -446,6 +448,7 @@ mod tests {
         assert_eq!((config.bypass_r, config.write_buffer), (0.0, 128));
         assert!(config.track_access);
         assert!(s.describe(&config).contains("track_access=true"));
+        assert!(s.describe(&config).contains("lru_crawler      disabled"));
         std::fs::remove_dir_all(dir).unwrap();
     }
 
