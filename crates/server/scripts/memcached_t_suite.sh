@@ -18,7 +18,8 @@
 # arguments a test asks for; the few that map to a `serve` flag are passed here
 # (ascii-auth*.t: `-Y t/authfile*` -> `--auth-file`; maxconns.t relies on memcached's
 # default `-c 1024`; metaget.t checks the `h` and `l` flags, which need the engine's
-# per-object access state, off by default: `--set track_access=true`). Servers listen on 127.0.0.1 and are stopped by PID, on the ports
+# per-object access state, off by default: `--set track_access=true`; lru-crawler.t's
+# `-o no_modern` starts memcached's LRU crawler disabled: `--disable-lru-crawler`). Servers listen on 127.0.0.1 and are stopped by PID, on the ports
 # the kernel picks, or on T_SUITE_PORT (memcached) and T_SUITE_PORT+1 (RESP) when set.
 set -uo pipefail
 
@@ -53,6 +54,7 @@ serve_flags() {
         ascii-auth2.t) echo "--auth-file $src/t/authfile2" ;;
         maxconns.t) echo "--max-connections 1024" ;;
         metaget.t) echo "--set track_access=true" ;;
+        lru-crawler.t) echo "--disable-lru-crawler" ;; # its `-o no_modern`
     esac
 }
 

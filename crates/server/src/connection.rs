@@ -40,6 +40,9 @@ pub enum Step {
     NeedMore,
     /// A request spanning this many bytes was executed (its reply, if any, appended).
     Consumed(usize),
+    /// The request at the front has appended part of its reply and has more to send
+    /// (a dump): step again, once what is buffered is written if the buffer is full.
+    Partial,
     /// Write what is buffered, then close (quit, or a protocol error the peer would not
     /// recover from either).
     Close,
@@ -92,6 +95,7 @@ pub fn process<S: Session>(session: &mut S, input: &[u8], out: &mut Vec<u8>) -> 
         match session.step(&input[pos..], out) {
             Step::NeedMore => break,
             Step::Consumed(n) => pos += n,
+            Step::Partial => {}
             Step::Close => return (pos, Processed::Close),
             Step::Await => {
                 let mut ahead = pos;

@@ -25,7 +25,7 @@ use zipcache::ZipCache;
 use crate::auth::Password;
 use crate::connection::{self, Transport};
 use crate::memcache::annotations::Annotations;
-use crate::memcache::{Credentials, MemcacheSession};
+use crate::memcache::{Crawler, Credentials, MemcacheSession};
 use crate::metrics_http;
 use crate::resp::RespSession;
 use crate::stats::Counters;
@@ -70,6 +70,8 @@ pub struct ServerOptions {
     /// Users a memcached connection must authenticate as before anything else
     /// (memcached `-Y`); `None` = open.
     pub memcached_auth: Option<Arc<Credentials>>,
+    /// memcached's LRU crawler starts enabled (`lru_crawler enable|disable` switch it).
+    pub lru_crawler: bool,
 }
 
 impl Default for ServerOptions {
@@ -88,6 +90,7 @@ impl Default for ServerOptions {
             keys_limit: 100_000,
             flush_all_enabled: true,
             memcached_auth: None,
+            lru_crawler: true,
         }
     }
 }
@@ -127,6 +130,7 @@ pub struct Shared {
     pub flush_all_enabled: bool,
     pub memcached_auth: Option<Arc<Credentials>>,
     pub annotations: Annotations,
+    pub crawler: Arc<Crawler>,
 }
 
 impl Shared {
@@ -142,6 +146,7 @@ impl Shared {
             flush_all_enabled: options.flush_all_enabled,
             memcached_auth: options.memcached_auth.clone(),
             annotations: Annotations::default(),
+            crawler: Crawler::new(options.lru_crawler),
         }
     }
 }

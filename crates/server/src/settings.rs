@@ -84,6 +84,11 @@ pub struct ServeArgs {
     #[arg(long)]
     #[serde(default)]
     pub disable_flush_all: bool,
+    /// Start with memcached's LRU crawler disabled (as memcached -o no_lru_crawler);
+    /// `lru_crawler enable` turns it on.
+    #[arg(long)]
+    #[serde(default)]
+    pub disable_lru_crawler: bool,
 }
 
 /// Every setting with its effective value.
@@ -107,6 +112,7 @@ pub struct Settings {
     pub tls: Option<TlsFiles>,
     pub keys_limit: usize,
     pub flush_all_enabled: bool,
+    pub lru_crawler: bool,
     /// The users of `auth_file`, read at start-up.
     pub memcached_auth: Option<Arc<Credentials>>,
 }
@@ -204,6 +210,7 @@ impl Settings {
             tls,
             keys_limit: args.keys_limit.or(file.keys_limit).unwrap_or(100_000),
             flush_all_enabled: !(args.disable_flush_all || file.disable_flush_all),
+            lru_crawler: !(args.disable_lru_crawler || file.disable_lru_crawler),
             memcached_auth,
         })
     }
@@ -280,6 +287,7 @@ impl Settings {
             max_value_size,
             runtime: self.runtime,
             flush_all_enabled: self.flush_all_enabled,
+            lru_crawler: self.lru_crawler,
             memcached_auth: self.memcached_auth.clone(),
         }
     }
@@ -311,7 +319,7 @@ impl Settings {
         });
         let set_or_off = |on: bool| if on { "set" } else { "off" };
         format!(
-            "zipcache serve settings:\n  listen           {}\n  memcached-port   {}\n  resp-port        {}\n  dram             {} bytes\n  data-dir         {}\n  ssd              {ssd}\n  max-connections  {}\n  threads          {} ({} runtime)\n  metrics          {metrics}\n  tls              {tls}\n  requirepass      {}\n  auth-file        {}\n  keys-limit       {}\n  flush_all        {}\n  engine: leaf_size={} subpages={} superleaf_size={} fill_threshold={} write_buffer={} bypass_r={} bypass_max_fraction={} tiny_max={} medium_max={} max_key_size={} max_value_size={} background_threads={} promotion={:?} rss_limit={} track_access={}",
+            "zipcache serve settings:\n  listen           {}\n  memcached-port   {}\n  resp-port        {}\n  dram             {} bytes\n  data-dir         {}\n  ssd              {ssd}\n  max-connections  {}\n  threads          {} ({} runtime)\n  metrics          {metrics}\n  tls              {tls}\n  requirepass      {}\n  auth-file        {}\n  keys-limit       {}\n  flush_all        {}\n  lru_crawler      {}\n  engine: leaf_size={} subpages={} superleaf_size={} fill_threshold={} write_buffer={} bypass_r={} bypass_max_fraction={} tiny_max={} medium_max={} max_key_size={} max_value_size={} background_threads={} promotion={:?} rss_limit={} track_access={}",
             self.listen,
             self.memcached_port,
             self.resp_port,
@@ -328,6 +336,11 @@ impl Settings {
                 .map_or("off".to_string(), |p| p.display().to_string()),
             self.keys_limit,
             if self.flush_all_enabled {
+                "enabled"
+            } else {
+                "disabled"
+            },
+            if self.lru_crawler {
                 "enabled"
             } else {
                 "disabled"
@@ -369,6 +382,7 @@ mod tests {
         assert_eq!(s.dram, 1 << 30);
         assert_eq!(s.ssd_size, Some(8 << 30));
         assert_eq!(s.data_dir, PathBuf::from("zipcache-data"));
+        assert!(s.lru_crawler, "memcached 1.6 starts its LRU crawler");
         let config = s.engine_config().unwrap();
         let ssd = config.ssd.unwrap();
         assert_eq!(ssd.path, PathBuf::from("zipcache-data/ssd.bin"));
@@ -408,7 +422,7 @@ mod tests {
         std::fs::write(
             &file,
             format!(
-                "dram = \"64MiB\"\nresp-port = 7000\nssd = \"none\"\nset = [\"bypass_r=0\"]\nruntime = \"shared\"\nthreads = 3\ndisable-flush-all = true\nauth-file = {:?}\n",
+                "dram = \"64MiB\"\nresp-port = 7000\nssd = \"none\"\nset = [\"bypass_r=0\"]\nruntime = \"shared\"\nthreads = 3\ndisable-flush-all = true\ndisable-lru-crawler = true\nauth-file = {:?}\n",
                 users.display().to_string()
             ),
         )
@@ -423,6 +437,7 @@ mod tests {
         assert_eq!((s.dram, s.resp_port, s.ssd_size), (64 << 20, 7001, None));
         assert_eq!((s.runtime, s.threads), (Runtime::Shared, 3));
         assert!(!s.flush_all_enabled);
+        assert!(!s.lru_crawler && !s.server_options(1).lru_crawler);
         assert!(
             s.memcached_auth
                 .as_ref()
@@ -433,6 +448,7 @@ mod tests {
         assert_eq!((config.bypass_r, config.write_buffer), (0.0, 128));
         assert!(config.track_access);
         assert!(s.describe(&config).contains("track_access=true"));
+        assert!(s.describe(&config).contains("lru_crawler      disabled"));
         std::fs::remove_dir_all(dir).unwrap();
     }
 

@@ -19,7 +19,7 @@ use zipcache_device::{
 
 use crate::async_get::AsyncGet;
 use crate::config::Promotion;
-use crate::dram::{DramSettings, DramTier, Lookup, ScanEntry};
+use crate::dram::{DramSettings, DramTier, LeafScan, Lookup, Reclaimed, ScanEntry};
 use crate::eviction::EvictionSink;
 use crate::index_dir::{DataLock, FsDir, IndexDir};
 use crate::large_objects::LargeObjects;
@@ -476,7 +476,9 @@ impl ZipCache {
         outcome
     }
 
-    /// Live objects with keys in `range`, in key order, at most `limit` of them.
+    /// Live objects with keys in `range`, in key order, at most `limit` of them. A scan
+    /// peeks: it marks nothing read, and reports the access state DRAM keeps of its
+    /// objects (setting `track_access`; `None` for the others).
     pub fn scan<K: AsRef<[u8]>>(
         &self,
         range: impl RangeBounds<K>,
@@ -503,7 +505,12 @@ impl ZipCache {
         let mut ssd_chunk: Option<(Chunk, Freshness)> = None;
         let mut lo_chunk: Option<Chunk> = None;
         while out.len() < limit {
-            let (dram_entries, dram_next, dram_lost) = inner.dram.scan_leaf(&cursor, end, now);
+            let LeafScan {
+                entries: dram_entries,
+                next: dram_next,
+                lost: dram_lost,
+                access,
+            } = inner.dram.scan_leaf(&cursor, end, now);
             let (entries, next) = match &inner.ssd {
                 None => (dram_entries, dram_next),
                 Some(ssd) => {
@@ -571,7 +578,12 @@ impl ZipCache {
             };
             for (key, version) in entries {
                 if let Some((value, meta)) = version {
-                    out.push((key, item_of(value, &meta)));
+                    // Only DRAM's version of a key can be in `access`: DRAM's wins.
+                    let item = Item {
+                        access: access.get(&key).copied(),
+                        ..item_of(value, &meta)
+                    };
+                    out.push((key, item));
                     if out.len() == limit {
                         break;
                     }
@@ -589,6 +601,17 @@ impl ZipCache {
             cursor = next.to_vec();
         }
         Ok(out)
+    }
+
+    /// Drops the expired objects DRAM still holds (they count as resident until their
+    /// leaf next merges), leaf by leaf; `keep_going` sees the totals after each leaf and
+    /// may end the pass. Expired objects on the SSD tier and in BT_LO stay until those
+    /// tiers rewrite them (no read ever returns them).
+    pub fn reclaim_expired(&self, keep_going: impl FnMut(&Reclaimed) -> bool) -> Reclaimed {
+        let inner = &self.inner;
+        let done = inner.dram.reclaim_expired(inner.now(), keep_going);
+        inner.relieve_pressure();
+        done
     }
 
     /// Forgets every object: a barrier, after which nothing stored before it is served.

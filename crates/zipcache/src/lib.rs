@@ -42,6 +42,7 @@ mod write_buffer;
 pub use async_get::AsyncGet;
 pub use cache::ZipCache;
 pub use config::{Clock, Config, SsdConfig, SystemClock, parse_size};
+pub use dram::Reclaimed;
 pub use error::{Error, Result};
 pub use stats::Stats;
 

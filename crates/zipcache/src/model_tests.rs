@@ -386,7 +386,12 @@ impl Harness {
             Op::Scan { start, end, limit } => {
                 let (a, b) = (key_of(start), key_of(end));
                 let (lo, hi) = if a <= b { (a, b) } else { (b, a) };
-                let got = self.cache.scan(lo.clone()..hi.clone(), limit).unwrap();
+                let mut got = self.cache.scan(lo.clone()..hi.clone(), limit).unwrap();
+                // A scan peeks: it reports access states and changes none.
+                for (k, item) in &mut got {
+                    let access = item.access.take();
+                    self.check_access(k, access, true);
+                }
                 assert!(got.len() <= limit);
                 assert!(got.windows(2).all(|w| w[0].0 < w[1].0), "scan out of order");
                 for (k, item) in &got {

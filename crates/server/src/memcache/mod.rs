@@ -2,11 +2,13 @@
 
 pub mod annotations;
 pub(crate) mod auth;
+mod crawler;
 mod meta;
 pub mod parse;
 mod text;
 
 pub use auth::Credentials;
+pub use crawler::Crawler;
 
 use std::sync::Arc;
 
@@ -145,6 +147,9 @@ pub struct MemcacheSession {
     swallow: usize,
     /// False until the client authenticates, when the server asks for it.
     authenticated: bool,
+    /// A metadump or mgdump being sent, and the length of its request line: the line
+    /// stays at the front of the input until the dump's last line is out.
+    dump: Option<(crawler::Dump, usize)>,
 }
 
 impl MemcacheSession {
@@ -154,6 +159,7 @@ impl MemcacheSession {
             shared,
             swallow: 0,
             authenticated,
+            dump: None,
         }
     }
 
@@ -190,6 +196,14 @@ impl Session for MemcacheSession {
         {
             return self.authenticate(&credentials, input, out);
         }
+        if let Some((dump, len)) = &mut self.dump {
+            if !dump.fill(&self.shared.cache, out) {
+                return Step::Partial;
+            }
+            let len = *len;
+            self.dump = None;
+            return Step::Consumed(len);
+        }
         match parse::parse(input, self.shared.max_value) {
             Parsed::Incomplete => Step::NeedMore,
             Parsed::Close => Step::Close,
@@ -198,10 +212,12 @@ impl Session for MemcacheSession {
                 if !prefetch::start(&self.shared.cache, keys, options) {
                     return Step::Await;
                 }
-                if self.execute(request, out) {
-                    Step::Consumed(len)
-                } else {
+                if !self.execute(request, len, out) {
                     Step::Close
+                } else if self.dump.is_some() {
+                    Step::Partial
+                } else {
+                    Step::Consumed(len)
                 }
             }
             Parsed::Swallow {
@@ -212,7 +228,7 @@ impl Session for MemcacheSession {
                 // The skipped bytes hold no requests, so replying before they arrive
                 // keeps replies in request order.
                 self.swallow = swallow;
-                self.execute(request, out);
+                self.execute(request, len, out);
                 Step::Consumed(len)
             }
         }
@@ -235,12 +251,16 @@ impl Session for MemcacheSession {
 }
 
 impl MemcacheSession {
-    /// Executes one request; false closes the connection.
-    fn execute(&mut self, request: Request<'_>, out: &mut Vec<u8>) -> bool {
+    /// Executes one request (`len` bytes long); false closes the connection.
+    fn execute(&mut self, request: Request<'_>, len: usize, out: &mut Vec<u8>) -> bool {
         Counters::bump(&self.shared.counters.commands);
         match request {
             Request::Quit => return false,
             Request::Meta(meta) => meta::execute(&self.shared, &meta, out),
+            Request::Crawler(command) => {
+                let (cache, crawler) = (&self.shared.cache, &self.shared.crawler);
+                self.dump = crawler::execute(cache, crawler, command, out).map(|dump| (dump, len));
+            }
             Request::Error { reply, noreply } => {
                 Counters::bump(&self.shared.counters.protocol_errors);
                 if !noreply {

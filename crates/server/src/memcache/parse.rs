@@ -77,6 +77,8 @@ pub enum Request<'a> {
     },
     Quit,
     Meta(Meta<'a>),
+    /// `lru_crawler ...` and `stats cachedump` (`crawler.rs`).
+    Crawler(super::crawler::Command),
     /// A value over the size limit: its data block is skipped, then `TOO_LARGE` is sent.
     /// A `set` also drops the key's old value, as memcached does.
     TooLarge {
@@ -225,6 +227,7 @@ pub fn parse(input: &[u8], max_value: usize) -> Parsed<'_> {
         Some(b"touch") => touch(&tokens),
         Some(b"flush_all") => flush_all(&tokens),
         Some(b"stats") => stats(&tokens),
+        Some(b"lru_crawler") => super::crawler::parse(&tokens),
         Some(b"version") => Request::Version,
         Some(b"verbosity") if (2..=3).contains(&tokens.len()) => verbosity(&tokens),
         Some(b"quit") if tokens.len() == 1 => Request::Quit,
@@ -495,6 +498,9 @@ fn verbosity(tokens: &[&[u8]]) -> Request<'static> {
 }
 
 fn stats<'a>(tokens: &[&'a [u8]]) -> Request<'a> {
+    if tokens.get(1) == Some(&&b"cachedump"[..]) {
+        return super::crawler::parse_cachedump(tokens);
+    }
     match tokens.len() {
         1 => Request::Stats(None),
         2 => Request::Stats(Some(tokens[1])),
@@ -566,6 +572,28 @@ fn meta_key(token: &[u8], binary: bool) -> Option<Cow<'_, [u8]>> {
         Cow::Borrowed(token)
     };
     (!key.is_empty() && key_ok(&key)).then_some(key)
+}
+
+const BASE64_ALPHABET: &[u8; 64] =
+    b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+
+/// Standard base64 with `=` padding, as memcached's `b` flag uses.
+pub(super) fn base64_encode(bytes: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(bytes.len().div_ceil(3) * 4);
+    for chunk in bytes.chunks(3) {
+        let mut bits = 0u32;
+        for (i, &b) in chunk.iter().enumerate() {
+            bits |= u32::from(b) << (16 - 8 * i);
+        }
+        for i in 0..4 {
+            out.push(if i <= chunk.len() {
+                BASE64_ALPHABET[(bits >> (18 - 6 * i)) as usize & 63]
+            } else {
+                b'='
+            });
+        }
+    }
+    out
 }
 
 /// Standard base64 with `=` padding, as memcached's `b` flag uses.
@@ -823,6 +851,18 @@ mod tests {
             other => panic!("{other:?}"),
         }
         assert_eq!(request(b"mg k x\r\n").0, error("CLIENT_ERROR invalid flag"));
+    }
+
+    #[test]
+    fn base64_encoding_round_trips() {
+        assert_eq!(base64_encode(b"hello"), b"aGVsbG8=");
+        assert_eq!(base64_encode(b"hi"), b"aGk=");
+        assert_eq!(base64_encode(&[0, 1, 2]), b"AAEC");
+        assert_eq!(base64_encode(b""), b"");
+        for len in 1..40u8 {
+            let bytes: Vec<u8> = (0..len).map(|i| i.wrapping_mul(37) ^ 0xa5).collect();
+            assert_eq!(base64_decode(&base64_encode(&bytes)), Some(bytes));
+        }
     }
 
     #[test]

@@ -81,7 +81,7 @@ pub fn execute(shared: &Shared, request: Request<'_>, out: &mut Vec<u8>) {
         ),
         Request::Verbosity { noreply } => reply_unless(noreply, "OK", out),
         // The session handles these before dispatching here.
-        Request::Quit | Request::Meta(_) | Request::Error { .. } => {}
+        Request::Quit | Request::Meta(_) | Request::Crawler(_) | Request::Error { .. } => {}
     }
 }
 
@@ -391,6 +391,9 @@ fn stats(shared: &Shared, section: Option<&[u8]>, out: &mut Vec<u8>) {
             for (name, value) in shared.counters.snapshot() {
                 stat(out, name, value);
             }
+            for (name, value) in shared.crawler.general_stats() {
+                stat(out, name, value);
+            }
             for (name, value) in engine_metrics(&engine) {
                 stat(out, &name, value);
             }
@@ -405,6 +408,9 @@ fn stats(shared: &Shared, section: Option<&[u8]>, out: &mut Vec<u8>) {
             stat(out, "maxbytes", engine.dram_capacity);
             stat(out, "evictions", "on");
             stat(out, "cas_enabled", "yes");
+            for (name, value) in shared.crawler.settings_stats() {
+                stat(out, name, value);
+            }
         }
         Some(b"items") => {
             // One "slab class": the engine has size classes, not memcached slabs.
@@ -413,8 +419,13 @@ fn stats(shared: &Shared, section: Option<&[u8]>, out: &mut Vec<u8>) {
             stat(out, "items:1:number_ssd", engine.ssd_objects);
             stat(out, "items:1:evicted", engine.dropped_objects);
             stat(out, "items:1:expired_unfetched", engine.expired);
+            for (name, value) in shared.crawler.items_stats() {
+                stat(out, name, value);
+            }
         }
         Some(b"slabs") => {
+            // Class 1 holds every item (`crawler.rs`).
+            stat(out, "1:used_chunks", engine.objects_resident);
             stat(out, "active_slabs", 1);
             stat(out, "total_malloced", engine.dram_used);
         }

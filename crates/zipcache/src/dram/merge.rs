@@ -503,6 +503,21 @@ impl DramTier {
             .collect()
     }
 
+    /// A locked leaf's objects (tombstones aside) and how many of them have expired by
+    /// `now_ms`: what a merge of it would drop.
+    pub(super) fn census(&self, leaf: &DramLeaf, st: &LeafState, now_ms: u64) -> (u64, u64) {
+        let decoded = self.decode(leaf, st.page.as_deref());
+        let page = decoded.as_ref().map(|(base, body)| (*base, &body[..]));
+        let empty = WriteBuffer::default();
+        let buffer = st.buffer().unwrap_or(&empty);
+        // At time 0 nothing has expired yet, so every stored object is gathered.
+        let objs = self.gather(page, buffer, st.blobs(), 0);
+        let stored = objs.iter().filter(|o| !matches!(o.body, Body::Tombstone));
+        stored.fold((0, 0), |(objects, expired), o| {
+            (objects + 1, expired + u64::from(o.meta.expired(now_ms)))
+        })
+    }
+
     /// A locked leaf's entries in key order, restricted to `range` if given.
     pub(super) fn entries(
         &self,

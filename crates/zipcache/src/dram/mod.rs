@@ -34,11 +34,13 @@ mod hot;
 mod leaf;
 mod merge;
 mod page;
+mod reclaim;
 mod share;
 mod tally;
 #[cfg(test)]
 mod test_support;
 
+use std::collections::HashMap;
 use std::ops::Bound;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
@@ -56,6 +58,7 @@ use crate::subpage_hash::dram_subpage;
 use crate::write_buffer::Pressure;
 use access::{AccessClock, fingerprint};
 use leaf::{DramLeaf, Extras, LeafState, MERGE_QUEUED, UNKNOWN};
+pub use reclaim::Reclaimed;
 
 /// What the DRAM tier knows about a key.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -162,6 +165,17 @@ pub type Stored = (Vec<u8>, Meta, Option<AccessState>);
 /// One key of a scan: its newest DRAM version, `None` for a tombstone or an expired value
 /// (which hide older versions in lower tiers).
 pub type ScanEntry = (Vec<u8>, Option<(Vec<u8>, Meta)>);
+
+/// One DRAM leaf's part of a scan.
+pub struct LeafScan {
+    pub entries: Vec<ScanEntry>,
+    /// Where the next leaf starts; `None` after the last leaf.
+    pub next: Option<Fence>,
+    /// The leaf lost its page: no lower tier may answer for its range.
+    pub lost: bool,
+    /// The access state of its live entries (setting `track_access`), read as a peek.
+    pub access: HashMap<Vec<u8>, AccessState>,
+}
 
 type Bounds<'k> = (Bound<&'k [u8]>, Bound<&'k [u8]>);
 
@@ -493,20 +507,29 @@ impl DramTier {
         }
     }
 
-    /// DRAM entries with keys in `[cursor, end)` from the one leaf holding `cursor`,
-    /// where the next leaf starts (`None` after the last leaf), and whether the leaf lost
-    /// its page (then no lower tier may answer for its range).
-    pub fn scan_leaf(
-        &self,
-        cursor: &[u8],
-        end: Bound<&[u8]>,
-        now_ms: u64,
-    ) -> (Vec<ScanEntry>, Option<Fence>, bool) {
+    /// The entries with keys in `[cursor, end)` of the one leaf holding `cursor`.
+    pub fn scan_leaf(&self, cursor: &[u8], end: Bound<&[u8]>, now_ms: u64) -> LeafScan {
         self.read_leaf(cursor, |leaf, st| {
             let entries = self.entries(leaf, st, now_ms, Some((Bound::Included(cursor), end)));
-            // The leaf's high fence cannot move while it is locked.
-            let next = self.tree.next_leaf(cursor).map(|(next, _)| next);
-            (entries, next, leaf.lost())
+            let access = match st.access_table() {
+                Some(table) if self.settings.track_access => entries
+                    .iter()
+                    .filter(|(_, version)| version.is_some())
+                    .filter_map(|(key, _)| {
+                        let state =
+                            table.read(self.access_clock(), fingerprint(key), now_ms, true)?;
+                        Some((key.clone(), state))
+                    })
+                    .collect(),
+                _ => HashMap::new(),
+            };
+            LeafScan {
+                entries,
+                // The leaf's high fence cannot move while it is locked.
+                next: self.tree.next_leaf(cursor).map(|(next, _)| next),
+                lost: leaf.lost(),
+                access,
+            }
         })
     }
 }
