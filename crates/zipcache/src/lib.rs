@@ -43,6 +43,7 @@ pub use async_get::AsyncGet;
 pub use cache::ZipCache;
 pub use config::{Clock, Config, SsdConfig, SystemClock, parse_size};
 pub use error::{Error, Result};
+pub use eviction::EvictionListener;
 pub use stats::Stats;
 
 /// A stored object as `get_item` returns it.

@@ -196,6 +196,12 @@ impl DramTier {
             }
         }
         let (shedding, kept) = self.shedding(&objs, shed);
+        // Cold values shed are forgotten (no tier below): evictions, if anyone listens.
+        if let Some(listener) = self.eviction_listener().filter(|_| shed == Shed::Cold) {
+            for (o, _) in objs.iter().zip(&shedding).filter(|(_, shed)| **shed) {
+                listener.evicted(o.key, o.value_len(), o.meta.expires_at_ms, now_ms);
+            }
+        }
         // A tombstone with nothing below to hide (the blob of one that went missing above
         // must still hide an older SSD copy, so only without a lower tier).
         let dropped =

@@ -38,14 +38,15 @@ mod tally;
 mod test_support;
 
 use std::ops::Bound;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use parking_lot::Mutex;
 
 use crate::AccessState;
 use crate::btree::{BTree, Child, Exclusive, Fence, Shared};
 use crate::bypass::Bypass;
+use crate::eviction::EvictionListener;
 use crate::memory::Memory;
 use crate::packed_page::PackedLayout;
 use crate::record::{ASSIGN_CAS, Meta, Payload, Record, decode_blob};
@@ -142,6 +143,8 @@ pub struct DramTier {
     cas_floor: AtomicU64,
     /// At least every CAS version handed out.
     cas_high: AtomicU64,
+    /// Told of the values dropped for room (`set_eviction_listener`).
+    pub(crate) eviction_listener: OnceLock<Arc<dyn EvictionListener>>,
 }
 
 /// The leaf `id` names in `view`; `None` if it was handed out after the view was taken.
@@ -182,6 +185,7 @@ impl DramTier {
             reads,
             hand: Mutex::new(Fence::from(&[][..])),
             evicting: Mutex::new(()),
+            eviction_listener: OnceLock::new(),
             cas_floor: AtomicU64::new(settings.cas_origin),
             cas_high: AtomicU64::new(settings.cas_origin),
         }
@@ -189,6 +193,14 @@ impl DramTier {
 
     pub fn leaf_count(&self) -> u64 {
         self.tree.leaf_count()
+    }
+
+    /// The eviction listener, if one is set and listening now.
+    pub(crate) fn eviction_listener(&self) -> Option<&dyn EvictionListener> {
+        self.eviction_listener
+            .get()
+            .map(|listener| &**listener)
+            .filter(|listener| listener.listening())
     }
 
     /// Every leaf, in key order, as the tree is now (for passes that lock them one by one).
