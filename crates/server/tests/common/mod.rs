@@ -198,6 +198,11 @@ impl Client {
         }
     }
 
+    /// The client's own address (a server's `rip`/`rport` for it).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.reader.get_ref().local_addr().expect("local address")
+    }
+
     pub fn send(&mut self, bytes: &[u8]) {
         self.reader.get_mut().write_all(bytes).expect("send");
     }
