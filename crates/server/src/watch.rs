@@ -15,7 +15,7 @@ use std::fmt::Write as _;
 use std::io::Write as _;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -316,7 +316,8 @@ struct LogCounters {
 pub struct Logger {
     /// The union of every watcher's streams: the request path's only check.
     active: AtomicU32,
-    subscribers: Mutex<Vec<Arc<Subscriber>>>,
+    /// Read-locked by every event, written only when a watcher comes or goes.
+    subscribers: RwLock<Vec<Arc<Subscriber>>>,
     next_gid: AtomicU64,
     counters: LogCounters,
 }
@@ -346,7 +347,7 @@ impl Logger {
             gid: self.next_gid.fetch_add(1, Ordering::Relaxed) + 1,
             event,
         });
-        for subscriber in locked(&self.subscribers).iter() {
+        for subscriber in self.subscribers().iter() {
             if subscriber.streams.overlaps(stream) {
                 subscriber.offer(&logged, &self.counters);
             }
@@ -360,7 +361,7 @@ impl Logger {
             queue: Mutex::new(Queue::default()),
             wake: Notify::new(),
         });
-        let mut subscribers = locked(&self.subscribers);
+        let mut subscribers = self.subscribers_mut();
         if subscribers.len() >= MAX_WATCHERS {
             return Err(TooManyWatchers);
         }
@@ -372,8 +373,20 @@ impl Logger {
         })
     }
 
+    fn subscribers(&self) -> RwLockReadGuard<'_, Vec<Arc<Subscriber>>> {
+        self.subscribers
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn subscribers_mut(&self) -> RwLockWriteGuard<'_, Vec<Arc<Subscriber>>> {
+        self.subscribers
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
     fn unsubscribe(&self, gone: &Arc<Subscriber>) {
-        let mut subscribers = locked(&self.subscribers);
+        let mut subscribers = self.subscribers_mut();
         subscribers.retain(|s| !Arc::ptr_eq(s, gone));
         let active = subscribers.iter().fold(0, |all, s| all | s.streams.0);
         self.active.store(active, Ordering::Relaxed);
@@ -382,7 +395,7 @@ impl Logger {
     /// memcached's logger stats: `log_watchers`, `log_watcher_skipped`, `log_watcher_sent`.
     pub fn stats(&self) -> [(&'static str, u64); 3] {
         [
-            ("log_watchers", locked(&self.subscribers).len() as u64),
+            ("log_watchers", self.subscribers().len() as u64),
             (
                 "log_watcher_skipped",
                 self.counters.skipped.load(Ordering::Relaxed),

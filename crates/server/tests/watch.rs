@@ -8,21 +8,15 @@ use std::time::{Duration, Instant};
 use common::{Client, TestServer};
 use zipcache::Config;
 
-/// The stats named `name` (`stats` section `section`), by name.
+/// The value of stat `name` in `stats SECTION` (`""`: plain `stats`).
 fn stat(client: &mut Client, section: &str, name: &str) -> Option<String> {
     let request = format!("stats {section}");
     client.send(format!("{}\r\n", request.trim_end()).as_bytes());
     let prefix = format!("STAT {name} ");
-    let mut found = None;
-    loop {
-        let line = client.line();
-        if line == "END" {
-            return found;
-        }
-        if let Some(value) = line.strip_prefix(&prefix) {
-            found = Some(value.to_string());
-        }
-    }
+    let lines = client.until_end();
+    lines
+        .iter()
+        .find_map(|line| line.strip_prefix(&prefix).map(str::to_string))
 }
 
 fn log_watchers(client: &mut Client) -> u64 {
@@ -33,14 +27,8 @@ fn log_watchers(client: &mut Client) -> u64 {
 /// `cfd`), as memcached's watcher_connid.t finds it.
 fn own_id(client: &mut Client) -> String {
     client.send(b"stats conns\r\n");
-    let mut last = String::new();
-    loop {
-        let line = client.line();
-        if line == "END" {
-            break;
-        }
-        last = line;
-    }
+    let lines = client.until_end();
+    let last = lines.last().expect("this connection is listed");
     let name = last.strip_prefix("STAT ").unwrap();
     name.split(':').next().unwrap().to_string()
 }

@@ -226,6 +226,13 @@ impl Client {
         (0..lines).map(|_| self.line()).collect()
     }
 
+    /// Reply lines up to (without) the `END` that closes a listing such as `stats`.
+    pub fn until_end(&mut self) -> Vec<String> {
+        std::iter::from_fn(|| Some(self.line()))
+            .take_while(|line| line != "END")
+            .collect()
+    }
+
     /// True once the server has closed the connection (reads EOF).
     pub fn closed(&mut self) -> bool {
         let mut rest = Vec::new();
