@@ -255,7 +255,6 @@ pub fn start(cache: Arc<ZipCache>, options: ServerOptions) -> io::Result<ServerH
         max_connections: options.max_connections,
     };
     let shared = Arc::new(Shared::new(cache, info, &options));
-    // An engine served again (tests) keeps its first server's logger: the first wins.
     shared.cache.set_eviction_listener(shared.logger.clone());
     let (stop, stopped) = watch::channel(false);
 

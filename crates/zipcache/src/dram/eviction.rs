@@ -631,7 +631,7 @@ mod tests {
     fn listened(dram: &DramTier, on: bool) -> std::sync::Arc<Evictions> {
         let evictions = std::sync::Arc::new(Evictions::default());
         evictions.on.store(on, Ordering::Relaxed);
-        assert!(dram.eviction_listener.set(evictions.clone()).is_ok());
+        *dram.eviction_listener.write() = Some(evictions.clone());
         evictions
     }
 

@@ -197,7 +197,8 @@ impl DramTier {
         }
         let (shedding, kept) = self.shedding(&objs, shed);
         // Cold values shed are forgotten (no tier below): evictions, if anyone listens.
-        if let Some(listener) = self.eviction_listener().filter(|_| shed == Shed::Cold) {
+        let listener = (shed == Shed::Cold).then(|| self.eviction_listener());
+        if let Some(listener) = listener.flatten() {
             for (o, _) in objs.iter().zip(&shedding).filter(|(_, shed)| **shed) {
                 listener.evicted(o.key, o.value_len(), o.meta.expires_at_ms, now_ms);
             }

@@ -38,10 +38,10 @@ mod tally;
 mod test_support;
 
 use std::ops::Bound;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
 
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock};
 
 use crate::AccessState;
 use crate::btree::{BTree, Child, Exclusive, Fence, Shared};
@@ -143,8 +143,9 @@ pub struct DramTier {
     cas_floor: AtomicU64,
     /// At least every CAS version handed out.
     cas_high: AtomicU64,
-    /// Told of the values dropped for room (`set_eviction_listener`).
-    pub(crate) eviction_listener: OnceLock<Arc<dyn EvictionListener>>,
+    /// Told of the values dropped for room (`ZipCache::set_eviction_listener`); read
+    /// once per eviction, not per request.
+    pub(crate) eviction_listener: RwLock<Option<Arc<dyn EvictionListener>>>,
 }
 
 /// The leaf `id` names in `view`; `None` if it was handed out after the view was taken.
@@ -185,7 +186,7 @@ impl DramTier {
             reads,
             hand: Mutex::new(Fence::from(&[][..])),
             evicting: Mutex::new(()),
-            eviction_listener: OnceLock::new(),
+            eviction_listener: RwLock::new(None),
             cas_floor: AtomicU64::new(settings.cas_origin),
             cas_high: AtomicU64::new(settings.cas_origin),
         }
@@ -196,11 +197,9 @@ impl DramTier {
     }
 
     /// The eviction listener, if one is set and listening now.
-    pub(crate) fn eviction_listener(&self) -> Option<&dyn EvictionListener> {
-        self.eviction_listener
-            .get()
-            .map(|listener| &**listener)
-            .filter(|listener| listener.listening())
+    pub(crate) fn eviction_listener(&self) -> Option<Arc<dyn EvictionListener>> {
+        let listener = self.eviction_listener.read().clone()?;
+        listener.listening().then_some(listener)
     }
 
     /// Every leaf, in key order, as the tree is now (for passes that lock them one by one).
