@@ -12,6 +12,7 @@ use tokio::sync::watch;
 use tokio_rustls::server::TlsStream;
 
 use crate::prefetch::{self, Prefetch};
+use crate::watch::Watcher;
 
 /// A byte stream a connection is served over.
 pub trait Transport: AsyncRead + AsyncWrite + Unpin + Send {
@@ -57,6 +58,12 @@ pub trait Session {
     /// If the request at the front is complete and only reads, starts its GETs
     /// (`prefetch::start`) without executing it and returns its length; else `None`.
     fn read_ahead(&mut self, input: &[u8]) -> Option<usize>;
+
+    /// Once a request made this connection a log watcher (memcached's `watch`), the
+    /// watcher: the connection then only streams its lines.
+    fn take_watcher(&mut self) -> Option<Watcher> {
+        None
+    }
 }
 
 /// Requests after one that waits for the SSD whose reads are started with it, so that a
@@ -172,6 +179,9 @@ pub async fn serve<T: Transport, S: Session>(
                     return;
                 }
                 out.clear();
+            }
+            if let Some(watcher) = session.take_watcher() {
+                return watcher.stream(stream, shutdown).await;
             }
             if processed != Processed::Await {
                 // Every complete request ran: nothing prefetched is owed to anyone.

@@ -16,6 +16,7 @@ mod server;
 mod settings;
 mod stats;
 mod tls;
+mod watch;
 
 use std::sync::Arc;
 

@@ -25,11 +25,14 @@ use zipcache::ZipCache;
 use crate::auth::Password;
 use crate::connection::{self, Transport};
 use crate::memcache::annotations::Annotations;
+use crate::memcache::conns::Connections;
+use crate::memcache::prefix_stats::PrefixStats;
 use crate::memcache::{Crawler, Credentials, MemcacheSession};
 use crate::metrics_http;
 use crate::resp::RespSession;
 use crate::stats::Counters;
 use crate::tls::TlsFiles;
+use crate::watch::Logger;
 
 /// How long shutdown waits for open connections to finish their current requests.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
@@ -131,6 +134,12 @@ pub struct Shared {
     pub memcached_auth: Option<Arc<Credentials>>,
     pub annotations: Annotations,
     pub crawler: Arc<Crawler>,
+    /// memcached's log streams (`watch`).
+    pub logger: Arc<Logger>,
+    /// `stats detail`.
+    pub prefix_stats: PrefixStats,
+    /// Open memcached connections (`stats conns`).
+    pub conns: Connections,
 }
 
 impl Shared {
@@ -147,6 +156,9 @@ impl Shared {
             memcached_auth: options.memcached_auth.clone(),
             annotations: Annotations::default(),
             crawler: Crawler::new(options.lru_crawler),
+            logger: Arc::default(),
+            prefix_stats: PrefixStats::default(),
+            conns: Connections::default(),
         }
     }
 }
@@ -248,6 +260,7 @@ pub fn start(cache: Arc<ZipCache>, options: ServerOptions) -> io::Result<ServerH
         max_connections: options.max_connections,
     };
     let shared = Arc::new(Shared::new(cache, info, &options));
+    shared.cache.set_eviction_listener(shared.logger.clone());
     let (stop, stopped) = watch::channel(false);
 
     // Listener sets: per-core gives each thread one listener of each port.
@@ -377,7 +390,7 @@ async fn accept_loop(
             accepted = listener.accept() => accepted,
             _ = stopped.wait_for(|stop| *stop) => return,
         };
-        let Ok((stream, _)) = accepted else {
+        let Ok((stream, peer)) = accepted else {
             // Out of file descriptors and the like: back off instead of spinning.
             tokio::time::sleep(Duration::from_millis(10)).await;
             continue;
@@ -404,11 +417,11 @@ async fn accept_loop(
         let tls = tls.clone();
         tokio::spawn(async move {
             match tls {
-                None => serve(stream, protocol, &shared, stopped).await,
+                None => serve(stream, peer, protocol, &shared, stopped).await,
                 Some(tls) => {
                     let handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, tls.accept(stream));
                     if let Ok(Ok(stream)) = handshake.await {
-                        serve(stream, protocol, &shared, stopped).await;
+                        serve(stream, peer, protocol, &shared, stopped).await;
                     }
                 }
             }
@@ -424,13 +437,15 @@ async fn accept_loop(
 /// Serves one accepted connection in its protocol, over TCP or TLS.
 async fn serve<T: Transport>(
     stream: T,
+    peer: SocketAddr,
     protocol: Service,
     shared: &Arc<Shared>,
     stopped: watch::Receiver<bool>,
 ) {
     match protocol {
         Service::Memcached => {
-            connection::serve(stream, MemcacheSession::new(shared.clone()), stopped).await
+            let session = MemcacheSession::accepted(shared.clone(), Some(peer));
+            connection::serve(stream, session, stopped).await
         }
         _ => connection::serve(stream, RespSession::new(shared.clone()), stopped).await,
     }

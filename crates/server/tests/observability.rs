@@ -47,14 +47,7 @@ fn stats_and_info_carry_engine_metrics_and_counters() {
     let mut mc = Client::connect(server.memcached);
     mc.ask("set k 0 0 1\r\nv\r\nget k\r\nget nope\r\n", 5);
     mc.send(b"stats\r\n");
-    let mut stats = Vec::new();
-    loop {
-        let line = mc.line();
-        if line == "END" {
-            break;
-        }
-        stats.push(line);
-    }
+    let stats = mc.until_end();
     for stat in [
         "STAT get_hits 1",
         "STAT get_misses 1",

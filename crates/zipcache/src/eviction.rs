@@ -10,6 +10,18 @@
 use crate::btree::Fence;
 use crate::record::Meta;
 
+/// Told of each value the cache forgets to make room (memcached's `watch evictions`).
+/// Reported: values dropped from DRAM with no tier below to take them. Not reported:
+/// leaves handed to the SSD tier (nothing is forgotten), clean copies dropped (the SSD
+/// holds them), and what the SSD tier itself gives up.
+pub trait EvictionListener: Send + Sync {
+    /// Checked once per eviction: while false, an eviction costs nothing more.
+    fn listening(&self) -> bool;
+    /// `key`'s value of `value_len` bytes left the cache at `now_ms`; it would have
+    /// expired at `expires_at_ms`.
+    fn evicted(&self, key: &[u8], value_len: usize, expires_at_ms: Option<u64>, now_ms: u64);
+}
+
 /// One object of an evicted leaf, as the newest version the DRAM tier held.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EvictedObject {

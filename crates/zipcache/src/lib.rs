@@ -44,6 +44,7 @@ pub use cache::ZipCache;
 pub use config::{Clock, Config, SsdConfig, SystemClock, parse_size};
 pub use dram::Reclaimed;
 pub use error::{Error, Result};
+pub use eviction::EvictionListener;
 pub use stats::Stats;
 
 /// A stored object as `get_item` returns it.

@@ -3,6 +3,7 @@
 use zipcache::{AccessState, GetOptions, Item, Update};
 
 use super::annotations::{Entry, Marks, Write};
+use super::events;
 use super::parse::{Meta, MetaKind, StoreMode};
 use super::text::{StoreOutcome, Storing, apply_delta, store_item};
 use super::{Expiry, NON_NUMERIC, after_read, engine_error, line, ttl_seconds, with_access};
@@ -310,7 +311,8 @@ fn get(shared: &Shared, meta: &Meta<'_>, out: &mut Vec<u8>) -> Result<(), String
             won: false,
         })
     };
-    shared.counters.hit_or_miss(fetched.is_some());
+    let size = fetched.as_ref().map(|f| f.entry.item.value.len());
+    events::fetched(shared, &meta.key, size);
     let Some(fetched) = fetched else {
         miss(meta, out);
         return Ok(());
@@ -411,6 +413,7 @@ fn delete(shared: &Shared, meta: &Meta<'_>, out: &mut Vec<u8>) -> Result<(), Str
     let now = shared.cache.now_ms();
     let new_expiry = numeric::<i64>(meta, b'T')?.map(|t| Expiry::from_exptime(t, now));
     let (invalidate, empty) = (meta.has(b'I'), meta.has(b'x'));
+    let mut removed = None;
     let (code, _) = shared
         .annotations
         .update(&shared.cache, &meta.key, |current| match current {
@@ -418,7 +421,10 @@ fn delete(shared: &Shared, meta: &Meta<'_>, out: &mut Vec<u8>) -> Result<(), Str
             Some(entry) if compare.is_some_and(|c| c != entry.item.cas) => {
                 (Update::Keep.into(), "EX")
             }
-            Some(_) if !invalidate && !empty => (Update::Delete.into(), "HD"),
+            Some(entry) if !invalidate && !empty => {
+                removed = Some(entry.item.value.len());
+                (Update::Delete.into(), "HD")
+            }
             Some(entry) => {
                 let item = &entry.item;
                 let (value, flags, expiry) = if empty {
@@ -441,6 +447,9 @@ fn delete(shared: &Shared, meta: &Meta<'_>, out: &mut Vec<u8>) -> Result<(), Str
             }
         })
         .map_err(|e| engine_error(&e))?;
+    if let Some(size) = removed.filter(|_| events::wants_deletions(shared)) {
+        events::deleted(shared, &meta.key, "md", size);
+    }
     status(meta, code, None, None, 0, out);
     Ok(())
 }

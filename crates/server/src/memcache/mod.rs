@@ -2,14 +2,18 @@
 
 pub mod annotations;
 pub(crate) mod auth;
+pub mod conns;
 mod crawler;
+mod events;
 mod meta;
 pub mod parse;
+pub mod prefix_stats;
 mod text;
 
 pub use auth::Credentials;
 pub use crawler::Crawler;
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 
 use zipcache::{AccessState, Item, PutOptions, Update};
@@ -18,6 +22,7 @@ use crate::connection::{Session, Step};
 use crate::prefetch;
 use crate::server::Shared;
 use crate::stats::Counters;
+use crate::watch::{self, CloseReason, Event, Streams, TooManyWatchers, Watcher};
 use parse::{Parsed, Request};
 
 /// memcached treats exptimes above 30 days as absolute Unix times.
@@ -150,23 +155,66 @@ pub struct MemcacheSession {
     /// A metadump or mgdump being sent, and the length of its request line: the line
     /// stays at the front of the input until the dump's last line is out.
     dump: Option<(crawler::Dump, usize)>,
+    /// The connection's id (`cfd=` in log lines, `stats conns`).
+    id: u64,
+    /// The client, for connection events; `None` outside a listening server.
+    peer: Option<SocketAddr>,
+    close_reason: CloseReason,
+    /// Set by `watch`: the connection now only streams log lines (`take_watcher`).
+    watcher: Option<Watcher>,
 }
 
 impl MemcacheSession {
+    /// A session outside a listening server (fuzzing, property tests).
     pub fn new(shared: Arc<Shared>) -> MemcacheSession {
+        MemcacheSession::accepted(shared, None)
+    }
+
+    /// The session of a connection accepted from `peer`: listed in `stats conns` and
+    /// logged (`watch connevents`) until it closes.
+    pub fn accepted(shared: Arc<Shared>, peer: Option<SocketAddr>) -> MemcacheSession {
         let authenticated = shared.memcached_auth.is_none();
+        let id = shared.conns.open(peer);
+        if let Some(peer) = peer {
+            shared.logger.log(Event::ConnNew { peer, conn: id });
+        }
         MemcacheSession {
             shared,
             swallow: 0,
             authenticated,
             dump: None,
+            id,
+            peer,
+            close_reason: CloseReason::Normal,
+            watcher: None,
+        }
+    }
+
+    /// `watch`: turns this connection into a watcher of the streams named, once every
+    /// earlier reply is out (memcached refuses a `watch` behind pipelined commands).
+    fn watch(&mut self, names: &[&[u8]], out: &mut Vec<u8>) {
+        if !out.is_empty() {
+            return line(out, "ERROR cannot pipeline other commands before watch");
+        }
+        let Some(streams) = Streams::parse(names) else {
+            return line(out, "ERROR");
+        };
+        match self.shared.logger.subscribe(streams) {
+            Ok(watcher) => {
+                self.watcher = Some(watcher);
+                line(out, "OK");
+            }
+            Err(TooManyWatchers) => line(out, "WATCHER_TOO_MANY log watcher limit reached"),
         }
     }
 
     fn authenticate(&mut self, credentials: &Credentials, input: &[u8], out: &mut Vec<u8>) -> Step {
         match auth::attempt(input, credentials) {
             auth::Attempt::NeedMore => Step::NeedMore,
-            auth::Attempt::Close => Step::Close,
+            auth::Attempt::Close => {
+                self.close_reason = CloseReason::Error;
+                Step::Close
+            }
             auth::Attempt::Answered {
                 reply,
                 len,
@@ -184,8 +232,25 @@ impl MemcacheSession {
     }
 }
 
+impl Drop for MemcacheSession {
+    fn drop(&mut self) {
+        self.shared.conns.close(self.id);
+        if let Some(peer) = self.peer {
+            self.shared.logger.log(Event::ConnClose {
+                peer,
+                reason: self.close_reason,
+                conn: self.id,
+            });
+        }
+    }
+}
+
 impl Session for MemcacheSession {
     fn step(&mut self, input: &[u8], out: &mut Vec<u8>) -> Step {
+        if self.watcher.is_some() {
+            // A watcher's input is ignored, as memcached does.
+            return Step::NeedMore;
+        }
         if self.swallow > 0 {
             let n = self.swallow.min(input.len());
             self.swallow -= n;
@@ -206,7 +271,10 @@ impl Session for MemcacheSession {
         }
         match parse::parse(input, self.shared.max_value) {
             Parsed::Incomplete => Step::NeedMore,
-            Parsed::Close => Step::Close,
+            Parsed::Close => {
+                self.close_reason = CloseReason::Error;
+                Step::Close
+            }
             Parsed::Request { request, len } => {
                 let (keys, options) = request.keys_read();
                 if !prefetch::start(&self.shared.cache, keys, options) {
@@ -233,8 +301,15 @@ impl Session for MemcacheSession {
             }
         }
     }
+    fn take_watcher(&mut self) -> Option<Watcher> {
+        self.watcher.take()
+    }
+
     fn read_ahead(&mut self, input: &[u8]) -> Option<usize> {
-        if self.swallow > 0 || !self.authenticated && self.shared.memcached_auth.is_some() {
+        if self.watcher.is_some()
+            || self.swallow > 0
+            || !self.authenticated && self.shared.memcached_auth.is_some()
+        {
             return None;
         }
         match parse::parse(input, self.shared.max_value) {
@@ -254,8 +329,10 @@ impl MemcacheSession {
     /// Executes one request (`len` bytes long); false closes the connection.
     fn execute(&mut self, request: Request<'_>, len: usize, out: &mut Vec<u8>) -> bool {
         Counters::bump(&self.shared.counters.commands);
+        watch::set_current_connection(self.id);
         match request {
             Request::Quit => return false,
+            Request::Watch(names) => self.watch(&names, out),
             Request::Meta(meta) => meta::execute(&self.shared, &meta, out),
             Request::Crawler(command) => {
                 let (cache, crawler) = (&self.shared.cache, &self.shared.crawler);

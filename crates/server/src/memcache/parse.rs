@@ -71,6 +71,10 @@ pub enum Request<'a> {
         noreply: bool,
     },
     Stats(Option<&'a [u8]>),
+    /// `stats detail on|off|dump`; `None` for anything else (a usage error).
+    StatsDetail(Option<&'a [u8]>),
+    /// `watch [stream ...]`: the stream names as sent.
+    Watch(Vec<&'a [u8]>),
     Version,
     Verbosity {
         noreply: bool,
@@ -229,6 +233,7 @@ pub fn parse(input: &[u8], max_value: usize) -> Parsed<'_> {
         Some(b"stats") => stats(&tokens),
         Some(b"lru_crawler") => super::crawler::parse(&tokens),
         Some(b"version") => Request::Version,
+        Some(b"watch") => Request::Watch(tokens[1..].to_vec()),
         Some(b"verbosity") if (2..=3).contains(&tokens.len()) => verbosity(&tokens),
         Some(b"quit") if tokens.len() == 1 => Request::Quit,
         Some(b"mn") => Request::Meta(Meta {
@@ -502,6 +507,9 @@ fn stats<'a>(tokens: &[&'a [u8]]) -> Request<'a> {
         return super::crawler::parse_cachedump(tokens);
     }
     match tokens.len() {
+        2..=4 if tokens[1] == b"detail" => {
+            Request::StatsDetail((tokens.len() == 3).then(|| tokens[2]))
+        }
         1 => Request::Stats(None),
         2 => Request::Stats(Some(tokens[1])),
         _ => error("ERROR"),
@@ -894,5 +902,27 @@ mod tests {
         let mut get = b"get ".to_vec();
         get.extend_from_slice(&[b'k'; 3000]);
         assert_eq!(parse(&get, 1 << 20), Parsed::Incomplete);
+    }
+
+    #[test]
+    fn watch_and_stats_detail_carry_their_arguments() {
+        assert_eq!(request(b"watch\r\n").0, Request::Watch(vec![]));
+        assert_eq!(
+            request(b"watch fetchers mutations\r\n").0,
+            Request::Watch(vec![&b"fetchers"[..], b"mutations"])
+        );
+        assert_eq!(
+            request(b"stats detail dump\r\n").0,
+            Request::StatsDetail(Some(b"dump"))
+        );
+        assert_eq!(request(b"stats detail\r\n").0, Request::StatsDetail(None));
+        assert_eq!(
+            request(b"stats detail on x\r\n").0,
+            Request::StatsDetail(None)
+        );
+        assert_eq!(
+            request(b"stats conns\r\n").0,
+            Request::Stats(Some(b"conns"))
+        );
     }
 }

@@ -1,10 +1,12 @@
 //! The classic memcached text commands.
 
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use zipcache::{GetOptions, Update};
 
 use super::annotations::{Entry, Marks, Write};
+use super::events;
 use super::parse::{Request, StoreMode, TOO_LARGE};
 use super::{Expiry, NON_NUMERIC, after_read, engine_error, line, parse_counter, with_access};
 use crate::server::Shared;
@@ -39,7 +41,8 @@ pub fn execute(shared: &Shared, request: Request<'_>, out: &mut Vec<u8>) {
             reply_unless(noreply, &reply, out);
         }
         Request::Delete { key, noreply } => {
-            let reply = match shared.cache.delete(key) {
+            shared.prefix_stats.record_delete(key);
+            let reply = match events::delete(shared, key) {
                 Ok(true) => "DELETED".to_string(),
                 Ok(false) => "NOT_FOUND".to_string(),
                 Err(e) => engine_error(&e),
@@ -75,13 +78,18 @@ pub fn execute(shared: &Shared, request: Request<'_>, out: &mut Vec<u8>) {
             reply_unless(noreply, &reply, out);
         }
         Request::Stats(section) => stats(shared, section, out),
+        Request::StatsDetail(action) => stats_detail(shared, action, out),
         Request::Version => line(
             out,
             concat!("VERSION 1.6.0-zipcache-", env!("CARGO_PKG_VERSION")),
         ),
         Request::Verbosity { noreply } => reply_unless(noreply, "OK", out),
         // The session handles these before dispatching here.
-        Request::Quit | Request::Meta(_) | Request::Crawler(_) | Request::Error { .. } => {}
+        Request::Quit
+        | Request::Meta(_)
+        | Request::Crawler(_)
+        | Request::Error { .. }
+        | Request::Watch(_) => {}
     }
 }
 
@@ -143,7 +151,7 @@ fn retrieve(
                 return;
             }
         };
-        shared.counters.hit_or_miss(item.is_some());
+        events::fetched(shared, key, item.as_ref().map(|item| item.value.len()));
         if let Some(item) = item {
             out.extend_from_slice(b"VALUE ");
             out.extend_from_slice(key);
@@ -193,6 +201,24 @@ pub fn store_item(
     key: &[u8],
     storing: &Storing<'_>,
 ) -> zipcache::Result<(StoreOutcome, Option<u64>)> {
+    let mut previous = None;
+    let result = apply_store(shared, key, storing, &mut previous);
+    if let Ok((outcome, _)) = result {
+        events::log_fetch(shared, key, previous);
+        let size = storing.data.len();
+        events::stored(shared, key, storing.mode, outcome, storing.expiry, size);
+    }
+    result
+}
+
+/// `store_item`'s work; `previous` gets the size of the value it found, when the log
+/// streams want it.
+fn apply_store(
+    shared: &Shared,
+    key: &[u8],
+    storing: &Storing<'_>,
+    previous: &mut Option<usize>,
+) -> zipcache::Result<(StoreOutcome, Option<u64>)> {
     let &Storing {
         mode,
         flags,
@@ -205,6 +231,9 @@ pub fn store_item(
     // The common case needs no read: a plain write, under a fresh CAS that no annotation
     // names. A CAS the client chose may repeat an annotated one, so the table must see it.
     if mode == StoreMode::Set && cas.is_none() {
+        if events::wants_previous(shared) {
+            *previous = events::peek_size(shared, key);
+        }
         return match expiry.store(data.to_vec(), flags, None) {
             Update::Put { options, .. } => shared
                 .cache
@@ -216,9 +245,9 @@ pub fn store_item(
                 .map(|_| (StoreOutcome::Stored { size: data.len() }, None)),
         };
     }
-    shared
-        .annotations
-        .update(&shared.cache, key, |current| match (mode, current) {
+    shared.annotations.update(&shared.cache, key, |current| {
+        *previous = current.map(|entry| entry.item.value.len());
+        match (mode, current) {
             (StoreMode::Set, _) | (StoreMode::Add, None) => (
                 expiry.store(data.to_vec(), flags, cas).into(),
                 StoreOutcome::Stored { size: data.len() },
@@ -277,7 +306,8 @@ pub fn store_item(
                     size: entry.item.value.len() + data.len(),
                 },
             ),
-        })
+        }
+    })
 }
 
 fn store(
@@ -391,7 +421,12 @@ fn stats(shared: &Shared, section: Option<&[u8]>, out: &mut Vec<u8>) {
             for (name, value) in shared.counters.snapshot() {
                 stat(out, name, value);
             }
-            for (name, value) in shared.crawler.general_stats() {
+            for (name, value) in shared
+                .crawler
+                .general_stats()
+                .into_iter()
+                .chain(shared.logger.stats())
+            {
                 stat(out, name, value);
             }
             for (name, value) in engine_metrics(&engine) {
@@ -429,7 +464,14 @@ fn stats(shared: &Shared, section: Option<&[u8]>, out: &mut Vec<u8>) {
             stat(out, "active_slabs", 1);
             stat(out, "total_malloced", engine.dram_used);
         }
+        Some(b"conns") => {
+            let listen = SocketAddr::new(shared.info.listen, shared.info.memcached_port);
+            for (name, value) in shared.conns.stats(listen) {
+                stat(out, &name, value);
+            }
+        }
         Some(b"reset") => {
+            shared.prefix_stats.clear();
             line(out, "RESET");
             return;
         }
@@ -439,4 +481,20 @@ fn stats(shared: &Shared, section: Option<&[u8]>, out: &mut Vec<u8>) {
         }
     }
     line(out, "END");
+}
+
+/// `stats detail on|off|dump` (per-prefix counters, `prefix_stats`).
+fn stats_detail(shared: &Shared, action: Option<&[u8]>, out: &mut Vec<u8>) {
+    match action {
+        Some(b"on") => {
+            shared.prefix_stats.set_enabled(true);
+            line(out, "OK");
+        }
+        Some(b"off") => {
+            shared.prefix_stats.set_enabled(false);
+            line(out, "OK");
+        }
+        Some(b"dump") => shared.prefix_stats.dump(out),
+        _ => line(out, "CLIENT_ERROR usage: stats detail on|off|dump"),
+    }
 }

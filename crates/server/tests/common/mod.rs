@@ -198,6 +198,11 @@ impl Client {
         }
     }
 
+    /// The client's own address (a server's `rip`/`rport` for it).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.reader.get_ref().local_addr().expect("local address")
+    }
+
     pub fn send(&mut self, bytes: &[u8]) {
         self.reader.get_mut().write_all(bytes).expect("send");
     }
@@ -219,6 +224,13 @@ impl Client {
     pub fn ask(&mut self, request: &str, lines: usize) -> Vec<String> {
         self.send(request.as_bytes());
         (0..lines).map(|_| self.line()).collect()
+    }
+
+    /// Reply lines up to (without) the `END` that closes a listing such as `stats`.
+    pub fn until_end(&mut self) -> Vec<String> {
+        std::iter::from_fn(|| Some(self.line()))
+            .take_while(|line| line != "END")
+            .collect()
     }
 
     /// True once the server has closed the connection (reads EOF).

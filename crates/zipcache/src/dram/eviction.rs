@@ -345,6 +345,14 @@ impl DramTier {
             self.counters
                 .dropped_objects
                 .fetch_add(self.live_objects(leaf, st, now_ms), Ordering::Relaxed);
+            if let Some(listener) = self.eviction_listener() {
+                for object in self.export(leaf, st, now_ms) {
+                    if let Some(value) = &object.value {
+                        let expires = object.meta.expires_at_ms;
+                        listener.evicted(&object.key, value.len(), expires, now_ms);
+                    }
+                }
+            }
         }
     }
 
@@ -605,6 +613,58 @@ mod tests {
         unreference(&dram, dram.tree.find(&[]).1);
         assert!(dram.evict_one(None, 0));
         assert_eq!(eviction_counts(&dram), (40, 40, 0, 1, 0));
+    }
+
+    /// Collects what an eviction listener is told, listening while `on`.
+    #[derive(Default)]
+    struct Evictions {
+        on: std::sync::atomic::AtomicBool,
+        keys: Mutex<Vec<(Vec<u8>, usize)>>,
+    }
+
+    impl crate::EvictionListener for Evictions {
+        fn listening(&self) -> bool {
+            self.on.load(Ordering::Relaxed)
+        }
+        fn evicted(&self, key: &[u8], value_len: usize, _: Option<u64>, _: u64) {
+            self.keys.lock().push((key.to_vec(), value_len));
+        }
+    }
+
+    fn listened(dram: &DramTier, on: bool) -> std::sync::Arc<Evictions> {
+        let evictions = std::sync::Arc::new(Evictions::default());
+        evictions.on.store(on, Ordering::Relaxed);
+        *dram.eviction_listener.write() = Some(evictions.clone());
+        evictions
+    }
+
+    /// The listener hears of exactly the values that left, whether a cold leaf sheds
+    /// some or goes whole, and of nothing while it does not listen.
+    #[test]
+    fn the_eviction_listener_hears_of_each_value_dropped() {
+        for (hot_key, expected) in [(Some(7), 39), (None, 40)] {
+            let dram = dram_only(0);
+            let evictions = listened(&dram, true);
+            one_leaf_of_40(&dram);
+            let reads = if hot_key.is_some() { 3 } else { 1 };
+            for _ in 0..reads {
+                assert!(found(&dram, 7).is_some());
+            }
+            unreference(&dram, dram.tree.find(&[]).1);
+            assert!(dram.evict_one(None, 0));
+            let heard = evictions.keys.lock().clone();
+            assert_eq!(heard.len(), expected);
+            for i in 0..40 {
+                let reported = heard.contains(&(key(i), 40));
+                assert_eq!(reported, found(&dram, i).is_none(), "key {i}");
+            }
+        }
+        let dram = dram_only(0);
+        let evictions = listened(&dram, false);
+        one_leaf_of_40(&dram);
+        unreference(&dram, dram.tree.find(&[]).1);
+        assert!(dram.evict_one(None, 0));
+        assert!(evictions.keys.lock().is_empty());
     }
 
     /// However hot, every eviction frees something: a leaf keeps at most 7/8 of its

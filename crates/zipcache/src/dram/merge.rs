@@ -185,7 +185,7 @@ impl DramTier {
         let decoded = self.decode(leaf, old_page.as_deref());
         let page = decoded.as_ref().map(|(base, body)| (*base, &body[..]));
         let gathered = self.gather(page, &buffer, &old_blobs, now_ms);
-        let (mut objs, shedding) = self.survivors(gathered, &mut old_blobs, shed);
+        let (mut objs, shedding) = self.survivors(gathered, &mut old_blobs, shed, now_ms);
         // A full leaf shares with its right neighbour before it splits (`share`).
         let mut neighbour = None;
         if shed == Shed::Nothing && !leaf.lost() && self.splits_at_random(&objs) {
@@ -198,7 +198,7 @@ impl DramTier {
             (Some(given), Some(n)) => {
                 let page = given.body.as_deref().map(|body| (given.cas_base, body));
                 let theirs = self.gather(page, &given.buffer, &given.blobs, now_ms);
-                let (theirs, _) = self.survivors(theirs, &mut given.blobs, Shed::Nothing);
+                let (theirs, _) = self.survivors(theirs, &mut given.blobs, Shed::Nothing, now_ms);
                 objs.extend(theirs);
                 self.retire_neighbour(n);
                 self.share(&objs)
@@ -243,6 +243,7 @@ impl DramTier {
         mut objs: Vec<Obj<'a>>,
         old_blobs: &mut [Option<Box<[u8]>>],
         shed: Shed,
+        now_ms: u64,
     ) -> (Vec<Obj<'a>>, Shedding) {
         let keep_tombstones = self.settings.keep_tombstones;
         for obj in &mut objs {
@@ -258,6 +259,13 @@ impl DramTier {
             }
         }
         let (shedding, kept) = self.shedding(&objs, shed);
+        // Cold values shed are forgotten (no tier below): evictions, if anyone listens.
+        let listener = (shed == Shed::Cold).then(|| self.eviction_listener());
+        if let Some(listener) = listener.flatten() {
+            for (o, _) in objs.iter().zip(&shedding).filter(|(_, shed)| **shed) {
+                listener.evicted(o.key, o.value_len(), o.meta.expires_at_ms, now_ms);
+            }
+        }
         // A tombstone with nothing below to hide (the blob of one that went missing above
         // must still hide an older SSD copy, so only without a lower tier).
         let dropped =

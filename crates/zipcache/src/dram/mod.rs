@@ -45,11 +45,12 @@ use std::ops::Bound;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock};
 
 use crate::AccessState;
 use crate::btree::{BTree, Child, Exclusive, Fence, Shared};
 use crate::bypass::Bypass;
+use crate::eviction::EvictionListener;
 use crate::memory::Memory;
 use crate::packed_page::PackedLayout;
 use crate::record::{ASSIGN_CAS, Meta, Payload, Record, decode_blob};
@@ -152,6 +153,9 @@ pub struct DramTier {
     cas_floor: AtomicU64,
     /// At least every CAS version handed out.
     cas_high: AtomicU64,
+    /// Told of the values dropped for room (`ZipCache::set_eviction_listener`); read
+    /// once per eviction, not per request.
+    pub(crate) eviction_listener: RwLock<Option<Arc<dyn EvictionListener>>>,
 }
 
 /// The leaf `id` names in `view`; `None` if it was handed out after the view was taken.
@@ -204,6 +208,7 @@ impl DramTier {
             hand: Mutex::new(Fence::from(&[][..])),
             evicting: Mutex::new(()),
             retired: Mutex::new(Vec::new()),
+            eviction_listener: RwLock::new(None),
             cas_floor: AtomicU64::new(settings.cas_origin),
             cas_high: AtomicU64::new(settings.cas_origin),
         }
@@ -211,6 +216,12 @@ impl DramTier {
 
     pub fn leaf_count(&self) -> u64 {
         self.tree.leaf_count()
+    }
+
+    /// The eviction listener, if one is set and listening now.
+    pub(crate) fn eviction_listener(&self) -> Option<Arc<dyn EvictionListener>> {
+        let listener = self.eviction_listener.read().clone()?;
+        listener.listening().then_some(listener)
     }
 
     /// Every leaf, in key order, as the tree is now (for passes that lock them one by one).
