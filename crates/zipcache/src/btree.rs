@@ -490,9 +490,16 @@ impl<C: Child> BTree<C> {
     /// leaf's lock throughout (and has narrowed its range, if it keeps one), so a reader
     /// routed to it waits, then finds that it no longer owns the keys that moved. Returns
     /// the change in inner-node bytes.
+    ///
+    /// The last leaf goes in first: each new leaf is unlocked once published, so it must
+    /// own no more than its own keys from then on. Published first, the first of three
+    /// would own the other two's ranges until they follow, and a reader (a miss) or a
+    /// writer (a version the next leaf then hides) could reach it for their keys.
     pub fn split_and_publish(&self, new_leaves: impl IntoIterator<Item = (Fence, C)>) -> i64 {
+        let new_leaves: Vec<(Fence, C)> = new_leaves.into_iter().collect();
         new_leaves
             .into_iter()
+            .rev()
             .map(|(low, leaf)| self.insert(low, leaf))
             .sum()
     }

@@ -325,4 +325,41 @@ mod tests {
             }
         }
     }
+
+    /// While leaves share, every key written reads back at once, from any thread, with
+    /// its newest value (no eviction: nothing may miss). A share publishes two or three
+    /// leaves: published first-to-last, the first owned its successors' keys meanwhile.
+    #[test]
+    fn reads_see_every_write_while_leaves_share() {
+        let dram = std::sync::Arc::new(tier_with(settings(256)).0);
+        let threads: Vec<_> = (0..3u32)
+            .map(|t| {
+                let dram = dram.clone();
+                std::thread::spawn(move || {
+                    let mut last = std::collections::HashMap::new();
+                    for (n, k) in scrambled(60_000).filter(|k| k % 3 == t).enumerate() {
+                        let v = value(k ^ (n as u32) << 16);
+                        dram.put_with(&key(k), Some(&v), Meta::default(), None, 0, |_| ());
+                        last.insert(k, v);
+                        // An earlier key of this thread, overwritten or read back.
+                        let old = k.wrapping_mul(7) % 60_000 / 3 * 3 + t;
+                        if let Some(want) = last.get(&old) {
+                            match dram.get(&key(old), 0, true) {
+                                Lookup::Found(got, ..) => assert_eq!(&got, want, "key {old}"),
+                                other => panic!("key {old}: {other:?}"),
+                            }
+                        }
+                        if n % 5 == 0 {
+                            dram.delete(&key(old), 0, || ());
+                            last.remove(&old);
+                            assert_eq!(dram.get(&key(old), 0, true), Lookup::Deleted, "key {old}");
+                        }
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+    }
 }
