@@ -53,6 +53,8 @@ serve_flags() {
         ascii-auth2.t) echo "--auth-file $src/t/authfile2" ;;
         maxconns.t) echo "--max-connections 1024" ;;
         metaget.t) echo "--set track_access=true" ;;
+        stats.t) echo "--set max_value_size=1024 --max-connections 1024" ;;
+        idle-timeout.t) echo "--idle-timeout 3" ;;
     esac
 }
 

@@ -84,6 +84,14 @@ pub struct ServeArgs {
     #[arg(long)]
     #[serde(default)]
     pub disable_flush_all: bool,
+    /// Close connections idle for this many seconds, counted in `idle_kicks` (memcached
+    /// `-o idle_timeout`) [default: 0 = never].
+    #[arg(long, value_name = "SECS")]
+    pub idle_timeout: Option<u64>,
+    /// Let memcached clients stop the server with `shutdown` (memcached `-A`).
+    #[arg(long)]
+    #[serde(default)]
+    pub enable_shutdown: bool,
 }
 
 /// Every setting with its effective value.
@@ -109,6 +117,9 @@ pub struct Settings {
     pub flush_all_enabled: bool,
     /// The users of `auth_file`, read at start-up.
     pub memcached_auth: Option<Arc<Credentials>>,
+    /// Seconds; 0 = never.
+    pub idle_timeout: u64,
+    pub shutdown_enabled: bool,
 }
 
 fn read_file(path: &Path) -> Result<ServeArgs, String> {
@@ -205,6 +216,8 @@ impl Settings {
             keys_limit: args.keys_limit.or(file.keys_limit).unwrap_or(100_000),
             flush_all_enabled: !(args.disable_flush_all || file.disable_flush_all),
             memcached_auth,
+            idle_timeout: args.idle_timeout.or(file.idle_timeout).unwrap_or(0),
+            shutdown_enabled: args.enable_shutdown || file.enable_shutdown,
         })
     }
 
@@ -281,6 +294,9 @@ impl Settings {
             runtime: self.runtime,
             flush_all_enabled: self.flush_all_enabled,
             memcached_auth: self.memcached_auth.clone(),
+            idle_timeout: (self.idle_timeout > 0)
+                .then(|| std::time::Duration::from_secs(self.idle_timeout)),
+            shutdown_enabled: self.shutdown_enabled,
         }
     }
 
@@ -311,7 +327,7 @@ impl Settings {
         });
         let set_or_off = |on: bool| if on { "set" } else { "off" };
         format!(
-            "zipcache serve settings:\n  listen           {}\n  memcached-port   {}\n  resp-port        {}\n  dram             {} bytes\n  data-dir         {}\n  ssd              {ssd}\n  max-connections  {}\n  threads          {} ({} runtime)\n  metrics          {metrics}\n  tls              {tls}\n  requirepass      {}\n  auth-file        {}\n  keys-limit       {}\n  flush_all        {}\n  engine: leaf_size={} subpages={} superleaf_size={} fill_threshold={} write_buffer={} bypass_r={} bypass_max_fraction={} tiny_max={} medium_max={} max_key_size={} max_value_size={} background_threads={} promotion={:?} rss_limit={} track_access={}",
+            "zipcache serve settings:\n  listen           {}\n  memcached-port   {}\n  resp-port        {}\n  dram             {} bytes\n  data-dir         {}\n  ssd              {ssd}\n  max-connections  {}\n  threads          {} ({} runtime)\n  metrics          {metrics}\n  tls              {tls}\n  requirepass      {}\n  auth-file        {}\n  keys-limit       {}\n  flush_all        {}\n  idle-timeout     {}\n  shutdown command {}\n  engine: leaf_size={} subpages={} superleaf_size={} fill_threshold={} write_buffer={} bypass_r={} bypass_max_fraction={} tiny_max={} medium_max={} max_key_size={} max_value_size={} background_threads={} promotion={:?} rss_limit={} track_access={}",
             self.listen,
             self.memcached_port,
             self.resp_port,
@@ -328,6 +344,16 @@ impl Settings {
                 .map_or("off".to_string(), |p| p.display().to_string()),
             self.keys_limit,
             if self.flush_all_enabled {
+                "enabled"
+            } else {
+                "disabled"
+            },
+            if self.idle_timeout == 0 {
+                "off".to_string()
+            } else {
+                format!("{} s", self.idle_timeout)
+            },
+            if self.shutdown_enabled {
                 "enabled"
             } else {
                 "disabled"

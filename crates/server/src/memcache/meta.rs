@@ -441,6 +441,10 @@ fn delete(shared: &Shared, meta: &Meta<'_>, out: &mut Vec<u8>) -> Result<(), Str
             }
         })
         .map_err(|e| engine_error(&e))?;
+    if code != "EX" {
+        let counters = &shared.counters;
+        Counters::hit_or_miss_of(&counters.delete_hits, &counters.delete_misses, code == "HD");
+    }
     status(meta, code, None, None, 0, out);
     Ok(())
 }

@@ -237,10 +237,13 @@ impl Session for MemcacheSession {
 impl MemcacheSession {
     /// Executes one request; false closes the connection.
     fn execute(&mut self, request: Request<'_>, out: &mut Vec<u8>) -> bool {
-        Counters::bump(&self.shared.counters.commands);
+        Counters::bump(&self.shared.counters.total_commands_processed);
         match request {
             Request::Quit => return false,
-            Request::Meta(meta) => meta::execute(&self.shared, &meta, out),
+            Request::Meta(meta) => {
+                Counters::bump(&self.shared.counters.cmd_meta);
+                meta::execute(&self.shared, &meta, out)
+            }
             Request::Error { reply, noreply } => {
                 Counters::bump(&self.shared.counters.protocol_errors);
                 if !noreply {

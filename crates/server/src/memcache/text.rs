@@ -1,5 +1,6 @@
 //! The classic memcached text commands.
 
+use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
 use zipcache::{GetOptions, Update};
@@ -39,7 +40,12 @@ pub fn execute(shared: &Shared, request: Request<'_>, out: &mut Vec<u8>) {
             reply_unless(noreply, &reply, out);
         }
         Request::Delete { key, noreply } => {
-            let reply = match shared.cache.delete(key) {
+            let deleted = shared.cache.delete(key);
+            if let Ok(hit) = deleted {
+                let counters = &shared.counters;
+                Counters::hit_or_miss_of(&counters.delete_hits, &counters.delete_misses, hit);
+            }
+            let reply = match deleted {
                 Ok(true) => "DELETED".to_string(),
                 Ok(false) => "NOT_FOUND".to_string(),
                 Err(e) => engine_error(&e),
@@ -64,6 +70,7 @@ pub fn execute(shared: &Shared, request: Request<'_>, out: &mut Vec<u8>) {
             drop_old,
             noreply,
         } => {
+            Counters::bump(&shared.counters.store_too_large);
             // memcached unlinks the old value so a failed set never leaves it stale.
             if drop_old {
                 let _ = shared.cache.delete(&key);
@@ -71,6 +78,7 @@ pub fn execute(shared: &Shared, request: Request<'_>, out: &mut Vec<u8>) {
             reply_unless(noreply, TOO_LARGE, out);
         }
         Request::FlushAll { delay, noreply } => {
+            Counters::bump(&shared.counters.cmd_flush);
             let reply = flush_all(shared, delay);
             reply_unless(noreply, &reply, out);
         }
@@ -115,6 +123,12 @@ pub fn touch(shared: &Shared, key: &[u8], exptime: i64) -> zipcache::Result<Opti
                 }),
             ),
         })?;
+    let counters = &shared.counters;
+    Counters::hit_or_miss_of(
+        &counters.touch_hits,
+        &counters.touch_misses,
+        entry.is_some(),
+    );
     Ok(entry.map(|entry| entry.redated(expiry)))
 }
 
@@ -188,7 +202,31 @@ pub struct Storing<'a> {
 }
 
 /// Runs a storage command atomically; returns the outcome and the CAS clients now see.
+/// Counts it in `total_items` and, for a compare-and-swap, in `cas_*`.
 pub fn store_item(
+    shared: &Shared,
+    key: &[u8],
+    storing: &Storing<'_>,
+) -> zipcache::Result<(StoreOutcome, Option<u64>)> {
+    let stored = write_item(shared, key, storing);
+    if let Ok((outcome, _)) = &stored {
+        let counters = &shared.counters;
+        if let StoreOutcome::Stored { .. } = outcome {
+            Counters::bump(&counters.total_items);
+        }
+        if let StoreMode::Cas(_) = storing.mode {
+            match outcome {
+                StoreOutcome::Stored { .. } => Counters::bump(&counters.cas_hits),
+                StoreOutcome::Exists => Counters::bump(&counters.cas_badval),
+                StoreOutcome::NotFound => Counters::bump(&counters.cas_misses),
+                StoreOutcome::NotStored => {}
+            }
+        }
+    }
+    stored
+}
+
+fn write_item(
     shared: &Shared,
     key: &[u8],
     storing: &Storing<'_>,
@@ -342,11 +380,30 @@ fn arith(shared: &Shared, key: &[u8], delta: u64, incr: bool) -> String {
                 ),
             },
         });
+    if let Ok((counted, _)) = &result {
+        count_arith(shared, incr, counted);
+    }
     match result {
         Ok((Counted::Missing, _)) => "NOT_FOUND".into(),
         Ok((Counted::NonNumeric, _)) => NON_NUMERIC.into(),
         Ok((Counted::Value(n), _)) => n.to_string(),
         Err(e) => engine_error(&e),
+    }
+}
+
+/// Counts an incr/decr (classic or `ma`) in `incr_*` / `decr_*`: a miss is a missing
+/// key, a hit one that was counted.
+pub fn count_arith(shared: &Shared, incr: bool, counted: &Counted) {
+    let counters = &shared.counters;
+    let (hits, misses) = if incr {
+        (&counters.incr_hits, &counters.incr_misses)
+    } else {
+        (&counters.decr_hits, &counters.decr_misses)
+    };
+    match counted {
+        Counted::Missing => Counters::bump(misses),
+        Counted::Value(_) => Counters::bump(hits),
+        Counted::NonNumeric => {}
     }
 }
 
@@ -375,20 +432,39 @@ fn stat(out: &mut Vec<u8>, name: &str, value: impl std::fmt::Display) {
     out.extend_from_slice(format!("STAT {name} {value}\r\n").as_bytes());
 }
 
+fn yes_no(on: bool) -> &'static str {
+    if on { "yes" } else { "no" }
+}
+
 fn stats(shared: &Shared, section: Option<&[u8]>, out: &mut Vec<u8>) {
     let engine = shared.cache.stats();
+    let counters = &shared.counters;
     match section {
         None => {
             stat(out, "pid", std::process::id());
             stat(out, "uptime", shared.started.elapsed().as_secs());
             stat(out, "time", shared.cache.now_ms() / 1000);
             stat(out, "version", env!("CARGO_PKG_VERSION"));
+            stat(out, "pointer_size", usize::BITS);
+            stat(out, "max_connections", shared.info.max_connections);
             stat(out, "threads", shared.info.threads);
+            stat(
+                out,
+                "accepting_conns",
+                u8::from(shared.accepting.load(Relaxed)),
+            );
             stat(out, "curr_items", engine.objects_resident);
-            stat(out, "bytes", engine.dram_used);
+            // memcached's bytes of items: DRAM charged to objects, the indexes left out.
+            stat(
+                out,
+                "bytes",
+                engine.dram_used.saturating_sub(engine.dram_index_bytes),
+            );
             stat(out, "limit_maxbytes", engine.dram_capacity);
-            stat(out, "evictions", engine.dropped_objects);
-            for (name, value) in shared.counters.snapshot() {
+            for (name, value) in counters.snapshot() {
+                stat(out, name, value);
+            }
+            for (name, value) in counters.since_reset(&engine) {
                 stat(out, name, value);
             }
             for (name, value) in engine_metrics(&engine) {
@@ -397,21 +473,38 @@ fn stats(shared: &Shared, section: Option<&[u8]>, out: &mut Vec<u8>) {
         }
         Some(b"settings") => {
             stat(out, "maxconns", shared.info.max_connections);
-            stat(out, "interface", shared.info.listen);
+            stat(out, "maxbytes", engine.dram_capacity);
             stat(out, "tcpport", shared.info.memcached_port);
+            stat(out, "interface", shared.info.listen);
+            stat(out, "evictions", "on");
+            stat(out, "domain_socket", "NULL");
+            stat(out, "shutdown_command", yes_no(shared.shutdown_enabled));
             stat(out, "num_threads", shared.info.threads);
+            stat(out, "cas_enabled", "yes");
+            stat(out, "tcp_backlog", crate::server::LISTEN_BACKLOG);
+            stat(out, "auth_enabled_sasl", "no");
+            stat(
+                out,
+                "auth_enabled_ascii",
+                yes_no(shared.memcached_auth.is_some()),
+            );
             stat(out, "item_size_max", shared.max_value);
             stat(out, "key_max", super::parse::KEY_MAX);
-            stat(out, "maxbytes", engine.dram_capacity);
-            stat(out, "evictions", "on");
-            stat(out, "cas_enabled", "yes");
+            stat(out, "maxconns_fast", "yes");
+            stat(out, "flush_enabled", yes_no(shared.flush_all_enabled));
+            stat(
+                out,
+                "idle_timeout",
+                shared.idle_timeout.map_or(0, |t| t.as_secs()),
+            );
         }
         Some(b"items") => {
             // One "slab class": the engine has size classes, not memcached slabs.
+            let [(_, evicted), _] = counters.since_reset(&engine);
             stat(out, "items:1:number", engine.objects_resident);
             stat(out, "items:1:number_dram", engine.dram_objects);
             stat(out, "items:1:number_ssd", engine.ssd_objects);
-            stat(out, "items:1:evicted", engine.dropped_objects);
+            stat(out, "items:1:evicted", evicted);
             stat(out, "items:1:expired_unfetched", engine.expired);
         }
         Some(b"slabs") => {
@@ -419,6 +512,7 @@ fn stats(shared: &Shared, section: Option<&[u8]>, out: &mut Vec<u8>) {
             stat(out, "total_malloced", engine.dram_used);
         }
         Some(b"reset") => {
+            counters.reset(&engine);
             line(out, "RESET");
             return;
         }

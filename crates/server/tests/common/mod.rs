@@ -221,6 +221,25 @@ impl Client {
         (0..lines).map(|_| self.line()).collect()
     }
 
+    /// `stats [section]` as a map of name to value.
+    pub fn stats(&mut self, section: &str) -> std::collections::HashMap<String, String> {
+        self.send(format!("stats{section}\r\n").as_bytes());
+        let mut stats = std::collections::HashMap::new();
+        loop {
+            let line = self.line();
+            if line == "END" {
+                return stats;
+            }
+            let mut fields = line.splitn(3, ' ');
+            match (fields.next(), fields.next(), fields.next()) {
+                (Some("STAT"), Some(name), Some(value)) => {
+                    stats.insert(name.to_string(), value.to_string());
+                }
+                _ => panic!("not a stats line: {line:?}"),
+            }
+        }
+    }
+
     /// True once the server has closed the connection (reads EOF).
     pub fn closed(&mut self) -> bool {
         let mut rest = Vec::new();

@@ -1,0 +1,213 @@
+//! memcached's `stats` inventory (`t/stats.t`): each counter counts what memcached counts,
+//! `stats reset` zeroes what memcached zeroes, `stats settings` reports our settings;
+//! and `--idle-timeout` (`t/idle-timeout.t`) with its `idle_kicks`.
+
+mod common;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use common::{Client, TestServer};
+use zipcache_server::ServerOptions;
+
+fn number(stats: &HashMap<String, String>, name: &str) -> u64 {
+    stats
+        .get(name)
+        .unwrap_or_else(|| panic!("no {name} in {stats:?}"))
+        .parse()
+        .unwrap_or_else(|_| panic!("{name} is not a number: {stats:?}"))
+}
+
+fn numbers(mc: &mut Client, names: &[&str]) -> Vec<u64> {
+    let stats = mc.stats("");
+    names.iter().map(|name| number(&stats, name)).collect()
+}
+
+#[test]
+fn commands_are_counted_under_memcached_names() {
+    let server = TestServer::with_options(ServerOptions {
+        max_value_size: 1024,
+        ..TestServer::options()
+    });
+    let mut mc = Client::connect(server.memcached);
+    let counted = [
+        "delete_hits",
+        "delete_misses",
+        "incr_hits",
+        "incr_misses",
+        "decr_hits",
+        "decr_misses",
+        "cas_hits",
+        "cas_misses",
+        "cas_badval",
+        "touch_hits",
+        "touch_misses",
+        "cmd_flush",
+        "total_items",
+        "store_too_large",
+        "cmd_meta",
+        "cmd_touch",
+    ];
+    assert_eq!(numbers(&mut mc, &counted), vec![0; counted.len()]);
+
+    mc.ask("set n 0 0 1\r\n5\r\n", 1);
+    assert_eq!(mc.ask("incr n 2\r\nincr nope 1\r\n", 2), ["7", "NOT_FOUND"]);
+    assert_eq!(
+        mc.ask("decr n 1\r\ndecr nope 1\r\ndecr nope 1\r\n", 3),
+        ["6", "NOT_FOUND", "NOT_FOUND"]
+    );
+    assert_eq!(
+        mc.ask("touch n 100\r\ntouch nope 100\r\n", 2),
+        ["TOUCHED", "NOT_FOUND"]
+    );
+    assert_eq!(mc.ask("gat 100 n nope\r\n", 3), ["VALUE n 0 1", "6", "END"]);
+    assert_eq!(mc.ask("cas nope 0 0 1 1\r\nx\r\n", 1), ["NOT_FOUND"]);
+    let cas = mc.ask("gets n\r\n", 3)[0]
+        .rsplit(' ')
+        .next()
+        .unwrap()
+        .to_string();
+    assert_eq!(mc.ask("cas n 0 0 1 1\r\nx\r\n", 1), ["EXISTS"]);
+    assert_eq!(
+        mc.ask(&format!("cas n 0 0 1 {cas}\r\ny\r\n"), 1),
+        ["STORED"]
+    );
+    assert_eq!(
+        mc.ask("delete n\r\ndelete n\r\nmd n\r\n", 3),
+        ["DELETED", "NOT_FOUND", "NF"]
+    );
+    let large = "x".repeat(2048);
+    assert_eq!(
+        mc.ask(&format!("set big 0 0 2048\r\n{large}\r\n"), 1),
+        ["SERVER_ERROR object too large for cache"]
+    );
+    assert_eq!(mc.ask("mn\r\nflush_all\r\n", 2), ["MN", "OK"]);
+
+    // Two stores (set, the good cas); touch and gat each one hit and one miss, and
+    // every key of a gat is a touch command, as in memcached.
+    assert_eq!(
+        numbers(&mut mc, &counted),
+        [1, 2, 1, 1, 1, 2, 1, 1, 1, 2, 2, 1, 2, 1, 2, 4]
+    );
+}
+
+#[test]
+fn traffic_is_counted_in_bytes_read_and_written() {
+    let server = TestServer::start();
+    let mut mc = Client::connect(server.memcached);
+    assert_eq!(numbers(&mut mc, &["bytes_written"]), [0]);
+    let before = numbers(&mut mc, &["bytes_read", "bytes_written"]);
+    let request = "set k 0 0 5\r\nhello\r\n";
+    mc.ask(request, 1);
+    let after = numbers(&mut mc, &["bytes_read", "bytes_written"]);
+    // This `stats` line and the set; the first `stats` reply and `STORED`.
+    assert_eq!(
+        after[0] - before[0],
+        (request.len() + "stats\r\n".len()) as u64
+    );
+    assert!(after[1] - before[1] > "STORED\r\n".len() as u64);
+}
+
+#[test]
+fn stats_reset_zeroes_counters_but_not_gauges() {
+    let server = TestServer::start();
+    let mut mc = Client::connect(server.memcached);
+    mc.ask(
+        "set k 0 0 1\r\nv\r\nget k\r\nget nope\r\ndelete nope\r\n",
+        6,
+    );
+    let names = [
+        "cmd_get",
+        "cmd_set",
+        "get_hits",
+        "get_misses",
+        "delete_misses",
+        "total_items",
+        "total_connections",
+    ];
+    assert_eq!(numbers(&mut mc, &names), [2, 1, 1, 1, 1, 1, 1]);
+    assert_eq!(mc.ask("stats reset\r\n", 1), ["RESET"]);
+    let stats = mc.stats("");
+    for name in names.iter().chain(&["evictions", "get_expired"]) {
+        assert_eq!(number(&stats, name), 0, "{name}");
+    }
+    // Written since the reset: its own reply.
+    assert_eq!(number(&stats, "bytes_written"), "RESET\r\n".len() as u64);
+    assert_eq!(number(&stats, "curr_items"), 1);
+    assert_eq!(number(&stats, "curr_connections"), 1);
+    assert_eq!(number(&stats, "accepting_conns"), 1);
+    assert!(number(&stats, "bytes") > 0);
+}
+
+#[test]
+fn a_read_of_an_expired_key_counts_in_get_expired() {
+    let server = TestServer::start();
+    let mut mc = Client::connect(server.memcached);
+    // An absolute exptime one second from now, by the engine's clock.
+    let now = server.cache.now_ms() / 1000;
+    mc.ask(&format!("set k 0 {} 1\r\nv\r\n", now + 1), 1);
+    std::thread::sleep(Duration::from_millis(2100));
+    assert_eq!(mc.ask("get k\r\n", 1), ["END"]);
+    assert_eq!(numbers(&mut mc, &["get_expired", "get_misses"]), [1, 1]);
+}
+
+#[test]
+fn stats_settings_report_our_settings() {
+    let server = TestServer::with_options(ServerOptions {
+        max_connections: 1024,
+        idle_timeout: Some(Duration::from_secs(7)),
+        shutdown_enabled: true,
+        flush_all_enabled: false,
+        ..TestServer::options()
+    });
+    let mut mc = Client::connect(server.memcached);
+    let settings = mc.stats(" settings");
+    for (name, value) in [
+        ("maxconns", "1024"),
+        ("maxbytes", "268435456"),
+        ("domain_socket", "NULL"),
+        ("evictions", "on"),
+        ("cas_enabled", "yes"),
+        ("auth_enabled_sasl", "no"),
+        ("auth_enabled_ascii", "no"),
+        ("shutdown_command", "yes"),
+        ("flush_enabled", "no"),
+        ("idle_timeout", "7"),
+    ] {
+        assert_eq!(
+            settings.get(name).map(String::as_str),
+            Some(value),
+            "{name}"
+        );
+    }
+    let defaults = TestServer::start();
+    let settings = Client::connect(defaults.memcached).stats(" settings");
+    assert_eq!(settings["shutdown_command"], "no");
+    assert_eq!(settings["idle_timeout"], "0");
+}
+
+#[test]
+fn idle_connections_are_closed_and_counted_busy_ones_kept() {
+    let server = TestServer::with_options(ServerOptions {
+        idle_timeout: Some(Duration::from_secs(1)),
+        ..TestServer::options()
+    });
+    let mut idle = Client::connect(server.memcached);
+    let mut busy = Client::connect(server.memcached);
+    assert_eq!(idle.ask("version\r\n", 1).len(), 1);
+    for _ in 0..6 {
+        std::thread::sleep(Duration::from_millis(400));
+        assert_eq!(numbers(&mut busy, &["idle_kicks"]).len(), 1);
+    }
+    // 2.4 s without a request: the idle one is gone, the busy one still served.
+    assert!(idle.closed());
+    assert_eq!(numbers(&mut busy, &["idle_kicks"]), [1]);
+}
+
+#[test]
+fn without_an_idle_timeout_connections_stay() {
+    let server = TestServer::start();
+    let mut quiet = Client::connect(server.memcached);
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(numbers(&mut quiet, &["idle_kicks"]), [0]);
+}
