@@ -211,3 +211,13 @@ fn without_an_idle_timeout_connections_stay() {
     std::thread::sleep(Duration::from_millis(1500));
     assert_eq!(numbers(&mut quiet, &["idle_kicks"]), [0]);
 }
+
+#[test]
+fn shutdown_is_refused_unless_enabled() {
+    let server = TestServer::start();
+    let mut mc = Client::connect(server.memcached);
+    for request in ["shutdown\r\n", "shutdown graceful\r\n", "shutdown foo\r\n"] {
+        assert_eq!(mc.ask(request, 1), ["SERVER_ERROR: shutdown not enabled"]);
+    }
+    assert_eq!(mc.ask("version\r\n", 1).len(), 1, "still serving");
+}

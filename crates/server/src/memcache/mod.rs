@@ -3,6 +3,7 @@
 pub mod annotations;
 pub(crate) mod auth;
 mod meta;
+mod operator;
 pub mod parse;
 mod text;
 
@@ -240,6 +241,7 @@ impl MemcacheSession {
         Counters::bump(&self.shared.counters.total_commands_processed);
         match request {
             Request::Quit => return false,
+            Request::Operator(operator) => return operator::execute(&self.shared, operator, out),
             Request::Meta(meta) => {
                 Counters::bump(&self.shared.counters.cmd_meta);
                 meta::execute(&self.shared, &meta, out)

@@ -77,6 +77,8 @@ pub enum Request<'a> {
     },
     Quit,
     Meta(Meta<'a>),
+    /// `shutdown`, `cache_memlimit`: `operator.rs`.
+    Operator(super::operator::Operator),
     /// A value over the size limit: its data block is skipped, then `TOO_LARGE` is sent.
     /// A `set` also drops the key's old value, as memcached does.
     TooLarge {
@@ -228,6 +230,7 @@ pub fn parse(input: &[u8], max_value: usize) -> Parsed<'_> {
         Some(b"version") => Request::Version,
         Some(b"verbosity") if (2..=3).contains(&tokens.len()) => verbosity(&tokens),
         Some(b"quit") if tokens.len() == 1 => Request::Quit,
+        Some(b"shutdown") => super::operator::shutdown(&tokens),
         Some(b"mn") => Request::Meta(Meta {
             kind: MetaKind::Noop,
             key: Cow::Borrowed(b""),

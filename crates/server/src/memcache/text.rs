@@ -89,7 +89,7 @@ pub fn execute(shared: &Shared, request: Request<'_>, out: &mut Vec<u8>) {
         ),
         Request::Verbosity { noreply } => reply_unless(noreply, "OK", out),
         // The session handles these before dispatching here.
-        Request::Quit | Request::Meta(_) | Request::Error { .. } => {}
+        Request::Quit | Request::Meta(_) | Request::Operator(_) | Request::Error { .. } => {}
     }
 }
 

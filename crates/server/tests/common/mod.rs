@@ -221,6 +221,11 @@ impl Client {
         (0..lines).map(|_| self.line()).collect()
     }
 
+    /// The server's address.
+    pub fn peer(&self) -> SocketAddr {
+        self.reader.get_ref().peer_addr().expect("peer address")
+    }
+
     /// `stats [section]` as a map of name to value.
     pub fn stats(&mut self, section: &str) -> std::collections::HashMap<String, String> {
         self.send(format!("stats{section}\r\n").as_bytes());
