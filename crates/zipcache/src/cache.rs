@@ -36,6 +36,8 @@ use crate::{AccessState, Config, Error, GetOptions, Item, PutOptions, Result, St
 /// Background eviction keeps DRAM below this fraction of the budget, so foreground
 /// writers rarely have to evict themselves.
 const LOW_WATERMARK: f64 = 0.985;
+/// The smallest `dram_capacity` an engine takes.
+pub(crate) const MIN_DRAM_CAPACITY: u64 = 64 << 10;
 /// The device's block: one SSD sub-page.
 const BLOCK: usize = zipcache_device::BLOCK_SIZE;
 /// Share of the SSD device given to the large-object log (BT_LO).
@@ -104,6 +106,8 @@ pub(crate) struct Inner {
     io_rates: IoRates,
     /// With an `rss_limit`: how much of `dram_capacity` RSS leaves the cache.
     governor: Option<RssGovernor>,
+    /// `dram_capacity` now: the configured one until `set_dram_capacity` changes it.
+    capacity: AtomicU64,
 }
 
 /// A hybrid DRAM/SSD key-value cache. `Send + Sync`: share it between threads by `Arc`
@@ -262,6 +266,7 @@ impl ZipCache {
         let governor = (config.rss_limit > 0)
             .then(|| RssGovernor::new(config.rss_limit, config.dram_capacity));
         let inner = Arc::new(Inner {
+            capacity: AtomicU64::new(config.dram_capacity),
             config,
             memory,
             dram,
@@ -610,6 +615,29 @@ impl ZipCache {
             lo.clear();
         }
         inner.flush_epoch.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// Changes `dram_capacity` while running (memcached's `cache_memlimit`). Lowered, the
+    /// cache evicts down to it before this returns when DRAM-only; with an SSD tier the
+    /// flusher moves the excess down to the SSD, as it does for any write. Raised, the
+    /// cache may grow into it at once. The RSS governor keeps its `rss_limit`, and the
+    /// structures sized at open (the hot sub-tier's share, the frequency sketch, the
+    /// promotion filter) keep their sizes.
+    pub fn set_dram_capacity(&self, bytes: u64) -> Result<()> {
+        if bytes < MIN_DRAM_CAPACITY {
+            return Err(Error::Config(format!(
+                "dram_capacity {bytes} is below {MIN_DRAM_CAPACITY} bytes"
+            )));
+        }
+        let inner = &self.inner;
+        inner.capacity.store(bytes, Ordering::Relaxed);
+        if inner.ssd.is_none() {
+            inner.make_room(inner.budget(), usize::MAX);
+        } else {
+            let _flusher = inner.flush_wake.0.lock();
+            inner.flush_wake.1.notify_one();
+        }
         Ok(())
     }
 
@@ -1018,11 +1046,11 @@ impl Inner {
                 return true;
             }
             let index = self.lower_index_bytes();
-            let index_heavy = index > self.config.dram_capacity / 2;
+            let index_heavy = index > self.capacity() / 2;
             // Evictions that seem to free nothing point at the index only when it is a
             // real share of DRAM: writers running beside the flusher refill what it frees,
             // and giving up super-leaves for that would throw away the SSD's objects.
-            let futile = futile_runs >= FUTILE && index > self.config.dram_capacity / 8;
+            let futile = futile_runs >= FUTILE && index > self.capacity() / 8;
             if !index_heavy && !futile && self.dram.evict_one(self.sink(), self.now()) {
                 futile_runs = if used() < before { 0 } else { futile_runs + 1 };
             } else if !self.shrink_lower_index() {
@@ -1034,9 +1062,16 @@ impl Inner {
         used() <= target
     }
 
-    /// What the cache may hold now: `dram_capacity`, less what the RSS governor withholds.
+    fn capacity(&self) -> u64 {
+        self.capacity.load(Ordering::Relaxed)
+    }
+
+    /// What the cache may hold now: `dram_capacity`, less what the RSS governor withholds
+    /// (never more than half of it, even after `set_dram_capacity` lowered it).
     fn budget(&self) -> i64 {
-        self.config.dram_capacity as i64 - self.governor.as_ref().map_or(0, |g| g.reserve())
+        let capacity = self.capacity() as i64;
+        let withheld = self.governor.as_ref().map_or(0, |g| g.reserve());
+        capacity - withheld.min(capacity / 2)
     }
 
     /// The RSS governor's tick: measure, re-set the budget and, DRAM-only (where only
@@ -1201,7 +1236,7 @@ impl Inner {
             checksum_failures: ssd.checksum_failures
                 + c.corrupt_pages.load(Ordering::Relaxed)
                 + large_failures,
-            dram_capacity: self.config.dram_capacity,
+            dram_capacity: self.capacity(),
             dram_used: mem.total().max(0) as u64,
             dram_compressed_page_bytes: mem.compressed_pages.max(0) as u64,
             dram_hot_page_bytes: mem.hot_pages.max(0) as u64,

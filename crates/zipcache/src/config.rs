@@ -312,7 +312,7 @@ impl Config {
         if self.max_value_size == 0 || self.max_value_size > 1 << 30 {
             return bad("max_value_size must be within 1 B..1 GiB".into());
         }
-        if self.dram_capacity < 64 << 10 {
+        if self.dram_capacity < crate::cache::MIN_DRAM_CAPACITY {
             return bad(format!(
                 "dram_capacity {} is below 64 KiB",
                 self.dram_capacity

@@ -12,6 +12,8 @@ mod async_read_tests;
 mod btree;
 mod bypass;
 mod cache;
+#[cfg(test)]
+mod capacity_tests;
 mod counters;
 mod dram;
 mod early_termination;

@@ -231,6 +231,7 @@ pub fn parse(input: &[u8], max_value: usize) -> Parsed<'_> {
         Some(b"verbosity") if (2..=3).contains(&tokens.len()) => verbosity(&tokens),
         Some(b"quit") if tokens.len() == 1 => Request::Quit,
         Some(b"shutdown") => super::operator::shutdown(&tokens),
+        Some(b"cache_memlimit") => super::operator::cache_memlimit(&tokens),
         Some(b"mn") => Request::Meta(Meta {
             kind: MetaKind::Noop,
             key: Cow::Borrowed(b""),

@@ -1,6 +1,8 @@
-//! memcached's `stats` inventory (`t/stats.t`): each counter counts what memcached counts,
-//! `stats reset` zeroes what memcached zeroes, `stats settings` reports our settings;
-//! and `--idle-timeout` (`t/idle-timeout.t`) with its `idle_kicks`.
+//! memcached's operator features: the `stats` inventory (`t/stats.t`: each counter
+//! counts what memcached counts, `stats reset` zeroes what memcached zeroes, `stats
+//! settings` reports our settings), `--idle-timeout` with its `idle_kicks`
+//! (`t/idle-timeout.t`), `shutdown` refused unless enabled (`t/shutdown.t`; stopping is
+//! in `shutdown_command.rs`) and `cache_memlimit` (`t/dyn-maxbytes.t`).
 
 mod common;
 
@@ -8,6 +10,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use common::{Client, TestServer};
+use zipcache::Config;
 use zipcache_server::ServerOptions;
 
 fn number(stats: &HashMap<String, String>, name: &str) -> u64 {
@@ -220,4 +223,74 @@ fn shutdown_is_refused_unless_enabled() {
         assert_eq!(mc.ask(request, 1), ["SERVER_ERROR: shutdown not enabled"]);
     }
     assert_eq!(mc.ask("version\r\n", 1).len(), 1, "still serving");
+}
+
+const MIB: u64 = 1 << 20;
+
+/// Stores a 1000-byte value that compresses poorly under each key of `keys`, pipelined.
+fn fill(mc: &mut Client, keys: std::ops::Range<u32>) {
+    for chunk in keys.collect::<Vec<_>>().chunks(100) {
+        let mut batch = String::new();
+        for i in chunk {
+            let value: String = (0..125u32)
+                .map(|j| format!("{:08x}", (i * 7919 + j).wrapping_mul(2_654_435_761)))
+                .collect();
+            batch.push_str(&format!("set key{i} 0 0 1000\r\n{value}\r\n"));
+        }
+        let replies = mc.ask(&batch, chunk.len());
+        assert!(replies.iter().all(|r| r == "STORED"), "{replies:?}");
+    }
+}
+
+#[test]
+fn cache_memlimit_resizes_the_dram_budget() {
+    let server = TestServer::on_engine(
+        Config {
+            dram_capacity: 16 * MIB,
+            ..Config::default()
+        },
+        TestServer::options(),
+    );
+    let mut mc = Client::connect(server.memcached);
+    fill(&mut mc, 0..14_000);
+    let full = numbers(&mut mc, &["bytes", "evictions"]);
+    assert!(full[0] > 12 * MIB, "{full:?}");
+
+    assert_eq!(mc.ask("cache_memlimit 8\r\n", 1), ["OK"]);
+    let lowered = numbers(&mut mc, &["limit_maxbytes", "bytes", "evictions"]);
+    assert_eq!(lowered[0], 8 * MIB);
+    assert!(lowered[1] <= 8 * MIB, "{lowered:?}");
+    assert!(lowered[2] > full[1], "{lowered:?}");
+    assert_eq!(mc.stats(" settings")["maxbytes"], (8 * MIB).to_string());
+
+    assert_eq!(mc.ask("cache_memlimit 32\r\n", 1), ["OK"]);
+    fill(&mut mc, 14_000..30_000);
+    let raised = numbers(&mut mc, &["limit_maxbytes", "bytes", "evictions"]);
+    assert_eq!(raised[0], 32 * MIB);
+    assert!(raised[1] > 14 * MIB, "grew past the old budget: {raised:?}");
+    assert_eq!(raised[2], lowered[2], "nothing evicted after the raise");
+}
+
+#[test]
+fn cache_memlimit_errors_are_memcached_s() {
+    let server = TestServer::start();
+    let mut mc = Client::connect(server.memcached);
+    for (request, reply) in [
+        ("cache_memlimit\r\n", "ERROR"),
+        ("cache_memlimit lots\r\n", "ERROR"),
+        ("cache_memlimit -8\r\n", "ERROR"),
+        (
+            "cache_memlimit 7\r\n",
+            "MEMLIMIT_TOO_SMALL cannot set maxbytes to less than 8m",
+        ),
+        (
+            "cache_memlimit 1000000001\r\n",
+            "MEMLIMIT_ADJUST_FAILED input value is megabytes not bytes",
+        ),
+    ] {
+        assert_eq!(mc.ask(request, 1), [reply], "{request:?}");
+    }
+    assert_eq!(numbers(&mut mc, &["limit_maxbytes"]), [256 * MIB]);
+    mc.send(b"cache_memlimit 64 noreply\r\n");
+    assert_eq!(numbers(&mut mc, &["limit_maxbytes"]), [64 * MIB]);
 }
