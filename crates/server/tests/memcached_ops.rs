@@ -84,13 +84,20 @@ fn commands_are_counted_under_memcached_names() {
         mc.ask(&format!("set big 0 0 2048\r\n{large}\r\n"), 1),
         ["SERVER_ERROR object too large for cache"]
     );
+    // Meta arithmetic: a hit, a miss, and a created counter (neither, as memcached).
+    mc.ask("set m 0 0 1\r\n1\r\n", 1);
+    assert_eq!(
+        mc.ask("ma m\r\nma nope MD\r\nma fresh N0\r\n", 3),
+        ["HD", "NF", "HD"]
+    );
     assert_eq!(mc.ask("mn\r\nflush_all\r\n", 2), ["MN", "OK"]);
 
-    // Two stores (set, the good cas); touch and gat each one hit and one miss, and
-    // every key of a gat is a touch command, as in memcached.
+    // Three stores (two sets, the good cas; not the vivified counter); five meta
+    // commands; touch and gat each one hit and one miss, and every key of a gat is a
+    // touch command, as in memcached.
     assert_eq!(
         numbers(&mut mc, &counted),
-        [1, 2, 1, 1, 1, 2, 1, 1, 1, 2, 2, 1, 2, 1, 2, 4]
+        [1, 2, 2, 1, 1, 3, 1, 1, 1, 2, 2, 1, 3, 1, 5, 4]
     );
 }
 

@@ -380,8 +380,10 @@ fn arith(shared: &Shared, key: &[u8], delta: u64, incr: bool) -> String {
                 ),
             },
         });
-    if let Ok((counted, _)) = &result {
-        count_arith(shared, incr, counted);
+    match &result {
+        Ok((Counted::Missing, _)) => count_arith(shared, incr, false),
+        Ok((Counted::Value(_), _)) => count_arith(shared, incr, true),
+        _ => {}
     }
     match result {
         Ok((Counted::Missing, _)) => "NOT_FOUND".into(),
@@ -391,19 +393,14 @@ fn arith(shared: &Shared, key: &[u8], delta: u64, incr: bool) -> String {
     }
 }
 
-/// Counts an incr/decr (classic or `ma`) in `incr_*` / `decr_*`: a miss is a missing
-/// key, a hit one that was counted.
-pub fn count_arith(shared: &Shared, incr: bool, counted: &Counted) {
+/// Counts an incr/decr (classic or `ma`) in `incr_*` / `decr_*`: a hit found a number
+/// to change, a miss no key.
+pub fn count_arith(shared: &Shared, incr: bool, hit: bool) {
     let counters = &shared.counters;
-    let (hits, misses) = if incr {
-        (&counters.incr_hits, &counters.incr_misses)
+    if incr {
+        Counters::hit_or_miss_of(&counters.incr_hits, &counters.incr_misses, hit);
     } else {
-        (&counters.decr_hits, &counters.decr_misses)
-    };
-    match counted {
-        Counted::Missing => Counters::bump(misses),
-        Counted::Value(_) => Counters::bump(hits),
-        Counted::NonNumeric => {}
+        Counters::hit_or_miss_of(&counters.decr_hits, &counters.decr_misses, hit);
     }
 }
 
