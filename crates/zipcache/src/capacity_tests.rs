@@ -39,13 +39,17 @@ fn wait_for(cache: &ZipCache, done: impl Fn(&Stats) -> bool) -> Stats {
     }
 }
 
-#[test]
-fn lowering_the_capacity_evicts_down_to_it_and_raising_it_lets_the_cache_grow() {
-    let cache = ZipCache::open(Config {
-        dram_capacity: 8 * MIB,
+fn dram_only(dram_capacity: u64) -> ZipCache {
+    ZipCache::open(Config {
+        dram_capacity,
         ..Config::default()
     })
-    .unwrap();
+    .unwrap()
+}
+
+#[test]
+fn lowering_the_capacity_evicts_down_to_it_and_raising_it_lets_the_cache_grow() {
+    let cache = dram_only(8 * MIB);
     fill(&cache, 0..20_000);
     let full = cache.stats();
     assert!(full.dram_used > 6 * MIB, "{full:?}");
@@ -108,11 +112,7 @@ fn with_an_ssd_tier_the_excess_moves_down_and_stays_readable() {
 
 #[test]
 fn a_capacity_below_the_minimum_is_refused() {
-    let cache = ZipCache::open(Config {
-        dram_capacity: 8 * MIB,
-        ..Config::default()
-    })
-    .unwrap();
+    let cache = dram_only(8 * MIB);
     assert!(matches!(
         cache.set_dram_capacity(1024),
         Err(Error::Config(_))
