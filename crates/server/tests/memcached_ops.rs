@@ -271,11 +271,17 @@ fn cache_memlimit_resizes_the_dram_budget() {
     assert_eq!(mc.stats(" settings")["maxbytes"], (8 * MIB).to_string());
 
     assert_eq!(mc.ask("cache_memlimit 32\r\n", 1), ["OK"]);
+    // Counted after the raise: merges still under way at the lowering may have evicted
+    // a little more until then.
+    let evicted_at_raise = numbers(&mut mc, &["evictions"])[0];
     fill(&mut mc, 14_000..30_000);
     let raised = numbers(&mut mc, &["limit_maxbytes", "bytes", "evictions"]);
     assert_eq!(raised[0], 32 * MIB);
     assert!(raised[1] > 14 * MIB, "grew past the old budget: {raised:?}");
-    assert_eq!(raised[2], lowered[2], "nothing evicted after the raise");
+    assert_eq!(
+        raised[2], evicted_at_raise,
+        "nothing evicted after the raise"
+    );
 }
 
 #[test]
