@@ -55,6 +55,10 @@ serve_flags() {
         maxconns.t) echo "--max-connections 1024" ;;
         metaget.t) echo "--set track_access=true" ;;
         lru-crawler.t) echo "--disable-lru-crawler" ;; # its `-o no_modern`
+        stats.t) echo "--set max_value_size=1024 --max-connections 1024" ;;
+        idle-timeout.t) echo "--idle-timeout 3" ;;
+        dyn-maxbytes.t) echo "--dram 3MiB" ;;
+        dash-M.t) echo "--set evictions=false --dram 128KiB" ;; # its `-M` (see SERVER.md)
     esac
 }
 
@@ -77,9 +81,15 @@ printf '%-28s %8s %8s %8s\n' file planned ok "not ok"
 for file in "${files[@]}"; do
     log="$work/$file.log"
     : >"$log" # exists before the server writes to it, for the port lookup below
-    # shellcheck disable=SC2046  # the flags are words
-    "$bin" serve --listen 127.0.0.1 --memcached-port "$memcached_port" --resp-port "$resp_port" --ssd none --dram 64MiB \
-        --data-dir "$work/data" $(serve_flags "$file") >"$log" 2>&1 &
+    flags=$(serve_flags "$file")
+    # memcached's default -m 64, unless the file asks for its own.
+    case " $flags " in
+        *" --dram "*) ;;
+        *) flags="--dram 64MiB $flags" ;;
+    esac
+    # shellcheck disable=SC2086  # the flags are words
+    "$bin" serve --listen 127.0.0.1 --memcached-port "$memcached_port" --resp-port "$resp_port" --ssd none \
+        --data-dir "$work/data" $flags >"$log" 2>&1 &
     server_pid=$!
     port=""
     for _ in $(seq 100); do

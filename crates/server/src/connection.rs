@@ -12,6 +12,8 @@ use tokio::sync::watch;
 use tokio_rustls::server::TlsStream;
 
 use crate::prefetch::{self, Prefetch};
+use crate::server::Shared;
+use crate::stats::Counters;
 use crate::watch::Watcher;
 
 /// A byte stream a connection is served over.
@@ -138,14 +140,26 @@ async fn linger<T: Transport>(mut stream: T) {
     .await;
 }
 
+/// `future`'s output, or `None` if `limit` passes first.
+async fn within<F: Future>(limit: Option<Duration>, future: F) -> Option<F::Output> {
+    match limit {
+        Some(limit) => tokio::time::timeout(limit, future).await.ok(),
+        None => Some(future.await),
+    }
+}
+
 /// Buffers are allocated per read, not per connection: an idle connection holds no
 /// buffer at all, so thousands of open connections do not eat into the memory the cache
 /// is accounted for (32 KiB each would be 32 MiB per 1000 connections).
+///
+/// A connection that sends nothing for `shared.idle_timeout` is closed (`idle_kicks`).
 pub async fn serve<T: Transport, S: Session>(
     mut stream: T,
     mut session: S,
+    shared: &Shared,
     mut shutdown: watch::Receiver<bool>,
 ) {
+    let counters = &shared.counters;
     // Holds only an incomplete request between reads.
     let mut input: Vec<u8> = Vec::new();
     let mut prefetch = Prefetch::default();
@@ -153,18 +167,23 @@ pub async fn serve<T: Transport, S: Session>(
         if input.len() >= MAX_INPUT {
             return;
         }
+        let read = async {
+            stream.readable().await?;
+            input.reserve(READ_CHUNK);
+            stream.read_buf(&mut input).await
+        };
         let read = tokio::select! {
-            read = async {
-                stream.readable().await?;
-                input.reserve(READ_CHUNK);
-                stream.read_buf(&mut input).await
-            } => read,
+            read = within(shared.idle_timeout, read) => read,
             // In-flight requests finished synchronously before we got here.
             _ = shutdown.changed() => return,
         };
         match read {
-            Ok(0) | Err(_) => return,
-            Ok(_) => {}
+            None => {
+                Counters::bump(&counters.idle_kicks);
+                return;
+            }
+            Some(Ok(0) | Err(_)) => return,
+            Some(Ok(n)) => Counters::add(&counters.bytes_read, n),
         }
         let mut out = Vec::new();
         let mut pos = 0;
@@ -178,6 +197,7 @@ pub async fn serve<T: Transport, S: Session>(
                 if stream.write_all(&out).await.is_err() || stream.flush().await.is_err() {
                     return;
                 }
+                Counters::add(&counters.bytes_written, out.len());
                 out.clear();
             }
             if let Some(watcher) = session.take_watcher() {

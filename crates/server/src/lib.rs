@@ -314,13 +314,17 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
         addr(handle.metrics_addr)
     );
 
-    signals.block_on(async {
+    let requested = handle.shutdown_requests();
+    let cause = signals.block_on(async {
         tokio::select! {
-            _ = terminate.recv() => {}
-            _ = interrupt.recv() => {}
+            _ = terminate.recv() => "SIGTERM",
+            _ = interrupt.recv() => "SIGINT",
+            _ = requested.notified() => "a client's shutdown command",
         }
     });
-    println!("shutting down: finishing in-flight requests (signal again to exit at once)");
+    println!(
+        "shutting down on {cause}: finishing in-flight requests (signal again to exit at once)"
+    );
     let (done, finished) = tokio::sync::oneshot::channel();
     std::thread::spawn(move || {
         let cache = handle.shutdown();

@@ -10,7 +10,7 @@
 use std::io;
 use std::net::{IpAddr, SocketAddr, TcpListener as StdListener};
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -18,7 +18,7 @@ use socket2::{Domain, Protocol, Socket, Type};
 use tokio::io::unix::AsyncFd;
 use tokio::io::{AsyncWriteExt, Interest};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{Notify, mpsc, watch};
 use tokio_rustls::TlsAcceptor;
 use zipcache::ZipCache;
 
@@ -34,6 +34,8 @@ use crate::stats::Counters;
 use crate::tls::TlsFiles;
 use crate::watch::Logger;
 
+/// Connections the kernel queues per listener before they are accepted.
+pub const LISTEN_BACKLOG: i32 = 1024;
 /// How long shutdown waits for open connections to finish their current requests.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long a TLS client may take to finish its handshake.
@@ -75,6 +77,12 @@ pub struct ServerOptions {
     pub memcached_auth: Option<Arc<Credentials>>,
     /// memcached's LRU crawler starts enabled (`lru_crawler enable|disable` switch it).
     pub lru_crawler: bool,
+    /// Connections that send nothing for this long are closed and counted in
+    /// `idle_kicks` (memcached `-o idle_timeout`); `None` = never.
+    pub idle_timeout: Option<Duration>,
+    /// memcached's `shutdown` command stops the server (memcached `-A`); otherwise it
+    /// answers `SERVER_ERROR: shutdown not enabled`.
+    pub shutdown_enabled: bool,
 }
 
 impl Default for ServerOptions {
@@ -94,6 +102,8 @@ impl Default for ServerOptions {
             flush_all_enabled: true,
             memcached_auth: None,
             lru_crawler: true,
+            idle_timeout: None,
+            shutdown_enabled: false,
         }
     }
 }
@@ -140,6 +150,12 @@ pub struct Shared {
     pub prefix_stats: PrefixStats,
     /// Open memcached connections (`stats conns`).
     pub conns: Connections,
+    pub idle_timeout: Option<Duration>,
+    pub shutdown_enabled: bool,
+    /// A client's `shutdown`: whoever runs the server (`run`) waits on it as on a signal.
+    pub shutdown_requested: Arc<Notify>,
+    /// True until shutdown begins (memcached's `accepting_conns`).
+    pub accepting: AtomicBool,
 }
 
 impl Shared {
@@ -159,6 +175,10 @@ impl Shared {
             logger: Arc::default(),
             prefix_stats: PrefixStats::default(),
             conns: Connections::default(),
+            idle_timeout: options.idle_timeout,
+            shutdown_enabled: options.shutdown_enabled,
+            shutdown_requested: Arc::new(Notify::new()),
+            accepting: AtomicBool::new(true),
         }
     }
 }
@@ -184,11 +204,18 @@ impl ServerHandle {
     /// Stops accepting, lets every connection finish the requests it has read, waits for
     /// the threads (at most a few seconds for stuck clients) and returns the engine.
     pub fn shutdown(self) -> Arc<ZipCache> {
+        self.shared.accepting.store(false, Ordering::Relaxed);
         let _ = self.stop.send(true);
         for thread in self.threads {
             let _ = thread.join();
         }
         self.shared.cache.clone()
+    }
+
+    /// Notified when a client asks the server to stop (memcached's `shutdown`, with
+    /// `shutdown_enabled`); stopping is the owner's job: `shutdown`.
+    pub fn shutdown_requests(&self) -> Arc<Notify> {
+        self.shared.shutdown_requested.clone()
     }
 
     pub fn connections(&self) -> u64 {
@@ -207,7 +234,7 @@ fn bind(addr: SocketAddr, reuse_port: bool) -> io::Result<StdListener> {
     }
     socket.set_nonblocking(true)?;
     socket.bind(&addr.into())?;
-    socket.listen(1024)?;
+    socket.listen(LISTEN_BACKLOG)?;
     Ok(socket.into())
 }
 
@@ -445,9 +472,9 @@ async fn serve<T: Transport>(
     match protocol {
         Service::Memcached => {
             let session = MemcacheSession::accepted(shared.clone(), Some(peer));
-            connection::serve(stream, session, stopped).await
+            connection::serve(stream, session, shared, stopped).await
         }
-        _ => connection::serve(stream, RespSession::new(shared.clone()), stopped).await,
+        _ => connection::serve(stream, RespSession::new(shared.clone()), shared, stopped).await,
     }
 }
 

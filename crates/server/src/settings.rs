@@ -89,6 +89,14 @@ pub struct ServeArgs {
     #[arg(long)]
     #[serde(default)]
     pub disable_lru_crawler: bool,
+    /// Close connections idle for this many seconds, counted in `idle_kicks` (memcached
+    /// `-o idle_timeout`) [default: 0 = never].
+    #[arg(long, value_name = "SECS")]
+    pub idle_timeout: Option<u64>,
+    /// Let memcached clients stop the server with `shutdown` (memcached `-A`).
+    #[arg(long)]
+    #[serde(default)]
+    pub enable_shutdown: bool,
 }
 
 /// Every setting with its effective value.
@@ -115,6 +123,9 @@ pub struct Settings {
     pub lru_crawler: bool,
     /// The users of `auth_file`, read at start-up.
     pub memcached_auth: Option<Arc<Credentials>>,
+    /// Seconds; 0 = never.
+    pub idle_timeout: u64,
+    pub shutdown_enabled: bool,
 }
 
 fn read_file(path: &Path) -> Result<ServeArgs, String> {
@@ -212,6 +223,8 @@ impl Settings {
             flush_all_enabled: !(args.disable_flush_all || file.disable_flush_all),
             lru_crawler: !(args.disable_lru_crawler || file.disable_lru_crawler),
             memcached_auth,
+            idle_timeout: args.idle_timeout.or(file.idle_timeout).unwrap_or(0),
+            shutdown_enabled: args.enable_shutdown || file.enable_shutdown,
         })
     }
 
@@ -289,6 +302,9 @@ impl Settings {
             flush_all_enabled: self.flush_all_enabled,
             lru_crawler: self.lru_crawler,
             memcached_auth: self.memcached_auth.clone(),
+            idle_timeout: (self.idle_timeout > 0)
+                .then(|| std::time::Duration::from_secs(self.idle_timeout)),
+            shutdown_enabled: self.shutdown_enabled,
         }
     }
 
@@ -319,7 +335,7 @@ impl Settings {
         });
         let set_or_off = |on: bool| if on { "set" } else { "off" };
         format!(
-            "zipcache serve settings:\n  listen           {}\n  memcached-port   {}\n  resp-port        {}\n  dram             {} bytes\n  data-dir         {}\n  ssd              {ssd}\n  max-connections  {}\n  threads          {} ({} runtime)\n  metrics          {metrics}\n  tls              {tls}\n  requirepass      {}\n  auth-file        {}\n  keys-limit       {}\n  flush_all        {}\n  lru_crawler      {}\n  engine: leaf_size={} subpages={} superleaf_size={} fill_threshold={} write_buffer={} bypass_r={} bypass_max_fraction={} tiny_max={} medium_max={} max_key_size={} max_value_size={} background_threads={} promotion={:?} rss_limit={} track_access={}",
+            "zipcache serve settings:\n  listen           {}\n  memcached-port   {}\n  resp-port        {}\n  dram             {} bytes\n  data-dir         {}\n  ssd              {ssd}\n  max-connections  {}\n  threads          {} ({} runtime)\n  metrics          {metrics}\n  tls              {tls}\n  requirepass      {}\n  auth-file        {}\n  keys-limit       {}\n  flush_all        {}\n  lru_crawler      {}\n  idle-timeout     {}\n  shutdown command {}\n  engine: leaf_size={} subpages={} superleaf_size={} fill_threshold={} write_buffer={} bypass_r={} bypass_max_fraction={} tiny_max={} medium_max={} max_key_size={} max_value_size={} background_threads={} promotion={:?} rss_limit={} track_access={} evictions={}",
             self.listen,
             self.memcached_port,
             self.resp_port,
@@ -345,6 +361,16 @@ impl Settings {
             } else {
                 "disabled"
             },
+            if self.idle_timeout == 0 {
+                "off".to_string()
+            } else {
+                format!("{} s", self.idle_timeout)
+            },
+            if self.shutdown_enabled {
+                "enabled"
+            } else {
+                "disabled"
+            },
             config.leaf_size,
             config.subpages,
             config.superleaf_size,
@@ -360,6 +386,7 @@ impl Settings {
             config.promotion,
             config.rss_limit,
             config.track_access,
+            config.evictions,
         )
     }
 }

@@ -2,22 +2,77 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// Counters shared by every connection thread. Relaxed atomics: they are statistics,
-/// never used to order anything.
+/// Declares `Counters`: each counter under its memcached `stats` name, and whether
+/// `stats reset` zeroes it (`reset`) or leaves it (`kept`: a gauge), as memcached does.
+macro_rules! counters {
+    ($($name:ident: $kind:ident),* $(,)?) => {
+        /// Counters shared by every connection thread. Relaxed atomics: they are
+        /// statistics, never used to order anything.
+        #[derive(Default)]
+        pub struct Counters {
+            $(pub $name: AtomicU64,)*
+            /// Engine counters as they stood at the last `stats reset`.
+            engine_at_reset: EngineAtReset,
+        }
+
+        impl Counters {
+            /// Name and value of every server counter, in memcached's names.
+            pub fn snapshot(&self) -> Vec<(&'static str, u64)> {
+                vec![$((stringify!($name), self.$name.load(Ordering::Relaxed)),)*]
+            }
+
+            /// `stats reset`: zeroes the counters memcached zeroes and restarts the
+            /// engine-derived ones (`since_reset`) from `engine`.
+            pub fn reset(&self, engine: &zipcache::Stats) {
+                $(counters!(@reset self.$name, $kind);)*
+                self.engine_at_reset.evictions.store(engine.dropped_objects, Ordering::Relaxed);
+                self.engine_at_reset.get_expired.store(engine.expired, Ordering::Relaxed);
+                self.engine_at_reset.store_no_memory.store(engine.refused_writes, Ordering::Relaxed);
+            }
+        }
+    };
+    (@reset $counter:expr, reset) => { $counter.store(0, Ordering::Relaxed) };
+    (@reset $counter:expr, kept) => {};
+}
+
+counters! {
+    curr_connections: kept,
+    total_connections: reset,
+    rejected_connections: reset,
+    cmd_get: reset,
+    cmd_set: reset,
+    cmd_flush: reset,
+    cmd_touch: reset,
+    cmd_meta: reset,
+    get_hits: reset,
+    get_misses: reset,
+    delete_misses: reset,
+    delete_hits: reset,
+    incr_misses: reset,
+    incr_hits: reset,
+    decr_misses: reset,
+    decr_hits: reset,
+    cas_misses: reset,
+    cas_hits: reset,
+    cas_badval: reset,
+    touch_hits: reset,
+    touch_misses: reset,
+    store_too_large: reset,
+    auth_cmds: reset,
+    auth_errors: reset,
+    idle_kicks: reset,
+    bytes_read: reset,
+    bytes_written: reset,
+    total_items: reset,
+    total_commands_processed: reset,
+    protocol_errors: reset,
+}
+
 #[derive(Default)]
-pub struct Counters {
-    pub curr_connections: AtomicU64,
-    pub total_connections: AtomicU64,
-    pub rejected_connections: AtomicU64,
-    pub cmd_get: AtomicU64,
-    pub cmd_set: AtomicU64,
-    pub cmd_touch: AtomicU64,
-    pub get_hits: AtomicU64,
-    pub get_misses: AtomicU64,
-    pub commands: AtomicU64,
-    pub protocol_errors: AtomicU64,
-    pub auth_cmds: AtomicU64,
-    pub auth_errors: AtomicU64,
+struct EngineAtReset {
+    evictions: AtomicU64,
+    get_expired: AtomicU64,
+    store_no_memory: AtomicU64,
 }
 
 impl Counters {
@@ -25,30 +80,36 @@ impl Counters {
         counter.fetch_add(1, Ordering::Relaxed);
     }
 
-    pub fn hit_or_miss(&self, hit: bool) {
-        Counters::bump(if hit {
-            &self.get_hits
-        } else {
-            &self.get_misses
-        });
+    pub fn add(counter: &AtomicU64, n: usize) {
+        counter.fetch_add(n as u64, Ordering::Relaxed);
     }
 
-    /// Name and value of every counter, in the names memcached uses where it has one.
-    pub fn snapshot(&self) -> Vec<(&'static str, u64)> {
-        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        vec![
-            ("curr_connections", get(&self.curr_connections)),
-            ("total_connections", get(&self.total_connections)),
-            ("rejected_connections", get(&self.rejected_connections)),
-            ("cmd_get", get(&self.cmd_get)),
-            ("cmd_set", get(&self.cmd_set)),
-            ("cmd_touch", get(&self.cmd_touch)),
-            ("get_hits", get(&self.get_hits)),
-            ("get_misses", get(&self.get_misses)),
-            ("total_commands_processed", get(&self.commands)),
-            ("protocol_errors", get(&self.protocol_errors)),
-            ("auth_cmds", get(&self.auth_cmds)),
-            ("auth_errors", get(&self.auth_errors)),
+    /// Bumps `hits` or `misses`.
+    pub fn hit_or_miss_of(hits: &AtomicU64, misses: &AtomicU64, hit: bool) {
+        Counters::bump(if hit { hits } else { misses });
+    }
+
+    pub fn hit_or_miss(&self, hit: bool) {
+        Counters::hit_or_miss_of(&self.get_hits, &self.get_misses, hit);
+    }
+
+    /// memcached's counters that the engine keeps, counted since the last `stats reset`:
+    /// `evictions` (objects the cache forgot to make room, `dropped_objects`) and
+    /// `get_expired` (reads that found their key expired, `expired`) and `store_no_memory`
+    /// (writes refused for want of room with `evictions` off, `refused_writes`).
+    pub fn since_reset(&self, engine: &zipcache::Stats) -> [(&'static str, u64); 3] {
+        let at_reset = &self.engine_at_reset;
+        let since = |now: u64, then: &AtomicU64| now.saturating_sub(then.load(Ordering::Relaxed));
+        [
+            (
+                "evictions",
+                since(engine.dropped_objects, &at_reset.evictions),
+            ),
+            ("get_expired", since(engine.expired, &at_reset.get_expired)),
+            (
+                "store_no_memory",
+                since(engine.refused_writes, &at_reset.store_no_memory),
+            ),
         ]
     }
 }
@@ -84,6 +145,49 @@ pub fn prometheus(counters: &Counters, stats: &zipcache::Stats) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn reset_zeroes_counts_keeps_gauges_and_restarts_engine_counts() {
+        let counters = Counters::default();
+        Counters::bump(&counters.curr_connections);
+        Counters::bump(&counters.cmd_get);
+        Counters::add(&counters.bytes_read, 10);
+        let engine = zipcache::Stats {
+            dropped_objects: 5,
+            expired: 2,
+            refused_writes: 4,
+            ..Default::default()
+        };
+        assert_eq!(
+            counters.since_reset(&engine),
+            [("evictions", 5), ("get_expired", 2), ("store_no_memory", 4)]
+        );
+        counters.reset(&engine);
+        let value = |name: &str| {
+            counters
+                .snapshot()
+                .into_iter()
+                .find(|(n, _)| *n == name)
+                .map(|(_, v)| v)
+        };
+        assert_eq!(value("curr_connections"), Some(1));
+        assert_eq!(value("cmd_get"), Some(0));
+        assert_eq!(value("bytes_read"), Some(0));
+        assert_eq!(
+            counters.since_reset(&engine),
+            [("evictions", 0), ("get_expired", 0), ("store_no_memory", 0)]
+        );
+        let later = zipcache::Stats {
+            dropped_objects: 8,
+            expired: 3,
+            refused_writes: 6,
+            ..engine
+        };
+        assert_eq!(
+            counters.since_reset(&later),
+            [("evictions", 3), ("get_expired", 1), ("store_no_memory", 2)]
+        );
+    }
 
     #[test]
     fn engine_metrics_use_spec_names_and_skip_unknowns() {

@@ -36,6 +36,8 @@ use crate::{AccessState, Config, Error, GetOptions, Item, PutOptions, Result, St
 /// Background eviction keeps DRAM below this fraction of the budget, so foreground
 /// writers rarely have to evict themselves.
 const LOW_WATERMARK: f64 = 0.985;
+/// The smallest `dram_capacity` an engine takes.
+pub(crate) const MIN_DRAM_CAPACITY: u64 = 64 << 10;
 /// The device's block: one SSD sub-page.
 const BLOCK: usize = zipcache_device::BLOCK_SIZE;
 /// Share of the SSD device given to the large-object log (BT_LO).
@@ -62,6 +64,8 @@ struct OpCounters {
     misses: Counter,
     expired: Counter,
     puts: Counter,
+    /// Writes refused for want of room (`evictions` off).
+    refused_writes: Counter,
     deletes: Counter,
     scans: Counter,
     /// GET reads of the SSD that went in flight (`get_item_async`) rather than completing
@@ -104,6 +108,8 @@ pub(crate) struct Inner {
     io_rates: IoRates,
     /// With an `rss_limit`: how much of `dram_capacity` RSS leaves the cache.
     governor: Option<RssGovernor>,
+    /// `dram_capacity` now: the configured one until `set_dram_capacity` changes it.
+    capacity: AtomicU64,
 }
 
 /// A hybrid DRAM/SSD key-value cache. `Send + Sync`: share it between threads by `Arc`
@@ -163,6 +169,11 @@ impl ZipCache {
         lock: Option<DataLock>,
     ) -> Result<ZipCache> {
         config.validate()?;
+        if !config.evictions && device.is_some() {
+            return Err(Error::Config(
+                "evictions=false needs a DRAM-only cache: with an SSD tier, room is made by moving objects down".into(),
+            ));
+        }
         let memory = Arc::new(Memory::default());
         let settings = DramSettings {
             leaf_size: config.leaf_size,
@@ -262,6 +273,7 @@ impl ZipCache {
         let governor = (config.rss_limit > 0)
             .then(|| RssGovernor::new(config.rss_limit, config.dram_capacity));
         let inner = Arc::new(Inner {
+            capacity: AtomicU64::new(config.dram_capacity),
             config,
             memory,
             dram,
@@ -385,6 +397,7 @@ impl ZipCache {
         let inner = &self.inner;
         inner.check_key(key)?;
         inner.check_value(value)?;
+        inner.check_room()?;
         inner.ops.puts.incr();
         let meta = inner.meta(&options);
         let cas = inner.store(key, value, meta, options.access, inner.now());
@@ -457,25 +470,27 @@ impl ZipCache {
                     }
                     (Some(None), Ok((result, None)))
                 }
-                Update::Put { value, options } => match inner.check_value(&value) {
-                    Err(e) => (None, Err(e)),
-                    Ok(()) => {
-                        let meta = inner.meta(&options).assigning(cas);
-                        let change = match inner.large_for(key, &value) {
-                            Some(lo) => {
-                                lo.put(key, &value, meta);
-                                None
-                            }
-                            None => {
-                                if let Some(lo) = &inner.large {
-                                    lo.remove(key);
+                Update::Put { value, options } => {
+                    match inner.check_value(&value).and_then(|()| inner.check_room()) {
+                        Err(e) => (None, Err(e)),
+                        Ok(()) => {
+                            let meta = inner.meta(&options).assigning(cas);
+                            let change = match inner.large_for(key, &value) {
+                                Some(lo) => {
+                                    lo.put(key, &value, meta);
+                                    None
                                 }
-                                Some((value, meta, options.access))
-                            }
-                        };
-                        (Some(change), Ok((result, Some(meta.cas))))
+                                None => {
+                                    if let Some(lo) = &inner.large {
+                                        lo.remove(key);
+                                    }
+                                    Some((value, meta, options.access))
+                                }
+                            };
+                            (Some(change), Ok((result, Some(meta.cas))))
+                        }
                     }
-                },
+                }
             }
         });
         inner.relieve_pressure();
@@ -642,6 +657,29 @@ impl ZipCache {
         Ok(())
     }
 
+    /// Changes `dram_capacity` while running (memcached's `cache_memlimit`). Lowered, the
+    /// cache evicts down to it before this returns when DRAM-only; with an SSD tier the
+    /// flusher moves the excess down to the SSD, as it does for any write. Raised, the
+    /// cache may grow into it at once. The RSS governor keeps its `rss_limit`, and the
+    /// structures sized at open (the hot sub-tier's share, the frequency sketch, the
+    /// promotion filter) keep their sizes.
+    pub fn set_dram_capacity(&self, bytes: u64) -> Result<()> {
+        if bytes < MIN_DRAM_CAPACITY {
+            return Err(Error::Config(format!(
+                "dram_capacity {bytes} is below {MIN_DRAM_CAPACITY} bytes"
+            )));
+        }
+        let inner = &self.inner;
+        inner.capacity.store(bytes, Ordering::Relaxed);
+        if inner.ssd.is_none() {
+            inner.make_room(inner.budget(), usize::MAX);
+        } else {
+            let _flusher = inner.flush_wake.0.lock();
+            inner.flush_wake.1.notify_one();
+        }
+        Ok(())
+    }
+
     /// Tunes adaptive compression bypassing while running (`0` turns it off).
     pub fn set_bypass_r(&self, r: f64) {
         self.inner.dram.bypass.set_r(r);
@@ -803,6 +841,16 @@ impl Inner {
             });
         }
         Ok(())
+    }
+
+    /// With `evictions` off, a write is refused while the budget is full (counted in
+    /// `refused_writes`): nothing is evicted to make room.
+    fn check_room(&self) -> Result<()> {
+        if self.config.evictions || self.memory.snapshot().total() < self.budget() {
+            return Ok(());
+        }
+        self.ops.refused_writes.incr();
+        Err(Error::OutOfMemory)
     }
 
     fn check_value(&self, value: &[u8]) -> Result<()> {
@@ -1035,11 +1083,14 @@ impl Inner {
     /// is still above (nothing left to evict). DRAM leaves go first; when they free
     /// nothing while the lower tiers' indexes hold more than 1/8 of the budget, or those
     /// indexes take more than half of it, the SSD tier gives up a super-leaf and BT_LO its
-    /// oldest extent: their descriptors live in DRAM too.
+    /// oldest extent: their descriptors live in DRAM too. With `evictions` off, nothing.
     fn make_room(&self, target: i64, attempts: usize) -> bool {
         /// DRAM evictions in a row that free nothing before the indexes are shrunk.
         const FUTILE: usize = 8;
         let used = || self.memory.snapshot().total();
+        if !self.config.evictions {
+            return used() <= target;
+        }
         let mut futile_runs = 0;
         for _ in 0..attempts {
             let before = used();
@@ -1047,11 +1098,11 @@ impl Inner {
                 return true;
             }
             let index = self.lower_index_bytes();
-            let index_heavy = index > self.config.dram_capacity / 2;
+            let index_heavy = index > self.capacity() / 2;
             // Evictions that seem to free nothing point at the index only when it is a
             // real share of DRAM: writers running beside the flusher refill what it frees,
             // and giving up super-leaves for that would throw away the SSD's objects.
-            let futile = futile_runs >= FUTILE && index > self.config.dram_capacity / 8;
+            let futile = futile_runs >= FUTILE && index > self.capacity() / 8;
             if !index_heavy && !futile && self.dram.evict_one(self.sink(), self.now()) {
                 futile_runs = if used() < before { 0 } else { futile_runs + 1 };
             } else if !self.shrink_lower_index() {
@@ -1063,9 +1114,16 @@ impl Inner {
         used() <= target
     }
 
-    /// What the cache may hold now: `dram_capacity`, less what the RSS governor withholds.
+    fn capacity(&self) -> u64 {
+        self.capacity.load(Ordering::Relaxed)
+    }
+
+    /// What the cache may hold now: `dram_capacity`, less what the RSS governor withholds
+    /// (never more than half of it, even after `set_dram_capacity` lowered it).
     fn budget(&self) -> i64 {
-        self.config.dram_capacity as i64 - self.governor.as_ref().map_or(0, |g| g.reserve())
+        let capacity = self.capacity() as i64;
+        let withheld = self.governor.as_ref().map_or(0, |g| g.reserve());
+        capacity - withheld.min(capacity / 2)
     }
 
     /// The RSS governor's tick: measure, re-set the budget and, DRAM-only (where only
@@ -1231,7 +1289,7 @@ impl Inner {
             checksum_failures: ssd.checksum_failures
                 + c.corrupt_pages.load(Ordering::Relaxed)
                 + large_failures,
-            dram_capacity: self.config.dram_capacity,
+            dram_capacity: self.capacity(),
             dram_used: mem.total().max(0) as u64,
             dram_compressed_page_bytes: mem.compressed_pages.max(0) as u64,
             dram_hot_page_bytes: mem.hot_pages.max(0) as u64,
@@ -1253,6 +1311,7 @@ impl Inner {
             dram_hits,
             misses: self.ops.misses.get(),
             puts: self.ops.puts.get(),
+            refused_writes: self.ops.refused_writes.get(),
             deletes: self.ops.deletes.get(),
             scans: self.ops.scans.get(),
             expired: self.ops.expired.get(),

@@ -92,6 +92,10 @@ pub struct Config {
     /// bytes per DRAM object (a 12-byte stamp and its share of the tables beside the
     /// leaves' pages), which a leaf's dense page otherwise avoids.
     pub track_access: bool,
+    /// Make room for new objects by evicting old ones. Off (memcached `-M`, Redis
+    /// `noeviction`), a write that finds the DRAM budget full is refused with
+    /// [`Error::OutOfMemory`] and nothing is ever forgotten; DRAM-only.
+    pub evictions: bool,
     pub clock: Arc<dyn Clock>,
 }
 
@@ -128,6 +132,7 @@ impl Default for Config {
             ssd_presence_filters: false,
             rss_limit: 0,
             track_access: false,
+            evictions: true,
             clock: Arc::new(SystemClock),
         }
     }
@@ -201,6 +206,7 @@ impl Config {
         "promotion",
         "ssd_presence_filters",
         "track_access",
+        "evictions",
         "device_compression",
         "direct_io",
         "logical_to_physical",
@@ -225,6 +231,7 @@ impl Config {
             "flush_wait_ms" => self.flush_wait_ms = parse_usize(name, value)? as u64,
             "rss_limit" => self.rss_limit = parse_size(value)?,
             "track_access" => self.track_access = parse_bool(name, value)?,
+            "evictions" => self.evictions = parse_bool(name, value)?,
             "ssd_presence_filters" => self.ssd_presence_filters = parse_bool(name, value)?,
             "promotion" => {
                 self.promotion = match value.trim() {
@@ -312,7 +319,7 @@ impl Config {
         if self.max_value_size == 0 || self.max_value_size > 1 << 30 {
             return bad("max_value_size must be within 1 B..1 GiB".into());
         }
-        if self.dram_capacity < 64 << 10 {
+        if self.dram_capacity < crate::cache::MIN_DRAM_CAPACITY {
             return bad(format!(
                 "dram_capacity {} is below 64 KiB",
                 self.dram_capacity
@@ -372,6 +379,8 @@ mod tests {
         c.set("medium_max", "2KiB").unwrap();
         c.set("track_access", "true").unwrap();
         assert!(c.track_access);
+        c.set("evictions", "false").unwrap();
+        assert!(!c.evictions);
         assert!(c.set("track_access", "maybe").is_err());
         assert_eq!(c.write_buffer, 128);
         assert_eq!(c.bypass_r, 0.0);

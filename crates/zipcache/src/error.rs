@@ -16,6 +16,9 @@ pub enum Error {
     Io(#[from] io::Error),
     #[error("the cache is closed")]
     Closed,
+    /// The DRAM budget is full and `evictions` is off: the write was not made.
+    #[error("out of memory storing object")]
+    OutOfMemory,
     #[error(
         "{path} is locked by another engine (process {holder}): one process per data directory"
     )]

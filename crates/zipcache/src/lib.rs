@@ -12,6 +12,8 @@ mod async_read_tests;
 mod btree;
 mod bypass;
 mod cache;
+#[cfg(test)]
+mod capacity_tests;
 mod counters;
 mod dram;
 mod early_termination;
@@ -25,6 +27,8 @@ mod memory;
 mod model_tests;
 #[cfg(test)]
 mod never_stale_tests;
+#[cfg(test)]
+mod no_eviction_tests;
 mod packed_page;
 #[cfg(test)]
 mod power_loss_tests;

@@ -54,6 +54,8 @@ pub struct Stats {
     pub ssd_promotions: u64,
     pub misses: u64,
     pub puts: u64,
+    /// Writes refused because the DRAM budget was full and `evictions` is off.
+    pub refused_writes: u64,
     pub deletes: u64,
     pub scans: u64,
     pub expired: u64,

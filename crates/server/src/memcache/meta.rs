@@ -5,7 +5,7 @@ use zipcache::{AccessState, GetOptions, Item, Update};
 use super::annotations::{Entry, Marks, Write};
 use super::events;
 use super::parse::{Meta, MetaKind, StoreMode};
-use super::text::{StoreOutcome, Storing, apply_delta, store_item};
+use super::text::{StoreOutcome, Storing, apply_delta, count_arith, store_item};
 use super::{Expiry, NON_NUMERIC, after_read, engine_error, line, ttl_seconds, with_access};
 use crate::server::Shared;
 use crate::stats::Counters;
@@ -447,6 +447,10 @@ fn delete(shared: &Shared, meta: &Meta<'_>, out: &mut Vec<u8>) -> Result<(), Str
             }
         })
         .map_err(|e| engine_error(&e))?;
+    if code != "EX" {
+        let counters = &shared.counters;
+        Counters::hit_or_miss_of(&counters.delete_hits, &counters.delete_misses, code == "HD");
+    }
     if let Some(size) = removed.filter(|_| events::wants_deletions(shared)) {
         events::deleted(shared, &meta.key, "md", size);
     }
@@ -474,9 +478,11 @@ fn arith(shared: &Shared, meta: &Meta<'_>, out: &mut Vec<u8>) -> Result<(), Stri
         NonNumeric,
         Done(Item),
     }
+    let mut existed = false;
     let (outcome, cas) = shared
         .annotations
         .update(&shared.cache, &meta.key, |current| {
+            existed = current.is_some();
             match (current, vivify) {
                 (None, None) => (Update::Keep.into(), Outcome::Missing),
                 (None, Some(exptime)) => {
@@ -515,6 +521,12 @@ fn arith(shared: &Shared, meta: &Meta<'_>, out: &mut Vec<u8>) -> Result<(), Stri
             }
         })
         .map_err(|e| engine_error(&e))?;
+    // As memcached: a created (vivified) counter is neither a hit nor a miss.
+    match &outcome {
+        Outcome::Missing => count_arith(shared, incr, false),
+        Outcome::Done(_) if existed => count_arith(shared, incr, true),
+        _ => {}
+    }
     match outcome {
         Outcome::Missing => status(meta, "NF", None, None, now, out),
         Outcome::Mismatch => status(meta, "EX", None, None, now, out),

@@ -6,6 +6,7 @@ pub mod conns;
 mod crawler;
 mod events;
 mod meta;
+mod operator;
 pub mod parse;
 pub mod prefix_stats;
 mod text;
@@ -328,12 +329,16 @@ impl Session for MemcacheSession {
 impl MemcacheSession {
     /// Executes one request (`len` bytes long); false closes the connection.
     fn execute(&mut self, request: Request<'_>, len: usize, out: &mut Vec<u8>) -> bool {
-        Counters::bump(&self.shared.counters.commands);
+        Counters::bump(&self.shared.counters.total_commands_processed);
         watch::set_current_connection(self.id);
         match request {
             Request::Quit => return false,
+            Request::Operator(operator) => return operator::execute(&self.shared, operator, out),
             Request::Watch(names) => self.watch(&names, out),
-            Request::Meta(meta) => meta::execute(&self.shared, &meta, out),
+            Request::Meta(meta) => {
+                Counters::bump(&self.shared.counters.cmd_meta);
+                meta::execute(&self.shared, &meta, out)
+            }
             Request::Crawler(command) => {
                 let (cache, crawler) = (&self.shared.cache, &self.shared.crawler);
                 self.dump = crawler::execute(cache, crawler, command, out).map(|dump| (dump, len));

@@ -1,6 +1,7 @@
 //! The classic memcached text commands.
 
 use std::net::SocketAddr;
+use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
 use zipcache::{GetOptions, Update};
@@ -42,7 +43,12 @@ pub fn execute(shared: &Shared, request: Request<'_>, out: &mut Vec<u8>) {
         }
         Request::Delete { key, noreply } => {
             shared.prefix_stats.record_delete(key);
-            let reply = match events::delete(shared, key) {
+            let deleted = events::delete(shared, key);
+            if let Ok(hit) = deleted {
+                let counters = &shared.counters;
+                Counters::hit_or_miss_of(&counters.delete_hits, &counters.delete_misses, hit);
+            }
+            let reply = match deleted {
                 Ok(true) => "DELETED".to_string(),
                 Ok(false) => "NOT_FOUND".to_string(),
                 Err(e) => engine_error(&e),
@@ -67,6 +73,7 @@ pub fn execute(shared: &Shared, request: Request<'_>, out: &mut Vec<u8>) {
             drop_old,
             noreply,
         } => {
+            Counters::bump(&shared.counters.store_too_large);
             // memcached unlinks the old value so a failed set never leaves it stale.
             if drop_old {
                 let _ = shared.cache.delete(&key);
@@ -74,6 +81,7 @@ pub fn execute(shared: &Shared, request: Request<'_>, out: &mut Vec<u8>) {
             reply_unless(noreply, TOO_LARGE, out);
         }
         Request::FlushAll { delay, noreply } => {
+            Counters::bump(&shared.counters.cmd_flush);
             let reply = flush_all(shared, delay);
             reply_unless(noreply, &reply, out);
         }
@@ -88,6 +96,7 @@ pub fn execute(shared: &Shared, request: Request<'_>, out: &mut Vec<u8>) {
         Request::Quit
         | Request::Meta(_)
         | Request::Crawler(_)
+        | Request::Operator(_)
         | Request::Error { .. }
         | Request::Watch(_) => {}
     }
@@ -123,6 +132,12 @@ pub fn touch(shared: &Shared, key: &[u8], exptime: i64) -> zipcache::Result<Opti
                 }),
             ),
         })?;
+    let counters = &shared.counters;
+    Counters::hit_or_miss_of(
+        &counters.touch_hits,
+        &counters.touch_misses,
+        entry.is_some(),
+    );
     Ok(entry.map(|entry| entry.redated(expiry)))
 }
 
@@ -196,19 +211,32 @@ pub struct Storing<'a> {
 }
 
 /// Runs a storage command atomically; returns the outcome and the CAS clients now see.
+/// Counts it in `total_items` and, for a compare-and-swap, in `cas_*`.
 pub fn store_item(
     shared: &Shared,
     key: &[u8],
     storing: &Storing<'_>,
 ) -> zipcache::Result<(StoreOutcome, Option<u64>)> {
     let mut previous = None;
-    let result = apply_store(shared, key, storing, &mut previous);
-    if let Ok((outcome, _)) = result {
+    let stored = apply_store(shared, key, storing, &mut previous);
+    if let Ok((outcome, _)) = &stored {
         events::log_fetch(shared, key, previous);
         let size = storing.data.len();
-        events::stored(shared, key, storing.mode, outcome, storing.expiry, size);
+        events::stored(shared, key, storing.mode, *outcome, storing.expiry, size);
+        let counters = &shared.counters;
+        if let StoreOutcome::Stored { .. } = outcome {
+            Counters::bump(&counters.total_items);
+        }
+        if let StoreMode::Cas(_) = storing.mode {
+            match outcome {
+                StoreOutcome::Stored { .. } => Counters::bump(&counters.cas_hits),
+                StoreOutcome::Exists => Counters::bump(&counters.cas_badval),
+                StoreOutcome::NotFound => Counters::bump(&counters.cas_misses),
+                StoreOutcome::NotStored => {}
+            }
+        }
     }
-    result
+    stored
 }
 
 /// `store_item`'s work; `previous` gets the size of the value it found, when the log
@@ -372,11 +400,27 @@ fn arith(shared: &Shared, key: &[u8], delta: u64, incr: bool) -> String {
                 ),
             },
         });
+    match &result {
+        Ok((Counted::Missing, _)) => count_arith(shared, incr, false),
+        Ok((Counted::Value(_), _)) => count_arith(shared, incr, true),
+        _ => {}
+    }
     match result {
         Ok((Counted::Missing, _)) => "NOT_FOUND".into(),
         Ok((Counted::NonNumeric, _)) => NON_NUMERIC.into(),
         Ok((Counted::Value(n), _)) => n.to_string(),
         Err(e) => engine_error(&e),
+    }
+}
+
+/// Counts an incr/decr (classic or `ma`) in `incr_*` / `decr_*`: a hit found a number
+/// to change, a miss no key.
+pub fn count_arith(shared: &Shared, incr: bool, hit: bool) {
+    let counters = &shared.counters;
+    if incr {
+        Counters::hit_or_miss_of(&counters.incr_hits, &counters.incr_misses, hit);
+    } else {
+        Counters::hit_or_miss_of(&counters.decr_hits, &counters.decr_misses, hit);
     }
 }
 
@@ -405,20 +449,39 @@ fn stat(out: &mut Vec<u8>, name: &str, value: impl std::fmt::Display) {
     out.extend_from_slice(format!("STAT {name} {value}\r\n").as_bytes());
 }
 
+fn yes_no(on: bool) -> &'static str {
+    if on { "yes" } else { "no" }
+}
+
 fn stats(shared: &Shared, section: Option<&[u8]>, out: &mut Vec<u8>) {
     let engine = shared.cache.stats();
+    let counters = &shared.counters;
     match section {
         None => {
             stat(out, "pid", std::process::id());
             stat(out, "uptime", shared.started.elapsed().as_secs());
             stat(out, "time", shared.cache.now_ms() / 1000);
             stat(out, "version", env!("CARGO_PKG_VERSION"));
+            stat(out, "pointer_size", usize::BITS);
+            stat(out, "max_connections", shared.info.max_connections);
             stat(out, "threads", shared.info.threads);
+            stat(
+                out,
+                "accepting_conns",
+                u8::from(shared.accepting.load(Relaxed)),
+            );
             stat(out, "curr_items", engine.objects_resident);
-            stat(out, "bytes", engine.dram_used);
+            // memcached's bytes of items: DRAM charged to objects, the indexes left out.
+            stat(
+                out,
+                "bytes",
+                engine.dram_used.saturating_sub(engine.dram_index_bytes),
+            );
             stat(out, "limit_maxbytes", engine.dram_capacity);
-            stat(out, "evictions", engine.dropped_objects);
-            for (name, value) in shared.counters.snapshot() {
+            for (name, value) in counters.snapshot() {
+                stat(out, name, value);
+            }
+            for (name, value) in counters.since_reset(&engine) {
                 stat(out, name, value);
             }
             for (name, value) in shared
@@ -435,24 +498,42 @@ fn stats(shared: &Shared, section: Option<&[u8]>, out: &mut Vec<u8>) {
         }
         Some(b"settings") => {
             stat(out, "maxconns", shared.info.max_connections);
-            stat(out, "interface", shared.info.listen);
+            stat(out, "maxbytes", engine.dram_capacity);
             stat(out, "tcpport", shared.info.memcached_port);
+            stat(out, "interface", shared.info.listen);
+            let evictions = shared.cache.config().evictions;
+            stat(out, "evictions", if evictions { "on" } else { "off" });
+            stat(out, "domain_socket", "NULL");
+            stat(out, "shutdown_command", yes_no(shared.shutdown_enabled));
             stat(out, "num_threads", shared.info.threads);
+            stat(out, "cas_enabled", "yes");
+            stat(out, "tcp_backlog", crate::server::LISTEN_BACKLOG);
+            stat(out, "auth_enabled_sasl", "no");
+            stat(
+                out,
+                "auth_enabled_ascii",
+                yes_no(shared.memcached_auth.is_some()),
+            );
             stat(out, "item_size_max", shared.max_value);
             stat(out, "key_max", super::parse::KEY_MAX);
-            stat(out, "maxbytes", engine.dram_capacity);
-            stat(out, "evictions", "on");
-            stat(out, "cas_enabled", "yes");
             for (name, value) in shared.crawler.settings_stats() {
                 stat(out, name, value);
             }
+            stat(out, "maxconns_fast", "yes");
+            stat(out, "flush_enabled", yes_no(shared.flush_all_enabled));
+            stat(
+                out,
+                "idle_timeout",
+                shared.idle_timeout.map_or(0, |t| t.as_secs()),
+            );
         }
         Some(b"items") => {
             // One "slab class": the engine has size classes, not memcached slabs.
+            let [(_, evicted), ..] = counters.since_reset(&engine);
             stat(out, "items:1:number", engine.objects_resident);
             stat(out, "items:1:number_dram", engine.dram_objects);
             stat(out, "items:1:number_ssd", engine.ssd_objects);
-            stat(out, "items:1:evicted", engine.dropped_objects);
+            stat(out, "items:1:evicted", evicted);
             stat(out, "items:1:expired_unfetched", engine.expired);
             for (name, value) in shared.crawler.items_stats() {
                 stat(out, name, value);
@@ -472,6 +553,7 @@ fn stats(shared: &Shared, section: Option<&[u8]>, out: &mut Vec<u8>) {
         }
         Some(b"reset") => {
             shared.prefix_stats.clear();
+            counters.reset(&engine);
             line(out, "RESET");
             return;
         }

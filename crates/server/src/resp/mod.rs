@@ -63,7 +63,7 @@ impl Session for RespSession {
                 if args.is_empty() {
                     return Step::Consumed(len);
                 }
-                Counters::bump(&self.shared.counters.commands);
+                Counters::bump(&self.shared.counters.total_commands_processed);
                 let args: Vec<&[u8]> = args.iter().map(|a| a.as_ref()).collect();
                 match cmd::execute(&self.shared, &mut self.client, &args, &mut out) {
                     cmd::Flow::Continue => Step::Consumed(len),

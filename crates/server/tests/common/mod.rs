@@ -233,6 +233,28 @@ impl Client {
             .collect()
     }
 
+    /// The server's address.
+    pub fn peer(&self) -> SocketAddr {
+        self.reader.get_ref().peer_addr().expect("peer address")
+    }
+
+    /// `stats [section]` as a map of name to value.
+    pub fn stats(&mut self, section: &str) -> std::collections::HashMap<String, String> {
+        self.send(format!("stats{section}\r\n").as_bytes());
+        self.until_end()
+            .into_iter()
+            .map(|line| {
+                let mut fields = line.splitn(3, ' ');
+                match (fields.next(), fields.next(), fields.next()) {
+                    (Some("STAT"), Some(name), Some(value)) => {
+                        (name.to_string(), value.to_string())
+                    }
+                    _ => panic!("not a stats line: {line:?}"),
+                }
+            })
+            .collect()
+    }
+
     /// True once the server has closed the connection (reads EOF).
     pub fn closed(&mut self) -> bool {
         let mut rest = Vec::new();

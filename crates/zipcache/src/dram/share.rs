@@ -162,8 +162,8 @@ impl DramTier {
 
 #[cfg(test)]
 mod tests {
+    use super::super::Lookup;
     use super::super::test_support::*;
-    use super::super::{DramSettings, Lookup};
     use super::*;
     use crate::record::{Meta, Payload, Record};
 
@@ -180,6 +180,17 @@ mod tests {
         let mut v = vec![0u8; 60];
         v[..4].copy_from_slice(&k.to_le_bytes());
         v
+    }
+
+    /// Keys `0..n`, each written once with `value(k)`, all still there.
+    fn assert_every_key_reads_back(dram: &DramTier, n: u32) {
+        for k in 0..n {
+            assert_eq!(
+                dram.get(&key(k), 0, true),
+                Lookup::Found(value(k), Meta::default(), None),
+                "key {k}"
+            );
+        }
     }
 
     /// Objects per leaf over the objects a full page takes, after every buffer merged.
@@ -211,23 +222,14 @@ mod tests {
         let per_page = dram.layout.capacity / record.encoded_len();
         let fill = fill_of(&dram, per_page);
         assert!(fill > 0.72, "leaves {:.0} % full", fill * 100.0);
-        for k in 0..n {
-            assert_eq!(
-                dram.get(&key(k), 0, true),
-                Lookup::Found(value(k), Meta::default(), None),
-                "key {k}"
-            );
-        }
+        assert_every_key_reads_back(&dram, n);
     }
 
     /// A neighbour someone holds is not waited for: the leaf splits alone (waiting could
     /// deadlock against a pass that locks leaves in another order).
     #[test]
     fn a_busy_neighbour_is_not_waited_for() {
-        let (dram, _) = tier_with(DramSettings {
-            write_buffer: 0,
-            ..settings(0)
-        });
+        let (dram, _) = tier_with(settings(0));
         let n = 2_000;
         for k in scrambled(n) {
             dram.put_with(&key(k), Some(&value(k)), Meta::default(), None, 0, |_| ());
@@ -268,13 +270,7 @@ mod tests {
                 > splits,
             "{extra} more keys did not split the first leaf"
         );
-        for k in 0..n {
-            assert_eq!(
-                dram.get(&key(k), 0, true),
-                Lookup::Found(value(k), Meta::default(), None),
-                "key {k}"
-            );
-        }
+        assert_every_key_reads_back(&dram, n);
     }
 
     /// Shares retire leaves while evictions walk and lock runs of them: neither may

@@ -44,7 +44,13 @@ impl From<String> for ErrorReply {
 
 impl From<zipcache::Error> for ErrorReply {
     fn from(error: zipcache::Error) -> Self {
-        ErrorReply(Cow::Owned(format!("ERR {error}")))
+        match error {
+            // Redis's reply under `maxmemory-policy noeviction`.
+            zipcache::Error::OutOfMemory => ErrorReply(Cow::Borrowed(
+                "OOM command not allowed when used memory > 'maxmemory'.",
+            )),
+            other => ErrorReply(Cow::Owned(format!("ERR {other}"))),
+        }
     }
 }
 

@@ -1,0 +1,121 @@
+//! `ZipCache::set_dram_capacity`: the DRAM budget changed while running (memcached's
+//! `cache_memlimit`).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use zipcache_device::{BlockDevice, MemDevice};
+
+use crate::{Config, Error, Stats, ZipCache};
+
+const MIB: u64 = 1 << 20;
+
+fn key(i: u32) -> Vec<u8> {
+    format!("{i:012}").into_bytes()
+}
+
+/// Incompressible enough that the budget holds a known order of objects.
+fn value(i: u32) -> Vec<u8> {
+    (0..200u32)
+        .flat_map(|j| (i.wrapping_mul(2_654_435_761) ^ j.wrapping_mul(40_503)).to_le_bytes())
+        .collect()
+}
+
+fn fill(cache: &ZipCache, keys: std::ops::Range<u32>) {
+    for i in keys {
+        cache.put(&key(i), &value(i), None).unwrap();
+    }
+}
+
+/// Waits (at most 10 s) until `done` holds for the engine's stats, and returns them.
+fn wait_for(cache: &ZipCache, done: impl Fn(&Stats) -> bool) -> Stats {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let stats = cache.stats();
+        if done(&stats) || Instant::now() > deadline {
+            return stats;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn dram_only(dram_capacity: u64) -> ZipCache {
+    ZipCache::open(Config {
+        dram_capacity,
+        ..Config::default()
+    })
+    .unwrap()
+}
+
+#[test]
+fn lowering_the_capacity_evicts_down_to_it_and_raising_it_lets_the_cache_grow() {
+    let cache = dram_only(8 * MIB);
+    fill(&cache, 0..20_000);
+    let full = cache.stats();
+    assert!(full.dram_used > 6 * MIB, "{full:?}");
+
+    cache.set_dram_capacity(2 * MIB).unwrap();
+    let lowered = cache.stats();
+    assert_eq!(lowered.dram_capacity, 2 * MIB);
+    assert!(lowered.dram_used <= 2 * MIB, "{lowered:?}");
+    assert!(
+        lowered.dropped_objects > full.dropped_objects,
+        "{lowered:?}"
+    );
+    // What is left is what was stored.
+    for i in 0..20_000 {
+        if let Some(found) = cache.get(&key(i)).unwrap() {
+            assert_eq!(found, value(i));
+        }
+    }
+    fill(&cache, 20_000..30_000);
+    assert!(cache.stats().dram_used <= 2 * MIB);
+
+    cache.set_dram_capacity(8 * MIB).unwrap();
+    let raised = cache.stats();
+    fill(&cache, 30_000..35_000);
+    let grown = cache.stats();
+    assert_eq!(grown.dram_capacity, 8 * MIB);
+    assert!(grown.dram_used > 4 * MIB, "{grown:?}");
+    assert!(grown.dram_used <= 8 * MIB, "{grown:?}");
+    // 5 000 objects (about 4 MiB) fit in the room raised: none was forgotten for them.
+    assert_eq!(grown.dropped_objects, raised.dropped_objects, "{grown:?}");
+}
+
+#[test]
+fn with_an_ssd_tier_the_excess_moves_down_and_stays_readable() {
+    let device: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(1 << 16));
+    let config = Config {
+        dram_capacity: 8 * MIB,
+        ..Config::default()
+    };
+    let cache = ZipCache::open_on(config, Some(device)).unwrap();
+    // About 5 MiB: within the budget, so nothing has moved down yet.
+    fill(&cache, 0..6_000);
+    let full = cache.stats();
+    assert!(
+        full.dram_used > 4 * MIB && full.ssd_objects == 0,
+        "{full:?}"
+    );
+    cache.set_dram_capacity(2 * MIB).unwrap();
+    let lowered = wait_for(&cache, |s| s.dram_used <= 2 * MIB);
+    assert!(lowered.dram_used <= 2 * MIB, "{lowered:?}");
+    assert!(lowered.ssd_objects > 0, "{lowered:?}");
+    assert_eq!(
+        lowered.dropped_objects, 0,
+        "moved to the SSD, not forgotten"
+    );
+    for i in (0..6_000).step_by(97) {
+        assert_eq!(cache.get(&key(i)).unwrap(), Some(value(i)), "key {i}");
+    }
+}
+
+#[test]
+fn a_capacity_below_the_minimum_is_refused() {
+    let cache = dram_only(8 * MIB);
+    assert!(matches!(
+        cache.set_dram_capacity(1024),
+        Err(Error::Config(_))
+    ));
+    assert_eq!(cache.stats().dram_capacity, 8 * MIB);
+}
