@@ -308,9 +308,10 @@ fn cache_memlimit_errors_are_memcached_s() {
     assert_eq!(numbers(&mut mc, &["limit_maxbytes"]), [64 * MIB]);
 }
 
-/// `--set evictions=false` (memcached `-M`, `t/dash-M.t`): once DRAM is full a `set` is
-/// refused with memcached's reply and counted in `store_no_memory`; every value stored
-/// before is still there, and `stats settings` says `evictions off`.
+/// `--set evictions=false` (memcached `-M`, `t/dash-M.t`; Redis `noeviction`): once DRAM
+/// is full a `set` is refused with memcached's reply (a RESP `SET` with Redis's) and
+/// counted in `store_no_memory`; every value stored before is still there, and `stats
+/// settings` says `evictions off`.
 #[test]
 fn a_full_cache_without_evictions_refuses_sets() {
     let config = Config {
@@ -353,4 +354,23 @@ fn a_full_cache_without_evictions_refuses_sets() {
         );
     }
     assert_eq!(mc.stats(" settings")["evictions"], "off");
+    // RESP clients get Redis's `noeviction` refusal (once merges have used up whatever
+    // room they freed since), and `store_no_memory` counts it.
+    let mut resp = Client::connect(server.resp);
+    let refused = (stored..stored + 10_000)
+        .map(|i| {
+            let (key, v) = (format!("r{i}"), value(i));
+            let set = format!(
+                "*3\r\n$3\r\nSET\r\n${}\r\n{key}\r\n${}\r\n{v}\r\n",
+                key.len(),
+                v.len()
+            );
+            resp.ask(&set, 1).remove(0)
+        })
+        .find(|reply| reply != "+OK");
+    assert_eq!(
+        refused.as_deref(),
+        Some("-OOM command not allowed when used memory > 'maxmemory'.")
+    );
+    assert_eq!(numbers(&mut mc, &["store_no_memory"]), [2]);
 }
