@@ -161,8 +161,9 @@ impl DramTier {
         }
     }
 
-    /// Decompress → apply the buffer → recompress; splits the leaf when its records no
-    /// longer fit a page. Objects that do not survive (expired, tombstones with nothing
+    /// Decompress → apply the buffer → recompress; when its records no longer fit a page,
+    /// the leaf shares with its right neighbour (`share.rs`) or splits. Objects that do
+    /// not survive (expired, tombstones with nothing
     /// below, and what `shed` lets go) are dropped here.
     pub(super) fn merge_locked(
         &self,

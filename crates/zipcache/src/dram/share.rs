@@ -6,7 +6,7 @@
 //! half-full pages that fill at the same pace: leaves then average about 60 % of a page
 //! (29 objects where 48 fit, in the fill of `RESULTS.md`), and each object pays 1/29 of
 //! its leaf's fixed ~110 bytes (descriptor, tree entry, page header and allocation).
-//! Sharing keeps leaves between 60 % and 90 % full.
+//! A share leaves both (or all three) 60–90 % full; after a fill leaves hold 33 objects.
 //!
 //! Only with a neighbour that can be locked at once ([`RwLock::try_write`]: never
 //! waiting keeps the lock order of the leaf protocol whatever the tree did meanwhile),
