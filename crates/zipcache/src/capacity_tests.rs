@@ -1,12 +1,13 @@
-//! `ZipCache::set_dram_capacity`: the DRAM budget changed while running (memcached's
-//! `cache_memlimit`).
+//! The DRAM budget: changed while running (`ZipCache::set_dram_capacity`, memcached's
+//! `cache_memlimit`), and full with `evictions = false` (memcached `-M`, Redis
+//! `noeviction`: writes are refused, nothing is forgotten).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use zipcache_device::{BlockDevice, MemDevice};
 
-use crate::{Config, Error, Stats, ZipCache};
+use crate::{Config, Error, Stats, Update, ZipCache};
 
 const MIB: u64 = 1 << 20;
 
@@ -118,4 +119,74 @@ fn a_capacity_below_the_minimum_is_refused() {
         Err(Error::Config(_))
     ));
     assert_eq!(cache.stats().dram_capacity, 8 * MIB);
+}
+
+fn refusing(dram_capacity: u64) -> ZipCache {
+    ZipCache::open(Config {
+        dram_capacity,
+        evictions: false,
+        ..Config::default()
+    })
+    .unwrap()
+}
+
+/// Puts keys from 0 until one is refused; returns how many were stored.
+fn fill_until_refused(cache: &ZipCache) -> u32 {
+    (0..1_000_000)
+        .find(|&i| match cache.put(&key(i), &value(i), None) {
+            Ok(()) => false,
+            Err(Error::OutOfMemory) => true,
+            Err(other) => panic!("put {i}: {other}"),
+        })
+        .expect("a 1 MiB cache fills before a million 800-byte values")
+}
+
+#[test]
+fn a_full_cache_refuses_writes_and_forgets_nothing() {
+    let cache = refusing(MIB);
+    let stored = fill_until_refused(&cache);
+    assert!(stored > 500, "{stored} stored");
+    // Refused again, through a read-modify-write too, and counted.
+    assert!(matches!(
+        cache.put(&key(stored), &value(stored), None),
+        Err(Error::OutOfMemory)
+    ));
+    let update = cache.update(&key(0), |_| {
+        let put = Update::Put {
+            value: b"x".to_vec(),
+            options: Default::default(),
+        };
+        (put, ())
+    });
+    assert!(matches!(update, Err(Error::OutOfMemory)), "{update:?}");
+    let stats = cache.stats();
+    assert_eq!(stats.refused_writes, 3);
+    assert_eq!(stats.dropped_objects, 0);
+    for i in 0..stored {
+        assert_eq!(cache.get(&key(i)).unwrap(), Some(value(i)), "key {i}");
+    }
+}
+
+#[test]
+fn deletes_make_room_again() {
+    let cache = refusing(MIB);
+    let stored = fill_until_refused(&cache);
+    for i in 0..stored / 2 {
+        assert!(cache.delete(&key(i)).unwrap());
+    }
+    // Deleted objects leave the pages when their leaves merge.
+    cache.settle().unwrap();
+    cache.put(&key(stored), &value(stored), None).unwrap();
+    assert_eq!(cache.get(&key(stored)).unwrap(), Some(value(stored)));
+}
+
+#[test]
+fn an_ssd_tier_is_refused_with_evictions_off() {
+    let device = Arc::new(MemDevice::new(1024));
+    let config = Config {
+        evictions: false,
+        ..Config::default()
+    };
+    let opened = ZipCache::open_on(config, Some(device));
+    assert!(matches!(opened, Err(Error::Config(_))));
 }

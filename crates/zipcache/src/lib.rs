@@ -27,8 +27,6 @@ mod memory;
 mod model_tests;
 #[cfg(test)]
 mod never_stale_tests;
-#[cfg(test)]
-mod no_eviction_tests;
 mod packed_page;
 #[cfg(test)]
 mod power_loss_tests;
