@@ -319,13 +319,13 @@ impl ZipCache {
         &self.inner.config
     }
 
-    /// The engine clock, Unix milliseconds; expiries are absolute times on it.
     /// Sets who is told of the values evicted for room (see `EvictionListener` for which
     /// are), in place of any listener set before.
     pub fn set_eviction_listener(&self, listener: Arc<dyn crate::EvictionListener>) {
         *self.inner.dram.eviction_listener.write() = Some(listener);
     }
 
+    /// The engine clock, Unix milliseconds; expiries are absolute times on it.
     pub fn now_ms(&self) -> u64 {
         self.inner.config.clock.now_ms()
     }

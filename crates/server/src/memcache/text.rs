@@ -400,15 +400,16 @@ fn arith(shared: &Shared, key: &[u8], delta: u64, incr: bool) -> String {
                 ),
             },
         });
-    match &result {
-        Ok((Counted::Missing, _)) => count_arith(shared, incr, false),
-        Ok((Counted::Value(_), _)) => count_arith(shared, incr, true),
-        _ => {}
-    }
     match result {
-        Ok((Counted::Missing, _)) => "NOT_FOUND".into(),
+        Ok((Counted::Missing, _)) => {
+            count_arith(shared, incr, false);
+            "NOT_FOUND".into()
+        }
         Ok((Counted::NonNumeric, _)) => NON_NUMERIC.into(),
-        Ok((Counted::Value(n), _)) => n.to_string(),
+        Ok((Counted::Value(n), _)) => {
+            count_arith(shared, incr, true);
+            n.to_string()
+        }
         Err(e) => engine_error(&e),
     }
 }

@@ -175,7 +175,7 @@ impl DramTier {
         self.counters.merges.fetch_add(1, Ordering::Relaxed);
         let before = self.charge_of(leaf, st);
         // Declared before the objects that borrow from them (a neighbour's too).
-        let view = self.view();
+        let view;
         let mut given = None;
         let mut extras = st.extras.take().unwrap_or_default();
         let buffer = extras.buffer.take();
@@ -190,6 +190,7 @@ impl DramTier {
         // A full leaf shares with its right neighbour before it splits (`share`).
         let mut neighbour = None;
         if shed == Shed::Nothing && !leaf.lost() && self.splits_at_random(&objs) {
+            view = self.view();
             neighbour = self.lock_right_neighbour(&view, leaf, objs[0].key);
         }
         if let Some(n) = &mut neighbour {
