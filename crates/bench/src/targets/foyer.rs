@@ -245,7 +245,7 @@ mod tests {
 
     use super::*;
     use crate::targets::test_support::{
-        TempDir, budget, check_ordered_batches, fill, lookaside_workload,
+        TempDir, budget, check_ordered_batches, fill, lookaside_workload, read_filled,
     };
 
     const KEYS: u64 = 20_000;
@@ -257,18 +257,18 @@ mod tests {
             FoyerTarget::open(&budget(&dir, InProcessGets::Overlapped, &[])).expect("open");
         let mut client = target.client().expect("client");
         fill(client.as_mut(), KEYS);
+        // foyer writes evicted entries to its disk in the background, so on a busy machine
+        // reads right after the fill may find none there yet: read the filled keys (no
+        // writes, so the batch check below still starts from version 0 everywhere) until
+        // one is read from the disk, within a bound.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while target.engine.ssd_hits.load(Relaxed) == 0 && std::time::Instant::now() < deadline {
+            read_filled(client.as_mut(), KEYS);
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
         // Overwrites only: foyer's delete leaves an entry still queued for its disk
         // readable (`Store::delete` does not touch the keeper), whichever way GETs run.
-        // foyer writes evicted entries to its disk in the background, so on a busy machine
-        // the first batches may find none there yet: check again (bounded) until one does.
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-        let checked = loop {
-            let checked = check_ordered_batches(client.as_mut(), KEYS, 40, false);
-            if target.engine.ssd_hits.load(Relaxed) > 0 || std::time::Instant::now() > deadline {
-                break checked;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(100));
-        };
+        let checked = check_ordered_batches(client.as_mut(), KEYS, 40, false);
         let (dram_hits, disk_hits) = (
             target.engine.dram_hits.load(Relaxed),
             target.engine.ssd_hits.load(Relaxed),

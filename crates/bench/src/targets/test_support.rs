@@ -95,6 +95,33 @@ pub fn fill(client: &mut dyn Client, keys: u64) {
     }
 }
 
+/// GETs keys `0..keys`, a batch at a time, and checks that every value found is version 0
+/// (as `fill` wrote it); returns how many were found.
+pub fn read_filled(client: &mut dyn Client, keys: u64) -> u64 {
+    let values = values();
+    let ids: Vec<u64> = (0..keys).collect();
+    let mut replies = Vec::new();
+    let mut found = 0;
+    for chunk in ids.chunks(client.batch_size()) {
+        let requests: Vec<Request> = chunk
+            .iter()
+            .map(|&id| Request::Get(key_bytes(id, KEY_SIZE)))
+            .collect();
+        replies.clear();
+        client.execute(&requests, &mut replies).expect("read");
+        for (&id, (reply, _)) in chunk.iter().zip(&replies) {
+            let Reply::Value(value) = reply else {
+                panic!("key {id}: GET answered {reply:?}");
+            };
+            if let Some(value) = value {
+                assert_eq!(*value, values.value(id, 0), "key {id} is not version 0");
+                found += 1;
+            }
+        }
+    }
+    found
+}
+
 /// What a batch check saw.
 #[derive(Debug, Default)]
 pub struct Checked {
