@@ -411,22 +411,25 @@ impl ZipCache {
         inner.check_key(key)?;
         inner.ops.deletes.incr();
         let now = inner.now();
-        let (before, large) = inner.dram.delete(key, now, || {
+        // The SSD is asked under the leaf lock (like `update`, this may read the device
+        // with the lock held): once the lock is released, the tombstone may leave for
+        // the SSD and erase the copy that says the key existed.
+        let (before, (large, on_ssd)) = inner.dram.delete(key, now, |before| {
             let removed = inner.large.as_ref().and_then(|lo| lo.remove(key));
-            removed.filter(|meta| !meta.expired(now))
+            let large = removed.filter(|meta| !meta.expired(now));
+            let on_ssd = *before == Lookup::Absent
+                && large.is_none()
+                && inner
+                    .ssd
+                    .as_ref()
+                    .is_some_and(|ssd| ssd.get(key, now).is_some());
+            (large, on_ssd)
         });
         let existed = match before {
             Lookup::Found(..) => true,
             Lookup::Expired => false,
             Lookup::Deleted => large.is_some(),
-            // The SSD copy is still there until the tombstone reaches it.
-            Lookup::Absent => {
-                large.is_some()
-                    || inner
-                        .ssd
-                        .as_ref()
-                        .is_some_and(|ssd| ssd.get(key, now).is_some())
-            }
+            Lookup::Absent => large.is_some() || on_ssd,
         };
         inner.relieve_pressure();
         Ok(existed)

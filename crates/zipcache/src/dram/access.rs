@@ -256,7 +256,7 @@ mod tests {
             |_| (),
         );
         assert_eq!(access(&dram, b"k", 10_000, true), Some(touched));
-        dram.delete(b"k", 10_000, || ());
+        dram.delete(b"k", 10_000, |_| ());
         assert_eq!(dram.get(b"k", 10_000, false), Lookup::Deleted);
         put(&dram, b"k", 12_000);
         assert_eq!(

@@ -91,7 +91,7 @@ mod tests {
             let value = vec![k as u8; rng.random_range(1..120)];
             let cas = match rng.random_range(0..10) {
                 0 => {
-                    dram.delete(&key, now, || ());
+                    dram.delete(&key, now, |_| ());
                     None
                 }
                 1 => Some(dram.modify(&key, now, |_, cas| {

@@ -716,7 +716,7 @@ mod tests {
         assert_eq!(dram.counters.retained_objects.load(Ordering::Relaxed), 2);
         assert_eq!(found(&dram, 7).as_deref(), Some(&b"newer"[..]));
         // Deleted after it was retained: gone, before and after the next eviction.
-        dram.delete(&key(7), 0, || ());
+        dram.delete(&key(7), 0, |_| ());
         assert_eq!(found(&dram, 7), None);
         unreference(&dram, first);
         dram.evict_one(None, 0);
@@ -764,7 +764,7 @@ mod tests {
             dram.put_with(&key(i), Some(&[7; 60]), meta, None, 0, |_| ());
         }
         for i in (0..3000).step_by(3) {
-            dram.delete(&key(i), 0, || ());
+            dram.delete(&key(i), 0, |_| ());
         }
         let leaves = dram.leaf_count();
         assert!(leaves > 20, "{leaves} leaves");

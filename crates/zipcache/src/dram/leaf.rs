@@ -329,7 +329,7 @@ mod tests {
         let per_object = memory.snapshot().access_tables as f64 / keys.len() as f64;
         assert!(per_object <= 18.0, "{per_object} bytes an object");
         for key in keys.iter().step_by(5) {
-            dram.delete(key, 3_000, || ());
+            dram.delete(key, 3_000, |_| ());
         }
         for _ in 0..100 {
             dram.evict_one(None, 3_000);

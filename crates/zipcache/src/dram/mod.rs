@@ -395,11 +395,17 @@ impl DramTier {
     }
 
     /// Deletes `key`; returns what DRAM held of it before, and what `alongside` (run
-    /// under the same leaf lock) returned.
-    pub fn delete<R>(&self, key: &[u8], now_ms: u64, alongside: impl FnOnce() -> R) -> (Lookup, R) {
+    /// under the same leaf lock, before the tombstone is written, given what DRAM held)
+    /// returned.
+    pub fn delete<R>(
+        &self,
+        key: &[u8],
+        now_ms: u64,
+        alongside: impl FnOnce(&Lookup) -> R,
+    ) -> (Lookup, R) {
         self.write_leaf(key, |id, leaf, st| {
             let before = self.lookup_locked(leaf, st, key, now_ms, true);
-            let result = alongside();
+            let result = alongside(&before);
             // Without a lower tier a tombstone is only needed to hide a DRAM copy.
             if self.settings.keep_tombstones || before != Lookup::Absent {
                 let record = Record {

@@ -346,7 +346,7 @@ mod tests {
                             }
                         }
                         if n % 5 == 0 {
-                            dram.delete(&key(old), 0, || ());
+                            dram.delete(&key(old), 0, |_| ());
                             last.remove(&old);
                             assert_eq!(dram.get(&key(old), 0, true), Lookup::Deleted, "key {old}");
                         }
