@@ -11,7 +11,7 @@ use tokio::net::TcpStream;
 use tokio::sync::watch;
 use tokio_rustls::server::TlsStream;
 
-use crate::prefetch::{self, Prefetch};
+use crate::prefetch::{self, Prefetch, ReadAhead};
 use crate::server::Shared;
 use crate::stats::Counters;
 use crate::watch::Watcher;
@@ -57,9 +57,10 @@ pub enum Step {
 pub trait Session {
     fn step(&mut self, input: &[u8], out: &mut Vec<u8>) -> Step;
 
-    /// If the request at the front is complete and only reads, starts its GETs
-    /// (`prefetch::start`) without executing it and returns its length; else `None`.
-    fn read_ahead(&mut self, input: &[u8]) -> Option<usize>;
+    /// If the request at the front is complete and `ahead` walks past it (starting its
+    /// GETs if it only reads: `ReadAhead::pass`), returns its length without executing
+    /// it; else `None`.
+    fn read_ahead(&mut self, input: &[u8], ahead: &mut ReadAhead) -> Option<usize>;
 
     /// Once a request made this connection a log watcher (memcached's `watch`), the
     /// watcher: the connection then only streams its lines.
@@ -68,8 +69,9 @@ pub trait Session {
     }
 }
 
-/// Requests after one that waits for the SSD whose reads are started with it, so that a
-/// pipeline of GETs has its reads in flight together rather than one after another.
+/// Requests after one that waits for the SSD walked past to start their reads with it, so
+/// that a pipeline's GETs have their reads in flight together rather than one after
+/// another.
 const READ_AHEAD: usize = 64;
 
 /// Replies are written out once they pass this size even mid-pipeline, so a pipeline
@@ -107,9 +109,9 @@ pub fn process<S: Session>(session: &mut S, input: &[u8], out: &mut Vec<u8>) -> 
             Step::Partial => {}
             Step::Close => return (pos, Processed::Close),
             Step::Await => {
-                let mut ahead = pos;
+                let (mut ahead, mut walk) = (pos, ReadAhead::default());
                 for _ in 0..READ_AHEAD {
-                    match session.read_ahead(&input[ahead..]) {
+                    match session.read_ahead(&input[ahead..], &mut walk) {
                         Some(len) => ahead += len,
                         None => break,
                     }

@@ -1,23 +1,28 @@
 //! SSD reads in flight while the runtime thread serves other connections.
 //!
-//! Sessions execute requests synchronously (`Session::step`). Before a read-only command
-//! runs, its session asks [`start`] for the keys it will read: each GET begins through
-//! `ZipCache::get_item_async`; DRAM and BT_LO answer at once, an SSD read goes in flight.
-//! If any is in flight the step returns `Step::Await` without executing anything; the
-//! connection task awaits the reads (its thread meanwhile serves other connections), then
-//! runs the step again, and the command takes its answers from here through [`get_item`],
-//! which matches them by key and by how the GET reads (`GetOptions`: a peek leaves the
-//! access state a GET marks, so one cannot stand in for the other).
-//! Before awaiting, the read-only requests pipelined behind it start their reads too
-//! (`Session::read_ahead`), so their reads are in flight together.
+//! Sessions execute requests synchronously (`Session::step`). Before a request runs, its
+//! session tells [`admit`] what it does to the store ([`Access`]). A plain read names
+//! the keys it will read: each GET begins through `ZipCache::get_item_async`; DRAM and
+//! BT_LO answer at once, an SSD read goes in flight. If any is in flight the step returns
+//! `Step::Await` without executing anything; the connection task awaits the reads (its
+//! thread meanwhile serves other connections), then runs the step again, and the command
+//! takes its answers from here through [`get_item`], which matches them by key and by how
+//! the GET reads (`GetOptions`: a peek leaves the access state a GET marks, so one cannot
+//! stand in for the other).
+//!
+//! Before awaiting, the reads pipelined behind it start too ([`ReadAhead`]), so that a
+//! pipeline's reads are in flight together — also past writes of other keys (a
+//! look-aside client pipelines the SETs that fill its misses between its GETs): a
+//! read-ahead stops only at a request whose keys it cannot name, or at a read of a key
+//! that a request before it may change.
 //!
 //! Owner: each connection task holds its `Prefetch` and installs it in this thread's slot
 //! only while it runs `process` ([`within`]), which never yields: no other connection's
 //! request can run in between, so no answer crosses connections. An answer is taken by
-//! the GET that uses it; the rest are dropped before any request that is not a plain read
-//! runs ([`start`] with no keys) — it could change what they answered — and once the
-//! connection has run every complete request ([`Prefetch::clear`]). A request is answered
-//! with what the store held at some moment after it arrived and before its reply.
+//! the GET that uses it; a request that may change keys drops their answers before it
+//! runs, one whose keys are unknown drops them all, and so does the connection once it
+//! has run every complete request ([`Prefetch::clear`]). A request is answered with what
+//! the store held at some moment after it arrived and before its reply.
 
 use std::cell::RefCell;
 
@@ -53,6 +58,30 @@ impl Prefetch {
         self.answered.iter().any(|(get, _)| same(get))
             || self.reading.iter().any(|(get, _)| same(get))
     }
+
+    /// Starts a GET (as `options` say) of every key not yet answered; true when all are
+    /// answered.
+    fn start(&mut self, cache: &ZipCache, keys: &[&[u8]], options: GetOptions) -> bool {
+        for &key in keys {
+            if self.answered(key, options) {
+                continue;
+            }
+            let mut read = cache.get_item_async(key, options);
+            let get = (key.to_vec(), options);
+            match read.take_ready() {
+                Some(answer) => self.answered.push((get, answer)),
+                None => self.reading.push((get, read)),
+            }
+        }
+        self.reading.is_empty()
+    }
+
+    /// Drops the answers and reads of `keys` (a dropped read completes unobserved).
+    fn forget(&mut self, keys: &[&[u8]]) {
+        let kept = |(key, _): &Get| !keys.iter().any(|k| *k == &key[..]);
+        self.answered.retain(|(get, _)| kept(get));
+        self.reading.retain(|(get, _)| kept(get));
+    }
 }
 
 thread_local! {
@@ -69,16 +98,24 @@ pub fn within<R>(prefetch: &mut Prefetch, f: impl FnOnce() -> R) -> R {
     result
 }
 
-/// Starts a GET (as `options` say) of every key not yet answered; true when all are answered, false when
-/// some read is in flight (the caller returns `Step::Await`). No keys (a request that is
-/// not a plain read): every answer is dropped first. Without an SSD tier, or outside
+/// What a request does to the store, as far as answers read ahead of it are concerned.
+#[derive(Debug, PartialEq)]
+pub enum Access<'k> {
+    /// Only reads these keys (at least one), as `options` say: their GETs may start
+    /// ahead of it.
+    Reads(Vec<&'k [u8]>, GetOptions),
+    /// May change these keys (maybe none: `mn`, an error reply) and no other.
+    Changes(Vec<&'k [u8]>),
+    /// Anything else (a flush, `stats`, an operator command): what it touches is unknown.
+    Barrier,
+}
+
+/// Lets the request at the front of a connection's input run: a read's GETs start (false
+/// while some read is in flight: the caller returns `Step::Await`); a change drops the
+/// answers of its keys, a barrier every answer. Without an SSD tier, or outside
 /// [`within`] (tests, fuzzing, the shared runtime's embedders; no slot), true at once, and
 /// the command reads as it runs.
-pub fn start<'k>(
-    cache: &ZipCache,
-    keys: impl IntoIterator<Item = &'k [u8]>,
-    options: GetOptions,
-) -> bool {
+pub fn admit(cache: &ZipCache, access: &Access<'_>) -> bool {
     // DRAM-only, every GET answers at once: nothing to start, copy or keep.
     if !cache.has_ssd_tier() {
         return true;
@@ -88,24 +125,49 @@ pub fn start<'k>(
         let Some(prefetch) = slot.as_mut() else {
             return true;
         };
-        let mut keys = keys.into_iter().peekable();
-        if keys.peek().is_none() {
-            prefetch.clear();
-            return true;
-        }
-        for key in keys {
-            if prefetch.answered(key, options) {
-                continue;
+        match access {
+            Access::Reads(keys, options) => prefetch.start(cache, keys, *options),
+            Access::Changes(keys) => {
+                prefetch.forget(keys);
+                true
             }
-            let mut read = cache.get_item_async(key, options);
-            let get = (key.to_vec(), options);
-            match read.take_ready() {
-                Some(answer) => prefetch.answered.push((get, answer)),
-                None => prefetch.reading.push((get, read)),
+            Access::Barrier => {
+                prefetch.clear();
+                true
             }
         }
-        prefetch.reading.is_empty()
     })
+}
+
+/// The requests pipelined behind one that awaits the SSD, walked in order while their
+/// reads start (`Session::read_ahead`).
+#[derive(Default)]
+pub struct ReadAhead {
+    /// Keys a request walked past may change: a later read of one must see the change,
+    /// so it cannot start now.
+    changed: Vec<Vec<u8>>,
+}
+
+impl ReadAhead {
+    /// Walks past one request: starts its reads, or remembers what it changes. False
+    /// where the walk stops (a barrier, or a read of a key changed before it).
+    pub fn pass(&mut self, cache: &ZipCache, access: &Access<'_>) -> bool {
+        match access {
+            Access::Reads(keys, _) => {
+                let changed = |key: &&[u8]| self.changed.iter().any(|c| c == key);
+                if keys.iter().any(changed) {
+                    return false;
+                }
+                admit(cache, access);
+                true
+            }
+            Access::Changes(keys) => {
+                self.changed.extend(keys.iter().map(|key| key.to_vec()));
+                true
+            }
+            Access::Barrier => false,
+        }
+    }
 }
 
 /// What a GET of `key` answers: the prefetched answer (taken, so a key repeated in one

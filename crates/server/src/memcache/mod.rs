@@ -20,7 +20,7 @@ use std::sync::Arc;
 use zipcache::{AccessState, Item, PutOptions, Update};
 
 use crate::connection::{Session, Step};
-use crate::prefetch;
+use crate::prefetch::{self, ReadAhead};
 use crate::server::Shared;
 use crate::stats::Counters;
 use crate::watch::{self, CloseReason, Event, Streams, TooManyWatchers, Watcher};
@@ -277,8 +277,7 @@ impl Session for MemcacheSession {
                 Step::Close
             }
             Parsed::Request { request, len } => {
-                let (keys, options) = request.keys_read();
-                if !prefetch::start(&self.shared.cache, keys, options) {
+                if !prefetch::admit(&self.shared.cache, &request.access()) {
                     return Step::Await;
                 }
                 if !self.execute(request, len, out) {
@@ -306,7 +305,7 @@ impl Session for MemcacheSession {
         self.watcher.take()
     }
 
-    fn read_ahead(&mut self, input: &[u8]) -> Option<usize> {
+    fn read_ahead(&mut self, input: &[u8], ahead: &mut ReadAhead) -> Option<usize> {
         if self.watcher.is_some()
             || self.swallow > 0
             || !self.authenticated && self.shared.memcached_auth.is_some()
@@ -315,11 +314,7 @@ impl Session for MemcacheSession {
         }
         match parse::parse(input, self.shared.max_value) {
             Parsed::Request { request, len } => {
-                let (keys, options) = request.keys_read();
-                (!keys.is_empty()).then(|| {
-                    prefetch::start(&self.shared.cache, keys, options);
-                    len
-                })
+                ahead.pass(&self.shared.cache, &request.access()).then_some(len)
             }
             _ => None,
         }

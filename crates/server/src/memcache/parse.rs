@@ -7,6 +7,8 @@ use std::borrow::Cow;
 
 use zipcache::GetOptions;
 
+use crate::prefetch::Access;
+
 /// Longest key memcached accepts; longer keys get `CLIENT_ERROR bad command line format`.
 pub const KEY_MAX: usize = 250;
 /// A request line without a newline after this many bytes closes the connection, as
@@ -101,22 +103,39 @@ pub enum Request<'a> {
 }
 
 impl Request<'_> {
-    /// The keys a request that only reads reads, and how (an `mg` with `u` peeks), which
-    /// may be fetched from the SSD ahead of it without blocking (`prefetch`); no keys for
-    /// anything that may write (gat/gats, an mg that touches, vivifies or sets a CAS:
-    /// they read under the engine's update lock instead).
-    pub fn keys_read(&self) -> (Vec<&[u8]>, GetOptions) {
+    /// What the request does to the store (`prefetch`): a plain read names its keys and
+    /// how it reads them (an `mg` with `u` peeks), and may be fetched from the SSD ahead
+    /// of it without blocking; a request that reads and writes (gat/gats, an mg that
+    /// touches, vivifies or sets a CAS: they read under the engine's update lock) or only
+    /// writes names the keys it may change.
+    pub fn access(&self) -> Access<'_> {
         match self {
             Request::Retrieve {
                 keys, touch: None, ..
-            } => (keys.clone(), GetOptions::default()),
-            Request::Meta(meta)
-                if meta.kind == MetaKind::Get
-                    && !meta.flags.iter().any(|f| b"TNE".contains(&f.letter)) =>
-            {
-                (vec![&meta.key[..]], meta.get_options())
-            }
-            _ => (Vec::new(), GetOptions::default()),
+            } if !keys.is_empty() => Access::Reads(keys.clone(), GetOptions::default()),
+            Request::Retrieve { keys, .. } => Access::Changes(keys.clone()),
+            Request::Meta(meta) => match meta.kind {
+                MetaKind::Get if !meta.flags.iter().any(|f| b"TNE".contains(&f.letter)) => {
+                    Access::Reads(vec![&meta.key[..]], meta.get_options())
+                }
+                MetaKind::Noop => Access::Changes(Vec::new()),
+                _ => Access::Changes(vec![&meta.key[..]]),
+            },
+            Request::Store { key, .. }
+            | Request::Arith { key, .. }
+            | Request::Delete { key, .. }
+            | Request::Touch { key, .. } => Access::Changes(vec![key]),
+            Request::TooLarge { key, .. } => Access::Changes(vec![&key[..]]),
+            Request::Error { .. } => Access::Changes(Vec::new()),
+            Request::FlushAll { .. }
+            | Request::Stats(_)
+            | Request::StatsDetail(_)
+            | Request::Watch(_)
+            | Request::Version
+            | Request::Verbosity { .. }
+            | Request::Quit
+            | Request::Crawler(_)
+            | Request::Operator(_) => Access::Barrier,
         }
     }
 }

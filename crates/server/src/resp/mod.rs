@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::connection::{Session, Step};
+use crate::prefetch::ReadAhead;
 use crate::server::Shared;
 use crate::stats::Counters;
 
@@ -73,12 +74,14 @@ impl Session for RespSession {
             }
         }
     }
-    fn read_ahead(&mut self, input: &[u8]) -> Option<usize> {
+    fn read_ahead(&mut self, input: &[u8], ahead: &mut ReadAhead) -> Option<usize> {
         let parse::Parsed::Command { args, len } = parse::parse(input) else {
             return None;
         };
         let args: Vec<&[u8]> = args.iter().map(|a| a.as_ref()).collect();
-        cmd::read_ahead(&self.shared, &self.client, &args).then_some(len)
+        // An empty command is skipped by `step` without running.
+        (args.is_empty() || cmd::read_ahead(&self.shared, &self.client, &args, ahead))
+            .then_some(len)
     }
 }
 

@@ -15,7 +15,7 @@ use std::borrow::Cow;
 use zipcache::{GetOptions, Item, PutOptions, Update, ZipCache};
 
 use super::{Client, Reply};
-use crate::prefetch;
+use crate::prefetch::{self, Access, ReadAhead};
 use crate::server::Shared;
 
 pub const SYNTAX: &str = "ERR syntax error";
@@ -135,8 +135,7 @@ pub fn execute(shared: &Shared, client: &mut Client, argv: &[&[u8]], out: &mut R
     let refused = refused(shared.flush_all_enabled);
     let outcome =
         Command::parse(argv, client.authenticated, refused, &shared.cache).and_then(|command| {
-            let keys = command.keys_read().iter().copied();
-            if !prefetch::start(&shared.cache, keys, GetOptions::default()) {
+            if !prefetch::admit(&shared.cache, &command.access()) {
                 return Ok(Flow::Await);
             }
             command.execute(shared, client, out)
@@ -150,28 +149,48 @@ pub fn execute(shared: &Shared, client: &mut Client, argv: &[&[u8]], out: &mut R
     }
 }
 
-/// `Session::read_ahead` for RESP: starts the GETs of a read-only request.
-pub fn read_ahead(shared: &Shared, client: &Client, argv: &[&[u8]]) -> bool {
-    // GET and MGET are never refused: no permission list applies to them.
-    let Ok(command) = Command::parse(argv, client.authenticated, &[], &shared.cache) else {
-        return false;
-    };
-    let keys = command.keys_read();
-    if keys.is_empty() {
-        return false;
+/// `Session::read_ahead` for RESP: walks past one request (`ReadAhead::pass`); false
+/// where the walk stops, and at a request that would be refused.
+pub fn read_ahead(shared: &Shared, client: &Client, argv: &[&[u8]], ahead: &mut ReadAhead) -> bool {
+    let refused = refused(shared.flush_all_enabled);
+    match Command::parse(argv, client.authenticated, refused, &shared.cache) {
+        Ok(command) => ahead.pass(&shared.cache, &command.access()),
+        Err(_) => false,
     }
-    prefetch::start(&shared.cache, keys.iter().copied(), GetOptions::default());
-    true
 }
 
 impl<'a> Command<'a> {
-    /// The keys a read-only command reads, which may be fetched from the SSD ahead of it
-    /// without blocking (`prefetch`).
-    fn keys_read(&self) -> &[&'a [u8]] {
+    /// What the command does to the store (`prefetch`): GET and MGET only read, and may
+    /// be fetched from the SSD ahead of it without blocking; the other string and key
+    /// commands of named keys may change those (a few only look, without the GET's
+    /// access mark); anything else is a barrier.
+    fn access(&self) -> Access<'a> {
+        use keys::KeyCommand;
+        use strings::StringCommand as S;
         match self {
-            Command::Strings(strings::StringCommand::Get { key }) => std::slice::from_ref(key),
-            Command::Strings(strings::StringCommand::MGet { keys }) => keys,
-            _ => &[],
+            Command::Strings(S::Get { key }) => Access::Reads(vec![key], GetOptions::default()),
+            Command::Strings(S::MGet { keys }) => Access::Reads(keys.to_vec(), GetOptions::default()),
+            Command::Strings(S::MSet { pairs, .. }) => {
+                Access::Changes(pairs.iter().step_by(2).copied().collect())
+            }
+            Command::Strings(
+                S::Set { key, .. }
+                | S::SetNx { key, .. }
+                | S::SetExpiring { key, .. }
+                | S::GetSet { key, .. }
+                | S::GetEx { key, .. }
+                | S::Append { key, .. }
+                | S::Strlen { key }
+                | S::IncrBy { key, .. }
+                | S::IncrByFloat { key, .. }
+                | S::GetRange { key, .. }
+                | S::SetRange { key, .. },
+            ) => Access::Changes(vec![key]),
+            Command::Keys(KeyCommand::Delete { keys } | KeyCommand::Exists { keys }) => {
+                Access::Changes(keys.to_vec())
+            }
+            Command::Keys(KeyCommand::Type { key }) => Access::Changes(vec![key]),
+            _ => Access::Barrier,
         }
     }
 
