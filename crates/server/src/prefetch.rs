@@ -191,3 +191,42 @@ pub fn get_item(
         None => cache.get_item(key, options),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use zipcache::Config;
+
+    /// The walk past pipelined requests: reads start, changes are remembered, and it stops
+    /// at a read of a changed key or at a barrier.
+    #[test]
+    fn a_read_ahead_walks_past_changes_of_other_keys_only() {
+        let cache = ZipCache::open(Config::default()).unwrap();
+        let plain = GetOptions::default();
+        let mut walk = ReadAhead::default();
+        assert!(walk.pass(&cache, &Access::Reads(vec![b"a"], plain)));
+        assert!(walk.pass(&cache, &Access::Changes(vec![b"b", b"c"])));
+        assert!(walk.pass(&cache, &Access::Changes(Vec::new())));
+        assert!(walk.pass(&cache, &Access::Reads(vec![b"a", b"d"], plain)));
+        assert!(!walk.pass(&cache, &Access::Reads(vec![b"d", b"c"], plain)));
+        assert!(!walk.pass(&cache, &Access::Reads(vec![b"b"], plain)));
+        assert!(!ReadAhead::default().pass(&cache, &Access::Barrier));
+    }
+
+    /// A change drops the answers of its own keys only, a barrier all of them.
+    #[test]
+    fn a_change_forgets_only_its_keys() {
+        let cache = ZipCache::open(Config::default()).unwrap();
+        cache.put(b"a", b"1", None).unwrap();
+        cache.put(b"b", b"2", None).unwrap();
+        let plain = GetOptions::default();
+        let mut prefetch = Prefetch::default();
+        assert!(prefetch.start(&cache, &[b"a", b"b"], plain));
+        prefetch.forget(&[b"b", b"z"]);
+        assert!(prefetch.answered(b"a", plain));
+        assert!(!prefetch.answered(b"b", plain));
+        assert!(!prefetch.answered(b"a", GetOptions { peek: true }));
+        prefetch.clear();
+        assert!(!prefetch.answered(b"a", plain));
+    }
+}

@@ -184,6 +184,36 @@ fn pipelined_gets_from_the_ssd_answer_in_order() {
     assert_eq!(client.line(), new);
     current[b] = Some(new);
 
+    // The reads pipelined behind writes of other keys start with the first one's (a
+    // look-aside client sends the SETs that fill its misses between its GETs); a read of
+    // a key written or deleted before it in the pipeline still sees that change.
+    let [a, b, c, d, e] = [KEYS - 3, KEYS - 4, KEYS - 5, KEYS - 6, KEYS - 7];
+    let new = value(b, 4);
+    client.send(
+        format!(
+            "get {}\r\nset {} 0 0 {}\r\n{new}\r\nget {}\r\ndelete {}\r\nget {} {}\r\nmn\r\nget {}\r\n",
+            key(a),
+            key(b),
+            new.len(),
+            key(b),
+            key(c),
+            key(c),
+            key(d),
+            key(e)
+        )
+        .as_bytes(),
+    );
+    expect_values(&mut client, &[(key(a), current[a].clone())]);
+    assert_eq!(client.line(), "STORED");
+    expect_values(&mut client, &[(key(b), Some(new.clone()))]);
+    let line = client.line();
+    assert!(line == "DELETED" || line == "NOT_FOUND", "{line}");
+    expect_values(&mut client, &[(key(c), None), (key(d), current[d].clone())]);
+    assert_eq!(client.line(), "MN");
+    expect_values(&mut client, &[(key(e), current[e].clone())]);
+    current[b] = Some(new);
+    current[c] = None;
+
     // RESP: GET and MGET of keys on the SSD.
     let mut resp = Client::connect(server.resp);
     let ks: Vec<usize> = (0..8).map(|j| (j * 2477 + 13) % KEYS).collect();

@@ -363,8 +363,9 @@ impl ZipCache {
             return AsyncGet::ready(Ok(inner.ssd_answer(key, None, epoch, now, options)));
         };
         // Submitted now, so that a command's GETs are all in flight at once.
-        // may do I/O: the read is in flight until the future resolves
-        let block = ssd.device().read_async(read.lba, AlignedBuf::zeroed(1));
+        let block = inner
+            .ops
+            .read_in_flight(ssd, read.lba, AlignedBuf::zeroed(1));
         let (inner, key) = (self.inner.clone(), key.to_vec());
         AsyncGet::reading(async move {
             let ssd = inner.ssd.as_ref().expect("an SSD tier");
@@ -799,18 +800,27 @@ async fn finish_ssd_async(
             Finished::Retry => {}
         }
         read = ssd.plan_get(key)?;
-        // may do I/O: the read is in flight until the future resolves
-        block = ssd.device().read_async(read.lba, buf);
+        block = ops.read_in_flight(ssd, read.lba, buf);
     }
 }
 
 impl OpCounters {
+    /// Submits a read of block `lba` of the SSD tier, counted if it goes in flight rather
+    /// than completing on this thread (no io_uring here, or every slot taken).
+    fn read_in_flight(&self, ssd: &SsdTier, lba: u64, buf: AlignedBuf) -> ReadFuture {
+        // may do I/O: the read is in flight until the future resolves
+        let block = ssd.device().read_async(lba, buf);
+        if block.is_in_flight() {
+            self.async_ssd_reads.incr();
+        }
+        block
+    }
+
     /// Awaits a device read, counting it while it is in flight.
     async fn awaited(&self, block: ReadFuture) -> (std::io::Result<()>, AlignedBuf) {
         if !block.is_in_flight() {
             return block.await;
         }
-        self.async_ssd_reads.incr();
         self.ssd_reads_in_flight.fetch_add(1, Ordering::Relaxed);
         let outcome = block.await;
         self.ssd_reads_in_flight.fetch_sub(1, Ordering::Relaxed);

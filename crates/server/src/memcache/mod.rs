@@ -313,9 +313,9 @@ impl Session for MemcacheSession {
             return None;
         }
         match parse::parse(input, self.shared.max_value) {
-            Parsed::Request { request, len } => {
-                ahead.pass(&self.shared.cache, &request.access()).then_some(len)
-            }
+            Parsed::Request { request, len } => ahead
+                .pass(&self.shared.cache, &request.access())
+                .then_some(len),
             _ => None,
         }
     }

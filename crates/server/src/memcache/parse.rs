@@ -718,6 +718,51 @@ mod tests {
     }
 
     #[test]
+    fn access_names_what_a_request_reads_and_changes() {
+        let access = |input: &[u8], want: Access<'_>| {
+            let (req, _) = request(input);
+            assert_eq!(req.access(), want, "{req:?}");
+        };
+        let plain = GetOptions::default();
+        access(b"get a b\r\n", Access::Reads(vec![b"a", b"b"], plain));
+        access(b"gets a\r\n", Access::Reads(vec![b"a"], plain));
+        access(b"mg a v\r\n", Access::Reads(vec![b"a"], plain));
+        access(
+            b"mg a v u\r\n",
+            Access::Reads(vec![b"a"], GetOptions { peek: true }),
+        );
+        // Reads that write: the engine reads them under its update lock as they run.
+        access(b"gat 10 a b\r\n", Access::Changes(vec![b"a", b"b"]));
+        access(b"mg a v T30\r\n", Access::Changes(vec![b"a"]));
+        for write in [
+            &b"set a 0 0 1\r\nx\r\n"[..],
+            b"append a 0 0 1\r\nx\r\n",
+            b"cas a 0 0 1 5\r\nx\r\n",
+            b"incr a 1\r\n",
+            b"delete a\r\n",
+            b"touch a 10\r\n",
+            b"ms a 1\r\nx\r\n",
+            b"md a\r\n",
+            b"ma a\r\n",
+            b"me a\r\n",
+        ] {
+            access(write, Access::Changes(vec![b"a"]));
+        }
+        access(b"mn\r\n", Access::Changes(Vec::new()));
+        access(b"bogus\r\n", Access::Changes(Vec::new()));
+        for barrier in [
+            &b"flush_all\r\n"[..],
+            b"stats\r\n",
+            b"version\r\n",
+            b"verbosity 1\r\n",
+            b"quit\r\n",
+            b"lru_crawler metadump all\r\n",
+        ] {
+            access(barrier, Access::Barrier);
+        }
+    }
+
+    #[test]
     fn storage_waits_for_the_whole_data_block() {
         assert_eq!(parse(b"set k 0 0 5\r\nab", 1 << 20), Parsed::Incomplete);
         let (req, len) = request(b"set k 1 2 5 noreply\r\nhello\r\nget k\r\n");

@@ -169,7 +169,9 @@ impl<'a> Command<'a> {
         use strings::StringCommand as S;
         match self {
             Command::Strings(S::Get { key }) => Access::Reads(vec![key], GetOptions::default()),
-            Command::Strings(S::MGet { keys }) => Access::Reads(keys.to_vec(), GetOptions::default()),
+            Command::Strings(S::MGet { keys }) => {
+                Access::Reads(keys.to_vec(), GetOptions::default())
+            }
             Command::Strings(S::MSet { pairs, .. }) => {
                 Access::Changes(pairs.iter().step_by(2).copied().collect())
             }
