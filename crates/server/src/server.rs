@@ -1,16 +1,18 @@
 //! Listeners, threads and connection admission.
 //!
 //! `Runtime::PerCore` (the default): one OS thread per core, each with its own tokio
-//! `current_thread` runtime and its own `SO_REUSEPORT` listener per port, so the kernel
-//! spreads connections over threads and a request is parsed, executed and answered on
-//! the thread that read it — no cross-thread wake-ups, which cost 35–90 µs on the VMs
-//! we run on. `Runtime::Shared` (one work-stealing runtime) exists to measure that
-//! choice against (docs/SERVER.md).
+//! `current_thread` runtime; a request is parsed, executed and answered on the thread that
+//! serves its connection — no cross-thread wake-ups, which cost 35–90 µs on the VMs we run
+//! on. One listener per port (thread 0 accepts, memcached's dispatcher) hands each new
+//! connection to the thread serving the fewest: a handful of client connections hashed
+//! over `SO_REUSEPORT` listeners was often served 3:1 by two threads, and a reuse-port
+//! group lets a second server join the port unnoticed. `Runtime::Shared` (one
+//! work-stealing runtime) exists to measure the choice against (docs/SERVER.md).
 
 use std::io;
 use std::net::{IpAddr, SocketAddr, TcpListener as StdListener};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -44,7 +46,7 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Runtime {
-    /// A current_thread runtime per thread, SO_REUSEPORT listeners per thread.
+    /// A current_thread runtime per thread, each serving the connections handed to it.
     PerCore,
     /// One multi-threaded work-stealing runtime sharing one listener per port.
     Shared,
@@ -196,6 +198,7 @@ pub struct ServerHandle {
     pub resp_addr: Option<SocketAddr>,
     pub metrics_addr: Option<SocketAddr>,
     shared: Arc<Shared>,
+    runtimes: Arc<Runtimes>,
     stop: watch::Sender<bool>,
     threads: Vec<JoinHandle<()>>,
 }
@@ -218,6 +221,12 @@ impl ServerHandle {
         self.shared.shutdown_requested.clone()
     }
 
+    /// Open client connections each runtime serves (one entry with `Runtime::Shared`).
+    pub fn connections_per_runtime(&self) -> Vec<usize> {
+        let serving = &self.runtimes.serving;
+        serving.iter().map(|n| n.load(Ordering::Relaxed)).collect()
+    }
+
     pub fn connections(&self) -> u64 {
         self.shared
             .counters
@@ -226,27 +235,37 @@ impl ServerHandle {
     }
 }
 
-fn bind(addr: SocketAddr, reuse_port: bool) -> io::Result<StdListener> {
+/// Binds a listener; a port another process listens on is refused (`EADDRINUSE`), as
+/// memcached refuses it.
+fn bind(addr: SocketAddr) -> io::Result<StdListener> {
     let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
     socket.set_reuse_address(true)?;
-    if reuse_port {
-        socket.set_reuse_port(true)?;
-    }
     socket.set_nonblocking(true)?;
     socket.bind(&addr.into())?;
     socket.listen(LISTEN_BACKLOG)?;
     Ok(socket.into())
 }
 
-/// Binds one listener per thread on the same port (the first picks it when it is 0).
-fn bind_group(ip: IpAddr, port: u16, count: usize) -> io::Result<Vec<StdListener>> {
-    let first = bind(SocketAddr::new(ip, port), true)?;
-    let addr = first.local_addr()?;
-    let mut listeners = vec![first];
-    for _ in 1..count {
-        listeners.push(bind(addr, true)?);
+/// A connection accepted on one runtime thread for another to serve.
+struct Handoff {
+    protocol: Service,
+    stream: std::net::TcpStream,
+    peer: SocketAddr,
+}
+
+/// The runtimes serving connections: where to hand a new one, and how many each serves.
+struct Runtimes {
+    inboxes: Vec<mpsc::UnboundedSender<Handoff>>,
+    serving: Vec<AtomicUsize>,
+}
+
+impl Runtimes {
+    /// The runtime serving the fewest connections (the first of those tied).
+    fn least_busy(&self) -> usize {
+        (0..self.serving.len())
+            .min_by_key(|&i| self.serving[i].load(Ordering::Relaxed))
+            .unwrap_or(0)
     }
-    Ok(listeners)
 }
 
 pub fn start(cache: Arc<ZipCache>, options: ServerOptions) -> io::Result<ServerHandle> {
@@ -259,26 +278,21 @@ pub fn start(cache: Arc<ZipCache>, options: ServerOptions) -> io::Result<ServerH
         None => None,
     };
     let threads = options.threads.max(1);
-    let per_port = match options.runtime {
+    let runtimes = match options.runtime {
         Runtime::PerCore => threads,
         Runtime::Shared => 1,
     };
-    let group = |port: Option<u16>| -> io::Result<Vec<StdListener>> {
-        match port {
-            Some(port) => bind_group(options.listen, port, per_port),
-            None => Ok(Vec::new()),
-        }
+    let listener = |port: Option<u16>| -> io::Result<Option<StdListener>> {
+        port.map(|port| bind(SocketAddr::new(options.listen, port)))
+            .transpose()
     };
-    let memcached = group(options.memcached_port)?;
-    let resp = group(options.resp_port)?;
-    let metrics = match options.metrics_port {
-        Some(port) => Some(bind(SocketAddr::new(options.listen, port), false)?),
-        None => None,
-    };
-    let addr_of = |listeners: &[StdListener]| listeners.first().and_then(|l| l.local_addr().ok());
+    let memcached = listener(options.memcached_port)?;
+    let resp = listener(options.resp_port)?;
+    let metrics = listener(options.metrics_port)?;
+    let addr_of = |listener: &Option<StdListener>| listener.as_ref()?.local_addr().ok();
     let memcached_addr = addr_of(&memcached);
     let resp_addr = addr_of(&resp);
-    let metrics_addr = metrics.as_ref().and_then(|l| l.local_addr().ok());
+    let metrics_addr = addr_of(&metrics);
     let info = ServerInfo {
         listen: options.listen,
         memcached_port: memcached_addr.map_or(0, |a| a.port()),
@@ -290,19 +304,25 @@ pub fn start(cache: Arc<ZipCache>, options: ServerOptions) -> io::Result<ServerH
     shared.cache.set_eviction_listener(shared.logger.clone());
     let (stop, stopped) = watch::channel(false);
 
-    // Listener sets: per-core gives each thread one listener of each port.
-    let mut sets: Vec<Vec<(Service, StdListener)>> = (0..per_port).map(|_| Vec::new()).collect();
-    for (protocol, listeners) in [(Service::Memcached, memcached), (Service::Resp, resp)] {
-        for (i, listener) in listeners.into_iter().enumerate() {
-            sets[i].push((protocol, listener));
-        }
-    }
-    if let Some(listener) = metrics {
-        sets[0].push((Service::Metrics, listener));
-    }
+    // Thread 0 accepts on every port and hands connections out.
+    let listeners: Vec<(Service, StdListener)> = [
+        (Service::Memcached, memcached),
+        (Service::Resp, resp),
+        (Service::Metrics, metrics),
+    ]
+    .into_iter()
+    .filter_map(|(service, listener)| Some((service, listener?)))
+    .collect();
+    let (inboxes, mut receivers): (Vec<_>, Vec<_>) =
+        (0..runtimes).map(|_| mpsc::unbounded_channel()).unzip();
+    let runtimes_info = Arc::new(Runtimes {
+        inboxes,
+        serving: (0..runtimes).map(|_| AtomicUsize::new(0)).collect(),
+    });
+    let mut listeners = Some(listeners);
 
     let mut handles = Vec::new();
-    for (i, set) in sets.into_iter().enumerate() {
+    for (i, inbox) in receivers.drain(..).enumerate() {
         let runtime = match options.runtime {
             Runtime::PerCore => tokio::runtime::Builder::new_current_thread()
                 .enable_all()
@@ -312,9 +332,13 @@ pub fn start(cache: Arc<ZipCache>, options: ServerOptions) -> io::Result<ServerH
                 .enable_all()
                 .build()?,
         };
-        let shared = shared.clone();
-        let stopped = stopped.clone();
-        let tls = tls.clone();
+        let serving = Serving {
+            shared: shared.clone(),
+            tls: tls.clone(),
+            stopped: stopped.clone(),
+            runtimes: runtimes_info.clone(),
+        };
+        let listeners = listeners.take().unwrap_or_default();
         // Tasks of a work-stealing runtime move between threads, and a ring's reads
         // complete only on the thread that submitted them: there, reads stay synchronous.
         let own_ring = options.runtime == Runtime::PerCore;
@@ -325,7 +349,7 @@ pub fn start(cache: Arc<ZipCache>, options: ServerOptions) -> io::Result<ServerH
                     if own_ring {
                         tokio::spawn(reap_ssd_reads());
                     }
-                    serve_thread(set, shared, tls, stopped).await
+                    serve_thread(i, listeners, inbox, serving).await
                 })
             })?;
         handles.push(handle);
@@ -335,6 +359,7 @@ pub fn start(cache: Arc<ZipCache>, options: ServerOptions) -> io::Result<ServerH
         resp_addr,
         metrics_addr,
         shared,
+        runtimes: runtimes_info,
         stop,
         threads: handles,
     })
@@ -377,41 +402,76 @@ async fn reap_ssd_reads() {
     }
 }
 
-/// Accepts on this thread's listeners until shutdown, then waits for its connections.
-async fn serve_thread(
-    set: Vec<(Service, StdListener)>,
+/// What a runtime thread needs to accept and serve connections.
+#[derive(Clone)]
+struct Serving {
     shared: Arc<Shared>,
     tls: Option<TlsAcceptor>,
-    mut stopped: watch::Receiver<bool>,
+    stopped: watch::Receiver<bool>,
+    runtimes: Arc<Runtimes>,
+}
+
+/// Runtime thread `me`: accepts on `listeners` (thread 0 has them all) and serves the
+/// connections handed to it through `inbox` until shutdown, then waits for them.
+async fn serve_thread(
+    me: usize,
+    listeners: Vec<(Service, StdListener)>,
+    mut inbox: mpsc::UnboundedReceiver<Handoff>,
+    serving: Serving,
 ) {
     // Each connection holds a sender; when all are dropped, `recv` returns None.
     let (alive, mut drained) = mpsc::channel::<()>(1);
-    for (protocol, listener) in set {
+    for (protocol, listener) in listeners {
         let Ok(listener) = TcpListener::from_std(listener) else {
             continue;
         };
-        tokio::spawn(accept_loop(
+        tokio::spawn(accept_loop(protocol, listener, serving.clone()));
+    }
+    let mut stopped = serving.stopped.clone();
+    loop {
+        let handoff = tokio::select! {
+            handoff = inbox.recv() => handoff,
+            _ = stopped.wait_for(|stop| *stop) => break,
+        };
+        let Some(Handoff {
             protocol,
-            listener,
-            shared.clone(),
-            tls.clone(),
-            stopped.clone(),
-            alive.clone(),
-        ));
+            stream,
+            peer,
+        }) = handoff
+        else {
+            break;
+        };
+        let serving = serving.clone();
+        let alive = alive.clone();
+        tokio::spawn(async move {
+            if let Ok(stream) = TcpStream::from_std(stream) {
+                serve_connection(protocol, stream, peer, &serving).await;
+            }
+            let Serving {
+                shared, runtimes, ..
+            } = &serving;
+            shared
+                .counters
+                .curr_connections
+                .fetch_sub(1, Ordering::Relaxed);
+            runtimes.serving[me].fetch_sub(1, Ordering::Relaxed);
+            drop(alive);
+        });
     }
     drop(alive);
     let _ = stopped.wait_for(|stop| *stop).await;
     let _ = tokio::time::timeout(DRAIN_TIMEOUT, drained.recv()).await;
 }
 
-async fn accept_loop(
-    protocol: Service,
-    listener: TcpListener,
-    shared: Arc<Shared>,
-    tls: Option<TlsAcceptor>,
-    mut stopped: watch::Receiver<bool>,
-    alive: mpsc::Sender<()>,
-) {
+/// Accepts until shutdown; admits a connection (or tells it it is over the limit) and
+/// hands it to the runtime serving the fewest.
+async fn accept_loop(protocol: Service, listener: TcpListener, serving: Serving) {
+    let Serving {
+        shared,
+        tls,
+        mut stopped,
+        runtimes,
+    } = serving;
     loop {
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
@@ -427,7 +487,6 @@ async fn accept_loop(
             continue;
         }
         let counters = &shared.counters;
-        // Claim a slot first so threads accepting at once cannot overshoot the limit.
         let open = counters.curr_connections.fetch_add(1, Ordering::Relaxed);
         if open >= shared.info.max_connections as u64 {
             counters.curr_connections.fetch_sub(1, Ordering::Relaxed);
@@ -438,26 +497,46 @@ async fn accept_loop(
         Counters::bump(&counters.total_connections);
         // Latency over batching: replies go out as soon as a read's requests are done.
         let _ = stream.set_nodelay(true);
-        let shared = shared.clone();
-        let stopped = stopped.clone();
-        let alive = alive.clone();
-        let tls = tls.clone();
-        tokio::spawn(async move {
-            match tls {
-                None => serve(stream, peer, protocol, &shared, stopped).await,
-                Some(tls) => {
-                    let handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, tls.accept(stream));
-                    if let Ok(Ok(stream)) = handshake.await {
-                        serve(stream, peer, protocol, &shared, stopped).await;
-                    }
-                }
-            }
-            shared
-                .counters
-                .curr_connections
-                .fetch_sub(1, Ordering::Relaxed);
-            drop(alive);
+        let target = runtimes.least_busy();
+        // Counted before the handoff: the connection may end before `send` returns.
+        runtimes.serving[target].fetch_add(1, Ordering::Relaxed);
+        let handed = stream.into_std().ok().and_then(|stream| {
+            let handoff = Handoff {
+                protocol,
+                stream,
+                peer,
+            };
+            runtimes.inboxes[target].send(handoff).ok()
         });
+        if handed.is_none() {
+            // The runtime is gone (shutting down): the connection closes unserved.
+            runtimes.serving[target].fetch_sub(1, Ordering::Relaxed);
+            counters.curr_connections.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Serves one admitted connection, after its TLS handshake if the port speaks TLS.
+async fn serve_connection(
+    protocol: Service,
+    stream: TcpStream,
+    peer: SocketAddr,
+    serving: &Serving,
+) {
+    let Serving {
+        shared,
+        tls,
+        stopped,
+        ..
+    } = serving;
+    match tls {
+        None => serve(stream, peer, protocol, shared, stopped.clone()).await,
+        Some(tls) => {
+            let handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, tls.accept(stream));
+            if let Ok(Ok(stream)) = handshake.await {
+                serve(stream, peer, protocol, shared, stopped.clone()).await;
+            }
+        }
     }
 }
 

@@ -58,7 +58,8 @@ pub struct ServeArgs {
     /// Serve Prometheus text at http://LISTEN:PORT/metrics [default: off].
     #[arg(long)]
     pub metrics_port: Option<u16>,
-    /// per-core (thread per core, SO_REUSEPORT) or shared (one work-stealing runtime).
+    /// per-core (thread per core, connections handed to the least busy) or shared (one
+    /// work-stealing runtime).
     #[arg(long, value_enum)]
     pub runtime: Option<Runtime>,
     /// RESP clients must AUTH with this password (user `default`) [default: none].

@@ -159,3 +159,63 @@ fn the_shared_runtime_serves_both_protocols() {
     let mut rs = Client::connect(server.resp);
     assert_eq!(rs.ask("GET k\r\n", 2), ["$1", "v"]);
 }
+
+/// Eight clients on a two-thread server are served four per thread (thread 0 accepts and
+/// hands each to the least busy), whichever ports they use; closed ones free their place.
+#[test]
+fn connections_are_spread_evenly_over_the_threads() {
+    let server = TestServer::start();
+    let mut clients: Vec<Client> = (0..8)
+        .map(|i| match i % 3 {
+            0 => Client::connect(server.resp),
+            _ => Client::connect(server.memcached),
+        })
+        .collect();
+    // A reply means the connection was handed over and is being served.
+    for client in &mut clients {
+        client.send(b"version\r\n");
+        assert!(!client.line().is_empty());
+    }
+    assert_eq!(server.handle().connections_per_runtime(), vec![4, 4]);
+    clients.truncate(5);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while server
+        .handle()
+        .connections_per_runtime()
+        .iter()
+        .sum::<usize>()
+        > 5
+    {
+        assert!(
+            Instant::now() < deadline,
+            "closed connections still counted"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    for _ in 0..3 {
+        let mut client = Client::connect(server.memcached);
+        client.send(b"version\r\n");
+        assert!(!client.line().is_empty());
+        clients.push(client);
+    }
+    assert_eq!(server.handle().connections_per_runtime(), vec![4, 4]);
+}
+
+/// A port this server listens on cannot be taken by a second one (memcached refuses it
+/// too): two servers sharing a port would each see a part of the clients.
+#[test]
+fn a_second_server_cannot_share_the_port() {
+    let server = TestServer::start();
+    let options = ServerOptions {
+        memcached_port: Some(server.memcached.port()),
+        resp_port: None,
+        ..TestServer::options()
+    };
+    let error = zipcache_server::start(
+        std::sync::Arc::new(zipcache::ZipCache::open(Default::default()).unwrap()),
+        options,
+    )
+    .err()
+    .expect("the port is taken");
+    assert_eq!(error.kind(), std::io::ErrorKind::AddrInUse, "{error}");
+}
