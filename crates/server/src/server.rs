@@ -278,7 +278,7 @@ pub fn start(cache: Arc<ZipCache>, options: ServerOptions) -> io::Result<ServerH
         None => None,
     };
     let threads = options.threads.max(1);
-    let runtimes = match options.runtime {
+    let runtime_count = match options.runtime {
         Runtime::PerCore => threads,
         Runtime::Shared => 1,
     };
@@ -314,10 +314,10 @@ pub fn start(cache: Arc<ZipCache>, options: ServerOptions) -> io::Result<ServerH
     .filter_map(|(service, listener)| Some((service, listener?)))
     .collect();
     let (inboxes, mut receivers): (Vec<_>, Vec<_>) =
-        (0..runtimes).map(|_| mpsc::unbounded_channel()).unzip();
-    let runtimes_info = Arc::new(Runtimes {
+        (0..runtime_count).map(|_| mpsc::unbounded_channel()).unzip();
+    let runtimes = Arc::new(Runtimes {
         inboxes,
-        serving: (0..runtimes).map(|_| AtomicUsize::new(0)).collect(),
+        serving: (0..runtime_count).map(|_| AtomicUsize::new(0)).collect(),
     });
     let mut listeners = Some(listeners);
 
@@ -336,7 +336,7 @@ pub fn start(cache: Arc<ZipCache>, options: ServerOptions) -> io::Result<ServerH
             shared: shared.clone(),
             tls: tls.clone(),
             stopped: stopped.clone(),
-            runtimes: runtimes_info.clone(),
+            runtimes: runtimes.clone(),
         };
         let listeners = listeners.take().unwrap_or_default();
         // Tasks of a work-stealing runtime move between threads, and a ring's reads
@@ -359,7 +359,7 @@ pub fn start(cache: Arc<ZipCache>, options: ServerOptions) -> io::Result<ServerH
         resp_addr,
         metrics_addr,
         shared,
-        runtimes: runtimes_info,
+        runtimes,
         stop,
         threads: handles,
     })
