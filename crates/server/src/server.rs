@@ -313,8 +313,9 @@ pub fn start(cache: Arc<ZipCache>, options: ServerOptions) -> io::Result<ServerH
     .into_iter()
     .filter_map(|(service, listener)| Some((service, listener?)))
     .collect();
-    let (inboxes, mut receivers): (Vec<_>, Vec<_>) =
-        (0..runtime_count).map(|_| mpsc::unbounded_channel()).unzip();
+    let (inboxes, mut receivers): (Vec<_>, Vec<_>) = (0..runtime_count)
+        .map(|_| mpsc::unbounded_channel())
+        .unzip();
     let runtimes = Arc::new(Runtimes {
         inboxes,
         serving: (0..runtime_count).map(|_| AtomicUsize::new(0)).collect(),
