@@ -233,3 +233,87 @@ fn pipelined_gets_from_the_ssd_answer_in_order() {
         }
     }
 }
+
+/// Random pipelines over a few hundred keys, most of them on the SSD: GETs (single and
+/// multi-key), `mg`, SETs, DELETEs and `mn` in any order, each pipeline sent at once, so
+/// that reads start ahead past writes of other keys. Every reply must be what running the
+/// requests one by one gives: nothing is forgotten here (no SSD eviction, no drops).
+#[test]
+fn random_pipelines_answer_as_if_run_one_by_one() {
+    let (server, _dir) = server_with_ssd("ssd-random-pipelines");
+    let mut client = Client::connect(server.memcached);
+    fill(&mut client);
+    server.cache.settle().unwrap();
+    let keys: Vec<usize> = (0..300).map(|i| (i * 6007 + 11) % KEYS).collect();
+    let mut current: Vec<Option<String>> = (0..KEYS).map(|i| Some(value(i, 1))).collect();
+    let mut rng = 0x9E37_79B9_7F4A_7C15u64;
+    let mut next = |n: usize| {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        (rng % n as u64) as usize
+    };
+    for round in 0..30 {
+        enum Reply {
+            Values(Vec<(String, Option<String>)>),
+            Meta(Option<String>),
+            Line(&'static str),
+            Deleted(bool),
+        }
+        let mut pipeline = String::new();
+        let mut replies = Vec::new();
+        for _ in 0..80 {
+            let k = keys[next(keys.len())];
+            match next(10) {
+                0..=3 => {
+                    pipeline.push_str(&format!("get {}\r\n", key(k)));
+                    replies.push(Reply::Values(vec![(key(k), current[k].clone())]));
+                }
+                4 => {
+                    let ks = [k, keys[next(keys.len())]];
+                    pipeline.push_str(&format!("get {} {}\r\n", key(ks[0]), key(ks[1])));
+                    let want = ks.iter().map(|&k| (key(k), current[k].clone())).collect();
+                    replies.push(Reply::Values(want));
+                }
+                5 => {
+                    pipeline.push_str(&format!("mg {} v\r\n", key(k)));
+                    replies.push(Reply::Meta(current[k].clone()));
+                }
+                6 | 7 => {
+                    let v = value(k, 2 + round);
+                    pipeline.push_str(&format!("set {} 0 0 {}\r\n{v}\r\n", key(k), v.len()));
+                    current[k] = Some(v);
+                    replies.push(Reply::Line("STORED"));
+                }
+                8 => {
+                    pipeline.push_str(&format!("delete {}\r\n", key(k)));
+                    replies.push(Reply::Deleted(current[k].take().is_some()));
+                }
+                _ => {
+                    pipeline.push_str("mn\r\n");
+                    replies.push(Reply::Line("MN"));
+                }
+            }
+        }
+        client.send(pipeline.as_bytes());
+        for reply in &replies {
+            match reply {
+                Reply::Values(want) => expect_values(&mut client, want),
+                Reply::Meta(Some(v)) => {
+                    assert_eq!(client.line(), format!("VA {}", v.len()));
+                    assert_eq!(client.line(), *v);
+                }
+                Reply::Meta(None) => assert_eq!(client.line(), "EN"),
+                Reply::Line(line) => assert_eq!(client.line(), *line),
+                Reply::Deleted(true) => assert_eq!(client.line(), "DELETED"),
+                Reply::Deleted(false) => assert_eq!(client.line(), "NOT_FOUND"),
+            }
+        }
+    }
+    let stats = server.cache.stats();
+    assert!(
+        stats.ssd_hits > 100 && stats.ssd_async_reads > 100,
+        "{stats:?}"
+    );
+    assert_eq!(stats.ssd_write_drops + stats.ssd_evicted_superleaves, 0);
+}
