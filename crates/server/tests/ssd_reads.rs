@@ -317,3 +317,107 @@ fn random_pipelines_answer_as_if_run_one_by_one() {
     );
     assert_eq!(stats.ssd_write_drops + stats.ssd_evicted_superleaves, 0);
 }
+
+/// RESP bulk string of `s`.
+fn bulk(s: &str) -> String {
+    format!("${}\r\n{s}\r\n", s.len())
+}
+
+/// The same over RESP: GET, MGET, SET, DEL and MSET in random pipelines.
+#[test]
+fn random_resp_pipelines_answer_as_if_run_one_by_one() {
+    let (server, _dir) = server_with_ssd("ssd-random-resp");
+    let mut client = Client::connect(server.memcached);
+    fill(&mut client);
+    server.cache.settle().unwrap();
+    let mut resp = Client::connect(server.resp);
+    let keys: Vec<usize> = (0..300).map(|i| (i * 7919 + 5) % KEYS).collect();
+    let mut current: Vec<Option<String>> = (0..KEYS).map(|i| Some(value(i, 1))).collect();
+    let mut rng = 0x2545_F491_4F6C_DD1Du64;
+    let mut next = |n: usize| {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        (rng % n as u64) as usize
+    };
+    let expect_bulk = |resp: &mut Client, want: &Option<String>| match want {
+        Some(v) => {
+            assert_eq!(resp.line(), format!("${}", v.len()));
+            assert_eq!(resp.line(), *v);
+        }
+        None => assert_eq!(resp.line(), "$-1"),
+    };
+    for round in 0..30 {
+        enum Reply {
+            Bulks(Vec<Option<String>>, bool),
+            Line(String),
+        }
+        let mut pipeline = String::new();
+        let mut replies = Vec::new();
+        for _ in 0..80 {
+            let k = keys[next(keys.len())];
+            let j = keys[next(keys.len())];
+            match next(8) {
+                0..=2 => {
+                    pipeline.push_str(&format!("*2\r\n$3\r\nGET\r\n{}", bulk(&key(k))));
+                    replies.push(Reply::Bulks(vec![current[k].clone()], false));
+                }
+                3 => {
+                    pipeline.push_str(&format!(
+                        "*3\r\n$4\r\nMGET\r\n{}{}",
+                        bulk(&key(k)),
+                        bulk(&key(j))
+                    ));
+                    replies.push(Reply::Bulks(
+                        vec![current[k].clone(), current[j].clone()],
+                        true,
+                    ));
+                }
+                4 => {
+                    let v = value(k, 2 + round);
+                    pipeline.push_str(&format!("*3\r\n$3\r\nSET\r\n{}{}", bulk(&key(k)), bulk(&v)));
+                    current[k] = Some(v);
+                    replies.push(Reply::Line("+OK".into()));
+                }
+                5 => {
+                    let (v, w) = (value(k, 40 + round), value(j, 80 + round));
+                    pipeline.push_str(&format!(
+                        "*5\r\n$4\r\nMSET\r\n{}{}{}{}",
+                        bulk(&key(k)),
+                        bulk(&v),
+                        bulk(&key(j)),
+                        bulk(&w)
+                    ));
+                    current[k] = Some(v);
+                    current[j] = Some(w);
+                    replies.push(Reply::Line("+OK".into()));
+                }
+                _ => {
+                    pipeline.push_str(&format!("*2\r\n$3\r\nDEL\r\n{}", bulk(&key(k))));
+                    let gone = current[k].take().is_some();
+                    replies.push(Reply::Line(format!(":{}", u8::from(gone))));
+                }
+            }
+        }
+        resp.send(pipeline.as_bytes());
+        for reply in &replies {
+            match reply {
+                Reply::Bulks(want, array) => {
+                    if *array {
+                        assert_eq!(resp.line(), format!("*{}", want.len()));
+                    }
+                    for want in want {
+                        expect_bulk(&mut resp, want);
+                    }
+                }
+                Reply::Line(line) => assert_eq!(resp.line(), *line),
+            }
+        }
+    }
+    let stats = server.cache.stats();
+    assert!(
+        stats.ssd_hits > 100 && stats.ssd_async_reads > 100,
+        "{stats:?}"
+    );
+    assert_eq!(stats.ssd_write_drops + stats.ssd_evicted_superleaves, 0);
+}
