@@ -90,10 +90,7 @@ fn expect_values(client: &mut Client, want: &[(String, Option<String>)]) {
 
 #[test]
 fn pipelined_gets_from_the_ssd_answer_in_order() {
-    let (server, _dir) = server_with_ssd("ssd-reads");
-    let mut client = Client::connect(server.memcached);
-    fill(&mut client);
-    server.cache.settle().unwrap();
+    let (server, _dir, mut client) = filled_server("ssd-reads");
     let stats = server.cache.stats();
     assert!(stats.ssd_objects > KEYS as u64 / 2, "{stats:?}");
 
@@ -234,25 +231,37 @@ fn pipelined_gets_from_the_ssd_answer_in_order() {
     }
 }
 
+/// A server over an SSD tier holding every key at version 1 (most of them on the SSD
+/// only), and the memcached client that filled it.
+fn filled_server(name: &str) -> (TestServer, TempDir, Client) {
+    let (server, dir) = server_with_ssd(name);
+    let mut client = Client::connect(server.memcached);
+    fill(&mut client);
+    server.cache.settle().unwrap();
+    (server, dir, client)
+}
+
+/// A seeded xorshift: each call returns a number below its argument.
+fn below(seed: u64) -> impl FnMut(usize) -> usize {
+    let mut state = seed;
+    move |n| {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        (state % n as u64) as usize
+    }
+}
+
 /// Random pipelines over a few hundred keys, most of them on the SSD: GETs (single and
 /// multi-key), `mg`, SETs, DELETEs and `mn` in any order, each pipeline sent at once, so
 /// that reads start ahead past writes of other keys. Every reply must be what running the
 /// requests one by one gives: nothing is forgotten here (no SSD eviction, no drops).
 #[test]
 fn random_pipelines_answer_as_if_run_one_by_one() {
-    let (server, _dir) = server_with_ssd("ssd-random-pipelines");
-    let mut client = Client::connect(server.memcached);
-    fill(&mut client);
-    server.cache.settle().unwrap();
+    let (server, _dir, mut client) = filled_server("ssd-random-pipelines");
     let keys: Vec<usize> = (0..300).map(|i| (i * 6007 + 11) % KEYS).collect();
     let mut current: Vec<Option<String>> = (0..KEYS).map(|i| Some(value(i, 1))).collect();
-    let mut rng = 0x9E37_79B9_7F4A_7C15u64;
-    let mut next = |n: usize| {
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
-        (rng % n as u64) as usize
-    };
+    let mut next = below(0x9E37_79B9_7F4A_7C15);
     for round in 0..30 {
         enum Reply {
             Values(Vec<(String, Option<String>)>),
@@ -326,20 +335,11 @@ fn bulk(s: &str) -> String {
 /// The same over RESP: GET, MGET, SET, DEL and MSET in random pipelines.
 #[test]
 fn random_resp_pipelines_answer_as_if_run_one_by_one() {
-    let (server, _dir) = server_with_ssd("ssd-random-resp");
-    let mut client = Client::connect(server.memcached);
-    fill(&mut client);
-    server.cache.settle().unwrap();
+    let (server, _dir, _filler) = filled_server("ssd-random-resp");
     let mut resp = Client::connect(server.resp);
     let keys: Vec<usize> = (0..300).map(|i| (i * 7919 + 5) % KEYS).collect();
     let mut current: Vec<Option<String>> = (0..KEYS).map(|i| Some(value(i, 1))).collect();
-    let mut rng = 0x2545_F491_4F6C_DD1Du64;
-    let mut next = |n: usize| {
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
-        (rng % n as u64) as usize
-    };
+    let mut next = below(0x2545_F491_4F6C_DD1D);
     let expect_bulk = |resp: &mut Client, want: &Option<String>| match want {
         Some(v) => {
             assert_eq!(resp.line(), format!("${}", v.len()));
