@@ -114,12 +114,15 @@ pub enum Access<'k> {
 /// while some read is in flight: the caller returns `Step::Await`); a change drops the
 /// answers of its keys, a barrier every answer. Without an SSD tier, or outside
 /// [`within`] (tests, fuzzing, the shared runtime's embedders; no slot), true at once, and
-/// the command reads as it runs.
-pub fn admit(cache: &ZipCache, access: &Access<'_>) -> bool {
+/// the command reads as it runs. `access` is asked for only with an SSD tier: DRAM-only,
+/// a request's keys are not even collected.
+pub fn admit<'k>(cache: &ZipCache, access: impl FnOnce() -> Access<'k>) -> bool {
     // DRAM-only, every GET answers at once: nothing to start, copy or keep.
-    if !cache.has_ssd_tier() {
-        return true;
-    }
+    !cache.has_ssd_tier() || admit_known(cache, &access())
+}
+
+/// `admit` once the request's access is known.
+fn admit_known(cache: &ZipCache, access: &Access<'_>) -> bool {
     CURRENT.with(|slot| {
         let mut slot = slot.borrow_mut();
         let Some(prefetch) = slot.as_mut() else {
@@ -158,7 +161,7 @@ impl ReadAhead {
                 if keys.iter().any(changed) {
                     return false;
                 }
-                admit(cache, access);
+                admit_known(cache, access);
                 true
             }
             Access::Changes(keys) => {

@@ -277,7 +277,7 @@ impl Session for MemcacheSession {
                 Step::Close
             }
             Parsed::Request { request, len } => {
-                if !prefetch::admit(&self.shared.cache, &request.access()) {
+                if !prefetch::admit(&self.shared.cache, || request.access()) {
                     return Step::Await;
                 }
                 if !self.execute(request, len, out) {

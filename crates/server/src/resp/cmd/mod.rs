@@ -135,7 +135,7 @@ pub fn execute(shared: &Shared, client: &mut Client, argv: &[&[u8]], out: &mut R
     let refused = refused(shared.flush_all_enabled);
     let outcome =
         Command::parse(argv, client.authenticated, refused, &shared.cache).and_then(|command| {
-            if !prefetch::admit(&shared.cache, &command.access()) {
+            if !prefetch::admit(&shared.cache, || command.access()) {
                 return Ok(Flow::Await);
             }
             command.execute(shared, client, out)
