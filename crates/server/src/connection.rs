@@ -109,13 +109,16 @@ pub fn process<S: Session>(session: &mut S, input: &[u8], out: &mut Vec<u8>) -> 
             Step::Partial => {}
             Step::Close => return (pos, Processed::Close),
             Step::Await => {
-                let (mut ahead, mut walk) = (pos, ReadAhead::default());
-                for _ in 0..READ_AHEAD {
-                    match session.read_ahead(&input[ahead..], &mut walk) {
-                        Some(len) => ahead += len,
-                        None => break,
+                prefetch::walk_once(pos, || {
+                    let (mut ahead, mut walk) = (pos, ReadAhead::default());
+                    for _ in 0..READ_AHEAD {
+                        match session.read_ahead(&input[ahead..], &mut walk) {
+                            Some(len) => ahead += len,
+                            None => break,
+                        }
                     }
-                }
+                    ahead - pos
+                });
                 return (pos, Processed::Await);
             }
         }
@@ -212,8 +215,8 @@ pub async fn serve<T: Transport, S: Session>(
             match processed {
                 Processed::Flush => continue,
                 // Replies so far are written; this connection's thread serves others
-                // until its reads complete.
-                Processed::Await => prefetch.finish().await,
+                // until the oldest of its reads completes.
+                Processed::Await => prefetch.settle().await,
                 Processed::NeedMore => break,
                 Processed::Close => {
                     linger(stream).await;

@@ -257,7 +257,7 @@ pub mod fuzzing {
                     }
                     match processed {
                         Processed::Flush => continue,
-                        Processed::Await => prefetch.finish().await,
+                        Processed::Await => prefetch.settle().await,
                         Processed::NeedMore => break,
                         Processed::Close => return out,
                     }

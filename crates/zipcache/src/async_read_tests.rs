@@ -145,6 +145,26 @@ fn reads_completing_out_of_order_answer_their_own_keys() {
     }
 }
 
+/// `ssd_reads_in_flight` counts a GET from its read's submission, whether or not anything
+/// awaits it yet, until the GET has its answer or is dropped.
+#[test]
+fn a_get_counts_in_flight_until_answered_or_dropped() {
+    let (mut h, device) = harness(false);
+    h.put_all(0..3_000, 64);
+    evict_to_ssd(&h);
+    let in_flight = |h: &Harness| h.cache.stats().ssd_reads_in_flight;
+    let answered = h.cache.get_item_async(&key_of(5), GetOptions::default());
+    let dropped = h
+        .cache
+        .get_item_async(&key_of(1_500), GetOptions::default());
+    assert_eq!(device.in_flight(), 2);
+    assert_eq!(in_flight(&h), 2, "counted before anything awaits them");
+    drop(dropped);
+    assert_eq!(in_flight(&h), 1, "a dropped GET leaves the gauge");
+    assert!(complete(&device, answered).is_some());
+    assert_eq!(in_flight(&h), 0);
+}
+
 #[test]
 fn a_read_overtaken_by_a_rewrite_never_installs_the_older_value() {
     let (mut h, device) = harness(false);

@@ -5,7 +5,7 @@
 use std::ops::{Bound, RangeBounds};
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -71,8 +71,9 @@ struct OpCounters {
     /// GET reads of the SSD that went in flight (`get_item_async`) rather than completing
     /// on the caller's thread.
     async_ssd_reads: Counter,
-    /// Those not completed yet.
-    ssd_reads_in_flight: AtomicI64,
+    /// GETs with such a read not yet completed and taken, nor the GET dropped
+    /// ([`ReadInFlight`]).
+    ssd_reads_in_flight: AtomicU64,
 }
 
 pub(crate) struct Inner {
@@ -366,8 +367,10 @@ impl ZipCache {
         let block = inner
             .ops
             .read_in_flight(ssd, read.lba, AlignedBuf::zeroed(1));
+        let counted = block.is_in_flight().then(|| ReadInFlight::new(inner));
         let (inner, key) = (self.inner.clone(), key.to_vec());
         AsyncGet::reading(async move {
+            let _counted_until_answered_or_dropped = counted;
             let ssd = inner.ssd.as_ref().expect("an SSD tier");
             let hit = finish_ssd_async(ssd, &inner.ops, &key, read, block, now).await;
             Ok(inner.ssd_answer(&key, hit, epoch, now, options))
@@ -794,7 +797,7 @@ async fn finish_ssd_async(
     now: u64,
 ) -> Option<SsdHit> {
     loop {
-        let (result, buf) = ops.awaited(block).await;
+        let (result, buf) = block.await;
         match ssd.finish_get(read, key, result.is_ok().then_some(&buf[..]), now) {
             Finished::Done(hit) => return hit,
             Finished::Retry => {}
@@ -815,16 +818,29 @@ impl OpCounters {
         }
         block
     }
+}
 
-    /// Awaits a device read, counting it while it is in flight.
-    async fn awaited(&self, block: ReadFuture) -> (std::io::Result<()>, AlignedBuf) {
-        if !block.is_in_flight() {
-            return block.await;
-        }
-        self.ssd_reads_in_flight.fetch_add(1, Ordering::Relaxed);
-        let outcome = block.await;
-        self.ssd_reads_in_flight.fetch_sub(1, Ordering::Relaxed);
-        outcome
+/// A GET whose SSD read went in flight, counted in `ssd_reads_in_flight` until the GET
+/// has its answer or is dropped (a server drops the GETs it read ahead for requests a
+/// change or a barrier made stale; their reads complete unobserved).
+struct ReadInFlight(Arc<Inner>);
+
+impl ReadInFlight {
+    fn new(inner: &Arc<Inner>) -> ReadInFlight {
+        inner
+            .ops
+            .ssd_reads_in_flight
+            .fetch_add(1, Ordering::Relaxed);
+        ReadInFlight(inner.clone())
+    }
+}
+
+impl Drop for ReadInFlight {
+    fn drop(&mut self) {
+        self.0
+            .ops
+            .ssd_reads_in_flight
+            .fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -1343,7 +1359,7 @@ impl Inner {
             retained_objects: c.retained_objects.load(Ordering::Relaxed),
             ssd_write_drops: c.write_drops.load(Ordering::Relaxed),
             ssd_async_reads: self.ops.async_ssd_reads.get(),
-            ssd_reads_in_flight: self.ops.ssd_reads_in_flight.load(Ordering::Relaxed).max(0) as u64,
+            ssd_reads_in_flight: self.ops.ssd_reads_in_flight.load(Ordering::Relaxed),
             dram_clean_objects: dram_clean,
             bypass_threshold: self.dram.bypass.threshold(),
             ..ssd

@@ -88,8 +88,9 @@ pub struct Stats {
     pub ssd_write_drops: u64,
     /// GETs whose SSD read went in flight (`get_item_async`) instead of blocking.
     pub ssd_async_reads: u64,
-    /// GETs awaiting their SSD read now (a read that completes before its GET awaits it,
-    /// or whose GET was dropped, is not counted; `ssd_io_in_flight` counts every read).
+    /// GETs whose SSD read went in flight and that have not had their answer yet (a GET
+    /// dropped before it has is no longer counted; its read is in `ssd_io_in_flight`
+    /// until it completes).
     pub ssd_reads_in_flight: u64,
     /// Device reads and writes submitted and not yet completed (GET reads, the flusher's
     /// batches, promotion and split reads).
