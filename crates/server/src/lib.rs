@@ -62,6 +62,43 @@ pub mod fuzzing {
             .clone()
     }
 
+    /// Keys the seeds of the fuzz targets and property tests read and write.
+    const SEED_KEYS: [&str; 8] = ["k", "k2", "k3", "foo", "a", "b", "aA", "hi"];
+
+    /// A fresh engine with an SSD tier (a 64 MiB in-memory device) that holds most keys:
+    /// the seed keys are written first, then 20,000 more (ordered after them) in 256 KiB
+    /// of DRAM,
+    /// so that GETs of them go in flight and the requests pipelined behind are read ahead
+    /// (`prefetch`). Writers wait for the flusher rather than drop objects: two such
+    /// engines given the same requests answer alike.
+    pub fn new_hybrid_engine() -> Arc<ZipCache> {
+        let config = Config {
+            dram_capacity: 256 << 10,
+            flush_wait_ms: 60_000,
+            ..Config::default()
+        };
+        let device = Arc::new(zipcache_device::MemDevice::new(1 << 14));
+        let cache = ZipCache::open_on(config, Some(device)).expect("a hybrid engine");
+        for key in SEED_KEYS {
+            cache.put(key.as_bytes(), b"12", None).expect("a seed key");
+        }
+        for i in 0..20_000u64 {
+            let filler = i.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+            let value = format!("{filler:016x}{:016x}", filler.rotate_left(29));
+            cache
+                .put(format!("~filler:{i:08}").as_bytes(), value.as_bytes(), None)
+                .expect("a filler key");
+        }
+        cache.settle().expect("settled");
+        Arc::new(cache)
+    }
+
+    /// One [`new_hybrid_engine`] for every input of a fuzzing process.
+    pub fn hybrid_engine() -> Arc<ZipCache> {
+        static ENGINE: OnceLock<Arc<ZipCache>> = OnceLock::new();
+        ENGINE.get_or_init(new_hybrid_engine).clone()
+    }
+
     /// The server options of the sessions here: 1 MiB values, `KEYS` limited to 1000.
     pub fn options() -> ServerOptions {
         ServerOptions {
