@@ -11,10 +11,14 @@
 #   DATA_DIR=/dev/shm/zc scripts/lookaside-device.sh          # the SSD file in RAM (tmpfs
 #                                                             # takes O_DIRECT): no device
 #   SERVE_ARGS="--set ssd_presence_filters=true" scripts/lookaside-device.sh
+#   BENCH_ARGS="--threads 4 --connections 1 --pipeline 16" scripts/lookaside-device.sh
+#                                                             # one pipelined connection per
+#                                                             # bench thread: each reply is
+#                                                             # timed as it arrives
 #
 # Environment: TARGETS (peers before the server, comma-separated; default none), DATA_DIR
 # (a fresh temp dir), DEVICE (the disk under DATA_DIR, default: found with findmnt),
-# SERVE_ARGS, PORT (22301), NO_BUILD (0), BIN (target/release/zipcache).
+# SERVE_ARGS, BENCH_ARGS, PORT (22301), NO_BUILD (0), BIN (target/release/zipcache).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -22,6 +26,7 @@ PORT=${PORT:-22301}
 BIN=${BIN:-target/release/zipcache}
 DATA_DIR=${DATA_DIR:-$(mktemp -d /tmp/zipcache-lookaside.XXXXXX)}
 read -r -a SERVE_ARGS <<<"${SERVE_ARGS:-}"
+read -r -a BENCH_ARGS <<<"${BENCH_ARGS:-}"
 TARGETS=${TARGETS:+$TARGETS,}zipcache://127.0.0.1:$PORT
 if [ -z "${DEVICE:-}" ]; then
     source=$(findmnt -n -o SOURCE --target "$DATA_DIR")
@@ -39,7 +44,7 @@ trap 'kill "$SPID" 2>/dev/null || true' EXIT
 sleep 1
 "$BIN" bench --target "$TARGETS" --data-dir "$DATA_DIR/bench" --dram 3906KiB \
     --ssd-size 250000KiB --keys 800000 --value-size 64 --locality moderate \
-    --warmup-ops 800000 --duration 8 --backend-latency-us 1000 &
+    --warmup-ops 800000 --duration 8 --backend-latency-us 1000 "${BENCH_ARGS[@]}" &
 BPID=$!
 while kill -0 "$BPID" 2>/dev/null; do
     # reads, read ms, writes, write ms, busy ms, weighted ms; then the cpu line

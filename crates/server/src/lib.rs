@@ -331,11 +331,12 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
         .build()
         .map_err(|e| e.to_string())?;
     // Handlers are installed before serving so a signal never hits the default action.
-    let (mut terminate, mut interrupt) = {
+    let (mut terminate, mut interrupt, mut hangup) = {
         let _guard = signals.enter();
         let term = signal(SignalKind::terminate()).map_err(|e| e.to_string())?;
         let int = signal(SignalKind::interrupt()).map_err(|e| e.to_string())?;
-        (term, int)
+        let hup = signal(SignalKind::hangup()).map_err(|e| e.to_string())?;
+        (term, int, hup)
     };
 
     let max_value = config.max_value_size;
@@ -353,10 +354,22 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
 
     let requested = handle.shutdown_requests();
     let cause = signals.block_on(async {
-        tokio::select! {
-            _ = terminate.recv() => "SIGTERM",
-            _ = interrupt.recv() => "SIGINT",
-            _ = requested.notified() => "a client's shutdown command",
+        loop {
+            tokio::select! {
+                _ = terminate.recv() => break "SIGTERM",
+                _ = interrupt.recv() => break "SIGINT",
+                _ = requested.notified() => break "a client's shutdown command",
+                // As memcached: the auth file and the TLS certificates are read again.
+                _ = hangup.recv() => {
+                    let said = handle.reload_files();
+                    if said.is_empty() {
+                        println!("SIGHUP: nothing to reload (no --auth-file, no TLS)");
+                    }
+                    for said in said {
+                        println!("SIGHUP: {said}");
+                    }
+                }
+            }
         }
     });
     println!(

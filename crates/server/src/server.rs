@@ -16,12 +16,12 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use arc_swap::ArcSwap;
 use socket2::{Domain, Protocol, Socket, Type};
 use tokio::io::unix::AsyncFd;
 use tokio::io::{AsyncWriteExt, Interest};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Notify, mpsc, watch};
-use tokio_rustls::TlsAcceptor;
 use zipcache::ZipCache;
 
 use crate::auth::Password;
@@ -33,7 +33,7 @@ use crate::memcache::{Crawler, Credentials, MemcacheSession};
 use crate::metrics_http;
 use crate::resp::RespSession;
 use crate::stats::Counters;
-use crate::tls::TlsFiles;
+use crate::tls::{Tls, TlsFiles};
 use crate::watch::Logger;
 
 /// Connections the kernel queues per listener before they are accepted.
@@ -143,7 +143,11 @@ pub struct Shared {
     pub keys_limit: usize,
     pub started: Instant,
     pub flush_all_enabled: bool,
-    pub memcached_auth: Option<Arc<Credentials>>,
+    /// The users memcached connections authenticate against ([`Shared::memcached_users`]);
+    /// replaced when the auth file is reloaded.
+    pub memcached_auth: Option<ArcSwap<Credentials>>,
+    /// Both protocol ports speak TLS; set by `start`.
+    pub tls: Option<Tls>,
     pub annotations: Annotations,
     pub crawler: Arc<Crawler>,
     /// memcached's log streams (`watch`).
@@ -171,7 +175,8 @@ impl Shared {
             keys_limit: options.keys_limit,
             started: Instant::now(),
             flush_all_enabled: options.flush_all_enabled,
-            memcached_auth: options.memcached_auth.clone(),
+            memcached_auth: options.memcached_auth.clone().map(ArcSwap::new),
+            tls: None,
             annotations: Annotations::default(),
             crawler: Crawler::new(options.lru_crawler),
             logger: Arc::default(),
@@ -182,6 +187,45 @@ impl Shared {
             shutdown_requested: Arc::new(Notify::new()),
             accepting: AtomicBool::new(true),
         }
+    }
+
+    /// The users a memcached connection authenticates against now (`None`: open).
+    pub fn memcached_users(&self) -> Option<Arc<Credentials>> {
+        self.memcached_auth.as_ref().map(ArcSwap::load_full)
+    }
+
+    /// memcached's `refresh_certs`: the TLS files read again (`Ok(false)`: no TLS). On
+    /// an error the certificates loaded before stay in use.
+    pub fn refresh_certs(&self) -> Result<bool, String> {
+        match &self.tls {
+            None => Ok(false),
+            Some(tls) => tls.reload().map(|()| true),
+        }
+    }
+
+    /// SIGHUP, as memcached: the auth file and the TLS files read again. One line per
+    /// file set, saying how it went; one that fails to load leaves what was loaded before.
+    pub fn reload_files(&self) -> Vec<String> {
+        let mut said = Vec::new();
+        if let Some(auth) = &self.memcached_auth
+            && let Some(reloaded) = auth.load().reloaded()
+        {
+            said.push(match reloaded {
+                Ok(users) => {
+                    auth.store(Arc::new(users));
+                    "auth file reloaded".to_string()
+                }
+                Err(e) => format!("auth file not reloaded, the old users stay: {e}"),
+            });
+        }
+        match self.refresh_certs() {
+            Ok(false) => {}
+            Ok(true) => said.push("TLS certificates reloaded".into()),
+            Err(e) => said.push(format!(
+                "TLS certificates not reloaded, the old ones stay: {e}"
+            )),
+        }
+        said
     }
 }
 
@@ -219,6 +263,11 @@ impl ServerHandle {
     /// `shutdown_enabled`); stopping is the owner's job: `shutdown`.
     pub fn shutdown_requests(&self) -> Arc<Notify> {
         self.shared.shutdown_requested.clone()
+    }
+
+    /// Reads the auth file and the TLS files again (SIGHUP): [`Shared::reload_files`].
+    pub fn reload_files(&self) -> Vec<String> {
+        self.shared.reload_files()
     }
 
     /// Open client connections each runtime serves (one entry with `Runtime::Shared`).
@@ -270,11 +319,9 @@ impl Runtimes {
 
 pub fn start(cache: Arc<ZipCache>, options: ServerOptions) -> io::Result<ServerHandle> {
     let tls = match &options.tls {
-        Some(files) => Some(
-            files
-                .acceptor()
-                .map_err(|e| io::Error::other(format!("TLS: {e}")))?,
-        ),
+        Some(files) => {
+            Some(Tls::load(files.clone()).map_err(|e| io::Error::other(format!("TLS: {e}")))?)
+        }
         None => None,
     };
     let threads = options.threads.max(1);
@@ -300,7 +347,10 @@ pub fn start(cache: Arc<ZipCache>, options: ServerOptions) -> io::Result<ServerH
         threads,
         max_connections: options.max_connections,
     };
-    let shared = Arc::new(Shared::new(cache, info, &options));
+    let shared = Arc::new(Shared {
+        tls,
+        ..Shared::new(cache, info, &options)
+    });
     shared.cache.set_eviction_listener(shared.logger.clone());
     let (stop, stopped) = watch::channel(false);
 
@@ -335,7 +385,6 @@ pub fn start(cache: Arc<ZipCache>, options: ServerOptions) -> io::Result<ServerH
         };
         let serving = Serving {
             shared: shared.clone(),
-            tls: tls.clone(),
             stopped: stopped.clone(),
             runtimes: runtimes.clone(),
         };
@@ -407,7 +456,6 @@ async fn reap_ssd_reads() {
 #[derive(Clone)]
 struct Serving {
     shared: Arc<Shared>,
-    tls: Option<TlsAcceptor>,
     stopped: watch::Receiver<bool>,
     runtimes: Arc<Runtimes>,
 }
@@ -469,7 +517,6 @@ async fn serve_thread(
 async fn accept_loop(protocol: Service, listener: TcpListener, serving: Serving) {
     let Serving {
         shared,
-        tls,
         mut stopped,
         runtimes,
     } = serving;
@@ -492,7 +539,7 @@ async fn accept_loop(protocol: Service, listener: TcpListener, serving: Serving)
         if open >= shared.info.max_connections as u64 {
             counters.curr_connections.fetch_sub(1, Ordering::Relaxed);
             Counters::bump(&counters.rejected_connections);
-            reject(stream, protocol, tls.is_some());
+            reject(stream, protocol, shared.tls.is_some());
             continue;
         }
         Counters::bump(&counters.total_connections);
@@ -525,15 +572,13 @@ async fn serve_connection(
     serving: &Serving,
 ) {
     let Serving {
-        shared,
-        tls,
-        stopped,
-        ..
+        shared, stopped, ..
     } = serving;
-    match tls {
+    match &shared.tls {
         None => serve(stream, peer, protocol, shared, stopped.clone()).await,
         Some(tls) => {
-            let handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, tls.accept(stream));
+            let acceptor = tls.acceptor();
+            let handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream));
             if let Ok(Ok(stream)) = handshake.await {
                 serve(stream, peer, protocol, shared, stopped.clone()).await;
             }

@@ -65,10 +65,12 @@ pub struct ServeArgs {
     /// RESP clients must AUTH with this password (user `default`) [default: none].
     #[arg(long)]
     pub requirepass: Option<String>,
-    /// memcached ascii authentication: a file of `user:password` lines (memcached's `-Y`).
+    /// memcached ascii authentication: a file of `user:password` lines (memcached's `-Y`);
+    /// read again on SIGHUP.
     #[arg(long)]
     pub auth_file: Option<PathBuf>,
-    /// PEM certificate chain: both protocol ports then speak TLS only (needs --tls-key).
+    /// PEM certificate chain: both protocol ports then speak TLS only (needs --tls-key);
+    /// the TLS files are read again on SIGHUP and memcached's `refresh_certs`.
     #[arg(long, requires = "tls_key")]
     pub tls_cert: Option<PathBuf>,
     /// PEM private key of --tls-cert.
@@ -122,7 +124,7 @@ pub struct Settings {
     pub keys_limit: usize,
     pub flush_all_enabled: bool,
     pub lru_crawler: bool,
-    /// The users of `auth_file`, read at start-up.
+    /// The users of `auth_file`, read at start-up (and again on SIGHUP, by the server).
     pub memcached_auth: Option<Arc<Credentials>>,
     /// Seconds; 0 = never.
     pub idle_timeout: u64,

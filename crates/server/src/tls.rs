@@ -1,9 +1,12 @@
 //! TLS for the memcached and RESP ports (rustls, ring provider): the server certificate
 //! chain and key from PEM files and, given a CA, client certificates required and checked.
+//! The files are read again on SIGHUP and on memcached's `refresh_certs` ([`Tls::reload`]),
+//! so certificates are rotated without a restart.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use arc_swap::ArcSwap;
 use rustls::RootCertStore;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
@@ -59,5 +62,31 @@ impl TlsFiles {
             .with_single_cert(chain, key)
             .map_err(|e| format!("{} with {}: {e}", self.cert.display(), self.key.display()))?;
         Ok(TlsAcceptor::from(Arc::new(config)))
+    }
+}
+
+/// The acceptor both ports hand new connections to. A reload builds a new one from the
+/// same files: connections accepted afterwards get the new certificates, open ones keep
+/// theirs, and a reload that fails keeps the old acceptor.
+pub struct Tls {
+    files: TlsFiles,
+    acceptor: ArcSwap<TlsAcceptor>,
+}
+
+impl Tls {
+    pub fn load(files: TlsFiles) -> Result<Tls, String> {
+        let acceptor = ArcSwap::from_pointee(files.acceptor()?);
+        Ok(Tls { files, acceptor })
+    }
+
+    /// The acceptor for a connection accepted now.
+    pub fn acceptor(&self) -> Arc<TlsAcceptor> {
+        self.acceptor.load_full()
+    }
+
+    /// Reads the files again; the error names the file at fault.
+    pub fn reload(&self) -> Result<(), String> {
+        self.acceptor.store(Arc::new(self.files.acceptor()?));
+        Ok(())
     }
 }

@@ -276,3 +276,101 @@ fn bad_tls_files_are_reported_not_served() {
     .expect("a missing key file is an error");
     assert!(error.to_string().contains("missing-key.pem"), "{error}");
 }
+
+/// A memcached client over TLS that trusts only the CA in `ca`: `None` if the handshake
+/// fails (the server presents a certificate that CA did not sign).
+struct TlsClient(rustls::StreamOwned<rustls::ClientConnection, TcpStream>);
+
+impl TlsClient {
+    fn connect(port: u16, ca: &Path) -> Option<TlsClient> {
+        use rustls::pki_types::pem::PemObject;
+        let mut roots = rustls::RootCertStore::empty();
+        for certificate in rustls::pki_types::CertificateDer::pem_file_iter(ca).expect("CA") {
+            roots.add(certificate.expect("CA PEM")).expect("CA");
+        }
+        let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+        let config = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .expect("protocol versions")
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        let name = "localhost".try_into().expect("server name");
+        let connection =
+            rustls::ClientConnection::new(std::sync::Arc::new(config), name).expect("client");
+        let tcp = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+        tcp.set_read_timeout(Some(Duration::from_secs(10)))
+            .expect("timeout");
+        let mut client = TlsClient(rustls::StreamOwned::new(connection, tcp));
+        // The handshake runs on first use; `version` answers one line.
+        let answer = client.ask("version").ok()?;
+        assert!(answer.starts_with("VERSION "), "{answer}");
+        Some(client)
+    }
+
+    /// Sends one request line, returns the first line of the reply.
+    fn ask(&mut self, request: &str) -> std::io::Result<String> {
+        self.0.write_all(format!("{request}\r\n").as_bytes())?;
+        self.0.flush()?;
+        let mut line = Vec::new();
+        let mut byte = [0u8; 1];
+        while !line.ends_with(b"\r\n") {
+            if self.0.read(&mut byte)? == 0 {
+                return Err(std::io::ErrorKind::UnexpectedEof.into());
+            }
+            line.push(byte[0]);
+        }
+        line.truncate(line.len() - 2);
+        Ok(String::from_utf8_lossy(&line).into_owned())
+    }
+}
+
+/// memcached's `refresh_certs` reads the certificate files again: connections made
+/// afterwards get the new certificate, open ones keep theirs, and files that do not load
+/// leave the certificate in use as it was.
+#[test]
+fn refresh_certs_rotates_the_certificate_without_a_restart() {
+    let (old, new) = (
+        Certificates::generate("rotate-old"),
+        Certificates::generate("rotate-new"),
+    );
+    let served = old.server_files(false);
+    let server = server(None, Some(served.clone()));
+    let port = server.memcached.port();
+    let mut open = TlsClient::connect(port, &old.path("ca.pem")).expect("the old certificate");
+    assert!(
+        TlsClient::connect(port, &new.path("ca.pem")).is_none(),
+        "the new CA did not sign what is served yet"
+    );
+
+    for file in ["server.pem", "server-key.pem"] {
+        std::fs::copy(new.path(file), old.path(file)).expect("replace the served file");
+    }
+    assert_eq!(open.ask("refresh_certs").expect("reply"), "OK");
+    assert!(TlsClient::connect(port, &new.path("ca.pem")).is_some());
+    assert!(
+        TlsClient::connect(port, &old.path("ca.pem")).is_none(),
+        "the old certificate is no longer served"
+    );
+    assert!(open.ask("version").expect("reply").starts_with("VERSION "));
+
+    std::fs::write(&served.key, "not a key").expect("break the key file");
+    let reply = open.ask("refresh_certs").expect("reply");
+    assert!(
+        reply.starts_with("Error loading the certificates: ") && reply.contains("server-key.pem"),
+        "{reply}"
+    );
+    assert!(
+        TlsClient::connect(port, &new.path("ca.pem")).is_some(),
+        "a failed reload keeps the certificate in use"
+    );
+}
+
+#[test]
+fn refresh_certs_without_tls_says_so() {
+    let server = server(None, None);
+    let mut client = common::Client::connect(server.memcached);
+    assert_eq!(
+        client.ask("refresh_certs\r\n", 1),
+        ["Error TLS not enabled"]
+    );
+}

@@ -69,6 +69,7 @@ const OPERATOR_SEEDS: &[&[u8]] = &[
     b"watch fetchers mutations evictions\r\n",
     b"shutdown graceful\r\n",
     b"cache_memlimit 100 noreply\r\n",
+    b"refresh_certs\r\n",
 ];
 
 /// An unauthenticated session's inputs (the users are `foo:bar`).

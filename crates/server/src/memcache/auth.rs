@@ -4,13 +4,15 @@
 //! everything else gets a `CLIENT_ERROR`, with memcached's wording.
 
 use std::fmt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use crate::auth::constant_time_eq;
 
 /// The users of an auth file.
 pub struct Credentials {
     users: Vec<(Vec<u8>, Vec<u8>)>,
+    /// The file they were read from, to read again on SIGHUP.
+    source: Option<PathBuf>,
 }
 
 impl fmt::Debug for Credentials {
@@ -22,7 +24,16 @@ impl fmt::Debug for Credentials {
 impl Credentials {
     pub fn load(path: &Path) -> Result<Credentials, String> {
         let text = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
-        Credentials::parse(&text).map_err(|e| format!("{}: {e}", path.display()))
+        let users = Credentials::parse(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+        Ok(Credentials {
+            source: Some(path.to_path_buf()),
+            ..users
+        })
+    }
+
+    /// The users of the same file read again (`None`: these were not read from a file).
+    pub fn reloaded(&self) -> Option<Result<Credentials, String>> {
+        self.source.as_deref().map(Credentials::load)
     }
 
     /// `user:password` per line (the password runs to the end of the line); blank lines
@@ -43,7 +54,10 @@ impl Credentials {
         if users.is_empty() {
             return Err("no user:password line".into());
         }
-        Ok(Credentials { users })
+        Ok(Credentials {
+            users,
+            source: None,
+        })
     }
 
     /// Whether `user` and `password` match a line. Every line is compared in full, in

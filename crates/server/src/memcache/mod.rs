@@ -258,7 +258,7 @@ impl Session for MemcacheSession {
             return Step::Consumed(n);
         }
         if !self.authenticated
-            && let Some(credentials) = self.shared.memcached_auth.clone()
+            && let Some(credentials) = self.shared.memcached_users()
         {
             return self.authenticate(&credentials, input, out);
         }

@@ -14,6 +14,8 @@ pub enum Operator {
         mebibytes: Option<u32>,
         noreply: bool,
     },
+    /// `refresh_certs`: the TLS certificate, key and CA files read again.
+    RefreshCerts,
 }
 
 /// memcached's bounds on `cache_memlimit`, in MiB.
@@ -68,6 +70,16 @@ pub fn execute(shared: &Shared, operator: Operator, out: &mut Vec<u8>) -> bool {
                 line(out, reply);
             }
         }
+        // memcached's replies, errors included, which it writes without a prefix.
+        Operator::RefreshCerts => match shared.refresh_certs() {
+            Ok(true) => line(out, "OK"),
+            Ok(false) => line(out, "Error TLS not enabled"),
+            // A line break in a file name would end the reply early.
+            Err(e) => line(
+                out,
+                &format!("Error loading the certificates: {e}").replace(['\r', '\n'], " "),
+            ),
+        },
     }
     true
 }

@@ -85,7 +85,7 @@ pub enum Request<'a> {
     Meta(Meta<'a>),
     /// `lru_crawler ...` and `stats cachedump` (`crawler.rs`).
     Crawler(super::crawler::Command),
-    /// `shutdown`, `cache_memlimit`: `operator.rs`.
+    /// `shutdown`, `cache_memlimit`, `refresh_certs`: `operator.rs`.
     Operator(super::operator::Operator),
     /// A value over the size limit: its data block is skipped, then `TOO_LARGE` is sent.
     /// A `set` also drops the key's old value, as memcached does.
@@ -259,6 +259,7 @@ pub fn parse(input: &[u8], max_value: usize) -> Parsed<'_> {
         Some(b"quit") if tokens.len() == 1 => Request::Quit,
         Some(b"shutdown") => super::operator::shutdown(&tokens),
         Some(b"cache_memlimit") => super::operator::cache_memlimit(&tokens),
+        Some(b"refresh_certs") => Request::Operator(super::operator::Operator::RefreshCerts),
         Some(b"mn") => Request::Meta(Meta {
             kind: MetaKind::Noop,
             key: Cow::Borrowed(b""),
