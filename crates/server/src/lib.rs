@@ -200,13 +200,13 @@ pub mod fuzzing {
         use crate::resp::cmd::{Command, refused};
         use crate::resp::parse::{Parsed, parse};
 
-        /// A request: its span and its arguments.
-        fn framed(bytes: &[u8]) -> Option<(usize, Vec<Cow<'_, [u8]>>)> {
-            match parse(bytes) {
+        // A request: its span and its arguments.
+        let framed = |bytes| -> Option<(usize, Vec<Cow<'_, [u8]>>)> {
+            match parse(bytes, authenticated) {
                 Parsed::Command { args, len } => Some((len, args)),
                 Parsed::Incomplete | Parsed::Error(_) => None,
             }
-        }
+        };
         let mut rest = input;
         while let Some((len, args)) = framed(rest) {
             check_span(rest, len, framed);

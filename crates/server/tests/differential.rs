@@ -191,12 +191,19 @@ const RESP_CASES: &[&str] = &[
 ];
 
 /// With `requirepass secret`: NOAUTH before AUTH (but unknown commands and arity errors
-/// first, as Redis checks them first), WRONGPASS, and what works before logging in.
-/// Each case ends logged in (or closed), so the sentinel is answered.
+/// first, as Redis checks them first), WRONGPASS, what works before logging in, and how
+/// large a request may be before. Each case ends logged in (or closed), so the sentinel
+/// is answered.
 const RESP_AUTH_CASES: &[&str] = &[
     "PING\r\nGET k\r\nFOO a\r\nGET\r\nGET a b\r\nCLIENT SETNAME x\r\nHELLO 3\r\nHELLO\r\nAUTH\r\nAUTH a b c\r\nAUTH x\r\nAUTH default x\r\nAUTH bob secret\r\nHELLO 3 AUTH default\r\nHELLO 3 AUTH default bad\r\nHELLO 3 SETNAME \"a b\"\r\nSELECT 0\r\nAUTH default secret\r\nPING\r\nSET k v\r\nAUTH secret\r\nGET k\r\n",
     "AUTH secret\r\nAUTH wrong\r\nGET k\r\nAUTH default wrong\r\nPING\r\n",
     "quit\r\nping\r\n",
+    // Before AUTH, at most 10 arguments of at most 16 KiB (the connection closes).
+    "*11\r\n",
+    "*2\r\n$4\r\nECHO\r\n$16385\r\n",
+    "*3\r\n$4\r\nECHO\r\n$1\r\na\r\n$1\r\nb\r\n*10\r\n$3\r\nDEL\r\n",
+    // After it, no such limits.
+    "AUTH secret\r\n*11\r\n$3\r\nDEL\r\n$1\r\na\r\n$1\r\nb\r\n$1\r\nc\r\n$1\r\nd\r\n$1\r\ne\r\n$1\r\nf\r\n$1\r\ng\r\n$1\r\nh\r\n$1\r\ni\r\n$1\r\nj\r\n",
 ];
 
 /// With `--disable-flush-all`, as a redis-server whose user may not run the two flushes

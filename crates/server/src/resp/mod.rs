@@ -53,7 +53,7 @@ impl Session for RespSession {
             buf,
             resp3: self.client.resp3,
         };
-        match parse::parse(input) {
+        match parse::parse(input, self.client.authenticated) {
             parse::Parsed::Incomplete => Step::NeedMore,
             parse::Parsed::Error(message) => {
                 Counters::bump(&self.shared.counters.protocol_errors);
@@ -75,7 +75,8 @@ impl Session for RespSession {
         }
     }
     fn read_ahead(&mut self, input: &[u8], ahead: &mut ReadAhead) -> Option<usize> {
-        let parse::Parsed::Command { args, len } = parse::parse(input) else {
+        let parse::Parsed::Command { args, len } = parse::parse(input, self.client.authenticated)
+        else {
             return None;
         };
         let args: Vec<&[u8]> = args.iter().map(|a| a.as_ref()).collect();

@@ -9,6 +9,11 @@ use std::borrow::Cow;
 const MAX_BULK: usize = 16 << 20;
 const MAX_MULTIBULK: usize = 1024 * 1024;
 const MAX_INLINE: usize = 64 * 1024;
+/// What a client that has not authenticated (with `requirepass`) may send in one
+/// multi-bulk request, as Redis since the fix of CVE-2021-32675: enough for `AUTH` and
+/// `HELLO … AUTH`, so that unauthenticated connections cannot make us buffer megabytes.
+const UNAUTHENTICATED_MULTIBULK: i64 = 10;
+const UNAUTHENTICATED_BULK: i64 = 16 * 1024;
 
 #[derive(Debug, PartialEq)]
 pub enum Parsed<'a> {
@@ -22,10 +27,11 @@ pub enum Parsed<'a> {
     Error(String),
 }
 
-pub fn parse(input: &[u8]) -> Parsed<'_> {
+/// Frames the request at the front of `input` from a client `authenticated` or not.
+pub fn parse(input: &[u8], authenticated: bool) -> Parsed<'_> {
     match input.first() {
         None => Parsed::Incomplete,
-        Some(b'*') => multibulk(input),
+        Some(b'*') => multibulk(input, authenticated),
         Some(_) => inline(input),
     }
 }
@@ -40,7 +46,7 @@ fn integer(text: &[u8]) -> Option<i64> {
     std::str::from_utf8(text).ok()?.parse().ok()
 }
 
-fn multibulk(input: &[u8]) -> Parsed<'_> {
+fn multibulk(input: &[u8], authenticated: bool) -> Parsed<'_> {
     let Some((header, mut pos)) = line_at(input, 0) else {
         return if input.len() > MAX_INLINE {
             Parsed::Error("ERR Protocol error: too big mbulk count string".into())
@@ -49,6 +55,9 @@ fn multibulk(input: &[u8]) -> Parsed<'_> {
         };
     };
     let count = match integer(&header[1..]) {
+        Some(n) if !authenticated && n > UNAUTHENTICATED_MULTIBULK => {
+            return Parsed::Error("ERR Protocol error: unauthenticated multibulk length".into());
+        }
         Some(n) if n <= MAX_MULTIBULK as i64 => n,
         _ => return Parsed::Error("ERR Protocol error: invalid multibulk length".into()),
     };
@@ -69,6 +78,9 @@ fn multibulk(input: &[u8]) -> Parsed<'_> {
             };
         };
         let len = match integer(&len_line[1..]) {
+            Some(n) if !authenticated && n > UNAUTHENTICATED_BULK => {
+                return Parsed::Error("ERR Protocol error: unauthenticated bulk length".into());
+            }
             Some(n) if (0..=MAX_BULK as i64).contains(&n) => n as usize,
             _ => return Parsed::Error("ERR Protocol error: invalid bulk length".into()),
         };
@@ -180,7 +192,7 @@ mod tests {
     use super::*;
 
     fn command(input: &[u8]) -> (Vec<Vec<u8>>, usize) {
-        match parse(input) {
+        match parse(input, true) {
             Parsed::Command { args, len } => {
                 (args.into_iter().map(|a| a.into_owned()).collect(), len)
             }
@@ -190,14 +202,14 @@ mod tests {
 
     #[test]
     fn multibulk_frames() {
-        assert_eq!(parse(b"*2\r\n$3\r\nGET\r\n$1\r"), Parsed::Incomplete);
+        assert_eq!(parse(b"*2\r\n$3\r\nGET\r\n$1\r", true), Parsed::Incomplete);
         let (args, len) = command(b"*2\r\n$3\r\nGET\r\n$1\r\nk\r\n*1");
         assert_eq!(args, vec![b"GET".to_vec(), b"k".to_vec()]);
         assert_eq!(len, 20);
         assert_eq!(command(b"*0\r\n").0.len(), 0);
-        assert!(matches!(parse(b"*x\r\n"), Parsed::Error(_)));
-        assert!(matches!(parse(b"*1\r\n$-5\r\n"), Parsed::Error(_)));
-        assert!(matches!(parse(b"*1\r\n:5\r\n"), Parsed::Error(_)));
+        assert!(matches!(parse(b"*x\r\n", true), Parsed::Error(_)));
+        assert!(matches!(parse(b"*1\r\n$-5\r\n", true), Parsed::Error(_)));
+        assert!(matches!(parse(b"*1\r\n:5\r\n", true), Parsed::Error(_)));
     }
 
     #[test]
@@ -212,7 +224,27 @@ mod tests {
                 b"A\n".to_vec()
             ]
         );
-        assert!(matches!(parse(b"get \"k\r\n"), Parsed::Error(_)));
+        assert!(matches!(parse(b"get \"k\r\n", true), Parsed::Error(_)));
         assert_eq!(command(b"\r\n").0.len(), 0);
+    }
+
+    /// Before `AUTH`, as Redis: at most 10 arguments of at most 16 KiB each.
+    #[test]
+    fn unauthenticated_requests_stay_small() {
+        let error = |input: &[u8]| match parse(input, false) {
+            Parsed::Error(e) => e,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(
+            error(b"*11\r\n"),
+            "ERR Protocol error: unauthenticated multibulk length"
+        );
+        assert_eq!(
+            error(b"*2\r\n$16385\r\n"),
+            "ERR Protocol error: unauthenticated bulk length"
+        );
+        assert_eq!(parse(b"*10\r\n$16384\r\n", false), Parsed::Incomplete);
+        assert_eq!(parse(b"*11\r\n", true), Parsed::Incomplete);
+        assert_eq!(parse(b"*2\r\n$16385\r\n", true), Parsed::Incomplete);
     }
 }
