@@ -38,6 +38,8 @@ use crate::{AccessState, Config, Error, GetOptions, Item, PutOptions, Result, St
 const LOW_WATERMARK: f64 = 0.985;
 /// The smallest `dram_capacity` an engine takes.
 pub(crate) const MIN_DRAM_CAPACITY: u64 = 64 << 10;
+/// 1 PiB: beyond any machine, and far inside the signed arithmetic of the budget.
+pub(crate) const MAX_DRAM_CAPACITY: u64 = 1 << 50;
 /// The device's block: one SSD sub-page.
 const BLOCK: usize = zipcache_device::BLOCK_SIZE;
 /// Share of the SSD device given to the large-object log (BT_LO).
@@ -674,6 +676,11 @@ impl ZipCache {
         if bytes < MIN_DRAM_CAPACITY {
             return Err(Error::Config(format!(
                 "dram_capacity {bytes} is below {MIN_DRAM_CAPACITY} bytes"
+            )));
+        }
+        if bytes > MAX_DRAM_CAPACITY {
+            return Err(Error::Config(format!(
+                "dram_capacity {bytes} is above {MAX_DRAM_CAPACITY} bytes (1 PiB)"
             )));
         }
         let inner = &self.inner;

@@ -83,6 +83,34 @@ fn lowering_the_capacity_evicts_down_to_it_and_raising_it_lets_the_cache_grow() 
     assert_eq!(grown.dropped_objects, raised.dropped_objects, "{grown:?}");
 }
 
+/// A budget past what the engine can count in (its budget arithmetic is signed) is
+/// refused and changes nothing: it once wrapped negative and emptied the cache.
+#[test]
+fn a_capacity_beyond_any_machine_is_refused() {
+    let cache = dram_only(8 * MIB);
+    fill(&cache, 0..1_000);
+    let before = cache.stats();
+    for bytes in [u64::MAX, 1 << 63, (1 << 50) + 1] {
+        assert!(
+            matches!(cache.set_dram_capacity(bytes), Err(Error::Config(_))),
+            "{bytes}"
+        );
+    }
+    let after = cache.stats();
+    assert_eq!(after.dram_capacity, 8 * MIB);
+    assert_eq!(after.dropped_objects, before.dropped_objects, "{after:?}");
+    assert_eq!(cache.get(&key(0)).unwrap(), Some(value(0)));
+    cache.set_dram_capacity(1 << 50).unwrap();
+    assert!(
+        Config {
+            dram_capacity: (1 << 50) + 1,
+            ..Config::default()
+        }
+        .validate()
+        .is_err()
+    );
+}
+
 #[test]
 fn with_an_ssd_tier_the_excess_moves_down_and_stays_readable() {
     let device: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(1 << 16));

@@ -325,6 +325,12 @@ impl Config {
                 self.dram_capacity
             ));
         }
+        if self.dram_capacity > crate::cache::MAX_DRAM_CAPACITY {
+            return bad(format!(
+                "dram_capacity {} is above 1 PiB",
+                self.dram_capacity
+            ));
+        }
         if !(self.bypass_r >= 0.0 && self.bypass_r.is_finite()) {
             return bad("bypass_r must be >= 0".into());
         }
