@@ -116,6 +116,7 @@ const RESP_SEEDS: &[&[u8]] = &[
 /// the connection (the client id HELLO reports), so they are fuzzed but not compared
 /// between two runs.
 const RESP_VARYING_SEEDS: &[&[u8]] = &[
+    b"CONFIG SET maxmemory 1mb maxmemory-policy allkeys-lru\r\nCONFIG SET maxmemory 64MB\r\n",
     b"GETEX k PXAT 1 PERSIST\r\nGETEX k EX 10 EX 10\r\n",
     b"*2\r\n$5\r\nHELLO\r\n$1\r\n3\r\n",
     b"AUTH default pw\r\nAUTH pw\r\nHELLO 3 AUTH default pw SETNAME x\r\n",

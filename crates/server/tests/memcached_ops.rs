@@ -308,6 +308,65 @@ fn cache_memlimit_errors_are_memcached_s() {
     assert_eq!(numbers(&mut mc, &["limit_maxbytes"]), [64 * MIB]);
 }
 
+/// Redis's `CONFIG SET maxmemory` resizes the same budget as `cache_memlimit`; a request
+/// with any invalid pair changes nothing. (Replies Redis shares are in `differential.rs`;
+/// these are where ours differ: no unlimited budget, one eviction policy.)
+#[test]
+fn config_set_maxmemory_resizes_the_dram_budget() {
+    let server = TestServer::on_engine(
+        Config {
+            dram_capacity: 16 * MIB,
+            ..Config::default()
+        },
+        TestServer::options(),
+    );
+    let mut mc = Client::connect(server.memcached);
+    let mut resp = Client::connect(server.resp);
+    fill(&mut mc, 0..14_000);
+    assert_eq!(resp.ask("CONFIG SET maxmemory 8mb\r\n", 1), ["+OK"]);
+    let lowered = numbers(&mut mc, &["limit_maxbytes", "bytes"]);
+    assert_eq!(lowered[0], 8 * MIB);
+    assert!(lowered[1] <= 8 * MIB, "{lowered:?}");
+    assert_eq!(
+        resp.ask("CONFIG GET maxmemory\r\n", 5),
+        ["*2", "$9", "maxmemory", "$7", "8388608"]
+    );
+    let failed = "-ERR CONFIG SET failed (possibly related to argument";
+    for (request, reply) in [
+        (
+            "CONFIG SET maxmemory 0\r\n",
+            format!(
+                "{failed} 'maxmemory') - invalid configuration: dram_capacity 0 is below 65536 bytes"
+            ),
+        ),
+        (
+            "CONFIG SET maxmemory 2gb maxmemory-policy volatile-lru\r\n",
+            format!(
+                "{failed} 'maxmemory-policy') - argument(s) must be one of the following: allkeys-lru"
+            ),
+        ),
+        (
+            "CONFIG SET maxmemory 2048pb\r\n",
+            format!("{failed} 'maxmemory') - argument must be a memory value"),
+        ),
+    ] {
+        assert_eq!(resp.ask(request, 1), [reply], "{request:?}");
+    }
+    assert_eq!(
+        numbers(&mut mc, &["limit_maxbytes"]),
+        [8 * MIB],
+        "unchanged"
+    );
+    assert_eq!(
+        resp.ask(
+            "CONFIG SET maxmemory-policy ALLKEYS-LRU maxmemory 32mb\r\n",
+            1
+        ),
+        ["+OK"]
+    );
+    assert_eq!(numbers(&mut mc, &["limit_maxbytes"]), [32 * MIB]);
+}
+
 /// `--set evictions=false` (memcached `-M`, `t/dash-M.t`; Redis `noeviction`): once DRAM
 /// is full a `set` is refused with memcached's reply (a RESP `SET` with Redis's) and
 /// counted in `store_no_memory`; every value stored before is still there, and `stats

@@ -42,10 +42,80 @@ const CONFIG_SUBCOMMANDS: &[Spec] = &[
         2,
         |_| Ok(ServerCommand::ConfigResetStat.into()),
     ),
-    spec("set", -4, |_| {
-        Err("ERR CONFIG SET is not supported; restart with --set NAME=VALUE".into())
-    }),
+    spec("set", -4, config_set),
 ];
+
+/// CONFIG SET name value [name value …], as Redis 7: every name is checked (unknown,
+/// repeated) before any value, and nothing changes unless every pair is valid. What can
+/// change at run time is `maxmemory` (the DRAM budget, as memcached's `cache_memlimit`);
+/// `maxmemory-policy` only takes the policy in use, `allkeys-lru`, which clients that
+/// set up a cache send.
+fn config_set<'a>(args: &mut super::Args<'a>) -> Result<Command<'a>> {
+    let pairs = args.rest();
+    if pairs.len() % 2 != 0 {
+        return Err(super::SYNTAX.into());
+    }
+    let failed = |name: &[u8], why: &str| {
+        format!(
+            "ERR CONFIG SET failed (possibly related to argument '{}') - {why}",
+            String::from_utf8_lossy(name).to_ascii_lowercase()
+        )
+    };
+    let names: Vec<&[u8]> = pairs.iter().step_by(2).copied().collect();
+    for (i, name) in names.iter().enumerate() {
+        if !CONFIG_SETTABLE
+            .iter()
+            .any(|s| name.eq_ignore_ascii_case(s.as_bytes()))
+        {
+            return Err(format!(
+                "ERR Unknown option or number of arguments for CONFIG SET - '{}'",
+                String::from_utf8_lossy(name)
+            )
+            .into());
+        }
+        if names[..i]
+            .iter()
+            .any(|earlier| earlier.eq_ignore_ascii_case(name))
+        {
+            return Err(failed(name, "duplicate parameter").into());
+        }
+    }
+    let mut maxmemory = None;
+    for pair in pairs.chunks(2) {
+        let (name, value) = (pair[0], pair[1]);
+        if name.eq_ignore_ascii_case(b"maxmemory") {
+            let bytes = memory_value(value)
+                .ok_or_else(|| failed(name, "argument must be a memory value"))?;
+            maxmemory = Some(bytes);
+        } else if !value.eq_ignore_ascii_case(b"allkeys-lru") {
+            let why = "argument(s) must be one of the following: allkeys-lru";
+            return Err(failed(name, why).into());
+        }
+    }
+    Ok(ServerCommand::ConfigSet { maxmemory }.into())
+}
+
+/// The parameters CONFIG SET takes.
+const CONFIG_SETTABLE: [&str; 2] = ["maxmemory", "maxmemory-policy"];
+
+/// Redis's memory values: digits, then optionally `b`, `k`/`kb`, `m`/`mb`, `g`/`gb`
+/// (any case; `k` is 1000, `kb` 1024). `None` for anything else, or past `u64`.
+fn memory_value(text: &[u8]) -> Option<u64> {
+    let digits = text.iter().take_while(|b| b.is_ascii_digit()).count();
+    let number: u64 = std::str::from_utf8(&text[..digits]).ok()?.parse().ok()?;
+    let unit = text[digits..].to_ascii_lowercase();
+    let scale: u64 = match &unit[..] {
+        b"" | b"b" => 1,
+        b"k" => 1000,
+        b"kb" => 1 << 10,
+        b"m" => 1000 * 1000,
+        b"mb" => 1 << 20,
+        b"g" => 1000 * 1000 * 1000,
+        b"gb" => 1 << 30,
+        _ => return None,
+    };
+    number.checked_mul(scale)
+}
 
 pub enum ServerCommand<'a> {
     Info {
@@ -59,6 +129,10 @@ pub enum ServerCommand<'a> {
         patterns: &'a [&'a [u8]],
     },
     ConfigResetStat,
+    /// Validated: the new DRAM budget, if the request sets one.
+    ConfigSet {
+        maxmemory: Option<u64>,
+    },
 }
 
 impl<'a> From<ServerCommand<'a>> for Command<'a> {
@@ -99,6 +173,17 @@ impl ServerCommand<'_> {
                 }
             }
             ServerCommand::ConfigResetStat => out.simple("OK"),
+            ServerCommand::ConfigSet { maxmemory } => {
+                if let Some(bytes) = maxmemory {
+                    // may evict: DRAM-only, down to the new budget before the reply
+                    shared.cache.set_dram_capacity(bytes).map_err(|e| {
+                        format!(
+                            "ERR CONFIG SET failed (possibly related to argument 'maxmemory') - {e}"
+                        )
+                    })?;
+                }
+                out.simple("OK");
+            }
         }
         Ok(())
     }
