@@ -52,7 +52,7 @@ const CONFIG_SUBCOMMANDS: &[Spec] = &[
 /// set up a cache send.
 fn config_set<'a>(args: &mut super::Args<'a>) -> Result<Command<'a>> {
     let pairs = args.rest();
-    if pairs.len() % 2 != 0 {
+    if !pairs.len().is_multiple_of(2) {
         return Err(super::SYNTAX.into());
     }
     let failed = |name: &[u8], why: &str| {
