@@ -7,7 +7,9 @@
 //! * [`CompressingDevice`] — wraps any device and emulates an SSD with transparent per-4KB
 //!   zlib compression (the paper's ScaleFlux CSD 3000), accounting physical bytes and `V_NAND`;
 //! * [`MemDevice`] — sparse and in memory, for fast tests of the layers above;
-//! * [`FaultyDevice`] — wraps a device and injects I/O errors and bit flips, for tests.
+//! * [`FaultyDevice`] — wraps a device and injects I/O errors and bit flips, for tests;
+//! * [`HeldDevice`] — in memory, with asynchronous reads that wait until a test completes
+//!   them, for tests of what happens while reads are in flight.
 //!
 //! Besides one request at a time, a device takes batches ([`BlockDevice::read_batch`],
 //! [`BlockDevice::write_batch`]), which a [`FileDevice`] keeps in flight together through
@@ -39,6 +41,7 @@ mod counters;
 mod emulated;
 mod faulty;
 mod file;
+mod held;
 mod memory;
 pub mod uring;
 
@@ -46,6 +49,7 @@ pub use aligned::AlignedBuf;
 pub use emulated::{AccountingOrigin, CompressingDevice, EmulatorOptions, RebuildReason};
 pub use faulty::{FaultOp, FaultyDevice, InjectedFault};
 pub use file::{FileDevice, FileOptions};
+pub use held::HeldDevice;
 pub use memory::MemDevice;
 pub use uring::{
     ReadCompletion, ReadFuture, SubmitBatch, batch_thread_ring_submissions, install_thread_ring,

@@ -253,84 +253,23 @@ pub fn get_item(
 
 #[cfg(test)]
 mod tests {
-    use std::io;
-    use std::ops::Range;
-    use std::sync::atomic::{AtomicBool, Ordering};
-    use std::sync::{Arc, Mutex};
+    use std::sync::Arc;
     use std::time::Duration;
 
     use zipcache::Config;
-    use zipcache_device::{
-        AlignedBuf, BlockDevice, DeviceStats, MemDevice, ReadCompletion, ReadFuture,
-    };
+    use zipcache_device::HeldDevice;
 
     use super::*;
     use crate::connection::{Processed, process};
     use crate::memcache::MemcacheSession;
     use crate::server::{ServerInfo, ServerOptions, Shared};
 
-    /// A device whose asynchronous reads, once it holds them, wait until the test
-    /// completes them one at a time, oldest first.
-    struct Held {
-        inner: MemDevice,
-        holding: AtomicBool,
-        held: Mutex<Vec<(u64, AlignedBuf, ReadCompletion)>>,
-    }
-
-    impl Held {
-        fn in_flight(&self) -> usize {
-            self.held.lock().unwrap().len()
-        }
-
-        fn complete_oldest(&self) {
-            let (lba, mut buf, completion) = self.held.lock().unwrap().remove(0);
-            let result = self.inner.read(lba, &mut buf);
-            completion.complete(result, buf);
-        }
-    }
-
-    impl BlockDevice for Held {
-        fn block_count(&self) -> u64 {
-            self.inner.block_count()
-        }
-        fn read(&self, lba: u64, buf: &mut [u8]) -> io::Result<()> {
-            self.inner.read(lba, buf)
-        }
-        fn write(&self, lba: u64, buf: &[u8]) -> io::Result<()> {
-            self.inner.write(lba, buf)
-        }
-        fn trim(&self, lba: u64, count: u64) -> io::Result<()> {
-            self.inner.trim(lba, count)
-        }
-        fn flush(&self) -> io::Result<()> {
-            self.inner.flush()
-        }
-        fn stats(&self) -> DeviceStats {
-            self.inner.stats()
-        }
-        fn data_extents(&self) -> io::Result<Option<Vec<Range<u64>>>> {
-            self.inner.data_extents()
-        }
-        fn read_async(&self, lba: u64, mut buf: AlignedBuf) -> ReadFuture {
-            if !self.holding.load(Ordering::SeqCst) {
-                let result = self.inner.read(lba, &mut buf);
-                return ReadFuture::ready(result, buf);
-            }
-            let (future, completion) = ReadFuture::pending();
-            self.held.lock().unwrap().push((lba, buf, completion));
-            future
-        }
-    }
-
     /// Two pipelined GETs of keys on the SSD: the first one's reply is written while the
     /// second one's read is still in flight, not held back until it completes.
     #[test]
     fn a_reply_goes_out_once_its_own_reads_are_in() {
-        let device = Arc::new(Held {
-            inner: MemDevice::new(1 << 14),
-            holding: AtomicBool::new(false),
-            held: Mutex::default(),
-        });
+        let device = Arc::new(HeldDevice::new(1 << 14, true));
+        device.hold(false);
         let config = Config {
             dram_capacity: 256 << 10,
             // Keep every object: the flusher waits rather than dropping any.
@@ -362,7 +301,7 @@ mod tests {
             .take(2)
             .collect();
         assert_eq!(on_ssd.len(), 2, "the flusher moved keys to the SSD");
-        device.holding.store(true, Ordering::SeqCst);
+        device.hold(true);
 
         let shared = Arc::new(Shared::new(
             cache,

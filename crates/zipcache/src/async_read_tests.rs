@@ -3,97 +3,16 @@
 //! or after the key was deleted. The answer may be any version current during the GET;
 //! what the cache keeps afterwards must be the newest.
 
-use std::io;
-use std::ops::Range;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 
-use parking_lot::Mutex;
-use zipcache_device::{
-    AlignedBuf, BlockDevice, DeviceStats, MemDevice, ReadCompletion, ReadFuture,
-};
+use zipcache_device::HeldDevice;
 
 use crate::GetOptions;
 use crate::config::{Clock, Promotion};
 use crate::model_tests::{Harness, Op, block_on, key_of};
 
-/// A device whose asynchronous reads wait until the test releases them; after that it
-/// completes them at once. A held read copies the block when submitted (what an in-flight
-/// read may return) or, `late`, when released (a read the device served after later
-/// writes).
-struct Deferred {
-    inner: MemDevice,
-    late: bool,
-    holding: AtomicBool,
-    held: Mutex<Vec<(u64, AlignedBuf, ReadCompletion)>>,
-}
-
-impl Deferred {
-    fn new(blocks: u64, late: bool) -> Arc<Deferred> {
-        Arc::new(Deferred {
-            inner: MemDevice::new(blocks),
-            late,
-            holding: AtomicBool::new(true),
-            held: Mutex::new(Vec::new()),
-        })
-    }
-
-    fn in_flight(&self) -> usize {
-        self.held.lock().len()
-    }
-
-    /// Completes the held reads, the newest first, and holds no more.
-    fn release_all(&self) {
-        self.holding.store(false, Ordering::SeqCst);
-        let held = std::mem::take(&mut *self.held.lock());
-        for (lba, mut buf, completion) in held.into_iter().rev() {
-            let result = match self.late {
-                true => self.inner.read(lba, &mut buf),
-                false => Ok(()),
-            };
-            completion.complete(result, buf);
-        }
-    }
-}
-
-impl BlockDevice for Deferred {
-    fn block_count(&self) -> u64 {
-        self.inner.block_count()
-    }
-    fn read(&self, lba: u64, buf: &mut [u8]) -> io::Result<()> {
-        self.inner.read(lba, buf)
-    }
-    fn write(&self, lba: u64, buf: &[u8]) -> io::Result<()> {
-        self.inner.write(lba, buf)
-    }
-    fn trim(&self, lba: u64, count: u64) -> io::Result<()> {
-        self.inner.trim(lba, count)
-    }
-    fn flush(&self) -> io::Result<()> {
-        self.inner.flush()
-    }
-    fn stats(&self) -> DeviceStats {
-        self.inner.stats()
-    }
-    fn data_extents(&self) -> io::Result<Option<Vec<Range<u64>>>> {
-        self.inner.data_extents()
-    }
-    fn read_async(&self, lba: u64, mut buf: AlignedBuf) -> ReadFuture {
-        if !self.holding.load(Ordering::SeqCst) {
-            let result = self.inner.read(lba, &mut buf);
-            return ReadFuture::ready(result, buf);
-        }
-        if !self.late && self.inner.read(lba, &mut buf).is_err() {
-            return ReadFuture::ready(Err(io::Error::other("read failed")), buf);
-        }
-        let (future, completion) = ReadFuture::pending();
-        self.held.lock().push((lba, buf, completion));
-        future
-    }
-}
-
-fn harness(late: bool) -> (Harness, Arc<Deferred>) {
-    let device = Deferred::new(1 << 14, late);
+fn harness(late: bool) -> (Harness, Arc<HeldDevice>) {
+    let device = Arc::new(HeldDevice::new(1 << 14, late));
     let h = Harness::on(
         128 << 10,
         256,
@@ -114,7 +33,7 @@ fn evict_to_ssd(h: &Harness) {
 }
 
 /// Releases the held reads and resolves `get` (its retries read at once).
-fn complete(device: &Deferred, get: crate::AsyncGet) -> Option<Vec<u8>> {
+fn complete(device: &HeldDevice, get: crate::AsyncGet) -> Option<Vec<u8>> {
     device.release_all();
     block_on(get).unwrap().map(|item| item.value)
 }
