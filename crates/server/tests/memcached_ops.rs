@@ -249,8 +249,8 @@ fn fill(mc: &mut Client, keys: std::ops::Range<u32>) {
     }
 }
 
-#[test]
-fn cache_memlimit_resizes_the_dram_budget() {
+/// A server with a 16 MiB budget, and a memcached client that filled about 14 MiB of it.
+fn nearly_full_16_mib() -> (TestServer, Client) {
     let server = TestServer::on_engine(
         Config {
             dram_capacity: 16 * MIB,
@@ -260,6 +260,12 @@ fn cache_memlimit_resizes_the_dram_budget() {
     );
     let mut mc = Client::connect(server.memcached);
     fill(&mut mc, 0..14_000);
+    (server, mc)
+}
+
+#[test]
+fn cache_memlimit_resizes_the_dram_budget() {
+    let (_server, mut mc) = nearly_full_16_mib();
     let full = numbers(&mut mc, &["bytes", "evictions"]);
     assert!(full[0] > 12 * MIB, "{full:?}");
 
@@ -313,16 +319,8 @@ fn cache_memlimit_errors_are_memcached_s() {
 /// these are where ours differ: no unlimited budget, one eviction policy.)
 #[test]
 fn config_set_maxmemory_resizes_the_dram_budget() {
-    let server = TestServer::on_engine(
-        Config {
-            dram_capacity: 16 * MIB,
-            ..Config::default()
-        },
-        TestServer::options(),
-    );
-    let mut mc = Client::connect(server.memcached);
+    let (server, mut mc) = nearly_full_16_mib();
     let mut resp = Client::connect(server.resp);
-    fill(&mut mc, 0..14_000);
     assert_eq!(resp.ask("CONFIG SET maxmemory 8mb\r\n", 1), ["+OK"]);
     let lowered = numbers(&mut mc, &["limit_maxbytes", "bytes"]);
     assert_eq!(lowered[0], 8 * MIB);
