@@ -19,7 +19,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use zipcache_device::{BLOCK_SIZE, BlockDevice, DeviceStats};
 
-use crate::cache::Persist;
+use crate::cache::persist::Persist;
 use crate::index_dir::IndexDir;
 use crate::{Config, ZipCache};
 

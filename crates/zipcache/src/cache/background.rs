@@ -1,0 +1,81 @@
+//! The background threads' loops: the merge threads (`zipcache-bg-<i>`: write-buffer
+//! merges; the first also frees retired leaves and runs the bypass pass and the RSS
+//! governor's tick) and the flusher (`zipcache-flusher`: eviction down to the low
+//! watermark, the only thread that writes evicted objects to the SSD).
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use super::Inner;
+
+/// Background eviction keeps DRAM below this fraction of the budget, so foreground
+/// writers rarely have to evict themselves.
+const LOW_WATERMARK: f64 = 0.985;
+/// How often the bypass pass re-ranks leaves.
+const BYPASS_PERIOD: Duration = Duration::from_millis(100);
+/// How often the RSS governor (setting `rss_limit`) measures: RSS moves by at most a few
+/// MiB in that time, which its margin absorbs.
+const RSS_PERIOD: Duration = Duration::from_millis(100);
+/// How long a merge thread sleeps between rounds while writers keep queueing leaves (a
+/// full buffer waits about this long for its merge), and when nothing was queued.
+const MERGE_PERIOD_BUSY: Duration = Duration::from_millis(1);
+const MERGE_PERIOD_IDLE: Duration = Duration::from_millis(10);
+/// Merges between two looks at the housekeeping clocks.
+const MERGES_PER_ROUND: usize = 256;
+
+impl Inner {
+    /// A merge thread: write-buffer merges; the first one also re-ranks hot leaves.
+    pub(super) fn background(&self, housekeeper: bool) {
+        let mut last_bypass = Instant::now();
+        let mut last_rss = Instant::now();
+        while !self.shutdown.load(Ordering::Acquire) {
+            let mut merged = 0;
+            while merged < MERGES_PER_ROUND
+                && let Some(leaf) = self.dram.merge_queue.pop()
+            {
+                self.dram.merge(&leaf, self.now());
+                merged += 1;
+            }
+            if housekeeper && last_bypass.elapsed() >= BYPASS_PERIOD {
+                last_bypass = Instant::now();
+                self.dram.free_retired_leaves();
+                self.dram.bypass_pass();
+            }
+            if housekeeper && last_rss.elapsed() >= RSS_PERIOD {
+                last_rss = Instant::now();
+                self.govern_rss();
+            }
+            let period = if merged > 0 {
+                MERGE_PERIOD_BUSY
+            } else {
+                MERGE_PERIOD_IDLE
+            };
+            self.dram.merge_queue.wait(period);
+        }
+    }
+
+    /// The flusher thread: keeps DRAM under the low watermark by evicting CLOCK victims to
+    /// the SSD tier (the only thread that writes evicted objects to the device), and lets
+    /// writers held back by `relieve_pressure` know after each pass.
+    pub(super) fn flusher(&self) {
+        while !self.shutdown.load(Ordering::Acquire) {
+            let low_watermark = self.flusher_target();
+            // may do I/O: the SSD tier's read-modify-writes
+            let stuck = !self.make_room(low_watermark, usize::MAX);
+            self.flusher_stuck.store(stuck, Ordering::Release);
+            self.flushed.1.notify_all();
+            let mut idle = self.flush_wake.0.lock();
+            // Nothing to do, or nothing it can do (all that is left is index): sleep.
+            if stuck || self.memory.snapshot().total() <= low_watermark {
+                self.flush_wake
+                    .1
+                    .wait_for(&mut idle, Duration::from_millis(10));
+            }
+        }
+    }
+
+    /// The DRAM use the flusher evicts down to.
+    pub(super) fn flusher_target(&self) -> i64 {
+        (self.budget() as f64 * LOW_WATERMARK) as i64
+    }
+}

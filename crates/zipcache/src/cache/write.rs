@@ -1,0 +1,249 @@
+//! Writes: PUT, DELETE, the atomic read-modify-write (`update`), and removal in bulk
+//! (`reclaim_expired`, `flush_all` and its flush epoch); the checks and metadata a write
+//! is built from, and where an object goes (DRAM, or BT_LO behind a DRAM tombstone).
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use super::get::item_of;
+use super::{Inner, ZipCache};
+use crate::dram::{Lookup, Reclaimed};
+use crate::large_objects::LargeObjects;
+use crate::record::{ASSIGN_CAS, Meta};
+use crate::{AccessState, Error, Item, PutOptions, Result, Update};
+
+impl ZipCache {
+    pub fn put(&self, key: &[u8], value: &[u8], ttl: Option<Duration>) -> Result<()> {
+        let expires_at_ms = ttl.map(|d| self.now_ms().saturating_add(d.as_millis() as u64));
+        self.put_with(
+            key,
+            value,
+            PutOptions {
+                expires_at_ms,
+                ..PutOptions::default()
+            },
+        )?;
+        Ok(())
+    }
+
+    /// Stores an object; returns its CAS version (0 unless `assign_cas`).
+    pub fn put_with(&self, key: &[u8], value: &[u8], options: PutOptions) -> Result<u64> {
+        let inner = &self.inner;
+        inner.check_key(key)?;
+        inner.check_value(value)?;
+        inner.check_room()?;
+        inner.ops.puts.incr();
+        let meta = inner.meta(&options);
+        let cas = inner.store(key, value, meta, options.access, inner.now());
+        inner.relieve_pressure();
+        Ok(cas)
+    }
+
+    /// Deletes `key`; true if a live value was there.
+    pub fn delete(&self, key: &[u8]) -> Result<bool> {
+        let inner = &self.inner;
+        inner.check_key(key)?;
+        inner.ops.deletes.incr();
+        let now = inner.now();
+        // The SSD is asked under the leaf lock (like `update`, this may read the device
+        // with the lock held): once the lock is released, the tombstone may leave for
+        // the SSD and erase the copy that says the key existed.
+        let (before, (large, on_ssd)) = inner.dram.delete(key, now, |before| {
+            let removed = inner.large.as_ref().and_then(|lo| lo.remove(key));
+            let large = removed.filter(|meta| !meta.expired(now));
+            let on_ssd = *before == Lookup::Absent
+                && large.is_none()
+                && inner
+                    .ssd
+                    .as_ref()
+                    .is_some_and(|ssd| ssd.get(key, now).is_some());
+            (large, on_ssd)
+        });
+        let existed = match before {
+            Lookup::Found(..) => true,
+            Lookup::Expired => false,
+            Lookup::Deleted => large.is_some(),
+            Lookup::Absent => large.is_some() || on_ssd,
+        };
+        inner.relieve_pressure();
+        Ok(existed)
+    }
+
+    /// Atomic read-modify-write of one key: `f` sees the live item (if any) and decides.
+    /// No other write to `key` happens between the read and the write. Returns `f`'s
+    /// result and, for a put, the new CAS version.
+    pub fn update<R>(
+        &self,
+        key: &[u8],
+        f: impl FnOnce(Option<&Item>) -> (Update, R),
+    ) -> Result<(R, Option<u64>)> {
+        let inner = &self.inner;
+        inner.check_key(key)?;
+        let now = inner.now();
+        let outcome = inner.dram.modify(key, now, |current, cas| {
+            // The leaf stays locked while BT_LO and the SSD are read, so no write slips in.
+            // What a racing flush_all is erasing below must not come back as a new value.
+            let epoch = inner.flush_epoch.load(Ordering::SeqCst);
+            let below = |item: Option<Item>| item.filter(|_| inner.lower_tiers_current(epoch));
+            let current = match current {
+                Lookup::Found(value, meta, access) => Some(Item {
+                    access,
+                    ..item_of(value, &meta)
+                }),
+                Lookup::Expired => None,
+                Lookup::Deleted => below(inner.large_get(key, now)),
+                Lookup::Absent => below(inner.large_get(key, now).or_else(|| {
+                    let hit = inner.ssd.as_ref().and_then(|ssd| ssd.get(key, now));
+                    hit.map(|hit| item_of(hit.value, &hit.meta))
+                })),
+            };
+            let (update, result) = f(current.as_ref());
+            match update {
+                Update::Keep => (None, Ok((result, None))),
+                Update::Delete if current.is_none() => (None, Ok((result, None))),
+                Update::Delete => {
+                    if let Some(lo) = &inner.large {
+                        lo.remove(key);
+                    }
+                    (Some(None), Ok((result, None)))
+                }
+                Update::Put { value, options } => {
+                    match inner.check_value(&value).and_then(|()| inner.check_room()) {
+                        Err(e) => (None, Err(e)),
+                        Ok(()) => {
+                            let meta = inner.meta(&options).assigning(cas);
+                            let change = match inner.large_for(key, &value) {
+                                Some(lo) => {
+                                    lo.put(key, &value, meta);
+                                    None
+                                }
+                                None => {
+                                    if let Some(lo) = &inner.large {
+                                        lo.remove(key);
+                                    }
+                                    Some((value, meta, options.access))
+                                }
+                            };
+                            (Some(change), Ok((result, Some(meta.cas))))
+                        }
+                    }
+                }
+            }
+        });
+        inner.relieve_pressure();
+        outcome
+    }
+
+    /// Drops the expired objects DRAM still holds (they count as resident until their
+    /// leaf next merges), leaf by leaf; `keep_going` sees the totals after each leaf and
+    /// may end the pass. Expired objects on the SSD tier and in BT_LO stay until those
+    /// tiers rewrite them (no read ever returns them).
+    pub fn reclaim_expired(&self, keep_going: impl FnMut(&Reclaimed) -> bool) -> Reclaimed {
+        let inner = &self.inner;
+        let done = inner.dram.reclaim_expired(inner.now(), keep_going);
+        inner.relieve_pressure();
+        done
+    }
+
+    /// Forgets every object: a barrier, after which nothing stored before it is served.
+    ///
+    /// DRAM is emptied first, so no eviction can carry an old object down to a tier that
+    /// was already cleared; GETs that race the flush may still read the lower tiers until
+    /// they are cleared too, but what they read is not copied back into DRAM: promotions
+    /// and read-modify-writes check the flush epoch under the DRAM leaf's lock, and the
+    /// epoch moves before DRAM is emptied (`Inner::lower_tiers_current`).
+    pub fn flush_all(&self) -> Result<()> {
+        let inner = &self.inner;
+        let _one_at_a_time = inner.flushing.lock();
+        inner.flush_epoch.fetch_add(1, Ordering::SeqCst);
+        inner.dram.evict_all(None, inner.now());
+        if let Some(ssd) = &inner.ssd {
+            ssd.clear();
+        }
+        if let Some(lo) = &inner.large {
+            lo.clear();
+        }
+        inner.flush_epoch.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    }
+}
+
+impl Inner {
+    /// With `evictions` off, a write is refused while the budget is full (counted in
+    /// `refused_writes`): nothing is evicted to make room.
+    fn check_room(&self) -> Result<()> {
+        if self.config.evictions || self.memory.snapshot().total() < self.budget() {
+            return Ok(());
+        }
+        self.ops.refused_writes.incr();
+        Err(Error::OutOfMemory)
+    }
+
+    fn check_value(&self, value: &[u8]) -> Result<()> {
+        if value.len() > self.config.max_value_size {
+            return Err(Error::ValueTooLarge {
+                len: value.len(),
+                max: self.config.max_value_size,
+            });
+        }
+        Ok(())
+    }
+
+    fn meta(&self, options: &PutOptions) -> Meta {
+        // A version the write names is kept as it is (memcached meta `E`); otherwise the
+        // DRAM tier gives one, under the key's leaf lock.
+        let cas = match options.cas {
+            Some(chosen) => chosen,
+            None if options.assign_cas => ASSIGN_CAS,
+            None => 0,
+        };
+        let client_cas = options.cas.is_some_and(|chosen| chosen != 0);
+        Meta {
+            expires_at_ms: options.expires_at_ms,
+            flags: options.flags,
+            cas,
+            clean: false,
+            client_cas,
+        }
+    }
+
+    /// BT_LO if `key` + `value` make a large object and there is an SSD to hold it.
+    fn large_for(&self, key: &[u8], value: &[u8]) -> Option<&LargeObjects> {
+        self.large
+            .as_ref()
+            .filter(|_| key.len() + value.len() > self.config.medium_max)
+    }
+
+    /// Writes one object: large ones to BT_LO behind a DRAM tombstone, small ones to DRAM
+    /// (dropping any large version), both under the DRAM leaf's lock. Returns its CAS
+    /// version.
+    fn store(
+        &self,
+        key: &[u8],
+        value: &[u8],
+        meta: Meta,
+        access: Option<AccessState>,
+        now: u64,
+    ) -> u64 {
+        let dram = &self.dram;
+        match (self.large_for(key, value), &self.large) {
+            (Some(lo), _) => dram.put_with(key, None, meta, None, now, |cas| {
+                lo.put(key, value, meta.assigning(cas));
+                cas
+            }),
+            (None, Some(lo)) => dram.put_with(key, Some(value), meta, access, now, |cas| {
+                lo.remove(key);
+                cas
+            }),
+            (None, None) => dram.put_with(key, Some(value), meta, access, now, |cas| cas),
+        }
+    }
+
+    /// Whether no `flush_all` ran or started since `epoch` was read (and none was running
+    /// then): what the lower tiers gave since is not being erased. Called under the DRAM
+    /// leaf's lock before copying it into DRAM: a flush that starts after this check
+    /// empties DRAM after it, so it will find and drop the copy.
+    pub(super) fn lower_tiers_current(&self, epoch: u64) -> bool {
+        epoch.is_multiple_of(2) && self.flush_epoch.load(Ordering::SeqCst) == epoch
+    }
+}
