@@ -40,6 +40,9 @@ fn the_shutdown_command_stops_serve_cleanly() {
         ["CLIENT_ERROR invalid shutdown mode"]
     );
     let mut other = Client::connect(client.peer());
+    // Served before the shutdown: a connection still in the kernel's accept queue when
+    // the listener closes gets a reset instead, and could not show a clean close.
+    assert_eq!(other.ask("mn\r\n", 1), ["MN"]);
     client.send(b"shutdown\r\n");
     assert!(client.closed(), "the asking connection is closed");
     assert_eq!(server.join().expect("run returned"), Ok(()));
