@@ -55,12 +55,6 @@ fn config_set<'a>(args: &mut super::Args<'a>) -> Result<Command<'a>> {
     if !pairs.len().is_multiple_of(2) {
         return Err(super::SYNTAX.into());
     }
-    let failed = |name: &[u8], why: &str| {
-        format!(
-            "ERR CONFIG SET failed (possibly related to argument '{}') - {why}",
-            String::from_utf8_lossy(name).to_ascii_lowercase()
-        )
-    };
     let names: Vec<&[u8]> = pairs.iter().step_by(2).copied().collect();
     for (i, name) in names.iter().enumerate() {
         if !CONFIG_SETTABLE
@@ -77,7 +71,7 @@ fn config_set<'a>(args: &mut super::Args<'a>) -> Result<Command<'a>> {
             .iter()
             .any(|earlier| earlier.eq_ignore_ascii_case(name))
         {
-            return Err(failed(name, "duplicate parameter").into());
+            return Err(set_failed(name, "duplicate parameter").into());
         }
     }
     let mut maxmemory = None;
@@ -85,14 +79,22 @@ fn config_set<'a>(args: &mut super::Args<'a>) -> Result<Command<'a>> {
         let (name, value) = (pair[0], pair[1]);
         if name.eq_ignore_ascii_case(b"maxmemory") {
             let bytes = memory_value(value)
-                .ok_or_else(|| failed(name, "argument must be a memory value"))?;
+                .ok_or_else(|| set_failed(name, "argument must be a memory value"))?;
             maxmemory = Some(bytes);
         } else if !value.eq_ignore_ascii_case(b"allkeys-lru") {
             let why = "argument(s) must be one of the following: allkeys-lru";
-            return Err(failed(name, why).into());
+            return Err(set_failed(name, why).into());
         }
     }
     Ok(ServerCommand::ConfigSet { maxmemory }.into())
+}
+
+/// Redis's CONFIG SET error for a value of parameter `name` it could not take.
+fn set_failed(name: &[u8], why: &str) -> String {
+    format!(
+        "ERR CONFIG SET failed (possibly related to argument '{}') - {why}",
+        String::from_utf8_lossy(name).to_ascii_lowercase()
+    )
 }
 
 /// The parameters CONFIG SET takes.
@@ -176,11 +178,10 @@ impl ServerCommand<'_> {
             ServerCommand::ConfigSet { maxmemory } => {
                 if let Some(bytes) = maxmemory {
                     // may evict: DRAM-only, down to the new budget before the reply
-                    shared.cache.set_dram_capacity(bytes).map_err(|e| {
-                        format!(
-                            "ERR CONFIG SET failed (possibly related to argument 'maxmemory') - {e}"
-                        )
-                    })?;
+                    shared
+                        .cache
+                        .set_dram_capacity(bytes)
+                        .map_err(|e| set_failed(b"maxmemory", &e.to_string()))?;
                 }
                 out.simple("OK");
             }
