@@ -1,6 +1,7 @@
 //! The connection loop shared by both protocols and by plain TCP and TLS: read, execute
-//! every complete request in the buffer (pipelining), append all replies to one buffer,
-//! write once.
+//! every complete request in the buffer (pipelining), append their replies to one buffer,
+//! write it once it passes the output budget or the requests run out. A request whose
+//! reply would pass the budget stops and resumes once what is buffered is written.
 
 use std::future::Future;
 use std::io;
@@ -43,15 +44,18 @@ pub enum Step {
     NeedMore,
     /// A request spanning this many bytes was executed (its reply, if any, appended).
     Consumed(usize),
-    /// The request at the front has appended part of its reply and has more to send
-    /// (a dump): step again, once what is buffered is written if the buffer is full.
+    /// The request at the front has done part of its work (appended part of its reply)
+    /// and has more: step again, once what is buffered is written if it passed the
+    /// output budget. The session remembers where the request stopped (a dump's last
+    /// key, a multi-key read's next key); the request stays at the front of the input
+    /// until its last part is out.
     Partial,
     /// Write what is buffered, then close (quit, or a protocol error the peer would not
     /// recover from either).
     Close,
-    /// The request at the front reads the SSD: nothing was executed; await the reads in
-    /// flight (`prefetch`), then step again.
-    Await,
+    /// The request at the front, this many bytes long, reads the SSD: nothing was
+    /// executed in this step; await the reads in flight (`prefetch`), then step again.
+    Await(usize),
 }
 
 pub trait Session {
@@ -74,9 +78,10 @@ pub trait Session {
 /// another.
 const READ_AHEAD: usize = 64;
 
-/// Replies are written out once they pass this size even mid-pipeline, so a pipeline
-/// of large GETs cannot grow the write buffer without bound.
-const FLUSH_AT: usize = 256 * 1024;
+/// Replies are written out once they pass this size even mid-pipeline or mid-request: a
+/// request appends no more past it (`Step::Partial`), so a connection holds at most this
+/// plus one item's reply, however many keys its requests name.
+pub const OUTPUT_BUDGET: usize = 256 * 1024;
 const READ_CHUNK: usize = 16 * 1024;
 /// A session never needs more buffered input than one request; a request larger than
 /// this (a huge multi-bulk MSET, say) is refused by closing the connection.
@@ -94,8 +99,14 @@ pub enum Processed {
     Await,
 }
 
+/// Whether a request may append more to `out` before it is written.
+pub fn within_budget(out: &[u8]) -> bool {
+    out.len() < OUTPUT_BUDGET
+}
+
 /// Executes requests from the front of `input` until it runs out of complete requests,
-/// `out` passes `FLUSH_AT`, or the session closes; returns the bytes consumed.
+/// `out` passes `OUTPUT_BUDGET`, or the session closes; returns the bytes consumed.
+/// Every request that ends, however, ends through `prefetch::request_done`.
 ///
 /// The SSD reads its requests start reach the kernel together when it returns, before
 /// anything awaits them.
@@ -105,12 +116,19 @@ pub fn process<S: Session>(session: &mut S, input: &[u8], out: &mut Vec<u8>) -> 
     while pos < input.len() {
         match session.step(&input[pos..], out) {
             Step::NeedMore => break,
-            Step::Consumed(n) => pos += n,
+            Step::Consumed(n) => {
+                prefetch::request_done(n);
+                pos += n;
+            }
             Step::Partial => {}
-            Step::Close => return (pos, Processed::Close),
-            Step::Await => {
-                prefetch::walk_once(pos, || {
-                    let (mut ahead, mut walk) = (pos, ReadAhead::default());
+            Step::Close => {
+                prefetch::request_done(0);
+                return (pos, Processed::Close);
+            }
+            Step::Await(front) => {
+                // The front request started its own reads; the walk starts behind it.
+                prefetch::walk_once(|| {
+                    let (mut ahead, mut walk) = (pos + front, ReadAhead::default());
                     for _ in 0..READ_AHEAD {
                         match session.read_ahead(&input[ahead..], &mut walk) {
                             Some(len) => ahead += len,
@@ -122,7 +140,7 @@ pub fn process<S: Session>(session: &mut S, input: &[u8], out: &mut Vec<u8>) -> 
                 return (pos, Processed::Await);
             }
         }
-        if out.len() >= FLUSH_AT {
+        if !within_budget(out) {
             return (pos, Processed::Flush);
         }
     }
@@ -199,8 +217,18 @@ pub async fn serve<T: Transport, S: Session>(
             pos += consumed;
             if !out.is_empty() {
                 // TLS writes sit in rustls until flushed; for TCP the flush is free.
-                if stream.write_all(&out).await.is_err() || stream.flush().await.is_err() {
-                    return;
+                let write = async {
+                    stream.write_all(&out).await?;
+                    stream.flush().await
+                };
+                match within(shared.write_timeout, write).await {
+                    Some(Ok(())) => {}
+                    Some(Err(_)) => return,
+                    None => {
+                        // The client stopped reading: its replies would wait forever.
+                        Counters::bump(&counters.write_timeouts);
+                        return;
+                    }
                 }
                 Counters::add(&counters.bytes_written, out.len());
                 out.clear();
@@ -208,7 +236,7 @@ pub async fn serve<T: Transport, S: Session>(
             if let Some(watcher) = session.take_watcher() {
                 return watcher.stream(stream, shutdown).await;
             }
-            if processed != Processed::Await {
+            if processed == Processed::NeedMore {
                 // Every complete request ran: nothing prefetched is owed to anyone.
                 prefetch.clear();
             }

@@ -289,7 +289,7 @@ pub mod fuzzing {
                         process(&mut session, &buffered, &mut out)
                     });
                     buffered.drain(..consumed);
-                    if processed != Processed::Await {
+                    if processed == Processed::NeedMore {
                         prefetch.clear();
                     }
                     match processed {

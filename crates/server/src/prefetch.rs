@@ -28,24 +28,57 @@
 //! the store held at some moment after it arrived and before its reply.
 
 use std::cell::RefCell;
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll, Waker};
 
+use foldhash::fast::RandomState;
 use zipcache::{AsyncGet, GetOptions, Item, ZipCache};
+
+/// SSD reads one connection may have in flight: a request naming more keys runs as far
+/// as its answers allow, awaits, and resumes (`Step::Partial`).
+const MAX_READS: usize = 64;
+/// Answers one connection may hold, and their bytes (keys and values): an answer may be
+/// a 1 MiB item. The front request's next key is always read, so it can always progress.
+const MAX_ANSWERS: usize = 1024;
+const MAX_ANSWER_BYTES: usize = 1 << 20;
+/// Keys past the answered ones a request's admission looks at, starting their reads: it
+/// bounds the work of each step of a request naming many keys.
+const LOOK_AHEAD: usize = MAX_READS;
 
 /// A GET as a prefetched answer is matched to it.
 type Get = (Vec<u8>, GetOptions);
+type Answer = zipcache::Result<Option<Item>>;
 
-fn same((k, o): &Get, key: &[u8], options: GetOptions) -> bool {
-    k == key && *o == options
+enum Fetch {
+    Reading(AsyncGet),
+    Answered(Answer),
 }
 
-/// The GETs started for the request at the front of one connection's input.
+/// The bytes an answer holds.
+fn answer_bytes(key: &[u8], answer: &Answer) -> usize {
+    key.len()
+        + answer
+            .as_ref()
+            .ok()
+            .and_then(Option::as_ref)
+            .map_or(0, |i| i.value.len())
+}
+
+/// The GETs started for the requests at the front of one connection's input.
 #[derive(Default)]
 pub struct Prefetch {
-    answered: Vec<(Get, zipcache::Result<Option<Item>>)>,
-    reading: Vec<(Get, AsyncGet)>,
+    /// Every GET started and not yet taken, by key, then by how it reads (a key is read
+    /// at most twice: plainly and as a peek).
+    fetches: HashMap<Vec<u8>, Vec<(GetOptions, Fetch)>, RandomState>,
+    /// The GETs in flight, in the order they started (the front request's first).
+    reading: VecDeque<Get>,
+    answers: usize,
+    answer_bytes: usize,
+    /// The GETs the request at the front was admitted with (`admit`): what it leaves of
+    /// them is dropped once it ends ([`request_done`]), however it ends.
+    front: Vec<Get>,
     /// Bytes of input, from the front request on, that the last read-ahead walked: while
     /// the front lies within them, walking again would only find what was started.
     walked: usize,
@@ -57,60 +90,157 @@ impl Prefetch {
     /// as far as its answers allow and writes those replies while later reads are still
     /// in flight, rather than holding every reply until the slowest read of the pipeline.
     pub async fn settle(&mut self) {
-        if self.reading.is_empty() {
+        let Some((key, options)) = self.reading.pop_front() else {
             return;
+        };
+        if let Some(Fetch::Reading(read)) = self.fetch_mut(&key, options) {
+            let answer = read.await;
+            self.answer(&key, options, answer);
         }
-        let (get, read) = self.reading.remove(0);
-        let answer = read.await;
-        self.answered.push((get, answer));
         let mut polled = Context::from_waker(Waker::noop());
-        let mut still_reading = Vec::with_capacity(self.reading.len());
-        for (get, mut read) in std::mem::take(&mut self.reading) {
-            match Pin::new(&mut read).poll(&mut polled) {
-                Poll::Ready(answer) => self.answered.push((get, answer)),
-                Poll::Pending => still_reading.push((get, read)),
+        for (key, options) in std::mem::take(&mut self.reading) {
+            let Some(Fetch::Reading(read)) = self.fetch_mut(&key, options) else {
+                continue;
+            };
+            match Pin::new(read).poll(&mut polled) {
+                Poll::Ready(answer) => self.answer(&key, options, answer),
+                Poll::Pending => self.reading.push_back((key, options)),
             }
         }
-        self.reading = still_reading;
     }
 
     /// Drops every answer and read in flight (a dropped read completes unobserved).
     pub fn clear(&mut self) {
-        self.answered.clear();
-        self.reading.clear();
-        self.walked = 0;
+        *self = Prefetch::default();
+    }
+
+    fn fetch_mut(&mut self, key: &[u8], options: GetOptions) -> Option<&mut Fetch> {
+        let fetches = self.fetches.get_mut(key)?;
+        let (_, fetch) = fetches.iter_mut().find(|(o, _)| *o == options)?;
+        Some(fetch)
+    }
+
+    fn fetch(&self, key: &[u8], options: GetOptions) -> Option<&Fetch> {
+        let fetches = self.fetches.get(key)?;
+        fetches.iter().find(|(o, _)| *o == options).map(|(_, f)| f)
     }
 
     fn answered(&self, key: &[u8], options: GetOptions) -> bool {
-        self.answered.iter().any(|(get, _)| same(get, key, options))
+        matches!(self.fetch(key, options), Some(Fetch::Answered(_)))
     }
 
-    fn started(&self, key: &[u8], options: GetOptions) -> bool {
-        self.answered(key, options) || self.reading.iter().any(|(get, _)| same(get, key, options))
+    /// Records the answer of a read in flight (its place in `reading` is the caller's).
+    fn answer(&mut self, key: &[u8], options: GetOptions, answer: Answer) {
+        self.answers += 1;
+        self.answer_bytes += answer_bytes(key, &answer);
+        if let Some(fetch) = self.fetch_mut(key, options) {
+            *fetch = Fetch::Answered(answer);
+        }
     }
 
-    /// Starts a GET (as `options` say) of every key not yet started; true when every one
-    /// is answered (reads of other requests may still be in flight).
-    fn start(&mut self, cache: &ZipCache, keys: &[&[u8]], options: GetOptions) -> bool {
+    /// No room for another read or answer.
+    fn full(&self) -> bool {
+        self.reading.len() >= MAX_READS
+            || self.answers >= MAX_ANSWERS
+            || self.answer_bytes >= MAX_ANSWER_BYTES
+    }
+
+    /// Starts a GET of `key` (as `options` say).
+    fn begin(&mut self, cache: &ZipCache, key: &[u8], options: GetOptions) {
+        // may do I/O: an SSD read goes in flight
+        let mut read = cache.get_item_async(key, options);
+        let fetch = match read.take_ready() {
+            Some(answer) => {
+                self.answers += 1;
+                self.answer_bytes += answer_bytes(key, &answer);
+                Fetch::Answered(answer)
+            }
+            None => {
+                self.reading.push_back((key.to_vec(), options));
+                Fetch::Reading(read)
+            }
+        };
+        self.fetches
+            .entry(key.to_vec())
+            .or_default()
+            .push((options, fetch));
+    }
+
+    /// Starts, in order, GETs (as `options` say) of `keys` not yet started, as far as
+    /// the caps allow, and returns how many of them, from the first, are answered — a key
+    /// repeated among those counts once, as its answer is taken once. `front`: the
+    /// request at the front, admitted with those answers (it drops what it leaves of them
+    /// when it ends), whose first key starts even past the caps.
+    fn start(
+        &mut self,
+        cache: &ZipCache,
+        keys: &[&[u8]],
+        options: GetOptions,
+        front: bool,
+    ) -> usize {
+        let mut ready = HashSet::with_hasher(RandomState::default());
+        let mut past_ready = 0;
         for &key in keys {
-            if self.started(key, options) {
+            let first = front && ready.is_empty() && past_ready == 0;
+            if self.fetch(key, options).is_none() {
+                if self.full() && !first {
+                    break;
+                }
+                self.begin(cache, key, options);
+            }
+            if past_ready == 0 && self.answered(key, options) && ready.insert(key) {
                 continue;
             }
-            let mut read = cache.get_item_async(key, options);
-            let get = (key.to_vec(), options);
-            match read.take_ready() {
-                Some(answer) => self.answered.push((get, answer)),
-                None => self.reading.push((get, read)),
+            past_ready += 1;
+            if past_ready > LOOK_AHEAD || self.full() {
+                break;
             }
         }
-        keys.iter().all(|key| self.answered(key, options))
+        if front {
+            self.front = ready.iter().map(|key| (key.to_vec(), options)).collect();
+        }
+        ready.len()
+    }
+
+    /// Takes the answer of a GET, if one is ready.
+    fn take(&mut self, key: &[u8], options: GetOptions) -> Option<Answer> {
+        let fetches = self.fetches.get_mut(key)?;
+        let at = fetches
+            .iter()
+            .position(|(o, f)| *o == options && matches!(f, Fetch::Answered(_)))?;
+        let (_, Fetch::Answered(answer)) = fetches.swap_remove(at) else {
+            unreachable!("the position of an answer");
+        };
+        if fetches.is_empty() {
+            self.fetches.remove(key);
+        }
+        self.answers -= 1;
+        self.answer_bytes -= answer_bytes(key, &answer);
+        Some(answer)
     }
 
     /// Drops the answers and reads of `keys` (a dropped read completes unobserved).
-    fn forget(&mut self, keys: &[&[u8]]) {
-        let kept = |(key, _): &Get| !keys.iter().any(|k| *k == &key[..]);
-        self.answered.retain(|(get, _)| kept(get));
-        self.reading.retain(|(get, _)| kept(get));
+    fn forget<'k>(&mut self, keys: impl IntoIterator<Item = &'k [u8]>) {
+        let mut dropped_a_read = false;
+        for key in keys {
+            for (_, fetch) in self.fetches.remove(key).unwrap_or_default() {
+                match fetch {
+                    Fetch::Answered(answer) => {
+                        self.answers -= 1;
+                        self.answer_bytes -= answer_bytes(key, &answer);
+                    }
+                    Fetch::Reading(_) => dropped_a_read = true,
+                }
+            }
+        }
+        if dropped_a_read {
+            let fetches = &self.fetches;
+            self.reading.retain(|(key, options)| {
+                fetches
+                    .get(key)
+                    .is_some_and(|f| f.iter().any(|(o, _)| o == options))
+            });
+        }
     }
 }
 
@@ -128,29 +258,33 @@ pub fn within<R>(prefetch: &mut Prefetch, f: impl FnOnce() -> R) -> R {
     result
 }
 
-/// At an await of the front request, after `process` ran `consumed` bytes of its input:
-/// `walk` (which walks the requests behind the front and returns how many bytes from the
-/// front on it passed) runs unless the front still lies within the last walk, whose reads
-/// are started already. Outside [`within`], `walk` always runs.
-pub fn walk_once(consumed: usize, walk: impl FnOnce() -> usize) {
-    let within_last_walk = CURRENT.with(|slot| {
-        let mut slot = slot.borrow_mut();
-        let prefetch = slot.as_mut()?;
-        let left = prefetch
-            .walked
-            .checked_sub(consumed)
-            .filter(|&left| left > 0)?;
-        prefetch.walked = left;
-        Some(())
-    });
-    if within_last_walk.is_some() {
+/// This thread's slot, if a connection installed one ([`within`]).
+fn with_current<R>(f: impl FnOnce(&mut Prefetch) -> R) -> Option<R> {
+    CURRENT.with(|slot| slot.borrow_mut().as_mut().map(f))
+}
+
+/// At an await of the front request: `walk` (which walks the requests behind the front
+/// and returns how many bytes from the front on it passed) runs unless the front still
+/// lies within the last walk, whose reads are started already. Outside [`within`],
+/// `walk` always runs.
+pub fn walk_once(walk: impl FnOnce() -> usize) {
+    if with_current(|prefetch| prefetch.walked > 0) == Some(true) {
         return;
     }
     let walked = walk();
-    CURRENT.with(|slot| {
-        if let Some(prefetch) = slot.borrow_mut().as_mut() {
-            prefetch.walked = walked;
-        }
+    with_current(|prefetch| prefetch.walked = walked);
+}
+
+/// The request at the front of the input ended (replied, refused or failed, spanning
+/// `len` bytes; 0 when the connection closes): the answers it was admitted with and did
+/// not take are dropped — whatever it did, a later request reads afresh — and the
+/// front moves on past it. Every request ends here (`connection::process`), so no
+/// early return of its own can leave an answer behind.
+pub fn request_done(len: usize) {
+    with_current(|prefetch| {
+        let front = std::mem::take(&mut prefetch.front);
+        prefetch.forget(front.iter().map(|(key, _)| &key[..]));
+        prefetch.walked = prefetch.walked.saturating_sub(len);
     });
 }
 
@@ -166,36 +300,32 @@ pub enum Access<'k> {
     Barrier,
 }
 
-/// Lets the request at the front of a connection's input run: a read's GETs start (false
-/// while some read is in flight: the caller returns `Step::Await`); a change drops the
-/// answers of its keys, a barrier every answer. Without an SSD tier, or outside
-/// [`within`] (tests, fuzzing, the shared runtime's embedders; no slot), true at once, and
-/// the command reads as it runs. `access` is asked for only with an SSD tier: DRAM-only,
-/// a request's keys are not even collected.
-pub fn admit<'k>(cache: &ZipCache, access: impl FnOnce() -> Access<'k>) -> bool {
+/// Lets the request at the front of a connection's input run, and returns how many of
+/// its keys, from the first, it may read now (every request that does not only read:
+/// all). A read's GETs start, as far as the caps allow; 0 while its first key is in
+/// flight (the caller returns `Step::Await`). A change drops the answers of its keys, a
+/// barrier every answer. Without an SSD tier, or outside [`within`] (tests, fuzzing, the
+/// shared runtime's embedders; no slot), all at once, and the command reads as it runs.
+/// `access` is asked for only with an SSD tier: DRAM-only, a request's keys are not even
+/// collected.
+pub fn admit<'k>(cache: &ZipCache, access: impl FnOnce() -> Access<'k>) -> usize {
     // DRAM-only, every GET answers at once: nothing to start, copy or keep.
-    !cache.has_ssd_tier() || admit_known(cache, &access())
-}
-
-/// `admit` once the request's access is known.
-fn admit_known(cache: &ZipCache, access: &Access<'_>) -> bool {
-    CURRENT.with(|slot| {
-        let mut slot = slot.borrow_mut();
-        let Some(prefetch) = slot.as_mut() else {
-            return true;
-        };
-        match access {
-            Access::Reads(keys, options) => prefetch.start(cache, keys, *options),
-            Access::Changes(keys) => {
-                prefetch.forget(keys);
-                true
-            }
-            Access::Barrier => {
-                prefetch.clear();
-                true
-            }
+    if !cache.has_ssd_tier() {
+        return usize::MAX;
+    }
+    let access = access();
+    with_current(|prefetch| match &access {
+        Access::Reads(keys, options) => prefetch.start(cache, keys, *options, true),
+        Access::Changes(keys) => {
+            prefetch.forget(keys.iter().copied());
+            usize::MAX
+        }
+        Access::Barrier => {
+            prefetch.clear();
+            usize::MAX
         }
     })
+    .unwrap_or(usize::MAX)
 }
 
 /// The requests pipelined behind one that awaits the SSD, walked in order while their
@@ -204,21 +334,24 @@ fn admit_known(cache: &ZipCache, access: &Access<'_>) -> bool {
 pub struct ReadAhead {
     /// Keys a request walked past may change: a later read of one must see the change,
     /// so it cannot start now.
-    changed: Vec<Vec<u8>>,
+    changed: HashSet<Vec<u8>, RandomState>,
 }
 
 impl ReadAhead {
     /// Walks past one request: starts its reads, or remembers what it changes. False
-    /// where the walk stops (a barrier, or a read of a key changed before it).
+    /// where the walk stops (a barrier, a read of a key changed before it, or no room
+    /// for more reads).
     pub fn pass(&mut self, cache: &ZipCache, access: &Access<'_>) -> bool {
         match access {
-            Access::Reads(keys, _) => {
-                let changed = |key: &&[u8]| self.changed.iter().any(|c| c == key);
-                if keys.iter().any(changed) {
+            Access::Reads(keys, options) => {
+                if keys.iter().any(|key| self.changed.contains(*key)) {
                     return false;
                 }
-                admit_known(cache, access);
-                true
+                with_current(|prefetch| {
+                    prefetch.start(cache, keys, *options, false);
+                    !prefetch.full()
+                })
+                .unwrap_or(true)
             }
             Access::Changes(keys) => {
                 self.changed.extend(keys.iter().map(|key| key.to_vec()));
@@ -236,15 +369,7 @@ pub fn get_item(
     key: &[u8],
     options: GetOptions,
 ) -> zipcache::Result<Option<Item>> {
-    let prefetched = CURRENT.with(|slot| {
-        let mut slot = slot.borrow_mut();
-        let answered = &mut slot.as_mut()?.answered;
-        let at = answered
-            .iter()
-            .position(|((k, o), _)| k == key && *o == options)?;
-        Some(answered.swap_remove(at).1)
-    });
-    match prefetched {
+    match with_current(|prefetch| prefetch.take(key, options)).flatten() {
         Some(answer) => answer,
         // may do I/O: a synchronous SSD read when nothing was prefetched
         None => cache.get_item(key, options),
@@ -374,12 +499,36 @@ mod tests {
         cache.put(b"b", b"2", None).unwrap();
         let plain = GetOptions::default();
         let mut prefetch = Prefetch::default();
-        assert!(prefetch.start(&cache, &[b"a", b"b"], plain));
-        prefetch.forget(&[b"b", b"z"]);
+        assert_eq!(prefetch.start(&cache, &[b"a", b"b"], plain, false), 2);
+        prefetch.forget([&b"b"[..], b"z"]);
         assert!(prefetch.answered(b"a", plain));
         assert!(!prefetch.answered(b"b", plain));
         assert!(!prefetch.answered(b"a", GetOptions { peek: true }));
         prefetch.clear();
         assert!(!prefetch.answered(b"a", plain));
+    }
+}
+
+#[cfg(test)]
+mod admission_tests {
+    use crate::fuzzing::{memcached_session, new_hybrid_engine};
+
+    /// An `mg` that fails on a bad token after its read started, then an oversized `set`
+    /// that deletes the key: a `get` read with them must not answer the deleted value.
+    #[test]
+    fn a_deleted_value_is_never_answered() {
+        let cache = new_hybrid_engine();
+        cache.put(b"gone", b"old", None).unwrap();
+        let too_large = 2 << 20;
+        let mut input = b"mg gone v Cx\r\n".to_vec();
+        input.extend_from_slice(format!("set gone 0 0 {too_large}\r\n").as_bytes());
+        input.extend(std::iter::repeat_n(b'x', too_large));
+        input.extend_from_slice(b"\r\nget gone\r\n");
+        let out = memcached_session(cache, &input, input.len());
+        assert_eq!(
+            String::from_utf8_lossy(&out),
+            "CLIENT_ERROR bad token in command line format\r\n\
+             SERVER_ERROR object too large for cache\r\nEND\r\n"
+        );
     }
 }

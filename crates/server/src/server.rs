@@ -82,6 +82,9 @@ pub struct ServerOptions {
     /// Connections that send nothing for this long are closed and counted in
     /// `idle_kicks` (memcached `-o idle_timeout`); `None` = never.
     pub idle_timeout: Option<Duration>,
+    /// A connection whose replies wait this long for the client to read them is closed
+    /// and counted in `write_timeouts`; `None` = never.
+    pub write_timeout: Option<Duration>,
     /// memcached's `shutdown` command stops the server (memcached `-A`); otherwise it
     /// answers `SERVER_ERROR: shutdown not enabled`.
     pub shutdown_enabled: bool,
@@ -105,6 +108,7 @@ impl Default for ServerOptions {
             memcached_auth: None,
             lru_crawler: true,
             idle_timeout: None,
+            write_timeout: Some(Duration::from_secs(30)),
             shutdown_enabled: false,
         }
     }
@@ -157,6 +161,7 @@ pub struct Shared {
     /// Open memcached connections (`stats conns`).
     pub conns: Connections,
     pub idle_timeout: Option<Duration>,
+    pub write_timeout: Option<Duration>,
     pub shutdown_enabled: bool,
     /// A client's `shutdown`: whoever runs the server (`run`) waits on it as on a signal.
     pub shutdown_requested: Arc<Notify>,
@@ -183,6 +188,7 @@ impl Shared {
             prefix_stats: PrefixStats::default(),
             conns: Connections::default(),
             idle_timeout: options.idle_timeout,
+            write_timeout: options.write_timeout,
             shutdown_enabled: options.shutdown_enabled,
             shutdown_requested: Arc::new(Notify::new()),
             accepting: AtomicBool::new(true),

@@ -96,6 +96,10 @@ pub struct ServeArgs {
     /// `-o idle_timeout`) [default: 0 = never].
     #[arg(long, value_name = "SECS")]
     pub idle_timeout: Option<u64>,
+    /// Close a connection whose replies the client has not read for this many seconds
+    /// (it stopped reading), counted in `write_timeouts` [default: 30; 0 = never].
+    #[arg(long, value_name = "SECS")]
+    pub write_timeout: Option<u64>,
     /// Let memcached clients stop the server with `shutdown` (memcached `-A`).
     #[arg(long)]
     #[serde(default)]
@@ -128,6 +132,8 @@ pub struct Settings {
     pub memcached_auth: Option<Arc<Credentials>>,
     /// Seconds; 0 = never.
     pub idle_timeout: u64,
+    /// Seconds; 0 = never.
+    pub write_timeout: u64,
     pub shutdown_enabled: bool,
 }
 
@@ -227,6 +233,7 @@ impl Settings {
             lru_crawler: !(args.disable_lru_crawler || file.disable_lru_crawler),
             memcached_auth,
             idle_timeout: args.idle_timeout.or(file.idle_timeout).unwrap_or(0),
+            write_timeout: args.write_timeout.or(file.write_timeout).unwrap_or(30),
             shutdown_enabled: args.enable_shutdown || file.enable_shutdown,
         })
     }
@@ -307,6 +314,8 @@ impl Settings {
             memcached_auth: self.memcached_auth.clone(),
             idle_timeout: (self.idle_timeout > 0)
                 .then(|| std::time::Duration::from_secs(self.idle_timeout)),
+            write_timeout: (self.write_timeout > 0)
+                .then(|| std::time::Duration::from_secs(self.write_timeout)),
             shutdown_enabled: self.shutdown_enabled,
         }
     }

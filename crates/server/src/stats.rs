@@ -61,6 +61,7 @@ counters! {
     auth_cmds: reset,
     auth_errors: reset,
     idle_kicks: reset,
+    write_timeouts: reset,
     bytes_read: reset,
     bytes_written: reset,
     total_items: reset,

@@ -156,6 +156,8 @@ pub struct MemcacheSession {
     /// A metadump or mgdump being sent, and the length of its request line: the line
     /// stays at the front of the input until the dump's last line is out.
     dump: Option<(crawler::Dump, usize)>,
+    /// A get/gets/gat/gats at the front of the input whose reply is part-way out.
+    retrieval: Option<text::Retrieval>,
     /// The connection's id (`cfd=` in log lines, `stats conns`).
     id: u64,
     /// The client, for connection events; `None` outside a listening server.
@@ -184,6 +186,7 @@ impl MemcacheSession {
             swallow: 0,
             authenticated,
             dump: None,
+            retrieval: None,
             id,
             peer,
             close_reason: CloseReason::Normal,
@@ -270,35 +273,39 @@ impl Session for MemcacheSession {
             self.dump = None;
             return Step::Consumed(len);
         }
-        match parse::parse(input, self.shared.max_value) {
-            Parsed::Incomplete => Step::NeedMore,
+        if let Some(retrieval) = self.retrieval.take() {
+            return self.retrieve(retrieval, input, out);
+        }
+        let (request, len, swallow) = match parse::parse(input, self.shared.max_value) {
+            Parsed::Incomplete => return Step::NeedMore,
             Parsed::Close => {
                 self.close_reason = CloseReason::Error;
-                Step::Close
+                return Step::Close;
             }
-            Parsed::Request { request, len } => {
-                if !prefetch::admit(&self.shared.cache, || request.access()) {
-                    return Step::Await;
-                }
-                if !self.execute(request, len, out) {
-                    Step::Close
-                } else if self.dump.is_some() {
-                    Step::Partial
-                } else {
-                    Step::Consumed(len)
-                }
-            }
+            Parsed::Request { request, len } => (request, len, 0),
             Parsed::Swallow {
                 request,
                 len,
                 swallow,
-            } => {
-                // The skipped bytes hold no requests, so replying before they arrive
-                // keeps replies in request order.
-                self.swallow = swallow;
-                self.execute(request, len, out);
-                Step::Consumed(len)
-            }
+            } => (request, len, swallow),
+        };
+        if let Some(retrieval) = text::Retrieval::of(&request, input, len) {
+            self.count_request();
+            return self.retrieve(retrieval, input, out);
+        }
+        // Every other request, refused or swallowed ones too, is admitted here.
+        if prefetch::admit(&self.shared.cache, || request.access()) == 0 {
+            return Step::Await(len);
+        }
+        // The skipped bytes hold no requests, so replying before they arrive keeps
+        // replies in request order.
+        self.swallow = swallow;
+        if !self.execute(request, len, out) {
+            Step::Close
+        } else if self.dump.is_some() {
+            Step::Partial
+        } else {
+            Step::Consumed(len)
         }
     }
     fn take_watcher(&mut self) -> Option<Watcher> {
@@ -322,10 +329,32 @@ impl Session for MemcacheSession {
 }
 
 impl MemcacheSession {
-    /// Executes one request (`len` bytes long); false closes the connection.
-    fn execute(&mut self, request: Request<'_>, len: usize, out: &mut Vec<u8>) -> bool {
+    /// Counts a request once, however many steps it runs in, and names this connection
+    /// in the log lines it causes.
+    fn count_request(&self) {
         Counters::bump(&self.shared.counters.total_commands_processed);
         watch::set_current_connection(self.id);
+    }
+
+    /// One step of the retrieval at the front of the input.
+    fn retrieve(&mut self, retrieval: text::Retrieval, input: &[u8], out: &mut Vec<u8>) -> Step {
+        watch::set_current_connection(self.id);
+        match retrieval.run(&self.shared, input, out) {
+            Err(()) => {
+                self.retrieval = Some(retrieval);
+                Step::Await(retrieval.len)
+            }
+            Ok(Some(rest)) => {
+                self.retrieval = Some(rest);
+                Step::Partial
+            }
+            Ok(None) => Step::Consumed(retrieval.len),
+        }
+    }
+
+    /// Executes one request (`len` bytes long); false closes the connection.
+    fn execute(&mut self, request: Request<'_>, len: usize, out: &mut Vec<u8>) -> bool {
+        self.count_request();
         match request {
             Request::Quit => return false,
             Request::Operator(operator) => return operator::execute(&self.shared, operator, out),

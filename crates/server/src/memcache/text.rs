@@ -10,16 +10,13 @@ use super::annotations::{Entry, Marks, Write};
 use super::events;
 use super::parse::{Request, StoreMode, TOO_LARGE};
 use super::{Expiry, NON_NUMERIC, after_read, engine_error, line, parse_counter, with_access};
+use crate::connection::within_budget;
+use crate::prefetch::{self, Access};
 use crate::server::Shared;
 use crate::stats::{Counters, engine_metrics};
 
 pub fn execute(shared: &Shared, request: Request<'_>, out: &mut Vec<u8>) {
     match request {
-        Request::Retrieve {
-            keys,
-            with_cas,
-            touch,
-        } => retrieve(shared, &keys, with_cas, touch, out),
         Request::Store {
             mode,
             key,
@@ -93,7 +90,8 @@ pub fn execute(shared: &Shared, request: Request<'_>, out: &mut Vec<u8>) {
         ),
         Request::Verbosity { noreply } => reply_unless(noreply, "OK", out),
         // The session handles these before dispatching here.
-        Request::Quit
+        Request::Retrieve { .. }
+        | Request::Quit
         | Request::Meta(_)
         | Request::Crawler(_)
         | Request::Operator(_)
@@ -141,14 +139,103 @@ pub fn touch(shared: &Shared, key: &[u8], exptime: i64) -> zipcache::Result<Opti
     Ok(entry.map(|entry| entry.redated(expiry)))
 }
 
-fn retrieve(
+/// A get / gets / gat / gats at the front of the input, from its next key on: its reply
+/// is produced as the socket drains, so it stops past the output budget and resumes
+/// where it stopped.
+#[derive(Clone, Copy, Debug)]
+pub struct Retrieval {
+    with_cas: bool,
+    touch: Option<i64>,
+    /// Where its next key starts in the request.
+    at: usize,
+    /// The request's length (its line, newline included).
+    pub len: usize,
+}
+
+/// Keys one step of a retrieval offers its admission (`prefetch::admit`): no more than
+/// it can use, so that a step of a request naming many keys costs what it runs.
+const ADMITTED_KEYS: usize = 2048;
+
+impl Retrieval {
+    /// The retrieval `request` (from its first key), if it is one; `len` long.
+    pub fn of(request: &Request<'_>, input: &[u8], len: usize) -> Option<Retrieval> {
+        let Request::Retrieve {
+            with_cas, touch, ..
+        } = *request
+        else {
+            return None;
+        };
+        let line = request_line(input, len);
+        // The command word, and gat's exptime, come before the keys.
+        let first_key = 1 + usize::from(touch.is_some());
+        let at = tokens_from(line, 0)
+            .nth(first_key)
+            .map_or(line.len(), |(at, _)| at);
+        Some(Retrieval {
+            with_cas,
+            touch,
+            at,
+            len,
+        })
+    }
+
+    /// Runs the retrieval at the front of `input` as far as its admitted keys and the
+    /// output budget allow: `Some` where it stopped (its next key), `None` once its reply
+    /// is complete; `Err` while its next key's read is in flight.
+    pub fn run(self, shared: &Shared, input: &[u8], out: &mut Vec<u8>) -> Result<Option<Self>, ()> {
+        let keys = tokens_from(request_line(input, self.len), self.at);
+        let admitted = prefetch::admit(&shared.cache, || {
+            let window = keys
+                .clone()
+                .take(ADMITTED_KEYS)
+                .map(|(_, key)| key)
+                .collect();
+            match self.touch {
+                None => Access::Reads(window, GetOptions::default()),
+                Some(_) => Access::Changes(window),
+            }
+        });
+        if admitted == 0 {
+            return Err(());
+        }
+        Ok(
+            retrieve(shared, keys, admitted, self.with_cas, self.touch, out)
+                .map(|at| Retrieval { at, ..self }),
+        )
+    }
+}
+
+/// The line of the `len`-byte request at the front of `input`, without its newline.
+fn request_line(input: &[u8], len: usize) -> &[u8] {
+    let line = &input[..len - 1];
+    line.strip_suffix(b"\r").unwrap_or(line)
+}
+
+/// The space-separated tokens of `line` from offset `at` on, each with its offset.
+fn tokens_from(line: &[u8], mut at: usize) -> impl Iterator<Item = (usize, &[u8])> + Clone {
+    std::iter::from_fn(move || {
+        at += line.get(at..)?.iter().take_while(|&&b| b == b' ').count();
+        let start = at;
+        at += line[start..].iter().take_while(|&&b| b != b' ').count();
+        (at > start).then(|| (start, &line[start..at]))
+    })
+}
+
+/// Appends the replies of `keys` (each with its offset) until `admitted` of them are
+/// answered or the output budget is passed: returns the offset of the next key then, or
+/// `None` once `END` (or an error) ends the reply.
+fn retrieve<'k>(
     shared: &Shared,
-    keys: &[&[u8]],
+    keys: impl Iterator<Item = (usize, &'k [u8])>,
+    admitted: usize,
     with_cas: bool,
     touch_exptime: Option<i64>,
     out: &mut Vec<u8>,
-) {
-    for key in keys {
+) -> Option<usize> {
+    for (n, (at, key)) in keys.enumerate() {
+        if n == admitted || !within_budget(out) {
+            return Some(at);
+        }
         Counters::bump(&shared.counters.cmd_get);
         let found = match touch_exptime {
             Some(exptime) => {
@@ -163,7 +250,7 @@ fn retrieve(
             Ok(entry) => entry.map(|entry| entry.item),
             Err(e) => {
                 line(out, &engine_error(&e));
-                return;
+                return None;
             }
         };
         events::fetched(shared, key, item.as_ref().map(|item| item.value.len()));
@@ -181,6 +268,7 @@ fn retrieve(
         }
     }
     line(out, "END");
+    None
 }
 
 /// Outcome of a storage command, shared with `ms`.

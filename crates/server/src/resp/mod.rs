@@ -11,6 +11,7 @@ use crate::connection::{Session, Step};
 use crate::prefetch::ReadAhead;
 use crate::server::Shared;
 use crate::stats::Counters;
+use cmd::strings::MultiGet;
 
 /// Client ids for `CLIENT ID` / `HELLO`, unique for the process like Redis's.
 static NEXT_CLIENT_ID: AtomicU64 = AtomicU64::new(1);
@@ -33,6 +34,8 @@ pub struct Client {
 pub struct RespSession {
     shared: Arc<Shared>,
     client: Client,
+    /// An MGET at the front of the input whose values are part-way out.
+    multi_get: Option<MultiGet>,
 }
 
 impl RespSession {
@@ -43,7 +46,11 @@ impl RespSession {
             resp3: false,
             authenticated: shared.requirepass.is_none(),
         };
-        RespSession { shared, client }
+        RespSession {
+            shared,
+            client,
+            multi_get: None,
+        }
     }
 }
 
@@ -53,6 +60,9 @@ impl Session for RespSession {
             buf,
             resp3: self.client.resp3,
         };
+        if let Some(multi_get) = self.multi_get.take() {
+            return multi_get.run(&self.shared, input, &mut out, &mut self.multi_get);
+        }
         match parse::parse(input, self.client.authenticated) {
             parse::Parsed::Incomplete => Step::NeedMore,
             parse::Parsed::Error(message) => {
@@ -69,7 +79,13 @@ impl Session for RespSession {
                 match cmd::execute(&self.shared, &mut self.client, &args, &mut out) {
                     cmd::Flow::Continue => Step::Consumed(len),
                     cmd::Flow::Close => Step::Close,
-                    cmd::Flow::Await => Step::Await,
+                    cmd::Flow::Await => Step::Await(len),
+                    cmd::Flow::MultiGet(keys) => MultiGet::start(input, keys, len).run(
+                        &self.shared,
+                        input,
+                        &mut out,
+                        &mut self.multi_get,
+                    ),
                 }
             }
         }

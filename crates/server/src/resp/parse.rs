@@ -42,6 +42,24 @@ fn line_at(input: &[u8], from: usize) -> Option<(&[u8], usize)> {
     Some((&input[from..end], end + 2))
 }
 
+/// Where the first argument of a multi-bulk request at the front of `input` starts;
+/// `None` for an inline request.
+pub fn first_arg_at(input: &[u8]) -> Option<usize> {
+    if input.first() != Some(&b'*') {
+        return None;
+    }
+    line_at(input, 0).map(|(_, next)| next)
+}
+
+/// The bulk string whose `$` line starts at `at`, in a multi-bulk request `parse` framed
+/// already, and where the one after it starts.
+pub fn bulk_at(input: &[u8], at: usize) -> Option<(&[u8], usize)> {
+    let (len_line, data_start) = line_at(input, at)?;
+    let len = usize::try_from(integer(len_line.get(1..)?)?).ok()?;
+    let end = data_start.checked_add(len)?;
+    Some((input.get(data_start..end)?, end + 2))
+}
+
 fn integer(text: &[u8]) -> Option<i64> {
     std::str::from_utf8(text).ok()?.parse().ok()
 }

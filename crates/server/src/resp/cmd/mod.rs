@@ -8,7 +8,7 @@ mod connection;
 mod expiry;
 mod keys;
 mod server;
-mod strings;
+pub(crate) mod strings;
 
 use std::borrow::Cow;
 
@@ -62,6 +62,9 @@ pub enum Flow {
     Close,
     /// Nothing executed: SSD reads are in flight for it (`prefetch`).
     Await,
+    /// An MGET of this many keys wrote its array header: its values follow, as the
+    /// socket drains (`strings::MultiGet`).
+    MultiGet(usize),
 }
 
 /// One parsed request, borrowing its keys and values from the read buffer.
@@ -135,7 +138,7 @@ pub fn execute(shared: &Shared, client: &mut Client, argv: &[&[u8]], out: &mut R
     let refused = refused(shared.flush_all_enabled);
     let outcome =
         Command::parse(argv, client.authenticated, refused, &shared.cache).and_then(|command| {
-            if !prefetch::admit(&shared.cache, || command.access()) {
+            if prefetch::admit(&shared.cache, || command.access()) == 0 {
                 return Ok(Flow::Await);
             }
             command.execute(shared, client, out)
@@ -240,7 +243,7 @@ impl<'a> Command<'a> {
 
     fn execute(self, shared: &Shared, client: &mut Client, out: &mut Reply) -> Result<Flow> {
         match self {
-            Command::Strings(command) => command.execute(shared, out)?,
+            Command::Strings(command) => return command.execute(shared, out),
             Command::Keys(command) => command.execute(shared, out)?,
             Command::Expiry(command) => command.execute(shared, out)?,
             Command::Server(command) => command.execute(shared, out)?,

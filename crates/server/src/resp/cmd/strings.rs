@@ -2,14 +2,17 @@
 //! MSET MSETNX INCR DECR INCRBY DECRBY INCRBYFLOAT GETRANGE SETRANGE. Read-modify-write
 //! commands go through `ZipCache::update`, so they are atomic per key.
 
+use std::borrow::Cow;
+
 use zipcache::{GetOptions, Update};
 
 use super::{
-    Args, Command, ErrorReply, NO_TOUCH, NOT_INTEGER, NewExpiry, Result, SYNTAX, Spec, expiry_ms,
-    integer, invalid_expire, rewrite, spec, store,
+    Args, Command, ErrorReply, Flow, NO_TOUCH, NOT_INTEGER, NewExpiry, Result, SYNTAX, Spec,
+    expiry_ms, integer, invalid_expire, rewrite, spec, store,
 };
-use crate::prefetch;
-use crate::resp::Reply;
+use crate::connection::{Step, within_budget};
+use crate::prefetch::{self, Access};
+use crate::resp::{Reply, parse};
 use crate::server::Shared;
 use crate::stats::Counters;
 
@@ -291,8 +294,113 @@ fn float_text(value: f64) -> String {
     if text == "-0" { "0".into() } else { text }
 }
 
+/// Keys one step of an MGET offers its admission (`prefetch::admit`): no more than it can
+/// use, so that a step of an MGET of many keys costs what it runs.
+const ADMITTED_KEYS: usize = 2048;
+
+/// An MGET at the front of the input whose values are part-way out: they are appended
+/// as the socket drains, and the request resumes at its next key.
+#[derive(Clone, Copy, Debug)]
+pub struct MultiGet {
+    keys: usize,
+    /// Keys answered so far.
+    done: usize,
+    /// Where the next key's bulk starts, in a multi-bulk request; `None` in an inline one
+    /// (at most `MAX_INLINE` bytes), whose keys are split again at each step.
+    next: Option<usize>,
+    /// The request's length.
+    len: usize,
+}
+
+/// A key of an MGET and where its bulk starts (`MultiGet::next`).
+type Key<'a> = (Option<usize>, Cow<'a, [u8]>);
+
+impl MultiGet {
+    /// The MGET of `keys` keys, `len` bytes at the front of `input`, from its first key.
+    pub fn start(input: &[u8], keys: usize, len: usize) -> MultiGet {
+        // Past the header and the command name.
+        let next = parse::first_arg_at(input)
+            .and_then(|at| parse::bulk_at(input, at))
+            .map(|(_, next)| next);
+        MultiGet {
+            keys,
+            done: 0,
+            next,
+            len,
+        }
+    }
+
+    /// Up to `ADMITTED_KEYS` of the keys not answered yet, and where the key after them
+    /// starts.
+    fn window<'a>(&self, input: &'a [u8]) -> (Vec<Key<'a>>, Option<usize>) {
+        let wanted = (self.keys - self.done).min(ADMITTED_KEYS);
+        let Some(mut at) = self.next else {
+            let parse::Parsed::Command { args, .. } = parse::parse(&input[..self.len], true) else {
+                return (Vec::new(), None);
+            };
+            let keys = args.into_iter().skip(1 + self.done).take(wanted);
+            return (keys.map(|key| (None, key)).collect(), None);
+        };
+        let mut keys = Vec::with_capacity(wanted);
+        while keys.len() < wanted {
+            let Some((key, next)) = parse::bulk_at(input, at) else {
+                break;
+            };
+            keys.push((Some(at), Cow::Borrowed(key)));
+            at = next;
+        }
+        (keys, Some(at))
+    }
+
+    /// Appends the values of the keys it may read now, within the output budget; leaves
+    /// in `resume` where it stopped, unless its reply is complete.
+    pub fn run(
+        mut self,
+        shared: &Shared,
+        input: &[u8],
+        out: &mut Reply,
+        resume: &mut Option<MultiGet>,
+    ) -> Step {
+        let (window, after) = self.window(input);
+        let admitted = prefetch::admit(&shared.cache, || {
+            let keys = window.iter().map(|(_, key)| key.as_ref()).collect();
+            Access::Reads(keys, GetOptions::default())
+        });
+        if admitted == 0 {
+            *resume = Some(self);
+            return Step::Await(self.len);
+        }
+        for (n, (at, key)) in window.iter().enumerate() {
+            if n == admitted || !within_budget(out.buf) {
+                self.next = *at;
+                *resume = Some(self);
+                return Step::Partial;
+            }
+            Counters::bump(&shared.counters.cmd_get);
+            // may do I/O: a synchronous SSD read when nothing was prefetched
+            match prefetch::get_item(&shared.cache, key, GetOptions::default()) {
+                Ok(item) => {
+                    let value = item.map(|item| item.value);
+                    shared.counters.hit_or_miss(value.is_some());
+                    out.maybe_bulk(value.as_deref());
+                }
+                // The array's length is out: a short reply and a closed connection
+                // tell the client, where an error in its place would be read as a value.
+                Err(_) => return Step::Close,
+            }
+            self.done += 1;
+        }
+        if self.done == self.keys || window.is_empty() {
+            return Step::Consumed(self.len);
+        }
+        self.next = after;
+        *resume = Some(self);
+        Step::Partial
+    }
+}
+
 impl StringCommand<'_> {
-    pub fn execute(self, shared: &Shared, out: &mut Reply) -> Result<()> {
+    pub fn execute(self, shared: &Shared, out: &mut Reply) -> Result<Flow> {
         let cache = &shared.cache;
         match self {
             StringCommand::Get { key } => {
@@ -359,19 +467,9 @@ impl StringCommand<'_> {
                 out.integer(cache.get(key)?.map_or(0, |v| v.len() as i64));
             }
             StringCommand::MGet { keys } => {
-                // Fetch first: an engine error must not leave a half-written array.
-                let mut values = Vec::with_capacity(keys.len());
-                for key in keys {
-                    Counters::bump(&shared.counters.cmd_get);
-                    let value = prefetch::get_item(cache, key, GetOptions::default())?
-                        .map(|item| item.value);
-                    shared.counters.hit_or_miss(value.is_some());
-                    values.push(value);
-                }
-                out.array(values.len());
-                for value in &values {
-                    out.maybe_bulk(value.as_deref());
-                }
+                // The values follow as the socket drains (`MultiGet`).
+                out.array(keys.len());
+                return Ok(Flow::MultiGet(keys.len()));
             }
             StringCommand::MSet { pairs, only_new } => {
                 // MSETNX checks, then writes: atomic per key, not across its keys.
@@ -379,7 +477,7 @@ impl StringCommand<'_> {
                     for pair in pairs.chunks_exact(2) {
                         if cache.get_item(pair[0], NO_TOUCH)?.is_some() {
                             out.integer(0);
-                            return Ok(());
+                            return Ok(Flow::Continue);
                         }
                     }
                 }
@@ -425,7 +523,7 @@ impl StringCommand<'_> {
                 out.integer(setrange(shared, key, offset, value)? as i64);
             }
         }
-        Ok(())
+        Ok(Flow::Continue)
     }
 }
 
