@@ -258,3 +258,204 @@ pub async fn serve<T: Transport, S: Session>(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    use zipcache::{Config, ZipCache};
+
+    use super::*;
+    use crate::fuzzing::{new_hybrid_engine, options, resp_request};
+    use crate::memcache::MemcacheSession;
+    use crate::prefetch;
+    use crate::resp::RespSession;
+    use crate::server::{ServerInfo, ServerOptions, Shared};
+
+    const BIG: usize = 1 << 20;
+
+    fn dram_engine() -> Arc<ZipCache> {
+        let config = Config {
+            dram_capacity: 64 << 20,
+            ..Config::default()
+        };
+        Arc::new(ZipCache::open(config).unwrap())
+    }
+
+    fn shared(cache: Arc<ZipCache>) -> Arc<Shared> {
+        Arc::new(Shared::new(cache, ServerInfo::detached(), &options()))
+    }
+
+    /// Runs `input` (read whole) through `session` as `serve` does, and returns every byte
+    /// it wrote and the largest buffer handed to one write.
+    fn serve_in_process<S: Session>(mut session: S, input: &[u8]) -> (Vec<u8>, usize) {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        let (mut written, mut largest) = (Vec::new(), 0);
+        let mut prefetch = Prefetch::default();
+        let mut pos = 0;
+        loop {
+            let mut out = Vec::new();
+            let (consumed, processed) = prefetch::within(&mut prefetch, || {
+                process(&mut session, &input[pos..], &mut out)
+            });
+            pos += consumed;
+            largest = largest.max(out.len());
+            written.extend_from_slice(&out);
+            match processed {
+                Processed::Flush => {}
+                Processed::Await => runtime.block_on(prefetch.settle()),
+                Processed::NeedMore | Processed::Close => return (written, largest),
+            }
+        }
+    }
+
+    fn memcached_get_of_one_big_key(cache: Arc<ZipCache>) {
+        let value = vec![b'v'; BIG];
+        cache.put(b"big", &value, None).unwrap();
+        let times = 1500;
+        let input = format!("get{}\r\n", " big".repeat(times));
+        let session = MemcacheSession::new(shared(cache.clone()));
+        let (written, largest) = serve_in_process(session, input.as_bytes());
+        let mut expected = Vec::new();
+        for _ in 0..times {
+            expected.extend_from_slice(format!("VALUE big 0 {BIG}\r\n").as_bytes());
+            expected.extend_from_slice(&value);
+            expected.extend_from_slice(b"\r\n");
+        }
+        expected.extend_from_slice(b"END\r\n");
+        assert!(written == expected, "the reply, byte for byte");
+        let item_reply = BIG + "VALUE big 0 1048576\r\n\r\n".len();
+        assert!(
+            largest <= OUTPUT_BUDGET + item_reply,
+            "{largest} bytes buffered"
+        );
+    }
+
+    /// `get big big …` naming a 1 MiB key 1,500 times: the connection never buffers
+    /// more than the budget and one item, and the reply is exactly right.
+    #[test]
+    fn a_get_naming_a_big_key_many_times_stays_within_the_budget() {
+        memcached_get_of_one_big_key(dram_engine());
+        memcached_get_of_one_big_key(new_hybrid_engine());
+    }
+
+    fn resp_mget_of_one_big_key(cache: Arc<ZipCache>) {
+        let value = vec![b'v'; BIG];
+        cache.put(b"big", &value, None).unwrap();
+        let times = 1500;
+        let mut args: Vec<&[u8]> = vec![b"MGET"];
+        args.extend(std::iter::repeat_n(&b"big"[..], times));
+        args.push(b"missing");
+        let mut input = resp_request(&args);
+        // An inline MGET and a request behind it, too.
+        input.extend_from_slice(b"MGET missing big\r\nPING\r\n");
+        let session = RespSession::new(shared(cache.clone()));
+        let (written, largest) = serve_in_process(session, &input);
+        let bulk = [format!("${BIG}\r\n").into_bytes(), value, b"\r\n".to_vec()].concat();
+        let mut expected = format!("*{}\r\n", times + 1).into_bytes();
+        for _ in 0..times {
+            expected.extend_from_slice(&bulk);
+        }
+        expected.extend_from_slice(b"$-1\r\n*2\r\n$-1\r\n");
+        expected.extend_from_slice(&bulk);
+        expected.extend_from_slice(b"+PONG\r\n");
+        assert!(written == expected, "the reply, byte for byte");
+        assert!(
+            largest <= OUTPUT_BUDGET + bulk.len(),
+            "{largest} bytes buffered"
+        );
+    }
+
+    #[test]
+    fn an_mget_naming_a_big_key_many_times_stays_within_the_budget() {
+        resp_mget_of_one_big_key(dram_engine());
+        resp_mget_of_one_big_key(new_hybrid_engine());
+    }
+
+    /// One MGET of 200,000 keys, most on the SSD: every answer right, in bounded
+    /// buffers, and in time linear in the keys (a generous bound: the quadratic walk of
+    /// old took ~10^10 comparisons).
+    #[test]
+    fn an_mget_of_200_000_keys_answers_in_linear_time() {
+        let cache = new_hybrid_engine();
+        // The engine's fillers are `~filler:{i:08}` for i below 20,000; the rest miss.
+        let keys: Vec<String> = (0..200_000u64)
+            .map(|i| format!("~filler:{:08}", (i * 7) % 40_000))
+            .collect();
+        let mut args: Vec<&[u8]> = vec![b"MGET"];
+        args.extend(keys.iter().map(|key| key.as_bytes()));
+        let input = resp_request(&args);
+        let session = RespSession::new(shared(cache.clone()));
+        let started = Instant::now();
+        let (written, largest) = serve_in_process(session, &input);
+        let took = started.elapsed();
+        let mut expected = format!("*{}\r\n", keys.len()).into_bytes();
+        for key in &keys {
+            match cache.get(key.as_bytes()).unwrap() {
+                Some(value) => {
+                    expected.extend_from_slice(format!("${}\r\n", value.len()).as_bytes());
+                    expected.extend_from_slice(&value);
+                    expected.extend_from_slice(b"\r\n");
+                }
+                None => expected.extend_from_slice(b"$-1\r\n"),
+            }
+        }
+        assert!(written == expected, "every value right");
+        assert!(largest <= OUTPUT_BUDGET + 1024, "{largest} bytes buffered");
+        assert!(took < Duration::from_secs(60), "took {took:?}");
+    }
+
+    /// SCAN COUNT 100000 and ZCRANGE LIMIT 100000 over 20,000 keys answer in replies
+    /// within the budget, with a cursor where SCAN stopped; walked on, the scan lists
+    /// every key once; KEYS whose reply would pass the budget names SCAN instead.
+    #[test]
+    fn scans_stay_within_the_budget() {
+        let cache = new_hybrid_engine();
+        let request = |args: &[&[u8]]| {
+            let session = RespSession::new(shared(cache.clone()));
+            serve_in_process(session, &resp_request(args))
+        };
+        let (mut cursor, mut listed) = (b"0".to_vec(), 0);
+        loop {
+            let (reply, largest) = request(&[b"SCAN", &cursor, b"COUNT", b"100000"]);
+            assert!(largest <= OUTPUT_BUDGET + 1024, "{largest} bytes buffered");
+            let text = String::from_utf8_lossy(&reply).into_owned();
+            let lines: Vec<&str> = text.split("\r\n").collect();
+            cursor = lines[2].as_bytes().to_vec();
+            listed += lines[3][1..].parse::<usize>().unwrap();
+            if cursor == b"0" {
+                break;
+            }
+        }
+        assert_eq!(
+            listed,
+            20_000 + 8,
+            "the fillers and the seed keys, once each"
+        );
+        let (reply, largest) = request(&[b"ZCRANGE", b"-", b"+", b"LIMIT", b"100000"]);
+        assert!(largest <= OUTPUT_BUDGET + 1024, "{largest} bytes buffered");
+        assert!(
+            reply.starts_with(b"*"),
+            "{}",
+            String::from_utf8_lossy(&reply[..16])
+        );
+        let options = ServerOptions {
+            keys_limit: 100_000,
+            ..options()
+        };
+        let session = RespSession::new(Arc::new(Shared::new(
+            cache,
+            ServerInfo::detached(),
+            &options,
+        )));
+        let (reply, _) = serve_in_process(session, &resp_request(&[b"KEYS", b"*"]));
+        assert_eq!(
+            String::from_utf8_lossy(&reply),
+            format!("-ERR KEYS reply would pass {OUTPUT_BUDGET} bytes; use SCAN\r\n")
+        );
+    }
+}

@@ -3,7 +3,10 @@
 
 use std::ops::Bound;
 
+use zipcache::{Item, ZipCache};
+
 use super::{Args, Command, NO_TOUCH, NOT_INTEGER, Result, SYNTAX, Spec, integer, spec};
+use crate::connection::OUTPUT_BUDGET;
 use crate::resp::{Reply, glob};
 use crate::server::Shared;
 
@@ -11,9 +14,12 @@ use crate::server::Shared;
 const RANGE_DEFAULT_LIMIT: usize = 1000;
 const RANGE_MAX_LIMIT: usize = 100_000;
 const SCAN_MAX_COUNT: usize = 100_000;
-/// Keys KEYS asks the engine for at a time: `scan` returns values too, so a batch of
-/// large values is large.
-const KEYS_BATCH: usize = 100;
+/// Objects SCAN, KEYS and ZCRANGE ask the engine for at a time: `scan` returns values
+/// too, so a batch of large values is large.
+const BATCH: usize = 64;
+/// What a key costs in a reply besides its bytes (`$<len>\r\n…\r\n`), as the replies
+/// are kept within the output budget.
+const BULK_OVERHEAD: usize = 16;
 
 pub const COMMANDS: &[Spec] = &[
     spec("del", -2, |a| {
@@ -209,25 +215,23 @@ impl KeyCommand<'_> {
                 pattern,
                 strings_only,
             } => {
-                let start = match &after {
-                    Some(key) => Bound::Excluded(key.as_slice()),
-                    None => Bound::Unbounded,
-                };
-                let batch = cache.scan::<&[u8]>((start, Bound::Unbounded), count)?;
-                let next = match batch.last() {
-                    Some((key, _)) if batch.len() == count => hex(key),
-                    _ => "0".into(),
-                };
-                let keys: Vec<&[u8]> = batch
-                    .iter()
-                    .map(|(k, _)| k.as_slice())
-                    .filter(|k| strings_only && pattern.is_none_or(|p| glob::matches(p, k)))
-                    .collect();
+                let start = after.map_or(Bound::Unbounded, Bound::Excluded);
+                // COUNT is a hint: the reply stops at the output budget, and the cursor
+                // says where.
+                let (mut keys, mut bytes) = (Vec::new(), 0);
+                let stopped = walk(cache, start, Bound::Unbounded, count, |key, _| {
+                    if strings_only && pattern.is_none_or(|p| glob::matches(p, key)) {
+                        bytes += key.len() + BULK_OVERHEAD;
+                        keys.push(key.to_vec());
+                    }
+                    bytes < OUTPUT_BUDGET
+                })?;
+                let next = stopped.map_or_else(|| "0".into(), |key| hex(&key));
                 out.array(2);
                 out.bulk(next.as_bytes());
                 out.array(keys.len());
                 for key in keys {
-                    out.bulk(key);
+                    out.bulk(&key);
                 }
             }
             KeyCommand::Keys { pattern } => {
@@ -238,11 +242,19 @@ impl KeyCommand<'_> {
                 }
             }
             KeyCommand::Range { start, end, limit } => {
-                let items = cache.scan::<&[u8]>((start, end), limit)?;
+                // Fewer than LIMIT past the output budget: the client goes on after the
+                // last key.
+                let (mut items, mut bytes) = (Vec::new(), 0);
+                let start = start.map(<[u8]>::to_vec);
+                walk(cache, start, end, limit, |key, item| {
+                    bytes += key.len() + item.value.len() + 2 * BULK_OVERHEAD;
+                    items.push((key.to_vec(), item.value.clone()));
+                    bytes < OUTPUT_BUDGET
+                })?;
                 out.array(items.len() * 2);
-                for (key, item) in &items {
+                for (key, value) in &items {
                     out.bulk(key);
-                    out.bulk(&item.value);
+                    out.bulk(value);
                 }
             }
             KeyCommand::DbSize => out.integer(cache.stats().objects_resident as i64),
@@ -255,37 +267,67 @@ impl KeyCommand<'_> {
     }
 }
 
-/// KEYS: the keys matching `pattern` in key order. It examines at most `keys_limit`
-/// keys (those with the pattern's literal prefix) and refuses beyond that.
-fn keys(shared: &Shared, pattern: &[u8]) -> Result<Vec<Vec<u8>>> {
-    let limit = shared.keys_limit;
-    let (mut start, end) = prefix_range(pattern);
-    let mut examined = 0;
-    let mut found = Vec::new();
-    loop {
-        let batch = shared
-            .cache
-            .scan::<Vec<u8>>((start, end.clone()), KEYS_BATCH)?;
-        examined += batch.len();
-        if examined > limit {
-            return Err(format!(
-                "ERR KEYS would examine more than {limit} keys (keys-limit); use SCAN"
-            )
-            .into());
+/// Walks the live objects of the range from `start` to `end` in key order, at most
+/// `limit` of them, a batch at a time, until `visit` returns false: the last key walked
+/// if the walk stopped before the range's end (maybe at it), else `None`.
+fn walk(
+    cache: &ZipCache,
+    mut start: Bound<Vec<u8>>,
+    end: Bound<&[u8]>,
+    limit: usize,
+    mut visit: impl FnMut(&[u8], &Item) -> bool,
+) -> Result<Option<Vec<u8>>> {
+    let mut walked = 0;
+    while walked < limit {
+        let wanted = BATCH.min(limit - walked);
+        let from = start.as_ref().map(Vec::as_slice);
+        let batch = cache.scan::<&[u8]>((from, end), wanted)?;
+        let full = batch.len() == wanted;
+        for (key, item) in &batch {
+            walked += 1;
+            if !visit(key, item) || walked == limit {
+                return Ok(Some(key.clone()));
+            }
         }
-        let full = batch.len() == KEYS_BATCH;
-        let last = batch.last().map(|(key, _)| key.clone());
-        found.extend(
-            batch
-                .into_iter()
-                .map(|(key, _)| key)
-                .filter(|key| glob::matches(pattern, key)),
-        );
-        match last {
-            Some(key) if full => start = Bound::Excluded(key),
-            _ => return Ok(found),
+        match batch.into_iter().last() {
+            Some((key, _)) if full => start = Bound::Excluded(key),
+            _ => return Ok(None),
         }
     }
+    Ok(None)
+}
+
+/// KEYS: the keys matching `pattern` in key order. It examines at most `keys_limit`
+/// keys (those with the pattern's literal prefix), and refuses beyond that or when its
+/// reply would pass the output budget: SCAN walks any number of keys in bounded replies.
+fn keys(shared: &Shared, pattern: &[u8]) -> Result<Vec<Vec<u8>>> {
+    let limit = shared.keys_limit;
+    let (start, end) = prefix_range(pattern);
+    let (mut examined, mut found, mut bytes) = (0, Vec::new(), 0);
+    walk(
+        &shared.cache,
+        start,
+        end.as_ref().map(Vec::as_slice),
+        limit.saturating_add(1),
+        |key, _| {
+            examined += 1;
+            if glob::matches(pattern, key) {
+                bytes += key.len() + BULK_OVERHEAD;
+                found.push(key.to_vec());
+            }
+            bytes <= OUTPUT_BUDGET
+        },
+    )?;
+    if examined > limit {
+        return Err(format!(
+            "ERR KEYS would examine more than {limit} keys (keys-limit); use SCAN"
+        )
+        .into());
+    }
+    if bytes > OUTPUT_BUDGET {
+        return Err(format!("ERR KEYS reply would pass {OUTPUT_BUDGET} bytes; use SCAN").into());
+    }
+    Ok(found)
 }
 
 #[cfg(test)]

@@ -384,6 +384,11 @@ impl MultiGet {
                     shared.counters.hit_or_miss(value.is_some());
                     out.maybe_bulk(value.as_deref());
                 }
+                // A key no value can be stored under: as Redis, which has no such keys.
+                Err(zipcache::Error::EmptyKey | zipcache::Error::KeyTooLarge { .. }) => {
+                    shared.counters.hit_or_miss(false);
+                    out.nil();
+                }
                 // The array's length is out: a short reply and a closed connection
                 // tell the client, where an error in its place would be read as a value.
                 Err(_) => return Step::Close,
