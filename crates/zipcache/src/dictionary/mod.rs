@@ -176,7 +176,7 @@ pub(crate) mod tests {
                     n % 100_000,
                     n % 9973,
                     n % 9973,
-                    n % 2 == 0,
+                    n.is_multiple_of(2),
                     n % 1000
                 )
             } else {
