@@ -28,7 +28,7 @@ pub mod workload;
 
 use report::TargetResult;
 use targets::Budget;
-use values::{Content, Dataset, SizeDist, ValueGen};
+use values::{Content, Dataset, Documents, SizeDist, ValueGen};
 use workload::{HotPlacement, KeyChooser, Locality, OpMix};
 
 /// Arguments of `zipcache bench` (SPEC §8).
@@ -125,7 +125,9 @@ pub struct Params {
     /// Compressibility of synthetic values: this fraction of each value is zeros.
     #[arg(long, default_value_t = 0.5)]
     pub eta: f64,
-    /// `synthetic` (η-controlled), or a real dataset of the PyPI package vega_datasets:
+    /// `synthetic` (η-controlled), `json` (JSON documents of 256 B – 8 KiB built from the
+    /// records of vega_datasets tables; sizes log-normal around 560 B unless
+    /// --value-size-file), or a real dataset of the PyPI package vega_datasets:
     /// airports, seattle-weather, stocks, cars, iris, ...
     #[arg(long, default_value = "synthetic")]
     pub values: String,
@@ -202,16 +204,23 @@ const DEFAULT_KEYS: u64 = 1_000_000;
 
 impl Params {
     fn value_gen(&self) -> Result<ValueGen, String> {
+        let json = self.values == "json";
         let sizes = match &self.value_size_file {
             Some(path) => SizeDist::from_file(path)?,
+            None if json => Documents::sizes(),
             None if self.value_size == 0 => return Err("--value-size must be at least 1".into()),
             None => SizeDist::Fixed(self.value_size),
         };
         if !(0.0..=1.0).contains(&self.eta) {
             return Err(format!("--eta must be within 0..=1, not {}", self.eta));
         }
+        if json && self.overwrite_size_file.is_some() {
+            // A document ends at a record, so its length does not name its version.
+            return Err("--overwrite-size-file does not apply to --values json".into());
+        }
         let content = match self.values.as_str() {
             "synthetic" => Content::Synthetic { eta: self.eta },
+            "json" => Content::Documents(Arc::new(Documents::load()?)),
             name => Content::Dataset(Arc::new(Dataset::load(name)?)),
         };
         Ok(ValueGen {

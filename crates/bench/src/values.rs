@@ -149,6 +149,8 @@ pub enum Content {
     Synthetic { eta: f64 },
     /// Records of a real public dataset, concatenated from a per-key starting row.
     Dataset(Arc<Dataset>),
+    /// JSON documents: arrays of consecutive records of one real table ([`Documents`]).
+    Documents(Arc<Documents>),
 }
 
 /// Generates and verifies values.
@@ -198,6 +200,7 @@ impl ValueGen {
                 value
             }
             Content::Dataset(dataset) => dataset.fill(mix64(self.seed ^ key_id), len),
+            Content::Documents(documents) => documents.document(mix64(self.seed ^ key_id), len),
         }
     }
 
@@ -209,7 +212,7 @@ impl ValueGen {
     pub fn verify(&self, key_id: u64, bytes: &[u8]) -> bool {
         let stamped = match &self.content {
             Content::Synthetic { eta } => random_len(bytes.len(), *eta) >= STAMP,
-            Content::Dataset(_) => false,
+            Content::Dataset(_) | Content::Documents(_) => false,
         };
         match &self.overwrite_sizes {
             _ if stamped => {
@@ -253,23 +256,9 @@ impl Dataset {
 
     /// Loads dataset `name` from the files in `dir`.
     pub fn load_from(dir: &Path, name: &str) -> Result<Dataset, String> {
-        let path = ["csv", "json"]
-            .iter()
-            .map(|ext| dir.join(format!("{name}.{ext}")))
-            .find(|p| p.is_file())
-            .ok_or_else(|| {
-                format!(
-                    "no dataset {name:?} in {} (has: {})",
-                    dir.display(),
-                    available(dir).join(", ")
-                )
-            })?;
-        let text =
-            std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-        let rows: Vec<Vec<u8>> = if path.extension().is_some_and(|e| e == "json") {
-            let records: Vec<serde_json::Value> = serde_json::from_str(&text)
-                .map_err(|e| format!("{}: not a JSON array: {e}", path.display()))?;
-            records.iter().map(|r| r.to_string().into_bytes()).collect()
+        let (path, text) = read_table(dir, name)?;
+        let rows: Vec<Vec<u8>> = if is_json(&path) {
+            json_records(&path, &text)?
         } else {
             // Skip the header: a cache holds records, not column names.
             text.lines()
@@ -298,6 +287,191 @@ impl Dataset {
         }
         out.truncate(len);
         out
+    }
+}
+
+/// The file of table `name` in `dir` (`name.csv` or `name.json`) and its text.
+fn read_table(dir: &Path, name: &str) -> Result<(PathBuf, String), String> {
+    let path = ["csv", "json"]
+        .iter()
+        .map(|ext| dir.join(format!("{name}.{ext}")))
+        .find(|p| p.is_file())
+        .ok_or_else(|| {
+            format!(
+                "no dataset {name:?} in {} (has: {})",
+                dir.display(),
+                available(dir).join(", ")
+            )
+        })?;
+    let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    Ok((path, text))
+}
+
+fn is_json(path: &Path) -> bool {
+    path.extension().is_some_and(|e| e == "json")
+}
+
+/// The records of a JSON array, each serialised on its own.
+fn json_records(path: &Path, text: &str) -> Result<Vec<Vec<u8>>, String> {
+    let records: Vec<serde_json::Value> = serde_json::from_str(text)
+        .map_err(|e| format!("{}: not a JSON array: {e}", path.display()))?;
+    Ok(records.iter().map(|r| r.to_string().into_bytes()).collect())
+}
+
+/// The rows of a CSV text as JSON objects named by its header: numbers as numbers, the
+/// rest as strings.
+fn csv_records(text: &str) -> Vec<Vec<u8>> {
+    let mut lines = text.lines();
+    let header = csv_fields(lines.next().unwrap_or(""));
+    lines
+        .filter(|l| !l.is_empty())
+        .map(|line| {
+            let object: serde_json::Map<String, serde_json::Value> = header
+                .iter()
+                .cloned()
+                .zip(csv_fields(line).into_iter().map(json_scalar))
+                .collect();
+            serde_json::Value::Object(object).to_string().into_bytes()
+        })
+        .collect()
+}
+
+/// The fields of a CSV line; a field in double quotes may hold commas and `""` quotes.
+fn csv_fields(line: &str) -> Vec<String> {
+    let mut fields = vec![String::new()];
+    let mut quoted = false;
+    let mut chars = line.chars().peekable();
+    while let Some(c) = chars.next() {
+        let field = fields.last_mut().expect("never empty");
+        match c {
+            '"' if quoted && chars.peek() == Some(&'"') => {
+                field.push('"');
+                chars.next();
+            }
+            '"' => quoted = !quoted,
+            ',' if !quoted => fields.push(String::new()),
+            c => field.push(c),
+        }
+    }
+    fields
+}
+
+fn json_scalar(field: String) -> serde_json::Value {
+    if let Ok(n) = field.parse::<i64>() {
+        return n.into();
+    }
+    match field
+        .parse::<f64>()
+        .ok()
+        .and_then(serde_json::Number::from_f64)
+    {
+        Some(n) => n.into(),
+        None => field.into(),
+    }
+}
+
+/// The tables of `vega_datasets` that JSON documents are cut from: every one with at
+/// least 8 KiB of records, so that no document repeats its table.
+pub const DOCUMENT_TABLES: [&str; 8] = [
+    "airports",
+    "cars",
+    "la-riots",
+    "seattle-weather",
+    "stocks",
+    "us-employment",
+    "iris",
+    "barley",
+];
+
+/// The shortest JSON document but for a table of less.
+pub const MIN_DOCUMENT: usize = 256;
+
+/// JSON documents of real records: a key's document is a JSON array of consecutive
+/// records of one table (CSV rows as objects named by the header), its table and first
+/// record chosen by the key, as long as its target size allows (at least one record).
+#[derive(Debug)]
+pub struct Documents {
+    tables: Vec<(String, Vec<Vec<u8>>)>,
+}
+
+impl Documents {
+    /// The documents of [`DOCUMENT_TABLES`] in the installed `vega_datasets`.
+    pub fn load() -> Result<Documents, String> {
+        Self::load_from(&dataset_dir()?, &DOCUMENT_TABLES)
+    }
+
+    /// The documents of tables `names` in `dir`.
+    pub fn load_from(dir: &Path, names: &[&str]) -> Result<Documents, String> {
+        let mut tables = Vec::with_capacity(names.len());
+        for name in names {
+            let (path, text) = read_table(dir, name)?;
+            let records = if is_json(&path) {
+                json_records(&path, &text)?
+            } else {
+                csv_records(&text)
+            };
+            if records.is_empty() {
+                return Err(format!("{}: no records", path.display()));
+            }
+            tables.push((name.to_string(), records));
+        }
+        if tables.is_empty() {
+            return Err("JSON documents need at least one table".into());
+        }
+        Ok(Documents { tables })
+    }
+
+    /// The document that `pick` (a hash of the key) chooses: records while they fit in
+    /// `len` bytes, and while it is shorter than [`MIN_DOCUMENT`] (at least one).
+    fn document(&self, pick: u64, len: usize) -> Vec<u8> {
+        let (_, records) = &self.tables[(pick % self.tables.len() as u64) as usize];
+        let mut row = (mix64(pick) % records.len() as u64) as usize;
+        let mut out = Vec::with_capacity(len);
+        out.push(b'[');
+        for _ in 0..records.len() {
+            let record = &records[row];
+            let more = out.len() > 1;
+            if more && out.len() >= MIN_DOCUMENT && out.len() + 1 + record.len() + 1 > len {
+                break;
+            }
+            if more {
+                out.push(b',');
+            }
+            out.extend_from_slice(record);
+            row = (row + 1) % records.len();
+        }
+        out.push(b']');
+        out
+    }
+
+    /// Document sizes when no `--value-size-file` says otherwise: log-normal (median
+    /// 470 bytes, σ = 0.75) from 256 B to 8 KiB in 64 steps, so that the documents, which
+    /// end at a record within their size, have a median of about 550 bytes.
+    pub fn sizes() -> SizeDist {
+        const MEDIAN: f64 = 470.0;
+        const SIGMA: f64 = 0.75;
+        const STEPS: usize = 64;
+        let (low, high) = (256f64.ln(), 8192f64.ln());
+        let sizes: Vec<usize> = (0..STEPS)
+            .map(|i| {
+                (low + (high - low) * i as f64 / (STEPS - 1) as f64)
+                    .exp()
+                    .round() as usize
+            })
+            .collect();
+        let density = |size: usize| {
+            let z = ((size as f64).ln() - MEDIAN.ln()) / SIGMA;
+            (-z * z / 2.0).exp()
+        };
+        let total: f64 = sizes.iter().map(|&s| density(s)).sum();
+        let cumulative = sizes
+            .iter()
+            .scan(0.0, |acc, &s| {
+                *acc += density(s) / total;
+                Some(*acc)
+            })
+            .collect();
+        SizeDist::Weighted { sizes, cumulative }
     }
 }
 
@@ -433,6 +607,93 @@ mod tests {
         let value = generator.value(9, 5);
         assert_eq!(value.len(), 40);
         assert!(generator.verify(9, &value));
+    }
+
+    fn documents(sizes: SizeDist, documents: Documents) -> ValueGen {
+        ValueGen {
+            sizes,
+            content: Content::Documents(Arc::new(documents)),
+            seed: 5,
+            overwrite_sizes: None,
+        }
+    }
+
+    #[test]
+    fn documents_are_json_arrays_of_one_tables_records() {
+        let dir = std::env::temp_dir().join(format!("zc-documents-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut towns =
+            "name,pop,note\nOslo,700000,\"cold, \"\"dark\"\"\"\nBergen,2.9e5,wet\n".to_string();
+        let mut pets = r#"[{"a":1},{"b":[2,3]}"#.to_string();
+        for i in 0..40 {
+            towns += &format!("Town {i},{i},\n");
+            pets += &format!(r#",{{"a":{i}}}"#);
+        }
+        std::fs::write(dir.join("towns.csv"), towns).unwrap();
+        std::fs::write(dir.join("pets.json"), pets + "]").unwrap();
+        let loaded = Documents::load_from(&dir, &["towns", "pets"]).unwrap();
+        let missing = Documents::load_from(&dir, &["towns", "nope"]).unwrap_err();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert!(missing.contains("nope"), "{missing}");
+        let towns = &loaded.tables[0].1;
+        let oslo: serde_json::Value = serde_json::from_slice(&towns[0]).unwrap();
+        assert_eq!(
+            oslo,
+            serde_json::json!({"name": "Oslo", "pop": 700000, "note": "cold, \"dark\""})
+        );
+        let bergen: serde_json::Value = serde_json::from_slice(&towns[1]).unwrap();
+        assert_eq!(bergen["pop"], serde_json::json!(290000.0));
+        assert_eq!(towns.len(), 42);
+        let generator = documents(SizeDist::Fixed(300), loaded);
+        let mut tables = std::collections::HashSet::new();
+        for key in 0..40 {
+            let doc = generator.value(key, 0);
+            assert_eq!(
+                doc,
+                generator.value(key, 9),
+                "a document is the key's alone"
+            );
+            assert!(generator.verify(key, &doc));
+            let records: Vec<serde_json::Value> = serde_json::from_slice(&doc).unwrap();
+            assert!(!records.is_empty());
+            // At least the shortest document, within its size (300 here).
+            assert!((MIN_DOCUMENT..=300).contains(&doc.len()), "{}", doc.len());
+            tables.insert(records[0].get("a").is_some() || records[0].get("b").is_some());
+        }
+        assert_eq!(tables.len(), 2, "keys choose both tables");
+    }
+
+    #[test]
+    fn document_sizes_span_256_bytes_to_8_kib_around_560() {
+        let sizes = Documents::sizes();
+        let drawn: Vec<usize> = (0..20_000).map(|k| sizes.size_of(k, 3)).collect();
+        assert!(drawn.iter().all(|s| (256..=8192).contains(s)));
+        let mut sorted = drawn.clone();
+        sorted.sort_unstable();
+        let median = sorted[sorted.len() / 2];
+        assert!((520..=640).contains(&median), "median {median}");
+        assert!(
+            sorted[sorted.len() * 99 / 100] > 2048,
+            "a tail of large documents"
+        );
+    }
+
+    /// The documents the bench serves: the tables `scripts/test.sh` installs.
+    #[test]
+    fn documents_of_vega_datasets_verify_and_differ_by_key() {
+        let generator = documents(Documents::sizes(), Documents::load().unwrap());
+        let mut lens = Vec::new();
+        for key in 0..2_000 {
+            let doc = generator.value(key, 0);
+            assert!(generator.verify(key, &doc));
+            assert!(!generator.verify(key + 1, &doc) || doc == generator.value(key + 1, 0));
+            serde_json::from_slice::<Vec<serde_json::Value>>(&doc).unwrap();
+            assert!((MIN_DOCUMENT..=8192).contains(&doc.len()), "{}", doc.len());
+            lens.push(doc.len());
+        }
+        lens.sort_unstable();
+        let median = lens[lens.len() / 2];
+        assert!((500..=620).contains(&median), "median {median}");
     }
 
     #[test]

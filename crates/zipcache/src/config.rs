@@ -92,6 +92,9 @@ pub struct Config {
     /// bytes per DRAM object (a 12-byte stamp and its share of the tables beside the
     /// leaves' pages), which a leaf's dense page otherwise avoids.
     pub track_access: bool,
+    /// Compress medium objects with zstd dictionaries trained in the background on recent
+    /// values (true); false keeps LZ4 alone for every medium object.
+    pub dictionaries: bool,
     /// Make room for new objects by evicting old ones. Off (memcached `-M`, Redis
     /// `noeviction`), a write that finds the DRAM budget full is refused with
     /// [`Error::OutOfMemory`] and nothing is ever forgotten; DRAM-only.
@@ -132,6 +135,7 @@ impl Default for Config {
             ssd_presence_filters: false,
             rss_limit: 0,
             track_access: false,
+            dictionaries: true,
             evictions: true,
             clock: Arc::new(SystemClock),
         }
@@ -206,6 +210,7 @@ impl Config {
         "promotion",
         "ssd_presence_filters",
         "track_access",
+        "dictionaries",
         "evictions",
         "device_compression",
         "direct_io",
@@ -231,6 +236,7 @@ impl Config {
             "flush_wait_ms" => self.flush_wait_ms = parse_usize(name, value)? as u64,
             "rss_limit" => self.rss_limit = parse_size(value)?,
             "track_access" => self.track_access = parse_bool(name, value)?,
+            "dictionaries" => self.dictionaries = parse_bool(name, value)?,
             "evictions" => self.evictions = parse_bool(name, value)?,
             "ssd_presence_filters" => self.ssd_presence_filters = parse_bool(name, value)?,
             "promotion" => {

@@ -15,6 +15,7 @@ mod cache;
 #[cfg(test)]
 mod capacity_tests;
 mod counters;
+mod dictionary;
 mod dram;
 mod early_termination;
 mod eviction;

@@ -26,6 +26,8 @@ pub struct Charge {
     /// Per-object access state (setting `track_access`).
     pub access_tables: i64,
     pub index: i64,
+    /// Trained dictionaries (prepared forms) and the reservoir they are trained on.
+    pub dictionaries: i64,
 }
 
 impl Charge {
@@ -36,6 +38,7 @@ impl Charge {
             + self.mediums
             + self.access_tables
             + self.index
+            + self.dictionaries
     }
 }
 
@@ -49,6 +52,7 @@ pub struct Memory {
     mediums: AtomicI64,
     access_tables: AtomicI64,
     index: AtomicI64,
+    dictionaries: AtomicI64,
 }
 
 impl Memory {
@@ -76,6 +80,11 @@ impl Memory {
         self.index.fetch_add(delta, Ordering::Relaxed);
     }
 
+    /// Adds `delta` bytes to the dictionaries' account.
+    pub fn change_dictionaries(&self, delta: i64) {
+        self.dictionaries.fetch_add(delta, Ordering::Relaxed);
+    }
+
     pub fn snapshot(&self) -> Charge {
         Charge {
             compressed_pages: self.compressed_pages.load(Ordering::Relaxed),
@@ -84,6 +93,7 @@ impl Memory {
             mediums: self.mediums.load(Ordering::Relaxed),
             access_tables: self.access_tables.load(Ordering::Relaxed),
             index: self.index.load(Ordering::Relaxed),
+            dictionaries: self.dictionaries.load(Ordering::Relaxed),
         }
     }
 }

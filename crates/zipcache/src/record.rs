@@ -22,6 +22,7 @@
 //! A medium pointer carries no metadata: it lives in the blob.
 
 use crate::config::Config;
+use crate::dictionary::Dictionary;
 
 const PAYLOAD_MASK: u8 = 0b11;
 const PAYLOAD_INLINE: u8 = 0;
@@ -32,8 +33,21 @@ const HAS_FLAGS: u8 = 1 << 3;
 const HAS_CAS: u8 = 1 << 4;
 const CLEAN: u8 = 1 << 5;
 const CLIENT_CAS: u8 = 1 << 7;
-/// In a blob header: the value is stored as is because LZ4 would not shrink it.
+/// In a blob header: the value is stored as is because neither LZ4 nor the dictionary
+/// would shrink it.
 const BLOB_RAW: u8 = 1 << 6;
+/// In a blob header, where a record has its payload bits: how the value is compressed.
+const BLOB_CODEC: u8 = 0b11;
+/// LZ4 alone (dictionary id 0, no id byte).
+const BLOB_LZ4: u8 = 0;
+/// zstd with a trained dictionary, whose id follows the first byte.
+const BLOB_DICTIONARY: u8 = 1;
+/// A decoded length a blob of `stored` bytes may claim: LZ4 and zstd expand at most
+/// ~255× (zstd with a dictionary may do more, so up to 64 KiB is always taken); a larger
+/// claim is damage, not a reason to allocate gigabytes.
+fn plausible(len: usize, stored: usize) -> bool {
+    len <= stored.saturating_mul(255) + 16 || len <= 1 << 16
+}
 
 /// Fixed bytes of every record: key length and kind byte.
 pub const RECORD_HEADER: usize = 2;
@@ -298,44 +312,116 @@ pub fn records_in(buf: &[u8], base: CasBase) -> impl Iterator<Item = Record<'_>>
     })
 }
 
-/// Compresses a medium object's value and metadata into its own blob.
-pub fn encode_blob(value: &[u8], meta: &Meta) -> Box<[u8]> {
-    let mut out = Vec::with_capacity(value.len() / 2 + 32);
-    out.push(meta.bits());
+/// How a medium value is stored: the smallest of LZ4, zstd with `dictionary`, and the
+/// value as is.
+enum Stored {
+    Raw,
+    Lz4(Vec<u8>),
+    Dictionary(u8, Vec<u8>),
+}
+
+impl Stored {
+    fn of(value: &[u8], dictionary: Option<&Dictionary>) -> Stored {
+        let mut best = Stored::Raw;
+        let mut best_len = value.len();
+        let mut lz4 = Vec::new();
+        if let Ok(n) = lzzzz::lz4::compress_to_vec(value, &mut lz4, lzzzz::lz4::ACC_LEVEL_DEFAULT)
+            && n < best_len
+            && plausible(value.len(), n)
+        {
+            best_len = n;
+            best = Stored::Lz4(lz4);
+        }
+        if let Some(d) = dictionary {
+            let mut zstd = Vec::new();
+            if let Some(n) = d.compress(value, &mut zstd)
+                && n < best_len
+                && plausible(value.len(), n)
+            {
+                best = Stored::Dictionary(d.id(), zstd);
+            }
+        }
+        best
+    }
+
+    fn data<'a>(&'a self, value: &'a [u8]) -> &'a [u8] {
+        match self {
+            Stored::Raw => value,
+            Stored::Lz4(data) | Stored::Dictionary(_, data) => data,
+        }
+    }
+}
+
+/// Bytes a medium value takes in its blob (not counting the header) when compressed with
+/// `dictionary` where that wins.
+pub fn stored_len(value: &[u8], dictionary: Option<&Dictionary>) -> usize {
+    Stored::of(value, dictionary).data(value).len()
+}
+
+/// Compresses a medium object's value and metadata into its own blob: with `dictionary`
+/// where that beats LZ4 alone, and the value as is where neither shrinks it.
+///
+/// ```text
+/// blob := bits:u8 [dictionary_id:u8] [expires_at_ms:varint] [flags:varint] [cas:varint]
+///         value_len:varint data
+/// bits := the record kind's metadata bits; bits 0-1 the codec (0 LZ4, 1 zstd with the
+///         dictionary named next), bit 6 stored as is
+/// ```
+pub fn encode_blob(value: &[u8], meta: &Meta, dictionary: Option<&Dictionary>) -> Box<[u8]> {
+    let stored = Stored::of(value, dictionary);
+    let data = stored.data(value);
+    let mut out = Vec::with_capacity(data.len() + 2 + MAX_METADATA + MAX_VARINT);
+    match stored {
+        Stored::Raw => out.push(meta.bits() | BLOB_RAW),
+        Stored::Lz4(_) => out.push(meta.bits() | BLOB_LZ4),
+        Stored::Dictionary(id, _) => out.extend_from_slice(&[meta.bits() | BLOB_DICTIONARY, id]),
+    }
     meta.encode(&mut out, CasBase::default());
     put_varint(&mut out, value.len() as u64);
-    let header = out.len();
-    let compressed = lzzzz::lz4::compress_to_vec(value, &mut out, lzzzz::lz4::ACC_LEVEL_DEFAULT);
-    if compressed.map_or(true, |n| n >= value.len()) {
-        out.truncate(header);
-        out[0] |= BLOB_RAW;
-        out.extend_from_slice(value);
-    }
+    out.extend_from_slice(data);
     out.into_boxed_slice()
+}
+
+/// A blob's header: codec bits, dictionary id (0 for none), metadata, value length,
+/// and where its data starts.
+fn parse_blob_header(blob: &[u8]) -> Option<(u8, u8, Meta, usize, usize)> {
+    let mut r = Reader { buf: blob, pos: 0 };
+    let bits = r.u8()?;
+    let dictionary = match bits & BLOB_CODEC {
+        BLOB_LZ4 => 0,
+        BLOB_DICTIONARY => r.u8().filter(|&id| id != 0)?,
+        _ => return None,
+    };
+    let meta = Meta::decode(bits, &mut r, CasBase::default())?;
+    let len = usize::try_from(r.varint()?).ok()?;
+    Some((bits, dictionary, meta, len, r.pos))
 }
 
 /// The metadata and value length of a blob, without decompressing its value.
 pub fn blob_header(blob: &[u8]) -> Option<(Meta, usize)> {
-    let mut r = Reader { buf: blob, pos: 0 };
-    let bits = r.u8()?;
-    let meta = Meta::decode(bits, &mut r, CasBase::default())?;
-    Some((meta, usize::try_from(r.varint()?).ok()?))
+    parse_blob_header(blob).map(|(_, _, meta, len, _)| (meta, len))
 }
 
-/// Decompresses a blob into its value and metadata; `None` if the blob is malformed.
-pub fn decode_blob(blob: &[u8]) -> Option<(Vec<u8>, Meta)> {
-    let mut r = Reader { buf: blob, pos: 0 };
-    let bits = r.u8()?;
-    let meta = Meta::decode(bits, &mut r, CasBase::default())?;
-    let len = usize::try_from(r.varint()?).ok()?;
-    let data = &blob[r.pos..];
+/// The id of the dictionary a blob was compressed with; 0 for none.
+pub fn blob_dictionary(blob: &[u8]) -> Option<u8> {
+    parse_blob_header(blob).map(|(_, id, ..)| id)
+}
+
+/// Decompresses a blob into its value and metadata; `None` if the blob is malformed, or
+/// names a dictionary other than `dictionary` (the one its leaf holds), or does not
+/// decode with it.
+pub fn decode_blob(blob: &[u8], dictionary: Option<&Dictionary>) -> Option<(Vec<u8>, Meta)> {
+    let (bits, id, meta, len, start) = parse_blob_header(blob)?;
+    let data = &blob[start..];
     if bits & BLOB_RAW != 0 {
         return (data.len() == len).then(|| (data.to_vec(), meta));
     }
-    // LZ4 expands at most ~255×; a larger claimed length is corruption, not a reason to
-    // allocate gigabytes.
-    if len > data.len().saturating_mul(255) + 16 {
+    if !plausible(len, data.len()) {
         return None;
+    }
+    if id != 0 {
+        let dictionary = dictionary.filter(|d| d.id() == id)?;
+        return dictionary.decompress(data, len).map(|value| (value, meta));
     }
     let mut value = vec![0; len];
     match lzzzz::lz4::decompress(data, &mut value) {
@@ -611,15 +697,15 @@ mod tests {
             base in any::<u64>(),
         ) {
             let _ = records_in(&bytes, CasBase(base)).count();
-            let _ = decode_blob(&bytes);
+            let _ = decode_blob(&bytes, None);
             let _ = blob_header(&bytes);
             let _ = read_varint(&bytes);
         }
 
         #[test]
         fn blobs_round_trip(value in proptest::collection::vec(0u8..4, 0..3000), meta in boundary_meta(0)) {
-            let blob = encode_blob(&value, &meta);
-            let (v, m) = decode_blob(&blob).unwrap();
+            let blob = encode_blob(&value, &meta, None);
+            let (v, m) = decode_blob(&blob, None).unwrap();
             prop_assert_eq!(&v, &value);
             prop_assert_eq!(m, meta);
             prop_assert_eq!(blob_header(&blob).unwrap(), (meta, value.len()));

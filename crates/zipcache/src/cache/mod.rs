@@ -181,6 +181,7 @@ impl ZipCache {
             // client may still hold.
             cas_origin: config.clock.now_ms().max(1) << 16,
             track_access: config.track_access,
+            dictionaries: config.dictionaries,
             opened_ms: config.clock.now_ms(),
         };
         let dram = DramTier::new(settings, memory.clone(), config.bypass_r);
@@ -357,6 +358,10 @@ impl ZipCache {
     /// far (emulated physical bytes are computed off the request path), so that `stats()`
     /// is exact afterwards. For measurements; the cache works without it.
     pub fn settle(&self) -> Result<()> {
+        if let Some(dictionaries) = &self.inner.dram.dictionaries {
+            // A training under way may swap the dictionary the merges compress with.
+            dictionaries.settle();
+        }
         self.inner.dram.merge_all(self.inner.now());
         if let Some(ssd) = &self.inner.ssd {
             ssd.device().drain()?;

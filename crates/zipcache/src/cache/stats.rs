@@ -102,6 +102,17 @@ impl Inner {
             dram_write_buffer_bytes: mem.write_buffers.max(0) as u64,
             dram_medium_bytes: mem.mediums.max(0) as u64,
             dram_access_bytes: mem.access_tables.max(0) as u64,
+            dram_dictionary_bytes: mem.dictionaries.max(0) as u64,
+            dictionaries_trained: self
+                .dram
+                .dictionaries
+                .as_ref()
+                .map_or(0, |d| d.counters.trained.load(Ordering::Relaxed)),
+            dictionaries_swapped: self
+                .dram
+                .dictionaries
+                .as_ref()
+                .map_or(0, |d| d.counters.swapped.load(Ordering::Relaxed)),
             dram_index_bytes: mem.index.max(0) as u64,
             rss_bytes: crate::stats::rss_bytes(std::process::id()),
             dram_withheld_bytes: self

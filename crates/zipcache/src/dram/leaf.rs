@@ -2,6 +2,7 @@
 //! state its lock guards (page, write buffer, medium blobs, objects' access state), its
 //! flags, and what its state is charged to the DRAM budget.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicI32, AtomicU8, AtomicU32, Ordering};
 
 use parking_lot::RwLock;
@@ -10,6 +11,7 @@ use super::DramTier;
 use super::access::AccessTable;
 use super::page::Summary;
 use crate::btree::Lockable;
+use crate::dictionary::Dictionary;
 use crate::memory::{Charge, alloc_size};
 use crate::write_buffer::WriteBuffer;
 
@@ -26,6 +28,9 @@ pub(super) struct Extras {
     pub(super) buffered: AtomicI32,
     /// Medium objects' blobs, by the slot their page record names.
     pub(super) blobs: Box<[Option<Box<[u8]>>]>,
+    /// The dictionary of those blobs that name one (a merge compresses them all with the
+    /// current one, so there is at most one a leaf).
+    pub(super) dictionary: Option<Arc<Dictionary>>,
     /// Boxed again, so that a leaf without it pays one pointer.
     pub(super) access_table: Option<Box<AccessTable>>,
 }
@@ -45,6 +50,10 @@ impl LeafState {
         self.extras.as_ref().map_or(&[], |e| &e.blobs)
     }
 
+    pub(super) fn dictionary(&self) -> Option<&Dictionary> {
+        self.extras.as_ref()?.dictionary.as_deref()
+    }
+
     pub(super) fn access_table(&self) -> Option<&AccessTable> {
         self.extras.as_ref()?.access_table.as_deref()
     }
@@ -58,10 +67,13 @@ impl LeafState {
 
     /// Drops the box of extras once it holds nothing.
     pub(super) fn tidy(&mut self) {
-        if let Some(extras) = &mut self.extras
-            && extras.access_table.as_ref().is_some_and(|t| t.is_empty())
-        {
-            extras.access_table = None;
+        if let Some(extras) = &mut self.extras {
+            if extras.access_table.as_ref().is_some_and(|t| t.is_empty()) {
+                extras.access_table = None;
+            }
+            if extras.blobs.is_empty() {
+                extras.dictionary = None;
+            }
         }
         if self
             .extras
@@ -159,6 +171,7 @@ pub(super) struct LeafContents {
     /// The page's body is uncompressed.
     pub(super) raw: bool,
     pub(super) blobs: Box<[Option<Box<[u8]>>]>,
+    pub(super) dictionary: Option<Arc<Dictionary>>,
     pub(super) access_table: Option<Box<AccessTable>>,
 }
 
@@ -170,9 +183,11 @@ pub(super) fn install(leaf: &DramLeaf, st: &mut LeafState, c: LeafContents) {
     if !c.blobs.is_empty() || c.access_table.is_some() {
         let extras = st.extras.get_or_insert_default();
         extras.blobs = c.blobs;
+        extras.dictionary = c.dictionary;
         extras.access_table = c.access_table;
     } else if let Some(extras) = &mut st.extras {
         extras.blobs = Box::default();
+        extras.dictionary = None;
         extras.access_table = None;
     }
     st.tidy();
@@ -209,6 +224,7 @@ impl DramTier {
             mediums: mediums as i64,
             access_tables: access as i64,
             index: 0,
+            dictionaries: 0,
         }
     }
 
@@ -259,10 +275,11 @@ mod tests {
     #[test]
     fn a_leaf_costs_at_most_64_bytes_and_the_account_is_exact() {
         assert_eq!(size_of::<DramLeaf>(), 40);
+        // 64 bytes (an 80-byte chunk): the dictionary's pointer took it past 56 bytes.
         assert_eq!(
             alloc_size(size_of::<Extras>()),
-            64,
-            "the access table's pointer costs a leaf without one nothing"
+            80,
+            "the extras grew past the chunk they take"
         );
         let (dram, memory) = tier_with(settings(256));
         let mut order: Vec<u32> = (0..40_000).collect();
@@ -313,6 +330,7 @@ mod tests {
     fn access_tables_are_charged_exactly() {
         let (dram, memory) = tier_with(DramSettings {
             track_access: true,
+            dictionaries: true,
             ..settings(256)
         });
         let keys: Vec<Vec<u8>> = (0..20_000u32)

@@ -2,6 +2,7 @@
 //! and the split of a leaf whose objects no longer fit one page.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -15,7 +16,10 @@ use super::leaf::{
 use super::page::Summary;
 use super::{Bounds, DramTier, LeafId, ScanEntry};
 use crate::btree::{cut_into_leaves, split_fences};
-use crate::record::{CasBase, Meta, Payload, Record, blob_header, decode_blob, encode_blob};
+use crate::dictionary::Dictionary;
+use crate::record::{
+    CasBase, Meta, Payload, Record, blob_dictionary, blob_header, decode_blob, encode_blob,
+};
 use crate::write_buffer::WriteBuffer;
 
 /// Medium objects one page can name: a page record points at its blob by a `u16` slot,
@@ -131,6 +135,27 @@ impl Obj<'_> {
     }
 }
 
+/// The dictionaries of a merge: the one its source leaf's blobs name, and the one its
+/// new blobs are compressed with (the current one).
+#[derive(Clone, Copy)]
+pub(super) struct Compression<'d> {
+    source: Option<&'d Arc<Dictionary>>,
+    target: Option<&'d Arc<Dictionary>>,
+}
+
+impl Compression<'_> {
+    /// Whether `blob` names a dictionary other than the target: then it is compressed
+    /// again, so that a leaf holds one dictionary and old ones can go.
+    fn recompresses(&self, blob: &[u8]) -> bool {
+        let named = blob_dictionary(blob).is_some_and(|id| id != 0);
+        let same = match (self.source, self.target) {
+            (Some(s), Some(t)) => Arc::ptr_eq(s, t),
+            _ => false,
+        };
+        named && !same
+    }
+}
+
 /// Which values a merge lets go besides expired ones: the candidates, less the most
 /// read of them (`ReadFrequency::keep`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -180,13 +205,24 @@ impl DramTier {
         let mut extras = st.extras.take().unwrap_or_default();
         let buffer = extras.buffer.take();
         let mut old_blobs = std::mem::take(&mut extras.blobs);
+        let old_dictionary = extras.dictionary.take();
         let access_table = extras.access_table.take();
         drop(extras);
+        let dictionary = self.current_dictionary();
         let old_page = st.page.take();
         let decoded = self.decode(leaf, old_page.as_deref());
         let page = decoded.as_ref().map(|(base, body)| (*base, &body[..]));
         let gathered = self.gather(page, &buffer, &old_blobs, now_ms);
-        let (mut objs, shedding) = self.survivors(gathered, &mut old_blobs, shed, now_ms);
+        let (mut objs, shedding) = self.survivors(
+            gathered,
+            &mut old_blobs,
+            Compression {
+                source: old_dictionary.as_ref(),
+                target: dictionary.as_ref(),
+            },
+            shed,
+            now_ms,
+        );
         // A full leaf shares with its right neighbour before it splits (`share`).
         let mut neighbour = None;
         if shed == Shed::Nothing && !leaf.lost() && self.splits_at_random(&objs) {
@@ -200,7 +236,12 @@ impl DramTier {
             (Some(given), Some(n)) => {
                 let page = given.body.as_deref().map(|body| (given.cas_base, body));
                 let theirs = self.gather(page, &given.buffer, &given.blobs, now_ms);
-                let (theirs, _) = self.survivors(theirs, &mut given.blobs, Shed::Nothing, now_ms);
+                let compression = Compression {
+                    source: given.dictionary.as_ref(),
+                    target: dictionary.as_ref(),
+                };
+                let (theirs, _) =
+                    self.survivors(theirs, &mut given.blobs, compression, Shed::Nothing, now_ms);
                 objs.extend(theirs);
                 self.retire_neighbour(n);
                 self.share(&objs)
@@ -213,7 +254,12 @@ impl DramTier {
         let mut contents = Vec::with_capacity(chunks.len());
         for (i, &(start, end)) in chunks.iter().enumerate() {
             let chunk: Vec<Obj> = objs_iter.by_ref().take(end - start).collect();
-            contents.push(self.build(chunk, hot && i == 0, access_table.as_deref()));
+            contents.push(self.build(
+                chunk,
+                hot && i == 0,
+                access_table.as_deref(),
+                dictionary.as_ref(),
+            ));
         }
         drop(buffer);
         let mut contents = contents.into_iter();
@@ -237,25 +283,42 @@ impl DramTier {
         shedding
     }
 
-    /// The objects of a merge that stay: medium objects' blobs taken from `old_blobs`,
-    /// less what `shed` lets go and tombstones with nothing below to hide. Raises the
-    /// CAS floor over the versions that leave.
+    /// The objects of a merge that stay: medium objects' blobs taken from `old_blobs`
+    /// (compressed again with the current dictionary if they name another), new medium
+    /// values compressed (and offered to the dictionaries' reservoir), less what `shed`
+    /// lets go and tombstones with nothing below to hide. Raises the CAS floor over the
+    /// versions that leave.
     fn survivors<'a>(
         &self,
         mut objs: Vec<Obj<'a>>,
         old_blobs: &mut [Option<Box<[u8]>>],
+        compression: Compression<'_>,
         shed: Shed,
         now_ms: u64,
     ) -> (Vec<Obj<'a>>, Shedding) {
         let keep_tombstones = self.settings.keep_tombstones;
+        let target = compression.target.map(|d| &**d);
         for obj in &mut objs {
             match obj.body {
                 Body::Slot(slot) => match old_blobs.get_mut(slot as usize).and_then(Option::take) {
+                    Some(blob) if compression.recompresses(&blob) => {
+                        let source = compression.source.map(|d| &**d);
+                        obj.body = match decode_blob(&blob, source) {
+                            Some((value, meta)) => Body::Blob(encode_blob(&value, &meta, target)),
+                            None => {
+                                self.counters.corrupt_pages.fetch_add(1, Ordering::Relaxed);
+                                Body::Tombstone
+                            }
+                        };
+                    }
                     Some(blob) => obj.body = Body::Blob(blob),
                     None => obj.body = Body::Tombstone,
                 },
                 Body::Inline(v) if obj.key.len() + v.len() >= self.settings.tiny_max => {
-                    obj.body = Body::Blob(encode_blob(v, &obj.meta));
+                    if let Some(dictionaries) = &self.dictionaries {
+                        dictionaries.offer(v);
+                    }
+                    obj.body = Body::Blob(encode_blob(v, &obj.meta, target));
                 }
                 _ => {}
             }
@@ -387,8 +450,15 @@ impl DramTier {
     }
 
     /// Page, blobs and access state (from `access_table`, the merged leaf's) for one
-    /// leaf's worth of objects.
-    fn build(&self, objs: Vec<Obj>, hot: bool, access_table: Option<&AccessTable>) -> LeafContents {
+    /// leaf's worth of objects; `dictionary` is the one its blobs that name one were
+    /// compressed with (`survivors` sees to it).
+    fn build(
+        &self,
+        objs: Vec<Obj>,
+        hot: bool,
+        access_table: Option<&AccessTable>,
+        dictionary: Option<&Arc<Dictionary>>,
+    ) -> LeafContents {
         let mut slots = 0usize;
         let records: Vec<Record> = objs
             .iter()
@@ -430,8 +500,10 @@ impl DramTier {
         });
         // Pushed one by one: `collect` would reuse the far larger `objs` allocation.
         let mut blobs = Vec::new();
+        let mut named = false;
         for o in objs {
             if let Body::Blob(b) = o.body {
+                named |= blob_dictionary(&b).is_some_and(|id| id != 0);
                 blobs.push(Some(b));
             }
         }
@@ -439,6 +511,7 @@ impl DramTier {
             page,
             raw: hot,
             blobs: blobs.into_boxed_slice(),
+            dictionary: dictionary.filter(|_| named).cloned(),
             access_table,
         }
     }
@@ -551,7 +624,7 @@ impl DramTier {
                         .blobs()
                         .get(slot as usize)
                         .and_then(Option::as_deref)
-                        .and_then(decode_blob)
+                        .and_then(|blob| decode_blob(blob, st.dictionary()))
                     {
                         Some(found) => Some(found),
                         // A damaged blob: a tombstone, which hides the older copies below.

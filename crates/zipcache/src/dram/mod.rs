@@ -50,6 +50,8 @@ use parking_lot::{Mutex, RwLock};
 use crate::AccessState;
 use crate::btree::{BTree, Child, Exclusive, Fence, Shared};
 use crate::bypass::Bypass;
+use crate::dictionary::Dictionary;
+use crate::dictionary::training::{Dictionaries, TrainingSettings};
 use crate::eviction::EvictionListener;
 use crate::memory::Memory;
 use crate::packed_page::PackedLayout;
@@ -105,6 +107,8 @@ pub struct DramSettings {
     pub cas_origin: u64,
     /// Keep each object's access state ([`access`]).
     pub track_access: bool,
+    /// Compress medium objects with trained dictionaries ([`crate::dictionary`]).
+    pub dictionaries: bool,
     /// The engine clock at open: access times are whole seconds from it.
     pub opened_ms: u64,
 }
@@ -139,6 +143,8 @@ pub struct DramTier {
     pub counters: DramCounters,
     /// How often keys were read lately: eviction keeps a cold leaf's hot objects.
     reads: frequency::ReadFrequency,
+    /// Trained dictionaries for medium objects; `None` with the setting off.
+    pub(crate) dictionaries: Option<Arc<Dictionaries>>,
     /// Low fence of the leaf the CLOCK hand points at.
     hand: Mutex<Fence>,
     /// Held by `evict_one` for its whole group eviction, and by whoever frees the slots
@@ -194,6 +200,9 @@ impl DramTier {
         let (first, slots_bytes) = leaves.allocate();
         let tree = BTree::new(LeafId(first));
         let reads = frequency::ReadFrequency::new(settings.dram_capacity);
+        let dictionaries = TrainingSettings::for_budget(settings.dram_capacity)
+            .filter(|_| settings.dictionaries)
+            .map(|training| Arc::new(Dictionaries::new(training, memory.clone())));
         memory.change_index(tree.node_bytes() as i64 + slots_bytes + reads.bytes());
         DramTier {
             tree,
@@ -205,6 +214,7 @@ impl DramTier {
             bypass: Bypass::new(bypass_r),
             counters: DramCounters::default(),
             reads,
+            dictionaries,
             hand: Mutex::new(Fence::from(&[][..])),
             evicting: Mutex::new(()),
             retired: Mutex::new(Vec::new()),
@@ -212,6 +222,11 @@ impl DramTier {
             cas_floor: AtomicU64::new(settings.cas_origin),
             cas_high: AtomicU64::new(settings.cas_origin),
         }
+    }
+
+    /// The dictionary new medium blobs are compressed with.
+    fn current_dictionary(&self) -> Option<Arc<Dictionary>> {
+        self.dictionaries.as_ref()?.current()
     }
 
     pub fn leaf_count(&self) -> u64 {
@@ -289,7 +304,7 @@ impl DramTier {
                     .blobs()
                     .get(slot as usize)
                     .and_then(Option::as_deref)
-                    .and_then(decode_blob)
+                    .and_then(|blob| decode_blob(blob, st.dictionary()))
                 {
                     Some(found) => found,
                     None => {

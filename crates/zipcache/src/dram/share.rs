@@ -14,12 +14,15 @@
 //! leaves); otherwise the leaf splits alone. Sequential inserts do not share: they cut
 //! before the new keys (`merge::sequential_cut`), which already leaves full pages.
 
+use std::sync::Arc;
+
 use parking_lot::{MutexGuard, RwLockWriteGuard};
 
 use super::leaf::{DramLeaf, Extras, LeafState, RETIRED};
 use super::merge::Obj;
 use super::{DramTier, LeafId};
 use crate::btree::Fence;
+use crate::dictionary::Dictionary;
 use crate::record::CasBase;
 use crate::slots::View;
 use crate::write_buffer::WriteBuffer;
@@ -43,6 +46,7 @@ pub(super) struct Given {
     pub(super) body: Option<Vec<u8>>,
     pub(super) buffer: WriteBuffer,
     pub(super) blobs: Box<[Option<Box<[u8]>>]>,
+    pub(super) dictionary: Option<Arc<Dictionary>>,
 }
 
 impl DramTier {
@@ -92,12 +96,18 @@ impl DramTier {
             st.page = None;
             st.extras.take()
         });
-        let Extras { buffer, blobs, .. } = *extras.unwrap_or_default();
+        let Extras {
+            buffer,
+            blobs,
+            dictionary,
+            ..
+        } = *extras.unwrap_or_default();
         Some(Given {
             cas_base,
             body,
             buffer,
             blobs,
+            dictionary,
         })
     }
 

@@ -39,6 +39,7 @@ pub(super) fn tier() -> DramTier {
         keep_tombstones: true,
         cas_origin: 1 << 40,
         track_access: false,
+        dictionaries: true,
         opened_ms: 0,
     };
     DramTier::new(settings, Arc::new(Memory::default()), 0.0)

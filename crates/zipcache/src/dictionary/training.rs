@@ -1,0 +1,273 @@
+//! Which dictionary the engine compresses new medium objects with, and how it gets one:
+//! a reservoir sample of recent medium values, trained in the background into a
+//! candidate that replaces the current dictionary only if a held-out part of the sample
+//! compresses noticeably better with it.
+//!
+//! The sample is a reservoir over a window of writes (every value of the window equally
+//! likely to be in it, whatever the window's length), bounded in count and in bytes a
+//! value, and charged to the DRAM budget. The first window is as long as the reservoir
+//! (the first dictionary comes early); after a swap the next window is
+//! [`WINDOW_AFTER_SWAP`] reservoirs long, and after a candidate that did not win twice
+//! as long as the last, up to [`LONGEST_WINDOW`], so a stable schema costs little
+//! training while a changed one gets a new dictionary within a few windows.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use arc_swap::ArcSwapOption;
+use parking_lot::Mutex;
+
+use super::Dictionary;
+use crate::memory::{Memory, alloc_size};
+use crate::record::stored_len;
+
+/// Bytes of a value the reservoir keeps: the start of a document is where its schema
+/// shows (field names), and a bound a sample keeps the reservoir's bytes bounded.
+const SAMPLE_PREFIX: usize = 1024;
+/// A candidate replaces the current dictionary if the held-out values take at most this
+/// fraction of what they take with the current one (or with none).
+const SWAP_BELOW: f64 = 0.95;
+/// One sample in this many is held out of training, to judge the candidate.
+const HELD_OUT_EVERY: usize = 8;
+/// Windows, in reservoirs: after a swap, and the longest.
+const WINDOW_AFTER_SWAP: u64 = 8;
+const LONGEST_WINDOW: u64 = 256;
+
+/// How large the reservoir and the dictionary are for a DRAM budget.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TrainingSettings {
+    pub samples: usize,
+    pub dictionary_size: usize,
+}
+
+/// The smallest DRAM budget that trains dictionaries: a dictionary's prepared forms take
+/// 0.5–0.7 MB at level 3 (the compression dictionary's match tables most of it), 6 % of
+/// this budget with its reservoir; below it they would crowd out the objects.
+pub const MIN_BUDGET: u64 = 8 << 20;
+
+impl TrainingSettings {
+    /// A reservoir of one sample per 32 KiB of budget (at most 2,048 of at most 1 KiB)
+    /// and a dictionary of 1/256 of the budget (32 to 112 KiB); `None` below
+    /// [`MIN_BUDGET`].
+    pub fn for_budget(dram_capacity: u64) -> Option<Self> {
+        (dram_capacity >= MIN_BUDGET).then(|| TrainingSettings {
+            samples: (dram_capacity / (32 << 10)).min(2048) as usize,
+            dictionary_size: (dram_capacity / 256).clamp(32 << 10, 112 << 10) as usize,
+        })
+    }
+}
+
+#[derive(Debug, Default)]
+pub struct TrainingCounters {
+    /// Candidates trained.
+    pub trained: AtomicU64,
+    /// Candidates that became the current dictionary.
+    pub swapped: AtomicU64,
+}
+
+/// The engine's dictionaries: the current one, and the training that may replace it.
+pub struct Dictionaries {
+    settings: TrainingSettings,
+    current: ArcSwapOption<Dictionary>,
+    reservoir: Mutex<Reservoir>,
+    memory: Arc<Memory>,
+    pub counters: TrainingCounters,
+}
+
+struct Reservoir {
+    samples: Vec<Box<[u8]>>,
+    /// Values offered in this window.
+    seen: u64,
+    /// Window length, in values.
+    window: u64,
+    /// SplitMix64 state for the reservoir's choices.
+    rng: u64,
+    /// Bytes charged for `samples`.
+    charged: i64,
+    training: Option<std::thread::JoinHandle<()>>,
+    next_id: u8,
+}
+
+impl Dictionaries {
+    pub fn new(settings: TrainingSettings, memory: Arc<Memory>) -> Self {
+        Dictionaries {
+            settings,
+            current: ArcSwapOption::empty(),
+            reservoir: Mutex::new(Reservoir {
+                samples: Vec::new(),
+                seen: 0,
+                window: settings.samples as u64,
+                rng: 0x5eed,
+                charged: 0,
+                training: None,
+                next_id: 1,
+            }),
+            memory,
+            counters: TrainingCounters::default(),
+        }
+    }
+
+    /// The dictionary new blobs are compressed with, if there is one yet.
+    pub fn current(&self) -> Option<Arc<Dictionary>> {
+        self.current.load_full()
+    }
+
+    /// A medium value just written: it may join the reservoir, and a full window starts
+    /// a training in the background (on its own thread).
+    pub fn offer(self: &Arc<Self>, value: &[u8]) {
+        let mut r = self.reservoir.lock();
+        r.seen += 1;
+        let slot = if r.samples.len() < self.settings.samples {
+            Some(r.samples.len())
+        } else {
+            r.rng = r.rng.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            let pick = (mix(r.rng) % r.seen) as usize;
+            (pick < self.settings.samples).then_some(pick)
+        };
+        if let Some(slot) = slot {
+            let sample: Box<[u8]> = value[..value.len().min(SAMPLE_PREFIX)].into();
+            let mut delta = alloc_size(sample.len()) as i64;
+            if slot == r.samples.len() {
+                r.samples.push(sample);
+            } else {
+                delta -= alloc_size(r.samples[slot].len()) as i64;
+                r.samples[slot] = sample;
+            }
+            r.charged += delta;
+            self.memory.change_dictionaries(delta);
+        }
+        let busy = r.training.as_ref().is_some_and(|t| !t.is_finished());
+        if r.seen >= r.window && !busy {
+            let samples = std::mem::take(&mut r.samples);
+            let charged = std::mem::take(&mut r.charged);
+            r.seen = 0;
+            let id = r.next_id;
+            r.next_id = r.next_id.checked_add(1).unwrap_or(1);
+            let this = self.clone();
+            r.training = std::thread::Builder::new()
+                .name("zipcache-dictionary".into())
+                .spawn(move || this.train(id, samples, charged))
+                .ok();
+        }
+    }
+
+    /// Trains a candidate on `samples` (less those held out), and makes it current if
+    /// the held-out samples compress noticeably better with it.
+    fn train(&self, id: u8, samples: Vec<Box<[u8]>>, charged: i64) {
+        let (held_out, training): (Vec<_>, Vec<_>) = samples
+            .iter()
+            .enumerate()
+            .partition(|(i, _)| i % HELD_OUT_EVERY == 0);
+        let training: Vec<&[u8]> = training.into_iter().map(|(_, s)| &s[..]).collect();
+        let held_out: Vec<&[u8]> = held_out.into_iter().map(|(_, s)| &s[..]).collect();
+        let candidate = zstd::dict::from_samples(&training, self.settings.dictionary_size)
+            .ok()
+            .and_then(|raw| Dictionary::prepare(id, &raw, self.memory.clone()));
+        self.counters.trained.fetch_add(1, Ordering::Relaxed);
+        let current = self.current();
+        let cost = |dictionary: Option<&Dictionary>| -> usize {
+            held_out.iter().map(|v| stored_len(v, dictionary)).sum()
+        };
+        let better = candidate
+            .as_ref()
+            .is_some_and(|c| cost(Some(c)) as f64 <= cost(current.as_deref()) as f64 * SWAP_BELOW);
+        drop(held_out);
+        drop(training);
+        drop(samples);
+        self.memory.change_dictionaries(-charged);
+        let mut r = self.reservoir.lock();
+        let reservoir = self.settings.samples as u64;
+        if better {
+            self.current.store(candidate);
+            self.counters.swapped.fetch_add(1, Ordering::Relaxed);
+            r.window = reservoir * WINDOW_AFTER_SWAP;
+        } else {
+            r.window = (r.window * 2).clamp(reservoir, reservoir * LONGEST_WINDOW);
+        }
+    }
+
+    /// Waits for a training under way to finish (for tests and a clean close).
+    pub fn settle(&self) {
+        let training = self.reservoir.lock().training.take();
+        if let Some(t) = training {
+            let _ = t.join();
+        }
+    }
+}
+
+pub(crate) fn mix(x: u64) -> u64 {
+    let mut z = x;
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::document;
+    use super::*;
+
+    fn cost(dictionaries: &Dictionaries, schema: u8) -> usize {
+        let current = dictionaries.current();
+        (10_000..10_200)
+            .map(|i| stored_len(&document(schema, i), current.as_deref()))
+            .sum()
+    }
+
+    /// Offers documents of `schema` until a dictionary is swapped in (each window's
+    /// training finishes before the next offer); how many it took.
+    fn offer_until_swapped(dictionaries: &Arc<Dictionaries>, schema: u8, from: u64) -> u64 {
+        let swapped = dictionaries.counters.swapped.load(Ordering::Relaxed);
+        for i in from..from + 200_000 {
+            dictionaries.offer(&document(schema, i));
+            dictionaries.settle();
+            if dictionaries.counters.swapped.load(Ordering::Relaxed) > swapped {
+                return i - from;
+            }
+        }
+        panic!("no dictionary for schema {schema}");
+    }
+
+    /// The schema changes halfway: the first dictionary stops fitting, a later window
+    /// trains one for the new schema, and the ratio comes back.
+    #[test]
+    fn the_ratio_recovers_when_the_schema_changes() {
+        let memory = Arc::new(Memory::default());
+        let settings = TrainingSettings {
+            samples: 256,
+            dictionary_size: 16 << 10,
+        };
+        let dictionaries = Arc::new(Dictionaries::new(settings, memory.clone()));
+        let lz4_users = cost(&dictionaries, 0);
+        offer_until_swapped(&dictionaries, 0, 0);
+        let users = cost(&dictionaries, 0);
+        let first = dictionaries.current().unwrap();
+        assert!(
+            users * 2 < lz4_users,
+            "users: {users} with, {lz4_users} LZ4"
+        );
+        let orders_before = cost(&dictionaries, 1);
+        let took = offer_until_swapped(&dictionaries, 1, 1_000_000);
+        let orders_after = cost(&dictionaries, 1);
+        assert!(
+            orders_after * 3 < orders_before * 2,
+            "orders: {orders_after} after, {orders_before} before ({took} offered)"
+        );
+        // Within a third of what the first schema got from its own dictionary.
+        let lz4_orders = {
+            let none = Dictionaries::new(settings, Arc::new(Memory::default()));
+            cost(&none, 1)
+        };
+        assert!(
+            (orders_after as f64 / lz4_orders as f64) < (users as f64 / lz4_users as f64) * 1.34,
+            "orders {orders_after}/{lz4_orders}, users {users}/{lz4_users}"
+        );
+        assert!(!Arc::ptr_eq(&first, &dictionaries.current().unwrap()));
+        // The old dictionary lives while someone holds it, and is uncharged after.
+        let charged = memory.snapshot().dictionaries;
+        drop(first);
+        assert!(memory.snapshot().dictionaries < charged);
+        drop(dictionaries);
+        assert_eq!(memory.snapshot().dictionaries, 0, "all uncharged");
+    }
+}
