@@ -6,6 +6,7 @@
 //! into commands and executes those; `server` owns threads, listeners and admission;
 //! `settings` the flags; `auth` and `tls` access control.
 
+mod access;
 mod auth;
 mod connection;
 mod memcache;
@@ -23,8 +24,8 @@ use std::sync::Arc;
 use tokio::signal::unix::{SignalKind, signal};
 use zipcache::ZipCache;
 
+pub use access::Credentials;
 pub use auth::Password;
-pub use memcache::Credentials;
 pub use server::{Runtime, ServerHandle, ServerOptions, start};
 pub use settings::{ServeArgs, Settings};
 pub use tls::TlsFiles;
@@ -173,8 +174,9 @@ pub mod fuzzing {
             rest = rest.get(len.saturating_add(swallow)..).unwrap_or_default();
         }
 
-        let credentials = crate::memcache::Credentials::parse(USER).expect("credentials");
-        let answered = |bytes: &[u8]| match attempt(bytes, &credentials) {
+        let credentials = crate::access::Credentials::parse(USER).expect("credentials");
+        let access = crate::access::AccessPolicy::new(None, Some(Arc::new(credentials)));
+        let answered = |bytes: &[u8]| match attempt(bytes, &access) {
             answer @ Attempt::Answered { len, .. } => Some((len, answer)),
             Attempt::NeedMore | Attempt::Close => None,
         };

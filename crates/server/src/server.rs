@@ -16,7 +16,6 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use arc_swap::ArcSwap;
 use socket2::{Domain, Protocol, Socket, Type};
 use tokio::io::unix::AsyncFd;
 use tokio::io::{AsyncWriteExt, Interest};
@@ -24,12 +23,13 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Notify, mpsc, watch};
 use zipcache::ZipCache;
 
+use crate::access::{AccessPolicy, Credentials};
 use crate::auth::Password;
 use crate::connection::{self, Transport};
 use crate::memcache::annotations::Annotations;
 use crate::memcache::conns::Connections;
 use crate::memcache::prefix_stats::PrefixStats;
-use crate::memcache::{Crawler, Credentials, MemcacheSession};
+use crate::memcache::{Crawler, MemcacheSession};
 use crate::metrics_http;
 use crate::resp::RespSession;
 use crate::stats::Counters;
@@ -65,7 +65,8 @@ pub struct ServerOptions {
     /// The engine's value size limit (memcached rejects larger values before reading them).
     pub max_value_size: usize,
     pub runtime: Runtime,
-    /// RESP clients must `AUTH` with this first.
+    /// The `default` user's password: clients of every port must log in first (see
+    /// [`AccessPolicy`]).
     pub requirepass: Option<Password>,
     /// Both protocol ports speak TLS (the metrics port stays plain HTTP).
     pub tls: Option<TlsFiles>,
@@ -74,9 +75,9 @@ pub struct ServerOptions {
     /// False answers memcached's `flush_all` with `CLIENT_ERROR flush_all not allowed`
     /// (memcached `-F`) and RESP `FLUSHALL`/`FLUSHDB` with Redis's ACL `-NOPERM` error.
     pub flush_all_enabled: bool,
-    /// Users a memcached connection must authenticate as before anything else
-    /// (memcached `-Y`); `None` = open.
-    pub memcached_auth: Option<Arc<Credentials>>,
+    /// Users (memcached `-Y`'s file) clients of every port must log in as first, beside
+    /// `default` with `requirepass`; with neither, the server is open.
+    pub users: Option<Arc<Credentials>>,
     /// memcached's LRU crawler starts enabled (`lru_crawler enable|disable` switch it).
     pub lru_crawler: bool,
     /// Connections that send nothing for this long are closed and counted in
@@ -102,7 +103,7 @@ impl Default for ServerOptions {
             tls: None,
             keys_limit: 100_000,
             flush_all_enabled: true,
-            memcached_auth: None,
+            users: None,
             lru_crawler: true,
             idle_timeout: None,
             shutdown_enabled: false,
@@ -139,13 +140,11 @@ pub struct Shared {
     pub counters: Counters,
     pub info: ServerInfo,
     pub max_value: usize,
-    pub requirepass: Option<Password>,
+    /// Who may use the server, on every port.
+    pub access: AccessPolicy,
     pub keys_limit: usize,
     pub started: Instant,
     pub flush_all_enabled: bool,
-    /// The users memcached connections authenticate against ([`Shared::memcached_users`]);
-    /// replaced when the auth file is reloaded.
-    pub memcached_auth: Option<ArcSwap<Credentials>>,
     /// Both protocol ports speak TLS; set by `start`.
     pub tls: Option<Tls>,
     pub annotations: Annotations,
@@ -171,11 +170,10 @@ impl Shared {
             counters: Counters::default(),
             info,
             max_value: options.max_value_size,
-            requirepass: options.requirepass.clone(),
+            access: AccessPolicy::new(options.requirepass.clone(), options.users.clone()),
             keys_limit: options.keys_limit,
             started: Instant::now(),
             flush_all_enabled: options.flush_all_enabled,
-            memcached_auth: options.memcached_auth.clone().map(ArcSwap::new),
             tls: None,
             annotations: Annotations::default(),
             crawler: Crawler::new(options.lru_crawler),
@@ -187,11 +185,6 @@ impl Shared {
             shutdown_requested: Arc::new(Notify::new()),
             accepting: AtomicBool::new(true),
         }
-    }
-
-    /// The users a memcached connection authenticates against now (`None`: open).
-    pub fn memcached_users(&self) -> Option<Arc<Credentials>> {
-        self.memcached_auth.as_ref().map(ArcSwap::load_full)
     }
 
     /// memcached's `refresh_certs`: the TLS files read again (`Ok(false)`: no TLS). On
@@ -206,18 +199,7 @@ impl Shared {
     /// SIGHUP, as memcached: the auth file and the TLS files read again. One line per
     /// file set, saying how it went; one that fails to load leaves what was loaded before.
     pub fn reload_files(&self) -> Vec<String> {
-        let mut said = Vec::new();
-        if let Some(auth) = &self.memcached_auth
-            && let Some(reloaded) = auth.load().reloaded()
-        {
-            said.push(match reloaded {
-                Ok(users) => {
-                    auth.store(Arc::new(users));
-                    "auth file reloaded".to_string()
-                }
-                Err(e) => format!("auth file not reloaded, the old users stay: {e}"),
-            });
-        }
+        let mut said: Vec<String> = self.access.reload_users().into_iter().collect();
         match self.refresh_certs() {
             Ok(false) => {}
             Ok(true) => said.push("TLS certificates reloaded".into()),
@@ -520,6 +502,7 @@ async fn accept_loop(protocol: Service, listener: TcpListener, serving: Serving)
         mut stopped,
         runtimes,
     } = serving;
+    let metrics = metrics_http::Endpoint::default();
     loop {
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
@@ -531,7 +514,7 @@ async fn accept_loop(protocol: Service, listener: TcpListener, serving: Serving)
             continue;
         };
         if protocol == Service::Metrics {
-            tokio::spawn(metrics_http::respond(stream, shared.clone()));
+            metrics.admit(stream, shared.clone());
             continue;
         }
         let counters = &shared.counters;

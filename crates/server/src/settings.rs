@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use clap::ValueEnum;
 
+use crate::access::Credentials;
 use crate::auth::Password;
-use crate::memcache::Credentials;
 use crate::server::{Runtime, ServerOptions};
 use crate::tls::TlsFiles;
 
@@ -125,7 +125,7 @@ pub struct Settings {
     pub flush_all_enabled: bool,
     pub lru_crawler: bool,
     /// The users of `auth_file`, read at start-up (and again on SIGHUP, by the server).
-    pub memcached_auth: Option<Arc<Credentials>>,
+    pub users: Option<Arc<Credentials>>,
     /// Seconds; 0 = never.
     pub idle_timeout: u64,
     pub shutdown_enabled: bool,
@@ -183,7 +183,7 @@ impl Settings {
         };
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         let auth_file = args.auth_file.or(file.auth_file);
-        let memcached_auth = match &auth_file {
+        let users = match &auth_file {
             Some(path) => Some(Arc::new(
                 Credentials::load(path).map_err(|e| format!("--auth-file {e}"))?,
             )),
@@ -225,7 +225,7 @@ impl Settings {
             keys_limit: args.keys_limit.or(file.keys_limit).unwrap_or(100_000),
             flush_all_enabled: !(args.disable_flush_all || file.disable_flush_all),
             lru_crawler: !(args.disable_lru_crawler || file.disable_lru_crawler),
-            memcached_auth,
+            users,
             idle_timeout: args.idle_timeout.or(file.idle_timeout).unwrap_or(0),
             shutdown_enabled: args.enable_shutdown || file.enable_shutdown,
         })
@@ -304,7 +304,7 @@ impl Settings {
             runtime: self.runtime,
             flush_all_enabled: self.flush_all_enabled,
             lru_crawler: self.lru_crawler,
-            memcached_auth: self.memcached_auth.clone(),
+            users: self.users.clone(),
             idle_timeout: (self.idle_timeout > 0)
                 .then(|| std::time::Duration::from_secs(self.idle_timeout)),
             shutdown_enabled: self.shutdown_enabled,
@@ -468,12 +468,7 @@ mod tests {
         assert_eq!((s.runtime, s.threads), (Runtime::Shared, 3));
         assert!(!s.flush_all_enabled);
         assert!(!s.lru_crawler && !s.server_options(1).lru_crawler);
-        assert!(
-            s.memcached_auth
-                .as_ref()
-                .unwrap()
-                .check(b"ada", b"lovelace")
-        );
+        assert!(s.users.as_ref().unwrap().check(b"ada", b"lovelace"));
         let config = s.engine_config().unwrap();
         assert_eq!((config.bypass_r, config.write_buffer), (0.0, 128));
         assert!(config.track_access);

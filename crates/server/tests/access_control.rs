@@ -24,7 +24,7 @@ fn server_with(options: ServerOptions) -> TestServer {
 fn nothing_but_authentication_before_a_client_authenticates() {
     let users = Credentials::parse(b"foo:bar\nbaaaz:quux\n").unwrap();
     let server = server_with(ServerOptions {
-        memcached_auth: Some(Arc::new(users)),
+        users: Some(Arc::new(users)),
         ..ServerOptions::default()
     });
     let mut c = Client::connect(server.memcached);
@@ -69,7 +69,7 @@ fn nothing_but_authentication_before_a_client_authenticates() {
 #[test]
 fn junk_before_authentication_closes_the_connection() {
     let server = server_with(ServerOptions {
-        memcached_auth: Some(Arc::new(Credentials::parse(b"a:b").unwrap())),
+        users: Some(Arc::new(Credentials::parse(b"a:b").unwrap())),
         ..ServerOptions::default()
     });
     let mut c = Client::connect(server.memcached);
@@ -162,7 +162,7 @@ fn serve_flags_reach_the_server_options() {
     .unwrap();
     let options = settings.server_options(1 << 20);
     assert!(!options.flush_all_enabled);
-    assert!(options.memcached_auth.unwrap().check(b"ada", b"lovelace"));
+    assert!(options.users.unwrap().check(b"ada", b"lovelace"));
     let missing = ServeArgs {
         auth_file: Some(dir.join("nope")),
         ..ServeArgs::default()
