@@ -27,7 +27,7 @@ use zipcache::ZipCache;
 pub use access::Credentials;
 pub use auth::Password;
 pub use server::{Runtime, ServerHandle, ServerOptions, start};
-pub use settings::{ServeArgs, Settings};
+pub use settings::{Port, ServeArgs, Settings};
 pub use tls::TlsFiles;
 
 /// Whole protocol sessions over an in-memory byte stream, for the fuzz targets and the

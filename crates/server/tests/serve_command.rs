@@ -14,8 +14,8 @@ fn sigterm_stops_serve_cleanly() {
     let data_dir = std::env::temp_dir().join(format!("zipcache-serve-{}", std::process::id()));
     let (mc_port, resp_port) = (free_port(), free_port());
     let args = ServeArgs {
-        memcached_port: Some(mc_port),
-        resp_port: Some(resp_port),
+        memcached_port: Some(mc_port.into()),
+        resp_port: Some(resp_port.into()),
         dram: Some("32MiB".into()),
         ssd: Some("none".into()),
         data_dir: Some(data_dir.clone()),
