@@ -26,7 +26,7 @@ use zipcache::ZipCache;
 
 pub use access::Credentials;
 pub use auth::Password;
-pub use server::{Runtime, ServerHandle, ServerOptions, start};
+pub use server::{Bound, Runtime, ServerHandle, ServerOptions, start};
 pub use settings::{Port, ServeArgs, Settings};
 pub use tls::TlsFiles;
 
@@ -341,18 +341,26 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
         (term, int, hup)
     };
 
-    let max_value = config.max_value_size;
+    // Ports, TLS and auth files first: a start that fails on them leaves the flash tier
+    // as the last clean stop left it, since no engine was opened.
+    let bound = Bound::new(settings.server_options(config.max_value_size))
+        .map_err(|e| format!("cannot serve: {e}"))?;
     let cache =
         Arc::new(ZipCache::open(config).map_err(|e| format!("cannot open the cache: {e}"))?);
-    let handle = start(cache, settings.server_options(max_value))
-        .map_err(|e| format!("cannot serve: {e}"))?;
-    let addr = |a: Option<std::net::SocketAddr>| a.map_or("off".to_string(), |a| a.to_string());
-    println!(
-        "listening memcached={} resp={} metrics={}",
-        addr(handle.memcached_addr),
-        addr(handle.resp_addr),
-        addr(handle.metrics_addr)
-    );
+    let handle = match bound.serve(cache.clone()) {
+        // The server holds the engine now; shutdown hands it back to be closed.
+        Ok(handle) => {
+            drop(cache);
+            handle
+        }
+        Err(e) => {
+            let closed = close(cache)
+                .err()
+                .map_or(String::new(), |e| format!("; {e}"));
+            return Err(format!("cannot serve: {e}{closed}"));
+        }
+    };
+    println!("{}", handle.listening());
 
     let requested = handle.shutdown_requests();
     let cause = signals.block_on(async {
@@ -379,12 +387,7 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
     );
     let (done, finished) = tokio::sync::oneshot::channel();
     std::thread::spawn(move || {
-        let cache = handle.shutdown();
-        let closed = match Arc::try_unwrap(cache) {
-            Ok(cache) => cache.close().map_err(|e| format!("closing the cache: {e}")),
-            Err(_) => Err("the cache is still in use; not closed cleanly".to_string()),
-        };
-        let _ = done.send(closed);
+        let _ = done.send(close(handle.shutdown()));
     });
     signals.block_on(async {
         tokio::select! {
@@ -395,4 +398,13 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
     })?;
     println!("stopped cleanly");
     Ok(())
+}
+
+/// Closes the engine cleanly (its warm state kept for the next start), once nothing else
+/// holds it.
+fn close(cache: Arc<ZipCache>) -> Result<(), String> {
+    match Arc::try_unwrap(cache) {
+        Ok(cache) => cache.close().map_err(|e| format!("closing the cache: {e}")),
+        Err(_) => Err("the cache is still in use; not closed cleanly".to_string()),
+    }
 }
