@@ -131,17 +131,19 @@ fn the_same_users_log_in_on_both_protocols() {
 
 /// `GET /metrics` with these extra header lines: the status line and the body.
 fn scrape(server: &TestServer, headers: &str) -> (String, String) {
+    try_scrape(server, headers).expect("a scrape")
+}
+
+fn try_scrape(server: &TestServer, headers: &str) -> std::io::Result<(String, String)> {
     let addr = server.handle().metrics_addr.expect("metrics port");
-    let mut stream = TcpStream::connect(addr).unwrap();
-    stream
-        .set_read_timeout(Some(Duration::from_secs(10)))
-        .unwrap();
-    write!(stream, "GET /metrics HTTP/1.0\r\n{headers}\r\n").unwrap();
+    let mut stream = TcpStream::connect(addr)?;
+    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+    write!(stream, "GET /metrics HTTP/1.0\r\n{headers}\r\n")?;
     let mut response = String::new();
-    stream.read_to_string(&mut response).unwrap();
+    stream.read_to_string(&mut response)?;
     let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
     let status = head.lines().next().unwrap_or_default().to_string();
-    (status, body.to_string())
+    Ok((status, body.to_string()))
 }
 
 #[test]
@@ -175,4 +177,57 @@ fn metrics_need_a_user_when_the_policy_does() {
         "HTTP/1.0 200 OK",
         "no policy, no login"
     );
+}
+
+#[test]
+fn the_metrics_port_serves_a_few_scrapes_at_once_and_closes_the_rest() {
+    let server = TestServer::with_options(ServerOptions {
+        metrics_port: Some(free_port()),
+        ..TestServer::options()
+    });
+    let addr = server.handle().metrics_addr.expect("metrics port");
+    // The endpoint's limit is 8: these hold every slot until they hang up.
+    let idle: Vec<TcpStream> = (0..8).map(|_| TcpStream::connect(addr).unwrap()).collect();
+    std::thread::sleep(Duration::from_millis(300));
+    let mut refused = TcpStream::connect(addr).unwrap();
+    refused
+        .set_read_timeout(Some(Duration::from_secs(4)))
+        .unwrap();
+    let _ = refused.write_all(b"GET /metrics HTTP/1.0\r\n\r\n");
+    let mut reply = Vec::new();
+    let read = refused.read_to_end(&mut reply);
+    assert!(
+        read.as_ref()
+            .is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionReset)
+            || reply.is_empty(),
+        "closed unanswered, not kept waiting: {read:?} {reply:?}"
+    );
+    drop(idle);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while try_scrape(&server, "").map_or(true, |(status, _)| status != "HTTP/1.0 200 OK") {
+        assert!(std::time::Instant::now() < deadline, "the slots came back");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn a_protocol_can_be_off() {
+    let handle = zipcache_server::start(
+        std::sync::Arc::new(zipcache::ZipCache::open(zipcache::Config::default()).unwrap()),
+        ServerOptions {
+            memcached_port: None,
+            ..TestServer::options()
+        },
+    )
+    .unwrap();
+    assert_eq!(handle.memcached_addr, None);
+    let resp_addr = handle.resp_addr.expect("RESP is on");
+    assert_eq!(
+        handle.listening(),
+        format!("listening memcached=off resp={resp_addr} metrics=off")
+    );
+    let mut c = Client::connect(resp_addr);
+    assert_eq!(c.ask(&resp(&["PING"]), 1), ["+PONG"]);
+    drop(c);
+    handle.shutdown();
 }
