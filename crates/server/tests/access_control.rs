@@ -1,7 +1,7 @@
 //! Operator controls: ascii authentication against an auth file on the memcached port
-//! (memcached `-Y`, here `--auth-file`) and a refused flush (memcached `-F`, here
-//! `--disable-flush-all`: `flush_all`, and RESP `FLUSHALL`/`FLUSHDB`), both through the
-//! server and through `serve`'s settings.
+//! (memcached `-Y`, here `--auth-file`; the same users guard RESP) and a refused flush
+//! (memcached `-F`, here `--disable-flush-all`: `flush_all`, and RESP
+//! `FLUSHALL`/`FLUSHDB`), both through the server and through `serve`'s settings.
 
 mod common;
 
@@ -61,8 +61,13 @@ fn nothing_but_authentication_before_a_client_authenticates() {
     assert_eq!(second.ask("set x 0 0 10\r\nbaaaz quux\r\n", 1), ["STORED"]);
     assert_eq!(second.ask("get toast\r\n", 3)[1], "hi");
 
-    // The RESP port is not affected by the memcached auth file.
+    // The same users guard the RESP port (one access policy: tests/one_policy.rs).
     let mut resp = Client::connect(server.resp);
+    assert_eq!(
+        resp.ask("PING\r\n", 1),
+        ["-NOAUTH Authentication required."]
+    );
+    assert_eq!(resp.ask("AUTH baaaz quux\r\n", 1), ["+OK"]);
     assert_eq!(resp.ask("PING\r\n", 1), ["+PONG"]);
 }
 
