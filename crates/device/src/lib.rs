@@ -53,7 +53,8 @@ pub use held::HeldDevice;
 pub use memory::MemDevice;
 pub use uring::{
     ReadCompletion, ReadFuture, SubmitBatch, batch_thread_ring_submissions, install_thread_ring,
-    install_thread_ring_owned, reap_thread_ring, thread_ring_in_flight, wait_thread_ring,
+    install_thread_ring_owned, reap_thread_ring, thread_ring_in_flight, uninstall_thread_ring,
+    wait_thread_ring,
 };
 
 /// The unit of every device I/O, and the size of one SSD sub-page.

@@ -372,6 +372,15 @@ pub fn install_thread_ring(depth: u32) -> io::Result<RawFd> {
     Ok(eventfd)
 }
 
+/// Removes the calling thread's ring, if it has one: its reads in flight complete first
+/// (their futures wake with their outcomes), and later reads on this thread run
+/// synchronously. For a thread that cannot watch the ring's eventfd after all — a ring
+/// nobody reaps would leave its reads in flight forever.
+pub fn uninstall_thread_ring() {
+    // Dropping the ring waits for its reads in flight.
+    drop(take_thread_ring());
+}
+
 /// [`install_thread_ring`], returning a duplicate of the eventfd that the caller owns (to
 /// hand to an event loop, e.g. tokio's `AsyncFd`).
 pub fn install_thread_ring_owned(depth: u32) -> io::Result<OwnedFd> {
@@ -1113,6 +1122,29 @@ mod tests {
             assert_eq!(&buf[..], blocks(&data, i * 3, 1));
         }
         assert_eq!(device.stats().reads, 8);
+    }
+
+    #[test]
+    fn uninstalling_completes_reads_in_flight_and_later_reads_are_synchronous() {
+        let (_dir, device, data) = written_device(&FileOptions::default());
+        thread::spawn(move || {
+            install_thread_ring(8).expect("ring");
+            let mut in_flight = device.read_async(5, AlignedBuf::zeroed(1));
+            assert!(in_flight.is_in_flight());
+            uninstall_thread_ring();
+            assert_eq!(thread_ring_in_flight(), 0);
+            let (result, buf) = expect_ready(&mut in_flight);
+            result.expect("read");
+            assert_eq!(&buf[..], blocks(&data, 5, 1));
+            let mut later = device.read_async(7, AlignedBuf::zeroed(1));
+            assert!(!later.is_in_flight());
+            let (result, buf) = expect_ready(&mut later);
+            result.expect("read");
+            assert_eq!(&buf[..], blocks(&data, 7, 1));
+            uninstall_thread_ring();
+        })
+        .join()
+        .expect("thread");
     }
 
     #[test]

@@ -6,6 +6,7 @@
 //! into commands and executes those; `server` owns threads, listeners and admission;
 //! `settings` the flags; `auth` and `tls` access control.
 
+mod access;
 mod auth;
 mod connection;
 mod memcache;
@@ -23,10 +24,10 @@ use std::sync::Arc;
 use tokio::signal::unix::{SignalKind, signal};
 use zipcache::ZipCache;
 
+pub use access::Credentials;
 pub use auth::Password;
-pub use memcache::Credentials;
-pub use server::{Runtime, ServerHandle, ServerOptions, start};
-pub use settings::{ServeArgs, Settings};
+pub use server::{Bound, Runtime, ServerHandle, ServerOptions, start};
+pub use settings::{Port, ServeArgs, Settings};
 pub use tls::TlsFiles;
 
 /// Whole protocol sessions over an in-memory byte stream, for the fuzz targets and the
@@ -173,8 +174,9 @@ pub mod fuzzing {
             rest = rest.get(len.saturating_add(swallow)..).unwrap_or_default();
         }
 
-        let credentials = crate::memcache::Credentials::parse(USER).expect("credentials");
-        let answered = |bytes: &[u8]| match attempt(bytes, &credentials) {
+        let credentials = crate::access::Credentials::parse(USER).expect("credentials");
+        let access = crate::access::AccessPolicy::new(None, Some(Arc::new(credentials)));
+        let answered = |bytes: &[u8]| match attempt(bytes, &access) {
             answer @ Attempt::Answered { len, .. } => Some((len, answer)),
             Attempt::NeedMore | Attempt::Close => None,
         };
@@ -339,18 +341,26 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
         (term, int, hup)
     };
 
-    let max_value = config.max_value_size;
+    // Ports, TLS and auth files first: a start that fails on them leaves the flash tier
+    // as the last clean stop left it, since no engine was opened.
+    let bound = Bound::new(settings.server_options(config.max_value_size))
+        .map_err(|e| format!("cannot serve: {e}"))?;
     let cache =
         Arc::new(ZipCache::open(config).map_err(|e| format!("cannot open the cache: {e}"))?);
-    let handle = start(cache, settings.server_options(max_value))
-        .map_err(|e| format!("cannot serve: {e}"))?;
-    let addr = |a: Option<std::net::SocketAddr>| a.map_or("off".to_string(), |a| a.to_string());
-    println!(
-        "listening memcached={} resp={} metrics={}",
-        addr(handle.memcached_addr),
-        addr(handle.resp_addr),
-        addr(handle.metrics_addr)
-    );
+    let handle = match bound.serve(cache.clone()) {
+        // The server holds the engine now; shutdown hands it back to be closed.
+        Ok(handle) => {
+            drop(cache);
+            handle
+        }
+        Err(e) => {
+            let closed = close(cache)
+                .err()
+                .map_or(String::new(), |e| format!("; {e}"));
+            return Err(format!("cannot serve: {e}{closed}"));
+        }
+    };
+    println!("{}", handle.listening());
 
     let requested = handle.shutdown_requests();
     let cause = signals.block_on(async {
@@ -377,12 +387,7 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
     );
     let (done, finished) = tokio::sync::oneshot::channel();
     std::thread::spawn(move || {
-        let cache = handle.shutdown();
-        let closed = match Arc::try_unwrap(cache) {
-            Ok(cache) => cache.close().map_err(|e| format!("closing the cache: {e}")),
-            Err(_) => Err("the cache is still in use; not closed cleanly".to_string()),
-        };
-        let _ = done.send(closed);
+        let _ = done.send(close(handle.shutdown()));
     });
     signals.block_on(async {
         tokio::select! {
@@ -393,4 +398,13 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
     })?;
     println!("stopped cleanly");
     Ok(())
+}
+
+/// Closes the engine cleanly (its warm state kept for the next start), once nothing else
+/// holds it.
+fn close(cache: Arc<ZipCache>) -> Result<(), String> {
+    match Arc::try_unwrap(cache) {
+        Ok(cache) => cache.close().map_err(|e| format!("closing the cache: {e}")),
+        Err(_) => Err("the cache is still in use; not closed cleanly".to_string()),
+    }
 }

@@ -11,12 +11,12 @@
 
 use std::io;
 use std::net::{IpAddr, SocketAddr, TcpListener as StdListener};
+use std::os::fd::OwnedFd;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use arc_swap::ArcSwap;
 use socket2::{Domain, Protocol, Socket, Type};
 use tokio::io::unix::AsyncFd;
 use tokio::io::{AsyncWriteExt, Interest};
@@ -24,12 +24,13 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Notify, mpsc, watch};
 use zipcache::ZipCache;
 
+use crate::access::{AccessPolicy, Credentials};
 use crate::auth::Password;
 use crate::connection::{self, Transport};
 use crate::memcache::annotations::Annotations;
 use crate::memcache::conns::Connections;
 use crate::memcache::prefix_stats::PrefixStats;
-use crate::memcache::{Crawler, Credentials, MemcacheSession};
+use crate::memcache::{Crawler, MemcacheSession};
 use crate::metrics_http;
 use crate::resp::RespSession;
 use crate::stats::Counters;
@@ -65,7 +66,8 @@ pub struct ServerOptions {
     /// The engine's value size limit (memcached rejects larger values before reading them).
     pub max_value_size: usize,
     pub runtime: Runtime,
-    /// RESP clients must `AUTH` with this first.
+    /// The `default` user's password: clients of every port must log in first (see
+    /// [`AccessPolicy`]).
     pub requirepass: Option<Password>,
     /// Both protocol ports speak TLS (the metrics port stays plain HTTP).
     pub tls: Option<TlsFiles>,
@@ -74,9 +76,9 @@ pub struct ServerOptions {
     /// False answers memcached's `flush_all` with `CLIENT_ERROR flush_all not allowed`
     /// (memcached `-F`) and RESP `FLUSHALL`/`FLUSHDB` with Redis's ACL `-NOPERM` error.
     pub flush_all_enabled: bool,
-    /// Users a memcached connection must authenticate as before anything else
-    /// (memcached `-Y`); `None` = open.
-    pub memcached_auth: Option<Arc<Credentials>>,
+    /// Users (memcached `-Y`'s file) clients of every port must log in as first, beside
+    /// `default` with `requirepass`; with neither, the server is open.
+    pub users: Option<Arc<Credentials>>,
     /// memcached's LRU crawler starts enabled (`lru_crawler enable|disable` switch it).
     pub lru_crawler: bool,
     /// Connections that send nothing for this long are closed and counted in
@@ -105,7 +107,7 @@ impl Default for ServerOptions {
             tls: None,
             keys_limit: 100_000,
             flush_all_enabled: true,
-            memcached_auth: None,
+            users: None,
             lru_crawler: true,
             idle_timeout: None,
             write_timeout: Some(Duration::from_secs(30)),
@@ -143,13 +145,11 @@ pub struct Shared {
     pub counters: Counters,
     pub info: ServerInfo,
     pub max_value: usize,
-    pub requirepass: Option<Password>,
+    /// Who may use the server, on every port.
+    pub access: AccessPolicy,
     pub keys_limit: usize,
     pub started: Instant,
     pub flush_all_enabled: bool,
-    /// The users memcached connections authenticate against ([`Shared::memcached_users`]);
-    /// replaced when the auth file is reloaded.
-    pub memcached_auth: Option<ArcSwap<Credentials>>,
     /// Both protocol ports speak TLS; set by `start`.
     pub tls: Option<Tls>,
     pub annotations: Annotations,
@@ -176,11 +176,10 @@ impl Shared {
             counters: Counters::default(),
             info,
             max_value: options.max_value_size,
-            requirepass: options.requirepass.clone(),
+            access: AccessPolicy::new(options.requirepass.clone(), options.users.clone()),
             keys_limit: options.keys_limit,
             started: Instant::now(),
             flush_all_enabled: options.flush_all_enabled,
-            memcached_auth: options.memcached_auth.clone().map(ArcSwap::new),
             tls: None,
             annotations: Annotations::default(),
             crawler: Crawler::new(options.lru_crawler),
@@ -195,11 +194,6 @@ impl Shared {
         }
     }
 
-    /// The users a memcached connection authenticates against now (`None`: open).
-    pub fn memcached_users(&self) -> Option<Arc<Credentials>> {
-        self.memcached_auth.as_ref().map(ArcSwap::load_full)
-    }
-
     /// memcached's `refresh_certs`: the TLS files read again (`Ok(false)`: no TLS). On
     /// an error the certificates loaded before stay in use.
     pub fn refresh_certs(&self) -> Result<bool, String> {
@@ -212,18 +206,7 @@ impl Shared {
     /// SIGHUP, as memcached: the auth file and the TLS files read again. One line per
     /// file set, saying how it went; one that fails to load leaves what was loaded before.
     pub fn reload_files(&self) -> Vec<String> {
-        let mut said = Vec::new();
-        if let Some(auth) = &self.memcached_auth
-            && let Some(reloaded) = auth.load().reloaded()
-        {
-            said.push(match reloaded {
-                Ok(users) => {
-                    auth.store(Arc::new(users));
-                    "auth file reloaded".to_string()
-                }
-                Err(e) => format!("auth file not reloaded, the old users stay: {e}"),
-            });
-        }
+        let mut said: Vec<String> = self.access.reload_users().into_iter().collect();
         match self.refresh_certs() {
             Ok(false) => {}
             Ok(true) => said.push("TLS certificates reloaded".into()),
@@ -282,6 +265,18 @@ impl ServerHandle {
         serving.iter().map(|n| n.load(Ordering::Relaxed)).collect()
     }
 
+    /// The line `run` prints once serving, which scripts and tests parse:
+    /// `listening memcached=ADDR resp=ADDR metrics=ADDR`, `off` for a port that is off.
+    pub fn listening(&self) -> String {
+        let addr = |a: Option<SocketAddr>| a.map_or("off".to_string(), |a| a.to_string());
+        format!(
+            "listening memcached={} resp={} metrics={}",
+            addr(self.memcached_addr),
+            addr(self.resp_addr),
+            addr(self.metrics_addr)
+        )
+    }
+
     pub fn connections(&self) -> u64 {
         self.shared
             .counters
@@ -323,139 +318,206 @@ impl Runtimes {
     }
 }
 
+/// Binds the ports and serves `cache` on them: [`Bound::new`], then [`Bound::serve`].
 pub fn start(cache: Arc<ZipCache>, options: ServerOptions) -> io::Result<ServerHandle> {
-    let tls = match &options.tls {
-        Some(files) => {
-            Some(Tls::load(files.clone()).map_err(|e| io::Error::other(format!("TLS: {e}")))?)
-        }
-        None => None,
-    };
-    let threads = options.threads.max(1);
-    let runtime_count = match options.runtime {
-        Runtime::PerCore => threads,
-        Runtime::Shared => 1,
-    };
-    let listener = |port: Option<u16>| -> io::Result<Option<StdListener>> {
-        port.map(|port| bind(SocketAddr::new(options.listen, port)))
-            .transpose()
-    };
-    let memcached = listener(options.memcached_port)?;
-    let resp = listener(options.resp_port)?;
-    let metrics = listener(options.metrics_port)?;
-    let addr_of = |listener: &Option<StdListener>| listener.as_ref()?.local_addr().ok();
-    let memcached_addr = addr_of(&memcached);
-    let resp_addr = addr_of(&resp);
-    let metrics_addr = addr_of(&metrics);
-    let info = ServerInfo {
-        listen: options.listen,
-        memcached_port: memcached_addr.map_or(0, |a| a.port()),
-        resp_port: resp_addr.map_or(0, |a| a.port()),
-        threads,
-        max_connections: options.max_connections,
-    };
-    let shared = Arc::new(Shared {
-        tls,
-        ..Shared::new(cache, info, &options)
-    });
-    shared.cache.set_eviction_listener(shared.logger.clone());
-    let (stop, stopped) = watch::channel(false);
+    Bound::new(options)?.serve(cache)
+}
 
-    // Thread 0 accepts on every port and hands connections out.
-    let listeners: Vec<(Service, StdListener)> = [
-        (Service::Memcached, memcached),
-        (Service::Resp, resp),
-        (Service::Metrics, metrics),
-    ]
-    .into_iter()
-    .filter_map(|(service, listener)| Some((service, listener?)))
-    .collect();
-    let (inboxes, mut receivers): (Vec<_>, Vec<_>) = (0..runtime_count)
-        .map(|_| mpsc::unbounded_channel())
-        .unzip();
-    let runtimes = Arc::new(Runtimes {
-        inboxes,
-        serving: (0..runtime_count).map(|_| AtomicUsize::new(0)).collect(),
-    });
-    let mut listeners = Some(listeners);
+/// A server with its ports bound, its TLS files loaded and its runtimes built, that
+/// serves no engine yet: whatever can make a start fail happens here, before an engine
+/// is opened, so that such a failure never costs the engine its warm state (`run`).
+pub struct Bound {
+    options: ServerOptions,
+    tls: Option<Tls>,
+    listeners: Vec<(Service, StdListener)>,
+    runtimes: Vec<tokio::runtime::Runtime>,
+    memcached_addr: Option<SocketAddr>,
+    resp_addr: Option<SocketAddr>,
+    metrics_addr: Option<SocketAddr>,
+}
 
-    let mut handles = Vec::new();
-    for (i, inbox) in receivers.drain(..).enumerate() {
-        let runtime = match options.runtime {
-            Runtime::PerCore => tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()?,
-            Runtime::Shared => tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(threads)
-                .enable_all()
-                .build()?,
+impl Bound {
+    pub fn new(options: ServerOptions) -> io::Result<Bound> {
+        let tls = match &options.tls {
+            Some(files) => {
+                Some(Tls::load(files.clone()).map_err(|e| io::Error::other(format!("TLS: {e}")))?)
+            }
+            None => None,
         };
-        let serving = Serving {
-            shared: shared.clone(),
-            stopped: stopped.clone(),
-            runtimes: runtimes.clone(),
+        let listener = |port: Option<u16>| -> io::Result<Option<StdListener>> {
+            port.map(|port| bind(SocketAddr::new(options.listen, port)))
+                .transpose()
         };
-        let listeners = listeners.take().unwrap_or_default();
+        let listeners: Vec<(Service, StdListener)> = [
+            (Service::Memcached, listener(options.memcached_port)?),
+            (Service::Resp, listener(options.resp_port)?),
+            (Service::Metrics, listener(options.metrics_port)?),
+        ]
+        .into_iter()
+        .filter_map(|(service, listener)| Some((service, listener?)))
+        .collect();
+        let addr_of = |wanted: Service| {
+            let (_, listener) = listeners.iter().find(|(service, _)| *service == wanted)?;
+            listener.local_addr().ok()
+        };
+        let threads = options.threads.max(1);
+        let runtimes = match options.runtime {
+            Runtime::PerCore => (0..threads)
+                .map(|_| {
+                    tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .build()
+                })
+                .collect::<io::Result<_>>()?,
+            Runtime::Shared => vec![
+                tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(threads)
+                    .enable_all()
+                    .build()?,
+            ],
+        };
+        Ok(Bound {
+            memcached_addr: addr_of(Service::Memcached),
+            resp_addr: addr_of(Service::Resp),
+            metrics_addr: addr_of(Service::Metrics),
+            options,
+            tls,
+            listeners,
+            runtimes,
+        })
+    }
+
+    /// Serves `cache` on the bound ports. On an error no thread of the server is left
+    /// and the server holds no reference to `cache`: its owner can close it cleanly.
+    pub fn serve(self, cache: Arc<ZipCache>) -> io::Result<ServerHandle> {
+        let Bound {
+            options,
+            tls,
+            listeners,
+            runtimes,
+            memcached_addr,
+            resp_addr,
+            metrics_addr,
+        } = self;
+        let info = ServerInfo {
+            listen: options.listen,
+            memcached_port: memcached_addr.map_or(0, |a| a.port()),
+            resp_port: resp_addr.map_or(0, |a| a.port()),
+            threads: options.threads.max(1),
+            max_connections: options.max_connections,
+        };
+        let shared = Arc::new(Shared {
+            tls,
+            ..Shared::new(cache, info, &options)
+        });
+        let (stop, stopped) = watch::channel(false);
+        let (inboxes, receivers): (Vec<_>, Vec<_>) =
+            runtimes.iter().map(|_| mpsc::unbounded_channel()).unzip();
+        let serving_counts = runtimes.iter().map(|_| AtomicUsize::new(0)).collect();
+        let runtimes_shared = Arc::new(Runtimes {
+            inboxes,
+            serving: serving_counts,
+        });
+        // Thread 0 accepts on every port and hands connections out.
+        let mut listeners = Some(listeners);
         // Tasks of a work-stealing runtime move between threads, and a ring's reads
         // complete only on the thread that submitted them: there, reads stay synchronous.
         let own_ring = options.runtime == Runtime::PerCore;
-        let handle = std::thread::Builder::new()
-            .name(format!("zipcache-io-{i}"))
-            .spawn(move || {
-                runtime.block_on(async move {
-                    if own_ring {
-                        tokio::spawn(reap_ssd_reads());
+        let mut handles = Vec::new();
+        for (i, (runtime, inbox)) in runtimes.into_iter().zip(receivers).enumerate() {
+            let serving = Serving {
+                shared: shared.clone(),
+                stopped: stopped.clone(),
+                runtimes: runtimes_shared.clone(),
+            };
+            let listeners = listeners.take().unwrap_or_default();
+            let spawned = std::thread::Builder::new()
+                .name(format!("zipcache-io-{i}"))
+                .spawn(move || {
+                    runtime.block_on(async move {
+                        if own_ring && let Some(eventfd) = install_ssd_ring(watch_eventfd) {
+                            tokio::spawn(reap_ssd_reads(eventfd));
+                        }
+                        serve_thread(i, listeners, inbox, serving).await
+                    })
+                });
+            match spawned {
+                Ok(handle) => handles.push(handle),
+                Err(e) => {
+                    let _ = stop.send(true);
+                    for handle in handles {
+                        let _ = handle.join();
                     }
-                    serve_thread(i, listeners, inbox, serving).await
-                })
-            })?;
-        handles.push(handle);
+                    return Err(e);
+                }
+            }
+        }
+        shared.cache.set_eviction_listener(shared.logger.clone());
+        Ok(ServerHandle {
+            memcached_addr,
+            resp_addr,
+            metrics_addr,
+            shared,
+            runtimes: runtimes_shared,
+            stop,
+            threads: handles,
+        })
     }
-    Ok(ServerHandle {
-        memcached_addr,
-        resp_addr,
-        metrics_addr,
-        shared,
-        runtimes,
-        stop,
-        threads: handles,
-    })
 }
 
 /// Reads in flight per runtime thread; more wait for a slot as synchronous reads.
 const SSD_READS_IN_FLIGHT: u32 = 256;
 
-/// Gives this runtime thread its own io_uring for the engine's SSD reads and completes
-/// them as the kernel does, on this thread: a connection awaiting a GET's read costs no
-/// cross-thread wake-up (35–90 µs on our VMs), and the thread serves its other
-/// connections meanwhile. Where io_uring is unavailable, reads stay synchronous.
-async fn reap_ssd_reads() {
+/// Gives this runtime thread its own io_uring for the engine's SSD reads, watched by this
+/// thread's reactor through `watch` (tokio's registration of the ring's eventfd): a
+/// connection awaiting a GET's read costs no cross-thread wake-up (35–90 µs on our VMs),
+/// and the thread serves its other connections meanwhile. Installing and watching are one
+/// step: when either fails, the thread has no ring and its reads stay synchronous, for a
+/// ring nobody watches would leave its reads in flight forever.
+fn install_ssd_ring(
+    watch: impl FnOnce(OwnedFd) -> io::Result<AsyncFd<OwnedFd>>,
+) -> Option<AsyncFd<OwnedFd>> {
     let eventfd = match zipcache_device::install_thread_ring_owned(SSD_READS_IN_FLIGHT) {
         Ok(eventfd) => eventfd,
         Err(e) => {
             eprintln!(
                 "zipcache: warning: io_uring unavailable ({e}): SSD reads block their thread"
             );
-            return;
+            return None;
         }
     };
+    match watch(eventfd) {
+        Ok(watched) => Some(watched),
+        Err(e) => {
+            zipcache_device::uninstall_thread_ring();
+            eprintln!(
+                "zipcache: warning: cannot watch the io_uring eventfd ({e}): SSD reads block their thread"
+            );
+            None
+        }
+    }
+}
+
+/// Registers the ring's eventfd with this thread's tokio reactor.
+fn watch_eventfd(eventfd: OwnedFd) -> io::Result<AsyncFd<OwnedFd>> {
     // SAFETY: `register_with_interest` requires the fd to stay open and the same while the
     // AsyncFd owns it; it owns the `OwnedFd` (a duplicate of the ring's eventfd), which
     // closes only when the AsyncFd is dropped.
     let registered = unsafe { AsyncFd::register_with_interest(eventfd, Interest::READABLE) };
-    let Ok(eventfd) = registered else {
-        eprintln!(
-            "zipcache: warning: cannot watch the io_uring eventfd: SSD reads block their thread"
-        );
-        return;
-    };
-    loop {
-        let Ok(mut ready) = eventfd.readable().await else {
-            return;
-        };
+    registered.map_err(|refused| refused.into_parts().1)
+}
+
+/// Completes this thread's SSD reads as the kernel does, on this thread. Should watching
+/// the eventfd fail, the ring is uninstalled (its reads complete first): reads then stay
+/// synchronous rather than wait for a reaper that is gone.
+async fn reap_ssd_reads(eventfd: AsyncFd<OwnedFd>) {
+    while let Ok(mut ready) = eventfd.readable().await {
         // Cleared before reaping: a completion posted meanwhile makes it readable again.
         ready.clear_ready();
         zipcache_device::reap_thread_ring();
     }
+    zipcache_device::uninstall_thread_ring();
+    eprintln!("zipcache: warning: the io_uring eventfd failed: SSD reads block their thread");
 }
 
 /// What a runtime thread needs to accept and serve connections.
@@ -526,6 +588,7 @@ async fn accept_loop(protocol: Service, listener: TcpListener, serving: Serving)
         mut stopped,
         runtimes,
     } = serving;
+    let metrics = metrics_http::Endpoint::default();
     loop {
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
@@ -537,7 +600,7 @@ async fn accept_loop(protocol: Service, listener: TcpListener, serving: Serving)
             continue;
         };
         if protocol == Service::Metrics {
-            tokio::spawn(metrics_http::respond(stream, shared.clone()));
+            metrics.admit(stream, shared.clone());
             continue;
         }
         let counters = &shared.counters;
@@ -624,4 +687,68 @@ fn reject(stream: TcpStream, protocol: Service, tls: bool) {
         let mut stream = stream;
         let _ = stream.shutdown().await;
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use zipcache_device::{AlignedBuf, BLOCK_BYTES, BlockDevice, FileDevice};
+
+    use super::*;
+
+    /// Runs `body` with a 16-block file device of bytes `7` on a fresh thread (its own ring
+    /// state) inside a current-thread runtime, as a per-core runtime thread runs.
+    fn on_a_runtime_thread(name: &str, body: impl AsyncFnOnce(&FileDevice) + Send + 'static) {
+        let path = std::env::temp_dir().join(format!("zipcache-{name}-{}", std::process::id()));
+        let device = FileDevice::open(&path, 16 * BLOCK_BYTES).expect("device");
+        let mut blocks = AlignedBuf::zeroed(16);
+        blocks.fill(7);
+        device.write(0, &blocks).expect("fill");
+        std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
+            runtime.block_on(body(&device));
+        })
+        .join()
+        .expect("the runtime thread");
+        let _ = std::fs::remove_file(path);
+    }
+
+    #[test]
+    fn a_ring_whose_eventfd_cannot_be_watched_is_uninstalled() {
+        on_a_runtime_thread("unwatched-ring", async |device| {
+            let injected = |_| Err(io::Error::other("injected: no reactor"));
+            assert!(install_ssd_ring(injected).is_none());
+            let read = device.read_async(3, AlignedBuf::zeroed(1));
+            assert!(
+                !read.is_in_flight(),
+                "a read went to a ring that nobody reaps"
+            );
+            let (result, buf) = tokio::time::timeout(Duration::from_secs(10), read)
+                .await
+                .expect("the read completes");
+            result.expect("read");
+            assert!(buf.iter().all(|&b| b == 7));
+        });
+    }
+
+    #[test]
+    fn a_watched_ring_completes_reads_through_the_reaper() {
+        on_a_runtime_thread("watched-ring", async |device| {
+            let Some(eventfd) = install_ssd_ring(watch_eventfd) else {
+                panic!("io_uring is available on the machines we test on");
+            };
+            let reaper = tokio::spawn(reap_ssd_reads(eventfd));
+            let read = device.read_async(5, AlignedBuf::zeroed(1));
+            assert!(read.is_in_flight());
+            let (result, buf) = tokio::time::timeout(Duration::from_secs(10), read)
+                .await
+                .expect("the reaper completes the read");
+            result.expect("read");
+            assert!(buf.iter().all(|&b| b == 7));
+            reaper.abort();
+            zipcache_device::uninstall_thread_ring();
+        });
+    }
 }

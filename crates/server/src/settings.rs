@@ -3,12 +3,13 @@
 
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
+use std::str::FromStr;
 use std::sync::Arc;
 
 use clap::ValueEnum;
 
+use crate::access::Credentials;
 use crate::auth::Password;
-use crate::memcache::Credentials;
 use crate::server::{Runtime, ServerOptions};
 use crate::tls::TlsFiles;
 
@@ -20,12 +21,13 @@ pub struct ServeArgs {
     /// Address to listen on [default: 127.0.0.1].
     #[arg(long)]
     pub listen: Option<IpAddr>,
-    /// memcached text/meta protocol port; 0 picks a free one [default: 11211].
-    #[arg(long)]
-    pub memcached_port: Option<u16>,
-    /// Redis RESP2 port; 0 picks a free one [default: 6379].
-    #[arg(long)]
-    pub resp_port: Option<u16>,
+    /// memcached text/meta protocol port; 0 picks a free one, `off` serves no memcached
+    /// [default: 11211].
+    #[arg(long, value_name = "PORT|off")]
+    pub memcached_port: Option<Port>,
+    /// Redis RESP2 port; 0 picks a free one, `off` serves no RESP [default: 6379].
+    #[arg(long, value_name = "PORT|off")]
+    pub resp_port: Option<Port>,
     /// DRAM budget of the cache, e.g. 512MiB [default: 1GiB].
     #[arg(long)]
     pub dram: Option<String>,
@@ -106,12 +108,69 @@ pub struct ServeArgs {
     pub enable_shutdown: bool,
 }
 
+/// A protocol's port: a number (0 picks a free one) or `off` (`"off"` in the config file).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Deserialize)]
+#[serde(try_from = "PortText")]
+pub enum Port {
+    Off,
+    On(u16),
+}
+
+impl Port {
+    /// The port to listen on; `None` when off.
+    pub fn number(self) -> Option<u16> {
+        match self {
+            Port::Off => None,
+            Port::On(port) => Some(port),
+        }
+    }
+}
+
+impl From<u16> for Port {
+    fn from(port: u16) -> Port {
+        Port::On(port)
+    }
+}
+
+impl FromStr for Port {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Port, String> {
+        if text.eq_ignore_ascii_case("off") {
+            return Ok(Port::Off);
+        }
+        text.parse()
+            .map(Port::On)
+            .map_err(|_| format!("{text:?} is neither a port number (0-65535) nor \"off\""))
+    }
+}
+
+/// A port as the config file may write it: a number or a word.
+#[derive(serde::Deserialize)]
+#[serde(untagged)]
+enum PortText {
+    Number(u16),
+    Word(String),
+}
+
+impl TryFrom<PortText> for Port {
+    type Error = String;
+
+    fn try_from(text: PortText) -> Result<Port, String> {
+        match text {
+            PortText::Number(port) => Ok(Port::On(port)),
+            PortText::Word(word) => word.parse(),
+        }
+    }
+}
+
 /// Every setting with its effective value.
 #[derive(Debug)]
 pub struct Settings {
     pub listen: IpAddr,
-    pub memcached_port: u16,
-    pub resp_port: u16,
+    /// `None`: off.
+    pub memcached_port: Option<u16>,
+    pub resp_port: Option<u16>,
     pub dram: u64,
     pub data_dir: PathBuf,
     /// `None` = DRAM-only.
@@ -129,7 +188,7 @@ pub struct Settings {
     pub flush_all_enabled: bool,
     pub lru_crawler: bool,
     /// The users of `auth_file`, read at start-up (and again on SIGHUP, by the server).
-    pub memcached_auth: Option<Arc<Credentials>>,
+    pub users: Option<Arc<Credentials>>,
     /// Seconds; 0 = never.
     pub idle_timeout: u64,
     /// Seconds; 0 = never.
@@ -188,8 +247,19 @@ impl Settings {
             _ => return Err("tls-key and tls-ca need tls-cert; tls-cert needs tls-key".into()),
         };
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let memcached_port = args
+            .memcached_port
+            .or(file.memcached_port)
+            .map_or(Some(11211), Port::number);
+        let resp_port = args
+            .resp_port
+            .or(file.resp_port)
+            .map_or(Some(6379), Port::number);
+        if memcached_port.is_none() && resp_port.is_none() {
+            return Err("memcached-port and resp-port are both off: turn one on".into());
+        }
         let auth_file = args.auth_file.or(file.auth_file);
-        let memcached_auth = match &auth_file {
+        let users = match &auth_file {
             Some(path) => Some(Arc::new(
                 Credentials::load(path).map_err(|e| format!("--auth-file {e}"))?,
             )),
@@ -200,8 +270,8 @@ impl Settings {
                 .listen
                 .or(file.listen)
                 .unwrap_or(IpAddr::from([127, 0, 0, 1])),
-            memcached_port: args.memcached_port.or(file.memcached_port).unwrap_or(11211),
-            resp_port: args.resp_port.or(file.resp_port).unwrap_or(6379),
+            memcached_port,
+            resp_port,
             dram: size("dram", args.dram.or(file.dram).as_deref().unwrap_or("1GiB"))?,
             data_dir: args
                 .data_dir
@@ -231,36 +301,35 @@ impl Settings {
             keys_limit: args.keys_limit.or(file.keys_limit).unwrap_or(100_000),
             flush_all_enabled: !(args.disable_flush_all || file.disable_flush_all),
             lru_crawler: !(args.disable_lru_crawler || file.disable_lru_crawler),
-            memcached_auth,
+            users,
             idle_timeout: args.idle_timeout.or(file.idle_timeout).unwrap_or(0),
             write_timeout: args.write_timeout.or(file.write_timeout).unwrap_or(30),
             shutdown_enabled: args.enable_shutdown || file.enable_shutdown,
         })
     }
 
-    /// A loud warning when a port off the loopback interface lets anyone in: RESP
-    /// without `requirepass`, memcached without an auth file, neither with client
-    /// certificates (`tls-ca`).
+    /// A loud warning when a port off the loopback interface lets anyone in: with no
+    /// access policy (neither `requirepass` nor `auth-file`), every port that is on —
+    /// except the protocol ports when `tls-ca` requires client certificates there (the
+    /// metrics port speaks plain HTTP and requires none).
     pub fn exposure_warning(&self) -> Option<String> {
-        if self.listen.is_loopback() || self.tls.as_ref().is_some_and(|t| t.ca.is_some()) {
+        if self.listen.is_loopback() || self.requirepass.is_some() || self.auth_file.is_some() {
             return None;
         }
-        let mut open = Vec::new();
-        if self.auth_file.is_none() {
-            open.push(format!(
-                "memcached port {} (no --auth-file)",
-                self.memcached_port
-            ));
-        }
-        if self.requirepass.is_none() {
-            open.push(format!("RESP port {} (no --requirepass)", self.resp_port));
-        }
+        let certificates = self.tls.as_ref().is_some_and(|t| t.ca.is_some());
+        let protocols = [("memcached", self.memcached_port), ("RESP", self.resp_port)];
+        let open: Vec<String> = protocols
+            .into_iter()
+            .filter(|_| !certificates)
+            .chain([("metrics", self.metrics_port)])
+            .filter_map(|(name, port)| Some(format!("{name} port {}", port?)))
+            .collect();
         if open.is_empty() {
             return None;
         }
         let rule = "*".repeat(78);
         Some(format!(
-            "{rule}\nWARNING: listening on {} without authentication on the {}.\nAnyone who can reach this address can read, overwrite and flush the cache.\nSet --requirepass and --auth-file, or --tls-ca to require client certificates.\n{rule}",
+            "{rule}\nWARNING: listening on {} without authentication on the {}.\nAnyone who can reach this address can read, overwrite and flush the cache.\nSet --requirepass or --auth-file (either protects every port), or --tls-ca to require\nclient certificates on the protocol ports.\n{rule}",
             self.listen,
             open.join(" and the ")
         ))
@@ -302,8 +371,8 @@ impl Settings {
             tls: self.tls.clone(),
             keys_limit: self.keys_limit,
             listen: self.listen,
-            memcached_port: Some(self.memcached_port),
-            resp_port: Some(self.resp_port),
+            memcached_port: self.memcached_port,
+            resp_port: self.resp_port,
             metrics_port: self.metrics_port,
             threads: self.threads,
             max_connections: self.max_connections,
@@ -311,7 +380,7 @@ impl Settings {
             runtime: self.runtime,
             flush_all_enabled: self.flush_all_enabled,
             lru_crawler: self.lru_crawler,
-            memcached_auth: self.memcached_auth.clone(),
+            users: self.users.clone(),
             idle_timeout: (self.idle_timeout > 0)
                 .then(|| std::time::Duration::from_secs(self.idle_timeout)),
             write_timeout: (self.write_timeout > 0)
@@ -346,11 +415,12 @@ impl Settings {
             )
         });
         let set_or_off = |on: bool| if on { "set" } else { "off" };
+        let port = |port: Option<u16>| port.map_or("off".to_string(), |p| p.to_string());
         format!(
             "zipcache serve settings:\n  listen           {}\n  memcached-port   {}\n  resp-port        {}\n  dram             {} bytes\n  data-dir         {}\n  ssd              {ssd}\n  max-connections  {}\n  threads          {} ({} runtime)\n  metrics          {metrics}\n  tls              {tls}\n  requirepass      {}\n  auth-file        {}\n  keys-limit       {}\n  flush_all        {}\n  lru_crawler      {}\n  idle-timeout     {}\n  shutdown command {}\n  engine: leaf_size={} subpages={} superleaf_size={} fill_threshold={} write_buffer={} bypass_r={} bypass_max_fraction={} tiny_max={} medium_max={} max_key_size={} max_value_size={} background_threads={} promotion={:?} rss_limit={} track_access={} evictions={}",
             self.listen,
-            self.memcached_port,
-            self.resp_port,
+            port(self.memcached_port),
+            port(self.resp_port),
             self.dram,
             self.data_dir.display(),
             self.max_connections,
@@ -417,7 +487,7 @@ mod tests {
     #[test]
     fn defaults_follow_the_spec() {
         let s = Settings::resolve(ServeArgs::default()).unwrap();
-        assert_eq!((s.memcached_port, s.resp_port), (11211, 6379));
+        assert_eq!((s.memcached_port, s.resp_port), (Some(11211), Some(6379)));
         assert_eq!(s.dram, 1 << 30);
         assert_eq!(s.ssd_size, Some(8 << 30));
         assert_eq!(s.data_dir, PathBuf::from("zipcache-data"));
@@ -468,21 +538,19 @@ mod tests {
         .unwrap();
         let args = ServeArgs {
             config: Some(file),
-            resp_port: Some(7001),
+            resp_port: Some(Port::On(7001)),
             set: vec!["write_buffer=128".into(), "track_access=true".into()],
             ..ServeArgs::default()
         };
         let s = Settings::resolve(args).unwrap();
-        assert_eq!((s.dram, s.resp_port, s.ssd_size), (64 << 20, 7001, None));
+        assert_eq!(
+            (s.dram, s.resp_port, s.ssd_size),
+            (64 << 20, Some(7001), None)
+        );
         assert_eq!((s.runtime, s.threads), (Runtime::Shared, 3));
         assert!(!s.flush_all_enabled);
         assert!(!s.lru_crawler && !s.server_options(1).lru_crawler);
-        assert!(
-            s.memcached_auth
-                .as_ref()
-                .unwrap()
-                .check(b"ada", b"lovelace")
-        );
+        assert!(s.users.as_ref().unwrap().check(b"ada", b"lovelace"));
         let config = s.engine_config().unwrap();
         assert_eq!((config.bypass_r, config.write_buffer), (0.0, 128));
         assert!(config.track_access);
@@ -532,33 +600,97 @@ mod tests {
         assert_eq!(exposed(ServeArgs::default()), None);
         let anywhere = || ServeArgs {
             listen: Some(IpAddr::from([0, 0, 0, 0])),
+            metrics_port: Some(9150),
             ..ServeArgs::default()
         };
         let warning = exposed(anywhere()).unwrap();
         assert!(warning.contains("WARNING") && warning.contains("--requirepass"));
         assert!(warning.contains("--auth-file"), "{warning}");
-        let resp_only = exposed(ServeArgs {
-            requirepass: Some("pw".into()),
-            ..anywhere()
-        })
-        .unwrap();
-        assert!(!resp_only.contains("RESP port"), "{resp_only}");
+        for port in [
+            "memcached port 11211",
+            "RESP port 6379",
+            "metrics port 9150",
+        ] {
+            assert!(warning.contains(port), "{port}: {warning}");
+        }
+        // Either source of users protects every port.
+        assert_eq!(
+            exposed(ServeArgs {
+                requirepass: Some("pw".into()),
+                ..anywhere()
+            }),
+            None
+        );
         let users = std::env::temp_dir().join(format!("zc-users-{}", std::process::id()));
         std::fs::write(&users, "alice:secret\n").unwrap();
-        let both = ServeArgs {
-            requirepass: Some("pw".into()),
+        let file_only = ServeArgs {
             auth_file: Some(users.clone()),
             ..anywhere()
         };
-        assert_eq!(exposed(both), None);
+        assert_eq!(exposed(file_only), None);
         std::fs::remove_file(users).unwrap();
+        // Client certificates cover the protocol ports, not plain-HTTP metrics.
         let client_certificates = ServeArgs {
             tls_cert: Some("c".into()),
             tls_key: Some("k".into()),
             tls_ca: Some("ca".into()),
             ..anywhere()
         };
-        assert_eq!(exposed(client_certificates), None);
+        let warning = exposed(client_certificates).unwrap();
+        assert!(warning.contains("metrics port 9150"), "{warning}");
+        assert!(!warning.contains("RESP port"), "{warning}");
+        let off = ServeArgs {
+            resp_port: Some(Port::Off),
+            metrics_port: None,
+            ..anywhere()
+        };
+        let warning = exposed(off).unwrap();
+        assert!(warning.contains("memcached port 11211"), "{warning}");
+        assert!(!warning.contains("RESP") && !warning.contains("metrics"));
+    }
+
+    #[test]
+    fn a_protocol_port_can_be_off_but_not_both() {
+        assert_eq!("off".parse(), Ok(Port::Off));
+        assert_eq!("OFF".parse(), Ok(Port::Off));
+        assert_eq!("0".parse(), Ok(Port::On(0)));
+        assert_eq!("11211".parse(), Ok(Port::On(11211)));
+        assert!("70000".parse::<Port>().is_err() && "no".parse::<Port>().is_err());
+        let dir =
+            std::env::temp_dir().join(format!("zipcache-settings-off-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("serve.toml");
+        std::fs::write(&file, "memcached-port = \"off\"\nresp-port = 7000\n").unwrap();
+        let s = Settings::resolve(ServeArgs {
+            config: Some(file.clone()),
+            ..ServeArgs::default()
+        })
+        .unwrap();
+        assert_eq!((s.memcached_port, s.resp_port), (None, Some(7000)));
+        let options = s.server_options(1);
+        assert_eq!(
+            (options.memcached_port, options.resp_port),
+            (None, Some(7000))
+        );
+        assert!(
+            s.describe(&s.engine_config().unwrap())
+                .contains("memcached-port   off")
+        );
+        let both_off = Settings::resolve(ServeArgs {
+            config: Some(file.clone()),
+            resp_port: Some(Port::Off),
+            ..ServeArgs::default()
+        })
+        .unwrap_err();
+        assert!(both_off.contains("both off"), "{both_off}");
+        std::fs::write(&file, "memcached-port = \"of\"\n").unwrap();
+        let typo = Settings::resolve(ServeArgs {
+            config: Some(file),
+            ..ServeArgs::default()
+        })
+        .unwrap_err();
+        assert!(typo.contains("\"of\""), "{typo}");
+        std::fs::remove_dir_all(dir).unwrap();
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! Operator controls: ascii authentication against an auth file on the memcached port
-//! (memcached `-Y`, here `--auth-file`) and a refused flush (memcached `-F`, here
-//! `--disable-flush-all`: `flush_all`, and RESP `FLUSHALL`/`FLUSHDB`), both through the
-//! server and through `serve`'s settings.
+//! (memcached `-Y`, here `--auth-file`; the same users guard RESP) and a refused flush
+//! (memcached `-F`, here `--disable-flush-all`: `flush_all`, and RESP
+//! `FLUSHALL`/`FLUSHDB`), both through the server and through `serve`'s settings.
 
 mod common;
 
@@ -24,7 +24,7 @@ fn server_with(options: ServerOptions) -> TestServer {
 fn nothing_but_authentication_before_a_client_authenticates() {
     let users = Credentials::parse(b"foo:bar\nbaaaz:quux\n").unwrap();
     let server = server_with(ServerOptions {
-        memcached_auth: Some(Arc::new(users)),
+        users: Some(Arc::new(users)),
         ..ServerOptions::default()
     });
     let mut c = Client::connect(server.memcached);
@@ -61,15 +61,20 @@ fn nothing_but_authentication_before_a_client_authenticates() {
     assert_eq!(second.ask("set x 0 0 10\r\nbaaaz quux\r\n", 1), ["STORED"]);
     assert_eq!(second.ask("get toast\r\n", 3)[1], "hi");
 
-    // The RESP port is not affected by the memcached auth file.
+    // The same users guard the RESP port (one access policy: tests/one_policy.rs).
     let mut resp = Client::connect(server.resp);
+    assert_eq!(
+        resp.ask("PING\r\n", 1),
+        ["-NOAUTH Authentication required."]
+    );
+    assert_eq!(resp.ask("AUTH baaaz quux\r\n", 1), ["+OK"]);
     assert_eq!(resp.ask("PING\r\n", 1), ["+PONG"]);
 }
 
 #[test]
 fn junk_before_authentication_closes_the_connection() {
     let server = server_with(ServerOptions {
-        memcached_auth: Some(Arc::new(Credentials::parse(b"a:b").unwrap())),
+        users: Some(Arc::new(Credentials::parse(b"a:b").unwrap())),
         ..ServerOptions::default()
     });
     let mut c = Client::connect(server.memcached);
@@ -162,7 +167,7 @@ fn serve_flags_reach_the_server_options() {
     .unwrap();
     let options = settings.server_options(1 << 20);
     assert!(!options.flush_all_enabled);
-    assert!(options.memcached_auth.unwrap().check(b"ada", b"lovelace"));
+    assert!(options.users.unwrap().check(b"ada", b"lovelace"));
     let missing = ServeArgs {
         auth_file: Some(dir.join("nope")),
         ..ServeArgs::default()

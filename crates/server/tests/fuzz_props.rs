@@ -85,7 +85,7 @@ const AUTH_SEEDS: &[&[u8]] = &[
 
 fn authenticating(input: &[u8], chunk: usize) -> Vec<u8> {
     let options = ServerOptions {
-        memcached_auth: Some(Arc::new(Credentials::parse(b"foo:bar").unwrap())),
+        users: Some(Arc::new(Credentials::parse(b"foo:bar").unwrap())),
         ..options()
     };
     memcached_session_with(cache(), &options, input, chunk)

@@ -14,8 +14,8 @@ fn sigterm_stops_serve_cleanly() {
     let data_dir = std::env::temp_dir().join(format!("zipcache-serve-{}", std::process::id()));
     let (mc_port, resp_port) = (free_port(), free_port());
     let args = ServeArgs {
-        memcached_port: Some(mc_port),
-        resp_port: Some(resp_port),
+        memcached_port: Some(mc_port.into()),
+        resp_port: Some(resp_port.into()),
         dram: Some("32MiB".into()),
         ssd: Some("none".into()),
         data_dir: Some(data_dir.clone()),
@@ -70,8 +70,8 @@ fn a_second_engine_on_the_same_data_dir_is_refused_naming_the_holder() {
     })
     .unwrap();
     let args = ServeArgs {
-        memcached_port: Some(free_port()),
-        resp_port: Some(free_port()),
+        memcached_port: Some(free_port().into()),
+        resp_port: Some(free_port().into()),
         dram: Some("4MiB".into()),
         ssd_size: Some("16MiB".into()),
         data_dir: Some(data_dir.clone()),

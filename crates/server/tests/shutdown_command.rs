@@ -19,8 +19,8 @@ fn the_shutdown_command_stops_serve_cleanly() {
     let serve = |data_dir: &std::path::Path| {
         let mc_port = free_port();
         let args = ServeArgs {
-            memcached_port: Some(mc_port),
-            resp_port: Some(free_port()),
+            memcached_port: Some(mc_port.into()),
+            resp_port: Some(free_port().into()),
             dram: Some("8MiB".into()),
             ssd_size: Some("64MiB".into()),
             data_dir: Some(data_dir.to_path_buf()),

@@ -49,8 +49,8 @@ fn sighup_reloads_the_auth_file_and_keeps_it_if_the_new_one_is_bad() {
     std::fs::write(&auth_file, "alice:one\n").unwrap();
     let (mc_port, resp_port) = (free_port(), free_port());
     let args = ServeArgs {
-        memcached_port: Some(mc_port),
-        resp_port: Some(resp_port),
+        memcached_port: Some(mc_port.into()),
+        resp_port: Some(resp_port.into()),
         dram: Some("16MiB".into()),
         ssd: Some("none".into()),
         data_dir: Some(dir.join("data")),

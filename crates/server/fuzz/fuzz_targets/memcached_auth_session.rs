@@ -13,7 +13,7 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     let options = ServerOptions {
-        memcached_auth: Some(Arc::new(
+        users: Some(Arc::new(
             Credentials::parse(b"foo:bar").expect("credentials"),
         )),
         ..options()

@@ -1,74 +1,10 @@
-//! memcached's ascii authentication (`-Y FILE`, here `--auth-file FILE`): the file holds
-//! `user:password` lines; until a connection authenticates, its only accepted request is
+//! memcached's ascii authentication (memcached `-Y`): while the server's access policy
+//! requires a login, a connection's only accepted request is
 //! `set <any key> <flags> <exptime> <bytes>\r\n<user> <password>\r\n`, answered `STORED`;
-//! everything else gets a `CLIENT_ERROR`, with memcached's wording.
+//! everything else gets a `CLIENT_ERROR`, with memcached's wording. The users are the
+//! policy's: those of `--auth-file`, and `default` with the `--requirepass` password.
 
-use std::fmt;
-use std::path::{Path, PathBuf};
-
-use crate::auth::constant_time_eq;
-
-/// The users of an auth file.
-pub struct Credentials {
-    users: Vec<(Vec<u8>, Vec<u8>)>,
-    /// The file they were read from, to read again on SIGHUP.
-    source: Option<PathBuf>,
-}
-
-impl fmt::Debug for Credentials {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Credentials({} users)", self.users.len())
-    }
-}
-
-impl Credentials {
-    pub fn load(path: &Path) -> Result<Credentials, String> {
-        let text = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
-        let users = Credentials::parse(&text).map_err(|e| format!("{}: {e}", path.display()))?;
-        Ok(Credentials {
-            source: Some(path.to_path_buf()),
-            ..users
-        })
-    }
-
-    /// The users of the same file read again (`None`: these were not read from a file).
-    pub fn reloaded(&self) -> Option<Result<Credentials, String>> {
-        self.source.as_deref().map(Credentials::load)
-    }
-
-    /// `user:password` per line (the password runs to the end of the line); blank lines
-    /// are skipped.
-    pub fn parse(text: &[u8]) -> Result<Credentials, String> {
-        let mut users = Vec::new();
-        for (number, line) in text.split(|&b| b == b'\n').enumerate() {
-            let line = line.strip_suffix(b"\r").unwrap_or(line);
-            if line.is_empty() {
-                continue;
-            }
-            let colon = line
-                .iter()
-                .position(|&b| b == b':')
-                .ok_or_else(|| format!("line {}: expected user:password", number + 1))?;
-            users.push((line[..colon].to_vec(), line[colon + 1..].to_vec()));
-        }
-        if users.is_empty() {
-            return Err("no user:password line".into());
-        }
-        Ok(Credentials {
-            users,
-            source: None,
-        })
-    }
-
-    /// Whether `user` and `password` match a line. Every line is compared in full, in
-    /// time that depends only on the lengths, so timing tells nothing about how much of
-    /// a guess was right.
-    pub fn check(&self, user: &[u8], password: &[u8]) -> bool {
-        self.users.iter().fold(false, |found, (u, p)| {
-            found | (constant_time_eq(user, u) & constant_time_eq(password, p))
-        })
-    }
-}
+use crate::access::AccessPolicy;
 
 /// An auth line shorter than this cannot be one; memcached hangs up.
 const LINE_MIN: usize = 6;
@@ -91,7 +27,7 @@ pub enum Attempt {
 }
 
 /// Frames and checks one authentication attempt at the front of `input`.
-pub fn attempt(input: &[u8], credentials: &Credentials) -> Attempt {
+pub fn attempt(input: &[u8], access: &AccessPolicy) -> Attempt {
     let Some(newline) = input.iter().position(|&b| b == b'\n') else {
         return if input.len() > LINE_MAX {
             Attempt::Close
@@ -131,7 +67,7 @@ pub fn attempt(input: &[u8], credentials: &Credentials) -> Attempt {
     let Some(space) = token.iter().position(|&b| b == b' ') else {
         return refuse("CLIENT_ERROR bad authentication token format", len);
     };
-    if credentials.check(&token[..space], &token[space + 1..]) {
+    if access.admits(&token[..space], &token[space + 1..]) {
         Attempt::Answered {
             reply: "STORED",
             len,
@@ -144,10 +80,14 @@ pub fn attempt(input: &[u8], credentials: &Credentials) -> Attempt {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use std::sync::Arc;
 
-    fn users() -> Credentials {
-        Credentials::parse(b"foo:bar\r\nbaaaz:quux\n\n").unwrap()
+    use super::*;
+    use crate::access::Credentials;
+
+    fn users() -> AccessPolicy {
+        let file = Credentials::parse(b"foo:bar\r\nbaaaz:quux\n\n").unwrap();
+        AccessPolicy::new(None, Some(Arc::new(file)))
     }
 
     fn reply(input: &[u8]) -> (&'static str, usize) {
@@ -155,21 +95,6 @@ mod tests {
             Attempt::Answered { reply, len, .. } => (reply, len),
             other => panic!("{other:?}"),
         }
-    }
-
-    #[test]
-    fn auth_files_parse_like_memcached() {
-        let users = users();
-        assert!(users.check(b"foo", b"bar"));
-        assert!(users.check(b"baaaz", b"quux"));
-        assert!(!users.check(b"foo", b"bab"));
-        assert!(!users.check(b"foo", b"ba"));
-        assert!(!users.check(b"foo", b"barr"));
-        assert!(!users.check(b"baaaz", b"bar"));
-        assert!(Credentials::parse(b"a:b:c").unwrap().check(b"a", b"b:c"));
-        assert!(Credentials::parse(b"nocolon\n").is_err());
-        assert!(Credentials::parse(b"\n").is_err());
-        assert_eq!(format!("{users:?}"), "Credentials(2 users)");
     }
 
     #[test]

@@ -11,7 +11,6 @@ pub mod parse;
 pub mod prefix_stats;
 mod text;
 
-pub use auth::Credentials;
 pub use crawler::Crawler;
 
 use std::net::SocketAddr;
@@ -176,7 +175,7 @@ impl MemcacheSession {
     /// The session of a connection accepted from `peer`: listed in `stats conns` and
     /// logged (`watch connevents`) until it closes.
     pub fn accepted(shared: Arc<Shared>, peer: Option<SocketAddr>) -> MemcacheSession {
-        let authenticated = shared.memcached_auth.is_none();
+        let authenticated = !shared.access.required();
         let id = shared.conns.open(peer);
         if let Some(peer) = peer {
             shared.logger.log(Event::ConnNew { peer, conn: id });
@@ -212,8 +211,8 @@ impl MemcacheSession {
         }
     }
 
-    fn authenticate(&mut self, credentials: &Credentials, input: &[u8], out: &mut Vec<u8>) -> Step {
-        match auth::attempt(input, credentials) {
+    fn authenticate(&mut self, input: &[u8], out: &mut Vec<u8>) -> Step {
+        match auth::attempt(input, &self.shared.access) {
             auth::Attempt::NeedMore => Step::NeedMore,
             auth::Attempt::Close => {
                 self.close_reason = CloseReason::Error;
@@ -260,10 +259,8 @@ impl Session for MemcacheSession {
             self.swallow -= n;
             return Step::Consumed(n);
         }
-        if !self.authenticated
-            && let Some(credentials) = self.shared.memcached_users()
-        {
-            return self.authenticate(&credentials, input, out);
+        if !self.authenticated {
+            return self.authenticate(input, out);
         }
         if let Some((dump, len)) = &mut self.dump {
             if !dump.fill(&self.shared.cache, out) {
@@ -313,10 +310,7 @@ impl Session for MemcacheSession {
     }
 
     fn read_ahead(&mut self, input: &[u8], ahead: &mut ReadAhead) -> Option<usize> {
-        if self.watcher.is_some()
-            || self.swallow > 0
-            || !self.authenticated && self.shared.memcached_auth.is_some()
-        {
+        if self.watcher.is_some() || self.swallow > 0 || !self.authenticated {
             return None;
         }
         match parse::parse(input, self.shared.max_value) {

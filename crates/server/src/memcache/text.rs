@@ -598,11 +598,7 @@ fn stats(shared: &Shared, section: Option<&[u8]>, out: &mut Vec<u8>) {
             stat(out, "cas_enabled", "yes");
             stat(out, "tcp_backlog", crate::server::LISTEN_BACKLOG);
             stat(out, "auth_enabled_sasl", "no");
-            stat(
-                out,
-                "auth_enabled_ascii",
-                yes_no(shared.memcached_auth.is_some()),
-            );
+            stat(out, "auth_enabled_ascii", yes_no(shared.access.required()));
             stat(out, "item_size_max", shared.max_value);
             stat(out, "key_max", super::parse::KEY_MAX);
             for (name, value) in shared.crawler.settings_stats() {

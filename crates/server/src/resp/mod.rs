@@ -26,7 +26,7 @@ pub struct Client {
     id: u64,
     name: Option<Vec<u8>>,
     resp3: bool,
-    /// True from the start when no `requirepass` is set.
+    /// True from the start when the access policy requires no login.
     authenticated: bool,
 }
 
@@ -44,7 +44,7 @@ impl RespSession {
             id: NEXT_CLIENT_ID.fetch_add(1, Ordering::Relaxed),
             name: None,
             resp3: false,
-            authenticated: shared.requirepass.is_none(),
+            authenticated: !shared.access.required(),
         };
         RespSession {
             shared,

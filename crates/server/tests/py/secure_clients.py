@@ -70,6 +70,14 @@ def memcached():
         context.load_cert_chain(args.client_cert, args.client_key)
     mc = Memcache(("127.0.0.1", args.memcached), tls_context=context,
                   connect_timeout=5, timeout=10)
+    if args.password:
+        # memcached's ascii auth; the password is the default user's, as on RESP.
+        try:
+            mc.get("tls")
+            raise AssertionError("memcached must refuse a client that has not logged in")
+        except Exception as e:
+            assert "unauthenticated" in str(e), e
+        assert mc.set("auth", "default " + args.password, noreply=False)
     assert mc.set("tls", b"over tls", noreply=False)
     assert mc.get("tls") == b"over tls"
     big = bytes(range(256)) * 4096

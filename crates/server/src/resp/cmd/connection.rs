@@ -3,12 +3,11 @@
 
 use super::server::REDIS_VERSION;
 use super::{Command, ErrorReply, Flow, NOT_INTEGER, Result, SYNTAX, Spec, integer, spec};
+use crate::access::DEFAULT_USER;
 use crate::resp::{Client, Reply};
 use crate::server::Shared;
 
 const WRONGPASS: &str = "WRONGPASS invalid username-password pair or user is disabled.";
-/// The one user there is, as in a Redis without ACL rules.
-const DEFAULT_USER: &[u8] = b"default";
 
 pub const COMMANDS: &[Spec] = &[
     spec("ping", -1, |a| {
@@ -151,16 +150,6 @@ fn hello<'a>(args: &mut super::Args<'a>) -> Result<Command<'a>> {
     Ok(ConnectionCommand::Hello { resp3, auth, name }.into())
 }
 
-/// Whether `user` / `password` log in: the default user, with the configured password
-/// (compared in constant time) or, without `requirepass`, any password.
-fn credentials_match(shared: &Shared, user: &[u8], password: &[u8]) -> bool {
-    user == DEFAULT_USER
-        && shared
-            .requirepass
-            .as_ref()
-            .is_none_or(|required| required.matches(password))
-}
-
 impl ConnectionCommand<'_> {
     pub fn execute(self, shared: &Shared, client: &mut Client, out: &mut Reply) -> Result<Flow> {
         match self {
@@ -182,7 +171,7 @@ impl ConnectionCommand<'_> {
             }
             ConnectionCommand::Hello { resp3, auth, name } => {
                 if let Some((user, password)) = auth {
-                    if !credentials_match(shared, user, password) {
+                    if !shared.access.admits(user, password) {
                         return Err(WRONGPASS.into());
                     }
                     client.authenticated = true;
@@ -201,10 +190,10 @@ impl ConnectionCommand<'_> {
                 hello_reply(client, out);
             }
             ConnectionCommand::Auth { user, password } => {
-                if user.is_none() && shared.requirepass.is_none() {
+                if user.is_none() && !shared.access.required() {
                     return Err("ERR AUTH <password> called without any password configured for the default user. Are you sure your configuration is correct?".into());
                 }
-                if !credentials_match(shared, user.unwrap_or(DEFAULT_USER), password) {
+                if !shared.access.admits(user.unwrap_or(DEFAULT_USER), password) {
                     return Err(WRONGPASS.into());
                 }
                 client.authenticated = true;

@@ -1,0 +1,125 @@
+//! A start that fails — a port already in use, a typo in a TLS path — keeps the flash
+//! tier: `run` binds its ports and loads its TLS files before it opens the engine, so the
+//! next correct start is as warm as the last clean stop left it. Its own test binary,
+//! because `run` installs signal handlers for the process.
+
+mod common;
+
+use std::path::Path;
+use std::time::Duration;
+
+use common::{Client, free_port, wait_for_port};
+use zipcache_server::{ServeArgs, run};
+
+/// 20,000 values of ~80 bytes through a 1 MiB DRAM budget: many are on the SSD
+/// tier when the server stops (the rest go there at its clean close).
+const KEYS: usize = 20_000;
+
+fn value(i: usize) -> String {
+    let mut state = (i as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    let mut hex = String::new();
+    while hex.len() < 64 + i % 32 {
+        state ^= state >> 12;
+        state ^= state << 25;
+        state ^= state >> 27;
+        hex.push_str(&format!(
+            "{:016x}",
+            state.wrapping_mul(0x2545_F491_4F6C_DD1D)
+        ));
+    }
+    hex
+}
+
+fn args(data_dir: &Path, mc_port: u16) -> ServeArgs {
+    ServeArgs {
+        memcached_port: Some(mc_port.into()),
+        resp_port: Some(free_port().into()),
+        dram: Some("1MiB".into()),
+        ssd_size: Some("64MiB".into()),
+        data_dir: Some(data_dir.to_path_buf()),
+        threads: Some(2),
+        enable_shutdown: true,
+        // Writers wait for the flusher rather than drop: the test counts every key.
+        set: vec!["flush_wait_ms=60000".into()],
+        ..ServeArgs::default()
+    }
+}
+
+fn serve(args: ServeArgs, port: u16) -> (std::thread::JoinHandle<Result<(), String>>, Client) {
+    let server = std::thread::spawn(move || run(args));
+    wait_for_port(port, Duration::from_secs(30));
+    (server, Client::connect(([127, 0, 0, 1], port).into()))
+}
+
+fn stop(server: std::thread::JoinHandle<Result<(), String>>, mut client: Client) {
+    client.send(b"shutdown\r\n");
+    assert!(client.closed());
+    assert_eq!(server.join().expect("run returned"), Ok(()));
+}
+
+#[test]
+fn failed_starts_between_two_clean_ones_keep_the_flash_tier() {
+    let data_dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("zipcache-warm-start-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&data_dir);
+    let mc_port = free_port();
+
+    let (server, mut client) = serve(args(&data_dir, mc_port), mc_port);
+    for chunk in (0..KEYS).collect::<Vec<_>>().chunks(500) {
+        let mut batch = String::new();
+        for &i in chunk {
+            let v = value(i);
+            batch.push_str(&format!("set key:{i} 0 0 {}\r\n{v}\r\n", v.len()));
+        }
+        client.send(batch.as_bytes());
+        for &i in chunk {
+            assert_eq!(client.line(), "STORED", "key:{i}");
+        }
+    }
+    let on_ssd: usize = client.stats(" items")["items:1:number_ssd"]
+        .parse()
+        .unwrap();
+    assert!(
+        on_ssd > KEYS / 4,
+        "only {on_ssd} of {KEYS} keys reached the SSD tier"
+    );
+    stop(server, client);
+
+    // The port is taken by someone else.
+    let squatter = std::net::TcpListener::bind(("127.0.0.1", mc_port)).expect("squat");
+    let error = run(args(&data_dir, mc_port)).expect_err("the port is in use");
+    assert!(error.contains("cannot serve"), "{error}");
+    drop(squatter);
+
+    // A typo in a TLS path.
+    let typo = ServeArgs {
+        tls_cert: Some(data_dir.join("no-such-cert.pem")),
+        tls_key: Some(data_dir.join("no-such-key.pem")),
+        ..args(&data_dir, mc_port)
+    };
+    let error = run(typo).expect_err("no such certificate");
+    assert!(error.contains("TLS"), "{error}");
+
+    let (server, mut client) = serve(args(&data_dir, mc_port), mc_port);
+    let mut missing = Vec::new();
+    for i in 0..KEYS {
+        client.send(format!("get key:{i}\r\n").as_bytes());
+        let header = client.line();
+        if header == "END" {
+            missing.push(i);
+            continue;
+        }
+        let v = value(i);
+        assert_eq!(header, format!("VALUE key:{i} 0 {}", v.len()));
+        assert_eq!(client.line(), v, "key:{i}");
+        assert_eq!(client.line(), "END");
+    }
+    assert!(
+        missing.is_empty(),
+        "a warm start keeps every key; {} of {KEYS} are gone (first: key:{})",
+        missing.len(),
+        missing[0]
+    );
+    stop(server, client);
+    let _ = std::fs::remove_dir_all(data_dir);
+}
