@@ -7,6 +7,7 @@
 //! `settings` the flags; `auth` and `tls` access control.
 
 mod auth;
+mod buffer_budget;
 mod connection;
 mod memcache;
 mod metrics_http;
@@ -202,9 +203,9 @@ pub mod fuzzing {
 
         // A request: its span and its arguments.
         let framed = |bytes| -> Option<(usize, Vec<Cow<'_, [u8]>>)> {
-            match parse(bytes, authenticated) {
+            match parse(bytes, authenticated, usize::MAX) {
                 Parsed::Command { args, len } => Some((len, args)),
-                Parsed::Incomplete | Parsed::Error(_) => None,
+                Parsed::Incomplete | Parsed::Error(_) | Parsed::TooLarge => None,
             }
         };
         let mut rest = input;

@@ -9,7 +9,7 @@ use clap::ValueEnum;
 
 use crate::auth::Password;
 use crate::memcache::Credentials;
-use crate::server::{Runtime, ServerOptions};
+use crate::server::{FIRST_REQUEST_TIMEOUT, Runtime, ServerOptions};
 use crate::tls::TlsFiles;
 
 /// Arguments of `zipcache serve` (SPEC §8). The `--config` file is the same struct:
@@ -100,6 +100,18 @@ pub struct ServeArgs {
     #[arg(long)]
     #[serde(default)]
     pub enable_shutdown: bool,
+    /// Largest request a connection may send, e.g. 2MiB; larger ones get an error and
+    /// the connection is closed [default: max_value_size + 256KiB].
+    #[arg(long, value_name = "SIZE")]
+    pub max_request_size: Option<String>,
+    /// Most memory all connections' buffers may hold together; past it the connection
+    /// holding the most is closed (Redis's maxmemory-clients) [default: max(64MiB, dram/8)].
+    #[arg(long, value_name = "SIZE")]
+    pub max_clients_memory: Option<String>,
+    /// Close connections that have not completed a request this many seconds after
+    /// opening, counted in `first_request_kicks` [default: 30; 0 = never].
+    #[arg(long, value_name = "SECS")]
+    pub first_request_timeout: Option<u64>,
 }
 
 /// Every setting with its effective value.
@@ -129,6 +141,12 @@ pub struct Settings {
     /// Seconds; 0 = never.
     pub idle_timeout: u64,
     pub shutdown_enabled: bool,
+    /// Bytes; `None` = the server's default (`ServerOptions::max_request_size`).
+    pub max_request_size: Option<u64>,
+    /// Bytes; `None` = the server's default (`ServerOptions::max_clients_memory`).
+    pub max_clients_memory: Option<u64>,
+    /// Seconds; 0 = never.
+    pub first_request_timeout: u64,
 }
 
 fn read_file(path: &Path) -> Result<ServeArgs, String> {
@@ -182,6 +200,8 @@ impl Settings {
             _ => return Err("tls-key and tls-ca need tls-cert; tls-cert needs tls-key".into()),
         };
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let max_request_size = args.max_request_size.or(file.max_request_size);
+        let max_clients_memory = args.max_clients_memory.or(file.max_clients_memory);
         let auth_file = args.auth_file.or(file.auth_file);
         let memcached_auth = match &auth_file {
             Some(path) => Some(Arc::new(
@@ -228,6 +248,16 @@ impl Settings {
             memcached_auth,
             idle_timeout: args.idle_timeout.or(file.idle_timeout).unwrap_or(0),
             shutdown_enabled: args.enable_shutdown || file.enable_shutdown,
+            max_request_size: max_request_size
+                .map(|text| size("max-request-size", &text))
+                .transpose()?,
+            max_clients_memory: max_clients_memory
+                .map(|text| size("max-clients-memory", &text))
+                .transpose()?,
+            first_request_timeout: args
+                .first_request_timeout
+                .or(file.first_request_timeout)
+                .unwrap_or(FIRST_REQUEST_TIMEOUT.as_secs()),
         })
     }
 
@@ -305,9 +335,11 @@ impl Settings {
             flush_all_enabled: self.flush_all_enabled,
             lru_crawler: self.lru_crawler,
             memcached_auth: self.memcached_auth.clone(),
-            idle_timeout: (self.idle_timeout > 0)
-                .then(|| std::time::Duration::from_secs(self.idle_timeout)),
+            idle_timeout: seconds(self.idle_timeout),
             shutdown_enabled: self.shutdown_enabled,
+            max_request_size: self.max_request_size.map(saturating_usize),
+            max_clients_memory: self.max_clients_memory.map(saturating_usize),
+            first_request_timeout: seconds(self.first_request_timeout),
         }
     }
 
@@ -337,8 +369,9 @@ impl Settings {
             )
         });
         let set_or_off = |on: bool| if on { "set" } else { "off" };
+        let options = self.server_options(config.max_value_size);
         format!(
-            "zipcache serve settings:\n  listen           {}\n  memcached-port   {}\n  resp-port        {}\n  dram             {} bytes\n  data-dir         {}\n  ssd              {ssd}\n  max-connections  {}\n  threads          {} ({} runtime)\n  metrics          {metrics}\n  tls              {tls}\n  requirepass      {}\n  auth-file        {}\n  keys-limit       {}\n  flush_all        {}\n  lru_crawler      {}\n  idle-timeout     {}\n  shutdown command {}\n  engine: leaf_size={} subpages={} superleaf_size={} fill_threshold={} write_buffer={} bypass_r={} bypass_max_fraction={} tiny_max={} medium_max={} max_key_size={} max_value_size={} background_threads={} promotion={:?} rss_limit={} track_access={} evictions={}",
+            "zipcache serve settings:\n  listen           {}\n  memcached-port   {}\n  resp-port        {}\n  dram             {} bytes\n  data-dir         {}\n  ssd              {ssd}\n  max-connections  {}\n  threads          {} ({} runtime)\n  metrics          {metrics}\n  tls              {tls}\n  requirepass      {}\n  auth-file        {}\n  keys-limit       {}\n  flush_all        {}\n  lru_crawler      {}\n  idle-timeout     {}\n  input limits     max-request-size {} bytes, max-clients-memory {} bytes, first-request-timeout {}\n  shutdown command {}\n  engine: leaf_size={} subpages={} superleaf_size={} fill_threshold={} write_buffer={} bypass_r={} bypass_max_fraction={} tiny_max={} medium_max={} max_key_size={} max_value_size={} background_threads={} promotion={:?} rss_limit={} track_access={} evictions={}",
             self.listen,
             self.memcached_port,
             self.resp_port,
@@ -364,11 +397,10 @@ impl Settings {
             } else {
                 "disabled"
             },
-            if self.idle_timeout == 0 {
-                "off".to_string()
-            } else {
-                format!("{} s", self.idle_timeout)
-            },
+            seconds_or_off(self.idle_timeout),
+            options.max_request_size(),
+            options.max_clients_memory(config.dram_capacity),
+            seconds_or_off(self.first_request_timeout),
             if self.shutdown_enabled {
                 "enabled"
             } else {
@@ -392,6 +424,23 @@ impl Settings {
             config.evictions,
         )
     }
+}
+
+/// A timeout of `secs` seconds; 0 = none.
+fn seconds(secs: u64) -> Option<std::time::Duration> {
+    (secs > 0).then(|| std::time::Duration::from_secs(secs))
+}
+
+fn seconds_or_off(secs: u64) -> String {
+    if secs == 0 {
+        "off".to_string()
+    } else {
+        format!("{secs} s")
+    }
+}
+
+fn saturating_usize(n: u64) -> usize {
+    usize::try_from(n).unwrap_or(usize::MAX)
 }
 
 /// The server's RSS target (issue 10): 5% over the DRAM budget for what the allocator

@@ -33,6 +33,8 @@ pub struct Client {
 pub struct RespSession {
     shared: Arc<Shared>,
     client: Client,
+    /// Progress through the request at the front of the input.
+    framer: parse::Framer,
 }
 
 impl RespSession {
@@ -43,7 +45,11 @@ impl RespSession {
             resp3: false,
             authenticated: shared.requirepass.is_none(),
         };
-        RespSession { shared, client }
+        RespSession {
+            shared,
+            client,
+            framer: parse::Framer::default(),
+        }
     }
 }
 
@@ -53,11 +59,18 @@ impl Session for RespSession {
             buf,
             resp3: self.client.resp3,
         };
-        match parse::parse(input, self.client.authenticated) {
+        let (authenticated, max_request_size) =
+            (self.client.authenticated, self.shared.max_request_size);
+        match self.framer.parse(input, authenticated, max_request_size) {
             parse::Parsed::Incomplete => Step::NeedMore,
             parse::Parsed::Error(message) => {
                 Counters::bump(&self.shared.counters.protocol_errors);
                 out.error(&message);
+                Step::Close
+            }
+            parse::Parsed::TooLarge => {
+                Counters::bump(&self.shared.counters.request_size_kicks);
+                self.too_large(out.buf);
                 Step::Close
             }
             parse::Parsed::Command { args, len } => {
@@ -75,7 +88,11 @@ impl Session for RespSession {
         }
     }
     fn read_ahead(&mut self, input: &[u8], ahead: &mut ReadAhead) -> Option<usize> {
-        let parse::Parsed::Command { args, len } = parse::parse(input, self.client.authenticated)
+        let (authenticated, max_request_size) =
+            (self.client.authenticated, self.shared.max_request_size);
+        // Not `self.framer`: its progress is the front request's, not this one's.
+        let parse::Parsed::Command { args, len } =
+            parse::parse(input, authenticated, max_request_size)
         else {
             return None;
         };
@@ -83,6 +100,14 @@ impl Session for RespSession {
         // An empty command is skipped by `step` without running.
         (args.is_empty() || cmd::read_ahead(&self.shared, &self.client, &args, ahead))
             .then_some(len)
+    }
+
+    fn too_large(&mut self, buf: &mut Vec<u8>) {
+        let mut out = Reply {
+            buf,
+            resp3: self.client.resp3,
+        };
+        out.error(parse::REQUEST_TOO_LARGE);
     }
 }
 
