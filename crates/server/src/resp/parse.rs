@@ -147,7 +147,9 @@ impl Framer {
                     }
                     Some(n) if n <= MAX_MULTIBULK as i64 => usize::try_from(n).unwrap_or(0),
                     _ => {
-                        return Parsed::Error("ERR Protocol error: invalid multibulk length".into());
+                        return Parsed::Error(
+                            "ERR Protocol error: invalid multibulk length".into(),
+                        );
                     }
                 };
                 self.count = Some((count, end + 2));
