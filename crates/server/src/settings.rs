@@ -455,6 +455,41 @@ mod tests {
     use super::*;
 
     #[test]
+    fn input_limits_default_from_the_item_size_and_the_dram_budget() {
+        let s = Settings::resolve(ServeArgs::default()).unwrap();
+        assert_eq!(s.first_request_timeout, 30);
+        let options = s.server_options(1 << 20);
+        assert_eq!(options.max_request_size(), (1 << 20) + (256 << 10));
+        assert_eq!(options.max_clients_memory(1 << 30), 128 << 20);
+        assert_eq!(options.max_clients_memory(64 << 20), 64 << 20);
+        assert_eq!(
+            options.first_request_timeout,
+            Some(std::time::Duration::from_secs(30))
+        );
+
+        let s = Settings::resolve(ServeArgs {
+            max_request_size: Some("2MiB".into()),
+            max_clients_memory: Some("1GiB".into()),
+            first_request_timeout: Some(0),
+            ..ServeArgs::default()
+        })
+        .unwrap();
+        let options = s.server_options(1 << 20);
+        assert_eq!(options.max_request_size(), 2 << 20);
+        assert_eq!(options.max_clients_memory(64 << 20), 1 << 30);
+        assert_eq!(options.first_request_timeout, None);
+        let bad = ServeArgs {
+            max_clients_memory: Some("lots".into()),
+            ..ServeArgs::default()
+        };
+        assert!(
+            Settings::resolve(bad)
+                .unwrap_err()
+                .contains("--max-clients-memory")
+        );
+    }
+
+    #[test]
     fn defaults_follow_the_spec() {
         let s = Settings::resolve(ServeArgs::default()).unwrap();
         assert_eq!((s.memcached_port, s.resp_port), (11211, 6379));
