@@ -10,8 +10,10 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
+use tokio::time::Instant;
 use tokio_rustls::server::TlsStream;
 
+use crate::buffer_budget::ConnectionBuffers;
 use crate::prefetch::{self, Prefetch, ReadAhead};
 use crate::server::Shared;
 use crate::stats::Counters;
@@ -71,6 +73,10 @@ pub trait Session {
     fn take_watcher(&mut self) -> Option<Watcher> {
         None
     }
+
+    /// Appends the error reply for a request larger than `max_request_size`, after
+    /// which the connection is closed.
+    fn too_large(&mut self, out: &mut Vec<u8>);
 }
 
 /// Requests after one that waits for the SSD walked past to start their reads with it, so
@@ -83,9 +89,6 @@ const READ_AHEAD: usize = 64;
 /// plus one item's reply, however many keys its requests name.
 pub const OUTPUT_BUDGET: usize = 256 * 1024;
 const READ_CHUNK: usize = 16 * 1024;
-/// A session never needs more buffered input than one request; a request larger than
-/// this (a huge multi-bulk MSET, say) is refused by closing the connection.
-const MAX_INPUT: usize = 64 << 20;
 
 /// How a `process` call ended.
 #[derive(Debug, PartialEq, Eq)]
@@ -163,19 +166,81 @@ async fn linger<T: Transport>(mut stream: T) {
     .await;
 }
 
-/// `future`'s output, or `None` if `limit` passes first.
-async fn within<F: Future>(limit: Option<Duration>, future: F) -> Option<F::Output> {
-    match limit {
-        Some(limit) => tokio::time::timeout(limit, future).await.ok(),
+/// `future`'s output, or `None` if `deadline` passes first.
+async fn until<F: Future>(deadline: Option<Instant>, future: F) -> Option<F::Output> {
+    match deadline {
+        Some(deadline) => tokio::time::timeout_at(deadline, future).await.ok(),
         None => Some(future.await),
     }
 }
 
+/// The read buffer, its capacity charged to the connection's share of the budget for
+/// all connections' buffers.
+struct Input<'a> {
+    bytes: Vec<u8>,
+    buffers: &'a ConnectionBuffers,
+    charged: usize,
+}
+
+impl Input<'_> {
+    fn charge_capacity(&mut self) {
+        let capacity = self.bytes.capacity();
+        self.buffers.recharge(self.charged, capacity);
+        self.charged = capacity;
+    }
+
+    /// Room for one more read. Growth doubles, so a request trickling in costs linear
+    /// copying, but never past `limit` plus one read.
+    fn reserve_read(&mut self, limit: usize) {
+        let wanted = self.bytes.len() + READ_CHUNK;
+        if self.bytes.capacity() < wanted {
+            let capacity = (self.bytes.capacity() * 2).clamp(wanted, limit.max(wanted));
+            self.bytes.reserve_exact(capacity - self.bytes.len());
+            self.charge_capacity();
+        }
+    }
+
+    /// Drops the `n` bytes at the front; an emptied buffer is freed.
+    fn consume(&mut self, n: usize) {
+        self.bytes.drain(..n);
+        if self.bytes.is_empty() {
+            self.bytes = Vec::new();
+            self.charge_capacity();
+        }
+    }
+}
+
+/// Why a connection waiting for its next bytes was closed.
+#[derive(Clone, Copy)]
+enum Kick {
+    /// Nothing for `idle_timeout` (memcached's `idle_kicks`).
+    Idle,
+    /// No complete request within `first_request_timeout` of opening (slowloris).
+    FirstRequest,
+}
+
+/// When the wait for a connection's next bytes ends, and why.
+fn read_deadline(shared: &Shared, opened: Instant, completed: bool) -> Option<(Instant, Kick)> {
+    let idle = shared
+        .idle_timeout
+        .map(|timeout| (Instant::now() + timeout, Kick::Idle));
+    let first = shared
+        .first_request_timeout
+        .filter(|_| !completed)
+        .map(|timeout| (opened + timeout, Kick::FirstRequest));
+    idle.into_iter().chain(first).min_by_key(|(at, _)| *at)
+}
+
 /// Buffers are allocated per read, not per connection: an idle connection holds no
 /// buffer at all, so thousands of open connections do not eat into the memory the cache
-/// is accounted for (32 KiB each would be 32 MiB per 1000 connections).
+/// is accounted for (32 KiB each would be 32 MiB per 1000 connections). What a
+/// connection buffers is charged to `shared.buffers`, which closes the biggest
+/// connection when all of them hold too much (`buffer_budget_kicks`).
 ///
-/// A connection that sends nothing for `shared.idle_timeout` is closed (`idle_kicks`).
+/// A connection that sends nothing for `shared.idle_timeout` is closed (`idle_kicks`),
+/// as is one that has not completed a request `shared.first_request_timeout` after it
+/// opened (`first_request_kicks`), and one whose request grows past
+/// `shared.max_request_size` (`request_size_kicks`, after the session's error reply).
 pub async fn serve<T: Transport, S: Session>(
     mut stream: T,
     mut session: S,
@@ -183,36 +248,50 @@ pub async fn serve<T: Transport, S: Session>(
     mut shutdown: watch::Receiver<bool>,
 ) {
     let counters = &shared.counters;
+    let buffers = shared.buffers.register();
     // Holds only an incomplete request between reads.
-    let mut input: Vec<u8> = Vec::new();
+    let mut input = Input {
+        bytes: Vec::new(),
+        buffers: &buffers,
+        charged: 0,
+    };
     let mut prefetch = Prefetch::default();
+    let opened = Instant::now();
+    let mut completed = false;
     loop {
-        if input.len() >= MAX_INPUT {
-            return;
-        }
+        let deadline = read_deadline(shared, opened, completed);
         let read = async {
             stream.readable().await?;
-            input.reserve(READ_CHUNK);
-            stream.read_buf(&mut input).await
+            input.reserve_read(shared.max_request_size);
+            stream.read_buf(&mut input.bytes).await
         };
         let read = tokio::select! {
-            read = within(shared.idle_timeout, read) => read,
+            read = until(deadline.map(|(at, _)| at), read) => read,
+            () = buffers.closed() => None,
             // In-flight requests finished synchronously before we got here.
             _ = shutdown.changed() => return,
         };
+        if buffers.is_closed() {
+            Counters::bump(&counters.buffer_budget_kicks);
+            return;
+        }
         match read {
             None => {
-                Counters::bump(&counters.idle_kicks);
+                Counters::bump(match deadline {
+                    Some((_, Kick::FirstRequest)) => &counters.first_request_kicks,
+                    _ => &counters.idle_kicks,
+                });
                 return;
             }
             Some(Ok(0) | Err(_)) => return,
             Some(Ok(n)) => Counters::add(&counters.bytes_read, n),
         }
+        let input_bytes = &input.bytes;
         let mut out = Vec::new();
         let mut pos = 0;
         loop {
             let (consumed, processed) = prefetch::within(&mut prefetch, || {
-                process(&mut session, &input[pos..], &mut out)
+                process(&mut session, &input_bytes[pos..], &mut out)
             });
             pos += consumed;
             if !out.is_empty() {
@@ -221,7 +300,12 @@ pub async fn serve<T: Transport, S: Session>(
                     stream.write_all(&out).await?;
                     stream.flush().await
                 };
-                match within(shared.write_timeout, write).await {
+                match until(
+                    shared.write_timeout.map(|limit| Instant::now() + limit),
+                    write,
+                )
+                .await
+                {
                     Some(Ok(())) => {}
                     Some(Err(_)) => return,
                     None => {
@@ -252,9 +336,16 @@ pub async fn serve<T: Transport, S: Session>(
                 }
             }
         }
-        input.drain(..pos);
-        if input.is_empty() {
-            input = Vec::new();
+        completed |= pos > 0;
+        input.consume(pos);
+        if input.bytes.len() > shared.max_request_size {
+            Counters::bump(&counters.request_size_kicks);
+            let mut out = Vec::new();
+            session.too_large(&mut out);
+            if stream.write_all(&out).await.is_ok() && stream.flush().await.is_ok() {
+                linger(stream).await;
+            }
+            return;
         }
     }
 }
@@ -389,7 +480,13 @@ mod tests {
         let mut args: Vec<&[u8]> = vec![b"MGET"];
         args.extend(keys.iter().map(|key| key.as_bytes()));
         let input = resp_request(&args);
-        let session = RespSession::new(shared(cache.clone()));
+        // 4.6 MB of request: past the default `max_request_size`, which would refuse it.
+        let options = ServerOptions {
+            max_request_size: Some(input.len()),
+            ..options()
+        };
+        let shared = Arc::new(Shared::new(cache.clone(), ServerInfo::detached(), &options));
+        let session = RespSession::new(shared);
         let started = Instant::now();
         let (written, largest) = serve_in_process(session, &input);
         let took = started.elapsed();

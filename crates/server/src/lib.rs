@@ -8,6 +8,7 @@
 
 mod access;
 mod auth;
+mod buffer_budget;
 mod connection;
 mod memcache;
 mod metrics_http;
@@ -204,9 +205,9 @@ pub mod fuzzing {
 
         // A request: its span and its arguments.
         let framed = |bytes| -> Option<(usize, Vec<Cow<'_, [u8]>>)> {
-            match parse(bytes, authenticated) {
+            match parse(bytes, authenticated, usize::MAX) {
                 Parsed::Command { args, len } => Some((len, args)),
-                Parsed::Incomplete | Parsed::Error(_) => None,
+                Parsed::Incomplete | Parsed::Error(_) | Parsed::TooLarge => None,
             }
         };
         let mut rest = input;

@@ -12,8 +12,8 @@
 use std::io;
 use std::net::{IpAddr, SocketAddr, TcpListener as StdListener};
 use std::os::fd::OwnedFd;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -22,10 +22,12 @@ use tokio::io::unix::AsyncFd;
 use tokio::io::{AsyncWriteExt, Interest};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Notify, mpsc, watch};
+use tokio::task::AbortHandle;
 use zipcache::ZipCache;
 
 use crate::access::{AccessPolicy, Credentials};
 use crate::auth::Password;
+use crate::buffer_budget::BufferBudget;
 use crate::connection::{self, Transport};
 use crate::memcache::annotations::Annotations;
 use crate::memcache::conns::Connections;
@@ -43,6 +45,12 @@ pub const LISTEN_BACKLOG: i32 = 1024;
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long a TLS client may take to finish its handshake.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a new connection may take to send its first complete request.
+pub const FIRST_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// The least `max_clients_memory` defaults to, and the share of the DRAM budget it
+/// defaults to above that.
+const MIN_CLIENTS_MEMORY: usize = 64 << 20;
+const CLIENTS_MEMORY_DRAM_SHARE: u64 = 8;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -90,6 +98,34 @@ pub struct ServerOptions {
     /// memcached's `shutdown` command stops the server (memcached `-A`); otherwise it
     /// answers `SERVER_ERROR: shutdown not enabled`.
     pub shutdown_enabled: bool,
+    /// Most bytes one connection may buffer of one request; `None` = the value size
+    /// limit plus memcached's longest request line.
+    pub max_request_size: Option<usize>,
+    /// Most bytes all connections' buffers may hold together before the biggest is
+    /// closed; `None` = an eighth of the DRAM budget, at least 64 MiB.
+    pub max_clients_memory: Option<usize>,
+    /// Connections that have not completed a request this long after they opened are
+    /// closed and counted in `first_request_kicks`; `None` = never.
+    pub first_request_timeout: Option<Duration>,
+}
+
+impl ServerOptions {
+    pub fn max_request_size(&self) -> usize {
+        self.max_request_size
+            .unwrap_or(self.max_value_size + crate::memcache::parse::RETRIEVAL_LINE_MAX)
+    }
+
+    /// Redis leaves `maxmemory-clients` off; an eighth of the DRAM budget bounds what
+    /// connections can add to the cache's own memory, and the floor lets a small cache
+    /// still hold about 50 requests of the largest size at once.
+    pub fn max_clients_memory(&self, dram_capacity: u64) -> usize {
+        self.max_clients_memory.unwrap_or_else(|| {
+            let share = dram_capacity / CLIENTS_MEMORY_DRAM_SHARE;
+            usize::try_from(share)
+                .unwrap_or(usize::MAX)
+                .max(MIN_CLIENTS_MEMORY)
+        })
+    }
 }
 
 impl Default for ServerOptions {
@@ -112,6 +148,9 @@ impl Default for ServerOptions {
             idle_timeout: None,
             write_timeout: Some(Duration::from_secs(30)),
             shutdown_enabled: false,
+            max_request_size: None,
+            max_clients_memory: None,
+            first_request_timeout: Some(FIRST_REQUEST_TIMEOUT),
         }
     }
 }
@@ -167,10 +206,17 @@ pub struct Shared {
     pub shutdown_requested: Arc<Notify>,
     /// True until shutdown begins (memcached's `accepting_conns`).
     pub accepting: AtomicBool,
+    pub max_request_size: usize,
+    /// What every connection's buffers hold, against `max_clients_memory`.
+    pub buffers: Arc<BufferBudget>,
+    pub first_request_timeout: Option<Duration>,
+    /// memcached's `flush_all <delay>` waiting to fire: one, replaced by the next.
+    pub pending_flush: Mutex<Option<AbortHandle>>,
 }
 
 impl Shared {
     pub fn new(cache: Arc<ZipCache>, info: ServerInfo, options: &ServerOptions) -> Shared {
+        let cache_dram_capacity = cache.config().dram_capacity;
         Shared {
             cache,
             counters: Counters::default(),
@@ -191,6 +237,10 @@ impl Shared {
             shutdown_enabled: options.shutdown_enabled,
             shutdown_requested: Arc::new(Notify::new()),
             accepting: AtomicBool::new(true),
+            max_request_size: options.max_request_size(),
+            buffers: BufferBudget::new(options.max_clients_memory(cache_dram_capacity)),
+            first_request_timeout: options.first_request_timeout,
+            pending_flush: Mutex::new(None),
         }
     }
 

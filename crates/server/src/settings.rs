@@ -10,7 +10,7 @@ use clap::ValueEnum;
 
 use crate::access::Credentials;
 use crate::auth::Password;
-use crate::server::{Runtime, ServerOptions};
+use crate::server::{FIRST_REQUEST_TIMEOUT, Runtime, ServerOptions};
 use crate::tls::TlsFiles;
 
 /// Arguments of `zipcache serve` (SPEC §8). The `--config` file is the same struct:
@@ -106,6 +106,18 @@ pub struct ServeArgs {
     #[arg(long)]
     #[serde(default)]
     pub enable_shutdown: bool,
+    /// Largest request a connection may send, e.g. 2MiB; larger ones get an error and
+    /// the connection is closed [default: max_value_size + 256KiB].
+    #[arg(long, value_name = "SIZE")]
+    pub max_request_size: Option<String>,
+    /// Most memory all connections' buffers may hold together; past it the connection
+    /// holding the most is closed (Redis's maxmemory-clients) [default: max(64MiB, dram/8)].
+    #[arg(long, value_name = "SIZE")]
+    pub max_clients_memory: Option<String>,
+    /// Close connections that have not completed a request this many seconds after
+    /// opening, counted in `first_request_kicks` [default: 30; 0 = never].
+    #[arg(long, value_name = "SECS")]
+    pub first_request_timeout: Option<u64>,
 }
 
 /// A protocol's port: a number (0 picks a free one) or `off` (`"off"` in the config file).
@@ -194,6 +206,12 @@ pub struct Settings {
     /// Seconds; 0 = never.
     pub write_timeout: u64,
     pub shutdown_enabled: bool,
+    /// Bytes; `None` = the server's default (`ServerOptions::max_request_size`).
+    pub max_request_size: Option<u64>,
+    /// Bytes; `None` = the server's default (`ServerOptions::max_clients_memory`).
+    pub max_clients_memory: Option<u64>,
+    /// Seconds; 0 = never.
+    pub first_request_timeout: u64,
 }
 
 fn read_file(path: &Path) -> Result<ServeArgs, String> {
@@ -258,6 +276,8 @@ impl Settings {
         if memcached_port.is_none() && resp_port.is_none() {
             return Err("memcached-port and resp-port are both off: turn one on".into());
         }
+        let max_request_size = args.max_request_size.or(file.max_request_size);
+        let max_clients_memory = args.max_clients_memory.or(file.max_clients_memory);
         let auth_file = args.auth_file.or(file.auth_file);
         let users = match &auth_file {
             Some(path) => Some(Arc::new(
@@ -305,6 +325,16 @@ impl Settings {
             idle_timeout: args.idle_timeout.or(file.idle_timeout).unwrap_or(0),
             write_timeout: args.write_timeout.or(file.write_timeout).unwrap_or(30),
             shutdown_enabled: args.enable_shutdown || file.enable_shutdown,
+            max_request_size: max_request_size
+                .map(|text| size("max-request-size", &text))
+                .transpose()?,
+            max_clients_memory: max_clients_memory
+                .map(|text| size("max-clients-memory", &text))
+                .transpose()?,
+            first_request_timeout: args
+                .first_request_timeout
+                .or(file.first_request_timeout)
+                .unwrap_or(FIRST_REQUEST_TIMEOUT.as_secs()),
         })
     }
 
@@ -381,11 +411,12 @@ impl Settings {
             flush_all_enabled: self.flush_all_enabled,
             lru_crawler: self.lru_crawler,
             users: self.users.clone(),
-            idle_timeout: (self.idle_timeout > 0)
-                .then(|| std::time::Duration::from_secs(self.idle_timeout)),
-            write_timeout: (self.write_timeout > 0)
-                .then(|| std::time::Duration::from_secs(self.write_timeout)),
+            idle_timeout: seconds(self.idle_timeout),
+            write_timeout: seconds(self.write_timeout),
             shutdown_enabled: self.shutdown_enabled,
+            max_request_size: self.max_request_size.map(saturating_usize),
+            max_clients_memory: self.max_clients_memory.map(saturating_usize),
+            first_request_timeout: seconds(self.first_request_timeout),
         }
     }
 
@@ -416,8 +447,9 @@ impl Settings {
         });
         let set_or_off = |on: bool| if on { "set" } else { "off" };
         let port = |port: Option<u16>| port.map_or("off".to_string(), |p| p.to_string());
+        let options = self.server_options(config.max_value_size);
         format!(
-            "zipcache serve settings:\n  listen           {}\n  memcached-port   {}\n  resp-port        {}\n  dram             {} bytes\n  data-dir         {}\n  ssd              {ssd}\n  max-connections  {}\n  threads          {} ({} runtime)\n  metrics          {metrics}\n  tls              {tls}\n  requirepass      {}\n  auth-file        {}\n  keys-limit       {}\n  flush_all        {}\n  lru_crawler      {}\n  idle-timeout     {}\n  shutdown command {}\n  engine: leaf_size={} subpages={} superleaf_size={} fill_threshold={} write_buffer={} bypass_r={} bypass_max_fraction={} tiny_max={} medium_max={} max_key_size={} max_value_size={} background_threads={} promotion={:?} rss_limit={} track_access={} evictions={}",
+            "zipcache serve settings:\n  listen           {}\n  memcached-port   {}\n  resp-port        {}\n  dram             {} bytes\n  data-dir         {}\n  ssd              {ssd}\n  max-connections  {}\n  threads          {} ({} runtime)\n  metrics          {metrics}\n  tls              {tls}\n  requirepass      {}\n  auth-file        {}\n  keys-limit       {}\n  flush_all        {}\n  lru_crawler      {}\n  idle-timeout     {}\n  input limits     max-request-size {} bytes, max-clients-memory {} bytes, first-request-timeout {}\n  shutdown command {}\n  engine: leaf_size={} subpages={} superleaf_size={} fill_threshold={} write_buffer={} bypass_r={} bypass_max_fraction={} tiny_max={} medium_max={} max_key_size={} max_value_size={} background_threads={} promotion={:?} rss_limit={} track_access={} evictions={}",
             self.listen,
             port(self.memcached_port),
             port(self.resp_port),
@@ -443,11 +475,10 @@ impl Settings {
             } else {
                 "disabled"
             },
-            if self.idle_timeout == 0 {
-                "off".to_string()
-            } else {
-                format!("{} s", self.idle_timeout)
-            },
+            seconds_or_off(self.idle_timeout),
+            options.max_request_size(),
+            options.max_clients_memory(config.dram_capacity),
+            seconds_or_off(self.first_request_timeout),
             if self.shutdown_enabled {
                 "enabled"
             } else {
@@ -473,6 +504,23 @@ impl Settings {
     }
 }
 
+/// A timeout of `secs` seconds; 0 = none.
+fn seconds(secs: u64) -> Option<std::time::Duration> {
+    (secs > 0).then(|| std::time::Duration::from_secs(secs))
+}
+
+fn seconds_or_off(secs: u64) -> String {
+    if secs == 0 {
+        "off".to_string()
+    } else {
+        format!("{secs} s")
+    }
+}
+
+fn saturating_usize(n: u64) -> usize {
+    usize::try_from(n).unwrap_or(usize::MAX)
+}
+
 /// The server's RSS target (issue 10): 5% over the DRAM budget for what the allocator
 /// holds beyond the engine's count, plus 24 MiB for the process itself (binary, threads,
 /// connection buffers). `--set rss_limit=0` turns the governor off.
@@ -483,6 +531,41 @@ pub fn default_rss_limit(dram_capacity: u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn input_limits_default_from_the_item_size_and_the_dram_budget() {
+        let s = Settings::resolve(ServeArgs::default()).unwrap();
+        assert_eq!(s.first_request_timeout, 30);
+        let options = s.server_options(1 << 20);
+        assert_eq!(options.max_request_size(), (1 << 20) + (256 << 10));
+        assert_eq!(options.max_clients_memory(1 << 30), 128 << 20);
+        assert_eq!(options.max_clients_memory(64 << 20), 64 << 20);
+        assert_eq!(
+            options.first_request_timeout,
+            Some(std::time::Duration::from_secs(30))
+        );
+
+        let s = Settings::resolve(ServeArgs {
+            max_request_size: Some("2MiB".into()),
+            max_clients_memory: Some("1GiB".into()),
+            first_request_timeout: Some(0),
+            ..ServeArgs::default()
+        })
+        .unwrap();
+        let options = s.server_options(1 << 20);
+        assert_eq!(options.max_request_size(), 2 << 20);
+        assert_eq!(options.max_clients_memory(64 << 20), 1 << 30);
+        assert_eq!(options.first_request_timeout, None);
+        let bad = ServeArgs {
+            max_clients_memory: Some("lots".into()),
+            ..ServeArgs::default()
+        };
+        assert!(
+            Settings::resolve(bad)
+                .unwrap_err()
+                .contains("--max-clients-memory")
+        );
+    }
 
     #[test]
     fn defaults_follow_the_spec() {

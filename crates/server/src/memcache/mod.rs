@@ -144,6 +144,7 @@ fn parse_counter(value: &[u8]) -> Option<u64> {
 }
 
 const NON_NUMERIC: &str = "CLIENT_ERROR cannot increment or decrement non-numeric value";
+const REQUEST_TOO_LARGE: &str = "SERVER_ERROR request exceeds max-request-size";
 
 /// One memcached connection.
 pub struct MemcacheSession {
@@ -307,6 +308,11 @@ impl Session for MemcacheSession {
     }
     fn take_watcher(&mut self) -> Option<Watcher> {
         self.watcher.take()
+    }
+
+    fn too_large(&mut self, out: &mut Vec<u8>) {
+        self.close_reason = CloseReason::Error;
+        line(out, REQUEST_TOO_LARGE);
     }
 
     fn read_ahead(&mut self, input: &[u8], ahead: &mut ReadAhead) -> Option<usize> {

@@ -14,7 +14,7 @@ pub const KEY_MAX: usize = 250;
 /// A request line without a newline after this many bytes closes the connection, as
 /// memcached does — except retrievals, whose key lists may legitimately be long.
 const LINE_MAX: usize = 2048;
-const RETRIEVAL_LINE_MAX: usize = 256 * 1024;
+pub const RETRIEVAL_LINE_MAX: usize = 256 * 1024;
 /// Longest opaque (`O`) token of a meta command.
 const OPAQUE_MAX: usize = 32;
 

@@ -514,10 +514,18 @@ pub fn count_arith(shared: &Shared, incr: bool, hit: bool) {
 }
 
 /// `flush_all [delay]`: the delay is an exptime (seconds, or a Unix time past 30 days);
-/// when it comes, everything stored by then is gone.
+/// when it comes, everything stored by then is gone. As in memcached, one flush waits at
+/// a time: a later `flush_all` replaces it, with a delay or without.
 fn flush_all(shared: &Shared, delay: i64) -> String {
     if !shared.flush_all_enabled {
         return "CLIENT_ERROR flush_all not allowed".into();
+    }
+    let mut pending = shared
+        .pending_flush
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    if let Some(replaced) = pending.take() {
+        replaced.abort();
     }
     let now = shared.cache.now_ms();
     let Expiry::At(at) = Expiry::from_exptime(delay, now) else {
@@ -527,10 +535,11 @@ fn flush_all(shared: &Shared, delay: i64) -> String {
         };
     };
     let cache = shared.cache.clone();
-    tokio::spawn(async move {
+    let flush = tokio::spawn(async move {
         tokio::time::sleep(Duration::from_millis(at - now)).await;
         let _ = cache.flush_all();
     });
+    *pending = Some(flush.abort_handle());
     "OK".into()
 }
 
@@ -570,6 +579,7 @@ fn stats(shared: &Shared, section: Option<&[u8]>, out: &mut Vec<u8>) {
             for (name, value) in counters.snapshot() {
                 stat(out, name, value);
             }
+            stat(out, "conn_buffer_bytes", shared.buffers.buffered());
             for (name, value) in counters.since_reset(&engine) {
                 stat(out, name, value);
             }
@@ -611,6 +621,13 @@ fn stats(shared: &Shared, section: Option<&[u8]>, out: &mut Vec<u8>) {
                 "idle_timeout",
                 shared.idle_timeout.map_or(0, |t| t.as_secs()),
             );
+            stat(
+                out,
+                "first_request_timeout",
+                shared.first_request_timeout.map_or(0, |t| t.as_secs()),
+            );
+            stat(out, "max_request_size", shared.max_request_size);
+            stat(out, "max_clients_memory", shared.buffers.limit());
         }
         Some(b"items") => {
             // One "slab class": the engine has size classes, not memcached slabs.

@@ -36,6 +36,8 @@ pub struct RespSession {
     client: Client,
     /// An MGET at the front of the input whose values are part-way out.
     multi_get: Option<MultiGet>,
+    /// Progress through the request at the front of the input.
+    framer: parse::Framer,
 }
 
 impl RespSession {
@@ -50,6 +52,7 @@ impl RespSession {
             shared,
             client,
             multi_get: None,
+            framer: parse::Framer::default(),
         }
     }
 }
@@ -63,11 +66,18 @@ impl Session for RespSession {
         if let Some(multi_get) = self.multi_get.take() {
             return multi_get.run(&self.shared, input, &mut out, &mut self.multi_get);
         }
-        match parse::parse(input, self.client.authenticated) {
+        let (authenticated, max_request_size) =
+            (self.client.authenticated, self.shared.max_request_size);
+        match self.framer.parse(input, authenticated, max_request_size) {
             parse::Parsed::Incomplete => Step::NeedMore,
             parse::Parsed::Error(message) => {
                 Counters::bump(&self.shared.counters.protocol_errors);
                 out.error(&message);
+                Step::Close
+            }
+            parse::Parsed::TooLarge => {
+                Counters::bump(&self.shared.counters.request_size_kicks);
+                self.too_large(out.buf);
                 Step::Close
             }
             parse::Parsed::Command { args, len } => {
@@ -91,7 +101,11 @@ impl Session for RespSession {
         }
     }
     fn read_ahead(&mut self, input: &[u8], ahead: &mut ReadAhead) -> Option<usize> {
-        let parse::Parsed::Command { args, len } = parse::parse(input, self.client.authenticated)
+        let (authenticated, max_request_size) =
+            (self.client.authenticated, self.shared.max_request_size);
+        // Not `self.framer`: its progress is the front request's, not this one's.
+        let parse::Parsed::Command { args, len } =
+            parse::parse(input, authenticated, max_request_size)
         else {
             return None;
         };
@@ -99,6 +113,14 @@ impl Session for RespSession {
         // An empty command is skipped by `step` without running.
         (args.is_empty() || cmd::read_ahead(&self.shared, &self.client, &args, ahead))
             .then_some(len)
+    }
+
+    fn too_large(&mut self, buf: &mut Vec<u8>) {
+        let mut out = Reply {
+            buf,
+            resp3: self.client.resp3,
+        };
+        out.error(parse::REQUEST_TOO_LARGE);
     }
 }
 

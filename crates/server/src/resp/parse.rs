@@ -15,6 +15,9 @@ const MAX_INLINE: usize = 64 * 1024;
 const UNAUTHENTICATED_MULTIBULK: i64 = 10;
 const UNAUTHENTICATED_BULK: i64 = 16 * 1024;
 
+/// Refusal of a request longer than `max_request_size`; the connection is closed.
+pub const REQUEST_TOO_LARGE: &str = "ERR Protocol error: request exceeds max-request-size";
+
 #[derive(Debug, PartialEq)]
 pub enum Parsed<'a> {
     Incomplete,
@@ -25,21 +28,80 @@ pub enum Parsed<'a> {
     },
     /// Reply with this error and close.
     Error(String),
+    /// The request announces more than `max_request_size` bytes: reply
+    /// `REQUEST_TOO_LARGE` and close, before buffering them.
+    TooLarge,
 }
 
-/// Frames the request at the front of `input` from a client `authenticated` or not.
-pub fn parse(input: &[u8], authenticated: bool) -> Parsed<'_> {
-    match input.first() {
-        None => Parsed::Incomplete,
-        Some(b'*') => multibulk(input, authenticated),
-        Some(_) => inline(input),
+/// Frames the request at the front of `input` from a client `authenticated` or not,
+/// from its start (read-ahead, tests); a connection keeps a [`Framer`] instead.
+pub fn parse(input: &[u8], authenticated: bool, max_request_size: usize) -> Parsed<'_> {
+    Framer::default().parse(input, authenticated, max_request_size)
+}
+
+/// Frames the requests at the front of a connection's input, keeping its progress
+/// through one that is not complete yet: each read's bytes are looked at once, so a
+/// request trickling in (a large bulk string, an MSET of many keys) costs work linear in
+/// its length, not in its length times the reads.
+#[derive(Default)]
+pub struct Framer {
+    /// The multi-bulk count, once its line is in, and where its first element starts.
+    count: Option<(usize, usize)>,
+    /// Elements read whole so far, and where the next one starts.
+    elements: usize,
+    next: usize,
+    /// The next element is not all in before the input is this long: until then, no
+    /// call looks at it again.
+    next_complete_at: usize,
+    line: LineSearch,
+}
+
+/// The search for the end of one line, resumed where the last attempt stopped.
+#[derive(Default)]
+struct LineSearch {
+    /// No line end starts before this offset.
+    searched: usize,
+    /// Bytes looked at, for the tests of linear work.
+    #[cfg(test)]
+    examined: usize,
+}
+
+impl LineSearch {
+    /// The offset of the first `end` at or after `from`.
+    fn find(&mut self, input: &[u8], from: usize, end: &[u8]) -> Option<usize> {
+        let start = self.searched.max(from);
+        let rest = input.get(start..)?;
+        let found = rest.windows(end.len()).position(|w| w == end);
+        #[cfg(test)]
+        {
+            self.examined += found.map_or(rest.len(), |at| at + end.len());
+        }
+        match found {
+            Some(at) => {
+                self.searched = 0;
+                Some(start + at)
+            }
+            None => {
+                // An `end` cut by the end of the input starts in its last bytes.
+                self.searched = (input.len() + 1).saturating_sub(end.len()).max(from);
+                None
+            }
+        }
     }
 }
 
-/// The line starting at `from`, without its `\r\n`, and the offset after it.
-fn line_at(input: &[u8], from: usize) -> Option<(&[u8], usize)> {
-    let end = from + input.get(from..)?.windows(2).position(|w| w == b"\r\n")?;
-    Some((&input[from..end], end + 2))
+/// One bulk string of a multi-bulk request.
+enum Element<'a> {
+    /// Not all in yet: complete once the input is `complete_at` bytes long (0: unknown).
+    Incomplete {
+        complete_at: usize,
+    },
+    /// Its data, and where the element after it starts.
+    Read {
+        data: &'a [u8],
+        next: usize,
+    },
+    Refused(Parsed<'a>),
 }
 
 /// Where the first argument of a multi-bulk request at the front of `input` starts;
@@ -60,57 +122,169 @@ pub fn bulk_at(input: &[u8], at: usize) -> Option<(&[u8], usize)> {
     Some((input.get(data_start..end)?, end + 2))
 }
 
-fn integer(text: &[u8]) -> Option<i64> {
-    std::str::from_utf8(text).ok()?.parse().ok()
+/// The line starting at `from`, without its `\r\n`, and the offset after it.
+fn line_at(input: &[u8], from: usize) -> Option<(&[u8], usize)> {
+    let end = from + input.get(from..)?.windows(2).position(|w| w == b"\r\n")?;
+    Some((&input[from..end], end + 2))
 }
 
-fn multibulk(input: &[u8], authenticated: bool) -> Parsed<'_> {
-    let Some((header, mut pos)) = line_at(input, 0) else {
-        return if input.len() > MAX_INLINE {
-            Parsed::Error("ERR Protocol error: too big mbulk count string".into())
-        } else {
-            Parsed::Incomplete
+impl Framer {
+    /// Frames the request at the front of `input`, resuming where the last call stopped
+    /// if it returned `Incomplete`: `input` must then start with the same bytes.
+    pub fn parse<'a>(
+        &mut self,
+        input: &'a [u8],
+        authenticated: bool,
+        max_request_size: usize,
+    ) -> Parsed<'a> {
+        let parsed = match input.first() {
+            None => Parsed::Incomplete,
+            Some(b'*') => self.multibulk(input, authenticated, max_request_size),
+            Some(_) => self.inline(input),
         };
-    };
-    let count = match integer(&header[1..]) {
-        Some(n) if !authenticated && n > UNAUTHENTICATED_MULTIBULK => {
-            return Parsed::Error("ERR Protocol error: unauthenticated multibulk length".into());
+        if parsed != Parsed::Incomplete {
+            self.count = None;
+            self.elements = 0;
+            self.next = 0;
+            self.next_complete_at = 0;
+            self.line.searched = 0;
         }
-        Some(n) if n <= MAX_MULTIBULK as i64 => n,
-        _ => return Parsed::Error("ERR Protocol error: invalid multibulk length".into()),
-    };
-    let count = usize::try_from(count).unwrap_or(0);
-    let mut args = Vec::with_capacity(count.min(1024));
-    for _ in 0..count {
-        let Some(&first) = input.get(pos) else {
-            return Parsed::Incomplete;
+        parsed
+    }
+
+    fn multibulk<'a>(&mut self, input: &'a [u8], authenticated: bool, limit: usize) -> Parsed<'a> {
+        let (count, first) = match self.count {
+            Some(known) => known,
+            None => {
+                let Some(end) = self.line.find(input, 0, b"\r\n") else {
+                    return if input.len() > MAX_INLINE {
+                        Parsed::Error("ERR Protocol error: too big mbulk count string".into())
+                    } else {
+                        Parsed::Incomplete
+                    };
+                };
+                let count = match integer(&input[1..end]) {
+                    Some(n) if !authenticated && n > UNAUTHENTICATED_MULTIBULK => {
+                        return Parsed::Error(
+                            "ERR Protocol error: unauthenticated multibulk length".into(),
+                        );
+                    }
+                    Some(n) if n <= MAX_MULTIBULK as i64 => usize::try_from(n).unwrap_or(0),
+                    _ => {
+                        return Parsed::Error(
+                            "ERR Protocol error: invalid multibulk length".into(),
+                        );
+                    }
+                };
+                self.count = Some((count, end + 2));
+                self.next = end + 2;
+                (count, end + 2)
+            }
         };
-        if first != b'$' {
-            return Parsed::Error(expected_dollar(first));
+        while self.elements < count {
+            if input.len() < self.next_complete_at {
+                return Parsed::Incomplete;
+            }
+            match element(&mut self.line, input, self.next, authenticated, limit) {
+                Element::Incomplete { complete_at } => {
+                    self.next_complete_at = complete_at;
+                    return Parsed::Incomplete;
+                }
+                Element::Refused(refusal) => return refusal,
+                Element::Read { next, .. } => {
+                    self.elements += 1;
+                    self.next = next;
+                }
+            }
         }
-        let Some((len_line, data_start)) = line_at(input, pos) else {
-            return if input.len() - pos > MAX_INLINE {
-                Parsed::Error("ERR Protocol error: too big bulk count string".into())
+        // Every element is in: one more pass over their headers frames the arguments.
+        let mut args = Vec::with_capacity(count);
+        let (mut line, mut pos) = (LineSearch::default(), first);
+        for _ in 0..count {
+            match element(&mut line, input, pos, authenticated, limit) {
+                Element::Read { data, next } => {
+                    args.push(Cow::Borrowed(data));
+                    pos = next;
+                }
+                Element::Incomplete { .. } => return Parsed::Incomplete,
+                Element::Refused(refusal) => return refusal,
+            }
+        }
+        Parsed::Command { args, len: pos }
+    }
+
+    fn inline<'a>(&mut self, input: &'a [u8]) -> Parsed<'a> {
+        let Some(newline) = self.line.find(input, 0, b"\n") else {
+            return if input.len() > MAX_INLINE {
+                Parsed::Error("ERR Protocol error: too big inline request".into())
             } else {
                 Parsed::Incomplete
             };
         };
-        let len = match integer(&len_line[1..]) {
-            Some(n) if !authenticated && n > UNAUTHENTICATED_BULK => {
-                return Parsed::Error("ERR Protocol error: unauthenticated bulk length".into());
-            }
-            Some(n) if (0..=MAX_BULK as i64).contains(&n) => n as usize,
-            _ => return Parsed::Error("ERR Protocol error: invalid bulk length".into()),
-        };
-        let end = data_start + len;
-        if input.len() < end + 2 {
-            return Parsed::Incomplete;
+        let line = input[..newline]
+            .strip_suffix(b"\r")
+            .unwrap_or(&input[..newline]);
+        match split_args(line) {
+            Some(args) => Parsed::Command {
+                args,
+                len: newline + 1,
+            },
+            None => Parsed::Error("ERR Protocol error: unbalanced quotes in request".into()),
         }
-        // Like Redis, the two bytes after a bulk are skipped unchecked.
-        args.push(Cow::Borrowed(&input[data_start..end]));
-        pos = end + 2;
     }
-    Parsed::Command { args, len: pos }
+}
+
+/// The bulk string at `pos` of a multi-bulk request, whose bytes through it may not pass
+/// `limit`.
+fn element<'a>(
+    line: &mut LineSearch,
+    input: &'a [u8],
+    pos: usize,
+    authenticated: bool,
+    limit: usize,
+) -> Element<'a> {
+    let Some(&first) = input.get(pos) else {
+        return Element::Incomplete { complete_at: 0 };
+    };
+    if first != b'$' {
+        return Element::Refused(Parsed::Error(expected_dollar(first)));
+    }
+    let Some(end) = line.find(input, pos, b"\r\n") else {
+        return if input.len() - pos > MAX_INLINE {
+            Element::Refused(Parsed::Error(
+                "ERR Protocol error: too big bulk count string".into(),
+            ))
+        } else {
+            Element::Incomplete { complete_at: 0 }
+        };
+    };
+    let len = match integer(&input[pos + 1..end]) {
+        Some(n) if !authenticated && n > UNAUTHENTICATED_BULK => {
+            return Element::Refused(Parsed::Error(
+                "ERR Protocol error: unauthenticated bulk length".into(),
+            ));
+        }
+        Some(n) if (0..=MAX_BULK as i64).contains(&n) => n as usize,
+        _ => {
+            return Element::Refused(Parsed::Error(
+                "ERR Protocol error: invalid bulk length".into(),
+            ));
+        }
+    };
+    let data = end + 2;
+    // Like Redis, the two bytes after a bulk are skipped unchecked.
+    let next = data + len + 2;
+    if next > limit {
+        return Element::Refused(Parsed::TooLarge);
+    }
+    match input.get(data..data + len) {
+        Some(bytes) if input.len() >= next => Element::Read { data: bytes, next },
+        _ => Element::Incomplete { complete_at: next },
+    }
+}
+
+fn integer(text: &[u8]) -> Option<i64> {
+    std::str::from_utf8(text).ok()?.parse().ok()
 }
 
 fn expected_dollar(found: u8) -> String {
@@ -118,26 +292,6 @@ fn expected_dollar(found: u8) -> String {
         "ERR Protocol error: expected '$', got '{}'",
         char::from(found).escape_default()
     )
-}
-
-fn inline(input: &[u8]) -> Parsed<'_> {
-    let Some(newline) = input.iter().position(|&b| b == b'\n') else {
-        return if input.len() > MAX_INLINE {
-            Parsed::Error("ERR Protocol error: too big inline request".into())
-        } else {
-            Parsed::Incomplete
-        };
-    };
-    let line = input[..newline]
-        .strip_suffix(b"\r")
-        .unwrap_or(&input[..newline]);
-    match split_args(line) {
-        Some(args) => Parsed::Command {
-            args,
-            len: newline + 1,
-        },
-        None => Parsed::Error("ERR Protocol error: unbalanced quotes in request".into()),
-    }
 }
 
 /// Splits an inline command like Redis's `sdssplitargs`: whitespace separates, and
@@ -210,7 +364,7 @@ mod tests {
     use super::*;
 
     fn command(input: &[u8]) -> (Vec<Vec<u8>>, usize) {
-        match parse(input, true) {
+        match parse(input, true, usize::MAX) {
             Parsed::Command { args, len } => {
                 (args.into_iter().map(|a| a.into_owned()).collect(), len)
             }
@@ -220,14 +374,26 @@ mod tests {
 
     #[test]
     fn multibulk_frames() {
-        assert_eq!(parse(b"*2\r\n$3\r\nGET\r\n$1\r", true), Parsed::Incomplete);
+        assert_eq!(
+            parse(b"*2\r\n$3\r\nGET\r\n$1\r", true, usize::MAX),
+            Parsed::Incomplete
+        );
         let (args, len) = command(b"*2\r\n$3\r\nGET\r\n$1\r\nk\r\n*1");
         assert_eq!(args, vec![b"GET".to_vec(), b"k".to_vec()]);
         assert_eq!(len, 20);
         assert_eq!(command(b"*0\r\n").0.len(), 0);
-        assert!(matches!(parse(b"*x\r\n", true), Parsed::Error(_)));
-        assert!(matches!(parse(b"*1\r\n$-5\r\n", true), Parsed::Error(_)));
-        assert!(matches!(parse(b"*1\r\n:5\r\n", true), Parsed::Error(_)));
+        assert!(matches!(
+            parse(b"*x\r\n", true, usize::MAX),
+            Parsed::Error(_)
+        ));
+        assert!(matches!(
+            parse(b"*1\r\n$-5\r\n", true, usize::MAX),
+            Parsed::Error(_)
+        ));
+        assert!(matches!(
+            parse(b"*1\r\n:5\r\n", true, usize::MAX),
+            Parsed::Error(_)
+        ));
     }
 
     #[test]
@@ -242,14 +408,17 @@ mod tests {
                 b"A\n".to_vec()
             ]
         );
-        assert!(matches!(parse(b"get \"k\r\n", true), Parsed::Error(_)));
+        assert!(matches!(
+            parse(b"get \"k\r\n", true, usize::MAX),
+            Parsed::Error(_)
+        ));
         assert_eq!(command(b"\r\n").0.len(), 0);
     }
 
     /// Before `AUTH`, as Redis: at most 10 arguments of at most 16 KiB each.
     #[test]
     fn unauthenticated_requests_stay_small() {
-        let error = |input: &[u8]| match parse(input, false) {
+        let error = |input: &[u8]| match parse(input, false, usize::MAX) {
             Parsed::Error(e) => e,
             other => panic!("{other:?}"),
         };
@@ -261,8 +430,107 @@ mod tests {
             error(b"*2\r\n$16385\r\n"),
             "ERR Protocol error: unauthenticated bulk length"
         );
-        assert_eq!(parse(b"*10\r\n$16384\r\n", false), Parsed::Incomplete);
-        assert_eq!(parse(b"*11\r\n", true), Parsed::Incomplete);
-        assert_eq!(parse(b"*2\r\n$16385\r\n", true), Parsed::Incomplete);
+        assert_eq!(
+            parse(b"*10\r\n$16384\r\n", false, usize::MAX),
+            Parsed::Incomplete
+        );
+        assert_eq!(parse(b"*11\r\n", true, usize::MAX), Parsed::Incomplete);
+        assert_eq!(
+            parse(b"*2\r\n$16385\r\n", true, usize::MAX),
+            Parsed::Incomplete
+        );
+    }
+
+    /// Feeds `request` to one framer in `piece`-byte reads, as a connection would;
+    /// returns the arguments and the bytes its line searches looked at.
+    fn trickled(request: &[u8], piece: usize) -> (Vec<Vec<u8>>, usize) {
+        let mut framer = Framer::default();
+        let mut received = 0;
+        loop {
+            received = (received + piece).min(request.len());
+            match framer.parse(&request[..received], true, usize::MAX) {
+                Parsed::Incomplete => assert!(received < request.len(), "complete, unframed"),
+                Parsed::Command { args, len } => {
+                    assert_eq!(len, request.len());
+                    let args = args.into_iter().map(|a| a.into_owned()).collect();
+                    return (args, framer.line.examined);
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+    }
+
+    fn multibulk_of(args: &[&[u8]]) -> Vec<u8> {
+        let mut request = format!("*{}\r\n", args.len()).into_bytes();
+        for arg in args {
+            request.extend_from_slice(format!("${}\r\n", arg.len()).as_bytes());
+            request.extend_from_slice(arg);
+            request.extend_from_slice(b"\r\n");
+        }
+        request
+    }
+
+    /// Each read's bytes are looked at about once, however many reads a request takes:
+    /// re-framing from the start on every read looked at ~6 000 times as many here.
+    #[test]
+    fn a_trickled_request_costs_linear_work() {
+        let keys: Vec<Vec<u8>> = (0..20_000).map(|i| format!("k{i}").into_bytes()).collect();
+        let mut args: Vec<&[u8]> = vec![b"MSET"];
+        args.extend(keys.iter().map(Vec::as_slice));
+        let request = multibulk_of(&args);
+        let (framed, examined) = trickled(&request, 7);
+        assert_eq!(framed.len(), args.len());
+        assert_eq!(framed[20_000], b"k19999");
+        assert!(
+            examined <= 3 * request.len(),
+            "{examined} for {}",
+            request.len()
+        );
+
+        let value = vec![b'v'; 8 << 20];
+        let request = multibulk_of(&[b"SET", b"k", &value]);
+        let (framed, examined) = trickled(&request, 1024);
+        assert_eq!(framed[2], value);
+        assert!(examined <= 64, "{examined}: the payload was scanned");
+
+        let line = format!("SET k {}\r\n", "v".repeat(60_000)).into_bytes();
+        let (framed, examined) = trickled(&line, 3);
+        assert_eq!(framed[2].len(), 60_000);
+        assert!(examined <= 2 * line.len(), "{examined} for {}", line.len());
+    }
+
+    /// Resumed at every cut, the framer frames what one parse of the whole does.
+    #[test]
+    fn resuming_frames_as_parsing_whole() {
+        let requests: [&[u8]; 4] = [
+            b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$5\r\nvalue\r\n",
+            b"*2\r\n$0\r\n\r\n$12\r\nhello\r\nworld\r\n",
+            b"GET \"a b\"\r\n",
+            b"*1\r\n$10000000\r\n",
+        ];
+        for request in requests {
+            let whole = parse(request, true, usize::MAX);
+            for cut in 0..request.len() {
+                let mut framer = Framer::default();
+                let first = framer.parse(&request[..cut], true, usize::MAX);
+                if first == Parsed::Incomplete {
+                    assert_eq!(framer.parse(request, true, usize::MAX), whole, "cut {cut}");
+                }
+            }
+        }
+    }
+
+    /// A bulk that would take the request past the limit is refused on its length line,
+    /// before its bytes are buffered; a request of exactly the limit is framed.
+    #[test]
+    fn requests_past_the_limit_are_refused_before_their_data() {
+        let request = multibulk_of(&[b"SET", b"k", &[b'v'; 100]]);
+        let limit = request.len();
+        assert!(matches!(
+            parse(&request, true, limit),
+            Parsed::Command { .. }
+        ));
+        assert_eq!(parse(&request[..26], true, limit - 1), Parsed::TooLarge);
+        assert_eq!(parse(&request[..20], true, limit - 1), Parsed::Incomplete);
     }
 }

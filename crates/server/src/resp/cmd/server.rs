@@ -252,6 +252,8 @@ fn info(shared: &Shared, sections: &[&[u8]]) -> String {
             ("used_memory_rss", engine.rss_bytes.unwrap_or(0).to_string()),
             ("maxmemory", engine.dram_capacity.to_string()),
             ("maxmemory_policy", "allkeys-lru".into()),
+            ("mem_clients_normal", shared.buffers.buffered().to_string()),
+            ("maxmemory_clients", shared.buffers.limit().to_string()),
         ]),
     );
     section(
@@ -273,6 +275,18 @@ fn info(shared: &Shared, sections: &[&[u8]]) -> String {
             ("keyspace_misses", counter("get_misses").to_string()),
             ("evicted_keys", engine.dropped_objects.to_string()),
             ("expired_keys", engine.expired.to_string()),
+            (
+                "evicted_clients",
+                counter("buffer_budget_kicks").to_string(),
+            ),
+            (
+                "request_size_kicks",
+                counter("request_size_kicks").to_string(),
+            ),
+            (
+                "first_request_kicks",
+                counter("first_request_kicks").to_string(),
+            ),
         ]),
     );
     section("Zipcache", engine_metrics(&engine));

@@ -335,7 +335,9 @@ impl MultiGet {
     fn window<'a>(&self, input: &'a [u8]) -> (Vec<Key<'a>>, Option<usize>) {
         let wanted = (self.keys - self.done).min(ADMITTED_KEYS);
         let Some(mut at) = self.next else {
-            let parse::Parsed::Command { args, .. } = parse::parse(&input[..self.len], true) else {
+            let parse::Parsed::Command { args, .. } =
+                parse::parse(&input[..self.len], true, usize::MAX)
+            else {
                 return (Vec::new(), None);
             };
             let keys = args.into_iter().skip(1 + self.done).take(wanted);
