@@ -52,6 +52,9 @@ pub struct Stats {
     pub ssd_hits: u64,
     /// SSD hits copied into DRAM (inclusive caching; see the `promotion` setting).
     pub ssd_promotions: u64,
+    /// SSD hits left on the SSD, not copied into DRAM, because DRAM was far over its
+    /// budget (a GET never waits for the flusher to make room).
+    pub ssd_promotions_skipped: u64,
     pub misses: u64,
     pub puts: u64,
     /// Writes refused because the DRAM budget was full and `evictions` is off.
