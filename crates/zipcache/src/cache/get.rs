@@ -41,7 +41,7 @@ impl ZipCache {
         inner.ops.gets.incr();
         let now = inner.now();
         let first = inner.after_dram(key, now, options);
-        // Submitted now, so that a command's GETs are all in flight at once.
+        // may do I/O: submitted now, so that a command's GETs are all in flight at once
         let mut reading = match inner.submit(key, first, now, options) {
             Ok(reading) => reading,
             Err(answer) => return AsyncGet::ready(Ok(answer)),
@@ -52,6 +52,7 @@ impl ZipCache {
             let _counted_until_answered_or_dropped = counted;
             loop {
                 let next = inner.complete(&key, reading, now, options).await;
+                // may do I/O: the next read (the SSD tier's, or the key's extent again)
                 reading = match inner.submit(&key, next, now, options) {
                     Ok(reading) => reading,
                     Err(answer) => return Ok(answer),
