@@ -4,8 +4,10 @@
 //! what the cache keeps afterwards must be the newest.
 
 use std::sync::Arc;
+use std::time::Duration;
 
-use zipcache_device::HeldDevice;
+use parking_lot::{Condvar, Mutex};
+use zipcache_device::{BlockDevice, DeviceStats, HeldDevice, MemDevice};
 
 use crate::GetOptions;
 use crate::config::{Clock, Promotion};
@@ -200,4 +202,170 @@ fn a_leaf_dropped_unwritten_leaves_the_rest_of_its_range_to_the_ssd() {
     for key in 0..3_000 {
         h.run(&Op::Get { key });
     }
+}
+
+/// A value of `len` bytes stored under `key` 10 on the harness: with `len` above
+/// `medium_max`, a large object in BT_LO.
+const LARGE: usize = 5_000;
+
+#[test]
+fn an_async_get_of_a_large_object_waits_for_its_extent() {
+    let (mut h, device) = harness(false);
+    h.put_all(10..11, LARGE);
+    assert_eq!(h.cache.stats().large_objects, 1);
+    let mut get = h.cache.get_item_async(&key_of(10), GetOptions::default());
+    assert!(
+        get.take_ready().is_none(),
+        "answered before its extent was read"
+    );
+    assert_eq!(device.in_flight(), 1, "the extent read is in flight");
+    assert_eq!(h.cache.stats().ssd_reads_in_flight, 1);
+    let answer = complete(&device, get);
+    assert!(answer.is_some());
+    assert_eq!(answer, value(&h, 10));
+    assert_eq!(h.cache.stats().ssd_reads_in_flight, 0);
+    h.run(&Op::Get { key: 10 });
+}
+
+/// What a test does to the large object under key 10 while its read is in flight.
+#[derive(Clone, Copy, Debug)]
+enum Change {
+    LargeAgain,
+    Small,
+    Delete,
+}
+
+/// The read's block holds the old extent, intact: only checking BT_LO after the read
+/// tells that the key moved on.
+#[test]
+fn a_large_object_changed_while_its_read_is_in_flight_never_answers_the_old_value() {
+    for change in [Change::LargeAgain, Change::Small, Change::Delete] {
+        let (mut h, device) = harness(false);
+        h.put_all(10..11, LARGE);
+        let old = value(&h, 10);
+        let get = h.cache.get_item_async(&key_of(10), GetOptions::default());
+        assert_eq!(device.in_flight(), 1, "{change:?}");
+        match change {
+            Change::LargeAgain => h.put_all(10..11, LARGE + 1_000),
+            Change::Small => h.put_all(10..11, 100),
+            Change::Delete => h.run(&Op::Delete { key: 10 }),
+        }
+        let new = value(&h, 10);
+        assert_ne!(old, new);
+        let answer = complete(&device, get);
+        assert_eq!(answer, new, "{change:?}: the value after the change");
+        h.run(&Op::Get { key: 10 });
+    }
+}
+
+#[test]
+fn a_damaged_extent_read_in_flight_is_a_miss() {
+    let (mut h, device) = harness(false);
+    h.put_all(10..11, LARGE);
+    let mut block = vec![0u8; zipcache_device::BLOCK_SIZE];
+    let extent = (0..device.block_count())
+        .find(|&lba| {
+            device.read(lba, &mut block).unwrap();
+            block.starts_with(b"ZCLO")
+        })
+        .expect("the extent is on the device");
+    block[100] ^= 0x20; // a byte of the value
+    device.write(extent, &block).unwrap();
+    let get = h.cache.get_item_async(&key_of(10), GetOptions::default());
+    assert_eq!(device.in_flight(), 1);
+    assert_eq!(complete(&device, get), None);
+    assert!(h.cache.stats().checksum_failures > 0);
+}
+
+/// A memory device whose writes wait while the test holds them: a flusher writing to it
+/// is stuck for as long as the test says.
+struct HeldWrites {
+    inner: MemDevice,
+    open: Mutex<bool>,
+    opened: Condvar,
+}
+
+impl HeldWrites {
+    fn set_open(&self, open: bool) {
+        *self.open.lock() = open;
+        self.opened.notify_all();
+    }
+}
+
+impl BlockDevice for HeldWrites {
+    fn block_count(&self) -> u64 {
+        self.inner.block_count()
+    }
+    fn read(&self, lba: u64, buf: &mut [u8]) -> std::io::Result<()> {
+        self.inner.read(lba, buf)
+    }
+    fn write(&self, lba: u64, buf: &[u8]) -> std::io::Result<()> {
+        let mut open = self.open.lock();
+        while !*open {
+            self.opened.wait(&mut open);
+        }
+        self.inner.write(lba, buf)
+    }
+    fn trim(&self, lba: u64, count: u64) -> std::io::Result<()> {
+        self.inner.trim(lba, count)
+    }
+    fn flush(&self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+    fn stats(&self) -> DeviceStats {
+        self.inner.stats()
+    }
+}
+
+/// Issue 20, item 8: a GET's promotion ran the writers' back-pressure on the caller's
+/// thread, waiting up to `flush_wait_ms` (60 s here) for a flusher that cannot write.
+/// It must return at once, the object left on the SSD while DRAM is far over budget.
+#[test]
+fn a_promotion_never_waits_for_the_flusher() {
+    let device = Arc::new(HeldWrites {
+        inner: MemDevice::new(1 << 14),
+        open: Mutex::new(true),
+        opened: Condvar::new(),
+    });
+    let mut h = Harness::on(
+        1 << 20,
+        256,
+        3.0,
+        Some(device.clone()),
+        16 << 10,
+        Promotion::EveryHit,
+        &[],
+    );
+    // Keys 50,000..53,000 on the SSD, then 20,000..26,000 dirty in DRAM, then the even
+    // keys of the first range copied back (clean): the odd ones at its end share no DRAM
+    // leaf with the dirty ones, which the flusher locks while it writes them (the leaves
+    // of the super-leaf it writes, and the leaf left of them).
+    h.put_all(50_000..53_000, 64);
+    evict_to_ssd(&h);
+    h.put_all((20_000..26_000).filter(|k| k % 97 != 0), 200);
+    for key in (50_000..53_000).step_by(2) {
+        h.run(&Op::Get { key });
+    }
+    let before = h.cache.stats();
+    assert!(before.dram_used > 2 * (64 << 10), "{before:?}");
+    // From here until the writes go on, nothing that waits for the flusher's DRAM leaves
+    // (`stats` counts every leaf under its lock).
+    device.set_open(false);
+    h.cache.set_dram_capacity(64 << 10).unwrap();
+    let answer = std::thread::scope(|s| {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let cache = &h.cache;
+        s.spawn(move || tx.send(cache.get(&key_of(52_999)).unwrap()));
+        let answer = rx.recv_timeout(Duration::from_secs(10));
+        // Whatever happened: the flusher (and a GET waiting for it) may go on.
+        device.set_open(true);
+        answer
+    });
+    let answer = answer.expect("the GET waited for the flusher");
+    let s = h.cache.stats();
+    assert!(answer.is_some());
+    assert_eq!(s.ssd_promotions, before.ssd_promotions, "{s:?}");
+    assert_eq!(s.ssd_promotions_skipped, 1, "{s:?}");
+    assert_eq!(s.ssd_write_drops, 0, "nothing dropped for a GET: {s:?}");
+    h.run(&Op::Get { key: 52_999 });
 }

@@ -81,6 +81,28 @@ pub struct LargeObjects {
     pub counters: LoCounters,
 }
 
+/// The extent a GET is to read ([`LargeObjects::plan_get`]): where BT_LO pointed then.
+pub struct LoRead(Extent);
+
+impl LoRead {
+    pub fn lba(&self) -> u64 {
+        self.0.lba
+    }
+
+    /// A buffer the whole extent fits in.
+    pub fn buffer(&self) -> AlignedBuf {
+        AlignedBuf::zeroed(self.0.blocks as usize)
+    }
+}
+
+/// How [`LargeObjects::finish_get`] ended.
+pub enum LoFinished {
+    /// The value and its metadata, or a miss (the read failed, or the extent is damaged).
+    Done(Option<(Vec<u8>, Meta)>),
+    /// BT_LO no longer points at the extent read: ask again, from DRAM down.
+    Moved,
+}
+
 /// DRAM one BT_LO entry takes: the entry, its key, and its slot in the log's queue.
 fn entry_bytes(key_len: usize) -> i64 {
     (size_of::<(Arc<[u8]>, Extent)>()
@@ -158,33 +180,65 @@ impl LargeObjects {
         })
     }
 
-    /// The large object stored under `key`, read from its extent.
+    /// The large object stored under `key`, read from its extent on this thread; `None`
+    /// also if the key moved on while it was read (`LoFinished::Moved`).
     pub fn get(&self, key: &[u8], now_ms: u64) -> Option<(Vec<u8>, Meta)> {
+        match self.read(self.plan_get(key, now_ms)?, key) {
+            LoFinished::Done(found) => found,
+            LoFinished::Moved => None,
+        }
+    }
+
+    /// The first half of a GET: the extent BT_LO points at for `key`, if any and not
+    /// expired. The read happens on this thread (`read`) or in flight; `finish_get` then
+    /// checks what it found.
+    pub fn plan_get(&self, key: &[u8], now_ms: u64) -> Option<LoRead> {
         if self.is_empty() {
             return None;
         }
         self.counters.gets.fetch_add(1, Ordering::Relaxed);
         let extent = self.lookup(key)?;
-        if extent.meta.expired(now_ms) {
-            return None;
+        (!extent.meta.expired(now_ms)).then_some(LoRead(extent))
+    }
+
+    /// Reads the extent planned for `key` on this thread and finishes the GET.
+    pub fn read(&self, read: LoRead, key: &[u8]) -> LoFinished {
+        let mut buf = read.buffer();
+        // may do I/O: the whole extent
+        let done = self.device.read(read.lba(), &mut buf).is_ok();
+        self.finish_get(read, key, done.then_some(&buf[..]))
+    }
+
+    /// The second half of a GET: the value in the extent read for `read` (`None` if the
+    /// read failed). BT_LO is asked first: if it no longer points at that very extent,
+    /// the key was overwritten or deleted, or the extent left the log, while it was read,
+    /// and what the read found may be an older value (`Moved`). Otherwise the extent was
+    /// neither trimmed nor reused before the read completed (both follow its removal
+    /// from BT_LO), so bytes that fail the header or checksum are damage: a miss.
+    pub fn finish_get(&self, read: LoRead, key: &[u8], bytes: Option<&[u8]>) -> LoFinished {
+        if self.lookup(key).is_none_or(|now| now.seq != read.0.seq) {
+            return LoFinished::Moved;
         }
-        let mut buf = AlignedBuf::zeroed(extent.blocks as usize);
-        if self.device.read(extent.lba, &mut buf).is_err() {
+        let Some(bytes) = bytes else {
             self.counters.io_errors.fetch_add(1, Ordering::Relaxed);
-            return None;
-        }
-        match decode(&buf, key, &extent) {
+            return LoFinished::Done(None);
+        };
+        match decode(bytes, key, &read.0) {
             Some(value) => {
                 self.counters.hits.fetch_add(1, Ordering::Relaxed);
-                Some((value, extent.meta))
+                LoFinished::Done(Some((value, read.0.meta)))
             }
             None => {
                 self.counters
                     .checksum_failures
                     .fetch_add(1, Ordering::Relaxed);
-                None
+                LoFinished::Done(None)
             }
         }
+    }
+
+    pub fn device(&self) -> &Arc<dyn BlockDevice> {
+        &self.device
     }
 
     /// Writes a large object and points BT_LO at it. Returns false if it cannot be kept
@@ -552,6 +606,46 @@ mod tests {
         lo.remove(b"k");
         lo.counters.objects.store(1, Ordering::Relaxed);
         assert!(lo.get(b"k", 0).is_none(), "an older large version survived");
+    }
+
+    /// A GET's read of an extent BT_LO stopped pointing at before the read completed
+    /// (overwritten, deleted, dropped from the log) is not trusted, even if its bytes are
+    /// intact; damaged bytes of the current extent are a miss.
+    #[test]
+    fn a_read_is_checked_against_bt_lo_when_it_completes() {
+        let lo = region(64);
+        let read_of = |lo: &LargeObjects| {
+            let read = lo.plan_get(b"k", 0).unwrap();
+            let mut buf = read.buffer();
+            lo.device.read(read.lba(), &mut buf).unwrap();
+            (read, buf)
+        };
+        let moved = |finished| matches!(finished, LoFinished::Moved);
+        assert!(lo.put(b"k", &[1u8; 5000], Meta::default()));
+        let (read, old) = read_of(&lo);
+        assert!(lo.put(b"k", &[2u8; 5000], Meta::default()));
+        assert!(moved(lo.finish_get(read, b"k", Some(&old))), "overwritten");
+        let (read, current) = read_of(&lo);
+        match lo.finish_get(read, b"k", Some(&current)) {
+            LoFinished::Done(Some((value, _))) => assert_eq!(value, vec![2u8; 5000]),
+            _ => panic!("the current extent"),
+        }
+        let (read, mut damaged) = read_of(&lo);
+        damaged[HEADER + 10] ^= 1;
+        assert!(matches!(
+            lo.finish_get(read, b"k", Some(&damaged)),
+            LoFinished::Done(None)
+        ));
+        assert_eq!(lo.counters.checksum_failures.load(Ordering::Relaxed), 1);
+        let (read, _) = read_of(&lo);
+        assert!(matches!(
+            lo.finish_get(read, b"k", None),
+            LoFinished::Done(None)
+        ));
+        assert_eq!(lo.counters.io_errors.load(Ordering::Relaxed), 1);
+        let (read, intact) = read_of(&lo);
+        lo.remove(b"k");
+        assert!(moved(lo.finish_get(read, b"k", Some(&intact))), "deleted");
     }
 
     #[test]

@@ -59,6 +59,9 @@ pub struct Stats {
     pub ssd_hits: u64,
     /// SSD hits copied into DRAM (inclusive caching; see the `promotion` setting).
     pub ssd_promotions: u64,
+    /// SSD hits left on the SSD, not copied into DRAM, because DRAM was far over its
+    /// budget (a GET never waits for the flusher to make room).
+    pub ssd_promotions_skipped: u64,
     pub misses: u64,
     pub puts: u64,
     /// Writes refused because the DRAM budget was full and `evictions` is off.
@@ -93,7 +96,8 @@ pub struct Stats {
     /// Objects dropped from DRAM without being written to the SSD tier, because the
     /// flusher was behind when DRAM was full (a miss later, never a stale value).
     pub ssd_write_drops: u64,
-    /// GETs whose SSD read went in flight (`get_item_async`) instead of blocking.
+    /// GET reads of the SSD (a block of the SSD tier or a BT_LO extent) that went in
+    /// flight (`get_item_async`) instead of blocking.
     pub ssd_async_reads: u64,
     /// GETs whose SSD read went in flight and that have not had their answer yet (a GET
     /// dropped before it has is no longer counted; its read is in `ssd_io_in_flight`

@@ -1,15 +1,16 @@
-//! GET, on the caller's thread (`get`, `get_item`) or with the SSD read in flight
-//! (`get_item_async`): DRAM and BT_LO first, then the SSD tier, whose hits are promoted
-//! into DRAM.
+//! GET, on the caller's thread (`get`, `get_item`) or with its device reads in flight
+//! (`get_item_async`): DRAM, then BT_LO's extent, then the SSD tier, whose hits are
+//! promoted into DRAM without waiting for room.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use zipcache_device::{AlignedBuf, ReadFuture};
+use zipcache_device::{AlignedBuf, BlockDevice, ReadFuture};
 
 use super::{Inner, OpCounters, ZipCache};
 use crate::async_get::AsyncGet;
 use crate::dram::Lookup;
+use crate::large_objects::{LoFinished, LoRead};
 use crate::record::Meta;
 use crate::ssd::{Finished, PlannedRead, SsdHit, SsdTier};
 use crate::{AccessState, GetOptions, Item, Result};
@@ -28,10 +29,10 @@ impl ZipCache {
         Ok(inner.lookup(key, inner.now(), options))
     }
 
-    /// GET that never waits for the device on the caller's thread: DRAM and BT_LO answer at
-    /// once (the returned future is ready); when the SSD tier must be read, the read is in
-    /// flight (`BlockDevice::read_async`) and the future resolves when it completes.
-    /// Same answers and guarantees as `get_item`.
+    /// GET that never waits for the device on the caller's thread: DRAM answers at once
+    /// (the returned future is ready); when a BT_LO extent or the SSD tier must be read,
+    /// the read is in flight (`BlockDevice::read_async`) and the future resolves when it
+    /// completes. Same answers and guarantees as `get_item`.
     pub fn get_item_async(&self, key: &[u8], options: GetOptions) -> AsyncGet {
         let inner = &self.inner;
         if let Err(e) = inner.check_key(key) {
@@ -39,25 +40,24 @@ impl ZipCache {
         }
         inner.ops.gets.incr();
         let now = inner.now();
-        let epoch = match inner.lookup_memory(key, now, options) {
-            Ok(item) => return AsyncGet::ready(Ok(item)),
-            Err(epoch) => epoch,
+        let first = inner.after_dram(key, now, options);
+        // may do I/O: submitted now, so that a command's GETs are all in flight at once
+        let mut reading = match inner.submit(key, first, now, options) {
+            Ok(reading) => reading,
+            Err(answer) => return AsyncGet::ready(Ok(answer)),
         };
-        let ssd = inner.ssd.as_ref().expect("only an SSD tier defers a GET");
-        let Some(read) = ssd.plan_get(key) else {
-            return AsyncGet::ready(Ok(inner.ssd_answer(key, None, epoch, now, options)));
-        };
-        // Submitted now, so that a command's GETs are all in flight at once.
-        let block = inner
-            .ops
-            .read_in_flight(ssd, read.lba, AlignedBuf::zeroed(1));
-        let counted = block.is_in_flight().then(|| ReadInFlight::new(inner));
+        let counted = reading.is_in_flight().then(|| ReadInFlight::new(inner));
         let (inner, key) = (self.inner.clone(), key.to_vec());
         AsyncGet::reading(async move {
             let _counted_until_answered_or_dropped = counted;
-            let ssd = inner.ssd.as_ref().expect("an SSD tier");
-            let hit = finish_ssd_async(ssd, &inner.ops, &key, read, block, now).await;
-            Ok(inner.ssd_answer(&key, hit, epoch, now, options))
+            loop {
+                let next = inner.complete(&key, reading, now, options).await;
+                // may do I/O: the next read (the SSD tier's, or the key's extent again)
+                reading = match inner.submit(&key, next, now, options) {
+                    Ok(reading) => reading,
+                    Err(answer) => return Ok(answer),
+                };
+            }
         })
     }
 
@@ -65,6 +65,43 @@ impl ZipCache {
     /// for a device and `get_item_async` is always ready.
     pub fn has_ssd_tier(&self) -> bool {
         self.inner.ssd.is_some()
+    }
+}
+
+/// Where a GET goes next, once DRAM was asked (`Inner::after_dram`) or a BT_LO extent
+/// was read (`Inner::after_extent`).
+enum Next {
+    /// DRAM or the extent answered, or a miss known without a read (counted).
+    Answer(Option<Item>),
+    /// BT_LO holds the key: read its extent. If that finds nothing and DRAM had no
+    /// version of the key (`then_ssd`), the SSD tier is next.
+    Extent { read: LoRead, then_ssd: bool },
+    /// The SSD tier, with the flush epoch read before it (for promotion,
+    /// `lower_tiers_current`).
+    Ssd { epoch: u64 },
+}
+
+/// A GET's device read, submitted (`Inner::submit`).
+enum Reading {
+    Extent {
+        read: LoRead,
+        then_ssd: bool,
+        extent: ReadFuture,
+    },
+    Ssd {
+        read: PlannedRead,
+        epoch: u64,
+        block: ReadFuture,
+    },
+}
+
+impl Reading {
+    fn is_in_flight(&self) -> bool {
+        match self {
+            Reading::Extent { extent: read, .. } | Reading::Ssd { block: read, .. } => {
+                read.is_in_flight()
+            }
+        }
     }
 }
 
@@ -86,20 +123,20 @@ async fn finish_ssd_async(
             Finished::Retry => {}
         }
         read = ssd.plan_get(key)?;
-        block = ops.read_in_flight(ssd, read.lba, buf);
+        block = ops.read_in_flight(ssd.device(), read.lba, buf);
     }
 }
 
 impl OpCounters {
-    /// Submits a read of block `lba` of the SSD tier, counted if it goes in flight rather
+    /// Submits a read of `buf.len()` blocks at `lba`, counted if it goes in flight rather
     /// than completing on this thread (no io_uring here, or every slot taken).
-    fn read_in_flight(&self, ssd: &SsdTier, lba: u64, buf: AlignedBuf) -> ReadFuture {
+    fn read_in_flight(&self, device: &dyn BlockDevice, lba: u64, buf: AlignedBuf) -> ReadFuture {
         // may do I/O: the read is in flight until the future resolves
-        let block = ssd.device().read_async(lba, buf);
-        if block.is_in_flight() {
+        let read = device.read_async(lba, buf);
+        if read.is_in_flight() {
             self.async_ssd_reads.incr();
         }
-        block
+        read
     }
 }
 
@@ -138,53 +175,144 @@ pub(super) fn item_of(value: Vec<u8>, meta: &Meta) -> Item {
 }
 
 impl Inner {
-    /// GET through the tiers in the paper's order: DRAM (buffer, page), then one SSD read
-    /// on the calling thread.
+    /// GET through the tiers in the paper's order: DRAM (buffer, page), then BT_LO's
+    /// extent or one SSD read, on the calling thread.
     fn lookup(&self, key: &[u8], now: u64, options: GetOptions) -> Option<Item> {
-        match self.lookup_memory(key, now, options) {
-            Ok(item) => item,
-            // may do I/O: one 4 KiB read
-            Err(epoch) => {
-                let hit = self.ssd.as_ref().and_then(|ssd| ssd.get(key, now));
-                self.ssd_answer(key, hit, epoch, now, options)
+        let mut next = self.after_dram(key, now, options);
+        loop {
+            next = match next {
+                Next::Answer(item) => return item,
+                Next::Extent { read, then_ssd } => {
+                    let lo = self.large.as_ref().expect("an extent read follows BT_LO");
+                    // may do I/O: the whole extent
+                    let found = lo.read(read, key);
+                    self.after_extent(key, found, then_ssd, now, options)
+                }
+                Next::Ssd { epoch } => {
+                    // may do I/O: one 4 KiB read
+                    let hit = self.ssd.as_ref().and_then(|ssd| ssd.get(key, now));
+                    Next::Answer(self.ssd_answer(key, hit, epoch, now, options))
+                }
+            };
+        }
+    }
+
+    /// Submits the device read `next` needs, or gives its answer if it needs none.
+    fn submit(
+        &self,
+        key: &[u8],
+        next: Next,
+        now: u64,
+        options: GetOptions,
+    ) -> std::result::Result<Reading, Option<Item>> {
+        match next {
+            Next::Answer(item) => Err(item),
+            Next::Extent { read, then_ssd } => {
+                let lo = self.large.as_ref().expect("an extent read follows BT_LO");
+                let extent = self
+                    .ops
+                    .read_in_flight(lo.device(), read.lba(), read.buffer());
+                Ok(Reading::Extent {
+                    read,
+                    then_ssd,
+                    extent,
+                })
+            }
+            Next::Ssd { epoch } => {
+                let ssd = self.ssd.as_ref().expect("only an SSD tier defers a GET");
+                let Some(read) = ssd.plan_get(key) else {
+                    return Err(self.ssd_answer(key, None, epoch, now, options));
+                };
+                let block = self
+                    .ops
+                    .read_in_flight(ssd.device(), read.lba, AlignedBuf::zeroed(1));
+                Ok(Reading::Ssd { read, epoch, block })
             }
         }
     }
 
-    /// What DRAM and BT_LO answer for `key`, or `Err(flush epoch)` when the SSD must be
-    /// read: the epoch is read before the SSD, for promotion (`lower_tiers_current`).
-    fn lookup_memory(
-        &self,
-        key: &[u8],
-        now: u64,
-        options: GetOptions,
-    ) -> std::result::Result<Option<Item>, u64> {
-        let found = match self.dram.get(key, now, options.peek) {
+    /// Waits for the read `reading` submitted and says where the GET goes next.
+    async fn complete(&self, key: &[u8], reading: Reading, now: u64, options: GetOptions) -> Next {
+        match reading {
+            Reading::Extent {
+                read,
+                then_ssd,
+                extent,
+            } => {
+                let (result, buf) = extent.await;
+                let lo = self.large.as_ref().expect("an extent read follows BT_LO");
+                let found = lo.finish_get(read, key, result.is_ok().then_some(&buf[..]));
+                self.after_extent(key, found, then_ssd, now, options)
+            }
+            Reading::Ssd { read, epoch, block } => {
+                let ssd = self.ssd.as_ref().expect("an SSD read follows the SSD tier");
+                let hit = finish_ssd_async(ssd, &self.ops, key, read, block, now).await;
+                Next::Answer(self.ssd_answer(key, hit, epoch, now, options))
+            }
+        }
+    }
+
+    /// What DRAM answers for `key`, or which tier to read: a tombstone hides small
+    /// versions, but a large one may stand behind it (BT_LO); with no version in DRAM at
+    /// all, BT_LO and then the SSD tier may hold one.
+    fn after_dram(&self, key: &[u8], now: u64, options: GetOptions) -> Next {
+        let then_ssd = match self.dram.get(key, now, options.peek) {
             Lookup::Found(value, meta, access) => {
                 self.ops.dram_hits.incr();
-                return Ok(Some(Item {
+                return Next::Answer(Some(Item {
                     access,
                     ..item_of(value, &meta)
                 }));
             }
             Lookup::Expired => {
                 self.ops.expired.incr();
-                None
+                return self.miss();
             }
-            // A tombstone hides small versions; a large one may stand behind it.
-            Lookup::Deleted => self.large_get(key, now),
-            Lookup::Absent => match self.large_get(key, now) {
-                Some(item) => Some(item),
-                None if self.ssd.is_some() => {
-                    return Err(self.flush_epoch.load(Ordering::SeqCst));
-                }
-                None => None,
-            },
+            Lookup::Deleted => false,
+            Lookup::Absent => self.ssd.is_some(),
         };
-        if found.is_none() {
-            self.ops.misses.incr();
+        match self.large.as_ref().and_then(|lo| lo.plan_get(key, now)) {
+            Some(read) => Next::Extent { read, then_ssd },
+            None => self.below_large(then_ssd),
         }
-        Ok(found)
+    }
+
+    /// Where a GET goes once its extent was read: the large object's value; the tiers
+    /// below BT_LO if the extent held none; or DRAM again if the key was overwritten or
+    /// deleted (or the extent left the log) during the read, which may have found an
+    /// older value.
+    fn after_extent(
+        &self,
+        key: &[u8],
+        found: LoFinished,
+        then_ssd: bool,
+        now: u64,
+        options: GetOptions,
+    ) -> Next {
+        match found {
+            LoFinished::Done(Some((value, meta))) => {
+                self.ops.large_hits.incr();
+                Next::Answer(Some(item_of(value, &meta)))
+            }
+            LoFinished::Done(None) => self.below_large(then_ssd),
+            LoFinished::Moved => self.after_dram(key, now, options),
+        }
+    }
+
+    /// Past BT_LO: the SSD tier if DRAM had no version of the key, else a miss.
+    fn below_large(&self, then_ssd: bool) -> Next {
+        if then_ssd {
+            Next::Ssd {
+                epoch: self.flush_epoch.load(Ordering::SeqCst),
+            }
+        } else {
+            self.miss()
+        }
+    }
+
+    fn miss(&self) -> Next {
+        self.ops.misses.incr();
+        Next::Answer(None)
     }
 
     /// Counts what the SSD tier answered and promotes a hit.
@@ -222,9 +350,18 @@ impl Inner {
     /// super-leaf was not written since the read and no flush ran since (`epoch`, read
     /// before the SSD): otherwise a PUT, DELETE or flush that landed in between is newer,
     /// and the copy read would be stale. The copy starts with access state `access`.
+    ///
+    /// Never waits for room: a GET runs on a server's runtime thread, which must not
+    /// block on the flusher. Past the budget the flusher is woken; far past it
+    /// (`room_for_promotion`) the object stays on the SSD only.
     fn promote(&self, key: &[u8], hit: SsdHit, epoch: u64, access: Option<AccessState>, now: u64) {
         let ssd = self.ssd.as_ref().expect("promote follows an SSD hit");
         if self.promotion.as_ref().is_some_and(|f| !f.admit(key)) {
+            return;
+        }
+        if !self.room_for_promotion() {
+            self.ops.promotions_skipped.incr();
+            self.wake_flusher();
             return;
         }
         let promoted = self.dram.modify(key, now, |current, _| {
@@ -244,6 +381,6 @@ impl Inner {
         if promoted {
             self.ops.promotions.incr();
         }
-        self.relieve_pressure();
+        self.wake_flusher_if_over_budget();
     }
 }

@@ -53,6 +53,8 @@ struct OpCounters {
     large_hits: Counter,
     ssd_hits: Counter,
     promotions: Counter,
+    /// SSD hits not promoted because DRAM was far over its budget (`room_for_promotion`).
+    promotions_skipped: Counter,
     misses: Counter,
     expired: Counter,
     puts: Counter,

@@ -1,5 +1,6 @@
 //! The DRAM budget (`dram_capacity`, less what the RSS governor withholds) and making
-//! room in it: back-pressure on the writers' threads (`relieve_pressure`), and eviction
+//! room in it: back-pressure on the writers' threads (`relieve_pressure`; a GET's
+//! promotion only wakes the flusher, `wake_flusher_if_over_budget`), and eviction
 //! down to a target (`make_room`), run by the flusher or, DRAM-only, by writers,
 //! `set_dram_capacity` and the RSS governor's tick.
 
@@ -9,6 +10,13 @@ use std::time::{Duration, Instant};
 use super::{Inner, MAX_DRAM_CAPACITY, MIN_DRAM_CAPACITY, ZipCache};
 use crate::eviction::EvictionSink;
 use crate::{Error, Result};
+
+/// Promotions may take DRAM 1/32 of its budget beyond it, and no further: a margin the
+/// flusher's wake-up leaves room for (a burst of GETs between two of its passes is not
+/// turned away), within the 5 % that the default `rss_limit` allows beyond
+/// `dram_capacity`. Each GET thread may add one object beyond it, as the check and the
+/// insert are not one step.
+const PROMOTION_HEADROOM: i64 = 32;
 
 impl ZipCache {
     /// Changes `dram_capacity` while running (memcached's `cache_memlimit`). Lowered, the
@@ -33,8 +41,7 @@ impl ZipCache {
         if inner.ssd.is_none() {
             inner.make_room(inner.budget(), usize::MAX);
         } else {
-            let _flusher = inner.flush_wake.0.lock();
-            inner.flush_wake.1.notify_one();
+            inner.wake_flusher();
         }
         Ok(())
     }
@@ -45,8 +52,8 @@ impl Inner {
         self.ssd.as_ref().map(|ssd| ssd as &dyn EvictionSink)
     }
 
-    /// Memory back-pressure on the foreground (PUT, DELETE, a GET's promotion), which
-    /// never does device I/O: in DRAM-only mode eviction is a drop anyway; with an SSD
+    /// Memory back-pressure on the writers (PUT, DELETE, `update`), which never does
+    /// device I/O: in DRAM-only mode eviction is a drop anyway; with an SSD
     /// tier, the background flusher writes victims down and this waits for it, at most
     /// `flush_wait_ms`, then drops cold leaves unwritten until DRAM is back in budget
     /// (`DramTier::drop_one`, `ssd_write_drops`): a cache may forget.
@@ -60,12 +67,7 @@ impl Inner {
             self.make_room(capacity, 64);
             return;
         }
-        {
-            // Under the flusher's lock: it checks for work and sleeps under it, so the
-            // wake-up cannot fall between the two.
-            let _flusher = self.flush_wake.0.lock();
-            self.flush_wake.1.notify_one();
-        }
+        self.wake_flusher();
         let deadline = Instant::now() + Duration::from_millis(self.config.flush_wait_ms);
         self.flusher_waiting.fetch_add(1, Ordering::Relaxed);
         let mut waiting = self.flushed.0.lock();
@@ -88,6 +90,31 @@ impl Inner {
                 return;
             }
         }
+    }
+
+    /// A GET's promotion never waits for the flusher (`relieve_pressure` would hold a
+    /// server's runtime thread for up to `flush_wait_ms`): over the budget it wakes the
+    /// flusher and goes on.
+    pub(super) fn wake_flusher_if_over_budget(&self) {
+        if self.memory.snapshot().total() > self.budget() {
+            self.wake_flusher();
+        }
+    }
+
+    /// Whether a GET may copy an SSD hit into DRAM: while DRAM is within the budget plus
+    /// 1/[`PROMOTION_HEADROOM`] of it. Beyond that the flusher is behind (it is woken as
+    /// soon as DRAM passes the budget, and evicts down to 98.5 % of it), and the hit
+    /// stays on the SSD rather than push DRAM further.
+    pub(super) fn room_for_promotion(&self) -> bool {
+        let budget = self.budget();
+        self.memory.snapshot().total() <= budget + budget / PROMOTION_HEADROOM
+    }
+
+    pub(super) fn wake_flusher(&self) {
+        // Under the flusher's lock: it checks for work and sleeps under it, so the wake-up
+        // cannot fall between the two.
+        let _flusher = self.flush_wake.0.lock();
+        self.flush_wake.1.notify_one();
     }
 
     /// Evicts until DRAM use is at most `target`, at most `attempts` times; false if it

@@ -91,6 +91,7 @@ impl Inner {
             large_hits,
             ssd_hits,
             ssd_promotions: self.ops.promotions.get(),
+            ssd_promotions_skipped: self.ops.promotions_skipped.get(),
             ssd_hit_ratio: ratio(ssd_hits, gets).unwrap_or(0.0),
             checksum_failures: ssd.checksum_failures
                 + c.corrupt_pages.load(Ordering::Relaxed)
