@@ -295,18 +295,27 @@ pub async fn serve<T: Transport, S: Session>(
             });
             pos += consumed;
             if !out.is_empty() {
+                // Replies waiting for a slow reader count against the budget for all
+                // connections' buffers, as the input does.
+                let charged = out.capacity();
+                buffers.charge(charged);
                 // TLS writes sit in rustls until flushed; for TCP the flush is free.
                 let write = async {
                     stream.write_all(&out).await?;
                     stream.flush().await
                 };
-                match until(
-                    shared.write_timeout.map(|limit| Instant::now() + limit),
-                    write,
-                )
-                .await
-                {
+                let deadline = shared.write_timeout.map(|limit| Instant::now() + limit);
+                let written = tokio::select! {
+                    written = until(deadline, write) => written,
+                    () = buffers.closed() => Some(Err(io::ErrorKind::OutOfMemory.into())),
+                };
+                buffers.release(charged);
+                match written {
                     Some(Ok(())) => {}
+                    Some(Err(_)) if buffers.is_closed() => {
+                        Counters::bump(&counters.buffer_budget_kicks);
+                        return;
+                    }
                     Some(Err(_)) => return,
                     None => {
                         // The client stopped reading: its replies would wait forever.
