@@ -347,7 +347,7 @@ impl Settings {
         });
         let set_or_off = |on: bool| if on { "set" } else { "off" };
         format!(
-            "zipcache serve settings:\n  listen           {}\n  memcached-port   {}\n  resp-port        {}\n  dram             {} bytes\n  data-dir         {}\n  ssd              {ssd}\n  max-connections  {}\n  threads          {} ({} runtime)\n  metrics          {metrics}\n  tls              {tls}\n  requirepass      {}\n  auth-file        {}\n  keys-limit       {}\n  flush_all        {}\n  lru_crawler      {}\n  idle-timeout     {}\n  shutdown command {}\n  engine: leaf_size={} subpages={} superleaf_size={} fill_threshold={} write_buffer={} bypass_r={} bypass_max_fraction={} tiny_max={} medium_max={} max_key_size={} max_value_size={} background_threads={} promotion={:?} rss_limit={} track_access={} evictions={}",
+            "zipcache serve settings:\n  listen           {}\n  memcached-port   {}\n  resp-port        {}\n  dram             {} bytes\n  data-dir         {}\n  ssd              {ssd}\n  max-connections  {}\n  threads          {} ({} runtime)\n  metrics          {metrics}\n  tls              {tls}\n  requirepass      {}\n  auth-file        {}\n  keys-limit       {}\n  flush_all        {}\n  lru_crawler      {}\n  idle-timeout     {}\n  write-timeout    {}\n  shutdown command {}\n  engine: leaf_size={} subpages={} superleaf_size={} fill_threshold={} write_buffer={} bypass_r={} bypass_max_fraction={} tiny_max={} medium_max={} max_key_size={} max_value_size={} background_threads={} promotion={:?} rss_limit={} track_access={} evictions={}",
             self.listen,
             self.memcached_port,
             self.resp_port,
@@ -373,11 +373,8 @@ impl Settings {
             } else {
                 "disabled"
             },
-            if self.idle_timeout == 0 {
-                "off".to_string()
-            } else {
-                format!("{} s", self.idle_timeout)
-            },
+            seconds_or_off(self.idle_timeout),
+            seconds_or_off(self.write_timeout),
             if self.shutdown_enabled {
                 "enabled"
             } else {
@@ -408,6 +405,15 @@ impl Settings {
 /// connection buffers). `--set rss_limit=0` turns the governor off.
 pub fn default_rss_limit(dram_capacity: u64) -> u64 {
     dram_capacity + dram_capacity / 20 + (24 << 20)
+}
+
+/// A timeout in whole seconds as the banner shows it: 0 is none.
+fn seconds_or_off(seconds: u64) -> String {
+    if seconds == 0 {
+        "off".to_string()
+    } else {
+        format!("{seconds} s")
+    }
 }
 
 #[cfg(test)]
@@ -488,6 +494,55 @@ mod tests {
         assert!(config.track_access);
         assert!(s.describe(&config).contains("track_access=true"));
         assert!(s.describe(&config).contains("lru_crawler      disabled"));
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    /// `idle-timeout` and `write-timeout` from the file, the command line over it, in
+    /// the server's options and the banner.
+    #[test]
+    fn timeouts_come_from_flags_or_the_file() {
+        let dir =
+            std::env::temp_dir().join(format!("zipcache-settings-timeouts-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("serve.toml");
+        std::fs::write(
+            &file,
+            "ssd = \"none\"\nidle-timeout = 5\nwrite-timeout = 7\n",
+        )
+        .unwrap();
+        let resolve = |args: ServeArgs| {
+            let s = Settings::resolve(args).unwrap();
+            let banner = s.describe(&s.engine_config().unwrap());
+            (s.server_options(1), banner)
+        };
+        let secs = |n| Some(std::time::Duration::from_secs(n));
+        let (options, banner) = resolve(ServeArgs {
+            config: Some(file.clone()),
+            ..ServeArgs::default()
+        });
+        assert_eq!(
+            (options.idle_timeout, options.write_timeout),
+            (secs(5), secs(7))
+        );
+        assert!(banner.contains("\n  idle-timeout     5 s\n"), "{banner}");
+        assert!(banner.contains("\n  write-timeout    7 s\n"), "{banner}");
+        let (options, banner) = resolve(ServeArgs {
+            config: Some(file),
+            write_timeout: Some(0),
+            ..ServeArgs::default()
+        });
+        assert_eq!(options.write_timeout, None);
+        assert!(banner.contains("\n  write-timeout    off\n"), "{banner}");
+        let (options, banner) = resolve(ServeArgs {
+            ssd: Some("none".into()),
+            ..ServeArgs::default()
+        });
+        assert_eq!(
+            (options.idle_timeout, options.write_timeout),
+            (None, secs(30))
+        );
+        assert!(banner.contains("\n  idle-timeout     off\n"), "{banner}");
+        assert!(banner.contains("\n  write-timeout    30 s\n"), "{banner}");
         std::fs::remove_dir_all(dir).unwrap();
     }
 
