@@ -266,11 +266,11 @@ mod tests {
         let device: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(1 << 14));
         let cache = ZipCache::open_on(config, Some(device)).unwrap();
         for i in 0..40u8 {
-            let len = if i % 2 == 0 { LARGE } else { 100 };
+            let len = if i.is_multiple_of(2) { LARGE } else { 100 };
             let options = PutOptions {
                 flags: u32::from(i),
-                assign_cas: i % 5 == 0,
-                expires_at_ms: (i % 5 == 0).then(|| cache.now_ms() + 3_600_000),
+                assign_cas: i.is_multiple_of(5),
+                expires_at_ms: (i.is_multiple_of(5)).then(|| cache.now_ms() + 3_600_000),
                 ..PutOptions::default()
             };
             cache
@@ -325,10 +325,10 @@ mod tests {
         assert_eq!(listed, described);
         for (i, (key, item)) in scanned.iter().enumerate() {
             assert_eq!(key, format!("key:{i:02}").as_bytes());
-            let len = if i % 2 == 0 { LARGE } else { 100 };
+            let len = if i.is_multiple_of(2) { LARGE } else { 100 };
             assert_eq!(item.value, vec![i as u8; len]);
             assert_eq!(item.flags, i as u32);
-            assert_eq!(item.cas != 0, i % 5 == 0);
+            assert_eq!(item.cas != 0, i.is_multiple_of(5));
         }
         let some = cache
             .scan_keys(b"key:05".as_slice()..b"key:09".as_slice(), 2)
@@ -354,7 +354,7 @@ mod tests {
     #[test]
     fn scan_bytes_stops_at_the_object_that_reaches_the_budget() {
         let cache = engine();
-        let object = |i: usize| "key:00".len() + if i % 2 == 0 { LARGE } else { 100 };
+        let object = |i: usize| "key:00".len() + if i.is_multiple_of(2) { LARGE } else { 100 };
         for max_bytes in [1, LARGE, LARGE + 6, 2 * LARGE, 5 * LARGE, usize::MAX] {
             let before = large_reads(&cache);
             let got = cache.scan_bytes::<&[u8]>(all(), 1000, max_bytes).unwrap();
