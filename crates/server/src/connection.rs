@@ -360,7 +360,7 @@ pub async fn serve<T: Transport, S: Session>(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::sync::Arc;
     use std::time::{Duration, Instant};
 
@@ -375,7 +375,7 @@ mod tests {
 
     const BIG: usize = 1 << 20;
 
-    fn dram_engine() -> Arc<ZipCache> {
+    pub(crate) fn dram_engine() -> Arc<ZipCache> {
         let config = Config {
             dram_capacity: 64 << 20,
             ..Config::default()
@@ -383,13 +383,13 @@ mod tests {
         Arc::new(ZipCache::open(config).unwrap())
     }
 
-    fn shared(cache: Arc<ZipCache>) -> Arc<Shared> {
+    pub(crate) fn shared(cache: Arc<ZipCache>) -> Arc<Shared> {
         Arc::new(Shared::new(cache, ServerInfo::detached(), &options()))
     }
 
     /// Runs `input` (read whole) through `session` as `serve` does, and returns every byte
     /// it wrote and the largest buffer handed to one write.
-    fn serve_in_process<S: Session>(mut session: S, input: &[u8]) -> (Vec<u8>, usize) {
+    pub(crate) fn serve_in_process<S: Session>(mut session: S, input: &[u8]) -> (Vec<u8>, usize) {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_time()
             .build()

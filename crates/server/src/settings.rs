@@ -449,7 +449,7 @@ impl Settings {
         let port = |port: Option<u16>| port.map_or("off".to_string(), |p| p.to_string());
         let options = self.server_options(config.max_value_size);
         format!(
-            "zipcache serve settings:\n  listen           {}\n  memcached-port   {}\n  resp-port        {}\n  dram             {} bytes\n  data-dir         {}\n  ssd              {ssd}\n  max-connections  {}\n  threads          {} ({} runtime)\n  metrics          {metrics}\n  tls              {tls}\n  requirepass      {}\n  auth-file        {}\n  keys-limit       {}\n  flush_all        {}\n  lru_crawler      {}\n  idle-timeout     {}\n  input limits     max-request-size {} bytes, max-clients-memory {} bytes, first-request-timeout {}\n  shutdown command {}\n  engine: leaf_size={} subpages={} superleaf_size={} fill_threshold={} write_buffer={} bypass_r={} bypass_max_fraction={} tiny_max={} medium_max={} max_key_size={} max_value_size={} background_threads={} promotion={:?} rss_limit={} track_access={} evictions={}",
+            "zipcache serve settings:\n  listen           {}\n  memcached-port   {}\n  resp-port        {}\n  dram             {} bytes\n  data-dir         {}\n  ssd              {ssd}\n  max-connections  {}\n  threads          {} ({} runtime)\n  metrics          {metrics}\n  tls              {tls}\n  requirepass      {}\n  auth-file        {}\n  keys-limit       {}\n  flush_all        {}\n  lru_crawler      {}\n  idle-timeout     {}\n  write-timeout    {}\n  input limits     max-request-size {} bytes, max-clients-memory {} bytes, first-request-timeout {}\n  shutdown command {}\n  engine: leaf_size={} subpages={} superleaf_size={} fill_threshold={} write_buffer={} bypass_r={} bypass_max_fraction={} tiny_max={} medium_max={} max_key_size={} max_value_size={} background_threads={} promotion={:?} rss_limit={} track_access={} evictions={}",
             self.listen,
             port(self.memcached_port),
             port(self.resp_port),
@@ -476,6 +476,7 @@ impl Settings {
                 "disabled"
             },
             seconds_or_off(self.idle_timeout),
+            seconds_or_off(self.write_timeout),
             options.max_request_size(),
             options.max_clients_memory(config.dram_capacity),
             seconds_or_off(self.first_request_timeout),
@@ -639,6 +640,55 @@ mod tests {
         assert!(config.track_access);
         assert!(s.describe(&config).contains("track_access=true"));
         assert!(s.describe(&config).contains("lru_crawler      disabled"));
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    /// `idle-timeout` and `write-timeout` from the file, the command line over it, in
+    /// the server's options and the banner.
+    #[test]
+    fn timeouts_come_from_flags_or_the_file() {
+        let dir =
+            std::env::temp_dir().join(format!("zipcache-settings-timeouts-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("serve.toml");
+        std::fs::write(
+            &file,
+            "ssd = \"none\"\nidle-timeout = 5\nwrite-timeout = 7\n",
+        )
+        .unwrap();
+        let resolve = |args: ServeArgs| {
+            let s = Settings::resolve(args).unwrap();
+            let banner = s.describe(&s.engine_config().unwrap());
+            (s.server_options(1), banner)
+        };
+        let secs = |n| Some(std::time::Duration::from_secs(n));
+        let (options, banner) = resolve(ServeArgs {
+            config: Some(file.clone()),
+            ..ServeArgs::default()
+        });
+        assert_eq!(
+            (options.idle_timeout, options.write_timeout),
+            (secs(5), secs(7))
+        );
+        assert!(banner.contains("\n  idle-timeout     5 s\n"), "{banner}");
+        assert!(banner.contains("\n  write-timeout    7 s\n"), "{banner}");
+        let (options, banner) = resolve(ServeArgs {
+            config: Some(file),
+            write_timeout: Some(0),
+            ..ServeArgs::default()
+        });
+        assert_eq!(options.write_timeout, None);
+        assert!(banner.contains("\n  write-timeout    off\n"), "{banner}");
+        let (options, banner) = resolve(ServeArgs {
+            ssd: Some("none".into()),
+            ..ServeArgs::default()
+        });
+        assert_eq!(
+            (options.idle_timeout, options.write_timeout),
+            (None, secs(30))
+        );
+        assert!(banner.contains("\n  idle-timeout     off\n"), "{banner}");
+        assert!(banner.contains("\n  write-timeout    30 s\n"), "{banner}");
         std::fs::remove_dir_all(dir).unwrap();
     }
 

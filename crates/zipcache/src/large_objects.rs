@@ -20,7 +20,6 @@ use parking_lot::{Mutex, RwLock};
 use zipcache_device::{AlignedBuf, BLOCK_SIZE, BlockDevice};
 
 use crate::btree::{BTree, Exclusive, Fence, KeyRange, Shared, lockable_by_range};
-use crate::dram::ScanEntry;
 use crate::memory::{Memory, alloc_size};
 use crate::record::Meta;
 use crate::sealed_file::{self, Fields, IndexFile};
@@ -30,6 +29,13 @@ const VERSION: u8 = 1;
 const HEADER: usize = 32;
 /// Entries per BT_LO leaf before it splits.
 const LEAF_ENTRIES: usize = 32;
+
+/// What BT_LO's index says of a large object, without reading it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LargeEntry {
+    pub meta: Meta,
+    pub value_len: usize,
+}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Extent {
@@ -144,31 +150,34 @@ impl LargeObjects {
         self.counters.objects.load(Ordering::Relaxed).max(0) as u64
     }
 
-    /// Large objects with keys in `[cursor, end)` from the BT_LO leaf holding `cursor`,
-    /// and where the next leaf starts.
+    /// The live large objects with keys in `[cursor, end)` in the BT_LO leaf holding
+    /// `cursor` (their index entries: no value is read), and where the next leaf starts.
     pub fn scan_leaf(
         &self,
         cursor: &[u8],
         end: std::ops::Bound<&[u8]>,
         now_ms: u64,
-    ) -> (Vec<ScanEntry>, Option<Fence>) {
-        let (keys, next) = self
-            .tree
+    ) -> (Vec<(Vec<u8>, LargeEntry)>, Option<Fence>) {
+        self.tree
             .with_arc_leaf_locked::<Shared, _>(cursor, |_, st| {
                 let range = (std::ops::Bound::Included(cursor), end);
-                let keys: Vec<Vec<u8>> = st
+                let entries = st
                     .entries
                     .iter()
-                    .filter(|(k, _)| std::ops::RangeBounds::contains(&range, k.as_ref()))
-                    .map(|(k, _)| k.to_vec())
+                    .filter(|(k, extent)| {
+                        std::ops::RangeBounds::contains(&range, k.as_ref())
+                            && !extent.meta.expired(now_ms)
+                    })
+                    .map(|(k, extent)| {
+                        let entry = LargeEntry {
+                            meta: extent.meta,
+                            value_len: extent.value_len as usize,
+                        };
+                        (k.to_vec(), entry)
+                    })
                     .collect();
-                (keys, st.range.high.clone())
-            });
-        let entries = keys
-            .into_iter()
-            .filter_map(|k| self.get(&k, now_ms).map(|v| (k, Some(v))))
-            .collect();
-        (entries, next)
+                (entries, st.range.high.clone())
+            })
     }
 
     fn lookup(&self, key: &[u8]) -> Option<Extent> {

@@ -66,6 +66,17 @@ pub struct Item {
     pub access: Option<AccessState>,
 }
 
+/// What `scan_keys` reports of a stored object: everything [`Item`] holds but the value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ItemInfo {
+    /// The value's length in bytes.
+    pub value_len: usize,
+    pub flags: u32,
+    pub cas: u64,
+    pub expires_at_ms: Option<u64>,
+    pub access: Option<AccessState>,
+}
+
 /// memcached's per-item access metadata (its `h`, `l` and `me`'s `fetch=`, `la=`), kept
 /// with the setting `track_access` while the object is in DRAM. A write starts it
 /// afresh (not fetched, accessed now); a GET that is not a peek marks the object fetched

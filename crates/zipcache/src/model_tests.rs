@@ -16,7 +16,7 @@ use zipcache_device::{
 };
 
 use crate::config::Promotion;
-use crate::{AccessState, Clock, Config, GetOptions, Item, PutOptions, Update, ZipCache};
+use crate::{AccessState, Clock, Config, GetOptions, Item, ItemInfo, PutOptions, Update, ZipCache};
 
 #[derive(Debug, Default)]
 pub struct ManualClock(AtomicU64);
@@ -57,11 +57,23 @@ pub(crate) enum Op {
         start: u16,
         end: u16,
         limit: usize,
+        view: ScanView,
     },
     Advance {
         ms: u64,
     },
     Maintain,
+}
+
+/// Which of the engine's scans an `Op::Scan` runs.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum ScanView {
+    /// `scan`: values.
+    Values,
+    /// `scan_bytes` with this byte budget.
+    Bytes(usize),
+    /// `scan_keys`: metadata only.
+    Keys,
 }
 
 /// Runs a future on this thread to completion: the engine's futures are woken by their
@@ -99,6 +111,14 @@ fn value_of(key: u16, len: usize, version: u64) -> Vec<u8> {
     v
 }
 
+fn scan_view() -> impl Strategy<Value = ScanView> {
+    prop_oneof![
+        Just(ScanView::Values),
+        (1usize..20_000).prop_map(ScanView::Bytes),
+        Just(ScanView::Keys),
+    ]
+}
+
 fn op_strategy(keys: u16) -> impl Strategy<Value = Op> {
     prop_oneof![
         8 => (0..keys, prop_oneof![4 => 0usize..100, 2 => 100usize..700, 1 => 2000usize..5000], proptest::option::weighted(0.2, 1u64..5000))
@@ -106,7 +126,7 @@ fn op_strategy(keys: u16) -> impl Strategy<Value = Op> {
         6 => (0..keys).prop_map(|key| Op::Get { key }),
         2 => (0..keys).prop_map(|key| Op::Delete { key }),
         1 => (0..keys).prop_map(|key| Op::Append { key }),
-        1 => (0..keys, 0..keys, 1usize..50).prop_map(|(start, end, limit)| Op::Scan { start, end, limit }),
+        1 => (0..keys, 0..keys, 1usize..50, scan_view()).prop_map(|(start, end, limit, view)| Op::Scan { start, end, limit, view }),
         1 => (1u64..3000).prop_map(|ms| Op::Advance { ms }),
         1 => Just(Op::Maintain),
     ]
@@ -227,6 +247,52 @@ impl Harness {
             || s.checksum_failures > 0
             || s.io_errors > 0
             || s.ssd_write_drops > 0
+    }
+
+    /// Checks what a scan of `range` returned against what the model holds there
+    /// (`want`, access states left out): in key order, within the range and the limit,
+    /// every entry the model's live one (as `convert` shows it), and all of `want` unless
+    /// something may have been evicted. The access state each entry reports (`access`)
+    /// is checked as a peek's.
+    fn check_scan<T: PartialEq + std::fmt::Debug>(
+        &mut self,
+        mut got: Vec<(Vec<u8>, T)>,
+        want: Vec<(Vec<u8>, T)>,
+        range: &std::ops::Range<Vec<u8>>,
+        limit: usize,
+        convert: impl Fn(&Item) -> T,
+        access: impl Fn(&mut T) -> &mut Option<AccessState>,
+    ) {
+        // A scan peeks: it reports access states and changes none.
+        for (k, entry) in &mut got {
+            let state = access(entry).take();
+            self.check_access(k, state, true);
+        }
+        assert!(got.len() <= limit);
+        assert!(got.windows(2).all(|w| w[0].0 < w[1].0), "scan out of order");
+        for (k, entry) in &got {
+            assert!(range.contains(k), "scan returned a key out of range");
+            let live = self.live(k).map(&convert);
+            assert_eq!(
+                Some(entry),
+                live.as_ref(),
+                "scan returned a wrong entry for {k:?}"
+            );
+        }
+        if !self.evicted() && got != want {
+            let got_keys: Vec<_> = got
+                .iter()
+                .map(|(k, _)| String::from_utf8_lossy(k))
+                .collect();
+            let want_keys: Vec<_> = want
+                .iter()
+                .map(|(k, _)| String::from_utf8_lossy(k))
+                .collect();
+            panic!(
+                "scan mismatch: got {got_keys:?} / want {want_keys:?}; stats {:?}",
+                self.cache.stats()
+            );
+        }
     }
 
     /// Checks the access state a read reported for `key` (`peek`: an `update`, which
@@ -383,49 +449,53 @@ impl Harness {
                     None => assert!(self.live(&k).is_none() || self.evicted()),
                 }
             }
-            Op::Scan { start, end, limit } => {
+            Op::Scan {
+                start,
+                end,
+                limit,
+                view,
+            } => {
                 let (a, b) = (key_of(start), key_of(end));
                 let (lo, hi) = if a <= b { (a, b) } else { (b, a) };
-                let mut got = self.cache.scan(lo.clone()..hi.clone(), limit).unwrap();
-                // A scan peeks: it reports access states and changes none.
-                for (k, item) in &mut got {
-                    let access = item.access.take();
-                    self.check_access(k, access, true);
-                }
-                assert!(got.len() <= limit);
-                assert!(got.windows(2).all(|w| w[0].0 < w[1].0), "scan out of order");
-                for (k, item) in &got {
-                    assert!(k >= &lo && k < &hi, "scan returned a key out of range");
-                    assert_eq!(Some(item), self.live(k), "scan returned a wrong value");
-                }
-                if !self.evicted() {
-                    let now = self.clock.now_ms();
-                    let want: Vec<_> = self
-                        .model
-                        .range(lo..hi)
-                        .filter(|(_, i)| i.expires_at_ms.is_none_or(|t| t > now))
-                        .take(limit)
-                        .map(|(k, i)| (k.clone(), i.clone()))
-                        .collect();
-                    if got != want {
-                        for ((gk, gi), (wk, wi)) in got.iter().zip(&want) {
-                            if gk != wk || gi != wi {
-                                let direct =
-                                    self.cache.get_item(gk, GetOptions::default()).unwrap();
-                                panic!(
-                                    "scan mismatch at {:?}: got {} bytes cas {} / want {:?} {} bytes cas {}; get() gives {:?} bytes; stats {:?}",
-                                    String::from_utf8_lossy(gk),
-                                    gi.value.len(),
-                                    gi.cas,
-                                    String::from_utf8_lossy(wk),
-                                    wi.value.len(),
-                                    wi.cas,
-                                    direct.map(|d| d.value.len()),
-                                    self.cache.stats()
-                                );
-                            }
-                        }
-                        panic!("scan lengths differ: got {} want {}", got.len(), want.len());
+                let range = lo.clone()..hi.clone();
+                let now = self.clock.now_ms();
+                let want = self
+                    .model
+                    .range(range.clone())
+                    .filter(|(_, i)| i.expires_at_ms.is_none_or(|t| t > now))
+                    .take(limit)
+                    .map(|(k, i)| (k.clone(), i.clone()));
+                let info = |item: &Item| ItemInfo {
+                    value_len: item.value.len(),
+                    flags: item.flags,
+                    cas: item.cas,
+                    expires_at_ms: item.expires_at_ms,
+                    access: item.access,
+                };
+                match view {
+                    ScanView::Values => {
+                        let got = self.cache.scan(range.clone(), limit).unwrap();
+                        self.check_scan(got, want.collect(), &range, limit, Item::clone, |i| {
+                            &mut i.access
+                        });
+                    }
+                    ScanView::Bytes(max_bytes) => {
+                        let got = self.cache.scan_bytes(range.clone(), limit, max_bytes);
+                        let mut bytes = 0;
+                        let want = want
+                            .take_while(|(k, i)| {
+                                let below = bytes < max_bytes;
+                                bytes += k.len() + i.value.len();
+                                below
+                            })
+                            .collect();
+                        let got = got.unwrap();
+                        self.check_scan(got, want, &range, limit, Item::clone, |i| &mut i.access);
+                    }
+                    ScanView::Keys => {
+                        let got = self.cache.scan_keys(range.clone(), limit).unwrap();
+                        let want = want.map(|(k, i)| (k, info(&i))).collect();
+                        self.check_scan(got, want, &range, limit, info, |i| &mut i.access);
                     }
                 }
             }
@@ -555,11 +625,14 @@ fn ssd_tier_serves_what_dram_evicted() {
         s.ssd_index_bytes as f64 / s.ssd_objects as f64 <= 1.0,
         "{s:?}"
     );
-    h.run(&Op::Scan {
-        start: 0,
-        end: 19_999,
-        limit: 100_000,
-    });
+    for view in [ScanView::Values, ScanView::Keys, ScanView::Bytes(64 << 10)] {
+        h.run(&Op::Scan {
+            start: 0,
+            end: 19_999,
+            limit: 100_000,
+            view,
+        });
+    }
 }
 
 /// `promotion = second_hit`: a key's first SSD hit leaves it on the SSD, its second
@@ -619,11 +692,14 @@ fn every_key_survives_many_splits() {
         stats.dram_objects, 20_000,
         "after merging, every object is counted once"
     );
-    h.run(&Op::Scan {
-        start: 0,
-        end: 19_999,
-        limit: 50_000,
-    });
+    for view in [ScanView::Values, ScanView::Keys, ScanView::Bytes(64 << 10)] {
+        h.run(&Op::Scan {
+            start: 0,
+            end: 19_999,
+            limit: 50_000,
+            view,
+        });
+    }
 }
 
 #[test]

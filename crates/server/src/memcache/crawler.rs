@@ -2,11 +2,12 @@
 //!
 //! The engine has no slab classes: every item is in class 1, so a class list naming 1
 //! (or `all`, or `hash`) covers the whole cache and any other valid class (2 to 63) is
-//! empty. A metadump or mgdump walks the engine's index in key order
-//! (`ZipCache::scan`), a batch at a time, sending each batch before scanning the next:
-//! a big cache is never buffered whole, and between batches the connection's thread
-//! serves its other clients. The scan reads without touching: no access is recorded,
-//! expired and deleted objects are not seen. A crawl drops the expired objects DRAM
+//! empty. A metadump, mgdump or cachedump walks the engine's index in key order
+//! (`ZipCache::scan_keys`: keys and metadata, no values), a batch at a time, and stops
+//! appending once the connection's output passes its budget, to go on once that is
+//! written: a big cache is never buffered whole, and between batches the connection's
+//! thread serves its other clients. The scan reads without touching: no access is
+//! recorded, expired and deleted objects are not seen. A crawl drops the expired objects DRAM
 //! still holds (`ZipCache::reclaim_expired`) on a thread of its own. As memcached's
 //! single crawler thread, one crawl or dump runs at a time (`BUSY` for the others).
 
@@ -15,17 +16,18 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
-use zipcache::{Item, Reclaimed, ZipCache};
+use zipcache::{ItemInfo, Reclaimed, ZipCache};
 
 use super::engine_error;
 use super::line;
 use super::parse::{BAD_FORMAT, Request, base64_encode, error};
+use crate::connection::within_budget;
 
 /// The class every item is in.
 pub const CLASS: u32 = 1;
 /// memcached's class ids are below `MAX_NUMBER_OF_SLAB_CLASSES` (64).
 const CLASS_LIMIT: u32 = 64;
-/// Objects one batch of a dump scans.
+/// Keys one batch of a dump scans.
 const BATCH: usize = 512;
 /// memcached caps a cachedump reply at 2 MB (`END` included).
 const CACHEDUMP_MAX: usize = 2 << 20;
@@ -246,7 +248,7 @@ fn covers(classes: &Classes) -> Result<bool, &'static str> {
 }
 
 /// Runs a crawler command; a dump that started is returned, to be streamed with
-/// [`Dump::fill`] (its `OK` line is already in `out`).
+/// [`Dump::fill`] (a metadump's or mgdump's `OK` line is already in `out`).
 pub fn execute(
     cache: &Arc<ZipCache>,
     crawler: &Arc<Crawler>,
@@ -273,10 +275,7 @@ pub fn execute(
             Ok(dump) => return Some(dump),
             Err(reply) => reply,
         },
-        Command::CacheDump { class, limit } => {
-            cachedump(cache, class, limit, out);
-            return None;
-        }
+        Command::CacheDump { class, limit } => return cachedump(class, limit, out),
     };
     line(out, reply);
     None
@@ -335,67 +334,124 @@ fn start_dump(
     let claim = crawler.claim().ok_or(BUSY)?;
     line(out, "OK");
     Ok(Dump {
-        kind,
+        lines: Lines::Dump(kind),
         after: None,
         done: !ours,
-        _claim: claim,
+        _claim: Some(claim),
     })
 }
 
-/// A metadump or mgdump in progress on a connection.
+/// A metadump, mgdump or cachedump in progress on a connection.
 pub struct Dump {
-    kind: DumpKind,
-    /// The last key sent: the next batch starts after it.
+    lines: Lines,
+    /// The last key sent: the next line is for the first key after it.
     after: Option<Vec<u8>>,
-    /// Every item was sent (or none is in the classes asked for).
+    /// Every line was sent (or none is in the classes asked for).
     done: bool,
-    _claim: Claim,
+    /// A metadump's or mgdump's right to run; a cachedump runs beside the crawler, as in
+    /// memcached.
+    _claim: Option<Claim>,
+}
+
+/// What a dump's lines are.
+enum Lines {
+    Dump(DumpKind),
+    /// `stats cachedump`: its limit (0 = none), the items shown and the bytes sent.
+    CacheDump {
+        limit: u32,
+        shown: u32,
+        bytes: usize,
+    },
+}
+
+impl Lines {
+    /// Appends `key`'s line; false when the dump ends before it (a cachedump's limit).
+    fn append(&mut self, key: &[u8], info: &ItemInfo, out: &mut Vec<u8>) -> bool {
+        match self {
+            Lines::Dump(DumpKind::Meta) => metadump_line(key, info, out),
+            Lines::Dump(DumpKind::Mg) => mgdump_line(key, out),
+            Lines::CacheDump {
+                limit,
+                shown,
+                bytes,
+            } => {
+                if *limit != 0 && shown == limit {
+                    return false;
+                }
+                if !text_key(key) {
+                    return true;
+                }
+                let entry = format!(" [{} b; {} s]\r\n", info.value_len, expiry_seconds(info, 0));
+                let len = "ITEM ".len() + key.len() + entry.len();
+                if *bytes + len + "END\r\n".len() > CACHEDUMP_MAX {
+                    return false;
+                }
+                out.extend_from_slice(b"ITEM ");
+                out.extend_from_slice(key);
+                out.extend_from_slice(entry.as_bytes());
+                *shown += 1;
+                *bytes += len;
+            }
+        }
+        true
+    }
+
+    fn closing(&self) -> &'static str {
+        match self {
+            Lines::Dump(DumpKind::Meta) | Lines::CacheDump { .. } => "END",
+            Lines::Dump(DumpKind::Mg) => "EN",
+        }
+    }
 }
 
 impl Dump {
-    /// Appends the next batch of lines, or the closing line; true once it is appended.
+    /// Appends lines until `out` passes the output budget or the dump ends, then the
+    /// closing line; true once that is appended.
     pub fn fill(&mut self, cache: &ZipCache, out: &mut Vec<u8>) -> bool {
-        if !self.done {
-            match scan_after(cache, self.after.as_deref()) {
-                Ok(batch) => {
-                    for (key, item) in &batch {
-                        match self.kind {
-                            DumpKind::Meta => metadump_line(key, item, out),
-                            DumpKind::Mg => mgdump_line(key, out),
-                        }
-                    }
-                    self.done = batch.len() < BATCH;
-                    self.after = batch.into_iter().last().map(|(key, _)| key);
-                }
+        while !self.done {
+            if !within_budget(out) {
+                return false;
+            }
+            let batch = match scan_after(cache, self.after.as_deref()) {
+                Ok(batch) => batch,
                 Err(e) => {
                     line(out, &engine_error(&e));
                     return true;
                 }
+            };
+            let last = batch.len() < BATCH;
+            let mut stopped = false;
+            for (key, info) in batch {
+                if !within_budget(out) {
+                    // The next fill starts at this key.
+                    stopped = true;
+                    break;
+                }
+                if !self.lines.append(&key, &info, out) {
+                    self.done = true;
+                    break;
+                }
+                self.after = Some(key);
             }
-            if !self.done {
-                return false;
-            }
+            self.done |= last && !stopped;
         }
-        line(
-            out,
-            match self.kind {
-                DumpKind::Meta => "END",
-                DumpKind::Mg => "EN",
-            },
-        );
+        line(out, self.lines.closing());
         true
     }
 }
 
-/// The next `BATCH` live objects after `after` (from the start if `None`); fewer only at
+/// The next `BATCH` live keys after `after` (from the start if `None`); fewer only at
 /// the end.
-fn scan_after(cache: &ZipCache, after: Option<&[u8]>) -> zipcache::Result<Vec<(Vec<u8>, Item)>> {
+fn scan_after(
+    cache: &ZipCache,
+    after: Option<&[u8]>,
+) -> zipcache::Result<Vec<(Vec<u8>, ItemInfo)>> {
     let start = after.map_or(Bound::Unbounded, Bound::Excluded);
-    cache.scan::<&[u8]>((start, Bound::Unbounded), BATCH)
+    cache.scan_keys::<&[u8]>((start, Bound::Unbounded), BATCH)
 }
 
 /// An absolute expiry in Unix seconds, or `never`.
-fn expiry_seconds(item: &Item, never: i64) -> i64 {
+fn expiry_seconds(item: &ItemInfo, never: i64) -> i64 {
     item.expires_at_ms.map_or(never, |t| (t / 1000) as i64)
 }
 
@@ -414,7 +470,7 @@ fn uri_encode(key: &[u8], out: &mut Vec<u8>) {
 /// left out where the engine does not know them (setting `track_access` off, or an
 /// object on the SSD tier), as `me` does: a made-up value would be a wrong answer.
 /// `size` is key plus value bytes (memcached adds its item header).
-fn metadump_line(key: &[u8], item: &Item, out: &mut Vec<u8>) {
+fn metadump_line(key: &[u8], item: &ItemInfo, out: &mut Vec<u8>) {
     out.extend_from_slice(b"key=");
     uri_encode(key, out);
     let exp = expiry_seconds(item, -1);
@@ -428,7 +484,7 @@ fn metadump_line(key: &[u8], item: &Item, out: &mut Vec<u8>) {
     let rest = format!(
         " exp={exp}{la} cas={}{fetch} cls={CLASS} size={} flags={} \n",
         item.cas,
-        key.len() + item.value.len(),
+        key.len() + item.value_len,
         item.flags
     );
     out.extend_from_slice(rest.as_bytes());
@@ -452,61 +508,108 @@ fn mgdump_line(key: &[u8], out: &mut Vec<u8>) {
 }
 
 /// `ITEM <key> [<value bytes> b; <expiry, Unix seconds, 0 = never> s]` lines for up to
-/// `limit` items (0 = as many as fit memcached's 2 MB), then `END`. memcached lists an
-/// LRU from its most recent end; ours come in key order.
-fn cachedump(cache: &ZipCache, class: u32, limit: u32, out: &mut Vec<u8>) {
-    let start = out.len();
-    match class {
-        CLASS => match dump_items(cache, limit, out) {
-            Ok(()) => line(out, "END"),
-            Err(e) => {
-                out.truncate(start);
-                line(out, &engine_error(&e));
-            }
+/// `limit` items (0 = as many as fit memcached's 2 MB), then `END`, streamed as a dump.
+/// memcached lists an LRU from its most recent end; ours come in key order.
+fn cachedump(class: u32, limit: u32, out: &mut Vec<u8>) -> Option<Dump> {
+    if class != CLASS {
+        line(out, "END");
+        return None;
+    }
+    Some(Dump {
+        lines: Lines::CacheDump {
+            limit,
+            shown: 0,
+            bytes: 0,
         },
-        _ => line(out, "END"),
-    }
-}
-
-/// `cachedump`'s `ITEM` lines.
-fn dump_items(cache: &ZipCache, limit: u32, out: &mut Vec<u8>) -> zipcache::Result<()> {
-    let start = out.len();
-    let mut shown = 0u32;
-    let mut after: Option<Vec<u8>> = None;
-    let end = "END\r\n".len();
-    'scan: loop {
-        let batch = scan_after(cache, after.as_deref())?;
-        for (key, item) in &batch {
-            if limit != 0 && shown == limit {
-                break 'scan;
-            }
-            if !text_key(key) {
-                continue;
-            }
-            let entry = format!(
-                " [{} b; {} s]\r\n",
-                item.value.len(),
-                expiry_seconds(item, 0)
-            );
-            if out.len() - start + "ITEM ".len() + key.len() + entry.len() + end > CACHEDUMP_MAX {
-                break 'scan;
-            }
-            out.extend_from_slice(b"ITEM ");
-            out.extend_from_slice(key);
-            out.extend_from_slice(entry.as_bytes());
-            shown += 1;
-        }
-        if batch.len() < BATCH {
-            break;
-        }
-        after = batch.into_iter().last().map(|(key, _)| key);
-    }
-    Ok(())
+        after: None,
+        done: false,
+        _claim: None,
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::connection::OUTPUT_BUDGET;
+    use crate::connection::tests::{dram_engine, serve_in_process, shared};
+    use crate::fuzzing::new_hybrid_engine;
+    use crate::memcache::MemcacheSession;
+
+    /// A memcached session's whole reply to `input`, and the largest write it made.
+    fn session_reply(cache: &Arc<ZipCache>, input: &str) -> (String, usize) {
+        let session = MemcacheSession::new(shared(cache.clone()));
+        let (reply, largest) = serve_in_process(session, input.as_bytes());
+        (String::from_utf8(reply).unwrap(), largest)
+    }
+
+    /// metadump, mgdump and cachedump over 20,000 small objects and 24 of 256 KiB: every
+    /// key once with its size, written in pieces within the output budget (a cachedump
+    /// used to be built whole: 800 KB here), and a request pipelined behind a cachedump
+    /// answered after its `END`.
+    #[test]
+    fn dumps_stream_within_the_output_budget() {
+        let cache = new_hybrid_engine();
+        let big = vec![b'v'; 256 << 10];
+        for i in 0..24 {
+            cache
+                .put(format!("big:{i:02}").as_bytes(), &big, None)
+                .unwrap();
+        }
+        // The fillers, the 8 seed keys and the big ones.
+        let live = 20_000 + 8 + 24;
+        let (reply, largest) = session_reply(&cache, "lru_crawler metadump all\r\n");
+        assert!(largest <= OUTPUT_BUDGET + 1024, "{largest} bytes buffered");
+        assert!(reply.starts_with("OK\r\n") && reply.ends_with("END\r\n"));
+        let lines: Vec<&str> = reply.lines().filter(|l| l.starts_with("key=")).collect();
+        assert_eq!(lines.len(), live);
+        let big_lines = lines.iter().filter(|l| l.contains(" size=262150 "));
+        assert_eq!(big_lines.count(), 24, "big:NN plus 256 KiB");
+
+        let (reply, largest) = session_reply(&cache, "lru_crawler mgdump all\r\n");
+        assert!(largest <= OUTPUT_BUDGET + 1024, "{largest} bytes buffered");
+        assert!(reply.ends_with("EN\r\n"));
+        let keys: std::collections::BTreeSet<&str> = reply
+            .lines()
+            .filter_map(|l| l.strip_prefix("mg "))
+            .collect();
+        assert_eq!(keys.len(), live, "each key once");
+
+        let (reply, largest) = session_reply(&cache, "stats cachedump 1 0\r\nversion\r\n");
+        assert!(largest <= OUTPUT_BUDGET + 1024, "{largest} bytes buffered");
+        let lines: Vec<&str> = reply.lines().collect();
+        assert_eq!(lines.len(), live + 2);
+        assert!(lines.contains(&"ITEM big:00 [262144 b; 0 s]"));
+        assert_eq!(lines[live], "END");
+        assert!(
+            lines[live + 1].starts_with("VERSION "),
+            "{}",
+            lines[live + 1]
+        );
+        assert_eq!(
+            session_reply(&cache, "stats cachedump 1 2\r\n").0,
+            format!("{}\r\n{}\r\nEND\r\n", lines[0], lines[1])
+        );
+    }
+
+    /// A cachedump stops at memcached's 2 MB, `END` included, however it is written.
+    #[test]
+    fn a_cachedump_stops_at_two_megabytes() {
+        let cache = dram_engine();
+        for i in 0..60_000 {
+            cache
+                .put(format!("{i:040}").as_bytes(), b"v", None)
+                .unwrap();
+        }
+        let (reply, _) = session_reply(&cache, "stats cachedump 1 0\r\n");
+        let line = format!("ITEM {:040} [1 b; 0 s]\r\n", 0).len();
+        assert!(reply.len() <= CACHEDUMP_MAX, "{}", reply.len());
+        assert!(reply.len() + line > CACHEDUMP_MAX, "{}", reply.len());
+        assert!(reply.ends_with("]\r\nEND\r\n"));
+        assert_eq!(
+            reply.lines().count(),
+            (reply.len() - "END\r\n".len()) / line + 1
+        );
+    }
 
     fn command(line: &str) -> Request<'static> {
         let tokens: Vec<&'static [u8]> = line
