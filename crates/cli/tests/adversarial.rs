@@ -17,14 +17,15 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
-use std::path::PathBuf;
-use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
 use zipcache::stats::rss_bytes;
+
+mod common;
+use common::{Server, test_dir};
 
 const MIB: u64 = 1 << 20;
 /// The issue's ceiling for the whole server, whatever the attack.
@@ -42,8 +43,6 @@ const SLACK: u64 = 6 * MIB;
 /// Every request of the well-behaved client must be answered within this (generous: the
 /// machine is shared and noisy; the issue's p99 target is 100 ms).
 const REQUEST_LATENCY: Duration = Duration::from_secs(1);
-/// Longest a clean stop may take (it writes the DRAM tier down to the SSD file).
-const STOP_LIMIT: Duration = Duration::from_secs(60);
 /// Keys stored before every attack and read back after the restart.
 const WARM_KEYS: usize = 200;
 const WARM_VALUE: usize = 300;
@@ -73,196 +72,68 @@ fn warm_key(i: usize) -> String {
 // ---------------------------------------------------------------------------------------
 // The server process and its RSS.
 
-struct Server {
-    child: Child,
-    dir: PathBuf,
-    memcached: SocketAddr,
-    resp: SocketAddr,
-    args: Vec<String>,
-    /// Set once the process is reaped: its PID may then name another process.
-    exited: bool,
+/// `zipcache serve` on free loopback ports with a fresh data dir `name`, `dram` of
+/// DRAM and an SSD tier.
+fn start(name: &str, dram: &str) -> Server {
+    let dir = test_dir("adversarial", name);
+    let args: Vec<String> = [
+        "--listen",
+        "127.0.0.1",
+        "--memcached-port",
+        "0",
+        "--resp-port",
+        "0",
+        "--dram",
+        dram,
+        "--ssd-size",
+        "512MiB",
+        // Emulated device compression costs zlib CPU the 2-core CI machine lacks and
+        // changes nothing an attack reaches.
+        "--device-compression",
+        "none",
+        "--threads",
+        "2",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    Server::spawn(dir, args)
 }
 
-impl Server {
-    /// `zipcache serve` on free loopback ports with a fresh data dir `name`, `dram` of
-    /// DRAM and an SSD tier.
-    fn start(name: &str, dram: &str) -> Server {
-        let dir = std::env::temp_dir().join(format!(
-            "zipcache-adversarial-{}-{name}",
-            std::process::id()
-        ));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).expect("data dir");
-        let args: Vec<String> = [
-            "--listen",
-            "127.0.0.1",
-            "--memcached-port",
-            "0",
-            "--resp-port",
-            "0",
-            "--dram",
-            dram,
-            "--ssd-size",
-            "512MiB",
-            // Emulated device compression costs zlib CPU the 2-core CI machine lacks and
-            // changes nothing an attack reaches.
-            "--device-compression",
-            "none",
-            "--threads",
-            "2",
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-        Server::spawn(dir, args)
-    }
-
-    fn spawn(dir: PathBuf, args: Vec<String>) -> Server {
-        let out = dir.join("stdout.txt");
-        let err = dir.join("stderr.txt");
-        let child = Command::new(env!("CARGO_BIN_EXE_zipcache"))
-            .arg("serve")
-            .args(&args)
-            .arg("--data-dir")
-            .arg(dir.join("data"))
-            .stdin(Stdio::null())
-            .stdout(std::fs::File::create(&out).expect("stdout file"))
-            .stderr(std::fs::File::create(&err).expect("stderr file"))
-            .spawn()
-            .expect("start zipcache serve");
-        let mut server = Server {
-            child,
-            dir,
-            memcached: ([127, 0, 0, 1], 0).into(),
-            resp: ([127, 0, 0, 1], 0).into(),
-            args,
-            exited: false,
-        };
-        let started = Instant::now();
-        loop {
-            let banner = std::fs::read_to_string(&out).unwrap_or_default();
-            if let Some(line) = banner.lines().find(|l| l.starts_with("listening ")) {
-                let addr = |name: &str| -> SocketAddr {
-                    line.split(' ')
-                        .find_map(|field| field.strip_prefix(name))
-                        .and_then(|a| a.parse().ok())
-                        .unwrap_or_else(|| panic!("no {name} address in {line:?}"))
-                };
-                server.memcached = addr("memcached=");
-                server.resp = addr("resp=");
-                return server;
-            }
-            if let Ok(Some(status)) = server.child.try_wait() {
-                panic!(
-                    "zipcache serve exited ({status}) before listening: {}",
-                    server.log()
-                );
-            }
-            assert!(
-                started.elapsed() < Duration::from_secs(30),
-                "zipcache serve did not listen within 30 s: {}",
-                server.log()
-            );
-            thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    fn data(&self) -> PathBuf {
-        self.dir.join("data")
-    }
-
-    fn log(&self) -> String {
-        let read = |name: &str| std::fs::read_to_string(self.dir.join(name)).unwrap_or_default();
-        format!("{}{}", read("stdout.txt"), read("stderr.txt"))
-    }
-
-    fn rss(&self) -> u64 {
-        rss_bytes(self.pid()).unwrap_or(0)
-    }
-
-    fn signal(&self, signal: libc::c_int) {
-        if self.exited {
-            return;
-        }
-        // SAFETY: the PID is our own child, not yet reaped (`exited` is set when it is),
-        // so it cannot name another process.
-        unsafe { libc::kill(self.pid() as libc::pid_t, signal) };
-    }
-
-    /// SIGTERM; the exit status, or a failure if the server is still running after
-    /// `STOP_LIMIT` (then it is killed).
-    fn stop(&mut self) -> ExitStatus {
-        self.signal(libc::SIGTERM);
-        let started = Instant::now();
-        loop {
-            if let Some(status) = self.child.try_wait().expect("wait") {
-                self.exited = true;
-                return status;
-            }
-            if started.elapsed() > STOP_LIMIT {
-                self.signal(libc::SIGKILL);
-                let _ = self.child.wait();
-                self.exited = true;
-                panic!(
-                    "SIGTERM did not stop the server within {STOP_LIMIT:?}: {}",
-                    self.log()
-                );
-            }
-            thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    /// SIGTERM stops the server with exit 0 and the warm-restart index files; the next
-    /// start uses them (they are deleted when an open loads them) and serves every key
-    /// stored before the attack. Consumes the server; removes its directory.
-    fn stop_cleanly_and_restart_warm(mut self) {
-        let status = self.stop();
-        assert!(
-            status.success(),
-            "the server did not exit cleanly on SIGTERM ({status}): {}",
-            self.log()
+/// SIGTERM stops the server with exit 0 and the warm-restart index files; the next
+/// start uses them (they are deleted when an open loads them) and serves every key
+/// stored before the attack. Removes its directory.
+fn stop_cleanly_and_restart_warm(mut server: Server) {
+    let status = server.stop();
+    assert!(
+        status.success(),
+        "the server did not exit cleanly on SIGTERM ({status}): {}",
+        server.log()
+    );
+    let index = server.data().join("ssd.bin.index");
+    assert!(
+        index.exists(),
+        "no {} after a clean stop: the next start would be cold",
+        index.display()
+    );
+    let mut again = Server::spawn(server.dir.clone(), server.args.clone());
+    assert!(
+        !again.data().join("ssd.bin.index").exists(),
+        "the restart did not load the index files"
+    );
+    let mut conn = Conn::open(again.memcached).expect("connect after restart");
+    for i in 0..WARM_KEYS {
+        let key = warm_key(i);
+        let got = conn.mc_get(&key).expect("get after restart");
+        assert_eq!(
+            got.as_deref(),
+            Some(&value_of(key.as_bytes(), WARM_VALUE)[..]),
+            "{key} after the restart: the start was not warm"
         );
-        let index = self.data().join("ssd.bin.index");
-        assert!(
-            index.exists(),
-            "no {} after a clean stop: the next start would be cold",
-            index.display()
-        );
-        let mut again = Server::spawn(self.dir.clone(), self.args.clone());
-        assert!(
-            !again.data().join("ssd.bin.index").exists(),
-            "the restart did not load the index files"
-        );
-        let mut conn = Conn::open(again.memcached).expect("connect after restart");
-        for i in 0..WARM_KEYS {
-            let key = warm_key(i);
-            let got = conn.mc_get(&key).expect("get after restart");
-            assert_eq!(
-                got.as_deref(),
-                Some(&value_of(key.as_bytes(), WARM_VALUE)[..]),
-                "{key} after the restart: the start was not warm"
-            );
-        }
-        drop(conn);
-        let status = again.stop();
-        assert!(status.success(), "second stop: {status}: {}", again.log());
     }
-}
-
-impl Drop for Server {
-    /// A server still running (a test that failed midway) is killed by PID; the
-    /// directory is removed (a restarted server is dropped before the one it replaced).
-    fn drop(&mut self) {
-        if !self.exited {
-            self.signal(libc::SIGKILL);
-            let _ = self.child.wait();
-        }
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
+    drop(conn);
+    let status = again.stop();
+    assert!(status.success(), "second stop: {status}: {}", again.log());
 }
 
 /// The server's RSS sampled every 10 ms on a thread, until `finish`.
@@ -639,7 +510,7 @@ fn under_attack(server: Server, bound: Bound, attack: impl FnOnce(&Server) -> Re
         peak as f64 / MIB as f64,
         OVERALL_RSS / MIB
     );
-    server.stop_cleanly_and_restart_warm();
+    stop_cleanly_and_restart_warm(server);
 }
 
 /// One connection's output, whatever the request names.
@@ -739,7 +610,7 @@ fn resp_multi_get(server: &Server, big: &[u8], times: usize) -> Result<(), Strin
 
 #[test]
 fn control_one_get_of_a_big_value() {
-    let server = Server::start("control-get", DRAM);
+    let server = start("control-get", DRAM);
     let big = store_big(&server);
     under_attack(server, one_connection(), |server| {
         (0..3).try_for_each(|_| memcached_multi_get(server, &big, 1))?;
@@ -753,7 +624,7 @@ fn control_one_get_of_a_big_value() {
 #[test]
 #[ignore = "issue 20: fails until replies are produced within a per-connection budget (item 1)"]
 fn amplified_memcached_get_of_one_big_key() {
-    let server = Server::start("amplified-get", DRAM);
+    let server = start("amplified-get", DRAM);
     let big = store_big(&server);
     under_attack(server, one_connection(), |server| {
         memcached_multi_get(server, &big, 1500)
@@ -763,7 +634,7 @@ fn amplified_memcached_get_of_one_big_key() {
 #[test]
 #[ignore = "issue 20: fails until replies are produced within a per-connection budget (item 1)"]
 fn amplified_resp_mget_of_one_big_key() {
-    let server = Server::start("amplified-mget", DRAM);
+    let server = start("amplified-mget", DRAM);
     let big = store_big(&server);
     under_attack(server, one_connection(), |server| {
         resp_multi_get(server, &big, 1500)
@@ -779,7 +650,7 @@ fn listed_prefix() -> String {
 #[test]
 #[ignore = "issue 20: fails until SCAN replies are produced within a per-connection budget (item 1)"]
 fn scan_with_count_100000() {
-    let server = Server::start("scan", DRAM);
+    let server = start("scan", DRAM);
     fill(&server, &listed_prefix(), LISTED_KEYS, 100);
     under_attack(server, one_connection(), |server| {
         let mut conn = Conn::open(server.resp).map_err(|e| e.to_string())?;
@@ -811,7 +682,7 @@ fn zcrange_with_limit_100000() {
     // 100,000 pairs of ~510 bytes: a 51 MB reply, kept within the DRAM tier so the fill
     // is quick.
     const LEN: usize = 400;
-    let server = Server::start("zcrange", DRAM);
+    let server = start("zcrange", DRAM);
     let prefix = listed_prefix();
     fill(&server, &prefix, LISTED_KEYS, LEN);
     under_attack(server, one_connection(), |server| {
@@ -851,7 +722,7 @@ fn mget_of_200000_keys_on_the_ssd_tier() {
     const KEYS: usize = 200_000;
     const LEN: usize = 100;
     // 8 MiB of DRAM: most of the 22 MB of keys and values live on the SSD tier.
-    let server = Server::start("mget-200k", "8MiB");
+    let server = start("mget-200k", "8MiB");
     fill(&server, "ssd:", KEYS, LEN);
     under_attack(server, one_connection(), |server| {
         let mut conn = Conn::open(server.resp).map_err(|e| e.to_string())?;
@@ -881,7 +752,7 @@ const SLOW_CONNECTIONS: usize = 400;
 
 #[test]
 fn slowloris_partial_requests() {
-    let server = Server::start("slowloris", DRAM);
+    let server = start("slowloris", DRAM);
     let bound = Bound {
         above_baseline: 32 * MIB,
         why: "400 connections with a partial request each: ~80 KiB a connection",
@@ -944,7 +815,7 @@ fn send_huge(addr: SocketAddr, head: Vec<u8>, frame: fn(usize) -> Vec<u8>) -> Re
 #[test]
 #[ignore = "issue 20: fails until a connection's input is limited (item 2)"]
 fn oversized_declared_lengths() {
-    let server = Server::start("oversized", DRAM);
+    let server = start("oversized", DRAM);
     let bound = connections(
         2 * HUGE_CONNECTIONS as u64,
         "12 connections declaring values over the item limit: refused, not buffered",
@@ -1000,7 +871,7 @@ fn oversized_declared_lengths() {
 
 #[test]
 fn pipeline_that_is_never_read() {
-    let server = Server::start("never-read", DRAM);
+    let server = start("never-read", DRAM);
     store_big(&server);
     // Held past the attack: SIGTERM must stop a server with connections that do not read.
     let mut stuck: Vec<TcpStream> = Vec::new();
