@@ -23,6 +23,7 @@ use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
 use zipcache::stats::rss_bytes;
+use zipcache_bench::hostile::{resp_command, value_of};
 
 mod common;
 use common::{Server, test_dir};
@@ -48,22 +49,6 @@ const WARM_KEYS: usize = 200;
 const WARM_VALUE: usize = 300;
 /// The DRAM budget of the servers under attack (the issue's).
 const DRAM: &str = "64MiB";
-
-/// The value of `key`: lowercase letters from a generator seeded by the key, so any reply
-/// can be checked and LZ4 gains little on it (so it reaches the SSD tier as it is).
-fn value_of(key: &[u8], len: usize) -> Vec<u8> {
-    let mut state = key.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
-        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
-    }) | 1;
-    (0..len)
-        .map(|_| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            b'a' + (state % 26) as u8
-        })
-        .collect()
-}
 
 fn warm_key(i: usize) -> String {
     format!("warm:{i:05}")
@@ -284,16 +269,6 @@ impl Conn {
 
 fn invalid(message: String) -> std::io::Error {
     std::io::Error::new(std::io::ErrorKind::InvalidData, message)
-}
-
-fn resp_command(args: &[&[u8]]) -> Vec<u8> {
-    let mut out = format!("*{}\r\n", args.len()).into_bytes();
-    for arg in args {
-        out.extend_from_slice(format!("${}\r\n", arg.len()).as_bytes());
-        out.extend_from_slice(arg);
-        out.extend_from_slice(b"\r\n");
-    }
-    out
 }
 
 /// Stores `count` keys `prefix{i:07}` with values of `len` bytes (`value_of`), pipelined
