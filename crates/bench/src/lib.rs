@@ -5,7 +5,8 @@
 //! * [`targets`]: the caches, in-process and over the network; [`peers`]: starting and
 //!   stopping memcached / redis;
 //! * [`driver`]: the fill and look-aside loops; [`report`]: the table and JSON;
-//! * [`sweep`] and [`plot`]: the paper's figures.
+//! * [`sweep`] and [`plot`]: the paper's figures;
+//! * [`hostile`]: well-behaved clients beside hostile ones against `zipcache serve`.
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -16,6 +17,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 
 pub mod driver;
+pub mod hostile;
 pub mod peers;
 pub mod plot;
 pub mod procfs;
@@ -52,6 +54,8 @@ pub struct BenchArgs {
 pub enum BenchCommand {
     /// Run the paper's experiments and draw their figures (PNG + markdown table).
     Sweep(sweep::SweepArgs),
+    /// Start `zipcache serve` and run well-behaved clients beside hostile ones (issue 20).
+    Hostile(hostile::HostileArgs),
 }
 
 /// What the look-aside loop does, or whether to fill once.
@@ -511,8 +515,10 @@ pub fn run_all(list: &str, params: &Params) -> (Vec<TargetResult>, Vec<String>) 
 
 /// Runs `zipcache bench`; the error is the message printed to the operator.
 pub fn run(args: BenchArgs) -> Result<(), String> {
-    if let Some(BenchCommand::Sweep(sweep_args)) = args.command {
-        return sweep::run(&sweep_args);
+    match args.command {
+        Some(BenchCommand::Sweep(sweep_args)) => return sweep::run(&sweep_args),
+        Some(BenchCommand::Hostile(hostile_args)) => return hostile::run(&hostile_args),
+        None => {}
     }
     let (results, failures) = run_all(&args.target, &args.params);
     if !results.is_empty() {

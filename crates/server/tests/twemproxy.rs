@@ -1,9 +1,11 @@
-//! Sharding behind twemproxy (nutcracker): three servers, ketama + md5, one memcached
-//! pool and one redis pool. Every key lands on exactly one server, keys reach all three,
-//! and reads through the proxy return what was written through it.
+//! Sharding behind twemproxy (nutcracker) with the YAML of docs/DEPLOY.md: three
+//! servers, ketama + md5, one memcached pool and one redis pool. Every key lands on
+//! exactly one server, keys reach all three, and reads through the proxy return what was
+//! written through it.
 
 mod common;
 
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -11,39 +13,38 @@ use common::{ChildGuard, Client, TestServer, free_port, require_tool, wait_for_p
 
 const KEYS: usize = 300;
 
+/// docs/DEPLOY.md's nutcracker YAML with its listen addresses and the fleet's servers
+/// (`10.0.0.11`–`13`) replaced by the test's.
+fn deploy_yaml(servers: &[TestServer], mc_port: u16, resp_port: u16) -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/DEPLOY.md");
+    let text = std::fs::read_to_string(&path).expect("docs/DEPLOY.md");
+    let start = text.find("```yaml\n").expect("a yaml block in DEPLOY.md") + 8;
+    let mut yaml = text[start..start + text[start..].find("```").expect("closed")].to_string();
+    let mut replace = |from: String, to: String| {
+        assert!(yaml.contains(&from), "DEPLOY.md's YAML has no {from}");
+        yaml = yaml.replace(&from, &to);
+    };
+    replace("0.0.0.0:22121".into(), format!("127.0.0.1:{mc_port}"));
+    replace("0.0.0.0:22122".into(), format!("127.0.0.1:{resp_port}"));
+    for (i, server) in servers.iter().enumerate() {
+        replace(
+            format!("10.0.0.1{}:11211", i + 1),
+            server.memcached.to_string(),
+        );
+        replace(format!("10.0.0.1{}:6379", i + 1), server.resp.to_string());
+    }
+    yaml
+}
+
 #[test]
 fn keys_shard_over_three_servers_behind_nutcracker() {
     let nutcracker = require_tool("nutcracker", "nutcracker");
     let servers: Vec<TestServer> = (0..3).map(|_| TestServer::start()).collect();
     let (mc_port, resp_port, stats_port) = (free_port(), free_port(), free_port());
-    let backends = |resp: bool| -> String {
-        servers
-            .iter()
-            .enumerate()
-            .map(|(i, s)| {
-                let addr = if resp { s.resp } else { s.memcached };
-                format!("   - {addr}:1 s{i}\n")
-            })
-            .collect()
-    };
-    let pool = |name: &str, port: u16, resp: bool| {
-        format!(
-            "{name}:\n  listen: 127.0.0.1:{port}\n  hash: md5\n  distribution: ketama\n  redis: {resp}\n  timeout: 2000\n  auto_eject_hosts: false\n  servers:\n{}",
-            backends(resp)
-        )
-    };
     let dir = std::env::temp_dir().join(format!("zipcache-twemproxy-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let config = dir.join("nutcracker.yml");
-    std::fs::write(
-        &config,
-        format!(
-            "{}{}",
-            pool("mc", mc_port, false),
-            pool("rs", resp_port, true)
-        ),
-    )
-    .unwrap();
+    std::fs::write(&config, deploy_yaml(&servers, mc_port, resp_port)).unwrap();
     let _proxy = ChildGuard(
         Command::new(nutcracker)
             .arg("-c")
