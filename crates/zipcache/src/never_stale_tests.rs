@@ -148,6 +148,61 @@ fn a_corrupt_blob_hides_the_older_ssd_copy() {
     }
 }
 
+/// Blobs compressed with a trained dictionary, whose leaf then holds none, a dictionary
+/// of another id, or one of their id with other contents (a swap gone wrong, a damaged
+/// dictionary): every GET is a miss or the right value, never other bytes, and the
+/// damaged blobs hide the older SSD copies, in DRAM and after their leaves left for
+/// the SSD tier.
+#[test]
+fn a_leaf_with_a_wrong_dictionary_serves_misses_never_wrong_bytes() {
+    let device: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(1 << 14));
+    let mut h = Harness::on(
+        512 << 10,
+        256,
+        3.0,
+        Some(device),
+        16 << 10,
+        crate::config::Promotion::EveryHit,
+        &crate::model_tests::SMALL_DICTIONARIES,
+    );
+    let keys = 0..300u16;
+    h.put_all(keys.clone(), 64);
+    evict_to_ssd(&h);
+    // Until a dictionary is current, then once more so that the leaves' blobs use it.
+    let dictionaries = h.cache.inner.dram.dictionaries.clone().unwrap();
+    while dictionaries.current().is_none() {
+        h.put_all(keys.clone(), 600);
+        dictionaries.settle();
+    }
+    h.put_all(keys.clone(), 600);
+    h.cache.inner.dram.merge_all(h.clock.now_ms());
+    let held = h.cache.inner.dram.dictionaries_held();
+    assert!(!held.is_empty(), "no leaf holds a dictionary");
+    let memory = Arc::new(crate::memory::Memory::default());
+    for key in keys.clone() {
+        let k = crate::model_tests::key_of(key);
+        let own = h.cache.inner.dram.replace_dictionary_of(&k, None);
+        let replacement = match (key % 3, own) {
+            (_, 0) | (0, _) => None,
+            (1, id) => Some(crate::dictionary::tests::trained(id, 1, memory.clone())),
+            (_, id) => Some(crate::dictionary::tests::trained(
+                id.wrapping_add(1).max(1),
+                0,
+                memory.clone(),
+            )),
+        };
+        h.cache.inner.dram.replace_dictionary_of(&k, replacement);
+    }
+    for key in keys.clone() {
+        h.run(&Op::Get { key });
+    }
+    assert!(h.cache.stats().checksum_failures > 0);
+    evict_to_ssd(&h);
+    for key in keys {
+        h.run(&Op::Get { key });
+    }
+}
+
 /// Finding 9: objects still in write buffers count as resident.
 #[test]
 fn buffered_objects_count_as_resident() {

@@ -194,6 +194,19 @@ pub(crate) mod tests {
         doc.into_bytes()
     }
 
+    /// `len` bytes of documents of `schema` (the last one cut short), drawn from `seed`:
+    /// a value a trained dictionary shrinks well beyond LZ4 alone.
+    pub(crate) fn documents(schema: u8, seed: u64, len: usize) -> Vec<u8> {
+        let mut text = Vec::with_capacity(len + 512);
+        let mut next = seed;
+        while text.len() < len {
+            text.extend_from_slice(&document(schema, next));
+            next = super::training::mix(next);
+        }
+        text.truncate(len);
+        text
+    }
+
     /// A dictionary trained on 400 documents of `schema`.
     pub(crate) fn trained(id: u8, schema: u8, memory: Arc<Memory>) -> Arc<Dictionary> {
         let samples: Vec<Vec<u8>> = (0..400).map(|i| document(schema, i)).collect();
