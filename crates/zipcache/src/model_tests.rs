@@ -93,7 +93,7 @@ pub(crate) fn key_of(k: u16) -> Vec<u8> {
 }
 
 /// Settings that train dictionaries at the tests' small budgets: dictionaries of 2 KiB
-/// (about 95 KB prepared) trained on 16 medium values, so that a few hundred writes
+/// (about 80 KB prepared) trained on 16 medium values, so that a few hundred writes
 /// train, swap and retire several.
 pub(crate) const SMALL_DICTIONARIES: [(&str, &str); 2] =
     [("dictionary_size", "2KiB"), ("dictionary_samples", "16")];

@@ -42,9 +42,10 @@ pub struct TrainingSettings {
 }
 
 /// The smallest DRAM budget that trains dictionaries of the size it chooses: a
-/// dictionary's prepared forms take 0.5–0.7 MB at level 3 (the compression dictionary's
-/// match tables most of it), 6 % of this budget with its reservoir; below it they would
-/// crowd out the objects.
+/// dictionary's prepared forms take up to 0.3 MB (112 KiB at zstd level 1: the
+/// compression dictionary's hash table and both copies of the dictionary), with the
+/// reservoir (256 samples of up to 1 KiB at 8 MiB) up to 7 % of this budget; below it
+/// they would crowd out the objects.
 pub const MIN_BUDGET: u64 = 8 << 20;
 
 impl TrainingSettings {
