@@ -113,12 +113,13 @@ fn document(i: u64) -> Vec<u8> {
     doc.into_bytes()
 }
 
-/// 64 MiB holding 100,000 JSON documents (medium objects), written again once a
-/// dictionary trained on them is current, so that their blobs use it.
-fn dictionary_cache() -> ZipCache {
+/// 64 MiB holding 100,000 JSON documents (medium objects); with `dictionaries`, written
+/// again once a dictionary trained on them is current, so that their blobs use it.
+fn medium_cache(dictionaries: bool) -> ZipCache {
     let cache = ZipCache::open(Config {
         dram_capacity: 64 << 20,
         bypass_r: 0.0,
+        dictionaries,
         ..Config::default()
     })
     .unwrap();
@@ -131,8 +132,10 @@ fn dictionary_cache() -> ZipCache {
         cache.settle().unwrap();
     };
     fill(&cache);
-    assert!(cache.stats().dictionaries_swapped > 0, "no dictionary");
-    fill(&cache);
+    if dictionaries {
+        assert!(cache.stats().dictionaries_swapped > 0, "no dictionary");
+        fill(&cache);
+    }
     let s = cache.stats();
     eprintln!(
         "medium objects: {} objects, {} B of blobs, {} B of dictionaries",
@@ -153,19 +156,24 @@ fn get_latency(c: &mut Criterion) {
         })
     });
     drop(cold);
-    let medium = dictionary_cache();
-    group.bench_function("dictionary_medium_object", |b| {
-        let mut i = 0u64;
-        b.iter(|| {
-            i = (i + 7919) % 100_000;
-            black_box(medium.get(format!("{i:016}").as_bytes()).unwrap())
-        })
-    });
-    assert_eq!(
-        medium.get(b"0000000000000042").unwrap().as_deref(),
-        Some(&document(42)[..])
-    );
-    drop(medium);
+    // The same documents with LZ4 alone, then with a trained dictionary.
+    for (name, dictionaries) in [
+        ("lz4_medium_object", false),
+        ("dictionary_medium_object", true),
+    ] {
+        let medium = medium_cache(dictionaries);
+        group.bench_function(name, |b| {
+            let mut i = 0u64;
+            b.iter(|| {
+                i = (i + 7919) % 100_000;
+                black_box(medium.get(format!("{i:016}").as_bytes()).unwrap())
+            })
+        });
+        assert_eq!(
+            medium.get(b"0000000000000042").unwrap().as_deref(),
+            Some(&document(42)[..])
+        );
+    }
     // Bypass on, a few hot keys hammered until their leaves are promoted.
     let hot = filled_cache(3.0);
     let hot_keys: Vec<String> = (0..8u64).map(|i| format!("{:016}", 100_000 + i)).collect();
