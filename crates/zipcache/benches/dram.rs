@@ -105,7 +105,7 @@ fn document(i: u64) -> Vec<u8> {
             n % 9973,
             n % 9973,
             CITIES[(n % 6) as usize],
-            n % 2 == 0,
+            n.is_multiple_of(2),
             n % 1000
         );
     }

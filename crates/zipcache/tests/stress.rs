@@ -31,7 +31,7 @@ fn records(seq: u64, len: usize) -> Vec<u8> {
             r#"{{"id":{n},"name":"user{}","city":"{}","active":{}}},"#,
             n % 997,
             CITIES[n as usize % 4],
-            n % 2 == 0
+            n.is_multiple_of(2)
         );
         n += 7;
     }
