@@ -165,7 +165,7 @@ fn a_leaf_with_a_wrong_dictionary_serves_misses_never_wrong_bytes() {
         crate::config::Promotion::EveryHit,
         &crate::model_tests::SMALL_DICTIONARIES,
     );
-    let keys = 0..300u16;
+    let keys = 0..1_500u16;
     h.put_all(keys.clone(), 64);
     evict_to_ssd(&h);
     // Until a dictionary is current, then once more so that the leaves' blobs use it.
@@ -178,21 +178,34 @@ fn a_leaf_with_a_wrong_dictionary_serves_misses_never_wrong_bytes() {
     h.cache.inner.dram.merge_all(h.clock.now_ms());
     let held = h.cache.inner.dram.dictionaries_held();
     assert!(!held.is_empty(), "no leaf holds a dictionary");
+    // Leaves that hold a dictionary are given, in turn, one of its id but other contents,
+    // one of another id, and none.
     let memory = Arc::new(crate::memory::Memory::default());
+    let mut given: Vec<Arc<crate::dictionary::Dictionary>> = Vec::new();
+    let mut replaced = [0; 3];
     for key in keys.clone() {
         let k = crate::model_tests::key_of(key);
-        let own = h.cache.inner.dram.replace_dictionary_of(&k, None);
-        let replacement = match (key % 3, own) {
-            (_, 0) | (0, _) => None,
-            (1, id) => Some(crate::dictionary::tests::trained(id, 1, memory.clone())),
-            (_, id) => Some(crate::dictionary::tests::trained(
-                id.wrapping_add(1).max(1),
-                0,
-                memory.clone(),
-            )),
+        let replacement = match h.cache.inner.dram.replace_dictionary_of(&k, None) {
+            None => None,
+            Some(ours) if given.iter().any(|g| Arc::ptr_eq(g, &ours)) => Some(ours),
+            Some(own) => {
+                let mode = replaced.iter().sum::<usize>() % 3;
+                replaced[mode] += 1;
+                let (id, schema) = match mode {
+                    0 => (own.id(), 1),
+                    1 => (own.id().wrapping_add(1).max(1), 0),
+                    _ => (0, 0),
+                };
+                (id != 0).then(|| crate::dictionary::tests::trained(id, schema, memory.clone()))
+            }
         };
+        given.extend(replacement.clone());
         h.cache.inner.dram.replace_dictionary_of(&k, replacement);
     }
+    assert!(
+        replaced.iter().all(|&n| n > 0),
+        "leaves given a dictionary of their id, of another, none: {replaced:?}"
+    );
     for key in keys.clone() {
         h.run(&Op::Get { key });
     }

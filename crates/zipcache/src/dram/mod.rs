@@ -590,16 +590,15 @@ impl DramTier {
     }
 
     /// Gives the leaf holding `key` `dictionary` in place of the one its blobs were
-    /// compressed with, as a mix-up or a damaged dictionary would; the id of the one it
-    /// held (0: none).
+    /// compressed with, as a mix-up or a damaged dictionary would; the one it held.
     pub(crate) fn replace_dictionary_of(
         &self,
         key: &[u8],
         dictionary: Option<Arc<Dictionary>>,
-    ) -> u8 {
+    ) -> Option<Arc<Dictionary>> {
         self.write_leaf(key, |_, _, st| {
             let extras = st.extras.get_or_insert_default();
-            std::mem::replace(&mut extras.dictionary, dictionary).map_or(0, |d| d.id())
+            std::mem::replace(&mut extras.dictionary, dictionary)
         })
     }
 
