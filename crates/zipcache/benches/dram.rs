@@ -1,5 +1,6 @@
 //! DRAM-tier latencies: early-termination decode (paper Table 1), GET on a compressed
-//! and on a bypassed hot page, and GET throughput with 1 and 2 threads.
+//! and on a bypassed hot page, GET of a medium object compressed with a trained
+//! dictionary, and GET throughput with 1 and 2 threads.
 //!
 //! `cargo bench -p zipcache --bench dram`
 
@@ -89,6 +90,60 @@ fn filled_cache(bypass_r: f64) -> ZipCache {
     cache
 }
 
+/// A JSON document of 3 to 6 user records, about 600 B, drawn from `i`.
+fn document(i: u64) -> Vec<u8> {
+    const CITIES: [&str; 6] = ["Oslo", "Lima", "Perth", "Quito", "Accra", "Hanoi"];
+    let mut doc = String::from("[");
+    for r in 0..3 + i % 4 {
+        let n = (i * 31 + r).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 17;
+        if r > 0 {
+            doc.push(',');
+        }
+        doc += &format!(
+            r#"{{"id":{},"name":"user{}","email":"user{}@example.com","city":"{}","active":{},"score":{}}}"#,
+            n % 100_000,
+            n % 9973,
+            n % 9973,
+            CITIES[(n % 6) as usize],
+            n.is_multiple_of(2),
+            n % 1000
+        );
+    }
+    doc.push(']');
+    doc.into_bytes()
+}
+
+/// 64 MiB holding 100,000 JSON documents (medium objects); with `dictionaries`, written
+/// again once a dictionary trained on them is current, so that their blobs use it.
+fn medium_cache(dictionaries: bool) -> ZipCache {
+    let cache = ZipCache::open(Config {
+        dram_capacity: 64 << 20,
+        bypass_r: 0.0,
+        dictionaries,
+        ..Config::default()
+    })
+    .unwrap();
+    let fill = |cache: &ZipCache| {
+        for i in 0..100_000u64 {
+            cache
+                .put(format!("{i:016}").as_bytes(), &document(i), None)
+                .unwrap();
+        }
+        cache.settle().unwrap();
+    };
+    fill(&cache);
+    if dictionaries {
+        assert!(cache.stats().dictionaries_swapped > 0, "no dictionary");
+        fill(&cache);
+    }
+    let s = cache.stats();
+    eprintln!(
+        "medium objects: {} objects, {} B of blobs, {} B of dictionaries",
+        s.dram_objects, s.dram_medium_bytes, s.dram_dictionary_bytes
+    );
+    cache
+}
+
 fn get_latency(c: &mut Criterion) {
     let mut group = c.benchmark_group("get");
     // Bypass off: every GET decompresses (up to) its sub-page.
@@ -101,6 +156,24 @@ fn get_latency(c: &mut Criterion) {
         })
     });
     drop(cold);
+    // The same documents with LZ4 alone, then with a trained dictionary.
+    for (name, dictionaries) in [
+        ("lz4_medium_object", false),
+        ("dictionary_medium_object", true),
+    ] {
+        let medium = medium_cache(dictionaries);
+        group.bench_function(name, |b| {
+            let mut i = 0u64;
+            b.iter(|| {
+                i = (i + 7919) % 100_000;
+                black_box(medium.get(format!("{i:016}").as_bytes()).unwrap())
+            })
+        });
+        assert_eq!(
+            medium.get(b"0000000000000042").unwrap().as_deref(),
+            Some(&document(42)[..])
+        );
+    }
     // Bypass on, a few hot keys hammered until their leaves are promoted.
     let hot = filled_cache(3.0);
     let hot_keys: Vec<String> = (0..8u64).map(|i| format!("{:016}", 100_000 + i)).collect();

@@ -95,6 +95,14 @@ pub struct Config {
     /// Compress medium objects with zstd dictionaries trained in the background on recent
     /// values (true); false keeps LZ4 alone for every medium object.
     pub dictionaries: bool,
+    /// Bytes of a trained dictionary; 0 sizes it from the budget (1/256 of it, 32 to 112
+    /// KiB) and trains none below 8 MiB, where its prepared forms would crowd out the
+    /// objects. Set, dictionaries are trained at any budget (the tests force them on
+    /// small budgets with dictionaries of a few KiB).
+    pub dictionary_size: usize,
+    /// Medium values the training reservoir keeps; 0 keeps one per 32 KiB of budget (up
+    /// to 2,048). A window of writes this long yields the first dictionary.
+    pub dictionary_samples: usize,
     /// Make room for new objects by evicting old ones. Off (memcached `-M`, Redis
     /// `noeviction`), a write that finds the DRAM budget full is refused with
     /// [`Error::OutOfMemory`] and nothing is ever forgotten; DRAM-only.
@@ -136,6 +144,8 @@ impl Default for Config {
             rss_limit: 0,
             track_access: false,
             dictionaries: true,
+            dictionary_size: 0,
+            dictionary_samples: 0,
             evictions: true,
             clock: Arc::new(SystemClock),
         }
@@ -211,6 +221,8 @@ impl Config {
         "ssd_presence_filters",
         "track_access",
         "dictionaries",
+        "dictionary_size",
+        "dictionary_samples",
         "evictions",
         "device_compression",
         "direct_io",
@@ -237,6 +249,8 @@ impl Config {
             "rss_limit" => self.rss_limit = parse_size(value)?,
             "track_access" => self.track_access = parse_bool(name, value)?,
             "dictionaries" => self.dictionaries = parse_bool(name, value)?,
+            "dictionary_size" => self.dictionary_size = parse_usize(name, value)?,
+            "dictionary_samples" => self.dictionary_samples = parse_usize(name, value)?,
             "evictions" => self.evictions = parse_bool(name, value)?,
             "ssd_presence_filters" => self.ssd_presence_filters = parse_bool(name, value)?,
             "promotion" => {
@@ -321,6 +335,12 @@ impl Config {
                 "a leaf of {} B cannot hold a {} B record; raise leaf_size or lower tiny_max or max_key_size",
                 self.leaf_size, largest_record
             ));
+        }
+        if self.dictionary_size != 0 && !(1024..=1 << 20).contains(&self.dictionary_size) {
+            return bad("dictionary_size must be 0 (from the budget) or 1 KiB..1 MiB".into());
+        }
+        if self.dictionary_samples != 0 && !(8..=16_384).contains(&self.dictionary_samples) {
+            return bad("dictionary_samples must be 0 (from the budget) or 8..=16384".into());
         }
         if self.max_value_size == 0 || self.max_value_size > 1 << 30 {
             return bad("max_value_size must be within 1 B..1 GiB".into());
@@ -429,5 +449,17 @@ mod tests {
             ..Config::default()
         };
         assert!(c.validate().is_err());
+        for (name, bad, good) in [
+            ("dictionary_size", "100", "4KiB"),
+            ("dictionary_size", "2MiB", "0"),
+            ("dictionary_samples", "3", "32"),
+            ("dictionary_samples", "100000", "0"),
+        ] {
+            let mut c = Config::default();
+            c.set(name, bad).unwrap();
+            assert!(c.validate().is_err(), "{name}={bad}");
+            c.set(name, good).unwrap();
+            c.validate().unwrap();
+        }
     }
 }

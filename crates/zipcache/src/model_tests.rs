@@ -16,6 +16,7 @@ use zipcache_device::{
 };
 
 use crate::config::Promotion;
+use crate::dictionary::tests::documents;
 use crate::{AccessState, Clock, Config, GetOptions, Item, ItemInfo, PutOptions, Update, ZipCache};
 
 #[derive(Debug, Default)]
@@ -103,7 +104,27 @@ pub(crate) fn key_of(k: u16) -> Vec<u8> {
     }
 }
 
+/// Settings that train dictionaries at the tests' small budgets: dictionaries of 2 KiB
+/// (about 80 KB prepared) trained on 16 medium values, so that a few hundred writes
+/// train, swap and retire several.
+pub(crate) const SMALL_DICTIONARIES: [(&str, &str); 2] =
+    [("dictionary_size", "2KiB"), ("dictionary_samples", "16")];
+
+/// The DRAM budget of the tests under eviction: 64 KiB, or with [`SMALL_DICTIONARIES`]
+/// room for a few of them besides the objects.
+fn budget_under_eviction(dictionaries: bool) -> u64 {
+    if dictionaries { 512 << 10 } else { 64 << 10 }
+}
+
+/// A value of `len` bytes for `key`'s `version`: for even versions, documents of a
+/// record schema that changes every 400 versions (a trained dictionary shrinks them
+/// well beyond LZ4, so dictionaries are chosen, and retrained as the schema changes);
+/// for odd ones, a pattern and zeros.
 fn value_of(key: u16, len: usize, version: u64) -> Vec<u8> {
+    if version.is_multiple_of(2) {
+        let schema = (version / 400 % 2) as u8;
+        return documents(schema, (u64::from(key) << 32) | version, len);
+    }
     let mut v = vec![0u8; len];
     for (i, b) in v.iter_mut().enumerate().take(len / 2) {
         *b = (key as u64 ^ version ^ (i as u64 * 131)) as u8;
@@ -531,8 +552,13 @@ proptest! {
         write_buffer in prop_oneof![Just(0usize), Just(128), Just(256), Just(1024)],
         bypass_r in prop_oneof![Just(0.0), Just(0.5), Just(3.0)],
         track_access in any::<bool>(),
+        dictionaries in any::<bool>(),
     ) {
-        let mut h = Harness::on(64 << 10, write_buffer, bypass_r, None, 16 << 10, Promotion::EveryHit, &[("track_access", on(track_access))]);
+        let mut settings = vec![("track_access", on(track_access))];
+        if dictionaries {
+            settings.extend(SMALL_DICTIONARIES);
+        }
+        let mut h = Harness::on(budget_under_eviction(dictionaries), write_buffer, bypass_r, None, 16 << 10, Promotion::EveryHit, &settings);
         for op in &ops {
             h.run(op);
         }
@@ -554,10 +580,15 @@ proptest! {
         transient_faults in any::<bool>(),
         track_access in any::<bool>(),
         presence_filters in any::<bool>(),
+        dictionaries in any::<bool>(),
     ) {
         let faulty = Arc::new(FaultyDevice::new(MemDevice::new(blocks)));
         let device: Arc<dyn BlockDevice> = faulty.clone();
-        let mut h = Harness::on(64 << 10, write_buffer, 3.0, Some(device), superleaf, promotion, &[("track_access", on(track_access)), ("ssd_presence_filters", on(presence_filters))]);
+        let mut settings = vec![("track_access", on(track_access)), ("ssd_presence_filters", on(presence_filters))];
+        if dictionaries {
+            settings.extend(SMALL_DICTIONARIES);
+        }
+        let mut h = Harness::on(budget_under_eviction(dictionaries), write_buffer, 3.0, Some(device), superleaf, promotion, &settings);
         // Faults that clear: reads and writes fail during the first half, then the device
         // heals, and every key is checked again (an old block kept behind a failed read
         // would now be served).
@@ -576,6 +607,67 @@ proptest! {
             h.run(&Op::Get { key });
         }
         h.cache.settle().unwrap();
+    }
+}
+
+/// Dictionaries under the model, DRAM-only and over an SSD tier: medium values whose
+/// schema changes every 400 versions, so that dictionaries are trained and swapped in
+/// during the writes and leaves hold several at once while others are evicted (to the
+/// SSD tier, decoded); no value is ever wrong, and the ratio is the dictionaries'.
+#[test]
+fn dictionaries_retrained_during_writes_never_serve_wrong_values() {
+    for ssd in [false, true] {
+        let device = ssd.then(|| Arc::new(MemDevice::new(1 << 14)) as Arc<dyn BlockDevice>);
+        let mut h = Harness::on(
+            budget_under_eviction(true),
+            256,
+            3.0,
+            device,
+            16 << 10,
+            Promotion::EveryHit,
+            &SMALL_DICTIONARIES,
+        );
+        let mut most_held = 0;
+        let mut rng = 0x5eed_u64;
+        for round in 0..60u64 {
+            for i in 0..100u64 {
+                rng = crate::dictionary::training::mix(rng);
+                let key = (rng % 2_000) as u16;
+                let len = 150 + (rng >> 20) as usize % 1_200;
+                h.run(&Op::Put {
+                    key,
+                    len,
+                    ttl_ms: None,
+                });
+                h.run(&Op::Get {
+                    key: (rng >> 40) as u16 % 2_000,
+                });
+                if i % 16 == 0 {
+                    h.run(&Op::Delete {
+                        key: (rng >> 48) as u16 % 2_000,
+                    });
+                }
+                let held = h.cache.inner.dram.dictionaries_held().len();
+                most_held = most_held.max(held);
+            }
+            if round % 4 == 0 {
+                h.run(&Op::Maintain);
+            }
+            if let Some(d) = &h.cache.inner.dram.dictionaries {
+                d.settle();
+            }
+        }
+        for key in 0..2_000 {
+            h.run(&Op::Get { key });
+        }
+        let s = h.cache.stats();
+        assert!(
+            s.dictionaries_trained >= 4 && s.dictionaries_swapped >= 2,
+            "{s:?}"
+        );
+        assert!(most_held >= 2, "at most {most_held} held at once: {s:?}");
+        assert!(s.evicted_objects > 0, "{s:?}");
+        assert!(s.dram_dictionary_bytes > 0, "{s:?}");
     }
 }
 

@@ -148,6 +148,74 @@ fn a_corrupt_blob_hides_the_older_ssd_copy() {
     }
 }
 
+/// Blobs compressed with a trained dictionary, whose leaf then holds none, a dictionary
+/// of another id, or one of their id with other contents (a swap gone wrong, a damaged
+/// dictionary): every GET is a miss or the right value, never other bytes, and the
+/// damaged blobs hide the older SSD copies, in DRAM and after their leaves left for
+/// the SSD tier.
+#[test]
+fn a_leaf_with_a_wrong_dictionary_serves_misses_never_wrong_bytes() {
+    let device: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(1 << 14));
+    let mut h = Harness::on(
+        512 << 10,
+        256,
+        3.0,
+        Some(device),
+        16 << 10,
+        crate::config::Promotion::EveryHit,
+        &crate::model_tests::SMALL_DICTIONARIES,
+    );
+    let keys = 0..1_500u16;
+    h.put_all(keys.clone(), 64);
+    evict_to_ssd(&h);
+    // Until a dictionary is current, then once more so that the leaves' blobs use it.
+    let dictionaries = h.cache.inner.dram.dictionaries.clone().unwrap();
+    while dictionaries.current().is_none() {
+        h.put_all(keys.clone(), 600);
+        dictionaries.settle();
+    }
+    h.put_all(keys.clone(), 600);
+    h.cache.inner.dram.merge_all(h.clock.now_ms());
+    let held = h.cache.inner.dram.dictionaries_held();
+    assert!(!held.is_empty(), "no leaf holds a dictionary");
+    // Leaves that hold a dictionary are given, in turn, one of its id but other contents,
+    // one of another id, and none.
+    let memory = Arc::new(crate::memory::Memory::default());
+    let mut given: Vec<Arc<crate::dictionary::Dictionary>> = Vec::new();
+    let mut replaced = [0; 3];
+    for key in keys.clone() {
+        let k = crate::model_tests::key_of(key);
+        let replacement = match h.cache.inner.dram.replace_dictionary_of(&k, None) {
+            None => None,
+            Some(ours) if given.iter().any(|g| Arc::ptr_eq(g, &ours)) => Some(ours),
+            Some(own) => {
+                let mode = replaced.iter().sum::<usize>() % 3;
+                replaced[mode] += 1;
+                let (id, schema) = match mode {
+                    0 => (own.id(), 1),
+                    1 => (own.id().wrapping_add(1).max(1), 0),
+                    _ => (0, 0),
+                };
+                (id != 0).then(|| crate::dictionary::tests::trained(id, schema, memory.clone()))
+            }
+        };
+        given.extend(replacement.clone());
+        h.cache.inner.dram.replace_dictionary_of(&k, replacement);
+    }
+    assert!(
+        replaced.iter().all(|&n| n > 0),
+        "leaves given a dictionary of their id, of another, none: {replaced:?}"
+    );
+    for key in keys.clone() {
+        h.run(&Op::Get { key });
+    }
+    assert!(h.cache.stats().checksum_failures > 0);
+    evict_to_ssd(&h);
+    for key in keys {
+        h.run(&Op::Get { key });
+    }
+}
+
 /// Finding 9: objects still in write buffers count as resident.
 #[test]
 fn buffered_objects_count_as_resident() {

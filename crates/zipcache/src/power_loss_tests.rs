@@ -20,7 +20,9 @@ use rand::{Rng, SeedableRng};
 use zipcache_device::{BLOCK_SIZE, BlockDevice, DeviceStats};
 
 use crate::cache::persist::Persist;
+use crate::dictionary::tests::documents;
 use crate::index_dir::IndexDir;
+use crate::model_tests::SMALL_DICTIONARIES;
 use crate::{Config, ZipCache};
 
 /// Operations left before the power goes; at 0 every mutation fails.
@@ -271,14 +273,20 @@ fn key(k: u16) -> Vec<u8> {
 }
 
 /// A value that names its key and version, of one of three classes: tiny, medium
-/// (a blob of its own in DRAM) or large (BT_LO).
+/// (a blob of its own in DRAM; documents of a schema that changes every 500 versions,
+/// which trained dictionaries compress) or large (BT_LO).
 fn value(k: u16, version: u64, rng: &mut StdRng) -> Vec<u8> {
-    let len = match rng.random_range(0..10) {
-        0..6 => rng.random_range(8..100),
+    let class = rng.random_range(0..10);
+    let len = match class {
+        0..6 => rng.random_range(8..100usize),
         6..9 => rng.random_range(150..1_500),
         _ => rng.random_range(3_000..9_000),
     };
     let mut v = format!("{k}:{version}:").into_bytes();
+    if (6..9).contains(&class) {
+        let schema = (version / 500 % 2) as u8;
+        v.extend(documents(schema, version, len.saturating_sub(v.len())));
+    }
     v.resize(len, (version % 251) as u8);
     v
 }
@@ -286,9 +294,9 @@ fn value(k: u16, version: u64, rng: &mut StdRng) -> Vec<u8> {
 const KEYS: u16 = 400;
 
 /// Lives of one engine on one device and directory, each ended by a power cut (after a
-/// clean close, or in the middle of anything). Returns the restarts checked and how
-/// many of them were warm.
-fn lives(seed: u64, count: usize) -> (usize, usize) {
+/// clean close, or in the middle of anything). Returns the restarts checked, how many
+/// of them were warm, and how many lives compressed with a dictionary they trained.
+fn lives(seed: u64, count: usize) -> (usize, usize, usize) {
     let mut rng = StdRng::seed_from_u64(seed);
     let mut power = PowerSwitch::new(i64::MAX);
     let mut device = Arc::new(CrashDevice {
@@ -303,7 +311,7 @@ fn lives(seed: u64, count: usize) -> (usize, usize) {
     // The newest acknowledged version of each key (`None`: deleted or flushed).
     let mut model: BTreeMap<u16, Option<Vec<u8>>> = BTreeMap::new();
     let mut version = 0;
-    let (mut checked, mut warm) = (0, 0);
+    let (mut checked, mut warm, mut with_dictionaries) = (0, 0, 0);
     let mut last_life = String::from("none");
     for life in 0..count {
         // Where the power goes: during the workload, the close or the next open.
@@ -316,12 +324,19 @@ fn lives(seed: u64, count: usize) -> (usize, usize) {
             },
             Ordering::SeqCst,
         );
-        let config = Config {
+        let mut config = Config {
             dram_capacity: 96 << 10,
             superleaf_size: [4 << 10, 16 << 10][seed as usize % 2],
             write_buffer: [0, 256][rng.random_range(0..2)],
             ..Config::default()
         };
+        // Every other seed with trained dictionaries, each life training its own again.
+        if seed % 4 >= 2 {
+            config.dram_capacity = 512 << 10;
+            for (name, value) in SMALL_DICTIONARIES {
+                config.set(name, value).unwrap();
+            }
+        }
         let persist = Persist {
             dir: dir.clone(),
             ssd_index: "ssd.index".into(),
@@ -382,6 +397,7 @@ fn lives(seed: u64, count: usize) -> (usize, usize) {
                     }
                 }
             }
+            with_dictionaries += usize::from(cache.stats().dictionaries_swapped > 0);
             last_life = if rng.random_bool(0.7) {
                 format!(
                     "close {:?}, power cut: {}",
@@ -398,7 +414,7 @@ fn lives(seed: u64, count: usize) -> (usize, usize) {
         device = Arc::new(device.after_crash(&mut rng, power.clone()));
         dir = Arc::new(dir.after_crash(&mut rng, power.clone()));
     }
-    (checked, warm)
+    (checked, warm, with_dictionaries)
 }
 
 #[test]
@@ -412,12 +428,13 @@ fn no_power_cut_ever_brings_back_a_stale_or_deleted_value() {
         .ok()
         .and_then(|s| s.parse::<u64>().ok());
     let start = std::time::Instant::now();
-    let (mut seeds, mut restarts, mut warm) = (0u64, 0, 0);
+    let (mut seeds, mut restarts, mut warm, mut with_dictionaries) = (0u64, 0, 0, 0);
     loop {
         let seed = only.unwrap_or(0x5eed_0000 + seeds);
-        let (checked, warm_ones) = lives(seed, 8);
+        let (checked, warm_ones, dictionary_lives) = lives(seed, 8);
         restarts += checked;
         warm += warm_ones;
+        with_dictionaries += dictionary_lives;
         seeds += 1;
         let done = match budget {
             Some(secs) => start.elapsed().as_secs() >= secs,
@@ -428,11 +445,16 @@ fn no_power_cut_ever_brings_back_a_stale_or_deleted_value() {
         }
     }
     eprintln!(
-        "power loss: {seeds} seeds, {restarts} restarts checked ({warm} warm) in {:?}",
+        "power loss: {seeds} seeds, {restarts} restarts checked ({warm} warm), \
+         {with_dictionaries} lives with a trained dictionary, in {:?}",
         start.elapsed()
     );
     assert!(
         warm > 0,
         "no restart was warm: the test would prove nothing"
+    );
+    assert!(
+        with_dictionaries > 0 || only.is_some(),
+        "no life trained a dictionary: they went untested"
     );
 }

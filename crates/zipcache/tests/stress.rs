@@ -16,8 +16,27 @@ fn value_for(key: &[u8], writer: u64, seq: u64, len: usize) -> Vec<u8> {
     v.extend_from_slice(&xxhash(key).to_le_bytes());
     v.extend_from_slice(&writer.to_le_bytes());
     v.extend_from_slice(&seq.to_le_bytes());
-    v.resize(len.max(24), (seq % 251) as u8);
+    v.extend(records(seq, len.saturating_sub(24)));
     v
+}
+
+/// `len` bytes of JSON records numbered from `seq`: text of one schema, which trained
+/// dictionaries compress.
+fn records(seq: u64, len: usize) -> Vec<u8> {
+    const CITIES: [&str; 4] = ["Oslo", "Lima", "Perth", "Accra"];
+    let mut text = String::with_capacity(len + 96);
+    let mut n = seq;
+    while text.len() < len {
+        text += &format!(
+            r#"{{"id":{n},"name":"user{}","city":"{}","active":{}}},"#,
+            n % 997,
+            CITIES[n as usize % 4],
+            n.is_multiple_of(2)
+        );
+        n += 7;
+    }
+    text.truncate(len);
+    text.into_bytes()
 }
 
 fn xxhash(key: &[u8]) -> u64 {
@@ -36,7 +55,7 @@ fn check(key: &[u8], value: &[u8]) -> (u64, u64) {
     let writer = u64::from_le_bytes(value[8..16].try_into().unwrap());
     let seq = u64::from_le_bytes(value[16..24].try_into().unwrap());
     assert!(
-        value[24..].iter().all(|&b| b == (seq % 251) as u8),
+        value[24..] == records(seq, value.len() - 24),
         "corrupt value for {key:?}"
     );
     (writer, seq)
@@ -49,12 +68,23 @@ struct Ssd {
     promotion: Promotion,
 }
 
-fn stress(dram: u64, threads: u64, run_for: Duration, ssd: Option<Ssd>) -> zipcache::Stats {
+/// Dictionaries of 2 KiB trained on 16 values (0: as the budget chooses, none at the
+/// small budgets here): several are trained, swapped in and retired while the threads
+/// run.
+fn stress(
+    dram: u64,
+    threads: u64,
+    run_for: Duration,
+    ssd: Option<Ssd>,
+    small_dictionaries: bool,
+) -> zipcache::Stats {
     let config = Config {
         dram_capacity: dram,
         bypass_r: 1.0,
         superleaf_size: 16 << 10,
         promotion: ssd.as_ref().map_or(Promotion::EveryHit, |s| s.promotion),
+        dictionary_size: if small_dictionaries { 2 << 10 } else { 0 },
+        dictionary_samples: if small_dictionaries { 16 } else { 0 },
         ..Config::default()
     };
     let device = ssd.map(|s| {
@@ -153,12 +183,28 @@ fn stress(dram: u64, threads: u64, run_for: Duration, ssd: Option<Ssd>) -> zipca
 
 #[test]
 fn threads_never_see_wrong_values_under_eviction() {
-    let stats = stress(256 << 10, 4, Duration::from_secs(4), None);
+    let stats = stress(256 << 10, 4, Duration::from_secs(4), None, false);
     assert!(
         stats.evicted_leaves > 0,
         "the test must exercise eviction: {stats:?}"
     );
     assert!(stats.leaf_splits > 0);
+}
+
+/// The same with dictionaries trained, swapped and retired while the threads write,
+/// read and scan, DRAM-only and over an SSD tier.
+#[test]
+fn threads_never_see_wrong_values_with_dictionaries() {
+    let stats = stress(1 << 20, 4, Duration::from_secs(3), None, true);
+    assert!(stats.dictionaries_swapped > 1, "{stats:?}");
+    assert!(stats.evicted_objects > 0, "{stats:?}");
+    let ssd = Ssd {
+        blocks: 2048,
+        promotion: Promotion::EveryHit,
+    };
+    let stats = stress(512 << 10, 4, Duration::from_secs(3), Some(ssd), true);
+    assert!(stats.dictionaries_swapped > 1, "{stats:?}");
+    assert!(stats.evicted_leaves > 0, "{stats:?}");
 }
 
 /// The same with an SSD tier under a DRAM budget far below the data: group evictions,
@@ -171,7 +217,7 @@ fn threads_never_see_wrong_values_with_the_ssd_tier() {
             blocks: 2048,
             promotion,
         };
-        let stats = stress(256 << 10, 4, Duration::from_secs(3), Some(ssd));
+        let stats = stress(256 << 10, 4, Duration::from_secs(3), Some(ssd), false);
         assert!(stats.evicted_leaves > 100, "{stats:?}");
         assert!(stats.ssd_hits > 0 && stats.ssd_objects > 0, "{stats:?}");
         assert!(stats.large_objects + stats.large_dropped > 0, "{stats:?}");
@@ -180,7 +226,7 @@ fn threads_never_see_wrong_values_with_the_ssd_tier() {
 
 #[test]
 fn threads_agree_without_eviction() {
-    let stats = stress(256 << 20, 3, Duration::from_secs(2), None);
+    let stats = stress(256 << 20, 3, Duration::from_secs(2), None, false);
     assert_eq!(stats.evicted_leaves, 0);
 }
 

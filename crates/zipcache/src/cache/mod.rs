@@ -183,7 +183,7 @@ impl ZipCache {
             // client may still hold.
             cas_origin: config.clock.now_ms().max(1) << 16,
             track_access: config.track_access,
-            dictionaries: config.dictionaries,
+            dictionaries: crate::dictionary::training::TrainingSettings::of(&config),
             opened_ms: config.clock.now_ms(),
         };
         let dram = DramTier::new(settings, memory.clone(), config.bypass_r);

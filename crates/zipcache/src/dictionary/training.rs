@@ -18,6 +18,7 @@ use arc_swap::ArcSwapOption;
 use parking_lot::Mutex;
 
 use super::Dictionary;
+use crate::config::Config;
 use crate::memory::{Memory, alloc_size};
 use crate::record::stored_len;
 
@@ -40,19 +41,30 @@ pub struct TrainingSettings {
     pub dictionary_size: usize,
 }
 
-/// The smallest DRAM budget that trains dictionaries: a dictionary's prepared forms take
-/// 0.5–0.7 MB at level 3 (the compression dictionary's match tables most of it), 6 % of
-/// this budget with its reservoir; below it they would crowd out the objects.
+/// The smallest DRAM budget that trains dictionaries of the size it chooses: a
+/// dictionary's prepared forms take up to 0.3 MB (112 KiB at zstd level 1: the
+/// compression dictionary's hash table and both copies of the dictionary), with the
+/// reservoir (256 samples of up to 1 KiB at 8 MiB) up to 7 % of this budget; below it
+/// they would crowd out the objects.
 pub const MIN_BUDGET: u64 = 8 << 20;
 
 impl TrainingSettings {
-    /// A reservoir of one sample per 32 KiB of budget (at most 2,048 of at most 1 KiB)
-    /// and a dictionary of 1/256 of the budget (32 to 112 KiB); `None` below
-    /// [`MIN_BUDGET`].
-    pub fn for_budget(dram_capacity: u64) -> Option<Self> {
-        (dram_capacity >= MIN_BUDGET).then(|| TrainingSettings {
-            samples: (dram_capacity / (32 << 10)).min(2048) as usize,
-            dictionary_size: (dram_capacity / 256).clamp(32 << 10, 112 << 10) as usize,
+    /// What `config` asks for: with `dictionary_samples` and `dictionary_size` 0, a
+    /// reservoir of one sample per 32 KiB of budget (at most 2,048 of at most 1 KiB) and
+    /// a dictionary of 1/256 of the budget (32 to 112 KiB), none below [`MIN_BUDGET`];
+    /// either set, dictionaries at any budget. `None` with `dictionaries` off.
+    pub fn of(config: &Config) -> Option<Self> {
+        let budget = config.dram_capacity;
+        let chosen = config.dictionary_samples != 0 || config.dictionary_size != 0;
+        (config.dictionaries && (chosen || budget >= MIN_BUDGET)).then(|| TrainingSettings {
+            samples: match config.dictionary_samples {
+                0 => (budget / (32 << 10)).clamp(8, 2048) as usize,
+                samples => samples,
+            },
+            dictionary_size: match config.dictionary_size {
+                0 => (budget / 256).clamp(32 << 10, 112 << 10) as usize,
+                size => size,
+            },
         })
     }
 }

@@ -219,7 +219,6 @@ mod tests {
     fn tracking(write_buffer: usize) -> DramTier {
         tier_with(DramSettings {
             track_access: true,
-            dictionaries: true,
             ..settings(write_buffer)
         })
         .0

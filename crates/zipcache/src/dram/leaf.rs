@@ -330,7 +330,6 @@ mod tests {
     fn access_tables_are_charged_exactly() {
         let (dram, memory) = tier_with(DramSettings {
             track_access: true,
-            dictionaries: true,
             ..settings(256)
         });
         let keys: Vec<Vec<u8>> = (0..20_000u32)

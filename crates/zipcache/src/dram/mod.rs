@@ -107,8 +107,9 @@ pub struct DramSettings {
     pub cas_origin: u64,
     /// Keep each object's access state ([`access`]).
     pub track_access: bool,
-    /// Compress medium objects with trained dictionaries ([`crate::dictionary`]).
-    pub dictionaries: bool,
+    /// Compress medium objects with dictionaries trained so ([`crate::dictionary`]);
+    /// `None`: LZ4 alone.
+    pub dictionaries: Option<TrainingSettings>,
     /// The engine clock at open: access times are whole seconds from it.
     pub opened_ms: u64,
 }
@@ -200,8 +201,8 @@ impl DramTier {
         let (first, slots_bytes) = leaves.allocate();
         let tree = BTree::new(LeafId(first));
         let reads = frequency::ReadFrequency::new(settings.dram_capacity);
-        let dictionaries = TrainingSettings::for_budget(settings.dram_capacity)
-            .filter(|_| settings.dictionaries)
+        let dictionaries = settings
+            .dictionaries
             .map(|training| Arc::new(Dictionaries::new(training, memory.clone())));
         memory.change_index(tree.node_bytes() as i64 + slots_bytes + reads.bytes());
         DramTier {
@@ -586,5 +587,31 @@ impl DramTier {
                 }
             }
         });
+    }
+
+    /// Gives the leaf holding `key` `dictionary` in place of the one its blobs were
+    /// compressed with, as a mix-up or a damaged dictionary would; the one it held.
+    pub(crate) fn replace_dictionary_of(
+        &self,
+        key: &[u8],
+        dictionary: Option<Arc<Dictionary>>,
+    ) -> Option<Arc<Dictionary>> {
+        self.write_leaf(key, |_, _, st| {
+            let extras = st.extras.get_or_insert_default();
+            std::mem::replace(&mut extras.dictionary, dictionary)
+        })
+    }
+
+    /// The ids of the dictionaries the leaves hold, and how many leaves hold each.
+    pub(crate) fn dictionaries_held(&self) -> std::collections::BTreeMap<u8, usize> {
+        let view = self.view();
+        let mut held = std::collections::BTreeMap::new();
+        for id in self.leaves() {
+            let Some(leaf) = view.get(id.0) else { continue };
+            if let Some(d) = leaf.state.read().dictionary() {
+                *held.entry(d.id()).or_default() += 1;
+            }
+        }
+        held
     }
 }

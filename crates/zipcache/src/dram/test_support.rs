@@ -5,7 +5,9 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 
 use super::{DramSettings, DramTier};
+use crate::Config;
 use crate::btree::Fence;
+use crate::dictionary::training::TrainingSettings;
 use crate::eviction::{EvictedObject, EvictionSink};
 use crate::memory::Memory;
 
@@ -39,7 +41,10 @@ pub(super) fn tier() -> DramTier {
         keep_tombstones: true,
         cas_origin: 1 << 40,
         track_access: false,
-        dictionaries: true,
+        dictionaries: TrainingSettings::of(&Config {
+            dram_capacity: 64 << 20,
+            ..Config::default()
+        }),
         opened_ms: 0,
     };
     DramTier::new(settings, Arc::new(Memory::default()), 0.0)
