@@ -159,6 +159,11 @@ pub struct Params {
     /// Measured seconds.
     #[arg(long)]
     pub duration: Option<f64>,
+    /// Look-aside open loop: offer this many requests per second (all threads together) as
+    /// Poisson arrivals, and time each GET from its arrival, so a stall shows as latency
+    /// (coordinated-omission corrected). Without it the loop is closed. Warm-up stays closed.
+    #[arg(long)]
+    pub rate: Option<f64>,
     /// Operations before measuring starts (not in any figure).
     #[arg(long, default_value_t = 0)]
     pub warmup_ops: u64,
@@ -243,6 +248,18 @@ impl Params {
         self.ssd.is_none().then_some(self.ssd_size)
     }
 
+    fn check_rate(&self) -> Result<(), String> {
+        match self.rate {
+            Some(rate) if !(rate.is_finite() && rate > 0.0) => Err(format!(
+                "--rate must be a positive number of requests per second, not {rate}"
+            )),
+            Some(_) if self.mode != Mode::Lookaside => {
+                Err("--rate offers look-aside requests; --mode fill does not apply".into())
+            }
+            _ => Ok(()),
+        }
+    }
+
     /// Reads `--trace` and checks the flags that go with it.
     fn load_trace(&self) -> Result<Option<trace::Trace>, String> {
         let (Some(path), Some(format)) = (&self.trace, self.trace_format) else {
@@ -300,6 +317,7 @@ impl Params {
         if self.threads == 0 {
             return Err("--threads must be at least 1".into());
         }
+        self.check_rate()?;
         let limit = Duration::from_secs_f64(self.time_limit.max(0.001));
         Ok(driver::Workload {
             keys,
@@ -326,6 +344,7 @@ impl Params {
             seed: self.seed,
             trace: None,
             trace_cursor: 0.into(),
+            rate: self.rate,
         })
     }
 
@@ -339,6 +358,7 @@ impl Params {
         if self.threads == 0 {
             return Err("--threads must be at least 1".into());
         }
+        self.check_rate()?;
         let sizes = std::mem::take(&mut trace.sizes);
         if sizes.iter().any(|s| *s > 0) {
             values.sizes = SizeDist::per_key(sizes, values.sizes, self.seed);
@@ -361,6 +381,7 @@ impl Params {
             seed: self.seed,
             trace: Some(Arc::new(trace)),
             trace_cursor: 0.into(),
+            rate: self.rate,
         })
     }
 

@@ -8,7 +8,7 @@ pub mod foyer;
 pub mod network;
 pub mod segcache;
 #[cfg(test)]
-mod test_support;
+pub(crate) mod test_support;
 pub mod zipcache;
 
 /// One request of a batch.
