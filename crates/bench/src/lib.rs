@@ -18,6 +18,7 @@ use serde::Serialize;
 
 pub mod driver;
 pub mod hostile;
+pub mod pagecache;
 pub mod peers;
 pub mod plot;
 pub mod procfs;
@@ -183,6 +184,11 @@ pub struct Params {
     #[arg(long)]
     #[serde(skip)]
     pub server_pid: Option<u32>,
+    /// Run every memcached-ext target a second time as `memcached-ext-nocache`, its
+    /// extstore file's pages dropped from the page cache every 50 ms during the run, so its
+    /// flash reads reach the disk as ZipCache's do; both rows are reported.
+    #[arg(long)]
+    pub drop_peer_page_cache: bool,
     /// Network targets: requests in flight per connection.
     #[arg(long, default_value_t = 16)]
     pub pipeline: usize,
@@ -486,6 +492,25 @@ pub fn run_target(
     Ok(result)
 }
 
+/// The targets of `--target` in order; with `drop_page_cache`, each memcached-ext followed by
+/// its run with the page cache dropped, which never runs instead of the cached one.
+fn expand_targets(list: &str, drop_page_cache: bool) -> Result<Vec<String>, String> {
+    let mut specs = Vec::new();
+    for spec in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        if spec == targets::network::NOCACHE {
+            return Err(format!(
+                "{spec} runs only beside memcached-ext: --target memcached-ext \
+                 --drop-peer-page-cache"
+            ));
+        }
+        specs.push(spec.to_string());
+        if drop_page_cache && spec == "memcached-ext" {
+            specs.push(targets::network::NOCACHE.to_string());
+        }
+    }
+    Ok(specs)
+}
+
 /// Runs every target of `list` with the same workload; a target that fails is reported and
 /// the others still run.
 pub fn run_all(list: &str, params: &Params) -> (Vec<TargetResult>, Vec<String>) {
@@ -506,12 +531,16 @@ pub fn run_all(list: &str, params: &Params) -> (Vec<TargetResult>, Vec<String>) 
             )],
         );
     }
-    for spec in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+    let specs = match expand_targets(list, params.drop_peer_page_cache) {
+        Ok(specs) => specs,
+        Err(e) => return (results, vec![e]),
+    };
+    for spec in specs {
         if driver::STOP.load(std::sync::atomic::Ordering::Relaxed) {
             failures.push("interrupted".into());
             break;
         }
-        match run_target(spec, params, &w) {
+        match run_target(&spec, params, &w) {
             Ok(result) => {
                 if result.wrong_values > 0 {
                     eprintln!(
