@@ -1,6 +1,9 @@
 //! The load loops: fill (insert every key once) and look-aside (GET, on a miss wait for the
 //! backend and PUT), over `--threads` threads, with warm-up excluded from what is measured.
+//! The look-aside loop is closed (a virtual client sends on a reply) or, with `--rate`,
+//! open: requests arrive on a Poisson schedule and latency counts from each one's arrival.
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Barrier, Mutex};
 use std::time::{Duration, Instant};
@@ -9,6 +12,7 @@ use hdrhistogram::Histogram;
 use indicatif::ProgressBar;
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
+use rand_distr::{Distribution, Exp};
 
 use crate::targets::{Client, Reply, Request, Snapshot, Target};
 use crate::trace::Trace;
@@ -38,6 +42,9 @@ pub struct Workload {
     pub trace: Option<Arc<Trace>>,
     /// Next request of `trace`, shared by the threads (reset for every target).
     pub trace_cursor: AtomicU64,
+    /// Open loop: requests per second offered (all threads together), Poisson arrivals;
+    /// `None` = closed loop (every virtual client sends its next request on a reply).
+    pub rate: Option<f64>,
 }
 
 impl Workload {
@@ -61,6 +68,19 @@ impl Workload {
             }
             None => (self.chooser.next_id(rng), self.mix.next(rng)),
         }
+    }
+
+    /// The next request of the workload and its key id.
+    fn draw(&self, rng: &mut SmallRng) -> (u64, Request) {
+        let (id, op) = self.next_request(rng);
+        let key = self.key(id);
+        let request = match op {
+            OpKind::Get => Request::Get(key),
+            OpKind::Put => Request::Put(key, self.values.value(id, rand::Rng::random(rng))),
+            OpKind::Delete => Request::Delete(key),
+            OpKind::Scan => Request::Scan(key, self.scan_limit),
+        };
+        (id, request)
     }
 }
 
@@ -122,6 +142,49 @@ impl Counts {
     fn error(&mut self, message: String) {
         self.errors += 1;
         self.first_error.get_or_insert(message);
+    }
+
+    /// Counts the reply to `request` (key id `id`; `is_fill` if it is the PUT after a miss),
+    /// recording `latency` for a GET if given; returns whether it was a GET that missed, so
+    /// the caller fetches from the backend and fills.
+    fn tally(
+        &mut self,
+        w: &Workload,
+        request: &Request,
+        reply: &Reply,
+        id: u64,
+        is_fill: bool,
+        latency: Option<Duration>,
+    ) -> bool {
+        match (request, reply) {
+            (_, Reply::Stored) if is_fill => {}
+            (_, other) if is_fill => self.error(format!("fill: {other:?}")),
+            (Request::Get(_), Reply::Value(value)) => {
+                self.gets += 1;
+                if let Some(latency) = latency {
+                    let ns = latency.as_nanos().clamp(1, 60_000_000_000) as u64;
+                    self.get_latency.saturating_record(ns);
+                }
+                match value {
+                    Some(v) => {
+                        self.hits += 1;
+                        if !w.values.verify(id, v) {
+                            self.wrong_values += 1;
+                        }
+                    }
+                    None => {
+                        self.misses += 1;
+                        return true;
+                    }
+                }
+            }
+            (Request::Put(..), Reply::Stored) => self.puts += 1,
+            (Request::Delete(_), Reply::Deleted(_)) => self.deletes += 1,
+            (Request::Scan(..), Reply::Scanned(_)) => self.scans += 1,
+            (_, Reply::Unsupported) => self.unsupported += 1,
+            (_, other) => self.error(format!("{other:?}")),
+        }
+        false
     }
 }
 
@@ -289,7 +352,13 @@ pub fn lookaside(target: &dyn Target, w: &Workload, progress: &ProgressBar) -> R
                 };
                 let result = warm.and_then(|_| {
                     let client = client.as_mut().map_err(|e| e.clone())?;
-                    run_phase(client.as_mut(), w, &mut rng, &mut slots, &measured)
+                    match w.rate {
+                        Some(rate) => {
+                            let arrivals = Arrivals::new(rate / w.threads as f64, Instant::now());
+                            run_open_phase(client.as_mut(), w, &mut rng, arrivals, &measured)
+                        }
+                        None => run_phase(client.as_mut(), w, &mut rng, &mut slots, &measured),
+                    }
                 });
                 match result {
                     Ok(counts) => totals.lock().expect("counts lock").merge(&counts),
@@ -372,14 +441,8 @@ fn run_phase(
                 requests.push(Request::Put(w.key(id), w.values.value(id, 0)));
                 meta.push((slot, id, true));
             }
-            let (id, op) = w.next_request(rng);
-            let key = w.key(id);
-            requests.push(match op {
-                OpKind::Get => Request::Get(key),
-                OpKind::Put => Request::Put(key, w.values.value(id, rand::Rng::random(rng))),
-                OpKind::Delete => Request::Delete(key),
-                OpKind::Scan => Request::Scan(key, w.scan_limit),
-            });
+            let (id, request) = w.draw(rng);
+            requests.push(request);
             meta.push((slot, id, false));
         }
         replies.clear();
@@ -388,34 +451,10 @@ fn run_phase(
         for ((request, (reply, latency)), &(slot, id, is_fill)) in
             requests.iter().zip(&replies).zip(&meta)
         {
-            match (request, reply) {
-                (_, Reply::Stored) if is_fill => {}
-                (_, other) if is_fill => counts.error(format!("fill: {other:?}")),
-                (Request::Get(_), Reply::Value(value)) => {
-                    counts.gets += 1;
-                    if phase.progress.is_some() {
-                        let ns = latency.as_nanos().clamp(1, 60_000_000_000) as u64;
-                        counts.get_latency.saturating_record(ns);
-                    }
-                    match value {
-                        Some(v) => {
-                            counts.hits += 1;
-                            if !w.values.verify(id, v) {
-                                counts.wrong_values += 1;
-                            }
-                        }
-                        None => {
-                            counts.misses += 1;
-                            slots[slot].fill = Some(id);
-                            slots[slot].ready_at = done + w.backend_latency;
-                        }
-                    }
-                }
-                (Request::Put(..), Reply::Stored) => counts.puts += 1,
-                (Request::Delete(_), Reply::Deleted(_)) => counts.deletes += 1,
-                (Request::Scan(..), Reply::Scanned(_)) => counts.scans += 1,
-                (_, Reply::Unsupported) => counts.unsupported += 1,
-                (_, other) => counts.error(format!("{other:?}")),
+            let measured = phase.progress.is_some().then_some(*latency);
+            if counts.tally(w, request, reply, id, is_fill, measured) {
+                slots[slot].fill = Some(id);
+                slots[slot].ready_at = done + w.backend_latency;
             }
         }
         counts.ops += ready.len() as u64;
@@ -426,9 +465,207 @@ fn run_phase(
     Ok(counts)
 }
 
+/// The intended send times of an open-loop client: Poisson arrivals at `rate` per second,
+/// fixed by the schedule alone, never by when replies came back — so a request the client
+/// could not send while the server stalled is still due at its own time, and its latency
+/// counts from then (wrk2's and mutilate's correction for coordinated omission).
+pub struct Arrivals {
+    gap: Exp<f64>,
+    next: Instant,
+}
+
+impl Arrivals {
+    /// Arrivals from `start` at `rate` per second (at least one per hour).
+    pub fn new(rate: f64, start: Instant) -> Arrivals {
+        let rate = if rate.is_finite() {
+            rate.max(1.0 / 3600.0)
+        } else {
+            1.0
+        };
+        Arrivals {
+            gap: Exp::new(rate).expect("a positive finite rate"),
+            next: start,
+        }
+    }
+
+    /// When the next request is due.
+    pub fn peek(&self) -> Instant {
+        self.next
+    }
+
+    /// Takes the next due time and schedules the one after it.
+    pub fn advance(&mut self, rng: &mut SmallRng) -> Instant {
+        let due = self.next;
+        self.next += Duration::from_secs_f64(self.gap.sample(rng));
+        due
+    }
+}
+
+/// The open-loop measured phase of one thread: every request that has arrived by now (up to
+/// the client's batch) goes out in one batch; a miss's fill goes out once the backend has
+/// answered. A GET's latency runs from its arrival to its reply, so time a request waited
+/// behind a slow batch — or for the bench to wake up — is counted, not hidden.
+fn run_open_phase(
+    client: &mut dyn Client,
+    w: &Workload,
+    rng: &mut SmallRng,
+    mut arrivals: Arrivals,
+    phase: &Phase,
+) -> Result<Counts, String> {
+    let mut counts = Counts::new();
+    let batch = client.batch_size().max(1);
+    // Key ids whose backend value is fetched, with when it is: FIFO, as every fetch takes
+    // the same time.
+    let mut fills: VecDeque<(Instant, u64)> = VecDeque::new();
+    // Per request of the batch: its arrival (`None` for a fill), key id.
+    let (mut requests, mut meta, mut replies) = (Vec::new(), Vec::new(), Vec::new());
+    while !STOP.load(Relaxed) && Instant::now() < phase.deadline {
+        let remaining = phase.ops.map_or(u64::MAX, |ops| ops - counts.ops);
+        if remaining == 0 {
+            break;
+        }
+        let now = Instant::now();
+        requests.clear();
+        meta.clear();
+        while requests.len() < batch && fills.front().is_some_and(|(at, _)| *at <= now) {
+            let (_, id) = fills.pop_front().expect("a due fill");
+            requests.push(Request::Put(w.key(id), w.values.value(id, 0)));
+            meta.push((None, id));
+        }
+        let mut taken = 0;
+        while requests.len() < batch && taken < remaining && arrivals.peek() <= now {
+            let (id, request) = w.draw(rng);
+            requests.push(request);
+            meta.push((Some(arrivals.advance(rng)), id));
+            taken += 1;
+        }
+        if requests.is_empty() {
+            let next_fill = fills.front().map(|(at, _)| *at);
+            let until = next_fill
+                .map_or(arrivals.peek(), |at| at.min(arrivals.peek()))
+                .min(phase.deadline);
+            std::thread::sleep(until.saturating_duration_since(now));
+            continue;
+        }
+        replies.clear();
+        let sent = Instant::now();
+        client.execute(&requests, &mut replies)?;
+        for ((request, (reply, latency)), &(arrival, id)) in
+            requests.iter().zip(&replies).zip(&meta)
+        {
+            let replied = sent + *latency;
+            let since_arrival = arrival.map(|at| replied.saturating_duration_since(at));
+            if counts.tally(w, request, reply, id, arrival.is_none(), since_arrival) {
+                fills.push_back((replied + w.backend_latency, id));
+            }
+        }
+        counts.ops += taken;
+        if let Some(progress) = phase.progress {
+            progress.inc(taken);
+        }
+    }
+    Ok(counts)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::targets::test_support::lookaside_workload;
+
+    #[test]
+    fn arrivals_keep_the_mean_rate_and_are_exponential() {
+        let mut rng = SmallRng::seed_from_u64(5);
+        let start = Instant::now();
+        let mut arrivals = Arrivals::new(10_000.0, start);
+        let n = 200_000;
+        let mut previous = arrivals.advance(&mut rng);
+        assert_eq!(previous, start, "the first request is due at the start");
+        let mut longer_than_mean = 0;
+        for _ in 1..n {
+            let due = arrivals.advance(&mut rng);
+            if due - previous > Duration::from_micros(100) {
+                longer_than_mean += 1;
+            }
+            previous = due;
+        }
+        let rate = (n - 1) as f64 / (previous - start).as_secs_f64();
+        assert!((9_800.0..10_200.0).contains(&rate), "rate {rate}");
+        // P(gap > mean) = 1/e for exponential gaps; evenly spaced arrivals would give 0 or 1.
+        let share = longer_than_mean as f64 / (n - 1) as f64;
+        assert!((0.36..0.376).contains(&share), "share {share}");
+    }
+
+    /// Answers every GET with a miss and every PUT with stored; its first batch stalls.
+    struct StallingClient {
+        stall: Option<Duration>,
+    }
+
+    impl Client for StallingClient {
+        fn execute(
+            &mut self,
+            requests: &[Request],
+            replies: &mut Vec<(Reply, Duration)>,
+        ) -> Result<(), String> {
+            if let Some(stall) = self.stall.take() {
+                std::thread::sleep(stall);
+            }
+            replies.extend(requests.iter().map(|request| match request {
+                Request::Get(_) => (Reply::Value(None), Duration::ZERO),
+                _ => (Reply::Stored, Duration::ZERO),
+            }));
+            Ok(())
+        }
+
+        fn batch_size(&self) -> usize {
+            64
+        }
+    }
+
+    #[test]
+    fn a_stalled_server_shows_up_as_open_loop_latency() {
+        // 2,000 GETs/s for one second; the server stalls 300 ms on the first batch. Every
+        // request that arrived during the stall waited for it, from its own arrival on.
+        let stall = Duration::from_millis(300);
+        let w = lookaside_workload(1000, 2000);
+        let phase = Phase {
+            ops: Some(2000),
+            deadline: Instant::now() + Duration::from_secs(60),
+            progress: None,
+        };
+        let mut rng = SmallRng::seed_from_u64(1);
+        let mut client = StallingClient { stall: Some(stall) };
+        let arrivals = Arrivals::new(2000.0, Instant::now());
+        let open = run_open_phase(&mut client, &w, &mut rng, arrivals, &phase).unwrap();
+        assert_eq!(open.ops, 2000, "every arrival was sent");
+        assert_eq!(open.gets, 2000);
+        assert!(
+            open.puts == 0 && open.errors == 0,
+            "fills are not counted as puts"
+        );
+        // ~600 of the 2,000 arrived during the stall, waiting up to 300 ms.
+        let p99 = Duration::from_nanos(open.get_latency.value_at_quantile(0.99));
+        assert!(p99 >= stall / 2, "open-loop p99 {p99:?} hides the stall");
+        let max = Duration::from_nanos(open.get_latency.max());
+        assert!(max >= stall * 9 / 10, "open-loop max {max:?}");
+
+        // The closed loop, same stall: only the one batch in flight sees it.
+        let mut client = StallingClient { stall: Some(stall) };
+        let mut slots = vec![
+            Slot {
+                ready_at: Instant::now(),
+                fill: None,
+            };
+            64
+        ];
+        let measured = Phase {
+            ops: Some(20_000),
+            deadline: Instant::now() + Duration::from_secs(60),
+            progress: Some(&ProgressBar::hidden()),
+        };
+        let closed = run_phase(&mut client, &w, &mut rng, &mut slots, &measured).unwrap();
+        let p99 = Duration::from_nanos(closed.get_latency.value_at_quantile(0.99));
+        assert!(p99 < stall / 2, "closed-loop p99 {p99:?}");
+    }
 
     #[test]
     fn shares_add_up() {

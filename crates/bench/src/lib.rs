@@ -18,6 +18,7 @@ use serde::Serialize;
 
 pub mod driver;
 pub mod hostile;
+pub mod pagecache;
 pub mod peers;
 pub mod plot;
 pub mod procfs;
@@ -39,8 +40,9 @@ use workload::{HotPlacement, KeyChooser, Locality, OpMix};
 pub struct BenchArgs {
     #[command(subcommand)]
     pub command: Option<BenchCommand>,
-    /// Comma-separated: zipcache, foyer, segcache, memcached, memcached-ext, redis (started
-    /// by the bench), or zipcache://H:P, memcached://H:P, redis://H:P (already running).
+    /// Comma-separated: zipcache, foyer, segcache, memcached, memcached-ext, redis,
+    /// zipcache-serve (started by the bench), or zipcache://H:P, memcached://H:P,
+    /// redis://H:P (already running).
     #[arg(long, default_value = "zipcache")]
     pub target: String,
     /// Write the results as a JSON array, one object per target.
@@ -159,6 +161,11 @@ pub struct Params {
     /// Measured seconds.
     #[arg(long)]
     pub duration: Option<f64>,
+    /// Look-aside open loop: offer this many requests per second (all threads together) as
+    /// Poisson arrivals, and time each GET from its arrival, so a stall shows as latency
+    /// (coordinated-omission corrected). Without it the loop is closed. Warm-up stays closed.
+    #[arg(long)]
+    pub rate: Option<f64>,
     /// Operations before measuring starts (not in any figure).
     #[arg(long, default_value_t = 0)]
     pub warmup_ops: u64,
@@ -178,6 +185,11 @@ pub struct Params {
     #[arg(long)]
     #[serde(skip)]
     pub server_pid: Option<u32>,
+    /// Run every memcached-ext target a second time as `memcached-ext-nocache`, its
+    /// extstore file's pages dropped from the page cache every 50 ms during the run, so its
+    /// flash reads reach the disk as ZipCache's do; both rows are reported.
+    #[arg(long)]
+    pub drop_peer_page_cache: bool,
     /// Network targets: requests in flight per connection.
     #[arg(long, default_value_t = 16)]
     pub pipeline: usize,
@@ -243,6 +255,18 @@ impl Params {
         self.ssd.is_none().then_some(self.ssd_size)
     }
 
+    fn check_rate(&self) -> Result<(), String> {
+        match self.rate {
+            Some(rate) if !(rate.is_finite() && rate > 0.0) => Err(format!(
+                "--rate must be a positive number of requests per second, not {rate}"
+            )),
+            Some(_) if self.mode != Mode::Lookaside => {
+                Err("--rate offers look-aside requests; --mode fill does not apply".into())
+            }
+            _ => Ok(()),
+        }
+    }
+
     /// Reads `--trace` and checks the flags that go with it.
     fn load_trace(&self) -> Result<Option<trace::Trace>, String> {
         let (Some(path), Some(format)) = (&self.trace, self.trace_format) else {
@@ -300,6 +324,7 @@ impl Params {
         if self.threads == 0 {
             return Err("--threads must be at least 1".into());
         }
+        self.check_rate()?;
         let limit = Duration::from_secs_f64(self.time_limit.max(0.001));
         Ok(driver::Workload {
             keys,
@@ -326,6 +351,7 @@ impl Params {
             seed: self.seed,
             trace: None,
             trace_cursor: 0.into(),
+            rate: self.rate,
         })
     }
 
@@ -339,6 +365,7 @@ impl Params {
         if self.threads == 0 {
             return Err("--threads must be at least 1".into());
         }
+        self.check_rate()?;
         let sizes = std::mem::take(&mut trace.sizes);
         if sizes.iter().any(|s| *s > 0) {
             values.sizes = SizeDist::per_key(sizes, values.sizes, self.seed);
@@ -361,6 +388,7 @@ impl Params {
             seed: self.seed,
             trace: Some(Arc::new(trace)),
             trace_cursor: 0.into(),
+            rate: self.rate,
         })
     }
 
@@ -465,6 +493,25 @@ pub fn run_target(
     Ok(result)
 }
 
+/// The targets of `--target` in order; with `drop_page_cache`, each memcached-ext followed by
+/// its run with the page cache dropped, which never runs instead of the cached one.
+fn expand_targets(list: &str, drop_page_cache: bool) -> Result<Vec<String>, String> {
+    let mut specs = Vec::new();
+    for spec in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        if spec == targets::network::NOCACHE {
+            return Err(format!(
+                "{spec} runs only beside memcached-ext: --target memcached-ext \
+                 --drop-peer-page-cache"
+            ));
+        }
+        specs.push(spec.to_string());
+        if drop_page_cache && spec == "memcached-ext" {
+            specs.push(targets::network::NOCACHE.to_string());
+        }
+    }
+    Ok(specs)
+}
+
 /// Runs every target of `list` with the same workload; a target that fails is reported and
 /// the others still run.
 pub fn run_all(list: &str, params: &Params) -> (Vec<TargetResult>, Vec<String>) {
@@ -485,12 +532,16 @@ pub fn run_all(list: &str, params: &Params) -> (Vec<TargetResult>, Vec<String>) 
             )],
         );
     }
-    for spec in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+    let specs = match expand_targets(list, params.drop_peer_page_cache) {
+        Ok(specs) => specs,
+        Err(e) => return (results, vec![e]),
+    };
+    for spec in specs {
         if driver::STOP.load(std::sync::atomic::Ordering::Relaxed) {
             failures.push("interrupted".into());
             break;
         }
-        match run_target(spec, params, &w) {
+        match run_target(&spec, params, &w) {
             Ok(result) => {
                 if result.wrong_values > 0 {
                     eprintln!(

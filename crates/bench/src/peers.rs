@@ -1,5 +1,5 @@
-//! Starting and stopping the peer servers (memcached, memcached + extstore, redis) on
-//! 127.0.0.1 with the bench's budgets. A peer is stopped by its PID when dropped, which also
+//! Starting and stopping the servers (memcached, memcached + extstore, redis, and
+//! `zipcache serve` itself) on 127.0.0.1 with the bench's budgets. A peer is stopped by its PID when dropped, which also
 //! happens on error and after Ctrl-C (the load loops stop, then everything unwinds).
 
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -48,11 +48,12 @@ fn free_port() -> Result<u16, String> {
     Ok(listener.local_addr().map_err(|e| e.to_string())?.port())
 }
 
-/// The Debian package that ships `program`, for the error that says how to get it.
-fn package_of(program: &str) -> &'static str {
+/// How to get `program`, for the error that says it is missing.
+fn how_to_install(program: &str) -> &'static str {
     match program {
-        "redis-server" => "redis-server",
-        _ => "memcached",
+        "redis-server" => "apt-get install -y redis-server",
+        "memcached" => "apt-get install -y memcached",
+        _ => "cargo build --release -p zipcache-cli",
     }
 }
 
@@ -65,10 +66,9 @@ fn start(program: &str, args: &[String], addr: SocketAddr, log: &Path) -> Result
         .stderr(log_file)
         .spawn()
         .map_err(|e| match e.kind() {
-            std::io::ErrorKind::NotFound => format!(
-                "{program} is not installed: apt-get install -y {}",
-                package_of(program)
-            ),
+            std::io::ErrorKind::NotFound => {
+                format!("{program} is not installed: {}", how_to_install(program))
+            }
             _ => format!("starting {program}: {e}"),
         })?;
     let mut peer = Peer { child, addr };
@@ -88,6 +88,11 @@ fn start(program: &str, args: &[String], addr: SocketAddr, log: &Path) -> Result
         }
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// The file memcached's extstore keeps in `dir`.
+pub fn extstore_file(dir: &Path) -> std::path::PathBuf {
+    dir.join("extstore.dat")
 }
 
 /// memcached with `-m` = the DRAM budget; with `ssd`, extstore on a file of that size in
@@ -113,7 +118,7 @@ pub fn memcached(dram: u64, ssd: Option<u64>, dir: &Path, threads: usize) -> Res
         args.extend(["-u".into(), "root".into()]);
     }
     if let Some(size) = ssd {
-        let file = dir.join("extstore.dat");
+        let file = extstore_file(dir);
         args.extend([
             "-o".into(),
             format!(
@@ -158,5 +163,46 @@ pub fn redis(dram: u64, dir: &Path) -> Result<Peer, String> {
         &args,
         ([127, 0, 0, 1], port).into(),
         &dir.join("redis.log"),
+    )
+}
+
+/// `zipcache serve` (this executable's) with the budget, speaking memcached only: `dram`,
+/// with `ssd` an SSD file of that size in `dir`, engine `settings`, `threads` I/O threads.
+pub fn zipcache_serve(
+    dram: u64,
+    ssd: Option<u64>,
+    settings: &[(String, String)],
+    dir: &Path,
+    threads: usize,
+) -> Result<Peer, String> {
+    let exe = std::env::current_exe().map_err(|e| format!("this executable: {e}"))?;
+    let port = free_port()?;
+    let mut args: Vec<String> = vec![
+        "serve".into(),
+        "--listen".into(),
+        "127.0.0.1".into(),
+        "--memcached-port".into(),
+        port.to_string(),
+        "--resp-port".into(),
+        "off".into(),
+        "--dram".into(),
+        dram.to_string(),
+        "--data-dir".into(),
+        dir.join("zipcache-data").display().to_string(),
+        "--threads".into(),
+        threads.max(1).to_string(),
+    ];
+    match ssd {
+        Some(size) => args.extend(["--ssd-size".into(), size.to_string()]),
+        None => args.extend(["--ssd".into(), "none".into()]),
+    }
+    for (name, value) in settings {
+        args.extend(["--set".into(), format!("{name}={value}")]);
+    }
+    start(
+        &exe.display().to_string(),
+        &args,
+        ([127, 0, 0, 1], port).into(),
+        &dir.join("zipcache-serve.log"),
     )
 }

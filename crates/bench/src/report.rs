@@ -57,8 +57,11 @@ pub struct TargetResult {
     pub host_bytes_written: Option<u64>,
     /// CPU seconds of the bench process in the measured phase (clients; in-process engines too).
     pub bench_cpu_seconds: Option<f64>,
-    /// CPU seconds of a server the bench started, in the measured phase.
+    /// CPU seconds (user + system, /proc/PID/stat) of the server process in the measured
+    /// phase: a server the bench started, or the `--server-pid` of a remote one.
     pub server_cpu_seconds: Option<f64>,
+    /// `server_cpu_seconds` per million measured operations.
+    pub server_cpu_s_per_mop: Option<f64>,
     pub workload: Params,
     /// The trace replayed (`--trace`): its requests, unique keys and op counts.
     pub trace: Option<crate::trace::TraceSummary>,
@@ -141,6 +144,10 @@ impl TargetResult {
             rss_bytes,
             ..
         } = after.clone();
+        let server_cpu_seconds = after
+            .server_cpu_seconds
+            .zip(before.server_cpu_seconds)
+            .map(|(a, b)| a - b);
         TargetResult {
             target: target.into(),
             mode: params.mode.name().into(),
@@ -177,10 +184,10 @@ impl TargetResult {
             rss_bytes,
             host_bytes_written: delta(after.host_bytes_written, before.host_bytes_written),
             bench_cpu_seconds,
-            server_cpu_seconds: after
-                .server_cpu_seconds
-                .zip(before.server_cpu_seconds)
-                .map(|(a, b)| a - b),
+            server_cpu_seconds,
+            server_cpu_s_per_mop: server_cpu_seconds
+                .filter(|_| c.ops > 0)
+                .map(|s| s / c.ops as f64 * 1e6),
             workload: params.clone(),
             trace: None,
             get_latency_ns: (!h.is_empty()).then(|| h.clone()),
@@ -207,8 +214,22 @@ fn us(v: f64) -> String {
 /// The summary table, one row per target.
 pub fn table(results: &[TargetResult]) -> String {
     let header = [
-        "target", "ops", "ops/s", "hit%", "dram%", "ssd%", "p50us", "p99us", "p999us", "objects",
-        "dramMiB", "rssMiB", "obj/MiB", "wrong", "errors",
+        "target",
+        "ops",
+        "ops/s",
+        "hit%",
+        "dram%",
+        "ssd%",
+        "p50us",
+        "p99us",
+        "p999us",
+        "objects",
+        "dramMiB",
+        "rssMiB",
+        "obj/MiB",
+        "srvCPUs/Mop",
+        "wrong",
+        "errors",
     ];
     let rows: Vec<Vec<String>> = results
         .iter()
@@ -231,6 +252,7 @@ pub fn table(results: &[TargetResult]) -> String {
                 cell(r.dram_bytes_used, mib),
                 cell(r.rss_bytes, mib),
                 cell(per_mib, |v| format!("{v:.0}")),
+                cell(r.server_cpu_s_per_mop, |v| format!("{v:.2}")),
                 r.wrong_values.to_string(),
                 r.errors.to_string(),
             ]

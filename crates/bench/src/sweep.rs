@@ -26,6 +26,9 @@ pub enum Figure {
     Bypass,
     /// DRAM-tier hit ratio vs η at C_DRAM:C_WS = 1:16, moderate locality (paper Fig. 14).
     Eta,
+    /// GET p50, p99 and p999 vs offered load (open loop, `--rate`), every target, the
+    /// working set resident in DRAM.
+    LatencyLoad,
 }
 
 #[derive(clap::Args, Debug)]
@@ -64,6 +67,9 @@ struct Measured {
 }
 
 const ETAS: [f64; 4] = [0.0, 0.25, 0.5, 0.75];
+/// Offered loads of the latency-load figure, requests per second: from well below every
+/// target's peak to past most of them.
+const RATES: [f64; 6] = [10e3, 25e3, 50e3, 100e3, 200e3, 400e3];
 const KEY_SIZE: u64 = 16;
 const VALUE_SIZE: u64 = 64;
 
@@ -198,6 +204,33 @@ fn plan(figure: Figure, scale: f64) -> (Vec<Point>, &'static str) {
                 }
             }
             (points, "zipcache")
+        }
+        Figure::LatencyLoad => {
+            let keys = scaled(200_000.0, scale);
+            let working_set = keys as f64 * object;
+            // Twice the working set in DRAM: no target evicts, so latency is the serving
+            // path's; the SSD budget only lets memcached-ext start.
+            let points = RATES
+                .iter()
+                .map(|rate| Point {
+                    x: rate / 1e3,
+                    series: String::new(),
+                    flags: flags(&[
+                        ("rate", rate.to_string()),
+                        ("dram", size_flag(working_set * 2.0)),
+                        ("ssd-size", size_flag(working_set * 4.0)),
+                        ("keys", keys.to_string()),
+                        ("value-size", VALUE_SIZE.to_string()),
+                        ("locality", "moderate".into()),
+                        ("warmup-ops", keys.to_string()),
+                        ("duration", seconds.clone()),
+                    ]),
+                })
+                .collect();
+            (
+                points,
+                "zipcache,zipcache-serve,memcached,memcached-ext,redis,foyer,segcache",
+            )
         }
         Figure::Eta => {
             let keys = scaled(1_600_000.0, scale);
@@ -334,6 +367,24 @@ fn draw(figure: Figure, out: &Path, measured: &[Measured]) -> Result<Vec<PathBuf
                 })
                 .collect(),
         ),
+        Figure::LatencyLoad => {
+            for (file, label, q) in [
+                ("latency-load-p50", "p50", 0.5),
+                ("latency-load-p99", "p99", 0.99),
+                ("latency-load-p999", "p999", 0.999),
+            ] {
+                chart(
+                    file,
+                    &format!("GET {label} latency vs offered load (open loop, DRAM-resident)"),
+                    "offered load (k requests/s, Poisson)",
+                    "log10 GET latency (us), from each request's arrival",
+                    lines(measured, |r| {
+                        let h = r.get_latency_ns.as_ref()?;
+                        Some((h.value_at_quantile(q) as f64 / 1e3).max(0.01).log10())
+                    }),
+                );
+            }
+        }
         Figure::Eta => chart(
             name,
             "DRAM-tier hit ratio vs compressibility (C_DRAM:C_WS = 1:16, moderate)",
@@ -373,6 +424,7 @@ fn figure_name(figure: Figure) -> &'static str {
         Figure::Wa => "wa",
         Figure::Bypass => "bypass",
         Figure::Eta => "eta",
+        Figure::LatencyLoad => "latency-load",
     }
 }
 
@@ -387,8 +439,8 @@ fn opt_f(value: Option<f64>, digits: usize) -> String {
 fn markdown(figure: Figure, measured: &[Measured], failures: &[String]) -> String {
     let mut md = format!("# bench sweep --figure {}\n\n", figure_name(figure));
     md.push_str(
-        "| target | x | series | ops/s | hit | dram hit | ssd hit | p50 us | p99 us | objects | obj/MiB | wa_host | wr_nand | wa | rss MiB | command |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        "| target | x | series | ops/s | hit | dram hit | ssd hit | p50 us | p99 us | p999 us | objects | obj/MiB | wa_host | wr_nand | wa | rss MiB | server CPU s/Mop | command |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for m in measured {
         let r = &m.result;
@@ -397,7 +449,7 @@ fn markdown(figure: Figure, measured: &[Measured], failures: &[String]) -> Strin
             .map(|o| o as f64 / (r.workload.dram as f64 / (1 << 20) as f64));
         let _ = writeln!(
             md,
-            "| {} | {} | {} | {:.0} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | `zipcache bench --target {} {}` |",
+            "| {} | {} | {} | {:.0} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | `zipcache bench --target {} {}` |",
             r.target,
             m.point.x,
             m.point.series,
@@ -407,12 +459,14 @@ fn markdown(figure: Figure, measured: &[Measured], failures: &[String]) -> Strin
             opt_f(r.ssd_hit_ratio, 3),
             opt_f(r.get_latency_us.p50, 1),
             opt_f(r.get_latency_us.p99, 1),
+            opt_f(r.get_latency_us.p999, 1),
             opt(r.objects_resident),
             opt_f(per_mib, 0),
             opt_f(r.wa_host, 2),
             opt_f(r.wr_nand, 2),
             opt_f(r.wa, 2),
             opt_f(r.rss_bytes.map(|b| b as f64 / (1 << 20) as f64), 1),
+            opt_f(r.server_cpu_s_per_mop, 2),
             r.target,
             m.point.flags.join(" "),
         );
@@ -491,6 +545,7 @@ mod tests {
             Figure::Wa,
             Figure::Bypass,
             Figure::Eta,
+            Figure::LatencyLoad,
         ] {
             let (points, targets) = plan(figure, 1.0);
             assert!(!points.is_empty() && !targets.is_empty());

@@ -152,3 +152,74 @@ fn real_dataset_values_verify() {
     assert_eq!(results[0]["wrong_values"], 0);
     assert!(results[0]["hits"].as_u64().unwrap() > 0);
 }
+
+#[test]
+fn open_loop_reports_server_cpu_and_runs_memcached_ext_with_and_without_page_cache() {
+    require("memcached", "memcached");
+    require("redis-server", "redis-server");
+    let results = bench(&[
+        "--target",
+        "memcached,redis,memcached-ext",
+        "--drop-peer-page-cache",
+        "--rate",
+        "20000",
+        "--keys",
+        "20000",
+        "--dram",
+        "16MiB",
+        "--ssd-size",
+        "64MiB",
+        "--ops",
+        "20000",
+        "--warmup-ops",
+        "20000",
+        "--backend-latency-us",
+        "50",
+    ]);
+    let targets: Vec<&str> = results
+        .iter()
+        .map(|r| r["target"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        targets,
+        [
+            "memcached",
+            "redis",
+            "memcached-ext",
+            "memcached-ext-nocache"
+        ]
+    );
+    for result in &results {
+        check_schema(result);
+        let target = result["target"].as_str().unwrap();
+        assert_eq!(result["wrong_values"], 0, "{target} returned wrong values");
+        assert_eq!(result["errors"], 0, "{target}: {}", result["first_error"]);
+        assert_eq!(result["ops"], 20000, "{target}: every arrival was sent");
+        assert_eq!(result["workload"]["rate"], 20000.0);
+        assert!(result["get_latency_us"]["p99"].as_f64().unwrap() > 0.0);
+        // 20,000 requests in small batches cost a server tens of clock ticks (10 ms).
+        let cpu = result["server_cpu_s_per_mop"].as_f64().unwrap();
+        assert!(cpu > 0.0, "{target}: server CPU {cpu}");
+    }
+}
+
+#[test]
+fn a_page_cache_dropped_run_is_only_beside_the_cached_one() {
+    let cli = Cli::try_parse_from(["bench", "--target", "memcached-ext-nocache"]).unwrap();
+    let err = run(cli.bench).unwrap_err();
+    assert!(err.contains("--drop-peer-page-cache"), "{err}");
+}
+
+#[test]
+fn rate_is_refused_where_it_does_not_apply() {
+    for (args, expected) in [
+        (&["--rate", "0"][..], "--rate must be a positive"),
+        (&["--rate", "1000", "--mode", "fill"][..], "--mode fill"),
+    ] {
+        let argv = ["bench", "--target", "zipcache"]
+            .into_iter()
+            .chain(args.iter().copied());
+        let err = run(Cli::try_parse_from(argv).unwrap().bench).unwrap_err();
+        assert!(err.contains(expected), "{args:?}: {err}");
+    }
+}

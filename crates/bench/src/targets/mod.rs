@@ -8,7 +8,7 @@ pub mod foyer;
 pub mod network;
 pub mod segcache;
 #[cfg(test)]
-mod test_support;
+pub(crate) mod test_support;
 pub mod zipcache;
 
 /// One request of a batch.
@@ -120,6 +120,7 @@ pub const MANAGED: &[&str] = &[
     "memcached",
     "memcached-ext",
     "redis",
+    "zipcache-serve",
 ];
 
 /// Opens target `spec`: a name of [`MANAGED`] or `zipcache://`, `memcached://`, `redis://H:P`.
@@ -137,7 +138,9 @@ pub fn open(spec: &str, budget: &Budget) -> Result<Box<dyn Target>, String> {
         "zipcache" => Ok(Box::new(zipcache::ZipTarget::open(budget)?)),
         "foyer" => Ok(Box::new(foyer::FoyerTarget::open(budget)?)),
         "segcache" => Ok(Box::new(segcache::SegTarget::open(budget)?)),
-        "memcached" | "memcached-ext" | "redis" => Ok(Box::new(NetTarget::spawn(spec, budget)?)),
+        "memcached" | "memcached-ext" | "redis" | "zipcache-serve" | network::NOCACHE => {
+            Ok(Box::new(NetTarget::spawn(spec, budget)?))
+        }
         _ => Err(format!(
             "unknown target {spec:?}; known: {}, or memcached://H:P, redis://H:P, zipcache://H:P",
             MANAGED.join(", ")

@@ -9,6 +9,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use super::{Budget, Client, Reply, Request, Snapshot, Target};
+use crate::pagecache::PageCacheDropper;
 use crate::peers::{self, Peer};
 use crate::procfs;
 
@@ -247,10 +248,16 @@ pub struct NetTarget {
     dram_only: bool,
     /// `--server-pid`: the PID of a server the bench did not start.
     server_pid: Option<u32>,
+    /// memcached-ext-nocache: keeps the extstore file out of the page cache.
+    dropper: Option<PageCacheDropper>,
 }
 
+/// memcached-ext whose extstore file the bench keeps out of the page cache
+/// (`--drop-peer-page-cache`), so its flash reads reach the device as ZipCache's do.
+pub const NOCACHE: &str = "memcached-ext-nocache";
+
 impl NetTarget {
-    /// Starts `memcached`, `memcached-ext` or `redis` with the budget.
+    /// Starts `memcached`, `memcached-ext`, `redis` or `zipcache-serve` with the budget.
     pub fn spawn(name: &str, budget: &Budget) -> Result<NetTarget, String> {
         let dir = &budget.data_dir;
         std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
@@ -261,7 +268,7 @@ impl NetTarget {
                 Protocol::Memcached,
                 true,
             ),
-            "memcached-ext" => {
+            "memcached-ext" | NOCACHE => {
                 let ssd = budget
                     .ssd
                     .ok_or("memcached-ext needs an SSD budget (--ssd-size), not --ssd none")?;
@@ -271,10 +278,25 @@ impl NetTarget {
                     false,
                 )
             }
+            "zipcache-serve" => (
+                peers::zipcache_serve(
+                    budget.dram,
+                    budget.ssd,
+                    &budget.settings,
+                    dir,
+                    server_threads,
+                )?,
+                Protocol::Memcached,
+                budget.ssd.is_none(),
+            ),
             _ => (peers::redis(budget.dram, dir)?, Protocol::Resp, true),
         };
         let addr = peer.addr;
-        Self::new(name, addr, protocol, Some(peer), budget, dram_only)
+        let mut target = Self::new(name, addr, protocol, Some(peer), budget, dram_only)?;
+        if name == NOCACHE {
+            target.dropper = Some(PageCacheDropper::start(peers::extstore_file(dir)));
+        }
+        Ok(target)
     }
 
     /// A server already running at `addr` (`HOST:PORT`).
@@ -312,6 +334,7 @@ impl NetTarget {
             pipeline: budget.pipeline.max(1),
             dram_only,
             server_pid: None,
+            dropper: None,
         })
     }
 
@@ -413,7 +436,7 @@ impl Target for NetTarget {
 
     fn close(self: Box<Self>) -> Result<(), String> {
         // Dropping `peer` stops the server by its PID.
-        Ok(())
+        self.dropper.map_or(Ok(()), PageCacheDropper::stop)
     }
 }
 

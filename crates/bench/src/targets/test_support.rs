@@ -76,6 +76,7 @@ pub fn lookaside_workload(keys: u64, ops: u64) -> Workload {
         seed: 11,
         trace: None,
         trace_cursor: 0.into(),
+        rate: None,
     }
 }
 
