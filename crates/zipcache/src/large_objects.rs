@@ -775,4 +775,111 @@ mod tests {
         assert!(LargeObjects::load(at(7), device, 10, 32, memory).is_none());
         std::fs::remove_dir_all(&path).unwrap();
     }
+
+    std::thread_local! {
+        /// Whether this thread's trims of `TrimGate::held_lba` wait for the test.
+        static HOLDS_TRIMS: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    }
+
+    /// A memory device whose trim of one chosen block, on a thread that `HOLDS_TRIMS`,
+    /// waits until the test lets it go: the trim of a dead extent held between leaving
+    /// BT_LO and reaching the device.
+    struct TrimGate {
+        inner: MemDevice,
+        held_lba: u64,
+        entered: std::sync::mpsc::SyncSender<()>,
+        release: Mutex<std::sync::mpsc::Receiver<()>>,
+    }
+
+    impl BlockDevice for TrimGate {
+        fn block_count(&self) -> u64 {
+            self.inner.block_count()
+        }
+        fn read(&self, lba: u64, buf: &mut [u8]) -> std::io::Result<()> {
+            self.inner.read(lba, buf)
+        }
+        fn write(&self, lba: u64, buf: &[u8]) -> std::io::Result<()> {
+            self.inner.write(lba, buf)
+        }
+        fn trim(&self, lba: u64, count: u64) -> std::io::Result<()> {
+            if HOLDS_TRIMS.get() && (lba..lba + count).contains(&self.held_lba) {
+                self.entered.send(()).unwrap();
+                self.release.lock().recv().unwrap();
+            }
+            self.inner.trim(lba, count)
+        }
+        fn flush(&self) -> std::io::Result<()> {
+            self.inner.flush()
+        }
+        fn stats(&self) -> zipcache_device::DeviceStats {
+            self.inner.stats()
+        }
+    }
+
+    /// The stress test's `checksum_failures` with an SSD tier: a small PUT or a DELETE
+    /// takes a large object out of BT_LO (`remove`), and a large PUT replaces one
+    /// (`insert`), and each trims the dead extent only after BT_LO's leaf lock is let go,
+    /// without the log's lock. The log no longer counts the extent as live (its FIFO
+    /// drop finds BT_LO pointing elsewhere), so a PUT of another key may wrap onto those
+    /// blocks first; the late trim then zeroes that live extent, and its GET misses with a
+    /// checksum failure. Not a wrong value (the extent header's unique sequence number
+    /// and CRC refuse the zeros), but a live object lost and a counted failure on a
+    /// healthy device.
+    #[test]
+    #[ignore = "fails: a dead extent's trim lands after the log reused its blocks (see docs/notes/checksum-failures.md)"]
+    fn a_dead_extents_trim_never_erases_the_extent_that_reused_its_blocks() {
+        type Kill = fn(&LargeObjects);
+        let kills: [(&str, Kill); 2] = [
+            ("remove", |lo| {
+                lo.remove(b"dead");
+            }),
+            ("replace", |lo| {
+                lo.put(b"dead", &[2u8; 1000], Meta::default());
+            }),
+        ];
+        let (mut outcomes, mut expected) = (Vec::new(), Vec::new());
+        for (how, kill) in kills {
+            let (entered, on_enter) = std::sync::mpsc::sync_channel(1);
+            let (let_go, release) = std::sync::mpsc::channel();
+            let region_start = 10;
+            let device = Arc::new(TrimGate {
+                inner: MemDevice::new(region_start + 8),
+                held_lba: region_start,
+                entered,
+                release: Mutex::new(release),
+            });
+            let lo = LargeObjects::new(device, region_start, 8, Arc::new(Memory::default()));
+            // One block per object: "dead" takes the region's first block.
+            assert!(lo.put(b"dead", &[1u8; 1000], Meta::default()));
+            // PUTs that fill the region and wrap onto its first block (a replacing PUT
+            // took one block more).
+            let fill = if how == "replace" { 7 } else { 8 };
+            std::thread::scope(|s| {
+                let killer = s.spawn(|| {
+                    HOLDS_TRIMS.set(true);
+                    kill(&lo)
+                });
+                // A killer that does not trim the block itself leaves nothing to race.
+                let _ = on_enter.recv_timeout(std::time::Duration::from_secs(5));
+                // The trim of "dead"'s extent is on its way; meanwhile the log wraps.
+                for i in 0..fill {
+                    let key = format!("live-{i}");
+                    assert!(lo.put(key.as_bytes(), &[i as u8 + 10; 1000], Meta::default()));
+                }
+                let_go.send(()).unwrap();
+                killer.join().unwrap();
+            });
+            // The last PUT wrapped onto the dead extent's block; BT_LO still points at it.
+            let reused = format!("live-{}", fill - 1);
+            assert!(lo.lookup(reused.as_bytes()).is_some());
+            let found = lo.get(reused.as_bytes(), 0).map(|(v, _)| v[0]);
+            let failures = lo.counters.checksum_failures.load(Ordering::Relaxed);
+            outcomes.push((how, found, failures));
+            expected.push((how, Some(fill as u8 - 1 + 10), 0));
+        }
+        assert_eq!(
+            outcomes, expected,
+            "the extent that reused a dead one's block was erased by its trim"
+        );
+    }
 }
