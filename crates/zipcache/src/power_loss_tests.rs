@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use parking_lot::Mutex;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use zipcache_device::{BLOCK_SIZE, BlockDevice, DeviceStats};
+use zipcache_device::{BLOCK_SIZE, BlockDevice, DeviceCompression, DeviceStats};
 
 use crate::cache::persist::Persist;
 use crate::index_dir::IndexDir;
@@ -56,6 +56,8 @@ struct DeviceState {
 
 struct CrashDevice {
     blocks: u64,
+    /// Whether the engine packs blocks (`Host`) or writes them raw (`None`).
+    compression: DeviceCompression,
     state: Mutex<DeviceState>,
     power: PowerSwitch,
 }
@@ -76,6 +78,7 @@ impl CrashDevice {
         }
         CrashDevice {
             blocks: self.blocks,
+            compression: self.compression,
             state: Mutex::new(DeviceState {
                 durable,
                 pending: Vec::new(),
@@ -96,6 +99,10 @@ impl CrashDevice {
 impl BlockDevice for CrashDevice {
     fn block_count(&self) -> u64 {
         self.blocks
+    }
+
+    fn compression(&self) -> DeviceCompression {
+        self.compression
     }
 
     fn read(&self, lba: u64, buf: &mut [u8]) -> io::Result<()> {
@@ -293,6 +300,7 @@ fn lives(seed: u64, count: usize) -> (usize, usize) {
     let mut power = PowerSwitch::new(i64::MAX);
     let mut device = Arc::new(CrashDevice {
         blocks: 1_024,
+        compression: [DeviceCompression::Host, DeviceCompression::None][seed as usize / 2 % 2],
         state: Mutex::new(DeviceState::default()),
         power: power.clone(),
     });
