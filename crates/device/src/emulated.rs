@@ -1113,7 +1113,10 @@ mod tests {
             device.trim(2, 1).expect("trim");
             let stats = device.stats();
             assert_eq!(stats.physical_capacity, stats.logical_capacity, "{mode:?}");
-            assert_eq!(stats.nand_bytes_written, stats.host_bytes_written, "{mode:?}");
+            assert_eq!(
+                stats.nand_bytes_written, stats.host_bytes_written,
+                "{mode:?}"
+            );
             assert_eq!(stats.physical_used, 2 * BLOCK_BYTES, "{mode:?}");
             assert!(device.compression_threads().is_empty(), "{mode:?}");
         }

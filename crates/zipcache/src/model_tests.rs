@@ -650,6 +650,50 @@ fn ssd_tier_serves_what_dram_evicted() {
     }
 }
 
+/// On a drive that stores blocks whole, `stats` counts the flash the tier really takes
+/// (its written blocks) and objects per GiB of it; packing costs flusher time only in
+/// `host` mode, and an emulating device reports no real flash figure.
+#[test]
+fn flash_figures_are_real_for_the_mode() {
+    let mut per_gib = Vec::new();
+    for mode in [
+        DeviceCompression::Host,
+        DeviceCompression::None,
+        DeviceCompression::Emulate,
+    ] {
+        let device: Arc<dyn BlockDevice> = Arc::from(plain_device(1 << 14, mode));
+        let mut h = Harness::on(
+            256 << 10,
+            256,
+            3.0,
+            Some(device.clone()),
+            64 << 10,
+            Promotion::EveryHit,
+            &[],
+        );
+        h.put_all(0..20_000, 64);
+        h.cache.settle().unwrap();
+        device.drain().unwrap();
+        let s = h.cache.stats();
+        assert!(s.ssd_objects > 5_000, "{mode:?}: {s:?}");
+        assert_eq!(s.ssd_compress_seconds > 0.0, mode.by_host(), "{mode:?}");
+        if mode == DeviceCompression::Emulate {
+            assert_eq!(s.ssd_flash_bytes, None, "{s:?}");
+            continue;
+        }
+        let flash = s.ssd_flash_bytes.unwrap();
+        assert_eq!(flash, device.stats().physical_used, "{mode:?}");
+        assert!(flash >= s.ssd_leaf_bytes / 16, "{mode:?}: {s:?}");
+        let objects = s.ssd_objects_per_flash_gib.unwrap();
+        assert_eq!(objects, (s.ssd_objects << 30) as f64 / flash as f64);
+        per_gib.push(objects);
+    }
+    assert!(
+        per_gib[0] > 1.5 * per_gib[1],
+        "packing stores more objects per GiB of flash: {per_gib:?}"
+    );
+}
+
 /// `promotion = second_hit`: a key's first SSD hit leaves it on the SSD, its second
 /// copies it into DRAM (`every_hit` copies on the first); every hit serves the right
 /// value either way. Counted by `ssd_promotions`: a promotion may also be skipped because

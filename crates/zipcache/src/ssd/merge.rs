@@ -381,7 +381,11 @@ mod tests {
             }
             for i in 0..3000 {
                 let hit = ssd.get(&key(i), 0).map(|hit| hit.value);
-                assert_eq!(hit, Some(vec![i as u8; 100]), "key {i}, host {host_compression}");
+                assert_eq!(
+                    hit,
+                    Some(vec![i as u8; 100]),
+                    "key {i}, host {host_compression}"
+                );
             }
             let packing_ns = ssd.counters.compress_ns.load(Ordering::Relaxed);
             assert_eq!(packing_ns > 0, host_compression);
