@@ -110,6 +110,10 @@ pub struct Params {
     /// Engine setting NAME=VALUE for the zipcache target (repeatable).
     #[arg(long = "set", value_parser = setting_arg)]
     pub settings: Vec<(String, String)>,
+    /// How the zipcache target's SSD tier compresses: host (packs blocks with LZ4) |
+    /// hardware | none | emulate (physical figures emulated). A `--set` overrides it.
+    #[arg(long, default_value = "host", value_parser = ["host", "hardware", "none", "emulate"])]
+    pub device_compression: String,
     /// Number of distinct keys (ids 0..N-1).
     #[arg(long, conflicts_with = "working_set")]
     pub keys: Option<u64>,
@@ -398,7 +402,17 @@ impl Params {
             ssd: self.ssd_budget(),
             data_dir,
             mean_object: self.key_size + w.values.sizes.mean().ceil() as usize,
-            settings: self.settings.clone(),
+            settings: self
+                .ssd_budget()
+                .map(|_| {
+                    (
+                        "device_compression".to_string(),
+                        self.device_compression.clone(),
+                    )
+                })
+                .into_iter()
+                .chain(self.settings.iter().cloned())
+                .collect(),
             threads: self.threads,
             connections: self.connections,
             pipeline: self.pipeline,

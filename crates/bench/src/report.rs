@@ -52,6 +52,11 @@ pub struct TargetResult {
     pub ssd_objects: Option<u64>,
     pub ssd_index_bytes: Option<u64>,
     pub ssd_reads_per_ssd_get: Option<f64>,
+    /// Flash the SSD tier's data really takes, where the target can tell.
+    pub ssd_flash_bytes: Option<u64>,
+    /// `objects_resident` per MiB of the SSD budget (`--ssd-size`): every target's
+    /// flash is that size, so this compares what each keeps in it.
+    pub objects_per_ssd_mib: Option<f64>,
     pub rss_bytes: Option<u64>,
     /// Bytes the cache wrote to its SSD file during the measured phase.
     pub host_bytes_written: Option<u64>,
@@ -141,6 +146,7 @@ impl TargetResult {
             ssd_objects,
             ssd_index_bytes,
             ssd_reads_per_ssd_get,
+            ssd_flash_bytes,
             rss_bytes,
             ..
         } = after.clone();
@@ -148,6 +154,10 @@ impl TargetResult {
             .server_cpu_seconds
             .zip(before.server_cpu_seconds)
             .map(|(a, b)| a - b);
+        let objects_per_ssd_mib = params
+            .ssd_budget()
+            .filter(|_| !dram_only)
+            .and_then(|ssd| Some(objects_resident? as f64 / (ssd as f64 / (1 << 20) as f64)));
         TargetResult {
             target: target.into(),
             mode: params.mode.name().into(),
@@ -181,6 +191,8 @@ impl TargetResult {
             ssd_objects,
             ssd_index_bytes,
             ssd_reads_per_ssd_get,
+            ssd_flash_bytes,
+            objects_per_ssd_mib,
             rss_bytes,
             host_bytes_written: delta(after.host_bytes_written, before.host_bytes_written),
             bench_cpu_seconds,
@@ -228,6 +240,7 @@ pub fn table(results: &[TargetResult]) -> String {
         "rssMiB",
         "obj/MiB",
         "srvCPUs/Mop",
+        "obj/ssdMiB",
         "wrong",
         "errors",
     ];
@@ -253,6 +266,7 @@ pub fn table(results: &[TargetResult]) -> String {
                 cell(r.rss_bytes, mib),
                 cell(per_mib, |v| format!("{v:.0}")),
                 cell(r.server_cpu_s_per_mop, |v| format!("{v:.2}")),
+                cell(r.objects_per_ssd_mib, |v| format!("{v:.0}")),
                 r.wrong_values.to_string(),
                 r.errors.to_string(),
             ]

@@ -50,8 +50,8 @@ const SIDECAR_HEADER_LEN: usize = 8 + 4 + 4 + 8;
 /// How a [`CompressingDevice`] behaves and where it keeps its accounting.
 #[derive(Clone, Debug, PartialEq)]
 pub struct EmulatorOptions {
-    /// `Emulate` compresses every block on the controller threads; `None` accounts a plain
-    /// SSD (physical = host bytes) with no compression work; `Hardware` passes everything
+    /// `Emulate` compresses every block on the controller threads; `None` and `Host` account
+    /// a plain SSD (physical = host bytes) with no compression work; `Hardware` passes everything
     /// through and reports physical figures as 0 (unknown).
     pub mode: DeviceCompression,
     /// Logical capacity / physical capacity in `Emulate` mode (default 4.0, as in the
@@ -203,7 +203,7 @@ impl<D: BlockDevice> CompressingDevice<D> {
             DeviceCompression::Emulate => {
                 ((logical_capacity as f64 / ratio) as u64) / BLOCK_BYTES * BLOCK_BYTES
             }
-            DeviceCompression::None => logical_capacity,
+            DeviceCompression::None | DeviceCompression::Host => logical_capacity,
             DeviceCompression::Hardware => 0,
         };
         let compression_threads = Arc::new(Mutex::new(Vec::new()));
@@ -361,7 +361,7 @@ impl<D: BlockDevice> CompressingDevice<D> {
                     })?;
                 }
             }
-            (DeviceCompression::None, Some(accounting)) => {
+            (mode, Some(accounting)) if mode.plain() => {
                 for block_lba in lba..lba + (buf.len() / BLOCK_SIZE) as u64 {
                     accounting.record_write(block_lba, RAW_BLOCK);
                 }
@@ -469,7 +469,7 @@ impl<D: BlockDevice> BlockDevice for CompressingDevice<D> {
                     controller.thread.thread().unpark();
                 }
             }
-            (DeviceCompression::None, Some(accounting)) => {
+            (mode, Some(accounting)) if mode.plain() => {
                 accounting.record_trim(lba..lba + count, 0, 1)
             }
             _ => {}
@@ -490,6 +490,10 @@ impl<D: BlockDevice> BlockDevice for CompressingDevice<D> {
             sidecar.on_disk.store(true, Ordering::Release);
         }
         Ok(())
+    }
+
+    fn compression(&self) -> DeviceCompression {
+        self.mode
     }
 
     fn stats(&self) -> DeviceStats {
@@ -746,6 +750,7 @@ fn mode_tag(mode: DeviceCompression) -> u32 {
         DeviceCompression::Emulate => 1,
         DeviceCompression::None => 2,
         DeviceCompression::Hardware => 3,
+        DeviceCompression::Host => 4,
     }
 }
 
@@ -1095,21 +1100,26 @@ mod tests {
     }
 
     #[test]
-    fn none_mode_accounts_a_plain_ssd_without_compressing() {
-        let device = emulator(EmulatorOptions {
-            mode: DeviceCompression::None,
-            ..EmulatorOptions::default()
-        });
-        device.write(0, &[0; 3 * BLOCK_SIZE]).expect("write");
-        device
-            .write(1, &random_bytes(1, BLOCK_SIZE))
-            .expect("overwrite");
-        device.trim(2, 1).expect("trim");
-        let stats = device.stats();
-        assert_eq!(stats.physical_capacity, stats.logical_capacity);
-        assert_eq!(stats.nand_bytes_written, stats.host_bytes_written);
-        assert_eq!(stats.physical_used, 2 * BLOCK_BYTES);
-        assert!(device.compression_threads().is_empty());
+    fn plain_modes_account_a_plain_ssd_without_compressing() {
+        for mode in [DeviceCompression::None, DeviceCompression::Host] {
+            let device = emulator(EmulatorOptions {
+                mode,
+                ..EmulatorOptions::default()
+            });
+            device.write(0, &[0; 3 * BLOCK_SIZE]).expect("write");
+            device
+                .write(1, &random_bytes(1, BLOCK_SIZE))
+                .expect("overwrite");
+            device.trim(2, 1).expect("trim");
+            let stats = device.stats();
+            assert_eq!(stats.physical_capacity, stats.logical_capacity, "{mode:?}");
+            assert_eq!(
+                stats.nand_bytes_written, stats.host_bytes_written,
+                "{mode:?}"
+            );
+            assert_eq!(stats.physical_used, 2 * BLOCK_BYTES, "{mode:?}");
+            assert!(device.compression_threads().is_empty(), "{mode:?}");
+        }
     }
 
     #[test]

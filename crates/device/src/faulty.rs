@@ -8,7 +8,10 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use parking_lot::Mutex;
 
-use crate::{AlignedBuf, BLOCK_SIZE, BatchRead, BatchWrite, BlockDevice, DeviceStats, ReadFuture};
+use crate::{
+    AlignedBuf, BLOCK_SIZE, BatchRead, BatchWrite, BlockDevice, DeviceCompression, DeviceStats,
+    ReadFuture,
+};
 
 /// The kind of device operation a fault applies to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -275,6 +278,9 @@ impl<D: BlockDevice> BlockDevice for FaultyDevice<D> {
         self.inner.flush()
     }
 
+    fn compression(&self) -> DeviceCompression {
+        self.inner.compression()
+    }
     fn stats(&self) -> DeviceStats {
         self.inner.stats()
     }

@@ -8,7 +8,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use parking_lot::Mutex;
 
-use crate::{AlignedBuf, BlockDevice, DeviceStats, MemDevice, ReadCompletion, ReadFuture};
+use crate::{
+    AlignedBuf, BlockDevice, DeviceCompression, DeviceStats, MemDevice, ReadCompletion, ReadFuture,
+};
 
 /// Holds every [`BlockDevice::read_async`] while holding is on; everything else goes
 /// straight to the [`MemDevice`] underneath. A held read's block is copied when it is
@@ -81,6 +83,9 @@ impl BlockDevice for HeldDevice {
     }
     fn flush(&self) -> io::Result<()> {
         self.inner.flush()
+    }
+    fn compression(&self) -> DeviceCompression {
+        self.inner.compression()
     }
     fn stats(&self) -> DeviceStats {
         self.inner.stats()

@@ -67,13 +67,30 @@ pub const BLOCK_BYTES: u64 = BLOCK_SIZE as u64;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum DeviceCompression {
-    /// Emulate an SSD with built-in per-4KB zlib compression and account physical bytes.
+    /// A plain SSD whose blocks the host compresses before writing them (the engine packs
+    /// each 4 KiB block with LZ4): to the device, as [`DeviceCompression::None`].
     #[default]
+    Host,
+    /// Benchmarking only: emulates an SSD with built-in per-4KB zlib compression and
+    /// accounts the physical bytes such a drive would use; the file holds the blocks whole.
     Emulate,
     /// A plain SSD: physical bytes equal host bytes.
     None,
     /// The device compresses in hardware; the host cannot observe physical bytes.
     Hardware,
+}
+
+impl DeviceCompression {
+    /// Whether the host compresses blocks before they reach the device.
+    pub fn by_host(self) -> bool {
+        self == DeviceCompression::Host
+    }
+
+    /// Whether the device stores every written block whole, so that its physical bytes
+    /// are its written blocks (the host cannot see compression it does not do).
+    pub fn plain(self) -> bool {
+        matches!(self, DeviceCompression::None | DeviceCompression::Host)
+    }
 }
 
 /// Counters a device exposes. Byte counts are totals since the device was opened, except
@@ -168,6 +185,12 @@ pub trait BlockDevice: Send + Sync {
         Ok(())
     }
 
+    /// How the host must write to this device: [`DeviceCompression::Host`] asks it to
+    /// pack blocks itself. By default a plain device that stores blocks whole.
+    fn compression(&self) -> DeviceCompression {
+        DeviceCompression::None
+    }
+
     /// Physical bytes free now, or `None` when the device cannot observe NAND.
     /// Reflects only writes the controller has accounted; call [`BlockDevice::drain`]
     /// first for an exact figure.
@@ -237,6 +260,9 @@ impl<D: BlockDevice + ?Sized> BlockDevice for Arc<D> {
     fn drain(&self) -> io::Result<()> {
         (**self).drain()
     }
+    fn compression(&self) -> DeviceCompression {
+        (**self).compression()
+    }
     fn physical_free(&self) -> Option<u64> {
         (**self).physical_free()
     }
@@ -276,6 +302,9 @@ impl<D: BlockDevice + ?Sized> BlockDevice for Box<D> {
     }
     fn drain(&self) -> io::Result<()> {
         (**self).drain()
+    }
+    fn compression(&self) -> DeviceCompression {
+        (**self).compression()
     }
     fn physical_free(&self) -> Option<u64> {
         (**self).physical_free()

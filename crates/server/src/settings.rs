@@ -40,8 +40,10 @@ pub struct ServeArgs {
     /// `none` runs DRAM-only.
     #[arg(long, value_parser = ["none"])]
     pub ssd: Option<String>,
-    /// Per-4 KiB compression of the SSD: emulate | none | hardware [default: emulate].
-    #[arg(long, value_parser = ["emulate", "none", "hardware"])]
+    /// Per-4 KiB compression of the SSD: host (the host packs blocks, for ordinary drives)
+    /// | hardware (a transparent-compression drive) | none | emulate (benchmarking only:
+    /// physical figures emulated) [default: host].
+    #[arg(long, value_parser = ["host", "hardware", "none", "emulate"])]
     pub device_compression: Option<String>,
     /// TOML file with any of these settings (kebab-case keys, `set = ["NAME=VALUE"]`).
     #[arg(long)]
@@ -301,7 +303,7 @@ impl Settings {
             device_compression: args
                 .device_compression
                 .or(file.device_compression)
-                .unwrap_or_else(|| "emulate".into()),
+                .unwrap_or_else(|| "host".into()),
             set,
             max_connections: args
                 .max_connections
@@ -424,9 +426,14 @@ impl Settings {
     pub fn describe(&self, config: &zipcache::Config) -> String {
         let ssd = match (self.ssd_size, &config.ssd) {
             (Some(size), Some(ssd)) => format!(
-                "{} ({size} bytes logical, device-compression {:?}, direct-io {}, logical:physical {})",
+                "{} ({size} bytes logical, device-compression {:?}{}, direct-io {}, logical:physical {})",
                 ssd.path.display(),
                 ssd.device_compression,
+                match ssd.device_compression {
+                    zipcache::config::DeviceCompression::Emulate =>
+                        " (benchmarking: physical figures are emulated)",
+                    _ => "",
+                },
                 ssd.direct_io,
                 ssd.logical_to_physical
             ),

@@ -266,12 +266,13 @@ impl Config {
             }
             "device_compression" => {
                 let mode = match value.trim() {
+                    "host" => DeviceCompression::Host,
                     "emulate" => DeviceCompression::Emulate,
                     "none" => DeviceCompression::None,
                     "hardware" => DeviceCompression::Hardware,
                     other => {
                         return Err(Error::Config(format!(
-                            "device_compression must be emulate, none or hardware, not {other:?}"
+                            "device_compression must be host, hardware, none or emulate, not {other:?}"
                         )));
                     }
                 };

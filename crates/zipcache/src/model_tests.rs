@@ -12,7 +12,8 @@ use std::time::Duration;
 use proptest::prelude::*;
 
 use zipcache_device::{
-    BlockDevice, CompressingDevice, EmulatorOptions, FaultOp, FaultyDevice, MemDevice,
+    BlockDevice, CompressingDevice, DeviceCompression, EmulatorOptions, FaultOp, FaultyDevice,
+    MemDevice,
 };
 
 use crate::config::Promotion;
@@ -215,10 +216,13 @@ impl Harness {
         }
     }
 
-    /// 128 KiB of DRAM over an in-memory SSD of `blocks` blocks whose faults the caller
-    /// plans.
-    pub(crate) fn over_faulty_device(blocks: u64) -> (Harness, Arc<FaultyDevice<MemDevice>>) {
-        let faulty = Arc::new(FaultyDevice::new(MemDevice::new(blocks)));
+    /// 128 KiB of DRAM over an in-memory SSD of `blocks` blocks, driven in `mode`, whose
+    /// faults the caller plans.
+    pub(crate) fn over_faulty_device(
+        blocks: u64,
+        mode: DeviceCompression,
+    ) -> (Harness, Arc<FaultyDevice<Box<dyn BlockDevice>>>) {
+        let faulty = Arc::new(FaultyDevice::new(plain_device(blocks, mode)));
         let device: Arc<dyn BlockDevice> = faulty.clone();
         let h = Harness::on(
             128 << 10,
@@ -581,8 +585,9 @@ proptest! {
         track_access in any::<bool>(),
         presence_filters in any::<bool>(),
         dictionaries in any::<bool>(),
+        mode in prop_oneof![Just(DeviceCompression::Host), Just(DeviceCompression::None)],
     ) {
-        let faulty = Arc::new(FaultyDevice::new(MemDevice::new(blocks)));
+        let faulty = Arc::new(FaultyDevice::new(plain_device(blocks, mode)));
         let device: Arc<dyn BlockDevice> = faulty.clone();
         let mut settings = vec![("track_access", on(track_access)), ("ssd_presence_filters", on(presence_filters))];
         if dictionaries {
@@ -671,6 +676,16 @@ fn dictionaries_retrained_during_writes_never_serve_wrong_values() {
     }
 }
 
+/// An in-memory drive of `blocks` blocks that stores what it is given, driven in `mode`
+/// (`Host`: the engine packs blocks; `None`: it writes them raw).
+pub(crate) fn plain_device(blocks: u64, mode: DeviceCompression) -> Box<dyn BlockDevice> {
+    let options = EmulatorOptions {
+        mode,
+        ..EmulatorOptions::default()
+    };
+    Box::new(CompressingDevice::new(MemDevice::new(blocks), options).unwrap())
+}
+
 /// A DRAM budget far below the data: the SSD tier serves most GETs with one read each.
 #[test]
 fn ssd_tier_serves_what_dram_evicted() {
@@ -725,6 +740,50 @@ fn ssd_tier_serves_what_dram_evicted() {
             view,
         });
     }
+}
+
+/// On a drive that stores blocks whole, `stats` counts the flash the tier really takes
+/// (its written blocks) and objects per GiB of it; packing costs flusher time only in
+/// `host` mode, and an emulating device reports no real flash figure.
+#[test]
+fn flash_figures_are_real_for_the_mode() {
+    let mut per_gib = Vec::new();
+    for mode in [
+        DeviceCompression::Host,
+        DeviceCompression::None,
+        DeviceCompression::Emulate,
+    ] {
+        let device: Arc<dyn BlockDevice> = Arc::from(plain_device(1 << 14, mode));
+        let mut h = Harness::on(
+            256 << 10,
+            256,
+            3.0,
+            Some(device.clone()),
+            64 << 10,
+            Promotion::EveryHit,
+            &[],
+        );
+        h.put_all(0..20_000, 64);
+        h.cache.settle().unwrap();
+        device.drain().unwrap();
+        let s = h.cache.stats();
+        assert!(s.ssd_objects > 5_000, "{mode:?}: {s:?}");
+        assert_eq!(s.ssd_compress_seconds > 0.0, mode.by_host(), "{mode:?}");
+        if mode == DeviceCompression::Emulate {
+            assert_eq!(s.ssd_flash_bytes, None, "{s:?}");
+            continue;
+        }
+        let flash = s.ssd_flash_bytes.unwrap();
+        assert_eq!(flash, device.stats().physical_used, "{mode:?}");
+        assert!(flash >= s.ssd_leaf_bytes / 16, "{mode:?}: {s:?}");
+        let objects = s.ssd_objects_per_flash_gib.unwrap();
+        assert_eq!(objects, (s.ssd_objects << 30) as f64 / flash as f64);
+        per_gib.push(objects);
+    }
+    assert!(
+        per_gib[0] > 1.5 * per_gib[1],
+        "packing stores more objects per GiB of flash: {per_gib:?}"
+    );
 }
 
 /// `promotion = second_hit`: a key's first SSD hit leaves it on the SSD, its second
@@ -836,31 +895,33 @@ fn tiny_objects_take_no_medium_blobs() {
 /// Corrupt blocks and failing I/O on the SSD: misses and counters, never a wrong value.
 #[test]
 fn bad_blocks_and_io_errors_are_misses_not_wrong_values() {
-    let (mut h, faulty) = Harness::over_faulty_device(1 << 14);
-    h.put_all(0..8_000, 64);
-    // Flip bits in the header, the payload and the checksum of blocks across the device.
-    for lba in (0..400u64).step_by(3) {
-        faulty.flip_bits_on_read(lba, [0usize, 30, 100, 21][lba as usize % 4], 0x04);
+    for mode in [DeviceCompression::Host, DeviceCompression::None] {
+        let (mut h, faulty) = Harness::over_faulty_device(1 << 14, mode);
+        h.put_all(0..8_000, 64);
+        // Flip bits in the header, the payload and the checksum of blocks across the device.
+        for lba in (0..400u64).step_by(3) {
+            faulty.flip_bits_on_read(lba, [0usize, 30, 100, 21][lba as usize % 4], 0x04);
+        }
+        faulty.fail_lba(FaultOp::Read, 401);
+        faulty.fail_lba(FaultOp::Read, 402);
+        for key in 0..8_000u16 {
+            h.run(&Op::Get { key });
+        }
+        // Writes that fail: the sub-pages they were meant for are forgotten, not left stale.
+        faulty.fail_every_nth(FaultOp::Write, 3);
+        h.put_all((0..8_000).step_by(2), 50);
+        for key in (1..8_000u16).step_by(4) {
+            h.run(&Op::Delete { key });
+        }
+        h.put_all(8_000..12_000, 64);
+        for key in 0..12_000u16 {
+            h.run(&Op::Get { key });
+        }
+        let s = h.cache.stats();
+        assert!(s.checksum_failures > 0, "{s:?}");
+        assert!(s.io_errors > 0, "{s:?}");
+        assert!(s.ssd_hits > 0, "the healthy blocks still serve: {s:?}");
     }
-    faulty.fail_lba(FaultOp::Read, 401);
-    faulty.fail_lba(FaultOp::Read, 402);
-    for key in 0..8_000u16 {
-        h.run(&Op::Get { key });
-    }
-    // Writes that fail: the sub-pages they were meant for are forgotten, not left stale.
-    faulty.fail_every_nth(FaultOp::Write, 3);
-    h.put_all((0..8_000).step_by(2), 50);
-    for key in (1..8_000u16).step_by(4) {
-        h.run(&Op::Delete { key });
-    }
-    h.put_all(8_000..12_000, 64);
-    for key in 0..12_000u16 {
-        h.run(&Op::Get { key });
-    }
-    let s = h.cache.stats();
-    assert!(s.checksum_failures > 0, "{s:?}");
-    assert!(s.io_errors > 0, "{s:?}");
-    assert!(s.ssd_hits > 0, "the healthy blocks still serve: {s:?}");
 }
 
 /// `PutOptions::cas`: a CAS the client chose is stored as the object's, instead of one

@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use zipcache_device::{BlockDevice, FaultOp, MemDevice};
+use zipcache_device::{BlockDevice, DeviceCompression, FaultOp, MemDevice};
 
 use crate::config::Clock;
 use crate::model_tests::{Harness, Op};
@@ -22,33 +22,35 @@ fn evict_to_ssd(h: &Harness) {
 /// block behind a tombstone or a newer version that then leaves DRAM.
 #[test]
 fn a_read_fault_during_an_eviction_merge_never_resurrects_old_values() {
-    let (mut h, faulty) = Harness::over_faulty_device(1 << 14);
-    h.put_all(0..6_000, 64);
-    evict_to_ssd(&h);
-    faulty.fail_every_nth(FaultOp::Read, 1);
-    for key in (0..6_000u16).step_by(3) {
-        h.run(&Op::Delete { key });
-    }
-    // The tombstones leave DRAM while no block can be read.
-    evict_to_ssd(&h);
-    faulty.clear();
-    for key in 0..6_000u16 {
-        h.run(&Op::Get { key });
-    }
-    // Newer versions likewise.
-    faulty.fail_every_nth(FaultOp::Read, 1);
-    h.put_all((1..6_000).step_by(3), 40);
-    evict_to_ssd(&h);
-    faulty.clear();
-    for key in 0..6_000u16 {
-        h.run(&Op::Get { key });
+    for mode in [DeviceCompression::Host, DeviceCompression::None] {
+        let (mut h, faulty) = Harness::over_faulty_device(1 << 14, mode);
+        h.put_all(0..6_000, 64);
+        evict_to_ssd(&h);
+        faulty.fail_every_nth(FaultOp::Read, 1);
+        for key in (0..6_000u16).step_by(3) {
+            h.run(&Op::Delete { key });
+        }
+        // The tombstones leave DRAM while no block can be read.
+        evict_to_ssd(&h);
+        faulty.clear();
+        for key in 0..6_000u16 {
+            h.run(&Op::Get { key });
+        }
+        // Newer versions likewise.
+        faulty.fail_every_nth(FaultOp::Read, 1);
+        h.put_all((1..6_000).step_by(3), 40);
+        evict_to_ssd(&h);
+        faulty.clear();
+        for key in 0..6_000u16 {
+            h.run(&Op::Get { key });
+        }
     }
 }
 
 /// Finding 3: DELETE of a large object removes it even when its extent cannot be read.
 #[test]
 fn a_large_object_deleted_during_a_read_fault_stays_deleted() {
-    let (mut h, faulty) = Harness::over_faulty_device(1 << 14);
+    let (mut h, faulty) = Harness::over_faulty_device(1 << 14, DeviceCompression::Host);
     h.run(&Op::Put {
         key: 7,
         len: 5_000,
@@ -98,7 +100,7 @@ fn the_largest_leaf_keeps_every_blob_slot_apart() {
 /// may have held a newer version or a tombstone.
 #[test]
 fn a_corrupt_dram_page_hides_older_ssd_copies() {
-    let (mut h, _faulty) = Harness::over_faulty_device(1 << 14);
+    let (mut h, _faulty) = Harness::over_faulty_device(1 << 14, DeviceCompression::Host);
     let keys = 0..300u16;
     h.put_all(keys.clone(), 64);
     let now = h.clock.now_ms();
@@ -129,7 +131,7 @@ fn a_corrupt_dram_page_hides_older_ssd_copies() {
 /// Finding 6, blobs: a medium object whose blob is damaged hides the older SSD copy.
 #[test]
 fn a_corrupt_blob_hides_the_older_ssd_copy() {
-    let (mut h, _faulty) = Harness::over_faulty_device(1 << 14);
+    let (mut h, _faulty) = Harness::over_faulty_device(1 << 14, DeviceCompression::Host);
     h.put_all(0..50, 64);
     let now = h.clock.now_ms();
     evict_to_ssd(&h);
@@ -362,7 +364,7 @@ fn a_tiny_dram_over_a_large_ssd_stays_within_the_budget() {
 /// A key promoted from the SSD into DRAM (a clean copy) is one resident object, not two.
 #[test]
 fn promoted_copies_count_once() {
-    let (mut h, _faulty) = Harness::over_faulty_device(1 << 14);
+    let (mut h, _faulty) = Harness::over_faulty_device(1 << 14, DeviceCompression::Host);
     h.put_all(0..200, 64);
     evict_to_ssd(&h);
     assert_eq!(h.cache.stats().objects_resident, 200);

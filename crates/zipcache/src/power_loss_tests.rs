@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use parking_lot::Mutex;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use zipcache_device::{BLOCK_SIZE, BlockDevice, DeviceStats};
+use zipcache_device::{BLOCK_SIZE, BlockDevice, DeviceCompression, DeviceStats};
 
 use crate::cache::persist::Persist;
 use crate::dictionary::tests::documents;
@@ -58,6 +58,8 @@ struct DeviceState {
 
 struct CrashDevice {
     blocks: u64,
+    /// Whether the engine packs blocks (`Host`) or writes them raw (`None`).
+    compression: DeviceCompression,
     state: Mutex<DeviceState>,
     power: PowerSwitch,
 }
@@ -78,6 +80,7 @@ impl CrashDevice {
         }
         CrashDevice {
             blocks: self.blocks,
+            compression: self.compression,
             state: Mutex::new(DeviceState {
                 durable,
                 pending: Vec::new(),
@@ -98,6 +101,10 @@ impl CrashDevice {
 impl BlockDevice for CrashDevice {
     fn block_count(&self) -> u64 {
         self.blocks
+    }
+
+    fn compression(&self) -> DeviceCompression {
+        self.compression
     }
 
     fn read(&self, lba: u64, buf: &mut [u8]) -> io::Result<()> {
@@ -301,6 +308,7 @@ fn lives(seed: u64, count: usize) -> (usize, usize, usize) {
     let mut power = PowerSwitch::new(i64::MAX);
     let mut device = Arc::new(CrashDevice {
         blocks: 1_024,
+        compression: [DeviceCompression::Host, DeviceCompression::None][seed as usize / 2 % 2],
         state: Mutex::new(DeviceState::default()),
         power: power.clone(),
     });

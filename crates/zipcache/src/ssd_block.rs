@@ -3,34 +3,44 @@
 //! ```text
 //! offset size field
 //!      0    4 magic "ZCSP"
-//!      4    1 format version (2)
-//!      5    1 reserved, 0
+//!      4    1 format version (3)
+//!      5    1 packing: 0 raw records, 1 packed by the host (`host_compression`)
 //!      6    2 record count, u16 LE
 //!      8    4 super-leaf id (its slot), u32 LE
 //!     12    4 super-leaf generation, u32 LE
 //!     16    2 sub-page index within the super-leaf, u16 LE
-//!     18    2 payload length in bytes, u16 LE
+//!     18    2 stored payload length in bytes, u16 LE
 //!     20    8 CAS base of the payload's records, u64 LE
-//!     28    4 CRC32C of bytes 0..28 and of the payload
-//!     32    . payload: records (`record.rs`), then zeros to the end of the block
+//!     28    4 CRC32C of bytes 0..28 and of the stored payload
+//!     32    . stored payload: records (`record.rs`) raw or packed, then zeros to the end
 //! ```
 //! Every byte read back is checked: a block that is not exactly what this super-leaf
-//! wrote last (wrong magic, version, id, generation or index, or a bad checksum) is a miss
-//! and a counted checksum failure, never data. A block of an older format version is
-//! refused by its version byte before anything else is read: its records would parse
-//! differently.
+//! wrote last (wrong magic, version, packing, id, generation or index, a bad checksum, or
+//! a packed payload that does not unpack to its stated length) is a miss and a counted
+//! checksum failure, never data. A version-2 block is a raw version-3 block (its byte 5
+//! was reserved, 0) and reads as before; a version-1 block is refused by its version byte
+//! before anything else is read: its records would parse differently.
+
+pub mod host_compression;
+
+use std::sync::atomic::AtomicU64;
 
 use zipcache_device::BLOCK_SIZE;
 
 use crate::record::{CasBase, Record, records_in};
 
 pub const MAGIC: [u8; 4] = *b"ZCSP";
-pub const FORMAT_VERSION: u8 = 2;
+pub const FORMAT_VERSION: u8 = 3;
+/// The version before packing: its blocks are raw version-3 blocks.
+const RAW_ONLY_VERSION: u8 = 2;
 pub const HEADER: usize = 32;
 /// Bytes the checksum covers ahead of the payload.
 const CHECKED_HEADER: usize = 28;
-/// Record bytes one block can carry.
+/// Stored payload bytes one block can carry.
 pub const PAYLOAD: usize = BLOCK_SIZE - HEADER;
+
+const RAW: u8 = 0;
+const PACKED: u8 = 1;
 
 /// Who a block belongs to; a block read back must name the same owner.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -40,35 +50,83 @@ pub struct Owner {
     pub subpage: u16,
 }
 
-/// Writes `records` into `block` (4 KiB) behind a header; returns false if they exceed
+/// A sub-page's records as a block stores them: raw, or packed when the host compresses
+/// and packing makes them smaller.
+pub struct Stored {
+    bytes: Vec<u8>,
+    packing: u8,
+    count: u16,
+    base: CasBase,
+}
+
+impl Stored {
+    /// `records` encoded, and packed if `host_compression` (time added to `spent_ns`);
+    /// `None` if there are more than a block can count.
+    pub fn of<'a>(
+        records: impl IntoIterator<Item = Record<'a>>,
+        host_compression: bool,
+        spent_ns: &AtomicU64,
+    ) -> Option<Stored> {
+        let records: Vec<Record> = records.into_iter().collect();
+        let count = u16::try_from(records.len()).ok()?;
+        let base = CasBase::of(&records);
+        let mut raw = Vec::with_capacity(PAYLOAD);
+        for r in &records {
+            r.encode_in(&mut raw, base);
+        }
+        let packed = host_compression
+            .then(|| host_compression::pack(&raw, spent_ns))
+            .flatten();
+        let (bytes, packing) = match packed {
+            Some(packed) => (packed, PACKED),
+            None => (raw, RAW),
+        };
+        Some(Stored {
+            bytes,
+            packing,
+            count,
+            base,
+        })
+    }
+
+    /// Payload bytes the block needs.
+    pub fn len(&self) -> usize {
+        self.bytes.len()
+    }
+
+    /// Writes the records into `block` (4 KiB) behind a header; false if they exceed the
+    /// payload.
+    pub fn seal(&self, block: &mut [u8], owner: Owner) -> bool {
+        let len = self.bytes.len();
+        if len > PAYLOAD {
+            return false;
+        }
+        block.fill(0);
+        block[0..4].copy_from_slice(&MAGIC);
+        block[4] = FORMAT_VERSION;
+        block[5] = self.packing;
+        block[6..8].copy_from_slice(&self.count.to_le_bytes());
+        block[8..12].copy_from_slice(&owner.superleaf.to_le_bytes());
+        block[12..16].copy_from_slice(&owner.generation.to_le_bytes());
+        block[16..18].copy_from_slice(&owner.subpage.to_le_bytes());
+        block[18..20].copy_from_slice(&(len as u16).to_le_bytes());
+        block[20..28].copy_from_slice(&self.base.0.to_le_bytes());
+        block[HEADER..HEADER + len].copy_from_slice(&self.bytes);
+        let crc = checksum(block, len);
+        block[28..32].copy_from_slice(&crc.to_le_bytes());
+        true
+    }
+}
+
+/// Writes raw `records` into `block` (4 KiB) behind a header; returns false if they exceed
 /// the payload. The payload is never longer than the records' `encoded_len` sum.
+#[cfg(test)]
 pub fn seal<'a>(
     block: &mut [u8],
     owner: Owner,
     records: impl IntoIterator<Item = Record<'a>>,
 ) -> bool {
-    let records: Vec<Record> = records.into_iter().collect();
-    let base = CasBase::of(&records);
-    let mut payload = Vec::with_capacity(PAYLOAD);
-    for r in &records {
-        r.encode_in(&mut payload, base);
-    }
-    if payload.len() > PAYLOAD || records.len() > u16::MAX as usize {
-        return false;
-    }
-    block.fill(0);
-    block[0..4].copy_from_slice(&MAGIC);
-    block[4] = FORMAT_VERSION;
-    block[6..8].copy_from_slice(&(records.len() as u16).to_le_bytes());
-    block[8..12].copy_from_slice(&owner.superleaf.to_le_bytes());
-    block[12..16].copy_from_slice(&owner.generation.to_le_bytes());
-    block[16..18].copy_from_slice(&owner.subpage.to_le_bytes());
-    block[18..20].copy_from_slice(&(payload.len() as u16).to_le_bytes());
-    block[20..28].copy_from_slice(&base.0.to_le_bytes());
-    block[HEADER..HEADER + payload.len()].copy_from_slice(&payload);
-    let crc = checksum(block, payload.len());
-    block[28..32].copy_from_slice(&crc.to_le_bytes());
-    true
+    Stored::of(records, false, &AtomicU64::new(0)).is_some_and(|stored| stored.seal(block, owner))
 }
 
 fn checksum(block: &[u8], payload_len: usize) -> u32 {
@@ -78,9 +136,17 @@ fn checksum(block: &[u8], payload_len: usize) -> u32 {
     )
 }
 
-/// The records of a block if it is intact and belongs to `owner`.
-pub fn open(block: &[u8], owner: Owner) -> Option<impl Iterator<Item = Record<'_>>> {
-    if block.len() != BLOCK_SIZE || block[0..4] != MAGIC || block[4] != FORMAT_VERSION {
+/// The records of a block if it is intact and belongs to `owner`; a packed block is
+/// unpacked into `scratch`.
+pub fn open<'a>(
+    block: &'a [u8],
+    owner: Owner,
+    scratch: &'a mut Vec<u8>,
+) -> Option<impl Iterator<Item = Record<'a>>> {
+    if block.len() != BLOCK_SIZE
+        || block[0..4] != MAGIC
+        || !matches!(block[4], FORMAT_VERSION | RAW_ONLY_VERSION)
+    {
         return None;
     }
     let u16_at = |at: usize| u16::from_le_bytes([block[at], block[at + 1]]);
@@ -98,7 +164,12 @@ pub fn open(block: &[u8], owner: Owner) -> Option<impl Iterator<Item = Record<'_
         block[20..28].try_into().unwrap_or_default(),
     ));
     let count = u16_at(6) as usize;
-    let payload = &block[HEADER..HEADER + len];
+    let stored = &block[HEADER..HEADER + len];
+    let payload = match block[5] {
+        RAW => stored,
+        PACKED if block[4] == FORMAT_VERSION => host_compression::unpack(stored, scratch)?,
+        _ => return None,
+    };
     (records_in(payload, base).count() == count).then(|| records_in(payload, base))
 }
 
@@ -135,7 +206,9 @@ mod tests {
         ];
         assert!(seal(&mut block, owner(), recs));
         assert_eq!(
-            open(&block, owner()).unwrap().collect::<Vec<_>>(),
+            open(&block, owner(), &mut Vec::new())
+                .unwrap()
+                .collect::<Vec<_>>(),
             recs.to_vec()
         );
         for other in [
@@ -152,18 +225,18 @@ mod tests {
                 ..owner()
             },
         ] {
-            assert!(open(&block, other).is_none());
+            assert!(open(&block, other, &mut Vec::new()).is_none());
         }
         for at in [0, 4, 7, 19, 21, 27, 29, HEADER, HEADER + 3] {
             let mut bad = block.clone();
             bad[at] ^= 0x10;
             assert!(
-                open(&bad, owner()).is_none(),
+                open(&bad, owner(), &mut Vec::new()).is_none(),
                 "flipped byte {at} went unnoticed"
             );
         }
         assert!(
-            open(&vec![0u8; BLOCK_SIZE], owner()).is_none(),
+            open(&vec![0u8; BLOCK_SIZE], owner(), &mut Vec::new()).is_none(),
             "a trimmed block is no data"
         );
     }
@@ -192,7 +265,7 @@ mod tests {
         assert!(seal(&mut block, owner(), recs));
         let mut want = Vec::new();
         want.extend_from_slice(b"ZCSP");
-        want.extend_from_slice(&[2, 0, 2, 0]); // version, reserved, count
+        want.extend_from_slice(&[3, 0, 2, 0]); // version, packing, count
         want.extend_from_slice(&7u32.to_le_bytes());
         want.extend_from_slice(&3u32.to_le_bytes());
         want.extend_from_slice(&5u16.to_le_bytes());
@@ -205,7 +278,9 @@ mod tests {
         assert_eq!(&block[28..32], &crc.to_le_bytes());
         assert!(block[HEADER + 10..].iter().all(|&b| b == 0));
         assert_eq!(
-            open(&block, owner()).unwrap().collect::<Vec<_>>(),
+            open(&block, owner(), &mut Vec::new())
+                .unwrap()
+                .collect::<Vec<_>>(),
             recs.to_vec()
         );
     }
@@ -226,10 +301,10 @@ mod tests {
         block[24..24 + payload.len()].copy_from_slice(&payload);
         let crc = crc32c::crc32c_append(crc32c::crc32c(&block[..20]), &payload);
         block[20..24].copy_from_slice(&crc.to_le_bytes());
-        assert!(open(&block, owner()).is_none());
+        assert!(open(&block, owner(), &mut Vec::new()).is_none());
         // Even with the version byte forged, the checksum no longer matches.
         block[4] = FORMAT_VERSION;
-        assert!(open(&block, owner()).is_none());
+        assert!(open(&block, owner(), &mut Vec::new()).is_none());
     }
 
     #[test]
@@ -242,5 +317,134 @@ mod tests {
             meta: Meta::default(),
         }];
         assert!(!seal(&mut block, owner(), recs));
+    }
+
+    /// Sixty records of 16-byte keys and 64-byte values that repeat their key: more raw
+    /// bytes than a block's payload.
+    fn many_compressible() -> (Vec<String>, Vec<String>) {
+        let keys: Vec<String> = (0..60).map(|i| format!("key:{i:012}")).collect();
+        let values = keys.iter().map(|k| k.repeat(4)).collect();
+        (keys, values)
+    }
+
+    fn records_of<'a>(keys: &'a [String], values: &'a [String]) -> Vec<Record<'a>> {
+        keys.iter()
+            .zip(values)
+            .map(|(k, v)| Record {
+                key: k.as_bytes(),
+                payload: Payload::Inline(v.as_bytes()),
+                meta: Meta::default(),
+            })
+            .collect()
+    }
+
+    fn packed_block() -> (Vec<u8>, Vec<Record<'static>>) {
+        let (keys, values) = many_compressible();
+        let (keys, values) = (keys.leak(), values.leak());
+        let recs = records_of(keys, values);
+        let stored = Stored::of(recs.iter().copied(), true, &AtomicU64::new(0)).unwrap();
+        let mut block = vec![0u8; BLOCK_SIZE];
+        assert!(stored.seal(&mut block, owner()), "{} bytes", stored.len());
+        (block, recs)
+    }
+
+    #[test]
+    fn a_packed_block_holds_more_records_than_a_raw_one() {
+        let (keys, values) = many_compressible();
+        let recs = records_of(&keys, &values);
+        let raw: usize = recs.iter().map(Record::encoded_len).sum();
+        assert!(raw > PAYLOAD, "the records overflow a raw block");
+        assert!(!seal(
+            &mut vec![0u8; BLOCK_SIZE],
+            owner(),
+            recs.iter().copied()
+        ));
+        let (block, recs) = packed_block();
+        assert_eq!(block[5], PACKED);
+        assert_eq!(
+            open(&block, owner(), &mut Vec::new())
+                .unwrap()
+                .collect::<Vec<_>>(),
+            recs
+        );
+    }
+
+    /// Bit flips anywhere in the header or stored payload, a stored length cut short or
+    /// grown, and a raw length that lies are all misses, never records.
+    #[test]
+    fn a_damaged_packed_block_is_no_data() {
+        let (block, _) = packed_block();
+        let len = usize::from(u16::from_le_bytes([block[18], block[19]]));
+        let mut scratch = Vec::new();
+        for at in (0..HEADER + len).step_by(7).chain([5, HEADER, HEADER + 1]) {
+            let mut bad = block.clone();
+            bad[at] ^= 0x04;
+            assert!(
+                open(&bad, owner(), &mut scratch).is_none(),
+                "flipped byte {at} went unnoticed"
+            );
+        }
+        let resealed = |edit: &dyn Fn(&mut Vec<u8>)| {
+            let mut bad = block.clone();
+            edit(&mut bad);
+            let len = usize::from(u16::from_le_bytes([bad[18], bad[19]])).min(PAYLOAD);
+            let crc = checksum(&bad, len);
+            bad[28..32].copy_from_slice(&crc.to_le_bytes());
+            bad
+        };
+        // Damage the checksum cannot see (written with a good checksum) is still refused.
+        for stored_len in [0, 1, 2, len - 1, len + 1, PAYLOAD] {
+            let bad = resealed(&|b| b[18..20].copy_from_slice(&(stored_len as u16).to_le_bytes()));
+            assert!(
+                open(&bad, owner(), &mut scratch).is_none(),
+                "stored length {stored_len}"
+            );
+        }
+        let bad = resealed(&|b| b[18..20].copy_from_slice(&(PAYLOAD as u16 + 1).to_le_bytes()));
+        assert!(
+            open(&bad, owner(), &mut scratch).is_none(),
+            "oversized length"
+        );
+        let raw_len = u16::from_le_bytes([block[HEADER], block[HEADER + 1]]);
+        for lie in [raw_len - 1, raw_len + 1, u16::MAX] {
+            let bad = resealed(&|b| b[HEADER..HEADER + 2].copy_from_slice(&lie.to_le_bytes()));
+            assert!(
+                open(&bad, owner(), &mut scratch).is_none(),
+                "raw length {lie}"
+            );
+        }
+        let bad = resealed(&|b| b[6..8].copy_from_slice(&59u16.to_le_bytes()));
+        assert!(open(&bad, owner(), &mut scratch).is_none(), "record count");
+        let bad = resealed(&|b| b[5] = 2);
+        assert!(
+            open(&bad, owner(), &mut scratch).is_none(),
+            "unknown packing"
+        );
+    }
+
+    /// A block written by format version 2 (the same header with byte 5 reserved, 0) reads
+    /// as before; a packed block claiming version 2 does not.
+    #[test]
+    fn a_version_2_block_reads_as_before() {
+        let (keys, values) = (["a".to_string()], ["1".to_string()]);
+        let recs = records_of(&keys, &values);
+        let mut block = vec![0u8; BLOCK_SIZE];
+        assert!(seal(&mut block, owner(), recs.iter().copied()));
+        block[4] = RAW_ONLY_VERSION;
+        let len = usize::from(u16::from_le_bytes([block[18], block[19]]));
+        let crc = checksum(&block, len);
+        block[28..32].copy_from_slice(&crc.to_le_bytes());
+        assert_eq!(
+            open(&block, owner(), &mut Vec::new())
+                .unwrap()
+                .collect::<Vec<_>>(),
+            recs
+        );
+        let (mut packed, _) = packed_block();
+        packed[4] = RAW_ONLY_VERSION;
+        let len = usize::from(u16::from_le_bytes([packed[18], packed[19]]));
+        let crc = checksum(&packed, len);
+        packed[28..32].copy_from_slice(&crc.to_le_bytes());
+        assert!(open(&packed, owner(), &mut Vec::new()).is_none());
     }
 }

@@ -143,6 +143,14 @@ pub struct Stats {
     pub ssd_physical_used: u64,
     pub ssd_logical_capacity: u64,
     pub ssd_physical_capacity: u64,
+    /// Flash bytes the SSD tier's data really takes: its written blocks on a drive that
+    /// stores them whole (`device_compression` host or none); `None` where the host
+    /// cannot tell (hardware) or the figure would be emulated (emulate).
+    pub ssd_flash_bytes: Option<u64>,
+    /// `ssd_objects` per GiB of `ssd_flash_bytes`.
+    pub ssd_objects_per_flash_gib: Option<f64>,
+    /// Seconds the flusher spent packing blocks (`device_compression=host`).
+    pub ssd_compress_seconds: f64,
     pub checksum_failures: u64,
     pub io_errors: u64,
 }

@@ -4,16 +4,22 @@
 
 use std::path::PathBuf;
 
+use zipcache::config::DeviceCompression;
 use zipcache::{Config, SsdConfig, ZipCache};
 
-struct TempDir(PathBuf);
+/// Every test runs with blocks packed by the host and with raw blocks.
+const MODES: [DeviceCompression; 2] = [DeviceCompression::Host, DeviceCompression::Emulate];
+
+/// A directory for one test's files, and the mode its cache runs in.
+struct TempDir(PathBuf, DeviceCompression);
 
 impl TempDir {
-    fn new(name: &str) -> TempDir {
-        let dir = std::env::temp_dir().join(format!("zipcache-{name}-{}", std::process::id()));
+    fn new(name: &str, mode: DeviceCompression) -> TempDir {
+        let dir =
+            std::env::temp_dir().join(format!("zipcache-{name}-{mode:?}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
-        TempDir(dir)
+        TempDir(dir, mode)
     }
 }
 
@@ -31,7 +37,7 @@ fn config(dir: &TempDir) -> Config {
             path: dir.0.join("ssd.bin"),
             size: 64 << 20,
             direct_io: true,
-            device_compression: zipcache::config::DeviceCompression::Emulate,
+            device_compression: dir.1,
             logical_to_physical: 4.0,
         }),
         // Writers wait for the flusher rather than drop: a clean close must keep all.
@@ -89,58 +95,62 @@ fn check_never_stale(cache: &ZipCache) -> usize {
 
 #[test]
 fn clean_close_restarts_warm_with_newest_versions() {
-    let dir = TempDir::new("warm");
-    let cache = ZipCache::open(config(&dir)).unwrap();
-    assert!(!cache.warm_started());
-    populate(&cache);
-    assert!(cache.stats().ssd_objects > 5_000, "{:?}", cache.stats());
-    cache.close().unwrap();
+    for mode in MODES {
+        let dir = TempDir::new("warm", mode);
+        let cache = ZipCache::open(config(&dir)).unwrap();
+        assert!(!cache.warm_started());
+        populate(&cache);
+        assert!(cache.stats().ssd_objects > 5_000, "{:?}", cache.stats());
+        cache.close().unwrap();
 
-    let cache = ZipCache::open(config(&dir)).unwrap();
-    assert!(cache.warm_started());
-    let live = (0..20_000).filter(|&i| expected(i).is_some()).count();
-    let hits = check_never_stale(&cache);
-    assert_eq!(
-        hits,
-        live,
-        "a clean close keeps every object: {:?}",
-        cache.stats()
-    );
-    assert_eq!(cache.stats().checksum_failures, 0);
-    cache.close().unwrap();
+        let cache = ZipCache::open(config(&dir)).unwrap();
+        assert!(cache.warm_started());
+        let live = (0..20_000).filter(|&i| expected(i).is_some()).count();
+        let hits = check_never_stale(&cache);
+        assert_eq!(
+            hits,
+            live,
+            "a clean close keeps every object: {:?}",
+            cache.stats()
+        );
+        assert_eq!(cache.stats().checksum_failures, 0);
+        cache.close().unwrap();
+    }
 }
 
 #[test]
 fn crash_restarts_cold_and_never_stale() {
-    let dir = TempDir::new("crash");
-    let cache = ZipCache::open(config(&dir)).unwrap();
-    populate(&cache);
-    drop(cache); // no close(): as good as a crash for what reaches the disk
-    let cache = ZipCache::open(config(&dir)).unwrap();
-    assert!(!cache.warm_started());
-    assert_eq!(
-        check_never_stale(&cache),
-        0,
-        "a cold start forgets everything"
-    );
+    for mode in MODES {
+        let dir = TempDir::new("crash", mode);
+        let cache = ZipCache::open(config(&dir)).unwrap();
+        populate(&cache);
+        drop(cache); // no close(): as good as a crash for what reaches the disk
+        let cache = ZipCache::open(config(&dir)).unwrap();
+        assert!(!cache.warm_started());
+        assert_eq!(
+            check_never_stale(&cache),
+            0,
+            "a cold start forgets everything"
+        );
 
-    // A warm start followed by a crash must not reuse the old index either.
-    populate(&cache);
-    cache.close().unwrap();
-    let cache = ZipCache::open(config(&dir)).unwrap();
-    assert!(cache.warm_started());
-    for i in (0..20_000).step_by(3) {
-        cache
-            .put(&key(i), b"overwritten after the warm start", None)
-            .unwrap();
+        // A warm start followed by a crash must not reuse the old index either.
+        populate(&cache);
+        cache.close().unwrap();
+        let cache = ZipCache::open(config(&dir)).unwrap();
+        assert!(cache.warm_started());
+        for i in (0..20_000).step_by(3) {
+            cache
+                .put(&key(i), b"overwritten after the warm start", None)
+                .unwrap();
+        }
+        drop(cache);
+        let cache = ZipCache::open(config(&dir)).unwrap();
+        assert!(
+            !cache.warm_started(),
+            "the index was consumed by the previous open"
+        );
+        assert_eq!(check_never_stale(&cache), 0);
     }
-    drop(cache);
-    let cache = ZipCache::open(config(&dir)).unwrap();
-    assert!(
-        !cache.warm_started(),
-        "the index was consumed by the previous open"
-    );
-    assert_eq!(check_never_stale(&cache), 0);
 }
 
 fn large(i: u32, version: u32) -> Vec<u8> {
@@ -153,63 +163,67 @@ fn large(i: u32, version: u32) -> Vec<u8> {
 /// replaced or deleted them before the close still win after it; a crash forgets them.
 #[test]
 fn large_objects_restart_warm_and_never_stale() {
-    let dir = TempDir::new("large");
-    let cache = ZipCache::open(config(&dir)).unwrap();
-    for i in 0..300 {
-        cache.put(&key(i), &large(i, 1), None).unwrap();
-    }
-    for i in (0..300).step_by(3) {
-        cache.put(&key(i), &value(i, 2), None).unwrap(); // small replaces large
-    }
-    for i in (1..300).step_by(5) {
-        cache.delete(&key(i)).unwrap();
-    }
-    let expected = |i: u32| match i {
-        _ if i % 5 == 1 => None,
-        _ if i.is_multiple_of(3) => Some(value(i, 2)),
-        _ => Some(large(i, 1)),
-    };
-    assert!(cache.stats().large_objects > 100, "{:?}", cache.stats());
-    cache.close().unwrap();
-
-    let cache = ZipCache::open(config(&dir)).unwrap();
-    assert!(cache.warm_started());
-    for i in 0..300 {
-        assert_eq!(cache.get(&key(i)).unwrap(), expected(i), "key {i}");
-    }
-    assert_eq!(cache.stats().checksum_failures, 0);
-    // New large objects after the warm start go on from the restored log head.
-    for i in 300..400 {
-        cache.put(&key(i), &large(i, 1), None).unwrap();
-    }
-    for i in 0..400 {
-        let want = if i < 300 {
-            expected(i)
-        } else {
-            Some(large(i, 1))
+    for mode in MODES {
+        let dir = TempDir::new("large", mode);
+        let cache = ZipCache::open(config(&dir)).unwrap();
+        for i in 0..300 {
+            cache.put(&key(i), &large(i, 1), None).unwrap();
+        }
+        for i in (0..300).step_by(3) {
+            cache.put(&key(i), &value(i, 2), None).unwrap(); // small replaces large
+        }
+        for i in (1..300).step_by(5) {
+            cache.delete(&key(i)).unwrap();
+        }
+        let expected = |i: u32| match i {
+            _ if i % 5 == 1 => None,
+            _ if i.is_multiple_of(3) => Some(value(i, 2)),
+            _ => Some(large(i, 1)),
         };
-        assert_eq!(cache.get(&key(i)).unwrap(), want, "key {i}");
-    }
-    drop(cache); // crash
+        assert!(cache.stats().large_objects > 100, "{:?}", cache.stats());
+        cache.close().unwrap();
 
-    let cache = ZipCache::open(config(&dir)).unwrap();
-    assert!(!cache.warm_started());
-    assert_eq!(cache.stats().large_objects, 0);
-    assert!((0..400).all(|i| cache.get(&key(i)).unwrap().is_none()));
+        let cache = ZipCache::open(config(&dir)).unwrap();
+        assert!(cache.warm_started());
+        for i in 0..300 {
+            assert_eq!(cache.get(&key(i)).unwrap(), expected(i), "key {i}");
+        }
+        assert_eq!(cache.stats().checksum_failures, 0);
+        // New large objects after the warm start go on from the restored log head.
+        for i in 300..400 {
+            cache.put(&key(i), &large(i, 1), None).unwrap();
+        }
+        for i in 0..400 {
+            let want = if i < 300 {
+                expected(i)
+            } else {
+                Some(large(i, 1))
+            };
+            assert_eq!(cache.get(&key(i)).unwrap(), want, "key {i}");
+        }
+        drop(cache); // crash
+
+        let cache = ZipCache::open(config(&dir)).unwrap();
+        assert!(!cache.warm_started());
+        assert_eq!(cache.stats().large_objects, 0);
+        assert!((0..400).all(|i| cache.get(&key(i)).unwrap().is_none()));
+    }
 }
 
 #[test]
 fn damaged_index_means_cold_start() {
-    let dir = TempDir::new("damaged");
-    let cache = ZipCache::open(config(&dir)).unwrap();
-    populate(&cache);
-    cache.close().unwrap();
-    let index = dir.0.join("ssd.bin.index");
-    let mut bytes = std::fs::read(&index).unwrap();
-    let middle = bytes.len() / 2;
-    bytes[middle] ^= 1;
-    std::fs::write(&index, bytes).unwrap();
-    let cache = ZipCache::open(config(&dir)).unwrap();
-    assert!(!cache.warm_started());
-    assert_eq!(check_never_stale(&cache), 0);
+    for mode in MODES {
+        let dir = TempDir::new("damaged", mode);
+        let cache = ZipCache::open(config(&dir)).unwrap();
+        populate(&cache);
+        cache.close().unwrap();
+        let index = dir.0.join("ssd.bin.index");
+        let mut bytes = std::fs::read(&index).unwrap();
+        let middle = bytes.len() / 2;
+        bytes[middle] ^= 1;
+        std::fs::write(&index, bytes).unwrap();
+        let cache = ZipCache::open(config(&dir)).unwrap();
+        assert!(!cache.warm_started());
+        assert_eq!(check_never_stale(&cache), 0);
+    }
 }

@@ -63,6 +63,9 @@ pub struct Snapshot {
     pub ssd_objects: Option<u64>,
     pub ssd_index_bytes: Option<u64>,
     pub ssd_reads_per_ssd_get: Option<f64>,
+    /// Flash the SSD tier's data really takes (zipcache on a drive that stores blocks
+    /// whole: `device_compression` host or none).
+    pub ssd_flash_bytes: Option<u64>,
     /// Resident set of the process holding the cache.
     pub rss_bytes: Option<u64>,
     /// CPU seconds the server process has used (network peers the bench started).

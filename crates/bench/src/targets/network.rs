@@ -385,6 +385,7 @@ fn snapshot_of(protocol: Protocol, stats: &HashMap<String, String>, pid: Option<
             snap.ssd_objects = stat(stats, "ssd_objects");
             snap.ssd_index_bytes = stat(stats, "ssd_index_bytes");
             snap.ssd_reads_per_ssd_get = ratio_stat(stats, "ssd_reads_per_ssd_get");
+            snap.ssd_flash_bytes = stat(stats, "ssd_flash_bytes");
             snap.host_bytes_written = stat(stats, "V_host");
         }
         Protocol::Memcached => {

@@ -246,6 +246,7 @@ impl Target for ZipTarget {
             ssd_objects: ssd.then_some(s.ssd_objects),
             ssd_index_bytes: ssd.then_some(s.ssd_index_bytes),
             ssd_reads_per_ssd_get: s.ssd_reads_per_ssd_get,
+            ssd_flash_bytes: s.ssd_flash_bytes,
             rss_bytes: procfs::own_rss(self.own_rss),
             server_cpu_seconds: None,
             host_bytes_written: ssd.then_some(s.v_host),

@@ -203,6 +203,7 @@ impl ZipCache {
                     fill_threshold: config.fill_threshold,
                     blocks: small_blocks,
                     presence_filters: config.ssd_presence_filters,
+                    host_compression: device.compression().by_host(),
                 };
                 let (memory, clock) = (&memory, &config.clock);
                 // Only an index saved by the run that last wrote to the device describes

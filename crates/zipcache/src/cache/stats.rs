@@ -35,6 +35,12 @@ impl Inner {
             let (v_host, v_nand) = (device.host_bytes_written, device.nand_bytes_written);
             let index = ssd.index_bytes();
             let leaf_bytes = ssd.leaf_bytes();
+            let objects = c.objects.load(Ordering::Relaxed).max(0) as u64;
+            let flash_bytes = ssd
+                .device()
+                .compression()
+                .plain()
+                .then_some(device.physical_used);
             let rates = self
                 .io_rates
                 .observe(Instant::now(), device.reads, device.writes);
@@ -53,7 +59,7 @@ impl Inner {
                 wr_nand: device.wr_nand(),
                 wa: ratio(v_nand, v_obj).filter(|_| v_nand > 0),
                 zeta: ratio(index, leaf_bytes),
-                ssd_objects: c.objects.load(Ordering::Relaxed).max(0) as u64,
+                ssd_objects: objects,
                 ssd_index_bytes: index,
                 ssd_leaf_bytes: leaf_bytes,
                 ssd_superleaves: c.superleaves.load(Ordering::Relaxed).max(0) as u64,
@@ -66,6 +72,10 @@ impl Inner {
                 ssd_physical_used: device.physical_used,
                 ssd_logical_capacity: device.logical_capacity,
                 ssd_physical_capacity: device.physical_capacity,
+                ssd_flash_bytes: flash_bytes,
+                ssd_objects_per_flash_gib: flash_bytes
+                    .and_then(|bytes| ratio(objects << 30, bytes)),
+                ssd_compress_seconds: c.compress_ns.load(Ordering::Relaxed) as f64 / 1e9,
                 checksum_failures: c.checksum_failures.load(Ordering::Relaxed),
                 io_errors: c.io_errors.load(Ordering::Relaxed),
                 ..Stats::default()

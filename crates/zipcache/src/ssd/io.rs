@@ -7,7 +7,7 @@ use zipcache_device::{AlignedBuf, BLOCK_SIZE, BatchRead, BatchWrite};
 
 use super::{Contents, SlState, SsdTier, presence};
 use crate::record::{Payload, Record};
-use crate::ssd_block::{self, Owner};
+use crate::ssd_block::{self, Owner, Stored};
 
 impl SsdTier {
     pub(super) fn lba(&self, slot: u32, subpage: usize) -> u64 {
@@ -39,6 +39,7 @@ impl SsdTier {
         // may do I/O: every read in flight at once
         let results = self.device.read_batch(&mut reads);
         drop(reads);
+        let mut scratch = Vec::new();
         for ((&i, result), block) in wanted.iter().zip(results).zip(blocks.chunks(BLOCK_SIZE)) {
             self.counters.reads.fetch_add(1, Ordering::Relaxed);
             if result.is_err() {
@@ -50,7 +51,7 @@ impl SsdTier {
                 generation: st.generation,
                 subpage: subpages[i] as u16,
             };
-            match ssd_block::open(block, owner) {
+            match ssd_block::open(block, owner, &mut scratch) {
                 Some(records) => {
                     out[i] = Some(
                         records
@@ -72,11 +73,14 @@ impl SsdTier {
     }
 
     /// Writes (or, when empty, trims) sub-pages of a super-leaf that has a slot, every
-    /// write in flight at once.
+    /// write in flight at once. A sub-page whose records do not go into one block (only
+    /// when packing them shrank them less than a split expected) is emptied, its objects
+    /// forgotten.
     pub(super) fn write_subpages(&self, st: &mut SlState, pages: &[(usize, &Contents)]) {
         let Some(slot) = st.slot else { return };
         let mut blocks = AlignedBuf::zeroed(pages.len());
         let mut ok = vec![false; pages.len()];
+        let mut emptied = vec![false; pages.len()];
         let mut batch = Vec::new();
         for ((i, &(s, contents)), block) in
             pages.iter().enumerate().zip(blocks.chunks_mut(BLOCK_SIZE))
@@ -91,14 +95,18 @@ impl SsdTier {
                 generation: st.generation,
                 subpage: s as u16,
             };
-            let records = contents.iter().map(|(k, (v, meta))| Record {
-                key: k,
-                payload: Payload::Inline(v),
-                meta: *meta,
-            });
-            if ssd_block::seal(block, owner, records) {
+            if self
+                .stored(contents)
+                .is_some_and(|stored| stored.seal(block, owner))
+            {
                 let buf: &[u8] = block;
                 batch.push((i, BatchWrite { lba, buf }));
+            } else {
+                self.counters
+                    .evicted_objects
+                    .fetch_add(contents.len() as u64, Ordering::Relaxed);
+                ok[i] = self.device.trim(lba, 1).is_ok();
+                emptied[i] = true;
             }
         }
         let (index, writes): (Vec<usize>, Vec<BatchWrite<'_>>) = batch.into_iter().unzip();
@@ -106,9 +114,9 @@ impl SsdTier {
         for (i, result) in index.into_iter().zip(self.device.write_batch(&writes)) {
             ok[i] = result.is_ok();
         }
-        for (&(s, contents), ok) in pages.iter().zip(ok) {
+        for ((&(s, contents), ok), emptied) in pages.iter().zip(ok).zip(emptied) {
             let old_count = i64::from(st.counts[s]);
-            let new_count = if ok { contents.len() } else { 0 };
+            let new_count = if ok && !emptied { contents.len() } else { 0 };
             if !ok {
                 // The block's content is now unknown: forget it rather than risk serving
                 // an older version from it.
@@ -117,7 +125,7 @@ impl SsdTier {
             }
             st.counts[s] = new_count as u16;
             if let Some(filters) = &mut st.filters {
-                filters[s] = if ok {
+                filters[s] = if new_count > 0 {
                     presence::filter_of(contents.keys().map(Vec::as_slice))
                 } else {
                     0
@@ -127,5 +135,20 @@ impl SsdTier {
                 .objects
                 .fetch_add(new_count as i64 - old_count, Ordering::Relaxed);
         }
+    }
+
+    /// A sub-page's records as its block stores them in this tier's mode: packed by
+    /// the host in `device_compression=host` (may compress).
+    pub(super) fn stored(&self, contents: &Contents) -> Option<Stored> {
+        let records = contents.iter().map(|(k, (v, meta))| Record {
+            key: k,
+            payload: Payload::Inline(v),
+            meta: *meta,
+        });
+        Stored::of(
+            records,
+            self.settings.host_compression,
+            &self.counters.compress_ns,
+        )
     }
 }

@@ -9,8 +9,10 @@ use super::reclaim::Writer;
 use super::{Contents, Object, SlState, SsdTier, SuperLeaf};
 use crate::btree::{Fence, KeyRange, cut_into_leaves, split_fences};
 use crate::eviction::{EvictedObject, EvictionSink};
+use crate::leaf_page::Geometry;
 use crate::record::{Meta, Payload, Record};
 use crate::ssd_block::PAYLOAD;
+use crate::ssd_block::host_compression::RAW_MAX;
 
 /// Free slots kept before merging into a super-leaf: a DRAM leaf's objects rarely split
 /// one super-leaf more than two ways.
@@ -78,7 +80,7 @@ impl SsdTier {
             if !changed {
                 continue;
             }
-            if payload_len(&contents) > self.fill_limit && contents.len() > 1 {
+            if contents.len() > 1 && self.overfills(&contents) {
                 overflow = true;
             }
             touched.insert(s, contents);
@@ -173,10 +175,7 @@ impl SsdTier {
 
     /// Writes `objs` as the whole content of a super-leaf, allocating a slot if needed.
     fn rewrite(&self, w: &mut Writer, st: &mut SlState, objs: &[Object]) {
-        let mut per_subpage: Vec<Contents> = vec![Contents::new(); self.settings.subpages];
-        for (k, v) in objs {
-            per_subpage[self.geometry.subpage_of(k)].insert(k.clone(), v.clone());
-        }
+        let per_subpage = self.by_subpage(objs);
         if st.slot.is_none() && !objs.is_empty() {
             match self.allocate(w) {
                 Some(slot) => {
@@ -199,30 +198,81 @@ impl SsdTier {
         self.write_subpages(st, &pages);
     }
 
+    /// `objs` sorted into the sub-pages they hash to.
+    fn by_subpage(&self, objs: &[Object]) -> Vec<Contents> {
+        let mut per_subpage: Vec<Contents> = vec![Contents::new(); self.settings.subpages];
+        for (k, v) in objs {
+            per_subpage[self.geometry.subpage_of(k)].insert(k.clone(), v.clone());
+        }
+        per_subpage
+    }
+
     /// Cuts sorted objects into runs whose sub-pages all stay within `T`: in halves, so
     /// that both sides have room for the inserts to come, or, when keys arrive in
     /// ascending order, as full as each run gets, since no insert will come back to it.
     fn partition(&self, objs: &[Object], appending: bool) -> Vec<(usize, usize)> {
         // Each object's sub-page and length, worked out once: the cuts test many runs of
         // the same objects (testing every prefix of a run hashed a whole super-leaf's
-        // keys once per object — most of the flusher's time during a fill).
+        // keys once per object — most of the flusher's time during a fill). Lengths are
+        // scaled by how much packing shrinks these objects, so that `T` bounds what
+        // blocks will store.
+        let scale = self.packing_scale(objs);
+        let geometry = Geometry {
+            fill_limit: self.fill_limit * PER_UNIT,
+            ..self.geometry
+        };
         let placed: Vec<(usize, usize)> = objs
             .iter()
-            .map(|(k, (v, meta))| (self.geometry.subpage_of(k), record_len(k, v, meta)))
+            .map(|(k, (v, meta))| (geometry.subpage_of(k), record_len(k, v, meta) * scale))
             .collect();
-        let fits = |start: usize, end: usize| {
-            self.geometry.fitting_prefix(&placed[start..end]) == end - start
-        };
+        let fits =
+            |start: usize, end: usize| geometry.fitting_prefix(&placed[start..end]) == end - start;
         let cut = |start: usize, end: usize| {
             if !appending {
                 return (start + end) / 2;
             }
             // The longest run from `start` that fits; at least one object.
-            start + self.geometry.fitting_prefix(&placed[start..end]).max(1)
+            start + geometry.fitting_prefix(&placed[start..end]).max(1)
         };
         cut_into_leaves(objs.len(), fits, cut)
     }
+
+    /// Whether a sub-page's records take more than `T` of its block in this tier's mode
+    /// (may compress).
+    fn overfills(&self, contents: &Contents) -> bool {
+        payload_len(contents) > self.fill_limit
+            && (!self.settings.host_compression
+                || self
+                    .stored(contents)
+                    .is_none_or(|stored| stored.len() > self.fill_limit))
+    }
+
+    /// Stored bytes per raw record byte of `objs`, in [`PER_UNIT`]ths: what packing their
+    /// sub-pages shrinks them to (may compress), never so little that a sub-page within
+    /// `T` would hold more raw bytes than a packed block can say.
+    fn packing_scale(&self, objs: &[Object]) -> usize {
+        if !self.settings.host_compression {
+            return PER_UNIT;
+        }
+        let per_subpage = self.by_subpage(objs);
+        let raw: usize = per_subpage.iter().map(payload_len).sum();
+        let stored: usize = per_subpage
+            .iter()
+            .filter(|contents| !contents.is_empty())
+            .map(|contents| {
+                self.stored(contents)
+                    .map_or_else(|| payload_len(contents), |s| s.len())
+            })
+            .sum();
+        let floor = (self.fill_limit * PER_UNIT).div_ceil(RAW_MAX);
+        (stored * PER_UNIT)
+            .div_ceil(raw.max(1))
+            .clamp(floor, PER_UNIT)
+    }
 }
+
+/// The unit of [`SsdTier::packing_scale`].
+const PER_UNIT: usize = 1024;
 
 fn record_len(key: &[u8], value: &[u8], meta: &Meta) -> usize {
     Record {
@@ -302,5 +352,47 @@ impl EvictionSink for SsdTier {
             self.tree.next_leaf(&last).map(|(next, _)| next)
         });
         (span_low, span_high)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::Ordering;
+
+    use zipcache_device::{BlockDevice, MemDevice};
+
+    use super::super::SsdSettings;
+    use super::super::test_support::{absorb, key, settings, tier_on};
+
+    /// With host packing, `T` bounds packed bytes: the same compressible objects take far
+    /// fewer super-leaves, and every one of them reads back.
+    #[test]
+    fn packed_superleaves_hold_more_objects_and_read_back() {
+        let superleaves = |host_compression: bool| {
+            let device: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(4 * 256));
+            let settings = SsdSettings {
+                host_compression,
+                ..settings(256)
+            };
+            let ssd = tier_on(device, settings);
+            for batch in (0..3000).collect::<Vec<u32>>().chunks(100) {
+                absorb(&ssd, batch.iter().copied());
+            }
+            for i in 0..3000 {
+                let hit = ssd.get(&key(i), 0).map(|hit| hit.value);
+                assert_eq!(
+                    hit,
+                    Some(vec![i as u8; 100]),
+                    "key {i}, host {host_compression}"
+                );
+            }
+            let packing_ns = ssd.counters.compress_ns.load(Ordering::Relaxed);
+            assert_eq!(packing_ns > 0, host_compression);
+            assert_eq!(ssd.counters.checksum_failures.load(Ordering::Relaxed), 0);
+            ssd.counters.occupied.load(Ordering::Relaxed)
+        };
+        let (raw, packed) = (superleaves(false), superleaves(true));
+        assert!(packed * 3 <= raw, "{packed} packed super-leaves, {raw} raw");
     }
 }

@@ -18,6 +18,7 @@ pub(super) fn settings(slots: u64) -> SsdSettings {
         fill_threshold: 0.5,
         blocks: 4 * slots,
         presence_filters: true,
+        host_compression: false,
     }
 }
 

@@ -1,0 +1,94 @@
+//! `device_compression=host`: the host packs each sub-page block's records with LZ4, so
+//! that on a drive that stores every byte it is given, one 4 KiB block holds as many
+//! records as compress into it (`docs/FORMAT.md`, "Packing").
+//!
+//! Packed payload: the records' raw length (u16 LE), then one LZ4 block of them. Packing
+//! happens in the flusher (merges, splits); a GET only unpacks the one block it read.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+/// Raw record bytes one packed block may carry: what its length field can say.
+pub const RAW_MAX: usize = u16::MAX as usize;
+const RAW_LENGTH: usize = 2;
+
+/// `raw` packed (its length, then LZ4), or `None` when packing would not make it smaller
+/// or it is longer than [`RAW_MAX`]. Adds the time spent to `spent_ns`.
+pub fn pack(raw: &[u8], spent_ns: &AtomicU64) -> Option<Vec<u8>> {
+    if raw.len() > RAW_MAX {
+        return None;
+    }
+    let started = Instant::now();
+    let mut packed = Vec::with_capacity(RAW_LENGTH + lzzzz::lz4::max_compressed_size(raw.len()));
+    packed.extend_from_slice(&(raw.len() as u16).to_le_bytes());
+    let packed_ok =
+        lzzzz::lz4::compress_to_vec(raw, &mut packed, lzzzz::lz4::ACC_LEVEL_DEFAULT).is_ok();
+    spent_ns.fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
+    (packed_ok && packed.len() < raw.len()).then_some(packed)
+}
+
+/// The raw records of a packed payload, unpacked into `scratch`; `None` unless the LZ4
+/// block decodes to exactly the length it claims.
+pub fn unpack<'s>(packed: &[u8], scratch: &'s mut Vec<u8>) -> Option<&'s [u8]> {
+    let (length, block) = packed.split_at_checked(RAW_LENGTH)?;
+    let raw_len = usize::from(u16::from_le_bytes([length[0], length[1]]));
+    scratch.clear();
+    scratch.resize(raw_len, 0);
+    match lzzzz::lz4::decompress(block, scratch) {
+        Ok(n) if n == raw_len => Some(&scratch[..]),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn packed_bytes_unpack_to_the_raw_ones() {
+        let spent = AtomicU64::new(0);
+        let raw: Vec<u8> = (0..3000u32).map(|i| (i % 7) as u8).collect();
+        let packed = pack(&raw, &spent).expect("repetitive bytes pack smaller");
+        assert!(packed.len() < raw.len() / 4);
+        let mut scratch = Vec::new();
+        assert_eq!(unpack(&packed, &mut scratch), Some(&raw[..]));
+        assert!(spent.load(Ordering::Relaxed) > 0);
+    }
+
+    #[test]
+    fn what_packing_cannot_shrink_or_describe_is_not_packed() {
+        let spent = AtomicU64::new(0);
+        let mut state = 0x2545_F491_4F6C_DD1Du64;
+        let noise: Vec<u8> = (0..2000)
+            .map(|_| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                (state >> 24) as u8
+            })
+            .collect();
+        assert!(pack(&noise, &spent).is_none());
+        assert!(pack(&vec![0u8; RAW_MAX + 1], &spent).is_none());
+        assert!(pack(&vec![0u8; RAW_MAX], &spent).is_some());
+    }
+
+    /// A packed payload that lies about its raw length, or is cut short, is refused.
+    #[test]
+    fn damaged_packed_bytes_are_refused() {
+        let spent = AtomicU64::new(0);
+        let raw: Vec<u8> = (0..3000u32).map(|i| (i % 13) as u8).collect();
+        let packed = pack(&raw, &spent).unwrap();
+        let mut scratch = Vec::new();
+        for claimed in [raw.len() - 1, raw.len() + 1, 0, RAW_MAX] {
+            let mut lying = packed.clone();
+            lying[..2].copy_from_slice(&(claimed as u16).to_le_bytes());
+            assert!(unpack(&lying, &mut scratch).is_none(), "claimed {claimed}");
+        }
+        for cut in [0, 1, 2, packed.len() / 2, packed.len() - 1] {
+            assert!(
+                unpack(&packed[..cut], &mut scratch).is_none(),
+                "cut at {cut}"
+            );
+        }
+    }
+}
