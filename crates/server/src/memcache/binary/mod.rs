@@ -35,10 +35,12 @@ impl MemcacheSession {
             Framed::Header(header) => header,
         };
         if !self.authenticated && !header.allowed_unauthenticated() {
-            // memcached answers, then hangs up.
+            // memcached hangs up after this reply; the connection stays open here, so a
+            // client can still log in on it, and the body is skipped unread.
             self.count_request();
             parse::respond_error(out, &header, Status::AuthError);
-            return self.close_on_error();
+            self.swallow = header.body_len as usize;
+            return Step::Consumed(parse::HEADER_LEN);
         }
         let (request, len, swallow) = match parse::parse(&header, input, self.shared.max_value) {
             Parsed::Incomplete => return Step::NeedMore,
@@ -706,14 +708,19 @@ mod tests {
         assert_eq!(got[5].value, b"Authenticated");
         let got = run_with(&options, &[auth(b"\0default\0secret", 1)], 64);
         assert_eq!(got[0].status, 0);
-        // Before a login, anything else is refused and the connection closed.
+        // Before a login, anything else is refused, its body skipped.
         let got = run_with(
             &options,
-            &[request(GET, &[], b"k", &[], 1, 0), auth(b"\0foo\0bar", 2)],
+            &[
+                request(GET, &[], b"k", &[], 1, 0),
+                request(SET, &set_extras(0, 0), b"k", &[0x80; 100], 2, 0),
+                auth(b"\0foo\0bar", 3),
+                request(GET, &[], b"k", &[], 4, 0),
+            ],
             64,
         );
         let summary: Vec<(u32, u16)> = got.iter().map(|r| (r.opaque, r.status)).collect();
-        assert_eq!(summary, [(1, 0x20)]);
+        assert_eq!(summary, [(1, 0x20), (2, 0x20), (3, 0), (4, 1)]);
         // Without a policy, SASL is not served, as memcached without -S.
         let got = run(&[request(SASL_LIST_MECHS, &[], &[], &[], 1, 0)]);
         assert_eq!(got[0].status, 0x81);
