@@ -197,8 +197,10 @@ impl MemcacheSession {
                     reply.error(Status::AuthError);
                 }
             }
-            // PLAIN takes one step: there is never a next one.
+            // PLAIN takes one step: there is never a next one. As any attempt, it logs
+            // the connection out first (memcached's `init_sasl_conn`).
             Command::SaslStep if shared.access.required() => {
+                self.authenticated = false;
                 Counters::bump(&shared.counters.auth_cmds);
                 Counters::bump(&shared.counters.auth_errors);
                 reply.error(Status::AuthError);
@@ -688,6 +690,9 @@ mod tests {
                 request(SASL_STEP, &[], b"PLAIN", b"x", 5, 0),
                 auth(b"\0foo\0bar", 6),
                 request(SET, &set_extras(0, 0), b"k", b"v", 7, 0),
+                // Any new attempt logs the connection out first.
+                request(SASL_STEP, &[], b"PLAIN", b"x", 8, 0),
+                request(GET, &[], b"k", &[], 9, 0),
             ],
             5,
         );
@@ -701,7 +706,9 @@ mod tests {
                 (4, 0x20),
                 (5, 0x20),
                 (6, 0),
-                (7, 0)
+                (7, 0),
+                (8, 0x20),
+                (9, 0x20)
             ]
         );
         assert_eq!(got[1].value, b"PLAIN");
