@@ -112,6 +112,10 @@ static BINARY_SEEDS: LazyLock<&'static [&'static [u8]]> = LazyLock::new(|| {
 
 /// A NOOP first, so that the session speaks binary whatever follows.
 fn binary_session(body: &[u8], chunk: usize, users: bool) -> Vec<u8> {
+    binary_session_on(cache(), body, chunk, users)
+}
+
+fn binary_session_on(engine: Arc<ZipCache>, body: &[u8], chunk: usize, users: bool) -> Vec<u8> {
     let mut input = memcached_binary_request(0x0a, &[], &[], &[], 0, 0);
     input.extend_from_slice(body);
     let options = ServerOptions {
@@ -119,7 +123,7 @@ fn binary_session(body: &[u8], chunk: usize, users: bool) -> Vec<u8> {
         max_value_size: 1024,
         ..options()
     };
-    let out = memcached_session_with(cache(), &options, &input, chunk);
+    let out = memcached_session_with(engine, &options, &input, chunk);
     assert_eq!(out[..2], [0x81, 0x0a], "the NOOP is answered first");
     out
 }
@@ -457,6 +461,15 @@ proptest! {
         let whole = resp_session(new_hybrid_engine(), &input, input.len(), None);
         let pieces = resp_session(new_hybrid_engine(), &input, chunk, None);
         prop_assert_eq!(String::from_utf8_lossy(&whole), String::from_utf8_lossy(&pieces));
+    }
+
+    /// The same for binary pipelines: their GETs are read ahead too.
+    #[test]
+    fn binary_read_ahead_over_the_ssd_tier_answers_as_one_request_at_a_time(seeds in prop::collection::vec(0..BINARY_SEEDS.len(), 1..12), chunk in 1..8usize) {
+        let input: Vec<u8> = seeds.iter().flat_map(|&i| BINARY_SEEDS[i].to_vec()).collect();
+        let whole = binary_session_on(new_hybrid_engine(), &input, input.len() + 24, false);
+        let pieces = binary_session_on(new_hybrid_engine(), &input, chunk, false);
+        prop_assert_eq!(without_binary_cas(whole), without_binary_cas(pieces));
     }
 }
 
