@@ -322,6 +322,9 @@ impl Session for MemcacheSession {
 
     fn too_large(&mut self, out: &mut Vec<u8>) {
         self.close_reason = CloseReason::Error;
+        if self.binary == Some(true) {
+            return binary::request_too_large(out);
+        }
         line(out, REQUEST_TOO_LARGE);
     }
 

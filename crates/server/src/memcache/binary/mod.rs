@@ -214,6 +214,21 @@ impl MemcacheSession {
     }
 }
 
+/// The reply to a request over `--max-request-size`, before the connection closes: its
+/// header may not even be complete, so the response names no opcode or opaque.
+pub(super) fn request_too_large(out: &mut Vec<u8>) {
+    let unknown = Header {
+        opcode: 0,
+        key_len: 0,
+        extras_len: 0,
+        body_len: 0,
+        opaque: 0,
+        cas: 0,
+    };
+    let message = super::REQUEST_TOO_LARGE.as_bytes();
+    parse::respond(out, &unknown, Status::TooLarge, 0, &[], &[], message);
+}
+
 /// Where one request's response goes.
 struct Reply<'a> {
     out: &'a mut Vec<u8>,
@@ -731,6 +746,23 @@ mod tests {
         // Without a policy, SASL is not served, as memcached without -S.
         let got = run(&[request(SASL_LIST_MECHS, &[], &[], &[], 1, 0)]);
         assert_eq!(got[0].status, 0x81);
+    }
+
+    #[test]
+    fn a_request_over_the_size_limit_is_refused_in_binary() {
+        use crate::connection::Session;
+        use crate::server::{ServerInfo, Shared};
+        let shared = Shared::new(dram_engine(), ServerInfo::detached(), &options());
+        let mut session = MemcacheSession::new(Arc::new(shared));
+        let mut out = Vec::new();
+        let noop = request(NOOP, &[], &[], &[], 1, 0);
+        assert!(matches!(session.step(&noop, &mut out), Step::Consumed(24)));
+        session.too_large(&mut out);
+        let got = responses(&out);
+        assert_eq!(
+            (got[1].status, &got[1].value[..]),
+            (3, super::super::REQUEST_TOO_LARGE.as_bytes())
+        );
     }
 
     #[test]
