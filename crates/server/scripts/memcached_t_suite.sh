@@ -16,8 +16,8 @@
 # a link to the installed `memcached` stands in for it. With T_MEMD_USE_DAEMON set
 # the harness connects to our server instead of starting memcached, and ignores the
 # arguments a test asks for; the few that map to a `serve` flag are passed here
-# (ascii-auth*.t: `-Y t/authfile*` -> `--auth-file`; maxconns.t relies on memcached's
-# default `-c 1024`; metaget.t checks the `h` and `l` flags, which need the engine's
+# (ascii-auth*.t: `-Y t/authfile*` -> `--auth-file`; maxconns.t and binary.t rely on
+# memcached's default `-c 1024`; metaget.t checks the `h` and `l` flags, which need the engine's
 # per-object access state, off by default: `--set track_access=true`; lru-crawler.t's
 # `-o no_modern` starts memcached's LRU crawler disabled: `--disable-lru-crawler`;
 # binary-sasl.t's `-S` with a sasldb user: `--auth-file` with that user, and, as the
@@ -69,6 +69,7 @@ serve_flags() {
         idle-timeout.t) echo "--idle-timeout 3" ;;
         dyn-maxbytes.t) echo "--dram 3MiB" ;;
         dash-M.t) echo "--set evictions=false --dram 128KiB" ;; # its `-M` (see SERVER.md)
+        binary.t) echo "--max-connections 1024" ;;
         binary-sasl.t) echo "--auth-file $work/sasl-users" ;;
     esac
 }
