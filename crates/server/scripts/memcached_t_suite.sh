@@ -7,19 +7,23 @@
 #   ZIPCACHE_BIN  default: target/release/zipcache (or $CARGO_TARGET_DIR/release/zipcache)
 #   FILE.t        run only these files (default: every t/*.t but the families below)
 #
-# Not run by default, as they test what `zipcache serve` does not speak: the binary
-# protocol (binary*.t, and sasl), extstore (*extstore*.t), the proxy (proxy*.t), TLS
-# (ssl*.t), UDP (udp.t) and unix sockets (unixsocket.t).
+# Not run by default, as they test what `zipcache serve` does not speak: extstore
+# (*extstore*.t), the proxy (proxy*.t), TLS (ssl*.t), UDP (udp.t) and unix sockets
+# (unixsocket.t).
 #
 # Nothing is fetched. The harness (t/lib/MemcachedTest.pm) wants a `memcached-debug`
 # in its working directory, whose `-h` output it reads to see which features exist:
 # a link to the installed `memcached` stands in for it. With T_MEMD_USE_DAEMON set
 # the harness connects to our server instead of starting memcached, and ignores the
 # arguments a test asks for; the few that map to a `serve` flag are passed here
-# (ascii-auth*.t: `-Y t/authfile*` -> `--auth-file`; maxconns.t relies on memcached's
-# default `-c 1024`; metaget.t checks the `h` and `l` flags, which need the engine's
+# (ascii-auth*.t: `-Y t/authfile*` -> `--auth-file`; maxconns.t and binary.t rely on
+# memcached's default `-c 1024`; metaget.t checks the `h` and `l` flags, which need the engine's
 # per-object access state, off by default: `--set track_access=true`; lru-crawler.t's
-# `-o no_modern` starts memcached's LRU crawler disabled: `--disable-lru-crawler`). Servers listen on 127.0.0.1 and are stopped by PID, on the ports
+# `-o no_modern` starts memcached's LRU crawler disabled: `--disable-lru-crawler`;
+# binary-sasl.t's `-S` with a sasldb user: `--auth-file` with that user, and, as the
+# file runs only with RUN_SASL_TESTS set and first writes memcached's sasldb with
+# `saslpasswd2`, which we do not read, both set up: a `saslpasswd2` stand-in that
+# writes nothing when the real one is not installed). Servers listen on 127.0.0.1 and are stopped by PID, on the ports
 # the kernel picks, or on T_SUITE_PORT (memcached) and T_SUITE_PORT+1 (RESP) when set.
 set -uo pipefail
 
@@ -46,6 +50,12 @@ stop_server() {
 trap 'stop_server; rm -rf "$work"' EXIT
 ln -s "$src/t" "$work/t"
 ln -s "$memcached" "$work/memcached-debug"
+# binary-sasl.t's user (its saslpasswd2 line: user `testuser` in realm `memcached.realm`,
+# which its client sends as `testuser@memcached.realm`).
+printf 'testuser@memcached.realm:testpass\n' >"$work/sasl-users"
+mkdir "$work/bin"
+command -v saslpasswd2 >/dev/null || printf '#!/bin/sh\ncat >/dev/null\n' >"$work/bin/saslpasswd2"
+chmod +x "$work/bin/"* 2>/dev/null
 
 # Serve flags standing in for the memcached arguments a test file asks for.
 serve_flags() {
@@ -59,6 +69,8 @@ serve_flags() {
         idle-timeout.t) echo "--idle-timeout 3" ;;
         dyn-maxbytes.t) echo "--dram 3MiB" ;;
         dash-M.t) echo "--set evictions=false --dram 128KiB" ;; # its `-M` (see SERVER.md)
+        binary.t) echo "--max-connections 1024" ;;
+        binary-sasl.t) echo "--auth-file $work/sasl-users" ;;
     esac
 }
 
@@ -69,7 +81,7 @@ else
     for f in "$src"/t/*.t; do
         name=$(basename "$f")
         case "$name" in
-            binary* | *extstore* | proxy* | ssl* | udp.t | unixsocket.t) ;;
+            *extstore* | proxy* | ssl* | udp.t | unixsocket.t) ;;
             *) files+=("$name") ;;
         esac
     done
@@ -103,7 +115,8 @@ for file in "${files[@]}"; do
         continue
     fi
     # A test that waits for a reply we never send (a feature we lack) is cut short.
-    tap=$(cd "$work" && T_MEMD_USE_DAEMON=127.0.0.1:$port timeout 120 perl "t/$file" 2>/dev/null)
+    tap=$(cd "$work" && PATH="$work/bin:$PATH" RUN_SASL_TESTS=1 T_MEMD_USE_DAEMON=127.0.0.1:$port \
+        timeout 120 perl "t/$file" 2>/dev/null | tr -d '\0')
     stop_server
     planned=$(printf '%s\n' "$tap" | sed -n 's/^1\.\.\([0-9]*\).*/\1/p' | head -1)
     ok=$(printf '%s\n' "$tap" | grep -c '^ok ')

@@ -188,6 +188,45 @@ pub mod fuzzing {
         }
     }
 
+    /// Frames `input` request by request as a binary memcached connection would, with
+    /// `check_span`'s checks; a refused request's skipped value is stepped over as the
+    /// session skips it. Panics on a violation.
+    pub fn check_memcached_binary_framing(input: &[u8]) {
+        use crate::memcache::binary::parse::{Framed, Header, Parsed, parse};
+
+        /// A request: its span, the bytes skipped after it, and the request.
+        fn framed(bytes: &[u8]) -> Option<(usize, usize, Parsed<'_>)> {
+            let Framed::Header(header) = Header::parse(bytes) else {
+                return None;
+            };
+            match parse(&header, bytes, MAX_VALUE) {
+                parsed @ (Parsed::Request { len, swallow, .. }
+                | Parsed::Refused { len, swallow, .. }) => Some((len, swallow, parsed)),
+                Parsed::Incomplete => None,
+            }
+        }
+        let mut rest = input;
+        while let Some((len, swallow, parsed)) = framed(rest) {
+            check_span(rest, len, framed);
+            if matches!(parsed, Parsed::Refused { close: true, .. }) {
+                return;
+            }
+            rest = rest.get(len.saturating_add(swallow)..).unwrap_or_default();
+        }
+    }
+
+    /// A binary memcached request packet.
+    pub fn memcached_binary_request(
+        opcode: u8,
+        extras: &[u8],
+        key: &[u8],
+        value: &[u8],
+        opaque: u32,
+        cas: u64,
+    ) -> Vec<u8> {
+        crate::memcache::binary::parse::request(opcode, extras, key, value, opaque, cas)
+    }
+
     /// Frames `input` request by request as a RESP connection would (see `check_span`),
     /// and types each request as a client `authenticated` or not would have it typed on a
     /// server with `flush_all` enabled or not: any outcome but a panic. Panics on a

@@ -4,14 +4,14 @@
 //! but never panic, and a valid request after garbage still gets an answer. The framing
 //! checks (`check_*_framing`, shared with the fuzz targets) hold for every request.
 
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 
 use proptest::prelude::*;
 use zipcache::{Config, ZipCache};
 use zipcache_server::fuzzing::{
-    check_memcached_framing, check_resp_framing, hybrid_engine, memcached_session,
-    memcached_session_with, new_hybrid_engine, options, resp_command_names, resp_request,
-    resp_session, resp_session_with,
+    check_memcached_binary_framing, check_memcached_framing, check_resp_framing, hybrid_engine,
+    memcached_binary_request, memcached_session, memcached_session_with, new_hybrid_engine,
+    options, resp_command_names, resp_request, resp_session, resp_session_with,
 };
 use zipcache_server::{Credentials, ServerOptions};
 
@@ -71,6 +71,73 @@ const OPERATOR_SEEDS: &[&[u8]] = &[
     b"cache_memlimit 100 noreply\r\n",
     b"refresh_certs\r\n",
 ];
+
+/// Binary protocol requests: every opcode with valid extras, quiet forms, CAS, SASL,
+/// and lengths at their limits.
+static BINARY_SEEDS: LazyLock<&'static [&'static [u8]]> = LazyLock::new(|| {
+    let set_extras = [0, 0, 0, 7, 0, 0, 0, 100];
+    let arith = [&5u64.to_be_bytes()[..], &10u64.to_be_bytes(), &[0, 0, 0, 0]].concat();
+    let packets = vec![
+        memcached_binary_request(0x01, &set_extras, b"k", b"hello", 1, 0),
+        memcached_binary_request(0x11, &set_extras, b"k", b"quiet", 2, 0),
+        memcached_binary_request(0x02, &set_extras, b"k", b"v", 3, 99),
+        memcached_binary_request(0x00, &[], b"k", &[], 4, 0),
+        memcached_binary_request(0x0d, &[], b"k", &[], 5, 0),
+        memcached_binary_request(0x09, &[], b"missing", &[], 6, 0),
+        memcached_binary_request(0x05, &arith, b"n", &[], 7, 0),
+        memcached_binary_request(0x16, &arith, b"n", &[], 8, 0),
+        memcached_binary_request(0x0e, &[], b"k", b"!", 9, 0),
+        memcached_binary_request(0x04, &[], b"k", &[], 10, 5),
+        memcached_binary_request(0x1c, &[0, 0, 0, 9], b"k", &[], 11, 0),
+        memcached_binary_request(0x24, &[0, 0, 0, 9], b"k", &[], 12, 0),
+        memcached_binary_request(0x08, &[0, 0, 0, 1], &[], &[], 13, 0),
+        memcached_binary_request(0x10, &[], b"settings", &[], 14, 0),
+        memcached_binary_request(0x10, &[], b"detail dump", &[], 15, 0),
+        memcached_binary_request(0x0a, &[], &[], &[], 16, 0),
+        memcached_binary_request(0x0b, &[], &[], &[], 17, 0),
+        memcached_binary_request(0x21, &[], b"PLAIN", b"\0foo\0bar", 18, 0),
+        memcached_binary_request(0x22, &[], b"PLAIN", b"x", 19, 0),
+        memcached_binary_request(0x20, &[], &[], &[], 20, 0),
+        memcached_binary_request(0x1b, &[0; 4], &[], &[], 21, 0),
+        memcached_binary_request(0x00, &[], &[b'k'; 250], &[], 22, 0),
+        memcached_binary_request(0x01, &set_extras, b"big", &[0x80; 3000], 23, 0),
+        memcached_binary_request(0x17, &[], &[], &[], 24, 0),
+    ];
+    let leaked: Vec<&'static [u8]> = packets
+        .into_iter()
+        .map(|packet| &*Box::leak(packet.into_boxed_slice()))
+        .collect();
+    Box::leak(leaked.into_boxed_slice())
+});
+
+/// A NOOP first, so that the session speaks binary whatever follows.
+fn binary_session(body: &[u8], chunk: usize, users: bool) -> Vec<u8> {
+    binary_session_on(cache(), body, chunk, users)
+}
+
+fn binary_session_on(engine: Arc<ZipCache>, body: &[u8], chunk: usize, users: bool) -> Vec<u8> {
+    let mut input = memcached_binary_request(0x0a, &[], &[], &[], 0, 0);
+    input.extend_from_slice(body);
+    let options = ServerOptions {
+        users: users.then(|| Arc::new(Credentials::parse(b"foo:bar").unwrap())),
+        max_value_size: 1024,
+        ..options()
+    };
+    let out = memcached_session_with(engine, &options, &input, chunk);
+    assert_eq!(out[..2], [0x81, 0x0a], "the NOOP is answered first");
+    out
+}
+
+/// Binary responses with their CAS fields zeroed.
+fn without_binary_cas(mut replies: Vec<u8>) -> Vec<u8> {
+    let mut at = 0;
+    while at + 24 <= replies.len() {
+        let body = u32::from_be_bytes(replies[at + 8..at + 12].try_into().unwrap()) as usize;
+        replies[at + 16..at + 24].fill(0);
+        at += 24 + body;
+    }
+    replies
+}
 
 /// An unauthenticated session's inputs (the users are `foo:bar`).
 const AUTH_SEEDS: &[&[u8]] = &[
@@ -327,6 +394,36 @@ proptest! {
         prop_assert_eq!(String::from_utf8_lossy(&replies), expected);
     }
 
+    #[test]
+    fn binary_sessions_survive_arbitrary_bytes(input in prop::collection::vec(any::<u8>(), 0..2048), chunk in 1..64usize, users in any::<bool>()) {
+        binary_session(&input, chunk, users);
+    }
+
+    #[test]
+    fn binary_sessions_survive_mutated_commands(cmds in prop::collection::vec(mutated(*BINARY_SEEDS), 1..8), chunk in 1..64usize, users in any::<bool>()) {
+        binary_session(&cmds.concat(), chunk, users);
+    }
+
+    #[test]
+    fn binary_framing_holds_for_any_bytes(input in prop::collection::vec(any::<u8>(), 0..2048)) {
+        check_memcached_binary_framing(&input);
+    }
+
+    #[test]
+    fn binary_framing_holds_for_mutated_commands(cmds in prop::collection::vec(mutated(*BINARY_SEEDS), 1..8)) {
+        check_memcached_binary_framing(&cmds.concat());
+    }
+
+    /// Every valid binary request is answered the same in pieces of any size as in one
+    /// read (CAS values aside: the two engines number their writes alike).
+    #[test]
+    fn binary_replies_do_not_depend_on_read_boundaries(seeds in prop::collection::vec(0..BINARY_SEEDS.len(), 1..10), chunk in 1..32usize) {
+        let input: Vec<u8> = seeds.iter().flat_map(|&i| BINARY_SEEDS[i].to_vec()).collect();
+        let whole = without_binary_cas(binary_session(&input, input.len() + 24, false));
+        let pieces = without_binary_cas(binary_session(&input, chunk, false));
+        prop_assert_eq!(whole, pieces);
+    }
+
     /// Pieces of any size give the same replies as one read: framing is resumable.
     #[test]
     fn replies_do_not_depend_on_read_boundaries(seeds in prop::collection::vec(0..MEMCACHED_SEEDS.len(), 1..10), chunk in 1..32usize) {
@@ -364,6 +461,15 @@ proptest! {
         let whole = resp_session(new_hybrid_engine(), &input, input.len(), None);
         let pieces = resp_session(new_hybrid_engine(), &input, chunk, None);
         prop_assert_eq!(String::from_utf8_lossy(&whole), String::from_utf8_lossy(&pieces));
+    }
+
+    /// The same for binary pipelines: their GETs are read ahead too.
+    #[test]
+    fn binary_read_ahead_over_the_ssd_tier_answers_as_one_request_at_a_time(seeds in prop::collection::vec(0..BINARY_SEEDS.len(), 1..12), chunk in 1..8usize) {
+        let input: Vec<u8> = seeds.iter().flat_map(|&i| BINARY_SEEDS[i].to_vec()).collect();
+        let whole = binary_session_on(new_hybrid_engine(), &input, input.len() + 24, false);
+        let pieces = binary_session_on(new_hybrid_engine(), &input, chunk, false);
+        prop_assert_eq!(without_binary_cas(whole), without_binary_cas(pieces));
     }
 }
 

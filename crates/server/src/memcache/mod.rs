@@ -2,6 +2,7 @@
 
 pub mod annotations;
 pub(crate) mod auth;
+pub mod binary;
 pub mod conns;
 mod crawler;
 mod events;
@@ -162,6 +163,8 @@ pub struct MemcacheSession {
     id: u64,
     /// The client, for connection events; `None` outside a listening server.
     peer: Option<SocketAddr>,
+    /// Whether the connection speaks the binary protocol, decided by its first byte.
+    binary: Option<bool>,
     close_reason: CloseReason,
     /// Set by `watch`: the connection now only streams log lines (`take_watcher`).
     watcher: Option<Watcher>,
@@ -189,6 +192,7 @@ impl MemcacheSession {
             retrieval: None,
             id,
             peer,
+            binary: None,
             close_reason: CloseReason::Normal,
             watcher: None,
         }
@@ -260,6 +264,12 @@ impl Session for MemcacheSession {
             self.swallow -= n;
             return Step::Consumed(n);
         }
+        if *self
+            .binary
+            .get_or_insert(input[0] == binary::parse::REQUEST_MAGIC)
+        {
+            return self.step_binary(input, out);
+        }
         if !self.authenticated {
             return self.authenticate(input, out);
         }
@@ -312,12 +322,18 @@ impl Session for MemcacheSession {
 
     fn too_large(&mut self, out: &mut Vec<u8>) {
         self.close_reason = CloseReason::Error;
+        if self.binary == Some(true) {
+            return binary::request_too_large(out);
+        }
         line(out, REQUEST_TOO_LARGE);
     }
 
     fn read_ahead(&mut self, input: &[u8], ahead: &mut ReadAhead) -> Option<usize> {
         if self.watcher.is_some() || self.swallow > 0 || !self.authenticated {
             return None;
+        }
+        if self.binary == Some(true) {
+            return self.read_ahead_binary(input, ahead);
         }
         match parse::parse(input, self.shared.max_value) {
             Parsed::Request { request, len } => ahead

@@ -4,7 +4,7 @@ use std::net::SocketAddr;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
-use zipcache::{GetOptions, Update};
+use zipcache::{GetOptions, Item, Update};
 
 use super::annotations::{Entry, Marks, Write};
 use super::events;
@@ -39,13 +39,7 @@ pub fn execute(shared: &Shared, request: Request<'_>, out: &mut Vec<u8>) {
             reply_unless(noreply, &reply, out);
         }
         Request::Delete { key, noreply } => {
-            shared.prefix_stats.record_delete(key);
-            let deleted = events::delete(shared, key);
-            if let Ok(hit) = deleted {
-                let counters = &shared.counters;
-                Counters::hit_or_miss_of(&counters.delete_hits, &counters.delete_misses, hit);
-            }
-            let reply = match deleted {
+            let reply = match delete(shared, key) {
                 Ok(true) => "DELETED".to_string(),
                 Ok(false) => "NOT_FOUND".to_string(),
                 Err(e) => engine_error(&e),
@@ -79,15 +73,16 @@ pub fn execute(shared: &Shared, request: Request<'_>, out: &mut Vec<u8>) {
         }
         Request::FlushAll { delay, noreply } => {
             Counters::bump(&shared.counters.cmd_flush);
-            let reply = flush_all(shared, delay);
+            let reply = match flush_all(shared, delay) {
+                Ok(()) => "OK".to_string(),
+                Err(FlushRefused::Disabled) => "CLIENT_ERROR flush_all not allowed".to_string(),
+                Err(FlushRefused::Engine(e)) => engine_error(&e),
+            };
             reply_unless(noreply, &reply, out);
         }
         Request::Stats(section) => stats(shared, section, out),
         Request::StatsDetail(action) => stats_detail(shared, action, out),
-        Request::Version => line(
-            out,
-            concat!("VERSION 1.6.0-zipcache-", env!("CARGO_PKG_VERSION")),
-        ),
+        Request::Version => line(out, &format!("VERSION {VERSION}")),
         Request::Verbosity { noreply } => reply_unless(noreply, "OK", out),
         // The session handles these before dispatching here.
         Request::Retrieve { .. }
@@ -98,6 +93,21 @@ pub fn execute(shared: &Shared, request: Request<'_>, out: &mut Vec<u8>) {
         | Request::Error { .. }
         | Request::Watch(_) => {}
     }
+}
+
+/// The version both protocols report: memcached's protocol level, then ours.
+pub const VERSION: &str = concat!("1.6.0-zipcache-", env!("CARGO_PKG_VERSION"));
+
+/// `delete`: removes `key`, counted in `delete_hits`/`delete_misses` and `stats detail`;
+/// whether it was there.
+pub fn delete(shared: &Shared, key: &[u8]) -> zipcache::Result<bool> {
+    shared.prefix_stats.record_delete(key);
+    let deleted = events::delete(shared, key);
+    if let Ok(hit) = deleted {
+        let counters = &shared.counters;
+        Counters::hit_or_miss_of(&counters.delete_hits, &counters.delete_misses, hit);
+    }
+    deleted
 }
 
 fn reply_unless(noreply: bool, reply: &str, out: &mut Vec<u8>) {
@@ -236,24 +246,13 @@ fn retrieve<'k>(
         if n == admitted || !within_budget(out) {
             return Some(at);
         }
-        Counters::bump(&shared.counters.cmd_get);
-        let found = match touch_exptime {
-            Some(exptime) => {
-                Counters::bump(&shared.counters.cmd_touch);
-                touch(shared, key, exptime)
-            }
-            None => shared
-                .annotations
-                .get(&shared.cache, key, GetOptions::default()),
-        };
-        let item = match found {
-            Ok(entry) => entry.map(|entry| entry.item),
+        let item = match fetch(shared, key, touch_exptime) {
+            Ok(item) => item,
             Err(e) => {
                 line(out, &engine_error(&e));
                 return None;
             }
         };
-        events::fetched(shared, key, item.as_ref().map(|item| item.value.len()));
         if let Some(item) = item {
             out.extend_from_slice(b"VALUE ");
             out.extend_from_slice(key);
@@ -269,6 +268,27 @@ fn retrieve<'k>(
     }
     line(out, "END");
     None
+}
+
+/// One key of a get (or, with an exptime, a gat): the item, counted and logged as read.
+pub fn fetch(
+    shared: &Shared,
+    key: &[u8],
+    touch_exptime: Option<i64>,
+) -> zipcache::Result<Option<Item>> {
+    Counters::bump(&shared.counters.cmd_get);
+    let found = match touch_exptime {
+        Some(exptime) => {
+            Counters::bump(&shared.counters.cmd_touch);
+            touch(shared, key, exptime)
+        }
+        None => shared
+            .annotations
+            .get(&shared.cache, key, GetOptions::default()),
+    };
+    let item = found?.map(|entry| entry.item);
+    events::fetched(shared, key, item.as_ref().map(|item| item.value.len()));
+    Ok(item)
 }
 
 /// Outcome of a storage command, shared with `ms`.
@@ -456,7 +476,20 @@ fn store(
 pub enum Counted {
     Missing,
     NonNumeric,
+    /// The item's CAS was not the one the command named.
+    Mismatch,
+    /// The counter's new value (or the initial value of one created).
     Value(u64),
+}
+
+/// What an incr/decr does beyond changing the number.
+#[derive(Clone, Copy, Default)]
+pub struct Counting {
+    /// A missing counter is created with this value and expiry (the binary protocol's
+    /// initial value), counted neither as a hit nor a miss, as memcached does.
+    pub create: Option<(u64, Expiry)>,
+    /// The CAS the item must have.
+    pub compare: Option<u64>,
 }
 
 /// incr wraps at 2^64, decr stops at 0 (memcached semantics). `pad` keeps the stored
@@ -476,30 +509,58 @@ pub fn apply_delta(current: &[u8], delta: u64, incr: bool, pad: bool) -> Option<
 }
 
 fn arith(shared: &Shared, key: &[u8], delta: u64, incr: bool) -> String {
+    match count(shared, key, delta, incr, Counting::default()) {
+        Ok((Counted::Missing, _)) => "NOT_FOUND".into(),
+        Ok((Counted::NonNumeric, _)) => NON_NUMERIC.into(),
+        Ok((Counted::Mismatch, _)) => "EXISTS".into(),
+        Ok((Counted::Value(n), _)) => n.to_string(),
+        Err(e) => engine_error(&e),
+    }
+}
+
+/// incr (or decr) of `key` by `delta`, as `counting` says, counted in `incr_*`/`decr_*`;
+/// returns what it found and the new CAS.
+pub fn count(
+    shared: &Shared,
+    key: &[u8],
+    delta: u64,
+    incr: bool,
+    counting: Counting,
+) -> zipcache::Result<(Counted, Option<u64>)> {
+    let mut existed = false;
     let result = shared
         .annotations
         .update(&shared.cache, key, |current| match current {
-            None => (Update::Keep.into(), Counted::Missing),
-            Some(Entry { item, .. }) => match apply_delta(&item.value, delta, incr, true) {
-                None => (Update::Keep.into(), Counted::NonNumeric),
-                Some((n, text)) => (
-                    Expiry::from_item(item).store(text, item.flags, None).into(),
-                    Counted::Value(n),
+            None => match counting.create {
+                None => (Update::Keep.into(), Counted::Missing),
+                Some((initial, expiry)) => (
+                    expiry
+                        .store(initial.to_string().into_bytes(), 0, None)
+                        .into(),
+                    Counted::Value(initial),
                 ),
             },
+            Some(Entry { item, .. }) if counting.compare.is_some_and(|c| c != item.cas) => {
+                existed = true;
+                (Update::Keep.into(), Counted::Mismatch)
+            }
+            Some(Entry { item, .. }) => {
+                existed = true;
+                match apply_delta(&item.value, delta, incr, true) {
+                    None => (Update::Keep.into(), Counted::NonNumeric),
+                    Some((n, text)) => (
+                        Expiry::from_item(item).store(text, item.flags, None).into(),
+                        Counted::Value(n),
+                    ),
+                }
+            }
         });
-    match result {
-        Ok((Counted::Missing, _)) => {
-            count_arith(shared, incr, false);
-            "NOT_FOUND".into()
-        }
-        Ok((Counted::NonNumeric, _)) => NON_NUMERIC.into(),
-        Ok((Counted::Value(n), _)) => {
-            count_arith(shared, incr, true);
-            n.to_string()
-        }
-        Err(e) => engine_error(&e),
+    match &result {
+        Ok((Counted::Missing, _)) => count_arith(shared, incr, false),
+        Ok((Counted::Value(_), _)) if existed => count_arith(shared, incr, true),
+        _ => {}
     }
+    result
 }
 
 /// Counts an incr/decr (classic or `ma`) in `incr_*` / `decr_*`: a hit found a number
@@ -513,12 +574,19 @@ pub fn count_arith(shared: &Shared, incr: bool, hit: bool) {
     }
 }
 
+/// Why a `flush_all` did not happen.
+pub enum FlushRefused {
+    /// `--disable-flush-all`.
+    Disabled,
+    Engine(zipcache::Error),
+}
+
 /// `flush_all [delay]`: the delay is an exptime (seconds, or a Unix time past 30 days);
 /// when it comes, everything stored by then is gone. As in memcached, one flush waits at
 /// a time: a later `flush_all` replaces it, with a delay or without.
-fn flush_all(shared: &Shared, delay: i64) -> String {
+pub fn flush_all(shared: &Shared, delay: i64) -> Result<(), FlushRefused> {
     if !shared.flush_all_enabled {
-        return "CLIENT_ERROR flush_all not allowed".into();
+        return Err(FlushRefused::Disabled);
     }
     let mut pending = shared
         .pending_flush
@@ -529,10 +597,7 @@ fn flush_all(shared: &Shared, delay: i64) -> String {
     }
     let now = shared.cache.now_ms();
     let Expiry::At(at) = Expiry::from_exptime(delay, now) else {
-        return match shared.cache.flush_all() {
-            Ok(()) => "OK".into(),
-            Err(e) => engine_error(&e),
-        };
+        return shared.cache.flush_all().map_err(FlushRefused::Engine);
     };
     let cache = shared.cache.clone();
     let flush = tokio::spawn(async move {
@@ -540,7 +605,7 @@ fn flush_all(shared: &Shared, delay: i64) -> String {
         let _ = cache.flush_all();
     });
     *pending = Some(flush.abort_handle());
-    "OK".into()
+    Ok(())
 }
 
 fn stat(out: &mut Vec<u8>, name: &str, value: impl std::fmt::Display) {
@@ -551,7 +616,7 @@ fn yes_no(on: bool) -> &'static str {
     if on { "yes" } else { "no" }
 }
 
-fn stats(shared: &Shared, section: Option<&[u8]>, out: &mut Vec<u8>) {
+pub fn stats(shared: &Shared, section: Option<&[u8]>, out: &mut Vec<u8>) {
     let engine = shared.cache.stats();
     let counters = &shared.counters;
     match section {
@@ -607,7 +672,7 @@ fn stats(shared: &Shared, section: Option<&[u8]>, out: &mut Vec<u8>) {
             stat(out, "num_threads", shared.info.threads);
             stat(out, "cas_enabled", "yes");
             stat(out, "tcp_backlog", crate::server::LISTEN_BACKLOG);
-            stat(out, "auth_enabled_sasl", "no");
+            stat(out, "auth_enabled_sasl", yes_no(shared.access.required()));
             stat(out, "auth_enabled_ascii", yes_no(shared.access.required()));
             stat(out, "item_size_max", shared.max_value);
             stat(out, "key_max", super::parse::KEY_MAX);
@@ -668,7 +733,7 @@ fn stats(shared: &Shared, section: Option<&[u8]>, out: &mut Vec<u8>) {
 }
 
 /// `stats detail on|off|dump` (per-prefix counters, `prefix_stats`).
-fn stats_detail(shared: &Shared, action: Option<&[u8]>, out: &mut Vec<u8>) {
+pub fn stats_detail(shared: &Shared, action: Option<&[u8]>, out: &mut Vec<u8>) {
     match action {
         Some(b"on") => {
             shared.prefix_stats.set_enabled(true);
