@@ -31,6 +31,7 @@ use std::cell::RefCell;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 
 use foldhash::fast::RandomState;
@@ -82,6 +83,8 @@ pub struct Prefetch {
     /// Bytes of input, from the front request on, that the last read-ahead walked: while
     /// the front lies within them, walking again would only find what was started.
     walked: usize,
+    /// The last hit a GET took ([`get_shared`]): the same GET repeated answers from it.
+    held: Option<(Get, Arc<Item>)>,
 }
 
 impl Prefetch {
@@ -179,8 +182,14 @@ impl Prefetch {
         front: bool,
     ) -> usize {
         let mut ready = HashSet::with_hasher(RandomState::default());
-        let mut past_ready = 0;
+        let (mut held, mut past_ready) = (0, 0);
         for &key in keys {
+            // The held hit answers a run of its key from the front, read once however
+            // often it is named (one item held: another key between would replace it).
+            if ready.is_empty() && past_ready == 0 && self.holds(key, options) {
+                held += 1;
+                continue;
+            }
             let first = front && ready.is_empty() && past_ready == 0;
             if self.fetch(key, options).is_none() {
                 if self.full() && !first {
@@ -199,7 +208,13 @@ impl Prefetch {
         if front {
             self.front = ready.iter().map(|key| (key.to_vec(), options)).collect();
         }
-        ready.len()
+        held + ready.len()
+    }
+
+    fn holds(&self, key: &[u8], options: GetOptions) -> bool {
+        self.held
+            .as_ref()
+            .is_some_and(|((held, o), _)| held == key && *o == options)
     }
 
     /// Takes the answer of a GET, if one is ready.
@@ -223,6 +238,9 @@ impl Prefetch {
     fn forget<'k>(&mut self, keys: impl IntoIterator<Item = &'k [u8]>) {
         let mut dropped_a_read = false;
         for key in keys {
+            if self.held.as_ref().is_some_and(|((held, _), _)| held == key) {
+                self.held = None;
+            }
             for (_, fetch) in self.fetches.remove(key).unwrap_or_default() {
                 match fetch {
                     Fetch::Answered(answer) => {
@@ -374,6 +392,33 @@ pub fn get_item(
         // may do I/O: a synchronous SSD read when nothing was prefetched
         None => cache.get_item(key, options),
     }
+}
+
+/// What a GET of `key` answers, as [`get_item`], shared: with an SSD tier the
+/// connection holds the last hit it took (one item), and the same GET repeated — `get big
+/// big …`, an MGET naming one key 1,500 times, a pipeline of `GET big` — answers from it
+/// rather than reading the value (and allocating a copy) again. A change of the key or a
+/// barrier drops it, as they drop answers read ahead, and so does the end of the input
+/// read together ([`Prefetch::clear`]): the requests it answers were read before it was.
+/// DRAM-only, `admit` sees no changes, so nothing is held.
+pub fn get_shared(
+    cache: &ZipCache,
+    key: &[u8],
+    options: GetOptions,
+) -> zipcache::Result<Option<Arc<Item>>> {
+    let held = with_current(|prefetch| {
+        let ((held, o), item) = prefetch.held.as_ref()?;
+        (held == key && *o == options).then(|| item.clone())
+    });
+    if let Some(item) = held.flatten() {
+        return Ok(Some(item));
+    }
+    // may do I/O: a synchronous SSD read when nothing was prefetched
+    let item = get_item(cache, key, options)?.map(Arc::new);
+    if let Some(item) = item.as_ref().filter(|_| cache.has_ssd_tier()) {
+        with_current(|prefetch| prefetch.held = Some(((key.to_vec(), options), item.clone())));
+    }
+    Ok(item)
 }
 
 #[cfg(test)]

@@ -1,6 +1,7 @@
 //! The classic memcached text commands.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
@@ -240,14 +241,14 @@ fn retrieve<'k>(
         let found = match touch_exptime {
             Some(exptime) => {
                 Counters::bump(&shared.counters.cmd_touch);
-                touch(shared, key, exptime)
+                touch(shared, key, exptime).map(|entry| entry.map(|entry| Arc::new(entry.item)))
             }
-            None => shared
-                .annotations
-                .get(&shared.cache, key, GetOptions::default()),
+            // A plain get needs no annotation marks: the item alone, shared with the
+            // same key named again.
+            None => prefetch::get_shared(&shared.cache, key, GetOptions::default()),
         };
         let item = match found {
-            Ok(entry) => entry.map(|entry| entry.item),
+            Ok(item) => item,
             Err(e) => {
                 line(out, &engine_error(&e));
                 return None;

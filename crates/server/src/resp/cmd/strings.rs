@@ -380,11 +380,10 @@ impl MultiGet {
             }
             Counters::bump(&shared.counters.cmd_get);
             // may do I/O: a synchronous SSD read when nothing was prefetched
-            match prefetch::get_item(&shared.cache, key, GetOptions::default()) {
+            match prefetch::get_shared(&shared.cache, key, GetOptions::default()) {
                 Ok(item) => {
-                    let value = item.map(|item| item.value);
-                    shared.counters.hit_or_miss(value.is_some());
-                    out.maybe_bulk(value.as_deref());
+                    shared.counters.hit_or_miss(item.is_some());
+                    out.maybe_bulk(item.as_ref().map(|item| &item.value[..]));
                 }
                 // A key no value can be stored under: as Redis, which has no such keys.
                 Err(zipcache::Error::EmptyKey | zipcache::Error::KeyTooLarge { .. }) => {
@@ -412,10 +411,9 @@ impl StringCommand<'_> {
         match self {
             StringCommand::Get { key } => {
                 Counters::bump(&shared.counters.cmd_get);
-                let value =
-                    prefetch::get_item(cache, key, GetOptions::default())?.map(|item| item.value);
-                shared.counters.hit_or_miss(value.is_some());
-                out.maybe_bulk(value.as_deref());
+                let item = prefetch::get_shared(cache, key, GetOptions::default())?;
+                shared.counters.hit_or_miss(item.is_some());
+                out.maybe_bulk(item.as_ref().map(|item| &item.value[..]));
             }
             StringCommand::Set {
                 key,
