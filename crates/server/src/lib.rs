@@ -285,7 +285,7 @@ pub mod fuzzing {
             let mut buffered = Vec::new();
             let mut out = Vec::new();
             let mut prefetch = crate::prefetch::Prefetch::default();
-            for piece in input.chunks(chunk.max(1)) {
+            'pieces: for piece in input.chunks(chunk.max(1)) {
                 buffered.extend_from_slice(piece);
                 loop {
                     let (consumed, processed) = crate::prefetch::within(&mut prefetch, || {
@@ -299,11 +299,11 @@ pub mod fuzzing {
                         Processed::Flush => continue,
                         Processed::Await => prefetch.settle().await,
                         Processed::NeedMore => break,
-                        Processed::Close => return out,
+                        Processed::Close => break 'pieces,
                     }
                 }
             }
-            out
+            crate::connection::reply_parts(&out, &prefetch.take_values()).concat()
         })
     }
 }

@@ -85,7 +85,15 @@ pub struct Prefetch {
     walked: usize,
     /// The last hit a GET took ([`get_shared`]): the same GET repeated answers from it.
     held: Option<(Get, Arc<Item>)>,
+    /// Values the reply buffer references rather than holds ([`append_value`]), each with
+    /// its offset in the buffer, and their bytes.
+    values: Vec<(usize, Arc<Item>)>,
+    value_bytes: usize,
 }
+
+/// Values this long and longer go into a reply by reference ([`append_value`]); shorter
+/// ones are copied, cheaper than a write of their own.
+const SHARED_VALUE_MIN: usize = 16 << 10;
 
 impl Prefetch {
     /// Awaits the oldest read in flight (the front request's come first), then moves every
@@ -112,9 +120,22 @@ impl Prefetch {
         }
     }
 
-    /// Drops every answer and read in flight (a dropped read completes unobserved).
+    /// Drops every answer and read in flight (a dropped read completes unobserved). The
+    /// values the reply references stay: they are owed to the client.
     pub fn clear(&mut self) {
-        *self = Prefetch::default();
+        let values = std::mem::take(&mut self.values);
+        *self = Prefetch {
+            value_bytes: self.value_bytes,
+            values,
+            ..Prefetch::default()
+        };
+    }
+
+    /// Takes the values the reply buffer references, each with its offset in the buffer
+    /// (`connection::reply_parts` puts them in place).
+    pub fn take_values(&mut self) -> Vec<(usize, Arc<Item>)> {
+        self.value_bytes = 0;
+        std::mem::take(&mut self.values)
     }
 
     fn fetch_mut(&mut self, key: &[u8], options: GetOptions) -> Option<&mut Fetch> {
@@ -421,6 +442,29 @@ pub fn get_shared(
     Ok(item)
 }
 
+/// Appends `item`'s value to the reply `out`: a large one by reference, written from the
+/// item itself when the reply is (`Prefetch::take_values`), so that a connection answering
+/// a 1 MiB value holds that value once, shared with the engine's answer, not a copy per
+/// naming; a small one, or outside [`within`], copied.
+pub fn append_value(out: &mut Vec<u8>, item: &Arc<Item>) {
+    let len = item.value.len();
+    let referenced = len >= SHARED_VALUE_MIN
+        && with_current(|prefetch| {
+            prefetch.values.push((out.len(), item.clone()));
+            prefetch.value_bytes += len;
+        })
+        .is_some();
+    if !referenced {
+        out.extend_from_slice(&item.value);
+    }
+}
+
+/// Bytes of the values the reply buffer references ([`append_value`]): part of the reply
+/// for the output budget.
+pub fn value_bytes() -> usize {
+    with_current(|prefetch| prefetch.value_bytes).unwrap_or(0)
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
@@ -534,6 +578,43 @@ mod tests {
         assert!(!walk.pass(&cache, &Access::Reads(vec![b"d", b"c"], plain)));
         assert!(!walk.pass(&cache, &Access::Reads(vec![b"b"], plain)));
         assert!(!ReadAhead::default().pass(&cache, &Access::Barrier));
+    }
+
+    /// A large value goes into the reply by reference, a small one is copied; the reply's
+    /// parts put it back in place, and a clear keeps it (it is owed to the client).
+    #[test]
+    fn large_values_are_referenced_not_copied() {
+        let item = |len| {
+            Arc::new(Item {
+                value: vec![b'v'; len],
+                flags: 0,
+                cas: 0,
+                expires_at_ms: None,
+                access: None,
+            })
+        };
+        let (big, small) = (item(SHARED_VALUE_MIN), item(10));
+        let mut prefetch = Prefetch::default();
+        let mut out = b"a".to_vec();
+        within(&mut prefetch, || {
+            append_value(&mut out, &big);
+            out.extend_from_slice(b"b");
+            append_value(&mut out, &small);
+            assert_eq!(value_bytes(), SHARED_VALUE_MIN);
+        });
+        assert_eq!(out.len(), 2 + 10, "the large value is not in the buffer");
+        prefetch.clear();
+        let values = prefetch.take_values();
+        let expected = [&b"a"[..], &big.value, b"b", &small.value].concat();
+        assert_eq!(
+            crate::connection::reply_parts(&out, &values).concat(),
+            expected
+        );
+        assert!(prefetch.take_values().is_empty());
+        // Outside a connection's slot, copied.
+        let mut copied = Vec::new();
+        append_value(&mut copied, &big);
+        assert_eq!(copied, big.value);
     }
 
     /// A change drops the answers of its own keys only, a barrier all of them.

@@ -264,7 +264,7 @@ fn retrieve<'k>(
                 format!(" {} {}\r\n", item.flags, item.value.len())
             };
             out.extend_from_slice(header.as_bytes());
-            out.extend_from_slice(&item.value);
+            prefetch::append_value(out, &item);
             out.extend_from_slice(b"\r\n");
         }
     }
