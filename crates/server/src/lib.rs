@@ -283,7 +283,7 @@ pub mod fuzzing {
         };
         runtime.block_on(async move {
             let mut buffered = Vec::new();
-            let mut out = Vec::new();
+            let (mut written, mut out) = (Vec::new(), Vec::new());
             let mut prefetch = crate::prefetch::Prefetch::default();
             'pieces: for piece in input.chunks(chunk.max(1)) {
                 buffered.extend_from_slice(piece);
@@ -292,6 +292,10 @@ pub mod fuzzing {
                         process(&mut session, &buffered, &mut out)
                     });
                     buffered.drain(..consumed);
+                    // Written as the connection writes it, so the next step has room.
+                    let values = prefetch.take_values();
+                    written.extend(crate::connection::reply_parts(&out, &values).concat());
+                    out.clear();
                     if processed == Processed::NeedMore {
                         prefetch.clear();
                     }
@@ -303,7 +307,7 @@ pub mod fuzzing {
                     }
                 }
             }
-            crate::connection::reply_parts(&out, &prefetch.take_values()).concat()
+            written
         })
     }
 }

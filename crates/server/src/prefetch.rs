@@ -233,9 +233,12 @@ impl Prefetch {
     }
 
     fn holds(&self, key: &[u8], options: GetOptions) -> bool {
-        self.held
-            .as_ref()
-            .is_some_and(|((held, o), _)| held == key && *o == options)
+        self.held_hit(key, options).is_some()
+    }
+
+    fn held_hit(&self, key: &[u8], options: GetOptions) -> Option<Arc<Item>> {
+        let ((held, o), item) = self.held.as_ref()?;
+        (held == key && *o == options).then(|| item.clone())
     }
 
     /// Takes the answer of a GET, if one is ready.
@@ -259,9 +262,6 @@ impl Prefetch {
     fn forget<'k>(&mut self, keys: impl IntoIterator<Item = &'k [u8]>) {
         let mut dropped_a_read = false;
         for key in keys {
-            if self.held.as_ref().is_some_and(|((held, _), _)| held == key) {
-                self.held = None;
-            }
             for (_, fetch) in self.fetches.remove(key).unwrap_or_default() {
                 match fetch {
                     Fetch::Answered(answer) => {
@@ -357,6 +357,11 @@ pub fn admit<'k>(cache: &ZipCache, access: impl FnOnce() -> Access<'k>) -> usize
         Access::Reads(keys, options) => prefetch.start(cache, keys, *options, true),
         Access::Changes(keys) => {
             prefetch.forget(keys.iter().copied());
+            if let Some(((held, _), _)) = &prefetch.held
+                && keys.contains(&&held[..])
+            {
+                prefetch.held = None;
+            }
             usize::MAX
         }
         Access::Barrier => {
@@ -401,13 +406,17 @@ impl ReadAhead {
     }
 }
 
-/// What a GET of `key` answers: the prefetched answer (taken, so a key repeated in one
-/// command reads again), or the engine's, read now.
+/// What a GET of `key` answers: the hit held ([`get_shared`]; a copy), the prefetched
+/// answer (taken, so a key repeated in one command reads again), or the engine's, read
+/// now. The held hit comes first because admission counts it as an answer.
 pub fn get_item(
     cache: &ZipCache,
     key: &[u8],
     options: GetOptions,
 ) -> zipcache::Result<Option<Item>> {
+    if let Some(item) = with_current(|prefetch| prefetch.held_hit(key, options)).flatten() {
+        return Ok(Some(Item::clone(&item)));
+    }
     match with_current(|prefetch| prefetch.take(key, options)).flatten() {
         Some(answer) => answer,
         // may do I/O: a synchronous SSD read when nothing was prefetched
@@ -427,11 +436,7 @@ pub fn get_shared(
     key: &[u8],
     options: GetOptions,
 ) -> zipcache::Result<Option<Arc<Item>>> {
-    let held = with_current(|prefetch| {
-        let ((held, o), item) = prefetch.held.as_ref()?;
-        (held == key && *o == options).then(|| item.clone())
-    });
-    if let Some(item) = held.flatten() {
+    if let Some(item) = with_current(|prefetch| prefetch.held_hit(key, options)).flatten() {
         return Ok(Some(item));
     }
     // may do I/O: a synchronous SSD read when nothing was prefetched
@@ -638,6 +643,49 @@ mod tests {
 #[cfg(test)]
 mod admission_tests {
     use crate::fuzzing::{memcached_session, new_hybrid_engine};
+
+    /// GETs of one key read together answer from the hit the first one took, `mg` too;
+    /// a change of the key drops it, so the GET after the change reads the new value.
+    #[test]
+    fn a_held_hit_answers_repeats_until_its_key_changes() {
+        let cache = new_hybrid_engine();
+        let old = vec![b'o'; 100 << 10];
+        cache.put(b"big", &old, None).unwrap();
+        let input = b"get big\r\nmg big v\r\nget big big\r\nset big 0 0 3\r\nnew\r\nget big\r\n";
+        let before = cache.stats().gets;
+        let out = memcached_session(cache.clone(), input, input.len());
+        let value = |v: &[u8]| {
+            [
+                format!("VALUE big 0 {}\r\n", v.len()).as_bytes(),
+                v,
+                b"\r\n",
+            ]
+            .concat()
+        };
+        let expected = [
+            value(&old),
+            b"END\r\n".to_vec(),
+            format!("VA {}\r\n", old.len()).into_bytes(),
+            old.clone(),
+            b"\r\n".to_vec(),
+            value(&old),
+            value(&old),
+            b"END\r\nSTORED\r\n".to_vec(),
+            value(b"new"),
+            b"END\r\n".to_vec(),
+        ]
+        .concat();
+        assert!(
+            out == expected,
+            "{}",
+            String::from_utf8_lossy(&out[out.len() - 40..])
+        );
+        assert_eq!(
+            cache.stats().gets - before,
+            2,
+            "big read once before the set, once after"
+        );
+    }
 
     /// An `mg` that fails on a bad token after its read started, then an oversized `set`
     /// that deletes the key: a `get` read with them must not answer the deleted value.
