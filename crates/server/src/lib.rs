@@ -322,15 +322,19 @@ pub mod fuzzing {
         };
         runtime.block_on(async move {
             let mut buffered = Vec::new();
-            let mut out = Vec::new();
+            let (mut written, mut out) = (Vec::new(), Vec::new());
             let mut prefetch = crate::prefetch::Prefetch::default();
-            for piece in input.chunks(chunk.max(1)) {
+            'pieces: for piece in input.chunks(chunk.max(1)) {
                 buffered.extend_from_slice(piece);
                 loop {
                     let (consumed, processed) = crate::prefetch::within(&mut prefetch, || {
                         process(&mut session, &buffered, &mut out)
                     });
                     buffered.drain(..consumed);
+                    // Written as the connection writes it, so the next step has room.
+                    let values = prefetch.take_values();
+                    written.extend(crate::connection::reply_parts(&out, &values).concat());
+                    out.clear();
                     if processed == Processed::NeedMore {
                         prefetch.clear();
                     }
@@ -338,11 +342,11 @@ pub mod fuzzing {
                         Processed::Flush => continue,
                         Processed::Await => prefetch.settle().await,
                         Processed::NeedMore => break,
-                        Processed::Close => return out,
+                        Processed::Close => break 'pieces,
                     }
                 }
             }
-            out
+            written
         })
     }
 }

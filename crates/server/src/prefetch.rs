@@ -31,6 +31,7 @@ use std::cell::RefCell;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 
 use foldhash::fast::RandomState;
@@ -82,7 +83,17 @@ pub struct Prefetch {
     /// Bytes of input, from the front request on, that the last read-ahead walked: while
     /// the front lies within them, walking again would only find what was started.
     walked: usize,
+    /// The last hit a GET took ([`get_shared`]): the same GET repeated answers from it.
+    held: Option<(Get, Arc<Item>)>,
+    /// Values the reply buffer references rather than holds ([`append_value`]), each with
+    /// its offset in the buffer, and their bytes.
+    values: Vec<(usize, Arc<Item>)>,
+    value_bytes: usize,
 }
+
+/// Values this long and longer go into a reply by reference ([`append_value`]); shorter
+/// ones are copied, cheaper than a write of their own.
+const SHARED_VALUE_MIN: usize = 16 << 10;
 
 impl Prefetch {
     /// Awaits the oldest read in flight (the front request's come first), then moves every
@@ -109,9 +120,22 @@ impl Prefetch {
         }
     }
 
-    /// Drops every answer and read in flight (a dropped read completes unobserved).
+    /// Drops every answer and read in flight (a dropped read completes unobserved). The
+    /// values the reply references stay: they are owed to the client.
     pub fn clear(&mut self) {
-        *self = Prefetch::default();
+        let values = std::mem::take(&mut self.values);
+        *self = Prefetch {
+            value_bytes: self.value_bytes,
+            values,
+            ..Prefetch::default()
+        };
+    }
+
+    /// Takes the values the reply buffer references, each with its offset in the buffer
+    /// (`connection::reply_parts` puts them in place).
+    pub fn take_values(&mut self) -> Vec<(usize, Arc<Item>)> {
+        self.value_bytes = 0;
+        std::mem::take(&mut self.values)
     }
 
     fn fetch_mut(&mut self, key: &[u8], options: GetOptions) -> Option<&mut Fetch> {
@@ -179,8 +203,14 @@ impl Prefetch {
         front: bool,
     ) -> usize {
         let mut ready = HashSet::with_hasher(RandomState::default());
-        let mut past_ready = 0;
+        let (mut held, mut past_ready) = (0, 0);
         for &key in keys {
+            // The held hit answers a run of its key from the front, read once however
+            // often it is named (one item held: another key between would replace it).
+            if ready.is_empty() && past_ready == 0 && self.holds(key, options) {
+                held += 1;
+                continue;
+            }
             let first = front && ready.is_empty() && past_ready == 0;
             if self.fetch(key, options).is_none() {
                 if self.full() && !first {
@@ -199,7 +229,16 @@ impl Prefetch {
         if front {
             self.front = ready.iter().map(|key| (key.to_vec(), options)).collect();
         }
-        ready.len()
+        held + ready.len()
+    }
+
+    fn holds(&self, key: &[u8], options: GetOptions) -> bool {
+        self.held_hit(key, options).is_some()
+    }
+
+    fn held_hit(&self, key: &[u8], options: GetOptions) -> Option<Arc<Item>> {
+        let ((held, o), item) = self.held.as_ref()?;
+        (held == key && *o == options).then(|| item.clone())
     }
 
     /// Takes the answer of a GET, if one is ready.
@@ -318,6 +357,11 @@ pub fn admit<'k>(cache: &ZipCache, access: impl FnOnce() -> Access<'k>) -> usize
         Access::Reads(keys, options) => prefetch.start(cache, keys, *options, true),
         Access::Changes(keys) => {
             prefetch.forget(keys.iter().copied());
+            if let Some(((held, _), _)) = &prefetch.held
+                && keys.contains(&&held[..])
+            {
+                prefetch.held = None;
+            }
             usize::MAX
         }
         Access::Barrier => {
@@ -362,18 +406,68 @@ impl ReadAhead {
     }
 }
 
-/// What a GET of `key` answers: the prefetched answer (taken, so a key repeated in one
-/// command reads again), or the engine's, read now.
+/// What a GET of `key` answers: the hit held ([`get_shared`]; a copy), the prefetched
+/// answer (taken, so a key repeated in one command reads again), or the engine's, read
+/// now. The held hit comes first because admission counts it as an answer.
 pub fn get_item(
     cache: &ZipCache,
     key: &[u8],
     options: GetOptions,
 ) -> zipcache::Result<Option<Item>> {
+    if let Some(item) = with_current(|prefetch| prefetch.held_hit(key, options)).flatten() {
+        return Ok(Some(Item::clone(&item)));
+    }
     match with_current(|prefetch| prefetch.take(key, options)).flatten() {
         Some(answer) => answer,
         // may do I/O: a synchronous SSD read when nothing was prefetched
         None => cache.get_item(key, options),
     }
+}
+
+/// What a GET of `key` answers, as [`get_item`], shared: with an SSD tier the
+/// connection holds the last hit it took (one item), and the same GET repeated — `get big
+/// big …`, an MGET naming one key 1,500 times, a pipeline of `GET big` — answers from it
+/// rather than reading the value (and allocating a copy) again. A change of the key or a
+/// barrier drops it, as they drop answers read ahead, and so does the end of the input
+/// read together ([`Prefetch::clear`]): the requests it answers were read before it was.
+/// DRAM-only, `admit` sees no changes, so nothing is held.
+pub fn get_shared(
+    cache: &ZipCache,
+    key: &[u8],
+    options: GetOptions,
+) -> zipcache::Result<Option<Arc<Item>>> {
+    if let Some(item) = with_current(|prefetch| prefetch.held_hit(key, options)).flatten() {
+        return Ok(Some(item));
+    }
+    // may do I/O: a synchronous SSD read when nothing was prefetched
+    let item = get_item(cache, key, options)?.map(Arc::new);
+    if let Some(item) = item.as_ref().filter(|_| cache.has_ssd_tier()) {
+        with_current(|prefetch| prefetch.held = Some(((key.to_vec(), options), item.clone())));
+    }
+    Ok(item)
+}
+
+/// Appends `item`'s value to the reply `out`: a large one by reference, written from the
+/// item itself when the reply is (`Prefetch::take_values`), so that a connection answering
+/// a 1 MiB value holds that value once, shared with the engine's answer, not a copy per
+/// naming; a small one, or outside [`within`], copied.
+pub fn append_value(out: &mut Vec<u8>, item: &Arc<Item>) {
+    let len = item.value.len();
+    let referenced = len >= SHARED_VALUE_MIN
+        && with_current(|prefetch| {
+            prefetch.values.push((out.len(), item.clone()));
+            prefetch.value_bytes += len;
+        })
+        .is_some();
+    if !referenced {
+        out.extend_from_slice(&item.value);
+    }
+}
+
+/// Bytes of the values the reply buffer references ([`append_value`]): part of the reply
+/// for the output budget.
+pub fn value_bytes() -> usize {
+    with_current(|prefetch| prefetch.value_bytes).unwrap_or(0)
 }
 
 #[cfg(test)]
@@ -491,6 +585,43 @@ mod tests {
         assert!(!ReadAhead::default().pass(&cache, &Access::Barrier));
     }
 
+    /// A large value goes into the reply by reference, a small one is copied; the reply's
+    /// parts put it back in place, and a clear keeps it (it is owed to the client).
+    #[test]
+    fn large_values_are_referenced_not_copied() {
+        let item = |len| {
+            Arc::new(Item {
+                value: vec![b'v'; len],
+                flags: 0,
+                cas: 0,
+                expires_at_ms: None,
+                access: None,
+            })
+        };
+        let (big, small) = (item(SHARED_VALUE_MIN), item(10));
+        let mut prefetch = Prefetch::default();
+        let mut out = b"a".to_vec();
+        within(&mut prefetch, || {
+            append_value(&mut out, &big);
+            out.extend_from_slice(b"b");
+            append_value(&mut out, &small);
+            assert_eq!(value_bytes(), SHARED_VALUE_MIN);
+        });
+        assert_eq!(out.len(), 2 + 10, "the large value is not in the buffer");
+        prefetch.clear();
+        let values = prefetch.take_values();
+        let expected = [&b"a"[..], &big.value, b"b", &small.value].concat();
+        assert_eq!(
+            crate::connection::reply_parts(&out, &values).concat(),
+            expected
+        );
+        assert!(prefetch.take_values().is_empty());
+        // Outside a connection's slot, copied.
+        let mut copied = Vec::new();
+        append_value(&mut copied, &big);
+        assert_eq!(copied, big.value);
+    }
+
     /// A change drops the answers of its own keys only, a barrier all of them.
     #[test]
     fn a_change_forgets_only_its_keys() {
@@ -512,6 +643,49 @@ mod tests {
 #[cfg(test)]
 mod admission_tests {
     use crate::fuzzing::{memcached_session, new_hybrid_engine};
+
+    /// GETs of one key read together answer from the hit the first one took, `mg` too;
+    /// a change of the key drops it, so the GET after the change reads the new value.
+    #[test]
+    fn a_held_hit_answers_repeats_until_its_key_changes() {
+        let cache = new_hybrid_engine();
+        let old = vec![b'o'; 100 << 10];
+        cache.put(b"big", &old, None).unwrap();
+        let input = b"get big\r\nmg big v\r\nget big big\r\nset big 0 0 3\r\nnew\r\nget big\r\n";
+        let before = cache.stats().gets;
+        let out = memcached_session(cache.clone(), input, input.len());
+        let value = |v: &[u8]| {
+            [
+                format!("VALUE big 0 {}\r\n", v.len()).as_bytes(),
+                v,
+                b"\r\n",
+            ]
+            .concat()
+        };
+        let expected = [
+            value(&old),
+            b"END\r\n".to_vec(),
+            format!("VA {}\r\n", old.len()).into_bytes(),
+            old.clone(),
+            b"\r\n".to_vec(),
+            value(&old),
+            value(&old),
+            b"END\r\nSTORED\r\n".to_vec(),
+            value(b"new"),
+            b"END\r\n".to_vec(),
+        ]
+        .concat();
+        assert!(
+            out == expected,
+            "{}",
+            String::from_utf8_lossy(&out[out.len() - 40..])
+        );
+        assert_eq!(
+            cache.stats().gets - before,
+            2,
+            "big read once before the set, once after"
+        );
+    }
 
     /// An `mg` that fails on a bad token after its read started, then an oversized `set`
     /// that deletes the key: a `get` read with them must not answer the deleted value.

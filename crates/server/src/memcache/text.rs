@@ -1,6 +1,7 @@
 //! The classic memcached text commands.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
@@ -262,7 +263,7 @@ fn retrieve<'k>(
                 format!(" {} {}\r\n", item.flags, item.value.len())
             };
             out.extend_from_slice(header.as_bytes());
-            out.extend_from_slice(&item.value);
+            prefetch::append_value(out, &item);
             out.extend_from_slice(b"\r\n");
         }
     }
@@ -275,18 +276,17 @@ pub fn fetch(
     shared: &Shared,
     key: &[u8],
     touch_exptime: Option<i64>,
-) -> zipcache::Result<Option<Item>> {
+) -> zipcache::Result<Option<Arc<Item>>> {
     Counters::bump(&shared.counters.cmd_get);
-    let found = match touch_exptime {
+    let item = match touch_exptime {
         Some(exptime) => {
             Counters::bump(&shared.counters.cmd_touch);
-            touch(shared, key, exptime)
+            touch(shared, key, exptime)?.map(|entry| Arc::new(entry.item))
         }
-        None => shared
-            .annotations
-            .get(&shared.cache, key, GetOptions::default()),
+        // A plain get needs no annotation marks: the item alone, shared with the same key
+        // named again.
+        None => prefetch::get_shared(&shared.cache, key, GetOptions::default())?,
     };
-    let item = found?.map(|entry| entry.item);
     events::fetched(shared, key, item.as_ref().map(|item| item.value.len()));
     Ok(item)
 }

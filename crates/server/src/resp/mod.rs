@@ -155,6 +155,9 @@ impl Reply<'_> {
     }
 
     pub fn bulk(&mut self, value: &[u8]) {
+        // Grown once for the whole bulk: appended piecewise, a 1 MiB value would double
+        // the buffer to 2 MiB for its last two bytes.
+        self.buf.reserve(value.len() + 24);
         self.buf
             .extend_from_slice(format!("${}\r\n", value.len()).as_bytes());
         self.buf.extend_from_slice(value);

@@ -3,8 +3,9 @@
 //! commands go through `ZipCache::update`, so they are atomic per key.
 
 use std::borrow::Cow;
+use std::sync::Arc;
 
-use zipcache::{GetOptions, Update};
+use zipcache::{GetOptions, Item, Update};
 
 use super::{
     Args, Command, ErrorReply, Flow, NO_TOUCH, NOT_INTEGER, NewExpiry, Result, SYNTAX, Spec,
@@ -294,6 +295,18 @@ fn float_text(value: f64) -> String {
     if text == "-0" { "0".into() } else { text }
 }
 
+/// The bulk of `item`'s value, the value by reference (`prefetch::append_value`); nil
+/// for none.
+fn item_bulk(out: &mut Reply, item: Option<&Arc<Item>>) {
+    let Some(item) = item else {
+        return out.nil();
+    };
+    out.buf
+        .extend_from_slice(format!("${}\r\n", item.value.len()).as_bytes());
+    prefetch::append_value(out.buf, item);
+    out.buf.extend_from_slice(b"\r\n");
+}
+
 /// Keys one step of an MGET offers its admission (`prefetch::admit`): no more than it can
 /// use, so that a step of an MGET of many keys costs what it runs.
 const ADMITTED_KEYS: usize = 2048;
@@ -380,11 +393,10 @@ impl MultiGet {
             }
             Counters::bump(&shared.counters.cmd_get);
             // may do I/O: a synchronous SSD read when nothing was prefetched
-            match prefetch::get_item(&shared.cache, key, GetOptions::default()) {
+            match prefetch::get_shared(&shared.cache, key, GetOptions::default()) {
                 Ok(item) => {
-                    let value = item.map(|item| item.value);
-                    shared.counters.hit_or_miss(value.is_some());
-                    out.maybe_bulk(value.as_deref());
+                    shared.counters.hit_or_miss(item.is_some());
+                    item_bulk(out, item.as_ref());
                 }
                 // A key no value can be stored under: as Redis, which has no such keys.
                 Err(zipcache::Error::EmptyKey | zipcache::Error::KeyTooLarge { .. }) => {
@@ -412,10 +424,9 @@ impl StringCommand<'_> {
         match self {
             StringCommand::Get { key } => {
                 Counters::bump(&shared.counters.cmd_get);
-                let value =
-                    prefetch::get_item(cache, key, GetOptions::default())?.map(|item| item.value);
-                shared.counters.hit_or_miss(value.is_some());
-                out.maybe_bulk(value.as_deref());
+                let item = prefetch::get_shared(cache, key, GetOptions::default())?;
+                shared.counters.hit_or_miss(item.is_some());
+                item_bulk(out, item.as_ref());
             }
             StringCommand::Set {
                 key,
