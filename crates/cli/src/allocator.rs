@@ -48,6 +48,11 @@ pub fn configure() {
     // SAFETY: mi_option_set only stores a value in mimalloc's option table (an atomic
     // store); it takes no pointers, and MI_OPTION_PURGE_DELAY is within the enum.
     unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, PURGE_DELAY_MS) };
+    configure_c_malloc();
+}
+
+/// glibc's malloc, which the C code linked in uses (see the module doc).
+fn configure_c_malloc() {
     // SAFETY: mallopt sets a glibc malloc parameter; it takes integers only.
     #[cfg(target_env = "gnu")]
     unsafe {
@@ -83,6 +88,10 @@ mod tests {
         unsafe { libmimalloc_sys::mi_option_get(MI_OPTION_PURGE_DELAY) }
     }
 
+    /// Held by each test here: they change how this process's memory is handled and
+    /// measure its RSS, so run together one would upset another's figures.
+    static PROCESS_MEMORY: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
     /// Resident anonymous bytes of this process.
     fn rss_anon() -> u64 {
         let status = std::fs::read_to_string("/proc/self/status").unwrap();
@@ -100,6 +109,7 @@ mod tests {
 
     #[test]
     fn purge_delay_is_set() {
+        let _alone = PROCESS_MEMORY.lock().unwrap_or_else(|e| e.into_inner());
         // Option 15 is the purge delay if it still holds its default of 1000 ms (or the
         // environment's MIMALLOC_PURGE_DELAY) before `configure`, and ours after.
         let expected = std::env::var("MIMALLOC_PURGE_DELAY")
@@ -130,14 +140,17 @@ mod tests {
             rss_anon() < base + (16 << 20)
         });
         assert!(returned, "{base} -> {full} -> {}", rss_anon());
+        #[cfg(target_env = "gnu")]
+        freed_c_buffers_are_returned();
     }
 
     /// C buffers of 100 KiB freed among small ones still in use, as a C library's work
     /// leaves them: without the threshold glibc keeps all 6.4 MB resident.
+    /// Run by `purge_delay_is_set` after its own measurement: two tests measuring the
+    /// process's RSS at once would each count the other's allocations, and run first this
+    /// one left mimalloc's purge unmeasurable there.
     #[cfg(target_env = "gnu")]
-    #[test]
     fn freed_c_buffers_are_returned() {
-        configure();
         std::thread::spawn(|| {
             const BLOCK: usize = 100 << 10;
             let base = rss_anon();
@@ -165,6 +178,7 @@ mod tests {
 
     #[test]
     fn thp_is_disabled() {
+        let _alone = PROCESS_MEMORY.lock().unwrap_or_else(|e| e.into_inner());
         disable_thp();
         // SAFETY: as in disable_thp; PR_GET_THP_DISABLE returns the flag.
         let flag = unsafe { libc::prctl(libc::PR_GET_THP_DISABLE, 0, 0, 0, 0) };
