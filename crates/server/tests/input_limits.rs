@@ -23,15 +23,7 @@ fn stat(server: &TestServer, name: &str) -> u64 {
         .expect("a number")
 }
 
-fn resp_command(args: &[&[u8]]) -> Vec<u8> {
-    let mut request = format!("*{}\r\n", args.len()).into_bytes();
-    for arg in args {
-        request.extend_from_slice(format!("${}\r\n", arg.len()).as_bytes());
-        request.extend_from_slice(arg);
-        request.extend_from_slice(b"\r\n");
-    }
-    request
-}
+use zipcache_server::fuzzing::resp_request as resp_command;
 
 /// Polls `done` until it holds or `limit` passes; false if it never held.
 fn eventually(limit: Duration, mut done: impl FnMut() -> bool) -> bool {

@@ -460,15 +460,7 @@ mod tests {
         }
     }
 
-    fn multibulk_of(args: &[&[u8]]) -> Vec<u8> {
-        let mut request = format!("*{}\r\n", args.len()).into_bytes();
-        for arg in args {
-            request.extend_from_slice(format!("${}\r\n", arg.len()).as_bytes());
-            request.extend_from_slice(arg);
-            request.extend_from_slice(b"\r\n");
-        }
-        request
-    }
+    use crate::fuzzing::resp_request as multibulk_of;
 
     /// Each read's bytes are looked at about once, however many reads a request takes:
     /// re-framing from the start on every read looked at ~6 000 times as many here.
