@@ -8,7 +8,7 @@ SUDO=""
 # Peers and tools the integration tests start themselves (on 127.0.0.1, stopped by PID).
 $SUDO apt-get update -qq
 $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-    memcached libmemcached-tools redis-server redis-tools nutcracker nodejs npm >/dev/null
+    memcached libmemcached-tools redis-server redis-tools nutcracker nodejs npm openssl >/dev/null
 # memjs, the binary-protocol client of tests/binary_clients.rs (found through `npm root -g`).
 $SUDO npm install --global --silent memjs
 # Python clients for the client tests; vega_datasets is the real-data value source.
