@@ -6,7 +6,7 @@ mod common;
 
 use std::path::PathBuf;
 
-use common::{Client, TestServer};
+use common::{Client, TestServer, hash_hex};
 use zipcache::config::DeviceCompression;
 use zipcache::{Config, SsdConfig};
 
@@ -49,18 +49,8 @@ fn key(i: usize) -> String {
 
 /// Hex of a hash of `i`: about as compressible as real values, so most keys leave DRAM.
 fn value(i: usize, version: u32) -> String {
-    let mut state = (i as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ u64::from(version);
-    let mut hex = format!("v{version}-");
-    while hex.len() < 60 + i % 30 {
-        state ^= state >> 12;
-        state ^= state << 25;
-        state ^= state >> 27;
-        hex.push_str(&format!(
-            "{:016x}",
-            state.wrapping_mul(0x2545_F491_4F6C_DD1D)
-        ));
-    }
-    hex
+    let seed = (i as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ u64::from(version);
+    hash_hex(seed, format!("v{version}-"), 60 + i % 30)
 }
 
 fn fill(client: &mut Client) {

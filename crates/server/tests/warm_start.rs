@@ -8,7 +8,7 @@ mod common;
 use std::path::Path;
 use std::time::Duration;
 
-use common::{Client, free_port, wait_for_port};
+use common::{Client, free_port, hash_hex, wait_for_port};
 use zipcache_server::{ServeArgs, run};
 
 /// 20,000 values of ~80 bytes through a 1 MiB DRAM budget: many are on the SSD
@@ -16,18 +16,11 @@ use zipcache_server::{ServeArgs, run};
 const KEYS: usize = 20_000;
 
 fn value(i: usize) -> String {
-    let mut state = (i as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    let mut hex = String::new();
-    while hex.len() < 64 + i % 32 {
-        state ^= state >> 12;
-        state ^= state << 25;
-        state ^= state >> 27;
-        hex.push_str(&format!(
-            "{:016x}",
-            state.wrapping_mul(0x2545_F491_4F6C_DD1D)
-        ));
-    }
-    hex
+    hash_hex(
+        (i as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15),
+        String::new(),
+        64 + i % 32,
+    )
 }
 
 fn args(data_dir: &Path, mc_port: u16) -> ServeArgs {
