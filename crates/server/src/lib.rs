@@ -1,35 +1,36 @@
 //! `zipcache serve`: memcached text/meta and RESP2/3 servers over the engine.
 //!
-//! Layout (after mini-redis): `connection` runs the read → execute-all → write-once
-//! loop over TCP or TLS; `memcache::parse` and `resp::parse` only frame bytes into
-//! requests; `memcache::{text, meta}` execute them, `resp::cmd` types RESP requests
-//! into commands and executes those; `server` owns threads, listeners and admission;
-//! `settings` the flags; `auth` and `tls` access control.
+//! Layout, in layers (each imports only those above it in this list):
+//! * `core`: the protocol-neutral core — engine handle, options, counters, access policy;
+//! * `transport`: listeners, threads and admission, TLS, the connection loop with its
+//!   buffers and their budgets, and the SSD reads a connection has in flight; it serves
+//!   any `transport::Protocol`;
+//! * the protocols, each a `Protocol`: `memcache` (text, meta, binary; after memcached's
+//!   `proto_text.c` apart from its connection state machine) and `resp` (frames parsed
+//!   into typed commands, after mini-redis); `metrics_http` answers Prometheus;
+//! * `server` assembles them over one engine; `settings` turns flags into options.
 
-mod access;
-mod auth;
-mod buffer_budget;
-mod connection;
+mod core;
 mod memcache;
 mod metrics_http;
-mod prefetch;
 mod resp;
 mod server;
+#[cfg(test)]
+mod serving_tests;
 mod settings;
-mod stats;
-mod tls;
-mod watch;
+mod transport;
 
 use std::sync::Arc;
 
 use tokio::signal::unix::{SignalKind, signal};
 use zipcache::ZipCache;
 
-pub use access::Credentials;
-pub use auth::Password;
-pub use server::{Bound, Runtime, ServerHandle, ServerOptions, start};
+pub use crate::core::access::Credentials;
+pub use crate::core::auth::Password;
+pub use crate::core::{Runtime, ServerOptions, TlsFiles};
+pub use server::{ServerHandle, start};
 pub use settings::{Port, ServeArgs, Settings};
-pub use tls::TlsFiles;
+pub use transport::Bound;
 
 /// Whole protocol sessions over an in-memory byte stream, for the fuzz targets and the
 /// property tests: whatever the bytes, a session must answer or close, never panic.
@@ -38,15 +39,14 @@ pub mod fuzzing {
 
     use zipcache::{Config, ZipCache};
 
-    use crate::auth::Password;
-    use crate::connection::{Processed, Session, process};
+    use crate::core::ServerOptions;
+    use crate::core::auth::Password;
     use crate::memcache::MemcacheSession;
     use crate::resp::RespSession;
-    use crate::server::{ServerInfo, ServerOptions, Shared};
-
-    fn shared(cache: Arc<ZipCache>, options: &ServerOptions) -> Arc<Shared> {
-        Arc::new(Shared::new(cache, ServerInfo::detached(), options))
-    }
+    use crate::server::Parts;
+    use crate::transport::connection::{Processed, Session, process};
+    use crate::transport::output::Output;
+    use crate::transport::prefetch::Prefetch;
 
     const MAX_VALUE: usize = 1 << 20;
 
@@ -123,7 +123,8 @@ pub mod fuzzing {
         input: &[u8],
         chunk: usize,
     ) -> Vec<u8> {
-        drive(MemcacheSession::new(shared(cache, options)), input, chunk)
+        let memcached = Parts::detached(cache, options).memcached;
+        drive(MemcacheSession::new(memcached), input, chunk)
     }
 
     /// As `memcached_session`, for RESP; with `requirepass`, clients must AUTH first.
@@ -147,7 +148,11 @@ pub mod fuzzing {
         input: &[u8],
         chunk: usize,
     ) -> Vec<u8> {
-        drive(RespSession::new(shared(cache, options)), input, chunk)
+        drive(
+            RespSession::new(Parts::detached(cache, options).resp),
+            input,
+            chunk,
+        )
     }
 
     /// The one user of the authenticating framing checks.
@@ -175,8 +180,8 @@ pub mod fuzzing {
             rest = rest.get(len.saturating_add(swallow)..).unwrap_or_default();
         }
 
-        let credentials = crate::access::Credentials::parse(USER).expect("credentials");
-        let access = crate::access::AccessPolicy::new(None, Some(Arc::new(credentials)));
+        let credentials = crate::core::access::Credentials::parse(USER).expect("credentials");
+        let access = crate::core::access::AccessPolicy::new(None, Some(Arc::new(credentials)));
         let answered = |bytes: &[u8]| match attempt(bytes, &access) {
             answer @ Attempt::Answered { len, .. } => Some((len, answer)),
             Attempt::NeedMore | Attempt::Close => None,
@@ -322,25 +327,20 @@ pub mod fuzzing {
         };
         runtime.block_on(async move {
             let mut buffered = Vec::new();
-            let (mut written, mut out) = (Vec::new(), Vec::new());
-            let mut prefetch = crate::prefetch::Prefetch::default();
+            let (mut written, mut out) = (Vec::new(), Output::default());
+            let mut reads = Prefetch::default();
             'pieces: for piece in input.chunks(chunk.max(1)) {
                 buffered.extend_from_slice(piece);
                 loop {
-                    let (consumed, processed) = crate::prefetch::within(&mut prefetch, || {
-                        process(&mut session, &buffered, &mut out)
-                    });
+                    let (consumed, processed) =
+                        process(&mut session, &buffered, &mut out, &mut reads);
                     buffered.drain(..consumed);
                     // Written as the connection writes it, so the next step has room.
-                    let values = prefetch.take_values();
-                    written.extend(crate::connection::reply_parts(&out, &values).concat());
+                    written.extend(out.parts().concat());
                     out.clear();
-                    if processed == Processed::NeedMore {
-                        prefetch.clear();
-                    }
                     match processed {
                         Processed::Flush => continue,
-                        Processed::Await => prefetch.settle().await,
+                        Processed::Await => reads.settle().await,
                         Processed::NeedMore => break,
                         Processed::Close => break 'pieces,
                     }
@@ -391,7 +391,7 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
         .map_err(|e| format!("cannot serve: {e}"))?;
     let cache =
         Arc::new(ZipCache::open(config).map_err(|e| format!("cannot open the cache: {e}"))?);
-    let handle = match bound.serve(cache.clone()) {
+    let handle = match server::serve(bound, cache.clone()) {
         // The server holds the engine now; shutdown hands it back to be closed.
         Ok(handle) => {
             drop(cache);

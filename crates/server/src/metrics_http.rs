@@ -10,9 +10,10 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::Semaphore;
 
-use crate::access::{AccessPolicy, DEFAULT_USER};
-use crate::server::Shared;
-use crate::stats::prometheus;
+use crate::core::Core;
+use crate::core::access::{AccessPolicy, DEFAULT_USER};
+use crate::core::stats::prometheus;
+use crate::transport::Direct;
 
 const MAX_REQUEST: usize = 8 * 1024;
 const READ_TIMEOUT: Duration = Duration::from_secs(5);
@@ -23,32 +24,38 @@ pub const MAX_SCRAPES: usize = 8;
 
 /// The metrics port: at most [`MAX_SCRAPES`] connections open at once.
 pub struct Endpoint {
+    core: Arc<Core>,
     slots: Arc<Semaphore>,
 }
 
-impl Default for Endpoint {
-    fn default() -> Self {
+impl Endpoint {
+    pub fn new(core: Arc<Core>) -> Endpoint {
         Endpoint {
+            core,
             slots: Arc::new(Semaphore::new(MAX_SCRAPES)),
         }
     }
-}
 
-impl Endpoint {
+    /// The port's service: [`Endpoint::admit`] on the accepting thread.
+    pub fn into_direct(self) -> Direct {
+        Arc::new(move |stream| self.admit(stream))
+    }
+
     /// Answers `stream` in a task of its own, or closes it at once when every slot is
     /// taken.
-    pub fn admit(&self, stream: TcpStream, shared: Arc<Shared>) {
+    pub fn admit(&self, stream: TcpStream) {
         let Ok(slot) = self.slots.clone().try_acquire_owned() else {
             return;
         };
+        let core = self.core.clone();
         tokio::spawn(async move {
-            respond(stream, shared).await;
+            respond(stream, &core).await;
             drop(slot);
         });
     }
 }
 
-async fn respond(mut stream: TcpStream, shared: Arc<Shared>) {
+async fn respond(mut stream: TcpStream, core: &Core) {
     let mut request = Vec::with_capacity(1024);
     let headers_read = tokio::time::timeout(READ_TIMEOUT, async {
         while !request.windows(4).any(|w| w == b"\r\n\r\n") && request.len() < MAX_REQUEST {
@@ -63,16 +70,13 @@ async fn respond(mut stream: TcpStream, shared: Arc<Shared>) {
     if headers_read != Ok(true) {
         return;
     }
-    let (status, body) = if !authorized(&request, &shared.access) {
+    let (status, body) = if !authorized(&request, &core.access) {
         (
             "401 Unauthorized\r\nWWW-Authenticate: Basic realm=\"zipcache\"",
             "log in: HTTP Basic with a user of the server, or Bearer <requirepass>\n".to_string(),
         )
     } else if request.starts_with(b"GET /metrics ") {
-        (
-            "200 OK",
-            prometheus(&shared.counters, &shared.cache.stats()),
-        )
+        ("200 OK", prometheus(&core.counters, &core.cache.stats()))
     } else {
         ("404 Not Found", "try /metrics\n".to_string())
     };
@@ -132,7 +136,7 @@ fn header<'a>(request: &'a [u8], name: &[u8]) -> Option<&'a [u8]> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::auth::Password;
+    use crate::core::auth::Password;
 
     const REQUEST: &[u8] = b"GET /metrics HTTP/1.1\r\nHost: x\r\n";
 
@@ -142,7 +146,7 @@ mod tests {
 
     #[test]
     fn basic_and_bearer_log_in_against_the_policy() {
-        let users = crate::access::Credentials::parse(b"alice:a:b\n").unwrap();
+        let users = crate::core::access::Credentials::parse(b"alice:a:b\n").unwrap();
         let access = AccessPolicy::new(Password::new("pw"), Some(Arc::new(users)));
         // alice:a:b — the password runs past the first colon.
         assert!(authorized(

@@ -8,10 +8,10 @@ use std::sync::Arc;
 
 use clap::ValueEnum;
 
-use crate::access::Credentials;
-use crate::auth::Password;
-use crate::server::{FIRST_REQUEST_TIMEOUT, Runtime, ServerOptions};
-use crate::tls::TlsFiles;
+use crate::core::TlsFiles;
+use crate::core::access::Credentials;
+use crate::core::auth::Password;
+use crate::core::{FIRST_REQUEST_TIMEOUT, Runtime, ServerOptions};
 
 /// Arguments of `zipcache serve` (SPEC §8). The `--config` file is the same struct:
 /// every flag may be given there under its own name; the command line wins.

@@ -26,6 +26,8 @@ use std::sync::{Mutex, MutexGuard};
 
 use zipcache::{GetOptions, Item, Update, ZipCache};
 
+use crate::transport::prefetch::Prefetch;
+
 const SHARDS: usize = 64;
 /// Annotations kept per shard (64 Ki in all).
 const SHARD_CAPACITY: usize = 1024;
@@ -123,14 +125,16 @@ impl Annotations {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// The live item under `key` as clients see it, read as `options` say.
+    /// The live item under `key` as clients see it, read as `options` say (answered by
+    /// `reads` where it read the key ahead).
     pub fn get(
         &self,
         cache: &ZipCache,
+        reads: &mut Prefetch,
         key: &[u8],
         options: GetOptions,
     ) -> zipcache::Result<Option<Entry>> {
-        let Some(item) = crate::prefetch::get_item(cache, key, options)? else {
+        let Some(item) = reads.get_item(cache, key, options)? else {
             return Ok(None);
         };
         Ok(Some(entry_of(item, self.shard(key).get(key))))
@@ -232,7 +236,12 @@ mod tests {
             .update(&cache, b"k", |_| (put(b"v", None, STALE), ()))
             .unwrap();
         let entry = annotations
-            .get(&cache, b"k", GetOptions::default())
+            .get(
+                &cache,
+                &mut Prefetch::default(),
+                b"k",
+                GetOptions::default(),
+            )
             .unwrap()
             .unwrap();
         assert_eq!((Some(entry.item.cas), entry.marks), (cas, STALE));
@@ -243,7 +252,12 @@ mod tests {
         };
         let engine_cas = cache.put_with(b"k", b"w", options).unwrap();
         let entry = annotations
-            .get(&cache, b"k", GetOptions::default())
+            .get(
+                &cache,
+                &mut Prefetch::default(),
+                b"k",
+                GetOptions::default(),
+            )
             .unwrap()
             .unwrap();
         assert_eq!(
@@ -259,7 +273,12 @@ mod tests {
             .update(&cache, b"k", |_| (put(b"v", Some(5), STALE), ()))
             .unwrap();
         let entry = annotations
-            .get(&cache, b"k", GetOptions::default())
+            .get(
+                &cache,
+                &mut Prefetch::default(),
+                b"k",
+                GetOptions::default(),
+            )
             .unwrap()
             .unwrap();
         assert_eq!((entry.item.cas, entry.marks), (5, STALE));
@@ -268,7 +287,12 @@ mod tests {
             .unwrap();
         assert_eq!(cas, Some(5));
         let entry = annotations
-            .get(&cache, b"k", GetOptions::default())
+            .get(
+                &cache,
+                &mut Prefetch::default(),
+                b"k",
+                GetOptions::default(),
+            )
             .unwrap()
             .unwrap();
         assert_eq!((entry.item.cas, entry.marks), (5, Marks::default()));
@@ -287,7 +311,10 @@ mod tests {
         }
         let mut stale_left = 0;
         for key in &keys {
-            if let Some(entry) = annotations.get(&cache, key, GetOptions::default()).unwrap() {
+            if let Some(entry) = annotations
+                .get(&cache, &mut Prefetch::default(), key, GetOptions::default())
+                .unwrap()
+            {
                 assert!(entry.marks.stale, "an item lost its stale mark");
                 stale_left += 1;
             }

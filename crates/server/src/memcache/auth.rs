@@ -4,7 +4,7 @@
 //! everything else gets a `CLIENT_ERROR`, with memcached's wording. The users are the
 //! policy's: those of `--auth-file`, and `default` with the `--requirepass` password.
 
-use crate::access::AccessPolicy;
+use crate::core::access::AccessPolicy;
 
 /// An auth line shorter than this cannot be one; memcached hangs up.
 const LINE_MIN: usize = 6;
@@ -83,7 +83,7 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use crate::access::Credentials;
+    use crate::core::access::Credentials;
 
     fn users() -> AccessPolicy {
         let file = Credentials::parse(b"foo:bar\r\nbaaaz:quux\n\n").unwrap();

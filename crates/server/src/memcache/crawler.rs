@@ -20,8 +20,8 @@ use zipcache::{ItemInfo, Reclaimed, ZipCache};
 
 use super::engine_error;
 use super::line;
-use super::parse::{BAD_FORMAT, Request, base64_encode, error};
-use crate::connection::within_budget;
+use super::{BAD_FORMAT, base64_encode};
+use crate::transport::output::Output;
 
 /// The class every item is in.
 pub const CLASS: u32 = 1;
@@ -93,37 +93,37 @@ fn classes(token: &[u8]) -> Classes {
     }
 }
 
-/// `lru_crawler <subcommand> [argument]`, with memcached's replies for bad ones.
-pub fn parse(tokens: &[&[u8]]) -> Request<'static> {
+/// `lru_crawler <subcommand> [argument]`, or memcached's reply to a bad one.
+pub fn parse(tokens: &[&[u8]]) -> Result<Command, &'static str> {
     let command = match (tokens.get(1).copied(), tokens.len()) {
         (Some(b"crawl"), 3) => Command::Crawl(classes(tokens[2])),
         (Some(b"metadump"), 3) => Command::Dump(DumpKind::Meta, classes(tokens[2])),
         (Some(b"mgdump"), 3) => Command::Dump(DumpKind::Mg, classes(tokens[2])),
         (Some(b"tocrawl"), 3) => match number(tokens[2]) {
             Some(n) => Command::ToCrawl(n),
-            None => return error(BAD_FORMAT),
+            None => return Err(BAD_FORMAT),
         },
         (Some(b"sleep"), 3) => match number(tokens[2]) {
             Some(us) if us <= SLEEP_MAX_US => Command::Sleep(us),
-            Some(_) => return error("CLIENT_ERROR sleep must be one second or less"),
-            None => return error(BAD_FORMAT),
+            Some(_) => return Err("CLIENT_ERROR sleep must be one second or less"),
+            None => return Err(BAD_FORMAT),
         },
         (Some(b"enable"), 2) => Command::Enable,
         (Some(b"disable"), 2) => Command::Disable,
-        _ => return error("ERROR"),
+        _ => return Err("ERROR"),
     };
-    Request::Crawler(command)
+    Ok(command)
 }
 
-/// `stats cachedump <class> <limit>`.
-pub fn parse_cachedump(tokens: &[&[u8]]) -> Request<'static> {
+/// `stats cachedump <class> <limit>`, or memcached's reply to a bad one.
+pub fn parse_cachedump(tokens: &[&[u8]]) -> Result<Command, &'static str> {
     if tokens.len() < 4 {
-        return error("CLIENT_ERROR bad command line");
+        return Err("CLIENT_ERROR bad command line");
     }
     match (number(tokens[2]), number(tokens[3])) {
-        (Some(class), Some(_)) if class >= CLASS_LIMIT => error("CLIENT_ERROR Illegal slab id"),
-        (Some(class), Some(limit)) => Request::Crawler(Command::CacheDump { class, limit }),
-        _ => error(BAD_FORMAT),
+        (Some(class), Some(_)) if class >= CLASS_LIMIT => Err("CLIENT_ERROR Illegal slab id"),
+        (Some(class), Some(limit)) => Ok(Command::CacheDump { class, limit }),
+        _ => Err(BAD_FORMAT),
     }
 }
 
@@ -407,9 +407,9 @@ impl Lines {
 impl Dump {
     /// Appends lines until `out` passes the output budget or the dump ends, then the
     /// closing line; true once that is appended.
-    pub fn fill(&mut self, cache: &ZipCache, out: &mut Vec<u8>) -> bool {
+    pub fn fill(&mut self, cache: &ZipCache, out: &mut Output) -> bool {
         while !self.done {
-            if !within_budget(out) {
+            if !out.within_budget() {
                 return false;
             }
             let batch = match scan_after(cache, self.after.as_deref()) {
@@ -422,7 +422,7 @@ impl Dump {
             let last = batch.len() < BATCH;
             let mut stopped = false;
             for (key, info) in batch {
-                if !within_budget(out) {
+                if !out.within_budget() {
                     // The next fill starts at this key.
                     stopped = true;
                     break;
@@ -530,14 +530,13 @@ fn cachedump(class: u32, limit: u32, out: &mut Vec<u8>) -> Option<Dump> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::connection::OUTPUT_BUDGET;
-    use crate::connection::tests::{dram_engine, serve_in_process, shared};
-    use crate::fuzzing::new_hybrid_engine;
-    use crate::memcache::MemcacheSession;
+    use crate::fuzzing::{new_hybrid_engine, options};
+    use crate::serving_tests::{dram_engine, memcache_session, serve_in_process};
+    use crate::transport::output::OUTPUT_BUDGET;
 
     /// A memcached session's whole reply to `input`, and the largest write it made.
     fn session_reply(cache: &Arc<ZipCache>, input: &str) -> (String, usize) {
-        let session = MemcacheSession::new(shared(cache.clone()));
+        let session = memcache_session(cache.clone(), &options());
         let (reply, largest) = serve_in_process(session, input.as_bytes());
         (String::from_utf8(reply).unwrap(), largest)
     }
@@ -611,7 +610,7 @@ mod tests {
         );
     }
 
-    fn command(line: &str) -> Request<'static> {
+    fn command(line: &str) -> Result<Command, &'static str> {
         let tokens: Vec<&'static [u8]> = line
             .to_string()
             .leak()
@@ -627,7 +626,7 @@ mod tests {
 
     #[test]
     fn subcommands_parse_with_memcached_replies_for_bad_ones() {
-        let crawler = |c| Request::Crawler(c);
+        let crawler = Ok;
         assert_eq!(
             command("lru_crawler crawl 1,2"),
             crawler(Command::Crawl(Classes::Listed(vec![1, 2])))
@@ -650,14 +649,14 @@ mod tests {
         assert_eq!(command("lru_crawler sleep 50"), crawler(Command::Sleep(50)));
         assert_eq!(
             command("lru_crawler sleep 1000001"),
-            error("CLIENT_ERROR sleep must be one second or less")
+            Err("CLIENT_ERROR sleep must be one second or less")
         );
-        assert_eq!(command("lru_crawler sleep x"), error(BAD_FORMAT));
+        assert_eq!(command("lru_crawler sleep x"), Err(BAD_FORMAT));
         assert_eq!(
             command("lru_crawler tocrawl 9"),
             crawler(Command::ToCrawl(9))
         );
-        assert_eq!(command("lru_crawler tocrawl -1"), error(BAD_FORMAT));
+        assert_eq!(command("lru_crawler tocrawl -1"), Err(BAD_FORMAT));
         assert_eq!(command("lru_crawler enable"), crawler(Command::Enable));
         assert_eq!(command("lru_crawler disable"), crawler(Command::Disable));
         for unknown in [
@@ -666,7 +665,7 @@ mod tests {
             "lru_crawler crawl",
             "lru_crawler frobnicate 1",
         ] {
-            assert_eq!(command(unknown), error("ERROR"), "{unknown}");
+            assert_eq!(command(unknown), Err("ERROR"), "{unknown}");
         }
         assert_eq!(
             command("stats cachedump 1 10"),
@@ -677,13 +676,13 @@ mod tests {
         );
         assert_eq!(
             command("stats cachedump 1"),
-            error("CLIENT_ERROR bad command line")
+            Err("CLIENT_ERROR bad command line")
         );
         assert_eq!(
             command("stats cachedump 64 0"),
-            error("CLIENT_ERROR Illegal slab id")
+            Err("CLIENT_ERROR Illegal slab id")
         );
-        assert_eq!(command("stats cachedump x 0"), error(BAD_FORMAT));
+        assert_eq!(command("stats cachedump x 0"), Err(BAD_FORMAT));
     }
 
     #[test]

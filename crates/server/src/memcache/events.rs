@@ -4,49 +4,50 @@
 
 use zipcache::{GetOptions, Item, Update};
 
-use super::Expiry;
 use super::parse::StoreMode;
-use super::text::StoreOutcome;
-use crate::server::Shared;
-use crate::watch::{Event, StoreStatus, Streams, current_connection};
+use super::watch::{Event, StoreStatus, Streams};
+use super::{Expiry, Memcached};
 
-/// A read looked `key` up and found a value of this many bytes, or nothing.
-pub fn fetched(shared: &Shared, key: &[u8], found: Option<usize>) {
-    shared.counters.hit_or_miss(found.is_some());
+/// A read by connection `conn` looked `key` up and found a value of this many bytes, or
+/// nothing.
+pub fn fetched(shared: &Memcached, conn: u64, key: &[u8], found: Option<usize>) {
+    shared.core.counters.hit_or_miss(found.is_some());
     shared.prefix_stats.record_get(key, found.is_some());
-    log_fetch(shared, key, found);
+    log_fetch(shared, conn, key, found);
 }
 
 /// memcached logs the item a storage command finds (a `set` too) as a fetch, without
 /// counting it as one.
-pub fn log_fetch(shared: &Shared, key: &[u8], found: Option<usize>) {
+pub fn log_fetch(shared: &Memcached, conn: u64, key: &[u8], found: Option<usize>) {
     if shared.logger.wants(Streams::FETCHERS) {
         shared.logger.log(Event::ItemGet {
             key: key.into(),
             found,
-            conn: current_connection(),
+            conn,
         });
     }
 }
 
 /// Whether a storage command should look at the item it replaces, for `log_fetch`.
-pub fn wants_previous(shared: &Shared) -> bool {
+pub fn wants_previous(shared: &Memcached) -> bool {
     shared.logger.wants(Streams::FETCHERS)
 }
 
 /// The value stored under `key` now, without marking it fetched, for `log_fetch`.
-pub fn peek_size(shared: &Shared, key: &[u8]) -> Option<usize> {
+pub fn peek_size(shared: &Memcached, key: &[u8]) -> Option<usize> {
     let peek = GetOptions { peek: true };
-    let found = shared.cache.get_item(key, peek).ok().flatten();
+    let found = shared.core.cache.get_item(key, peek).ok().flatten();
     found.map(|item: Item| item.value.len())
 }
 
-/// A storage command for `key` ended with `outcome`, sending `size` bytes.
+/// A storage command of connection `conn` for `key` ended as `status` says, sending
+/// `size` bytes.
 pub fn stored(
-    shared: &Shared,
+    shared: &Memcached,
+    conn: u64,
     key: &[u8],
     mode: StoreMode,
-    outcome: StoreOutcome,
+    status: StoreStatus,
     expiry: Expiry,
     size: usize,
 ) {
@@ -55,17 +56,12 @@ pub fn stored(
         return;
     }
     let ttl = match expiry {
-        Expiry::At(at) => at.saturating_sub(shared.cache.now_ms()).div_ceil(1000),
+        Expiry::At(at) => at.saturating_sub(shared.core.cache.now_ms()).div_ceil(1000),
         Expiry::Never | Expiry::Past => 0,
     };
     shared.logger.log(Event::ItemStore {
         key: key.into(),
-        status: match outcome {
-            StoreOutcome::Stored { .. } => StoreStatus::Stored,
-            StoreOutcome::NotStored => StoreStatus::NotStored,
-            StoreOutcome::Exists => StoreStatus::Exists,
-            StoreOutcome::NotFound => StoreStatus::NotFound,
-        },
+        status,
         command: match mode {
             StoreMode::Set => "set",
             StoreMode::Add => "add",
@@ -76,17 +72,17 @@ pub fn stored(
         },
         ttl,
         size,
-        conn: current_connection(),
+        conn,
     });
 }
 
 /// Whether deletes should find out the size of what they remove, for `deleted`.
-pub fn wants_deletions(shared: &Shared) -> bool {
+pub fn wants_deletions(shared: &Memcached) -> bool {
     shared.logger.wants(Streams::DELETIONS)
 }
 
 /// `command` (`delete` or `md`) removed `key`, whose value was `size` bytes.
-pub fn deleted(shared: &Shared, key: &[u8], command: &'static str, size: usize) {
+pub fn deleted(shared: &Memcached, key: &[u8], command: &'static str, size: usize) {
     shared.logger.log(Event::Deleted {
         key: key.into(),
         command,
@@ -96,16 +92,17 @@ pub fn deleted(shared: &Shared, key: &[u8], command: &'static str, size: usize) 
 
 /// `delete`: removes `key`; whether it was there. Watched, the removal reads the size it
 /// logs in the same atomic update.
-pub fn delete(shared: &Shared, key: &[u8]) -> zipcache::Result<bool> {
+pub fn delete(shared: &Memcached, key: &[u8]) -> zipcache::Result<bool> {
     if !wants_deletions(shared) {
-        return shared.cache.delete(key);
+        return shared.core.cache.delete(key);
     }
-    let (size, _) = shared
-        .annotations
-        .update(&shared.cache, key, |current| match current {
-            None => (Update::Keep.into(), None),
-            Some(entry) => (Update::Delete.into(), Some(entry.item.value.len())),
-        })?;
+    let (size, _) =
+        shared
+            .annotations
+            .update(&shared.core.cache, key, |current| match current {
+                None => (Update::Keep.into(), None),
+                Some(entry) => (Update::Delete.into(), Some(entry.item.value.len())),
+            })?;
     if let Some(size) = size {
         deleted(shared, key, "delete", size);
     }

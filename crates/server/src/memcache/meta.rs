@@ -6,21 +6,24 @@ use super::annotations::{Entry, Marks, Write};
 use super::events;
 use super::parse::{Meta, MetaKind, StoreMode};
 use super::text::{StoreOutcome, Storing, apply_delta, count_arith, store_item};
-use super::{Expiry, NON_NUMERIC, after_read, engine_error, line, ttl_seconds, with_access};
-use crate::server::Shared;
-use crate::stats::Counters;
+use super::{
+    Expiry, Memcached, NON_NUMERIC, RequestContext, after_read, engine_error, line, ttl_seconds,
+    with_access,
+};
+use crate::core::stats::Counters;
 
 const BAD_TOKEN: &str = "CLIENT_ERROR bad token in command line format";
 
-pub fn execute(shared: &Shared, meta: &Meta<'_>, out: &mut Vec<u8>) {
+pub fn execute(cx: RequestContext<'_>, meta: &Meta<'_>, out: &mut Vec<u8>) {
+    let shared = cx.shared;
     let result = match meta.kind {
         MetaKind::Noop => {
             line(out, "MN");
             Ok(())
         }
-        MetaKind::Debug => debug(shared, meta, out),
-        MetaKind::Get => get(shared, meta, out),
-        MetaKind::Set => set(shared, meta, out),
+        MetaKind::Debug => debug(cx, meta, out),
+        MetaKind::Get => get(cx, meta, out),
+        MetaKind::Set => set(shared, cx.conn, meta, out),
         MetaKind::Delete => delete(shared, meta, out),
         MetaKind::Arith => arith(shared, meta, out),
     };
@@ -198,10 +201,10 @@ impl GetWrites {
         !entry.marks.token_sent && (entry.marks.stale || recache)
     }
 
-    fn fetch(&self, shared: &Shared, key: &[u8]) -> Result<Option<Fetched>, String> {
+    fn fetch(&self, shared: &Memcached, key: &[u8]) -> Result<Option<Fetched>, String> {
         let (fetched, cas) = shared
             .annotations
-            .update(&shared.cache, key, |current| match current {
+            .update(&shared.core.cache, key, |current| match current {
                 None => match self.vivify {
                     // An empty placeholder; this client wins the right to fill it.
                     Some(expiry) => {
@@ -220,7 +223,7 @@ impl GetWrites {
                             flags: 0,
                             cas: 0,
                             expires_at_ms: expiry.expires_at_ms(),
-                            access: shared.cache.config().track_access.then_some(created),
+                            access: shared.core.cache.config().track_access.then_some(created),
                         };
                         let fetched = Fetched {
                             entry: Entry { item, marks },
@@ -272,9 +275,10 @@ impl GetWrites {
     }
 }
 
-fn get(shared: &Shared, meta: &Meta<'_>, out: &mut Vec<u8>) -> Result<(), String> {
-    Counters::bump(&shared.counters.cmd_get);
-    let now = shared.cache.now_ms();
+fn get(cx: RequestContext<'_>, meta: &Meta<'_>, out: &mut Vec<u8>) -> Result<(), String> {
+    let shared = cx.shared;
+    Counters::bump(&shared.core.counters.cmd_get);
+    let now = shared.core.cache.now_ms();
     let expiry = |letter| -> Result<Option<Expiry>, String> {
         Ok(numeric::<i64>(meta, letter)?.map(|t| Expiry::from_exptime(t, now)))
     };
@@ -290,7 +294,7 @@ fn get(shared: &Shared, meta: &Meta<'_>, out: &mut Vec<u8>) -> Result<(), String
     // A plain read unless this request may write: touch, vivify, or win a token.
     let found = shared
         .annotations
-        .get(&shared.cache, &meta.key, meta.get_options())
+        .get(&shared.core.cache, cx.reads, &meta.key, meta.get_options())
         .map_err(|e| engine_error(&e))?;
     let must_write = writes.touch.is_some()
         || match &found {
@@ -312,7 +316,7 @@ fn get(shared: &Shared, meta: &Meta<'_>, out: &mut Vec<u8>) -> Result<(), String
         })
     };
     let size = fetched.as_ref().map(|f| f.entry.item.value.len());
-    events::fetched(shared, &meta.key, size);
+    events::fetched(shared, cx.conn, &meta.key, size);
     let Some(fetched) = fetched else {
         miss(meta, out);
         return Ok(());
@@ -333,8 +337,8 @@ fn get(shared: &Shared, meta: &Meta<'_>, out: &mut Vec<u8>) -> Result<(), String
     Ok(())
 }
 
-fn set(shared: &Shared, meta: &Meta<'_>, out: &mut Vec<u8>) -> Result<(), String> {
-    Counters::bump(&shared.counters.cmd_set);
+fn set(shared: &Memcached, conn: u64, meta: &Meta<'_>, out: &mut Vec<u8>) -> Result<(), String> {
+    Counters::bump(&shared.core.counters.cmd_set);
     let flags = numeric::<u32>(meta, b'F')?.unwrap_or(0);
     let exptime = numeric::<i64>(meta, b'T')?.unwrap_or(0);
     let compare = numeric::<u64>(meta, b'C')?;
@@ -347,7 +351,7 @@ fn set(shared: &Shared, meta: &Meta<'_>, out: &mut Vec<u8>) -> Result<(), String
         Some(b"R" | b"r") => StoreMode::Replace,
         Some(_) => return Err("CLIENT_ERROR invalid mode for ms M token".into()),
     };
-    let now = shared.cache.now_ms();
+    let now = shared.core.cache.now_ms();
     let expiry = Expiry::from_exptime(exptime, now);
     let mode = match (mode, compare) {
         (StoreMode::Set | StoreMode::Replace, Some(unique)) => StoreMode::Cas(unique),
@@ -366,7 +370,7 @@ fn set(shared: &Shared, meta: &Meta<'_>, out: &mut Vec<u8>) -> Result<(), String
             allow_stale: invalidate,
             compare,
         };
-        store_item(shared, &meta.key, &storing).map_err(|e| engine_error(&e))
+        store_item(shared, conn, &meta.key, &storing).map_err(|e| engine_error(&e))
     };
     let (mut outcome, mut cas) = store(mode, expiry)?;
     if let (StoreOutcome::NotStored, Some(exptime), StoreMode::Append | StoreMode::Prepend) =
@@ -406,17 +410,17 @@ fn set(shared: &Shared, meta: &Meta<'_>, out: &mut Vec<u8>) -> Result<(), String
 
 /// `md`: deletes, or with `I` marks the item stale (new CAS, win token back on offer),
 /// or with `x` empties its value but keeps the item (and its CAS).
-fn delete(shared: &Shared, meta: &Meta<'_>, out: &mut Vec<u8>) -> Result<(), String> {
+fn delete(shared: &Memcached, meta: &Meta<'_>, out: &mut Vec<u8>) -> Result<(), String> {
     let compare = numeric::<u64>(meta, b'C')?;
     let client_cas = numeric::<u64>(meta, b'E')?;
     let new_flags = numeric::<u32>(meta, b'F')?.unwrap_or(0);
-    let now = shared.cache.now_ms();
+    let now = shared.core.cache.now_ms();
     let new_expiry = numeric::<i64>(meta, b'T')?.map(|t| Expiry::from_exptime(t, now));
     let (invalidate, empty) = (meta.has(b'I'), meta.has(b'x'));
     let mut removed = None;
     let (code, _) = shared
         .annotations
-        .update(&shared.cache, &meta.key, |current| match current {
+        .update(&shared.core.cache, &meta.key, |current| match current {
             None => (Update::Keep.into(), "NF"),
             Some(entry) if compare.is_some_and(|c| c != entry.item.cas) => {
                 (Update::Keep.into(), "EX")
@@ -448,7 +452,7 @@ fn delete(shared: &Shared, meta: &Meta<'_>, out: &mut Vec<u8>) -> Result<(), Str
         })
         .map_err(|e| engine_error(&e))?;
     if code != "EX" {
-        let counters = &shared.counters;
+        let counters = &shared.core.counters;
         Counters::hit_or_miss_of(&counters.delete_hits, &counters.delete_misses, code == "HD");
     }
     if let Some(size) = removed.filter(|_| events::wants_deletions(shared)) {
@@ -458,7 +462,7 @@ fn delete(shared: &Shared, meta: &Meta<'_>, out: &mut Vec<u8>) -> Result<(), Str
     Ok(())
 }
 
-fn arith(shared: &Shared, meta: &Meta<'_>, out: &mut Vec<u8>) -> Result<(), String> {
+fn arith(shared: &Memcached, meta: &Meta<'_>, out: &mut Vec<u8>) -> Result<(), String> {
     let incr = match meta.token(b'M') {
         None | Some(b"I" | b"i" | b"+") => true,
         Some(b"D" | b"d" | b"-") => false,
@@ -470,7 +474,7 @@ fn arith(shared: &Shared, meta: &Meta<'_>, out: &mut Vec<u8>) -> Result<(), Stri
     let touch_exptime = numeric::<i64>(meta, b'T')?;
     let compare = numeric::<u64>(meta, b'C')?;
     let client_cas = numeric::<u64>(meta, b'E')?;
-    let now = shared.cache.now_ms();
+    let now = shared.core.cache.now_ms();
 
     enum Outcome {
         Missing,
@@ -481,7 +485,7 @@ fn arith(shared: &Shared, meta: &Meta<'_>, out: &mut Vec<u8>) -> Result<(), Stri
     let mut existed = false;
     let (outcome, cas) = shared
         .annotations
-        .update(&shared.cache, &meta.key, |current| {
+        .update(&shared.core.cache, &meta.key, |current| {
             existed = current.is_some();
             match (current, vivify) {
                 (None, None) => (Update::Keep.into(), Outcome::Missing),
@@ -548,10 +552,16 @@ fn arith(shared: &Shared, meta: &Meta<'_>, out: &mut Vec<u8>) -> Result<(), Stri
 
 /// `me`: the item's metadata, read without touching it (as memcached, which does not
 /// bump the item either).
-fn debug(shared: &Shared, meta: &Meta<'_>, out: &mut Vec<u8>) -> Result<(), String> {
+fn debug(cx: RequestContext<'_>, meta: &Meta<'_>, out: &mut Vec<u8>) -> Result<(), String> {
+    let shared = cx.shared;
     let Some(Entry { item, .. }) = shared
         .annotations
-        .get(&shared.cache, &meta.key, GetOptions { peek: true })
+        .get(
+            &shared.core.cache,
+            cx.reads,
+            &meta.key,
+            GetOptions { peek: true },
+        )
         .map_err(|e| engine_error(&e))?
     else {
         line(out, "EN");
@@ -559,7 +569,7 @@ fn debug(shared: &Shared, meta: &Meta<'_>, out: &mut Vec<u8>) -> Result<(), Stri
     };
     out.extend_from_slice(b"ME ");
     out.extend_from_slice(meta.key_token);
-    let now = shared.cache.now_ms();
+    let now = shared.core.cache.now_ms();
     // `la=` and `fetch=` only where the engine knows them (setting `track_access`): a
     // made-up value would be a wrong answer.
     let (last_access, fetch) = match item.access {

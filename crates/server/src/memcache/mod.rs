@@ -11,20 +11,85 @@ mod operator;
 pub mod parse;
 pub mod prefix_stats;
 mod text;
+pub mod watch;
 
 pub use crawler::Crawler;
 
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
+use base64::Engine as _;
+use base64::engine::{GeneralPurpose, GeneralPurposeConfig};
+use tokio::task::AbortHandle;
 use zipcache::{AccessState, Item, PutOptions, Update};
 
-use crate::connection::{Session, Step};
-use crate::prefetch::{self, ReadAhead};
-use crate::server::Shared;
-use crate::stats::Counters;
-use crate::watch::{self, CloseReason, Event, Streams, TooManyWatchers, Watcher};
+use crate::core::Core;
+use crate::core::ServerOptions;
+use crate::core::stats::Counters;
+use crate::transport::connection::{Session, Step};
+use crate::transport::output::Output;
+use crate::transport::prefetch::{Prefetch, ReadAhead};
+use crate::transport::{Protocol, Transport};
+use annotations::Annotations;
+use conns::Connections;
 use parse::{Parsed, Request};
+use prefix_stats::PrefixStats;
+use watch::{CloseReason, Event, Logger, Streams, TooManyWatchers, Watcher};
+
+/// What every memcached connection shares beyond the core: memcached's own state of
+/// items, log streams, connections and crawler.
+pub struct Memcached {
+    pub core: Arc<Core>,
+    /// The limits and buffers `stats settings` reports, and `refresh_certs`.
+    pub transport: Arc<Transport>,
+    pub annotations: Annotations,
+    pub crawler: Arc<Crawler>,
+    /// memcached's log streams (`watch`).
+    pub logger: Arc<Logger>,
+    /// `stats detail`.
+    pub prefix_stats: PrefixStats,
+    /// Open memcached connections (`stats conns`).
+    pub conns: Connections,
+    /// memcached's `flush_all <delay>` waiting to fire: one, replaced by the next.
+    pub pending_flush: Mutex<Option<AbortHandle>>,
+}
+
+impl Memcached {
+    pub fn new(transport: Arc<Transport>, options: &ServerOptions) -> Memcached {
+        Memcached {
+            core: transport.core.clone(),
+            transport,
+            annotations: Annotations::default(),
+            crawler: Crawler::new(options.lru_crawler),
+            logger: Arc::default(),
+            prefix_stats: PrefixStats::default(),
+            conns: Connections::default(),
+            pending_flush: Mutex::new(None),
+        }
+    }
+}
+
+/// What a memcached request runs with besides its bytes and its reply: the state every
+/// connection shares, the connection it came on (`cfd=` in the log lines it causes), and
+/// that connection's reads in flight.
+pub struct RequestContext<'a> {
+    pub shared: &'a Memcached,
+    pub conn: u64,
+    pub reads: &'a mut Prefetch,
+}
+
+/// The memcached port.
+impl Protocol for Memcached {
+    type Session = MemcacheSession;
+
+    fn open(self: Arc<Self>, peer: SocketAddr) -> MemcacheSession {
+        MemcacheSession::accepted(self, Some(peer))
+    }
+
+    fn over_limit(&self) -> &'static [u8] {
+        b"ERROR Too many open connections\r\n"
+    }
+}
 
 /// memcached treats exptimes above 30 days as absolute Unix times.
 const RELATIVE_EXPTIME_MAX: i64 = 60 * 60 * 24 * 30;
@@ -122,12 +187,28 @@ fn ttl_seconds(item: &Item, now_ms: u64) -> i64 {
 /// The reply line for an engine error.
 fn engine_error(error: &zipcache::Error) -> String {
     match error {
-        zipcache::Error::EmptyKey | zipcache::Error::KeyTooLarge { .. } => {
-            parse::BAD_FORMAT.to_string()
-        }
+        zipcache::Error::EmptyKey | zipcache::Error::KeyTooLarge { .. } => BAD_FORMAT.to_string(),
         zipcache::Error::ValueTooLarge { .. } => parse::TOO_LARGE.to_string(),
         other => format!("SERVER_ERROR {other}"),
     }
+}
+
+/// memcached's reply to a request line it cannot parse.
+const BAD_FORMAT: &str = "CLIENT_ERROR bad command line format";
+
+/// Standard base64 with `=` padding, as memcached's `b` flag uses; bits past the last
+/// byte are ignored on decoding, as memcached ignores them.
+const BASE64: GeneralPurpose = GeneralPurpose::new(
+    &base64::alphabet::STANDARD,
+    GeneralPurposeConfig::new().with_decode_allow_trailing_bits(true),
+);
+
+fn base64_encode(bytes: &[u8]) -> Vec<u8> {
+    BASE64.encode(bytes).into_bytes()
+}
+
+fn base64_decode(text: &[u8]) -> Option<Vec<u8>> {
+    BASE64.decode(text).ok().filter(|bytes| !bytes.is_empty())
 }
 
 fn line(out: &mut Vec<u8>, text: &str) {
@@ -149,7 +230,7 @@ const REQUEST_TOO_LARGE: &str = "SERVER_ERROR request exceeds max-request-size";
 
 /// One memcached connection.
 pub struct MemcacheSession {
-    shared: Arc<Shared>,
+    shared: Arc<Memcached>,
     /// Bytes of a refused data block still to be discarded.
     swallow: usize,
     /// False until the client authenticates, when the server asks for it.
@@ -172,14 +253,14 @@ pub struct MemcacheSession {
 
 impl MemcacheSession {
     /// A session outside a listening server (fuzzing, property tests).
-    pub fn new(shared: Arc<Shared>) -> MemcacheSession {
+    pub fn new(shared: Arc<Memcached>) -> MemcacheSession {
         MemcacheSession::accepted(shared, None)
     }
 
     /// The session of a connection accepted from `peer`: listed in `stats conns` and
     /// logged (`watch connevents`) until it closes.
-    pub fn accepted(shared: Arc<Shared>, peer: Option<SocketAddr>) -> MemcacheSession {
-        let authenticated = !shared.access.required();
+    pub fn accepted(shared: Arc<Memcached>, peer: Option<SocketAddr>) -> MemcacheSession {
+        let authenticated = !shared.core.access.required();
         let id = shared.conns.open(peer);
         if let Some(peer) = peer {
             shared.logger.log(Event::ConnNew { peer, conn: id });
@@ -217,7 +298,7 @@ impl MemcacheSession {
     }
 
     fn authenticate(&mut self, input: &[u8], out: &mut Vec<u8>) -> Step {
-        match auth::attempt(input, &self.shared.access) {
+        match auth::attempt(input, &self.shared.core.access) {
             auth::Attempt::NeedMore => Step::NeedMore,
             auth::Attempt::Close => {
                 self.close_reason = CloseReason::Error;
@@ -228,9 +309,9 @@ impl MemcacheSession {
                 len,
                 granted,
             } => {
-                Counters::bump(&self.shared.counters.auth_cmds);
+                Counters::bump(&self.shared.core.counters.auth_cmds);
                 if !granted {
-                    Counters::bump(&self.shared.counters.auth_errors);
+                    Counters::bump(&self.shared.core.counters.auth_errors);
                 }
                 self.authenticated = granted;
                 line(out, reply);
@@ -254,7 +335,9 @@ impl Drop for MemcacheSession {
 }
 
 impl Session for MemcacheSession {
-    fn step(&mut self, input: &[u8], out: &mut Vec<u8>) -> Step {
+    type Takeover = Watcher;
+
+    fn step(&mut self, input: &[u8], out: &mut Output, reads: &mut Prefetch) -> Step {
         if self.watcher.is_some() {
             // A watcher's input is ignored, as memcached does.
             return Step::NeedMore;
@@ -268,13 +351,13 @@ impl Session for MemcacheSession {
             .binary
             .get_or_insert(input[0] == binary::parse::REQUEST_MAGIC)
         {
-            return self.step_binary(input, out);
+            return self.step_binary(input, out, reads);
         }
         if !self.authenticated {
             return self.authenticate(input, out);
         }
         if let Some((dump, len)) = &mut self.dump {
-            if !dump.fill(&self.shared.cache, out) {
+            if !dump.fill(&self.shared.core.cache, out) {
                 return Step::Partial;
             }
             let len = *len;
@@ -282,9 +365,9 @@ impl Session for MemcacheSession {
             return Step::Consumed(len);
         }
         if let Some(retrieval) = self.retrieval.take() {
-            return self.retrieve(retrieval, input, out);
+            return self.retrieve(retrieval, input, out, reads);
         }
-        let (request, len, swallow) = match parse::parse(input, self.shared.max_value) {
+        let (request, len, swallow) = match parse::parse(input, self.shared.core.max_value) {
             Parsed::Incomplete => return Step::NeedMore,
             Parsed::Close => {
                 self.close_reason = CloseReason::Error;
@@ -299,16 +382,16 @@ impl Session for MemcacheSession {
         };
         if let Some(retrieval) = text::Retrieval::of(&request, input, len) {
             self.count_request();
-            return self.retrieve(retrieval, input, out);
+            return self.retrieve(retrieval, input, out, reads);
         }
         // Every other request, refused or swallowed ones too, is admitted here.
-        if prefetch::admit(&self.shared.cache, || request.access()) == 0 {
+        if reads.admit(&self.shared.core.cache, || request.access()) == 0 {
             return Step::Await(len);
         }
         // The skipped bytes hold no requests, so replying before they arrive keeps
         // replies in request order.
         self.swallow = swallow;
-        if !self.execute(request, len, out) {
+        if !self.execute(request, len, out, reads) {
             Step::Close
         } else if self.dump.is_some() {
             Step::Partial
@@ -316,11 +399,12 @@ impl Session for MemcacheSession {
             Step::Consumed(len)
         }
     }
-    fn take_watcher(&mut self) -> Option<Watcher> {
+
+    fn take_over(&mut self) -> Option<Watcher> {
         self.watcher.take()
     }
 
-    fn too_large(&mut self, out: &mut Vec<u8>) {
+    fn too_large(&mut self, out: &mut Output) {
         self.close_reason = CloseReason::Error;
         if self.binary == Some(true) {
             return binary::request_too_large(out);
@@ -328,16 +412,16 @@ impl Session for MemcacheSession {
         line(out, REQUEST_TOO_LARGE);
     }
 
-    fn read_ahead(&mut self, input: &[u8], ahead: &mut ReadAhead) -> Option<usize> {
+    fn read_ahead(&mut self, input: &[u8], ahead: &mut ReadAhead<'_>) -> Option<usize> {
         if self.watcher.is_some() || self.swallow > 0 || !self.authenticated {
             return None;
         }
         if self.binary == Some(true) {
             return self.read_ahead_binary(input, ahead);
         }
-        match parse::parse(input, self.shared.max_value) {
+        match parse::parse(input, self.shared.core.max_value) {
             Parsed::Request { request, len } => ahead
-                .pass(&self.shared.cache, &request.access())
+                .pass(&self.shared.core.cache, &request.access())
                 .then_some(len),
             _ => None,
         }
@@ -345,17 +429,29 @@ impl Session for MemcacheSession {
 }
 
 impl MemcacheSession {
-    /// Counts a request once, however many steps it runs in, and names this connection
-    /// in the log lines it causes.
+    /// What a request of this connection runs with.
+    fn context<'a>(&'a self, reads: &'a mut Prefetch) -> RequestContext<'a> {
+        RequestContext {
+            shared: &self.shared,
+            conn: self.id,
+            reads,
+        }
+    }
+
+    /// Counts a request once, however many steps it runs in.
     fn count_request(&self) {
-        Counters::bump(&self.shared.counters.total_commands_processed);
-        watch::set_current_connection(self.id);
+        Counters::bump(&self.shared.core.counters.total_commands_processed);
     }
 
     /// One step of the retrieval at the front of the input.
-    fn retrieve(&mut self, retrieval: text::Retrieval, input: &[u8], out: &mut Vec<u8>) -> Step {
-        watch::set_current_connection(self.id);
-        match retrieval.run(&self.shared, input, out) {
+    fn retrieve(
+        &mut self,
+        retrieval: text::Retrieval,
+        input: &[u8],
+        out: &mut Output,
+        reads: &mut Prefetch,
+    ) -> Step {
+        match retrieval.run(self.context(reads), input, out) {
             Err(()) => {
                 self.retrieval = Some(retrieval);
                 Step::Await(retrieval.len)
@@ -369,27 +465,33 @@ impl MemcacheSession {
     }
 
     /// Executes one request (`len` bytes long); false closes the connection.
-    fn execute(&mut self, request: Request<'_>, len: usize, out: &mut Vec<u8>) -> bool {
+    fn execute(
+        &mut self,
+        request: Request<'_>,
+        len: usize,
+        out: &mut Output,
+        reads: &mut Prefetch,
+    ) -> bool {
         self.count_request();
         match request {
             Request::Quit => return false,
             Request::Operator(operator) => return operator::execute(&self.shared, operator, out),
             Request::Watch(names) => self.watch(&names, out),
             Request::Meta(meta) => {
-                Counters::bump(&self.shared.counters.cmd_meta);
-                meta::execute(&self.shared, &meta, out)
+                Counters::bump(&self.shared.core.counters.cmd_meta);
+                meta::execute(self.context(reads), &meta, out)
             }
             Request::Crawler(command) => {
-                let (cache, crawler) = (&self.shared.cache, &self.shared.crawler);
+                let (cache, crawler) = (&self.shared.core.cache, &self.shared.crawler);
                 self.dump = crawler::execute(cache, crawler, command, out).map(|dump| (dump, len));
             }
             Request::Error { reply, noreply } => {
-                Counters::bump(&self.shared.counters.protocol_errors);
+                Counters::bump(&self.shared.core.counters.protocol_errors);
                 if !noreply {
                     line(out, reply);
                 }
             }
-            other => text::execute(&self.shared, other, out),
+            other => text::execute(&self.shared, self.id, other, out),
         }
         true
     }

@@ -1,9 +1,8 @@
 //! Commands that act on the server rather than on items: `shutdown` (memcached `-A`)
 //! and `cache_memlimit` (the DRAM budget, at run time: `ZipCache::set_dram_capacity`).
 
+use super::Memcached;
 use super::line;
-use super::parse::Request;
-use crate::server::Shared;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Operator {
@@ -24,27 +23,27 @@ const MEMLIMIT_MAX: u32 = 1_000_000_000;
 
 /// `shutdown [graceful]`. Both modes stop the server the way SIGTERM does: ours always
 /// finishes the requests it has read and closes the engine for a warm restart.
-pub fn shutdown<'a>(tokens: &[&'a [u8]]) -> Request<'a> {
+pub fn shutdown(tokens: &[&[u8]]) -> Operator {
     let valid = matches!(tokens, [_] | [_, b"graceful"]);
-    Request::Operator(Operator::Shutdown { valid })
+    Operator::Shutdown { valid }
 }
 
 /// `cache_memlimit <MiB> [noreply]`: the DRAM budget, in MiB as memcached's.
-pub fn cache_memlimit<'a>(tokens: &[&'a [u8]]) -> Request<'a> {
+pub fn cache_memlimit(tokens: &[&[u8]]) -> Operator {
     let noreply = tokens.len() > 2 && tokens.last() == Some(&&b"noreply"[..]);
     let mebibytes = tokens
         .get(1)
         .and_then(|t| std::str::from_utf8(t).ok())
         .and_then(|t| t.parse().ok());
-    Request::Operator(Operator::CacheMemlimit { mebibytes, noreply })
+    Operator::CacheMemlimit { mebibytes, noreply }
 }
 
-fn memlimit_reply(shared: &Shared, mebibytes: Option<u32>) -> &'static str {
+fn memlimit_reply(shared: &Memcached, mebibytes: Option<u32>) -> &'static str {
     match mebibytes {
         None => "ERROR",
         Some(m) if m < MEMLIMIT_MIN => "MEMLIMIT_TOO_SMALL cannot set maxbytes to less than 8m",
         Some(m) if m > MEMLIMIT_MAX => "MEMLIMIT_ADJUST_FAILED input value is megabytes not bytes",
-        Some(m) => match shared.cache.set_dram_capacity(u64::from(m) << 20) {
+        Some(m) => match shared.core.cache.set_dram_capacity(u64::from(m) << 20) {
             Ok(()) => "OK",
             Err(_) => "MEMLIMIT_ADJUST_FAILED out of bounds or unable to adjust",
         },
@@ -52,16 +51,16 @@ fn memlimit_reply(shared: &Shared, mebibytes: Option<u32>) -> &'static str {
 }
 
 /// Executes `operator`; false closes the connection.
-pub fn execute(shared: &Shared, operator: Operator, out: &mut Vec<u8>) -> bool {
+pub fn execute(shared: &Memcached, operator: Operator, out: &mut Vec<u8>) -> bool {
     match operator {
-        Operator::Shutdown { .. } if !shared.shutdown_enabled => {
+        Operator::Shutdown { .. } if !shared.core.shutdown_enabled => {
             line(out, "SERVER_ERROR: shutdown not enabled");
         }
         Operator::Shutdown { valid: false } => line(out, "CLIENT_ERROR invalid shutdown mode"),
         Operator::Shutdown { valid: true } => {
             // The owner of the server stops it, this connection included; memcached
             // closes the asking connection without a reply.
-            shared.shutdown_requested.notify_one();
+            shared.core.shutdown_requested.notify_one();
             return false;
         }
         Operator::CacheMemlimit { mebibytes, noreply } => {
@@ -71,7 +70,7 @@ pub fn execute(shared: &Shared, operator: Operator, out: &mut Vec<u8>) -> bool {
             }
         }
         // memcached's replies, errors included, which it writes without a prefix.
-        Operator::RefreshCerts => match shared.refresh_certs() {
+        Operator::RefreshCerts => match shared.transport.refresh_certs() {
             Ok(true) => line(out, "OK"),
             Ok(false) => line(out, "Error TLS not enabled"),
             // A line break in a file name would end the reply early.
@@ -90,10 +89,8 @@ mod tests {
 
     #[test]
     fn shutdown_takes_no_mode_or_graceful() {
-        fn parsed(tokens: &[&'static [u8]]) -> Request<'static> {
-            shutdown(tokens)
-        }
-        let valid = |valid| Request::Operator(Operator::Shutdown { valid });
+        let parsed = |tokens: &[&[u8]]| shutdown(tokens);
+        let valid = |valid| Operator::Shutdown { valid };
         assert_eq!(parsed(&[b"shutdown"]), valid(true));
         assert_eq!(parsed(&[b"shutdown", b"graceful"]), valid(true));
         assert_eq!(parsed(&[b"shutdown", b"foo"]), valid(false));
@@ -102,8 +99,7 @@ mod tests {
 
     #[test]
     fn cache_memlimit_takes_a_32_bit_count_of_mib() {
-        let limit =
-            |mebibytes, noreply| Request::Operator(Operator::CacheMemlimit { mebibytes, noreply });
+        let limit = |mebibytes, noreply| Operator::CacheMemlimit { mebibytes, noreply };
         assert_eq!(
             cache_memlimit(&[b"cache_memlimit", b"16"]),
             limit(Some(16), false)

@@ -7,18 +7,18 @@ use std::borrow::Cow;
 
 use zipcache::GetOptions;
 
-use crate::prefetch::Access;
+use super::{BAD_FORMAT, base64_decode};
+use crate::transport::prefetch::Access;
 
 /// Longest key memcached accepts; longer keys get `CLIENT_ERROR bad command line format`.
 pub const KEY_MAX: usize = 250;
 /// A request line without a newline after this many bytes closes the connection, as
 /// memcached does — except retrievals, whose key lists may legitimately be long.
 const LINE_MAX: usize = 2048;
-pub const RETRIEVAL_LINE_MAX: usize = 256 * 1024;
+pub const RETRIEVAL_LINE_MAX: usize = crate::core::REQUEST_LINE_MAX;
 /// Longest opaque (`O`) token of a meta command.
 const OPAQUE_MAX: usize = 32;
 
-pub const BAD_FORMAT: &str = "CLIENT_ERROR bad command line format";
 /// Longest data block a storage line may announce (memcached's `INT_MAX - 2`); a larger
 /// or negative length is refused at once, without waiting for the data.
 const DATA_LEN_MAX: usize = i32::MAX as usize - 2;
@@ -148,6 +148,11 @@ pub fn error(reply: &'static str) -> Request<'static> {
     }
 }
 
+/// A crawler command, or the error reply its line gets.
+fn crawler_request(parsed: Result<super::crawler::Command, &'static str>) -> Request<'static> {
+    parsed.map_or_else(error, Request::Crawler)
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MetaKind {
     Get,
@@ -252,13 +257,13 @@ pub fn parse(input: &[u8], max_value: usize) -> Parsed<'_> {
         Some(b"touch") => touch(&tokens),
         Some(b"flush_all") => flush_all(&tokens),
         Some(b"stats") => stats(&tokens),
-        Some(b"lru_crawler") => super::crawler::parse(&tokens),
+        Some(b"lru_crawler") => crawler_request(super::crawler::parse(&tokens)),
         Some(b"version") => Request::Version,
         Some(b"watch") => Request::Watch(tokens[1..].to_vec()),
         Some(b"verbosity") if (2..=3).contains(&tokens.len()) => verbosity(&tokens),
         Some(b"quit") if tokens.len() == 1 => Request::Quit,
-        Some(b"shutdown") => super::operator::shutdown(&tokens),
-        Some(b"cache_memlimit") => super::operator::cache_memlimit(&tokens),
+        Some(b"shutdown") => Request::Operator(super::operator::shutdown(&tokens)),
+        Some(b"cache_memlimit") => Request::Operator(super::operator::cache_memlimit(&tokens)),
         Some(b"refresh_certs") => Request::Operator(super::operator::Operator::RefreshCerts),
         Some(b"mn") => Request::Meta(Meta {
             kind: MetaKind::Noop,
@@ -528,7 +533,7 @@ fn verbosity(tokens: &[&[u8]]) -> Request<'static> {
 
 fn stats<'a>(tokens: &[&'a [u8]]) -> Request<'a> {
     if tokens.get(1) == Some(&&b"cachedump"[..]) {
-        return super::crawler::parse_cachedump(tokens);
+        return crawler_request(super::crawler::parse_cachedump(tokens));
     }
     match tokens.len() {
         2..=4 if tokens[1] == b"detail" => {
@@ -604,61 +609,6 @@ fn meta_key(token: &[u8], binary: bool) -> Option<Cow<'_, [u8]>> {
         Cow::Borrowed(token)
     };
     (!key.is_empty() && key_ok(&key)).then_some(key)
-}
-
-const BASE64_ALPHABET: &[u8; 64] =
-    b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-
-/// Standard base64 with `=` padding, as memcached's `b` flag uses.
-pub(super) fn base64_encode(bytes: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(bytes.len().div_ceil(3) * 4);
-    for chunk in bytes.chunks(3) {
-        let mut bits = 0u32;
-        for (i, &b) in chunk.iter().enumerate() {
-            bits |= u32::from(b) << (16 - 8 * i);
-        }
-        for i in 0..4 {
-            out.push(if i <= chunk.len() {
-                BASE64_ALPHABET[(bits >> (18 - 6 * i)) as usize & 63]
-            } else {
-                b'='
-            });
-        }
-    }
-    out
-}
-
-/// Standard base64 with `=` padding, as memcached's `b` flag uses.
-fn base64_decode(text: &[u8]) -> Option<Vec<u8>> {
-    fn sextet(c: u8) -> Option<u32> {
-        Some(match c {
-            b'A'..=b'Z' => c - b'A',
-            b'a'..=b'z' => c - b'a' + 26,
-            b'0'..=b'9' => c - b'0' + 52,
-            b'+' => 62,
-            b'/' => 63,
-            _ => return None,
-        } as u32)
-    }
-    if text.is_empty() || !text.len().is_multiple_of(4) {
-        return None;
-    }
-    let mut out = Vec::with_capacity(text.len() / 4 * 3);
-    for (i, quad) in text.chunks(4).enumerate() {
-        let last = i == text.len() / 4 - 1;
-        let padding = quad.iter().rev().take_while(|&&c| c == b'=').count();
-        if padding > 2 || (padding > 0 && !last) {
-            return None;
-        }
-        let mut bits = 0u32;
-        for &c in &quad[..4 - padding] {
-            bits = (bits << 6) | sextet(c)?;
-        }
-        bits <<= 6 * padding as u32;
-        let bytes = [(bits >> 16) as u8, (bits >> 8) as u8, bits as u8];
-        out.extend_from_slice(&bytes[..3 - padding]);
-    }
-    Some(out)
 }
 
 /// `ms <key> <bytes> <flags>*`: once the length is known, every refusal skips the data.
@@ -931,7 +881,8 @@ mod tests {
     }
 
     #[test]
-    fn base64_encoding_round_trips() {
+    fn base64_keys_round_trip() {
+        use super::super::base64_encode;
         assert_eq!(base64_encode(b"hello"), b"aGVsbG8=");
         assert_eq!(base64_encode(b"hi"), b"aGk=");
         assert_eq!(base64_encode(&[0, 1, 2]), b"AAEC");

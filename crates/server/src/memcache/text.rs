@@ -10,13 +10,17 @@ use zipcache::{GetOptions, Item, Update};
 use super::annotations::{Entry, Marks, Write};
 use super::events;
 use super::parse::{Request, StoreMode, TOO_LARGE};
-use super::{Expiry, NON_NUMERIC, after_read, engine_error, line, parse_counter, with_access};
-use crate::connection::within_budget;
-use crate::prefetch::{self, Access};
-use crate::server::Shared;
-use crate::stats::{Counters, engine_metrics};
+use super::watch::StoreStatus;
+use super::{
+    Expiry, Memcached, NON_NUMERIC, RequestContext, after_read, engine_error, line, parse_counter,
+    with_access,
+};
+use crate::core::stats::{Counters, engine_metrics};
+use crate::transport::output::Output;
+use crate::transport::prefetch::Access;
 
-pub fn execute(shared: &Shared, request: Request<'_>, out: &mut Vec<u8>) {
+/// Executes `request`, of connection `conn`.
+pub fn execute(shared: &Memcached, conn: u64, request: Request<'_>, out: &mut Vec<u8>) {
     match request {
         Request::Store {
             mode,
@@ -26,8 +30,8 @@ pub fn execute(shared: &Shared, request: Request<'_>, out: &mut Vec<u8>) {
             data,
             noreply,
         } => {
-            Counters::bump(&shared.counters.cmd_set);
-            let reply = store(shared, mode, key, flags, exptime, data);
+            Counters::bump(&shared.core.counters.cmd_set);
+            let reply = store(shared, conn, mode, key, flags, exptime, data);
             reply_unless(noreply, &reply, out);
         }
         Request::Arith {
@@ -52,7 +56,7 @@ pub fn execute(shared: &Shared, request: Request<'_>, out: &mut Vec<u8>) {
             exptime,
             noreply,
         } => {
-            Counters::bump(&shared.counters.cmd_touch);
+            Counters::bump(&shared.core.counters.cmd_touch);
             let reply = match touch(shared, key, exptime) {
                 Ok(Some(_)) => "TOUCHED".to_string(),
                 Ok(None) => "NOT_FOUND".to_string(),
@@ -65,15 +69,15 @@ pub fn execute(shared: &Shared, request: Request<'_>, out: &mut Vec<u8>) {
             drop_old,
             noreply,
         } => {
-            Counters::bump(&shared.counters.store_too_large);
+            Counters::bump(&shared.core.counters.store_too_large);
             // memcached unlinks the old value so a failed set never leaves it stale.
             if drop_old {
-                let _ = shared.cache.delete(&key);
+                let _ = shared.core.cache.delete(&key);
             }
             reply_unless(noreply, TOO_LARGE, out);
         }
         Request::FlushAll { delay, noreply } => {
-            Counters::bump(&shared.counters.cmd_flush);
+            Counters::bump(&shared.core.counters.cmd_flush);
             let reply = match flush_all(shared, delay) {
                 Ok(()) => "OK".to_string(),
                 Err(FlushRefused::Disabled) => "CLIENT_ERROR flush_all not allowed".to_string(),
@@ -101,11 +105,11 @@ pub const VERSION: &str = concat!("1.6.0-zipcache-", env!("CARGO_PKG_VERSION"));
 
 /// `delete`: removes `key`, counted in `delete_hits`/`delete_misses` and `stats detail`;
 /// whether it was there.
-pub fn delete(shared: &Shared, key: &[u8]) -> zipcache::Result<bool> {
+pub fn delete(shared: &Memcached, key: &[u8]) -> zipcache::Result<bool> {
     shared.prefix_stats.record_delete(key);
     let deleted = events::delete(shared, key);
     if let Ok(hit) = deleted {
-        let counters = &shared.counters;
+        let counters = &shared.core.counters;
         Counters::hit_or_miss_of(&counters.delete_hits, &counters.delete_misses, hit);
     }
     deleted
@@ -120,28 +124,29 @@ fn reply_unless(noreply: bool, reply: &str, out: &mut Vec<u8>) {
 /// Re-dates `key` (touch, gat/gats) and returns the item as it now is: a new expiry, the
 /// same CAS (as memcached's touch, which changes the expiry in place), fetched and
 /// accessed now (memcached counts a touch as a fetch).
-pub fn touch(shared: &Shared, key: &[u8], exptime: i64) -> zipcache::Result<Option<Entry>> {
-    let now = shared.cache.now_ms();
+pub fn touch(shared: &Memcached, key: &[u8], exptime: i64) -> zipcache::Result<Option<Entry>> {
+    let now = shared.core.cache.now_ms();
     let expiry = Expiry::from_exptime(exptime, now);
-    let (entry, _) = shared
-        .annotations
-        .update(&shared.cache, key, |current| match current {
-            None => (Update::Keep.into(), None),
-            Some(Entry { item, marks }) => (
-                Write::marked(
-                    with_access(
-                        expiry.store(item.value.clone(), item.flags, Some(item.cas)),
-                        after_read(false, item.access, now),
+    let (entry, _) =
+        shared
+            .annotations
+            .update(&shared.core.cache, key, |current| match current {
+                None => (Update::Keep.into(), None),
+                Some(Entry { item, marks }) => (
+                    Write::marked(
+                        with_access(
+                            expiry.store(item.value.clone(), item.flags, Some(item.cas)),
+                            after_read(false, item.access, now),
+                        ),
+                        *marks,
                     ),
-                    *marks,
+                    Some(Entry {
+                        item: item.clone(),
+                        marks: *marks,
+                    }),
                 ),
-                Some(Entry {
-                    item: item.clone(),
-                    marks: *marks,
-                }),
-            ),
-        })?;
-    let counters = &shared.counters;
+            })?;
+    let counters = &shared.core.counters;
     Counters::hit_or_miss_of(
         &counters.touch_hits,
         &counters.touch_misses,
@@ -193,9 +198,14 @@ impl Retrieval {
     /// Runs the retrieval at the front of `input` as far as its admitted keys and the
     /// output budget allow: `Some` where it stopped (its next key), `None` once its reply
     /// is complete; `Err` while its next key's read is in flight.
-    pub fn run(self, shared: &Shared, input: &[u8], out: &mut Vec<u8>) -> Result<Option<Self>, ()> {
+    pub fn run(
+        self,
+        cx: RequestContext<'_>,
+        input: &[u8],
+        out: &mut Output,
+    ) -> Result<Option<Self>, ()> {
         let keys = tokens_from(request_line(input, self.len), self.at);
-        let admitted = prefetch::admit(&shared.cache, || {
+        let admitted = cx.reads.admit(&cx.shared.core.cache, || {
             let window = keys
                 .clone()
                 .take(ADMITTED_KEYS)
@@ -209,10 +219,8 @@ impl Retrieval {
         if admitted == 0 {
             return Err(());
         }
-        Ok(
-            retrieve(shared, keys, admitted, self.with_cas, self.touch, out)
-                .map(|at| Retrieval { at, ..self }),
-        )
+        Ok(retrieve(cx, keys, admitted, self.with_cas, self.touch, out)
+            .map(|at| Retrieval { at, ..self }))
     }
 }
 
@@ -236,18 +244,18 @@ fn tokens_from(line: &[u8], mut at: usize) -> impl Iterator<Item = (usize, &[u8]
 /// answered or the output budget is passed: returns the offset of the next key then, or
 /// `None` once `END` (or an error) ends the reply.
 fn retrieve<'k>(
-    shared: &Shared,
+    mut cx: RequestContext<'_>,
     keys: impl Iterator<Item = (usize, &'k [u8])>,
     admitted: usize,
     with_cas: bool,
     touch_exptime: Option<i64>,
-    out: &mut Vec<u8>,
+    out: &mut Output,
 ) -> Option<usize> {
     for (n, (at, key)) in keys.enumerate() {
-        if n == admitted || !within_budget(out) {
+        if n == admitted || !out.within_budget() {
             return Some(at);
         }
-        let item = match fetch(shared, key, touch_exptime) {
+        let item = match fetch(&mut cx, key, touch_exptime) {
             Ok(item) => item,
             Err(e) => {
                 line(out, &engine_error(&e));
@@ -263,7 +271,7 @@ fn retrieve<'k>(
                 format!(" {} {}\r\n", item.flags, item.value.len())
             };
             out.extend_from_slice(header.as_bytes());
-            prefetch::append_value(out, &item);
+            out.append_value(&item);
             out.extend_from_slice(b"\r\n");
         }
     }
@@ -273,21 +281,29 @@ fn retrieve<'k>(
 
 /// One key of a get (or, with an exptime, a gat): the item, counted and logged as read.
 pub fn fetch(
-    shared: &Shared,
+    cx: &mut RequestContext<'_>,
     key: &[u8],
     touch_exptime: Option<i64>,
 ) -> zipcache::Result<Option<Arc<Item>>> {
-    Counters::bump(&shared.counters.cmd_get);
+    let shared = cx.shared;
+    Counters::bump(&shared.core.counters.cmd_get);
     let item = match touch_exptime {
         Some(exptime) => {
-            Counters::bump(&shared.counters.cmd_touch);
+            Counters::bump(&shared.core.counters.cmd_touch);
             touch(shared, key, exptime)?.map(|entry| Arc::new(entry.item))
         }
         // A plain get needs no annotation marks: the item alone, shared with the same key
         // named again.
-        None => prefetch::get_shared(&shared.cache, key, GetOptions::default())?,
+        None => cx
+            .reads
+            .get_shared(&shared.core.cache, key, GetOptions::default())?,
     };
-    events::fetched(shared, key, item.as_ref().map(|item| item.value.len()));
+    events::fetched(
+        shared,
+        cx.conn,
+        key,
+        item.as_ref().map(|item| item.value.len()),
+    );
     Ok(item)
 }
 
@@ -301,6 +317,18 @@ pub enum StoreOutcome {
     NotStored,
     Exists,
     NotFound,
+}
+
+impl StoreOutcome {
+    /// As the log stream of mutations names it.
+    fn status(self) -> StoreStatus {
+        match self {
+            StoreOutcome::Stored { .. } => StoreStatus::Stored,
+            StoreOutcome::NotStored => StoreStatus::NotStored,
+            StoreOutcome::Exists => StoreStatus::Exists,
+            StoreOutcome::NotFound => StoreStatus::NotFound,
+        }
+    }
 }
 
 /// A storage command (classic or `ms`) for one key.
@@ -321,17 +349,26 @@ pub struct Storing<'a> {
 /// Runs a storage command atomically; returns the outcome and the CAS clients now see.
 /// Counts it in `total_items` and, for a compare-and-swap, in `cas_*`.
 pub fn store_item(
-    shared: &Shared,
+    shared: &Memcached,
+    conn: u64,
     key: &[u8],
     storing: &Storing<'_>,
 ) -> zipcache::Result<(StoreOutcome, Option<u64>)> {
     let mut previous = None;
     let stored = apply_store(shared, key, storing, &mut previous);
     if let Ok((outcome, _)) = &stored {
-        events::log_fetch(shared, key, previous);
+        events::log_fetch(shared, conn, key, previous);
         let size = storing.data.len();
-        events::stored(shared, key, storing.mode, *outcome, storing.expiry, size);
-        let counters = &shared.counters;
+        events::stored(
+            shared,
+            conn,
+            key,
+            storing.mode,
+            outcome.status(),
+            storing.expiry,
+            size,
+        );
+        let counters = &shared.core.counters;
         if let StoreOutcome::Stored { .. } = outcome {
             Counters::bump(&counters.total_items);
         }
@@ -350,7 +387,7 @@ pub fn store_item(
 /// `store_item`'s work; `previous` gets the size of the value it found, when the log
 /// streams want it.
 fn apply_store(
-    shared: &Shared,
+    shared: &Memcached,
     key: &[u8],
     storing: &Storing<'_>,
     previous: &mut Option<usize>,
@@ -372,82 +409,89 @@ fn apply_store(
         }
         return match expiry.store(data.to_vec(), flags, None) {
             Update::Put { options, .. } => shared
+                .core
                 .cache
                 .put_with(key, data, options)
                 .map(|cas| (StoreOutcome::Stored { size: data.len() }, Some(cas))),
             _ => shared
+                .core
                 .cache
                 .delete(key)
                 .map(|_| (StoreOutcome::Stored { size: data.len() }, None)),
         };
     }
-    shared.annotations.update(&shared.cache, key, |current| {
-        *previous = current.map(|entry| entry.item.value.len());
-        match (mode, current) {
-            (StoreMode::Set, _) | (StoreMode::Add, None) => (
-                expiry.store(data.to_vec(), flags, cas).into(),
-                StoreOutcome::Stored { size: data.len() },
-            ),
-            (StoreMode::Add, Some(_)) => (Update::Keep.into(), StoreOutcome::NotStored),
-            (StoreMode::Replace | StoreMode::Append | StoreMode::Prepend, None) => {
-                (Update::Keep.into(), StoreOutcome::NotStored)
-            }
-            (StoreMode::Cas(_), None) => (Update::Keep.into(), StoreOutcome::NotFound),
-            // An older CAS under `I`: the value is stored, but stays stale and keeps the
-            // item's expiry and win token, as memcached does.
-            (StoreMode::Cas(unique), Some(entry)) if allow_stale && unique < entry.item.cas => (
-                Write::marked(
-                    Expiry::from_item(&entry.item).store(data.to_vec(), flags, cas),
-                    Marks {
-                        stale: true,
-                        token_sent: entry.marks.token_sent,
+    shared
+        .annotations
+        .update(&shared.core.cache, key, |current| {
+            *previous = current.map(|entry| entry.item.value.len());
+            match (mode, current) {
+                (StoreMode::Set, _) | (StoreMode::Add, None) => (
+                    expiry.store(data.to_vec(), flags, cas).into(),
+                    StoreOutcome::Stored { size: data.len() },
+                ),
+                (StoreMode::Add, Some(_)) => (Update::Keep.into(), StoreOutcome::NotStored),
+                (StoreMode::Replace | StoreMode::Append | StoreMode::Prepend, None) => {
+                    (Update::Keep.into(), StoreOutcome::NotStored)
+                }
+                (StoreMode::Cas(_), None) => (Update::Keep.into(), StoreOutcome::NotFound),
+                // An older CAS under `I`: the value is stored, but stays stale and keeps the
+                // item's expiry and win token, as memcached does.
+                (StoreMode::Cas(unique), Some(entry)) if allow_stale && unique < entry.item.cas => {
+                    (
+                        Write::marked(
+                            Expiry::from_item(&entry.item).store(data.to_vec(), flags, cas),
+                            Marks {
+                                stale: true,
+                                token_sent: entry.marks.token_sent,
+                            },
+                        ),
+                        StoreOutcome::Stored { size: data.len() },
+                    )
+                }
+                (StoreMode::Cas(unique), Some(entry)) if entry.item.cas != unique => {
+                    (Update::Keep.into(), StoreOutcome::Exists)
+                }
+                (StoreMode::Append | StoreMode::Prepend, Some(entry))
+                    if compare.is_some_and(|unique| unique != entry.item.cas) =>
+                {
+                    (Update::Keep.into(), StoreOutcome::Exists)
+                }
+                (StoreMode::Replace | StoreMode::Cas(_), Some(_)) => (
+                    expiry.store(data.to_vec(), flags, cas).into(),
+                    StoreOutcome::Stored { size: data.len() },
+                ),
+                // Appends keep the item's own flags and expiry, as memcached does.
+                (StoreMode::Append, Some(entry)) => (
+                    Expiry::from_item(&entry.item)
+                        .store(
+                            [&entry.item.value[..], data].concat(),
+                            entry.item.flags,
+                            cas,
+                        )
+                        .into(),
+                    StoreOutcome::Stored {
+                        size: entry.item.value.len() + data.len(),
                     },
                 ),
-                StoreOutcome::Stored { size: data.len() },
-            ),
-            (StoreMode::Cas(unique), Some(entry)) if entry.item.cas != unique => {
-                (Update::Keep.into(), StoreOutcome::Exists)
+                (StoreMode::Prepend, Some(entry)) => (
+                    Expiry::from_item(&entry.item)
+                        .store(
+                            [data, &entry.item.value[..]].concat(),
+                            entry.item.flags,
+                            cas,
+                        )
+                        .into(),
+                    StoreOutcome::Stored {
+                        size: entry.item.value.len() + data.len(),
+                    },
+                ),
             }
-            (StoreMode::Append | StoreMode::Prepend, Some(entry))
-                if compare.is_some_and(|unique| unique != entry.item.cas) =>
-            {
-                (Update::Keep.into(), StoreOutcome::Exists)
-            }
-            (StoreMode::Replace | StoreMode::Cas(_), Some(_)) => (
-                expiry.store(data.to_vec(), flags, cas).into(),
-                StoreOutcome::Stored { size: data.len() },
-            ),
-            // Appends keep the item's own flags and expiry, as memcached does.
-            (StoreMode::Append, Some(entry)) => (
-                Expiry::from_item(&entry.item)
-                    .store(
-                        [&entry.item.value[..], data].concat(),
-                        entry.item.flags,
-                        cas,
-                    )
-                    .into(),
-                StoreOutcome::Stored {
-                    size: entry.item.value.len() + data.len(),
-                },
-            ),
-            (StoreMode::Prepend, Some(entry)) => (
-                Expiry::from_item(&entry.item)
-                    .store(
-                        [data, &entry.item.value[..]].concat(),
-                        entry.item.flags,
-                        cas,
-                    )
-                    .into(),
-                StoreOutcome::Stored {
-                    size: entry.item.value.len() + data.len(),
-                },
-            ),
-        }
-    })
+        })
 }
 
 fn store(
-    shared: &Shared,
+    shared: &Memcached,
+    conn: u64,
     mode: StoreMode,
     key: &[u8],
     flags: u32,
@@ -457,13 +501,13 @@ fn store(
     let storing = Storing {
         mode,
         flags,
-        expiry: Expiry::from_exptime(exptime, shared.cache.now_ms()),
+        expiry: Expiry::from_exptime(exptime, shared.core.cache.now_ms()),
         data,
         cas: None,
         allow_stale: false,
         compare: None,
     };
-    match store_item(shared, key, &storing) {
+    match store_item(shared, conn, key, &storing) {
         Ok((StoreOutcome::Stored { .. }, _)) => "STORED".into(),
         Ok((StoreOutcome::NotStored, _)) => "NOT_STORED".into(),
         Ok((StoreOutcome::Exists, _)) => "EXISTS".into(),
@@ -508,7 +552,7 @@ pub fn apply_delta(current: &[u8], delta: u64, incr: bool, pad: bool) -> Option<
     Some((new, text))
 }
 
-fn arith(shared: &Shared, key: &[u8], delta: u64, incr: bool) -> String {
+fn arith(shared: &Memcached, key: &[u8], delta: u64, incr: bool) -> String {
     match count(shared, key, delta, incr, Counting::default()) {
         Ok((Counted::Missing, _)) => "NOT_FOUND".into(),
         Ok((Counted::NonNumeric, _)) => NON_NUMERIC.into(),
@@ -521,7 +565,7 @@ fn arith(shared: &Shared, key: &[u8], delta: u64, incr: bool) -> String {
 /// incr (or decr) of `key` by `delta`, as `counting` says, counted in `incr_*`/`decr_*`;
 /// returns what it found and the new CAS.
 pub fn count(
-    shared: &Shared,
+    shared: &Memcached,
     key: &[u8],
     delta: u64,
     incr: bool,
@@ -530,7 +574,7 @@ pub fn count(
     let mut existed = false;
     let result = shared
         .annotations
-        .update(&shared.cache, key, |current| match current {
+        .update(&shared.core.cache, key, |current| match current {
             None => match counting.create {
                 None => (Update::Keep.into(), Counted::Missing),
                 Some((initial, expiry)) => (
@@ -565,8 +609,8 @@ pub fn count(
 
 /// Counts an incr/decr (classic or `ma`) in `incr_*` / `decr_*`: a hit found a number
 /// to change, a miss no key.
-pub fn count_arith(shared: &Shared, incr: bool, hit: bool) {
-    let counters = &shared.counters;
+pub fn count_arith(shared: &Memcached, incr: bool, hit: bool) {
+    let counters = &shared.core.counters;
     if incr {
         Counters::hit_or_miss_of(&counters.incr_hits, &counters.incr_misses, hit);
     } else {
@@ -584,8 +628,8 @@ pub enum FlushRefused {
 /// `flush_all [delay]`: the delay is an exptime (seconds, or a Unix time past 30 days);
 /// when it comes, everything stored by then is gone. As in memcached, one flush waits at
 /// a time: a later `flush_all` replaces it, with a delay or without.
-pub fn flush_all(shared: &Shared, delay: i64) -> Result<(), FlushRefused> {
-    if !shared.flush_all_enabled {
+pub fn flush_all(shared: &Memcached, delay: i64) -> Result<(), FlushRefused> {
+    if !shared.core.flush_all_enabled {
         return Err(FlushRefused::Disabled);
     }
     let mut pending = shared
@@ -595,11 +639,11 @@ pub fn flush_all(shared: &Shared, delay: i64) -> Result<(), FlushRefused> {
     if let Some(replaced) = pending.take() {
         replaced.abort();
     }
-    let now = shared.cache.now_ms();
+    let now = shared.core.cache.now_ms();
     let Expiry::At(at) = Expiry::from_exptime(delay, now) else {
-        return shared.cache.flush_all().map_err(FlushRefused::Engine);
+        return shared.core.cache.flush_all().map_err(FlushRefused::Engine);
     };
-    let cache = shared.cache.clone();
+    let cache = shared.core.cache.clone();
     let flush = tokio::spawn(async move {
         tokio::time::sleep(Duration::from_millis(at - now)).await;
         let _ = cache.flush_all();
@@ -616,22 +660,22 @@ fn yes_no(on: bool) -> &'static str {
     if on { "yes" } else { "no" }
 }
 
-pub fn stats(shared: &Shared, section: Option<&[u8]>, out: &mut Vec<u8>) {
-    let engine = shared.cache.stats();
-    let counters = &shared.counters;
+pub fn stats(shared: &Memcached, section: Option<&[u8]>, out: &mut Vec<u8>) {
+    let engine = shared.core.cache.stats();
+    let counters = &shared.core.counters;
     match section {
         None => {
             stat(out, "pid", std::process::id());
-            stat(out, "uptime", shared.started.elapsed().as_secs());
-            stat(out, "time", shared.cache.now_ms() / 1000);
+            stat(out, "uptime", shared.core.started.elapsed().as_secs());
+            stat(out, "time", shared.core.cache.now_ms() / 1000);
             stat(out, "version", env!("CARGO_PKG_VERSION"));
             stat(out, "pointer_size", usize::BITS);
-            stat(out, "max_connections", shared.info.max_connections);
-            stat(out, "threads", shared.info.threads);
+            stat(out, "max_connections", shared.core.info.max_connections);
+            stat(out, "threads", shared.core.info.threads);
             stat(
                 out,
                 "accepting_conns",
-                u8::from(shared.accepting.load(Relaxed)),
+                u8::from(shared.transport.accepting.load(Relaxed)),
             );
             stat(out, "curr_items", engine.objects_resident);
             // memcached's bytes of items: DRAM charged to objects, the indexes left out.
@@ -644,7 +688,11 @@ pub fn stats(shared: &Shared, section: Option<&[u8]>, out: &mut Vec<u8>) {
             for (name, value) in counters.snapshot() {
                 stat(out, name, value);
             }
-            stat(out, "conn_buffer_bytes", shared.buffers.buffered());
+            stat(
+                out,
+                "conn_buffer_bytes",
+                shared.transport.buffers.buffered(),
+            );
             for (name, value) in counters.since_reset(&engine) {
                 stat(out, name, value);
             }
@@ -661,38 +709,53 @@ pub fn stats(shared: &Shared, section: Option<&[u8]>, out: &mut Vec<u8>) {
             }
         }
         Some(b"settings") => {
-            stat(out, "maxconns", shared.info.max_connections);
+            stat(out, "maxconns", shared.core.info.max_connections);
             stat(out, "maxbytes", engine.dram_capacity);
-            stat(out, "tcpport", shared.info.memcached_port);
-            stat(out, "interface", shared.info.listen);
-            let evictions = shared.cache.config().evictions;
+            stat(out, "tcpport", shared.core.info.memcached_port);
+            stat(out, "interface", shared.core.info.listen);
+            let evictions = shared.core.cache.config().evictions;
             stat(out, "evictions", if evictions { "on" } else { "off" });
             stat(out, "domain_socket", "NULL");
-            stat(out, "shutdown_command", yes_no(shared.shutdown_enabled));
-            stat(out, "num_threads", shared.info.threads);
+            stat(
+                out,
+                "shutdown_command",
+                yes_no(shared.core.shutdown_enabled),
+            );
+            stat(out, "num_threads", shared.core.info.threads);
             stat(out, "cas_enabled", "yes");
-            stat(out, "tcp_backlog", crate::server::LISTEN_BACKLOG);
-            stat(out, "auth_enabled_sasl", yes_no(shared.access.required()));
-            stat(out, "auth_enabled_ascii", yes_no(shared.access.required()));
-            stat(out, "item_size_max", shared.max_value);
+            stat(out, "tcp_backlog", crate::transport::LISTEN_BACKLOG);
+            stat(
+                out,
+                "auth_enabled_sasl",
+                yes_no(shared.core.access.required()),
+            );
+            stat(
+                out,
+                "auth_enabled_ascii",
+                yes_no(shared.core.access.required()),
+            );
+            stat(out, "item_size_max", shared.core.max_value);
             stat(out, "key_max", super::parse::KEY_MAX);
             for (name, value) in shared.crawler.settings_stats() {
                 stat(out, name, value);
             }
             stat(out, "maxconns_fast", "yes");
-            stat(out, "flush_enabled", yes_no(shared.flush_all_enabled));
+            stat(out, "flush_enabled", yes_no(shared.core.flush_all_enabled));
             stat(
                 out,
                 "idle_timeout",
-                shared.idle_timeout.map_or(0, |t| t.as_secs()),
+                shared.transport.idle_timeout.map_or(0, |t| t.as_secs()),
             );
             stat(
                 out,
                 "first_request_timeout",
-                shared.first_request_timeout.map_or(0, |t| t.as_secs()),
+                shared
+                    .transport
+                    .first_request_timeout
+                    .map_or(0, |t| t.as_secs()),
             );
-            stat(out, "max_request_size", shared.max_request_size);
-            stat(out, "max_clients_memory", shared.buffers.limit());
+            stat(out, "max_request_size", shared.transport.max_request_size);
+            stat(out, "max_clients_memory", shared.transport.buffers.limit());
         }
         Some(b"items") => {
             // One "slab class": the engine has size classes, not memcached slabs.
@@ -713,7 +776,7 @@ pub fn stats(shared: &Shared, section: Option<&[u8]>, out: &mut Vec<u8>) {
             stat(out, "total_malloced", engine.dram_used);
         }
         Some(b"conns") => {
-            let listen = SocketAddr::new(shared.info.listen, shared.info.memcached_port);
+            let listen = SocketAddr::new(shared.core.info.listen, shared.core.info.memcached_port);
             for (name, value) in shared.conns.stats(listen) {
                 stat(out, &name, value);
             }
@@ -733,7 +796,7 @@ pub fn stats(shared: &Shared, section: Option<&[u8]>, out: &mut Vec<u8>) {
 }
 
 /// `stats detail on|off|dump` (per-prefix counters, `prefix_stats`).
-pub fn stats_detail(shared: &Shared, action: Option<&[u8]>, out: &mut Vec<u8>) {
+pub fn stats_detail(shared: &Memcached, action: Option<&[u8]>, out: &mut Vec<u8>) {
     match action {
         Some(b"on") => {
             shared.prefix_stats.set_enabled(true);

@@ -4,13 +4,17 @@ pub(crate) mod cmd;
 mod glob;
 pub mod parse;
 
+use std::convert::Infallible;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::connection::{Session, Step};
-use crate::prefetch::ReadAhead;
-use crate::server::Shared;
-use crate::stats::Counters;
+use crate::core::stats::Counters;
+use crate::core::{Core, ServerOptions};
+use crate::transport::connection::{Session, Step};
+use crate::transport::output::Output;
+use crate::transport::prefetch::{Prefetch, ReadAhead};
+use crate::transport::{Protocol, Transport};
 use cmd::strings::MultiGet;
 
 /// Client ids for `CLIENT ID` / `HELLO`, unique for the process like Redis's.
@@ -19,6 +23,38 @@ static NEXT_CLIENT_ID: AtomicU64 = AtomicU64::new(1);
 /// Every RESP command name we serve.
 pub fn command_names() -> impl Iterator<Item = &'static str> {
     cmd::names()
+}
+
+/// What every RESP connection shares.
+pub struct Resp {
+    pub core: Arc<Core>,
+    /// The limits CONFIG GET and INFO report, and the request size the framer allows.
+    pub transport: Arc<Transport>,
+    /// Most keys one `KEYS` examines.
+    pub keys_limit: usize,
+}
+
+impl Resp {
+    pub fn new(transport: Arc<Transport>, options: &ServerOptions) -> Resp {
+        Resp {
+            core: transport.core.clone(),
+            transport,
+            keys_limit: options.keys_limit,
+        }
+    }
+}
+
+/// The RESP port.
+impl Protocol for Resp {
+    type Session = RespSession;
+
+    fn open(self: Arc<Self>, _peer: SocketAddr) -> RespSession {
+        RespSession::new(self)
+    }
+
+    fn over_limit(&self) -> &'static [u8] {
+        b"-ERR max number of clients reached\r\n"
+    }
 }
 
 /// What a connection carries from one command to the next.
@@ -32,7 +68,7 @@ pub struct Client {
 
 /// One RESP connection.
 pub struct RespSession {
-    shared: Arc<Shared>,
+    shared: Arc<Resp>,
     client: Client,
     /// An MGET at the front of the input whose values are part-way out.
     multi_get: Option<MultiGet>,
@@ -41,12 +77,12 @@ pub struct RespSession {
 }
 
 impl RespSession {
-    pub fn new(shared: Arc<Shared>) -> RespSession {
+    pub fn new(shared: Arc<Resp>) -> RespSession {
         let client = Client {
             id: NEXT_CLIENT_ID.fetch_add(1, Ordering::Relaxed),
             name: None,
             resp3: false,
-            authenticated: !shared.access.required(),
+            authenticated: !shared.core.access.required(),
         };
         RespSession {
             shared,
@@ -58,35 +94,39 @@ impl RespSession {
 }
 
 impl Session for RespSession {
-    fn step(&mut self, input: &[u8], buf: &mut Vec<u8>) -> Step {
+    type Takeover = Infallible;
+
+    fn step(&mut self, input: &[u8], buf: &mut Output, reads: &mut Prefetch) -> Step {
         let mut out = Reply {
             buf,
             resp3: self.client.resp3,
         };
         if let Some(multi_get) = self.multi_get.take() {
-            return multi_get.run(&self.shared, input, &mut out, &mut self.multi_get);
+            return multi_get.run(&self.shared, input, &mut out, reads, &mut self.multi_get);
         }
-        let (authenticated, max_request_size) =
-            (self.client.authenticated, self.shared.max_request_size);
+        let (authenticated, max_request_size) = (
+            self.client.authenticated,
+            self.shared.transport.max_request_size,
+        );
         match self.framer.parse(input, authenticated, max_request_size) {
             parse::Parsed::Incomplete => Step::NeedMore,
             parse::Parsed::Error(message) => {
-                Counters::bump(&self.shared.counters.protocol_errors);
+                Counters::bump(&self.shared.core.counters.protocol_errors);
                 out.error(&message);
                 Step::Close
             }
             parse::Parsed::TooLarge => {
-                Counters::bump(&self.shared.counters.request_size_kicks);
-                self.too_large(out.buf);
+                Counters::bump(&self.shared.core.counters.request_size_kicks);
+                out.error(parse::REQUEST_TOO_LARGE);
                 Step::Close
             }
             parse::Parsed::Command { args, len } => {
                 if args.is_empty() {
                     return Step::Consumed(len);
                 }
-                Counters::bump(&self.shared.counters.total_commands_processed);
+                Counters::bump(&self.shared.core.counters.total_commands_processed);
                 let args: Vec<&[u8]> = args.iter().map(|a| a.as_ref()).collect();
-                match cmd::execute(&self.shared, &mut self.client, &args, &mut out) {
+                match cmd::execute(&self.shared, &mut self.client, &args, &mut out, reads) {
                     cmd::Flow::Continue => Step::Consumed(len),
                     cmd::Flow::Close => Step::Close,
                     cmd::Flow::Await => Step::Await(len),
@@ -94,15 +134,18 @@ impl Session for RespSession {
                         &self.shared,
                         input,
                         &mut out,
+                        reads,
                         &mut self.multi_get,
                     ),
                 }
             }
         }
     }
-    fn read_ahead(&mut self, input: &[u8], ahead: &mut ReadAhead) -> Option<usize> {
-        let (authenticated, max_request_size) =
-            (self.client.authenticated, self.shared.max_request_size);
+    fn read_ahead(&mut self, input: &[u8], ahead: &mut ReadAhead<'_>) -> Option<usize> {
+        let (authenticated, max_request_size) = (
+            self.client.authenticated,
+            self.shared.transport.max_request_size,
+        );
         // Not `self.framer`: its progress is the front request's, not this one's.
         let parse::Parsed::Command { args, len } =
             parse::parse(input, authenticated, max_request_size)
@@ -115,7 +158,11 @@ impl Session for RespSession {
             .then_some(len)
     }
 
-    fn too_large(&mut self, buf: &mut Vec<u8>) {
+    fn take_over(&mut self) -> Option<Infallible> {
+        None
+    }
+
+    fn too_large(&mut self, buf: &mut Output) {
         let mut out = Reply {
             buf,
             resp3: self.client.resp3,
@@ -127,7 +174,7 @@ impl Session for RespSession {
 /// Reply encoding for the protocol version the client chose with HELLO: RESP3 differs
 /// from RESP2 only in how nil and maps are written, for the replies we send.
 pub struct Reply<'a> {
-    pub buf: &'a mut Vec<u8>,
+    pub buf: &'a mut Output,
     pub resp3: bool,
 }
 

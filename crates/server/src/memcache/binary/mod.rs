@@ -11,12 +11,11 @@ use zipcache::Update;
 use super::annotations::Entry;
 use super::parse::StoreMode;
 use super::text::{self, Counted, Counting, FlushRefused, StoreOutcome, Storing};
-use super::{Expiry, MemcacheSession};
-use crate::connection::Step;
-use crate::prefetch::{self, ReadAhead};
-use crate::server::Shared;
-use crate::stats::Counters;
-use crate::watch::CloseReason;
+use super::watch::CloseReason;
+use super::{Expiry, MemcacheSession, Memcached, RequestContext};
+use crate::core::stats::Counters;
+use crate::transport::connection::Step;
+use crate::transport::prefetch::{Prefetch, ReadAhead};
 use parse::{Command, Framed, Header, Parsed, Request, Status};
 
 /// The one SASL mechanism served: the policy's users and passwords in the clear (use
@@ -28,7 +27,12 @@ const NO_CREATE: u32 = u32::MAX;
 
 impl MemcacheSession {
     /// One binary request at the front of `input`.
-    pub(super) fn step_binary(&mut self, input: &[u8], out: &mut Vec<u8>) -> Step {
+    pub(super) fn step_binary(
+        &mut self,
+        input: &[u8],
+        out: &mut Vec<u8>,
+        reads: &mut Prefetch,
+    ) -> Step {
         let header = match Header::parse(input) {
             Framed::Incomplete => return Step::NeedMore,
             Framed::BadMagic => return self.close_on_error(),
@@ -42,7 +46,8 @@ impl MemcacheSession {
             self.swallow = header.body_len as usize;
             return Step::Consumed(parse::HEADER_LEN);
         }
-        let (request, len, swallow) = match parse::parse(&header, input, self.shared.max_value) {
+        let (request, len, swallow) = match parse::parse(&header, input, self.shared.core.max_value)
+        {
             Parsed::Incomplete => return Step::NeedMore,
             Parsed::Refused {
                 status,
@@ -51,7 +56,7 @@ impl MemcacheSession {
                 close,
             } => {
                 self.count_request();
-                Counters::bump(&self.shared.counters.protocol_errors);
+                Counters::bump(&self.shared.core.counters.protocol_errors);
                 parse::respond_error(out, &header, status);
                 if close {
                     return self.close_on_error();
@@ -65,12 +70,12 @@ impl MemcacheSession {
                 swallow,
             } => (request, len, swallow),
         };
-        if prefetch::admit(&self.shared.cache, || request.command.access()) == 0 {
+        if reads.admit(&self.shared.core.cache, || request.command.access()) == 0 {
             return Step::Await(len);
         }
         self.count_request();
         self.swallow = swallow;
-        if self.execute_binary(&request, out) {
+        if self.execute_binary(&request, out, reads) {
             Step::Consumed(len)
         } else {
             Step::Close
@@ -79,17 +84,21 @@ impl MemcacheSession {
 
     /// The length of the complete binary request at the front of `input` once `ahead`
     /// walked past it (`Session::read_ahead`).
-    pub(super) fn read_ahead_binary(&self, input: &[u8], ahead: &mut ReadAhead) -> Option<usize> {
+    pub(super) fn read_ahead_binary(
+        &self,
+        input: &[u8],
+        ahead: &mut ReadAhead<'_>,
+    ) -> Option<usize> {
         let Framed::Header(header) = Header::parse(input) else {
             return None;
         };
-        match parse::parse(&header, input, self.shared.max_value) {
+        match parse::parse(&header, input, self.shared.core.max_value) {
             Parsed::Request {
                 request,
                 len,
                 swallow: 0,
             } => ahead
-                .pass(&self.shared.cache, &request.command.access())
+                .pass(&self.shared.core.cache, &request.command.access())
                 .then_some(len),
             _ => None,
         }
@@ -101,8 +110,18 @@ impl MemcacheSession {
     }
 
     /// Runs `request`; false closes the connection (QUIT).
-    fn execute_binary(&mut self, request: &Request<'_>, out: &mut Vec<u8>) -> bool {
+    fn execute_binary(
+        &mut self,
+        request: &Request<'_>,
+        out: &mut Vec<u8>,
+        reads: &mut Prefetch,
+    ) -> bool {
         let shared = &*self.shared;
+        let mut cx = RequestContext {
+            shared,
+            conn: self.id,
+            reads,
+        };
         let header = &request.header;
         // Successes of quiet commands are not answered; errors always are.
         let mut reply = Reply {
@@ -115,9 +134,9 @@ impl MemcacheSession {
                 key,
                 with_key,
                 touch,
-            } => get(shared, key, with_key, touch, &mut reply),
+            } => get(&mut cx, key, with_key, touch, &mut reply),
             Command::Touch { key, exptime } => {
-                Counters::bump(&shared.counters.cmd_touch);
+                Counters::bump(&shared.core.counters.cmd_touch);
                 match text::touch(shared, key, i64::from(exptime)) {
                     Ok(Some(Entry { item, .. })) => {
                         reply.success(item.cas, &item.flags.to_be_bytes(), &[], &[]);
@@ -132,12 +151,12 @@ impl MemcacheSession {
                 flags,
                 exptime,
                 value,
-            } => store(shared, mode, key, flags, exptime, value, &mut reply),
+            } => store(&cx, mode, key, flags, exptime, value, &mut reply),
             Command::TooLarge { key, mode } => {
-                Counters::bump(&shared.counters.store_too_large);
+                Counters::bump(&shared.core.counters.store_too_large);
                 // memcached unlinks the old value of a refused set, never leaving it stale.
                 if mode == StoreMode::Set {
-                    let _ = shared.cache.delete(key);
+                    let _ = shared.core.cache.delete(key);
                 }
                 reply.error(Status::TooLarge);
             }
@@ -151,7 +170,7 @@ impl MemcacheSession {
             } => {
                 let counting = Counting {
                     create: (exptime != NO_CREATE).then(|| {
-                        let now = shared.cache.now_ms();
+                        let now = shared.core.cache.now_ms();
                         (initial, Expiry::from_exptime(i64::from(exptime), now))
                     }),
                     compare: (header.cas != 0).then_some(header.cas),
@@ -171,7 +190,7 @@ impl MemcacheSession {
                 return false;
             }
             Command::Flush { delay } => {
-                Counters::bump(&shared.counters.cmd_flush);
+                Counters::bump(&shared.core.counters.cmd_flush);
                 match text::flush_all(shared, i64::from(delay)) {
                     Ok(()) => reply.success(0, &[], &[], &[]),
                     // memcached's status for a refused flush.
@@ -182,18 +201,18 @@ impl MemcacheSession {
             Command::Noop => reply.success(0, &[], &[], &[]),
             Command::Version => reply.success(0, &[], &[], text::VERSION.as_bytes()),
             Command::Stat { group } => stat(shared, group, &mut reply),
-            Command::SaslListMechs if shared.access.required() => {
+            Command::SaslListMechs if shared.core.access.required() => {
                 reply.success(0, &[], &[], SASL_MECHANISMS);
             }
-            Command::SaslAuth { mechanism, data } if shared.access.required() => {
-                Counters::bump(&shared.counters.auth_cmds);
+            Command::SaslAuth { mechanism, data } if shared.core.access.required() => {
+                Counters::bump(&shared.core.counters.auth_cmds);
                 self.authenticated = mechanism == SASL_MECHANISMS
                     && sasl_plain_credentials(data)
-                        .is_some_and(|(user, password)| shared.access.admits(user, password));
+                        .is_some_and(|(user, password)| shared.core.access.admits(user, password));
                 if self.authenticated {
                     reply.success(0, &[], &[], b"Authenticated");
                 } else {
-                    Counters::bump(&shared.counters.auth_errors);
+                    Counters::bump(&shared.core.counters.auth_errors);
                     reply.error(Status::AuthError);
                 }
             }
@@ -201,9 +220,9 @@ impl MemcacheSession {
             // refusal leaves a login in place: connections here outlive the auth errors
             // memcached hangs up on, and memcached's t/binary-sasl.t counts on that
             // connection staying logged in after a step.
-            Command::SaslStep if shared.access.required() => {
-                Counters::bump(&shared.counters.auth_cmds);
-                Counters::bump(&shared.counters.auth_errors);
+            Command::SaslStep if shared.core.access.required() => {
+                Counters::bump(&shared.core.counters.auth_cmds);
+                Counters::bump(&shared.core.counters.auth_errors);
                 reply.error(Status::AuthError);
             }
             // As memcached without SASL.
@@ -285,9 +304,15 @@ fn sasl_plain_credentials(data: &[u8]) -> Option<(&[u8], &[u8])> {
     Some((user, password))
 }
 
-fn get(shared: &Shared, key: &[u8], with_key: bool, touch: Option<u32>, reply: &mut Reply<'_>) {
+fn get(
+    cx: &mut RequestContext<'_>,
+    key: &[u8],
+    with_key: bool,
+    touch: Option<u32>,
+    reply: &mut Reply<'_>,
+) {
     let returned_key = if with_key { key } else { &[] };
-    match text::fetch(shared, key, touch.map(i64::from)) {
+    match text::fetch(cx, key, touch.map(i64::from)) {
         // A hit is answered even by the quiet forms: it is what they are for.
         Ok(Some(item)) => {
             let flags = item.flags.to_be_bytes();
@@ -322,7 +347,7 @@ fn get(shared: &Shared, key: &[u8], with_key: bool, touch: Option<u32>, reply: &
 }
 
 fn store(
-    shared: &Shared,
+    cx: &RequestContext<'_>,
     mode: StoreMode,
     key: &[u8],
     flags: u32,
@@ -330,7 +355,7 @@ fn store(
     value: &[u8],
     reply: &mut Reply<'_>,
 ) {
-    Counters::bump(&shared.counters.cmd_set);
+    Counters::bump(&cx.shared.core.counters.cmd_set);
     let cas = reply.header.cas;
     // A CAS makes set/add/replace a compare-and-swap, and append/prepend conditional.
     let (mode, compare) = match mode {
@@ -341,13 +366,13 @@ fn store(
     let storing = Storing {
         mode,
         flags,
-        expiry: Expiry::from_exptime(i64::from(exptime), shared.cache.now_ms()),
+        expiry: Expiry::from_exptime(i64::from(exptime), cx.shared.core.cache.now_ms()),
         data: value,
         cas: None,
         allow_stale: false,
         compare,
     };
-    match text::store_item(shared, key, &storing) {
+    match text::store_item(cx.shared, cx.conn, key, &storing) {
         Ok((StoreOutcome::Stored { .. }, cas)) => reply.success(cas.unwrap_or(0), &[], &[], &[]),
         Ok((StoreOutcome::Exists, _)) => reply.error(Status::KeyExists),
         Ok((StoreOutcome::NotFound, _)) => reply.error(Status::KeyNotFound),
@@ -361,13 +386,13 @@ fn store(
 }
 
 /// DELETE; a CAS other than 0 must be the item's.
-fn delete(shared: &Shared, key: &[u8], cas: u64, reply: &mut Reply<'_>) {
+fn delete(shared: &Memcached, key: &[u8], cas: u64, reply: &mut Reply<'_>) {
     let deleted = if cas == 0 {
         text::delete(shared, key).map(|hit| hit.then_some(true))
     } else {
         shared
             .annotations
-            .update(&shared.cache, key, |current| match current {
+            .update(&shared.core.cache, key, |current| match current {
                 None => (Update::Keep.into(), None),
                 Some(entry) if entry.item.cas != cas => (Update::Keep.into(), Some(false)),
                 Some(_) => (Update::Delete.into(), Some(true)),
@@ -377,7 +402,7 @@ fn delete(shared: &Shared, key: &[u8], cas: u64, reply: &mut Reply<'_>) {
     if cas != 0
         && let Ok(outcome @ (None | Some(true))) = deleted
     {
-        let counters = &shared.counters;
+        let counters = &shared.core.counters;
         Counters::hit_or_miss_of(
             &counters.delete_hits,
             &counters.delete_misses,
@@ -394,7 +419,7 @@ fn delete(shared: &Shared, key: &[u8], cas: u64, reply: &mut Reply<'_>) {
 
 /// STAT: the text protocol's `stats` lines, one packet each (key the name, value the
 /// value), then an empty packet; `detail dump` as one packet named `detailed`.
-fn stat(shared: &Shared, group: &[u8], reply: &mut Reply<'_>) {
+fn stat(shared: &Memcached, group: &[u8], reply: &mut Reply<'_>) {
     let mut lines = Vec::new();
     let detail = group.strip_prefix(b"detail ");
     match detail {
@@ -441,11 +466,11 @@ mod tests {
 
     use super::parse::{HEADER_LEN, opcode::*, request};
     use super::*;
-    use crate::access::Credentials;
-    use crate::auth::Password;
-    use crate::connection::tests::dram_engine;
+    use crate::core::ServerOptions;
+    use crate::core::access::Credentials;
+    use crate::core::auth::Password;
     use crate::fuzzing::{memcached_session_with, options};
-    use crate::server::ServerOptions;
+    use crate::serving_tests::{dram_engine, memcache_session};
 
     /// A response packet, fields in host order.
     #[derive(Debug, PartialEq, Eq)]
@@ -755,13 +780,15 @@ mod tests {
 
     #[test]
     fn a_request_over_the_size_limit_is_refused_in_binary() {
-        use crate::connection::Session;
-        use crate::server::{ServerInfo, Shared};
-        let shared = Shared::new(dram_engine(), ServerInfo::detached(), &options());
-        let mut session = MemcacheSession::new(Arc::new(shared));
-        let mut out = Vec::new();
+        use crate::transport::connection::Session;
+        use crate::transport::output::Output;
+        let mut session = memcache_session(dram_engine(), &options());
+        let (mut out, mut reads) = (Output::default(), Prefetch::default());
         let noop = request(NOOP, &[], &[], &[], 1, 0);
-        assert!(matches!(session.step(&noop, &mut out), Step::Consumed(24)));
+        assert!(matches!(
+            session.step(&noop, &mut out, &mut reads),
+            Step::Consumed(24)
+        ));
         session.too_large(&mut out);
         let got = responses(&out);
         assert_eq!(

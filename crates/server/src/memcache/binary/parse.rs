@@ -4,7 +4,7 @@
 //! it is used, and a body is buffered only once it is known to be accepted.
 
 use crate::memcache::parse::{KEY_MAX, StoreMode};
-use crate::prefetch::Access;
+use crate::transport::prefetch::Access;
 use zipcache::GetOptions;
 
 /// The first byte of every request; a connection whose first byte is this speaks binary.

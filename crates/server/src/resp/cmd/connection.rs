@@ -3,9 +3,9 @@
 
 use super::server::REDIS_VERSION;
 use super::{Command, ErrorReply, Flow, NOT_INTEGER, Result, SYNTAX, Spec, integer, spec};
-use crate::access::DEFAULT_USER;
+use crate::core::access::DEFAULT_USER;
+use crate::resp::Resp;
 use crate::resp::{Client, Reply};
-use crate::server::Shared;
 
 const WRONGPASS: &str = "WRONGPASS invalid username-password pair or user is disabled.";
 
@@ -151,7 +151,7 @@ fn hello<'a>(args: &mut super::Args<'a>) -> Result<Command<'a>> {
 }
 
 impl ConnectionCommand<'_> {
-    pub fn execute(self, shared: &Shared, client: &mut Client, out: &mut Reply) -> Result<Flow> {
+    pub fn execute(self, shared: &Resp, client: &mut Client, out: &mut Reply) -> Result<Flow> {
         match self {
             ConnectionCommand::Ping { message: None } => out.simple("PONG"),
             ConnectionCommand::Ping {
@@ -171,7 +171,7 @@ impl ConnectionCommand<'_> {
             }
             ConnectionCommand::Hello { resp3, auth, name } => {
                 if let Some((user, password)) = auth {
-                    if !shared.access.admits(user, password) {
+                    if !shared.core.access.admits(user, password) {
                         return Err(WRONGPASS.into());
                     }
                     client.authenticated = true;
@@ -190,10 +190,14 @@ impl ConnectionCommand<'_> {
                 hello_reply(client, out);
             }
             ConnectionCommand::Auth { user, password } => {
-                if user.is_none() && !shared.access.required() {
+                if user.is_none() && !shared.core.access.required() {
                     return Err("ERR AUTH <password> called without any password configured for the default user. Are you sure your configuration is correct?".into());
                 }
-                if !shared.access.admits(user.unwrap_or(DEFAULT_USER), password) {
+                if !shared
+                    .core
+                    .access
+                    .admits(user.unwrap_or(DEFAULT_USER), password)
+                {
                     return Err(WRONGPASS.into());
                 }
                 client.authenticated = true;

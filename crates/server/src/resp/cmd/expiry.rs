@@ -8,7 +8,7 @@ use super::{
     spec,
 };
 use crate::resp::Reply;
-use crate::server::Shared;
+use crate::resp::Resp;
 
 pub const COMMANDS: &[Spec] = &[
     spec("expire", -3, |a| expire(a, 1000, false, "expire")),
@@ -117,8 +117,8 @@ fn ttl<'a>(args: &mut Args<'a>, millis: bool, absolute: bool) -> Result<Command<
 }
 
 impl ExpiryCommand<'_> {
-    pub fn execute(self, shared: &Shared, out: &mut Reply) -> Result<()> {
-        let cache = &shared.cache;
+    pub fn execute(self, shared: &Resp, out: &mut Reply) -> Result<()> {
+        let cache = &shared.core.cache;
         let now = cache.now_ms();
         match self {
             ExpiryCommand::Expire {

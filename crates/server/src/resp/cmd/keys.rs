@@ -8,9 +8,9 @@ use std::ops::Bound;
 use zipcache::ZipCache;
 
 use super::{Args, Command, NO_TOUCH, NOT_INTEGER, Result, SYNTAX, Spec, integer, spec};
-use crate::connection::OUTPUT_BUDGET;
+use crate::resp::Resp;
 use crate::resp::{Reply, glob};
-use crate::server::Shared;
+use crate::transport::output::OUTPUT_BUDGET;
 
 /// Default and largest `LIMIT` of `ZCRANGE`.
 const RANGE_DEFAULT_LIMIT: usize = 1000;
@@ -189,8 +189,8 @@ fn prefix_range(pattern: &[u8]) -> (Bound<Vec<u8>>, Bound<Vec<u8>>) {
 }
 
 impl KeyCommand<'_> {
-    pub fn execute(self, shared: &Shared, out: &mut Reply) -> Result<()> {
-        let cache = &shared.cache;
+    pub fn execute(self, shared: &Resp, out: &mut Reply) -> Result<()> {
+        let cache = &shared.core.cache;
         match self {
             KeyCommand::Delete { keys } => {
                 let mut deleted = 0;
@@ -329,12 +329,12 @@ fn pairs(
 /// KEYS: the keys matching `pattern` in key order. It examines at most `keys_limit`
 /// keys (those with the pattern's literal prefix), and refuses beyond that or when its
 /// reply would pass the output budget: SCAN walks any number of keys in bounded replies.
-fn keys(shared: &Shared, pattern: &[u8]) -> Result<Vec<Vec<u8>>> {
+fn keys(shared: &Resp, pattern: &[u8]) -> Result<Vec<Vec<u8>>> {
     let limit = shared.keys_limit;
     let (start, end) = prefix_range(pattern);
     let (mut examined, mut found, mut bytes) = (0, Vec::new(), 0);
     walk(
-        &shared.cache,
+        &shared.core.cache,
         start,
         end.as_ref().map(Vec::as_slice),
         limit.saturating_add(1),
@@ -364,9 +364,8 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use crate::connection::tests::{serve_in_process, shared};
-    use crate::fuzzing::{new_hybrid_engine, resp_request};
-    use crate::resp::RespSession;
+    use crate::fuzzing::{new_hybrid_engine, options, resp_request};
+    use crate::serving_tests::{resp_session, serve_in_process};
 
     /// ZCRANGE walked page by page (each from the last key of the one before) over
     /// 20,000 small objects and 24 of 256 KiB: every pair once with its value, and no
@@ -384,7 +383,7 @@ mod tests {
         let mut pages = 0;
         loop {
             let request = resp_request(&[b"ZCRANGE", &start, b"+", b"LIMIT", b"100000"]);
-            let session = RespSession::new(shared(Arc::clone(&cache)));
+            let session = resp_session(Arc::clone(&cache), &options());
             let (reply, largest) = serve_in_process(session, &request);
             assert!(
                 largest <= OUTPUT_BUDGET + (256 << 10) + 64,

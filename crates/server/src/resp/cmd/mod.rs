@@ -15,8 +15,8 @@ use std::borrow::Cow;
 use zipcache::{GetOptions, Item, PutOptions, Update, ZipCache};
 
 use super::{Client, Reply};
-use crate::prefetch::{self, Access, ReadAhead};
-use crate::server::Shared;
+use crate::resp::Resp;
+use crate::transport::prefetch::{Access, Prefetch, ReadAhead};
 
 pub const SYNTAX: &str = "ERR syntax error";
 pub const NOT_INTEGER: &str = "ERR value is not an integer or out of range";
@@ -134,15 +134,22 @@ pub fn refused(flush_all_enabled: bool) -> &'static [&'static str] {
 const NO_TOUCH: GetOptions = GetOptions { peek: true };
 
 /// Runs one request (`argv` is never empty) and writes its reply.
-pub fn execute(shared: &Shared, client: &mut Client, argv: &[&[u8]], out: &mut Reply) -> Flow {
-    let refused = refused(shared.flush_all_enabled);
-    let outcome =
-        Command::parse(argv, client.authenticated, refused, &shared.cache).and_then(|command| {
-            if prefetch::admit(&shared.cache, || command.access()) == 0 {
+pub fn execute(
+    shared: &Resp,
+    client: &mut Client,
+    argv: &[&[u8]],
+    out: &mut Reply,
+    reads: &mut Prefetch,
+) -> Flow {
+    let refused = refused(shared.core.flush_all_enabled);
+    let outcome = Command::parse(argv, client.authenticated, refused, &shared.core.cache).and_then(
+        |command| {
+            if reads.admit(&shared.core.cache, || command.access()) == 0 {
                 return Ok(Flow::Await);
             }
-            command.execute(shared, client, out)
-        });
+            command.execute(shared, client, out, reads)
+        },
+    );
     match outcome {
         Ok(flow) => flow,
         Err(ErrorReply(message)) => {
@@ -154,10 +161,15 @@ pub fn execute(shared: &Shared, client: &mut Client, argv: &[&[u8]], out: &mut R
 
 /// `Session::read_ahead` for RESP: walks past one request (`ReadAhead::pass`); false
 /// where the walk stops, and at a request that would be refused.
-pub fn read_ahead(shared: &Shared, client: &Client, argv: &[&[u8]], ahead: &mut ReadAhead) -> bool {
-    let refused = refused(shared.flush_all_enabled);
-    match Command::parse(argv, client.authenticated, refused, &shared.cache) {
-        Ok(command) => ahead.pass(&shared.cache, &command.access()),
+pub fn read_ahead(
+    shared: &Resp,
+    client: &Client,
+    argv: &[&[u8]],
+    ahead: &mut ReadAhead<'_>,
+) -> bool {
+    let refused = refused(shared.core.flush_all_enabled);
+    match Command::parse(argv, client.authenticated, refused, &shared.core.cache) {
+        Ok(command) => ahead.pass(&shared.core.cache, &command.access()),
         Err(_) => false,
     }
 }
@@ -241,9 +253,15 @@ impl<'a> Command<'a> {
         Ok(command)
     }
 
-    fn execute(self, shared: &Shared, client: &mut Client, out: &mut Reply) -> Result<Flow> {
+    fn execute(
+        self,
+        shared: &Resp,
+        client: &mut Client,
+        out: &mut Reply,
+        reads: &mut Prefetch,
+    ) -> Result<Flow> {
         match self {
-            Command::Strings(command) => return command.execute(shared, out),
+            Command::Strings(command) => return command.execute(shared, out, reads),
             Command::Keys(command) => command.execute(shared, out)?,
             Command::Expiry(command) => command.execute(shared, out)?,
             Command::Server(command) => command.execute(shared, out)?,

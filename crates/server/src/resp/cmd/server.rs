@@ -1,9 +1,9 @@
 //! Server commands: INFO, COMMAND (COUNT DOCS INFO), CONFIG (GET RESETSTAT SET).
 
 use super::{Command, Result, Spec, names, spec};
+use crate::core::stats::engine_metrics;
+use crate::resp::Resp;
 use crate::resp::{Reply, glob};
-use crate::server::Shared;
-use crate::stats::engine_metrics;
 
 /// Redis version reported to clients; tools gate features on it.
 pub const REDIS_VERSION: &str = "7.0.0";
@@ -144,7 +144,7 @@ impl<'a> From<ServerCommand<'a>> for Command<'a> {
 }
 
 impl ServerCommand<'_> {
-    pub fn execute(self, shared: &Shared, out: &mut Reply) -> Result<()> {
+    pub fn execute(self, shared: &Resp, out: &mut Reply) -> Result<()> {
         match self {
             ServerCommand::Info { sections } => out.bulk(info(shared, sections).as_bytes()),
             ServerCommand::EmptyTable => out.array(0),
@@ -153,12 +153,15 @@ impl ServerCommand<'_> {
                 let parameters = [
                     ("save", String::new()),
                     ("appendonly", "no".to_string()),
-                    ("maxmemory", shared.cache.stats().dram_capacity.to_string()),
+                    (
+                        "maxmemory",
+                        shared.core.cache.stats().dram_capacity.to_string(),
+                    ),
                     ("maxmemory-policy", "allkeys-lru".to_string()),
-                    ("maxclients", shared.info.max_connections.to_string()),
+                    ("maxclients", shared.core.info.max_connections.to_string()),
                     ("databases", "1".to_string()),
-                    ("port", shared.info.resp_port.to_string()),
-                    ("bind", shared.info.listen.to_string()),
+                    ("port", shared.core.info.resp_port.to_string()),
+                    ("bind", shared.core.info.listen.to_string()),
                 ];
                 let found: Vec<&(&str, String)> = parameters
                     .iter()
@@ -179,6 +182,7 @@ impl ServerCommand<'_> {
                 if let Some(bytes) = maxmemory {
                     // may evict: DRAM-only, down to the new budget before the reply
                     shared
+                        .core
                         .cache
                         .set_dram_capacity(bytes)
                         .map_err(|e| set_failed(b"maxmemory", &e.to_string()))?;
@@ -190,7 +194,7 @@ impl ServerCommand<'_> {
     }
 }
 
-fn info(shared: &Shared, sections: &[&[u8]]) -> String {
+fn info(shared: &Resp, sections: &[&[u8]]) -> String {
     let wanted = |name: &str| {
         sections.is_empty()
             || sections.iter().any(|s| {
@@ -200,8 +204,8 @@ fn info(shared: &Shared, sections: &[&[u8]]) -> String {
                     || s.eq_ignore_ascii_case(b"default")
             })
     };
-    let engine = shared.cache.stats();
-    let counters = shared.counters.snapshot();
+    let engine = shared.core.cache.stats();
+    let counters = shared.core.counters.snapshot();
     let counter = |name: &str| {
         counters
             .iter()
@@ -230,19 +234,19 @@ fn info(shared: &Shared, sections: &[&[u8]]) -> String {
             ("zipcache_version", env!("CARGO_PKG_VERSION").into()),
             ("redis_mode", "standalone".into()),
             ("process_id", std::process::id().to_string()),
-            ("tcp_port", shared.info.resp_port.to_string()),
+            ("tcp_port", shared.core.info.resp_port.to_string()),
             (
                 "uptime_in_seconds",
-                shared.started.elapsed().as_secs().to_string(),
+                shared.core.started.elapsed().as_secs().to_string(),
             ),
-            ("io_threads_active", shared.info.threads.to_string()),
+            ("io_threads_active", shared.core.info.threads.to_string()),
         ]),
     );
     section(
         "Clients",
         pairs(&[
             ("connected_clients", counter("curr_connections").to_string()),
-            ("maxclients", shared.info.max_connections.to_string()),
+            ("maxclients", shared.core.info.max_connections.to_string()),
         ]),
     );
     section(
@@ -252,8 +256,14 @@ fn info(shared: &Shared, sections: &[&[u8]]) -> String {
             ("used_memory_rss", engine.rss_bytes.unwrap_or(0).to_string()),
             ("maxmemory", engine.dram_capacity.to_string()),
             ("maxmemory_policy", "allkeys-lru".into()),
-            ("mem_clients_normal", shared.buffers.buffered().to_string()),
-            ("maxmemory_clients", shared.buffers.limit().to_string()),
+            (
+                "mem_clients_normal",
+                shared.transport.buffers.buffered().to_string(),
+            ),
+            (
+                "maxmemory_clients",
+                shared.transport.buffers.limit().to_string(),
+            ),
         ]),
     );
     section(

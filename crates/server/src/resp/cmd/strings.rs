@@ -11,11 +11,11 @@ use super::{
     Args, Command, ErrorReply, Flow, NO_TOUCH, NOT_INTEGER, NewExpiry, Result, SYNTAX, Spec,
     expiry_ms, integer, invalid_expire, rewrite, spec, store,
 };
-use crate::connection::{Step, within_budget};
-use crate::prefetch::{self, Access};
+use crate::core::stats::Counters;
+use crate::resp::Resp;
 use crate::resp::{Reply, parse};
-use crate::server::Shared;
-use crate::stats::Counters;
+use crate::transport::connection::Step;
+use crate::transport::prefetch::{Access, Prefetch};
 
 const NOT_FLOAT: &str = "ERR value is not a valid float";
 const TOO_LONG: &str = "ERR string exceeds maximum allowed size (proto-max-bulk-len)";
@@ -295,7 +295,7 @@ fn float_text(value: f64) -> String {
     if text == "-0" { "0".into() } else { text }
 }
 
-/// The bulk of `item`'s value, the value by reference (`prefetch::append_value`); nil
+/// The bulk of `item`'s value, the value by reference (`Output::append_value`); nil
 /// for none.
 fn item_bulk(out: &mut Reply, item: Option<&Arc<Item>>) {
     let Some(item) = item else {
@@ -303,11 +303,11 @@ fn item_bulk(out: &mut Reply, item: Option<&Arc<Item>>) {
     };
     out.buf
         .extend_from_slice(format!("${}\r\n", item.value.len()).as_bytes());
-    prefetch::append_value(out.buf, item);
+    out.buf.append_value(item);
     out.buf.extend_from_slice(b"\r\n");
 }
 
-/// Keys one step of an MGET offers its admission (`prefetch::admit`): no more than it can
+/// Keys one step of an MGET offers its admission (`Prefetch::admit`): no more than it can
 /// use, so that a step of an MGET of many keys costs what it runs.
 const ADMITTED_KEYS: usize = 2048;
 
@@ -371,13 +371,14 @@ impl MultiGet {
     /// in `resume` where it stopped, unless its reply is complete.
     pub fn run(
         mut self,
-        shared: &Shared,
+        shared: &Resp,
         input: &[u8],
         out: &mut Reply,
+        reads: &mut Prefetch,
         resume: &mut Option<MultiGet>,
     ) -> Step {
         let (window, after) = self.window(input);
-        let admitted = prefetch::admit(&shared.cache, || {
+        let admitted = reads.admit(&shared.core.cache, || {
             let keys = window.iter().map(|(_, key)| key.as_ref()).collect();
             Access::Reads(keys, GetOptions::default())
         });
@@ -386,21 +387,21 @@ impl MultiGet {
             return Step::Await(self.len);
         }
         for (n, (at, key)) in window.iter().enumerate() {
-            if n == admitted || !within_budget(out.buf) {
+            if n == admitted || !out.buf.within_budget() {
                 self.next = *at;
                 *resume = Some(self);
                 return Step::Partial;
             }
-            Counters::bump(&shared.counters.cmd_get);
+            Counters::bump(&shared.core.counters.cmd_get);
             // may do I/O: a synchronous SSD read when nothing was prefetched
-            match prefetch::get_shared(&shared.cache, key, GetOptions::default()) {
+            match reads.get_shared(&shared.core.cache, key, GetOptions::default()) {
                 Ok(item) => {
-                    shared.counters.hit_or_miss(item.is_some());
+                    shared.core.counters.hit_or_miss(item.is_some());
                     item_bulk(out, item.as_ref());
                 }
                 // A key no value can be stored under: as Redis, which has no such keys.
                 Err(zipcache::Error::EmptyKey | zipcache::Error::KeyTooLarge { .. }) => {
-                    shared.counters.hit_or_miss(false);
+                    shared.core.counters.hit_or_miss(false);
                     out.nil();
                 }
                 // The array's length is out: a short reply and a closed connection
@@ -419,13 +420,13 @@ impl MultiGet {
 }
 
 impl StringCommand<'_> {
-    pub fn execute(self, shared: &Shared, out: &mut Reply) -> Result<Flow> {
-        let cache = &shared.cache;
+    pub fn execute(self, shared: &Resp, out: &mut Reply, reads: &mut Prefetch) -> Result<Flow> {
+        let cache = &shared.core.cache;
         match self {
             StringCommand::Get { key } => {
-                Counters::bump(&shared.counters.cmd_get);
-                let item = prefetch::get_shared(cache, key, GetOptions::default())?;
-                shared.counters.hit_or_miss(item.is_some());
+                Counters::bump(&shared.core.counters.cmd_get);
+                let item = reads.get_shared(cache, key, GetOptions::default())?;
+                shared.core.counters.hit_or_miss(item.is_some());
                 item_bulk(out, item.as_ref());
             }
             StringCommand::Set {
@@ -434,7 +435,7 @@ impl StringCommand<'_> {
                 options,
             } => set(shared, key, value, options, out)?,
             StringCommand::SetNx { key, value } => {
-                Counters::bump(&shared.counters.cmd_set);
+                Counters::bump(&shared.core.counters.cmd_set);
                 let (stored, _) = cache.update(key, |current| match current {
                     Some(_) => (Update::Keep, false),
                     None => (store(value.to_vec(), None, 0), true),
@@ -442,7 +443,7 @@ impl StringCommand<'_> {
                 out.integer(stored as i64);
             }
             StringCommand::SetExpiring { key, value, at } => {
-                Counters::bump(&shared.counters.cmd_set);
+                Counters::bump(&shared.core.counters.cmd_set);
                 let options = zipcache::PutOptions {
                     expires_at_ms: Some(at),
                     ..Default::default()
@@ -461,13 +462,13 @@ impl StringCommand<'_> {
                 out.maybe_bulk(old.as_deref());
             }
             StringCommand::GetEx { key, expiry } => {
-                Counters::bump(&shared.counters.cmd_get);
+                Counters::bump(&shared.core.counters.cmd_get);
                 let value = if expiry == NewExpiry::Keep {
                     cache.get(key)?
                 } else {
                     getex(shared, key, expiry)?
                 };
-                shared.counters.hit_or_miss(value.is_some());
+                shared.core.counters.hit_or_miss(value.is_some());
                 out.maybe_bulk(value.as_deref());
             }
             StringCommand::Append { key, suffix } => {
@@ -500,7 +501,7 @@ impl StringCommand<'_> {
                     }
                 }
                 for pair in pairs.chunks_exact(2) {
-                    Counters::bump(&shared.counters.cmd_set);
+                    Counters::bump(&shared.core.counters.cmd_set);
                     cache.put_with(pair[0], pair[1], Default::default())?;
                 }
                 if only_new {
@@ -546,23 +547,23 @@ impl StringCommand<'_> {
 }
 
 fn set(
-    shared: &Shared,
+    shared: &Resp,
     key: &[u8],
     value: &[u8],
     options: StringOptions,
     out: &mut Reply,
 ) -> Result<()> {
-    Counters::bump(&shared.counters.cmd_set);
+    Counters::bump(&shared.core.counters.cmd_set);
     if options.condition == Condition::Always && !options.get && options.expiry != NewExpiry::Keep {
         let options = zipcache::PutOptions {
             expires_at_ms: options.expiry.resolve(None),
             ..Default::default()
         };
-        shared.cache.put_with(key, value, options)?;
+        shared.core.cache.put_with(key, value, options)?;
         out.simple("OK");
         return Ok(());
     }
-    let ((stored, old), _) = shared.cache.update(key, |current| {
+    let ((stored, old), _) = shared.core.cache.update(key, |current| {
         let allowed = match options.condition {
             Condition::Always => true,
             Condition::IfMissing => current.is_none(),
@@ -584,9 +585,9 @@ fn set(
 }
 
 /// GETEX with an option: the value, re-dated (an expiry already past deletes the key).
-fn getex(shared: &Shared, key: &[u8], expiry: NewExpiry) -> Result<Option<Vec<u8>>> {
-    let now = shared.cache.now_ms();
-    let (value, _) = shared.cache.update(key, |current| {
+fn getex(shared: &Resp, key: &[u8], expiry: NewExpiry) -> Result<Option<Vec<u8>>> {
+    let now = shared.core.cache.now_ms();
+    let (value, _) = shared.core.cache.update(key, |current| {
         let Some(item) = current else {
             return (Update::Keep, None);
         };
@@ -603,11 +604,11 @@ fn getex(shared: &Shared, key: &[u8], expiry: NewExpiry) -> Result<Option<Vec<u8
 /// INCRBY / INCRBYFLOAT: `next` turns the old value (if any) into the new one, stored as
 /// text with the key's expiry kept.
 fn counter<T: ToString>(
-    shared: &Shared,
+    shared: &Resp,
     key: &[u8],
     next: impl FnOnce(Option<&[u8]>) -> Result<T>,
 ) -> Result<T> {
-    let (result, _) = shared.cache.update(key, |current| {
+    let (result, _) = shared.core.cache.update(key, |current| {
         match next(current.map(|i| i.value.as_slice())) {
             Ok(value) => (rewrite(current, value.to_string().into_bytes()), Ok(value)),
             Err(error) => (Update::Keep, Err(error)),
@@ -637,15 +638,15 @@ fn substring(value: &[u8], start: i64, end: i64) -> &[u8] {
 }
 
 /// SETRANGE: overwrites from `offset`, zero-padding a shorter value; the new length.
-fn setrange(shared: &Shared, key: &[u8], offset: usize, value: &[u8]) -> Result<usize> {
+fn setrange(shared: &Resp, key: &[u8], offset: usize, value: &[u8]) -> Result<usize> {
     if value.is_empty() {
-        return Ok(shared.cache.get(key)?.map_or(0, |v| v.len()));
+        return Ok(shared.core.cache.get(key)?.map_or(0, |v| v.len()));
     }
     let end = offset
         .checked_add(value.len())
-        .filter(|&end| end <= shared.max_value)
+        .filter(|&end| end <= shared.core.max_value)
         .ok_or(TOO_LONG)?;
-    let (len, _) = shared.cache.update(key, |current| {
+    let (len, _) = shared.core.cache.update(key, |current| {
         let mut new = current.map_or_else(Vec::new, |i| i.value.clone());
         if new.len() < end {
             new.resize(end, 0);

@@ -9,7 +9,6 @@
 //! once its queue is full, events are dropped for it and counted, and it is told
 //! `skipped=N` when there is room again, as memcached does.
 
-use std::cell::Cell;
 use std::collections::VecDeque;
 use std::fmt::Write as _;
 use std::io::Write as _;
@@ -21,7 +20,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{Notify, watch};
 
-use crate::connection::Transport;
+use crate::transport::connection::{Stream, Takeover};
 
 /// Events queued for one watcher before further ones are skipped: with memcached's
 /// longest keys (250 bytes, 750 URI-encoded) about 1 MiB of lines per watcher.
@@ -440,7 +439,7 @@ impl Watcher {
     /// Writes the watcher's lines to `stream` as they come, until the client hangs up,
     /// a write fails, or the server shuts down. What the client sends is discarded, as
     /// memcached does: a watcher connection stays a watcher.
-    pub async fn stream<T: Transport>(self, mut stream: T, mut shutdown: watch::Receiver<bool>) {
+    pub async fn stream<T: Stream>(self, mut stream: T, mut shutdown: watch::Receiver<bool>) {
         let mut sink = vec![0u8; 1024];
         let mut out = Vec::new();
         loop {
@@ -469,21 +468,15 @@ impl Watcher {
     }
 }
 
-thread_local! {
-    /// The connection whose request this thread is executing (its `cfd=`): set by the
-    /// session around each request, so the command code logs it without passing it
-    /// through every call.
-    static CURRENT_CONNECTION: Cell<u64> = const { Cell::new(0) };
-}
-
-/// The connection executing on this thread.
-pub fn current_connection() -> u64 {
-    CURRENT_CONNECTION.with(Cell::get)
-}
-
-/// Marks `conn` as the connection executing on this thread.
-pub fn set_current_connection(conn: u64) {
-    CURRENT_CONNECTION.with(|c| c.set(conn));
+/// A `watch` connection streams log lines and nothing else.
+impl Takeover for Watcher {
+    fn run<S: Stream>(
+        self,
+        stream: S,
+        shutdown: watch::Receiver<bool>,
+    ) -> impl Future<Output = ()> + Send {
+        self.stream(stream, shutdown)
+    }
 }
 
 #[cfg(test)]

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 
-use crate::auth::{Password, constant_time_eq};
+use super::auth::{Password, constant_time_eq};
 
 /// The user a `--requirepass` password belongs to, on every protocol (Redis's name).
 pub const DEFAULT_USER: &[u8] = b"default";

@@ -3,7 +3,7 @@
 //! The files are read again on SIGHUP and on memcached's `refresh_certs` ([`Tls::reload`]),
 //! so certificates are rotated without a restart.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
@@ -13,14 +13,7 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::WebPkiClientVerifier;
 use tokio_rustls::TlsAcceptor;
 
-/// The PEM files TLS is configured from.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct TlsFiles {
-    pub cert: PathBuf,
-    pub key: PathBuf,
-    /// Clients must present a certificate this CA signed.
-    pub ca: Option<PathBuf>,
-}
+use crate::core::TlsFiles;
 
 fn certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
     let certificates = CertificateDer::pem_file_iter(path)

@@ -1,0 +1,75 @@
+//! The protocol-neutral core of the server: the engine handle, the options, the counters
+//! and the access policy — what every protocol and the transport read, and what imports
+//! nothing of theirs.
+
+pub mod access;
+pub mod auth;
+mod options;
+pub mod stats;
+
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+use tokio::sync::Notify;
+use zipcache::ZipCache;
+
+pub use options::{FIRST_REQUEST_TIMEOUT, REQUEST_LINE_MAX, Runtime, ServerOptions, TlsFiles};
+
+use access::AccessPolicy;
+use stats::Counters;
+
+/// Facts about the running server that `stats settings`, INFO and CONFIG GET report.
+#[derive(Clone, Debug)]
+pub struct ServerInfo {
+    pub listen: IpAddr,
+    pub memcached_port: u16,
+    pub resp_port: u16,
+    pub threads: usize,
+    pub max_connections: usize,
+}
+
+impl ServerInfo {
+    /// A session outside a listening server (fuzzing, property tests).
+    pub fn detached() -> ServerInfo {
+        ServerInfo {
+            listen: IpAddr::from([127, 0, 0, 1]),
+            memcached_port: 0,
+            resp_port: 0,
+            threads: 1,
+            max_connections: 1,
+        }
+    }
+}
+
+/// What every connection of every protocol and thread shares.
+pub struct Core {
+    pub cache: Arc<ZipCache>,
+    pub counters: Counters,
+    pub info: ServerInfo,
+    pub max_value: usize,
+    /// Who may use the server, on every port.
+    pub access: AccessPolicy,
+    pub started: Instant,
+    /// False answers memcached's `flush_all` and RESP's `FLUSHALL` with a refusal.
+    pub flush_all_enabled: bool,
+    pub shutdown_enabled: bool,
+    /// A client's `shutdown`: whoever runs the server (`run`) waits on it as on a signal.
+    pub shutdown_requested: Arc<Notify>,
+}
+
+impl Core {
+    pub fn new(cache: Arc<ZipCache>, info: ServerInfo, options: &ServerOptions) -> Core {
+        Core {
+            cache,
+            counters: Counters::default(),
+            info,
+            max_value: options.max_value_size,
+            access: AccessPolicy::new(options.requirepass.clone(), options.users.clone()),
+            started: Instant::now(),
+            flush_all_enabled: options.flush_all_enabled,
+            shutdown_enabled: options.shutdown_enabled,
+            shutdown_requested: Arc::new(Notify::new()),
+        }
+    }
+}

@@ -1,0 +1,455 @@
+//! SSD reads in flight while the runtime thread serves other connections.
+//!
+//! Sessions execute requests synchronously (`Session::step`). Before a request runs, its
+//! session tells [`Prefetch::admit`] what it does to the store ([`Access`]). A plain read names
+//! the keys it will read: each GET begins through `ZipCache::get_item_async`; DRAM and
+//! BT_LO answer at once, an SSD read goes in flight. If any is in flight the step returns
+//! `Step::Await` without executing anything; the connection task writes the replies so
+//! far and awaits the oldest read ([`Prefetch::settle`]; its thread meanwhile serves
+//! other connections), then runs the step again, and the command takes its answers from
+//! here through [`Prefetch::get_item`], which matches them by key and by how the GET reads
+//! (`GetOptions`: a peek leaves the access state a GET marks, so one cannot stand in for
+//! the other).
+//!
+//! Before awaiting, the reads pipelined behind it start too ([`ReadAhead`]), so that a
+//! pipeline's reads are in flight together — also past writes of other keys (a
+//! look-aside client pipelines the SETs that fill its misses between its GETs): a
+//! read-ahead stops only at a request whose keys it cannot name, or at a read of a key
+//! that a request before it may change. Each reply goes out once its own reads are in,
+//! not when the pipeline's last read is; the requests behind are walked once
+//! ([`Prefetch::walk_once`]), not at every await.
+//!
+//! Owner: each connection task holds its `Prefetch` and hands it to every request it runs
+//! (`Session::step`'s `reads`), synchronously: no other connection's request can run in
+//! between, so no answer crosses connections. An answer is taken by the GET that uses it;
+//! a request that may change keys drops their answers before it runs, one whose keys are
+//! unknown drops them all, and so does the connection once it has run every complete
+//! request ([`Prefetch::clear`]). A request is answered with what the store held at some
+//! moment after it arrived and before its reply.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
+
+use foldhash::fast::RandomState;
+use zipcache::{AsyncGet, GetOptions, Item, ZipCache};
+
+/// SSD reads one connection may have in flight: a request naming more keys runs as far
+/// as its answers allow, awaits, and resumes (`Step::Partial`).
+const MAX_READS: usize = 64;
+/// Answers one connection may hold, and their bytes (keys and values): an answer may be
+/// a 1 MiB item. The front request's next key is always read, so it can always progress.
+const MAX_ANSWERS: usize = 1024;
+const MAX_ANSWER_BYTES: usize = 1 << 20;
+/// Keys past the answered ones a request's admission looks at, starting their reads: it
+/// bounds the work of each step of a request naming many keys.
+const LOOK_AHEAD: usize = MAX_READS;
+
+/// A GET as a prefetched answer is matched to it.
+type Get = (Vec<u8>, GetOptions);
+type Answer = zipcache::Result<Option<Item>>;
+
+enum Fetch {
+    Reading(AsyncGet),
+    Answered(Answer),
+}
+
+/// The bytes an answer holds.
+fn answer_bytes(key: &[u8], answer: &Answer) -> usize {
+    key.len()
+        + answer
+            .as_ref()
+            .ok()
+            .and_then(Option::as_ref)
+            .map_or(0, |i| i.value.len())
+}
+
+/// The GETs started for the requests at the front of one connection's input.
+#[derive(Default)]
+pub struct Prefetch {
+    /// Every GET started and not yet taken, by key, then by how it reads (a key is read
+    /// at most twice: plainly and as a peek).
+    fetches: HashMap<Vec<u8>, Vec<(GetOptions, Fetch)>, RandomState>,
+    /// The GETs in flight, in the order they started (the front request's first).
+    reading: VecDeque<Get>,
+    answers: usize,
+    answer_bytes: usize,
+    /// The GETs the request at the front was admitted with (`admit`): what it leaves of
+    /// them is dropped once it ends ([`request_done`]), however it ends.
+    front: Vec<Get>,
+    /// Bytes of input, from the front request on, that the last read-ahead walked: while
+    /// the front lies within them, walking again would only find what was started.
+    walked: usize,
+    /// The last hit a GET took ([`Prefetch::get_shared`]): the same GET repeated answers
+    /// from it.
+    held: Option<(Get, Arc<Item>)>,
+}
+
+impl Prefetch {
+    /// Awaits the oldest read in flight (the front request's come first), then moves every
+    /// read that has completed meanwhile to the ready answers: the connection then runs
+    /// as far as its answers allow and writes those replies while later reads are still
+    /// in flight, rather than holding every reply until the slowest read of the pipeline.
+    pub async fn settle(&mut self) {
+        let Some((key, options)) = self.reading.pop_front() else {
+            return;
+        };
+        if let Some(Fetch::Reading(read)) = self.fetch_mut(&key, options) {
+            let answer = read.await;
+            self.answer(&key, options, answer);
+        }
+        let mut polled = Context::from_waker(Waker::noop());
+        for (key, options) in std::mem::take(&mut self.reading) {
+            let Some(Fetch::Reading(read)) = self.fetch_mut(&key, options) else {
+                continue;
+            };
+            match Pin::new(read).poll(&mut polled) {
+                Poll::Ready(answer) => self.answer(&key, options, answer),
+                Poll::Pending => self.reading.push_back((key, options)),
+            }
+        }
+    }
+
+    /// Drops every answer and read in flight (a dropped read completes unobserved).
+    pub fn clear(&mut self) {
+        *self = Prefetch::default();
+    }
+
+    fn fetch_mut(&mut self, key: &[u8], options: GetOptions) -> Option<&mut Fetch> {
+        let fetches = self.fetches.get_mut(key)?;
+        let (_, fetch) = fetches.iter_mut().find(|(o, _)| *o == options)?;
+        Some(fetch)
+    }
+
+    fn fetch(&self, key: &[u8], options: GetOptions) -> Option<&Fetch> {
+        let fetches = self.fetches.get(key)?;
+        fetches.iter().find(|(o, _)| *o == options).map(|(_, f)| f)
+    }
+
+    fn answered(&self, key: &[u8], options: GetOptions) -> bool {
+        matches!(self.fetch(key, options), Some(Fetch::Answered(_)))
+    }
+
+    /// Records the answer of a read in flight (its place in `reading` is the caller's).
+    fn answer(&mut self, key: &[u8], options: GetOptions, answer: Answer) {
+        self.answers += 1;
+        self.answer_bytes += answer_bytes(key, &answer);
+        if let Some(fetch) = self.fetch_mut(key, options) {
+            *fetch = Fetch::Answered(answer);
+        }
+    }
+
+    /// No room for another read or answer.
+    fn full(&self) -> bool {
+        self.reading.len() >= MAX_READS
+            || self.answers >= MAX_ANSWERS
+            || self.answer_bytes >= MAX_ANSWER_BYTES
+    }
+
+    /// Starts a GET of `key` (as `options` say).
+    fn begin(&mut self, cache: &ZipCache, key: &[u8], options: GetOptions) {
+        // may do I/O: an SSD read goes in flight
+        let mut read = cache.get_item_async(key, options);
+        let fetch = match read.take_ready() {
+            Some(answer) => {
+                self.answers += 1;
+                self.answer_bytes += answer_bytes(key, &answer);
+                Fetch::Answered(answer)
+            }
+            None => {
+                self.reading.push_back((key.to_vec(), options));
+                Fetch::Reading(read)
+            }
+        };
+        self.fetches
+            .entry(key.to_vec())
+            .or_default()
+            .push((options, fetch));
+    }
+
+    /// Starts, in order, GETs (as `options` say) of `keys` not yet started, as far as
+    /// the caps allow, and returns how many of them, from the first, are answered — a key
+    /// repeated among those counts once, as its answer is taken once. `front`: the
+    /// request at the front, admitted with those answers (it drops what it leaves of them
+    /// when it ends), whose first key starts even past the caps.
+    fn start(
+        &mut self,
+        cache: &ZipCache,
+        keys: &[&[u8]],
+        options: GetOptions,
+        front: bool,
+    ) -> usize {
+        let mut ready = HashSet::with_hasher(RandomState::default());
+        let (mut held, mut past_ready) = (0, 0);
+        for &key in keys {
+            // The held hit answers a run of its key from the front, read once however
+            // often it is named (one item held: another key between would replace it).
+            if ready.is_empty() && past_ready == 0 && self.holds(key, options) {
+                held += 1;
+                continue;
+            }
+            let first = front && ready.is_empty() && past_ready == 0;
+            if self.fetch(key, options).is_none() {
+                if self.full() && !first {
+                    break;
+                }
+                self.begin(cache, key, options);
+            }
+            if past_ready == 0 && self.answered(key, options) && ready.insert(key) {
+                continue;
+            }
+            past_ready += 1;
+            if past_ready > LOOK_AHEAD || self.full() {
+                break;
+            }
+        }
+        if front {
+            self.front = ready.iter().map(|key| (key.to_vec(), options)).collect();
+        }
+        held + ready.len()
+    }
+
+    fn holds(&self, key: &[u8], options: GetOptions) -> bool {
+        self.held_hit(key, options).is_some()
+    }
+
+    fn held_hit(&self, key: &[u8], options: GetOptions) -> Option<Arc<Item>> {
+        let ((held, o), item) = self.held.as_ref()?;
+        (held == key && *o == options).then(|| item.clone())
+    }
+
+    /// Takes the answer of a GET, if one is ready.
+    fn take(&mut self, key: &[u8], options: GetOptions) -> Option<Answer> {
+        let fetches = self.fetches.get_mut(key)?;
+        let at = fetches
+            .iter()
+            .position(|(o, f)| *o == options && matches!(f, Fetch::Answered(_)))?;
+        let (_, Fetch::Answered(answer)) = fetches.swap_remove(at) else {
+            unreachable!("the position of an answer");
+        };
+        if fetches.is_empty() {
+            self.fetches.remove(key);
+        }
+        self.answers -= 1;
+        self.answer_bytes -= answer_bytes(key, &answer);
+        Some(answer)
+    }
+
+    /// Drops the answers and reads of `keys` (a dropped read completes unobserved).
+    fn forget<'k>(&mut self, keys: impl IntoIterator<Item = &'k [u8]>) {
+        let mut dropped_a_read = false;
+        for key in keys {
+            for (_, fetch) in self.fetches.remove(key).unwrap_or_default() {
+                match fetch {
+                    Fetch::Answered(answer) => {
+                        self.answers -= 1;
+                        self.answer_bytes -= answer_bytes(key, &answer);
+                    }
+                    Fetch::Reading(_) => dropped_a_read = true,
+                }
+            }
+        }
+        if dropped_a_read {
+            let fetches = &self.fetches;
+            self.reading.retain(|(key, options)| {
+                fetches
+                    .get(key)
+                    .is_some_and(|f| f.iter().any(|(o, _)| o == options))
+            });
+        }
+    }
+
+    /// At an await of the front request: `walk` (which walks the requests behind the
+    /// front and returns how many bytes from the front on it passed) runs unless the
+    /// front still lies within the last walk, whose reads are started already.
+    pub fn walk_once(&mut self, walk: impl FnOnce(&mut ReadAhead<'_>) -> usize) {
+        if self.walked > 0 {
+            return;
+        }
+        let mut ahead = ReadAhead {
+            changed: HashSet::default(),
+            reads: self,
+        };
+        let walked = walk(&mut ahead);
+        self.walked = walked;
+    }
+
+    /// The request at the front of the input ended (replied, refused or failed, spanning
+    /// `len` bytes; 0 when the connection closes): the answers it was admitted with and
+    /// did not take are dropped — whatever it did, a later request reads afresh — and
+    /// the front moves on past it. Every request ends here (`connection::process`), so
+    /// no early return of its own can leave an answer behind.
+    pub fn request_done(&mut self, len: usize) {
+        let front = std::mem::take(&mut self.front);
+        self.forget(front.iter().map(|(key, _)| &key[..]));
+        self.walked = self.walked.saturating_sub(len);
+    }
+
+    /// Lets the request at the front of a connection's input run, and returns how many
+    /// of its keys, from the first, it may read now (every request that does not only
+    /// read: all). A read's GETs start, as far as the caps allow; 0 while its first key
+    /// is in flight (the caller returns `Step::Await`). A change drops the answers of its
+    /// keys, a barrier every answer. Without an SSD tier, all at once, and the command
+    /// reads as it runs: `access` is asked for only with an SSD tier, so DRAM-only a
+    /// request's keys are not even collected.
+    pub fn admit<'k>(&mut self, cache: &ZipCache, access: impl FnOnce() -> Access<'k>) -> usize {
+        // DRAM-only, every GET answers at once: nothing to start, copy or keep.
+        if !cache.has_ssd_tier() {
+            return usize::MAX;
+        }
+        match access() {
+            Access::Reads(keys, options) => self.start(cache, &keys, options, true),
+            Access::Changes(keys) => {
+                self.forget(keys.iter().copied());
+                if let Some(((held, _), _)) = &self.held
+                    && keys.contains(&&held[..])
+                {
+                    self.held = None;
+                }
+                usize::MAX
+            }
+            Access::Barrier => {
+                self.clear();
+                usize::MAX
+            }
+        }
+    }
+
+    /// What a GET of `key` answers: the hit held ([`Prefetch::get_shared`]; a copy), the
+    /// prefetched answer (taken, so a key repeated in one command reads again), or the
+    /// engine's, read now. The held hit comes first because admission counts it as an
+    /// answer.
+    pub fn get_item(
+        &mut self,
+        cache: &ZipCache,
+        key: &[u8],
+        options: GetOptions,
+    ) -> zipcache::Result<Option<Item>> {
+        if let Some(item) = self.held_hit(key, options) {
+            return Ok(Some(Item::clone(&item)));
+        }
+        match self.take(key, options) {
+            Some(answer) => answer,
+            // may do I/O: a synchronous SSD read when nothing was prefetched
+            None => cache.get_item(key, options),
+        }
+    }
+
+    /// What a GET of `key` answers, as [`Prefetch::get_item`], shared: with an SSD tier
+    /// the connection holds the last hit it took (one item), and the same GET repeated —
+    /// `get big big …`, an MGET naming one key 1,500 times, a pipeline of `GET big` —
+    /// answers from it rather than reading the value (and allocating a copy) again. A
+    /// change of the key or a barrier drops it, as they drop answers read ahead, and so
+    /// does the end of the input read together ([`Prefetch::clear`]): the requests it
+    /// answers were read before it was. DRAM-only, `admit` sees no changes, so nothing is
+    /// held.
+    pub fn get_shared(
+        &mut self,
+        cache: &ZipCache,
+        key: &[u8],
+        options: GetOptions,
+    ) -> zipcache::Result<Option<Arc<Item>>> {
+        if let Some(item) = self.held_hit(key, options) {
+            return Ok(Some(item));
+        }
+        // may do I/O: a synchronous SSD read when nothing was prefetched
+        let item = self.get_item(cache, key, options)?.map(Arc::new);
+        if let Some(item) = item.as_ref().filter(|_| cache.has_ssd_tier()) {
+            self.held = Some(((key.to_vec(), options), item.clone()));
+        }
+        Ok(item)
+    }
+}
+
+/// What a request does to the store, as far as answers read ahead of it are concerned.
+#[derive(Debug, PartialEq)]
+pub enum Access<'k> {
+    /// Only reads these keys (at least one), as `options` say: their GETs may start
+    /// ahead of it.
+    Reads(Vec<&'k [u8]>, GetOptions),
+    /// May change these keys (maybe none: `mn`, an error reply) and no other.
+    Changes(Vec<&'k [u8]>),
+    /// Anything else (a flush, `stats`, an operator command): what it touches is unknown.
+    Barrier,
+}
+
+/// The requests pipelined behind one that awaits the SSD, walked in order while their
+/// reads start (`Session::read_ahead`, within [`Prefetch::walk_once`]).
+pub struct ReadAhead<'r> {
+    /// Keys a request walked past may change: a later read of one must see the change,
+    /// so it cannot start now.
+    changed: HashSet<Vec<u8>, RandomState>,
+    reads: &'r mut Prefetch,
+}
+
+impl ReadAhead<'_> {
+    /// Walks past one request: starts its reads, or remembers what it changes. False
+    /// where the walk stops (a barrier, a read of a key changed before it, or no room
+    /// for more reads).
+    pub fn pass(&mut self, cache: &ZipCache, access: &Access<'_>) -> bool {
+        match access {
+            Access::Reads(keys, options) => {
+                if keys.iter().any(|key| self.changed.contains(*key)) {
+                    return false;
+                }
+                self.reads.start(cache, keys, *options, false);
+                !self.reads.full()
+            }
+            Access::Changes(keys) => {
+                self.changed.extend(keys.iter().map(|key| key.to_vec()));
+                true
+            }
+            Access::Barrier => false,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use zipcache::Config;
+
+    use super::*;
+
+    /// The walk past pipelined requests: reads start, changes are remembered, and it stops
+    /// at a read of a changed key or at a barrier.
+    #[test]
+    fn a_read_ahead_walks_past_changes_of_other_keys_only() {
+        let cache = ZipCache::open(Config::default()).unwrap();
+        let plain = GetOptions::default();
+        let mut reads = Prefetch::default();
+        let mut walk = ReadAhead {
+            changed: HashSet::default(),
+            reads: &mut reads,
+        };
+        assert!(walk.pass(&cache, &Access::Reads(vec![b"a"], plain)));
+        assert!(walk.pass(&cache, &Access::Changes(vec![b"b", b"c"])));
+        assert!(walk.pass(&cache, &Access::Changes(Vec::new())));
+        assert!(walk.pass(&cache, &Access::Reads(vec![b"a", b"d"], plain)));
+        assert!(!walk.pass(&cache, &Access::Reads(vec![b"d", b"c"], plain)));
+        assert!(!walk.pass(&cache, &Access::Reads(vec![b"b"], plain)));
+        let mut walk = ReadAhead {
+            changed: HashSet::default(),
+            reads: &mut reads,
+        };
+        assert!(!walk.pass(&cache, &Access::Barrier));
+    }
+
+    /// A change drops the answers of its own keys only, a barrier all of them.
+    #[test]
+    fn a_change_forgets_only_its_keys() {
+        let cache = ZipCache::open(Config::default()).unwrap();
+        cache.put(b"a", b"1", None).unwrap();
+        cache.put(b"b", b"2", None).unwrap();
+        let plain = GetOptions::default();
+        let mut prefetch = Prefetch::default();
+        assert_eq!(prefetch.start(&cache, &[b"a", b"b"], plain, false), 2);
+        prefetch.forget([&b"b"[..], b"z"]);
+        assert!(prefetch.answered(b"a", plain));
+        assert!(!prefetch.answered(b"b", plain));
+        assert!(!prefetch.answered(b"a", GetOptions { peek: true }));
+        prefetch.clear();
+        assert!(!prefetch.answered(b"a", plain));
+    }
+}
