@@ -9,16 +9,17 @@ use std::cell::RefCell;
 
 /// Compresses a whole logical page into one LZ4 block.
 pub fn compress_page(page: &[u8]) -> Box<[u8]> {
-    compress_behind(&[], page)
+    compress_behind(&[], page).into_boxed_slice()
 }
 
-/// `header` as it is, then `page` compressed into one LZ4 block, in one allocation.
-pub fn compress_behind(header: &[u8], page: &[u8]) -> Box<[u8]> {
+/// `header` as it is, then `page` compressed into one LZ4 block, in a buffer of LZ4's
+/// worst-case bound (the caller copies it to where it stays).
+pub fn compress_behind(header: &[u8], page: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(header.len() + lzzzz::lz4::max_compressed_size(page.len()));
     out.extend_from_slice(header);
     // Compressing into a buffer of the worst-case bound cannot fail.
     let _ = lzzzz::lz4::compress_to_vec(page, &mut out, lzzzz::lz4::ACC_LEVEL_DEFAULT);
-    out.into_boxed_slice()
+    out
 }
 
 /// Decompresses the first `prefix` bytes of a page of `page_size` bytes into `out`.

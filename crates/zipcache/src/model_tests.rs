@@ -528,6 +528,9 @@ impl Harness {
             Op::Maintain => {
                 self.cache.inner.dram.bypass_pass();
                 self.cache.inner.dram.merge_all(self.clock.now_ms());
+                // Compaction forced: every page and blob not in a page its thread
+                // allocates from moves.
+                self.cache.inner.dram.defragment(100);
             }
         }
     }

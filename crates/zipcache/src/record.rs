@@ -364,7 +364,7 @@ pub fn stored_len(value: &[u8], dictionary: Option<&Dictionary>) -> usize {
 /// bits := the record kind's metadata bits; bits 0-1 the codec (0 LZ4, 1 zstd with the
 ///         dictionary named next), bit 6 stored as is
 /// ```
-pub fn encode_blob(value: &[u8], meta: &Meta, dictionary: Option<&Dictionary>) -> Box<[u8]> {
+pub fn encode_blob(value: &[u8], meta: &Meta, dictionary: Option<&Dictionary>) -> Vec<u8> {
     let stored = Stored::of(value, dictionary);
     let data = stored.data(value);
     let mut out = Vec::with_capacity(data.len() + 2 + MAX_METADATA + MAX_VARINT);
@@ -376,7 +376,7 @@ pub fn encode_blob(value: &[u8], meta: &Meta, dictionary: Option<&Dictionary>) -
     meta.encode(&mut out, CasBase::default());
     put_varint(&mut out, value.len() as u64);
     out.extend_from_slice(data);
-    out.into_boxed_slice()
+    out
 }
 
 /// A blob's header: codec bits, dictionary id (0 for none), metadata, value length,

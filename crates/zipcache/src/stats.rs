@@ -33,6 +33,14 @@ pub struct Stats {
     /// Bytes of `dram_capacity` withheld from the cache because RSS was above the
     /// `rss_limit` setting (allocator overhead the engine's count cannot see).
     pub dram_withheld_bytes: u64,
+    /// RSS beyond `dram_used` and the RSS the process had when the engine opened: what
+    /// the allocator holds around the engine's blocks (size-class rounding, part-used
+    /// pages) and whatever else the process allocated since (connection buffers).
+    /// 0 where /proc cannot tell.
+    pub dram_fragmentation_bytes: u64,
+    /// Bytes of leaf pages and blobs moved out of sparsely used allocator pages, so that
+    /// those pages could be returned to the OS (with an `rss_limit`: every second).
+    pub dram_defrag_moved_bytes: u64,
 
     // --- objects ---
     /// Distinct keys resident in any tier (an object both in DRAM and on SSD counts once

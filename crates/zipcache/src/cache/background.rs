@@ -16,6 +16,10 @@ const BYPASS_PERIOD: Duration = Duration::from_millis(100);
 /// How often the RSS governor (setting `rss_limit`) measures: RSS moves by at most a few
 /// MiB in that time, which its margin absorbs.
 const RSS_PERIOD: Duration = Duration::from_millis(100);
+/// How often the housekeeper moves blocks out of sparse allocator pages (with an
+/// `rss_limit`, where RSS is the figure that counts): a pass over every leaf, write-locking
+/// only those with a block to move.
+const DEFRAG_PERIOD: Duration = Duration::from_secs(1);
 /// How long a merge thread sleeps between rounds while writers keep queueing leaves (a
 /// full buffer waits about this long for its merge), and when nothing was queued.
 const MERGE_PERIOD_BUSY: Duration = Duration::from_millis(1);
@@ -28,6 +32,7 @@ impl Inner {
     pub(super) fn background(&self, housekeeper: bool) {
         let mut last_bypass = Instant::now();
         let mut last_rss = Instant::now();
+        let mut last_defrag = Instant::now();
         while !self.shutdown.load(Ordering::Acquire) {
             let mut merged = 0;
             while merged < MERGES_PER_ROUND
@@ -44,6 +49,10 @@ impl Inner {
             if housekeeper && last_rss.elapsed() >= RSS_PERIOD {
                 last_rss = Instant::now();
                 self.govern_rss();
+            }
+            if housekeeper && self.governor.is_some() && last_defrag.elapsed() >= DEFRAG_PERIOD {
+                last_defrag = Instant::now();
+                self.dram.defragment(crate::dram::SPARSE_PERCENT);
             }
             let period = if merged > 0 {
                 MERGE_PERIOD_BUSY

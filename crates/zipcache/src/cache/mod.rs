@@ -103,6 +103,9 @@ pub(crate) struct Inner {
     io_rates: IoRates,
     /// With an `rss_limit`: how much of `dram_capacity` RSS leaves the cache.
     governor: Option<RssGovernor>,
+    /// The process's RSS when the engine opened (0 where /proc cannot tell), the base of
+    /// `dram_fragmentation_bytes`.
+    rss_at_open: u64,
     /// `dram_capacity` now: the configured one until `set_dram_capacity` changes it.
     capacity: AtomicU64,
 }
@@ -270,6 +273,7 @@ impl ZipCache {
         let governor = (config.rss_limit > 0)
             .then(|| RssGovernor::new(config.rss_limit, config.dram_capacity));
         let inner = Arc::new(Inner {
+            rss_at_open: crate::stats::rss_bytes(std::process::id()).unwrap_or(0),
             capacity: AtomicU64::new(config.dram_capacity),
             config,
             memory,

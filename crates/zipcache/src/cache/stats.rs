@@ -17,6 +17,7 @@ impl ZipCache {
 impl Inner {
     fn stats(&self) -> Stats {
         let mem = self.memory.snapshot();
+        let rss = crate::stats::rss_bytes(std::process::id());
         let c = &self.dram.counters;
         let gets = self.ops.gets.get();
         let dram_hits = self.ops.dram_hits.get();
@@ -125,7 +126,15 @@ impl Inner {
                 .as_ref()
                 .map_or(0, |d| d.counters.swapped.load(Ordering::Relaxed)),
             dram_index_bytes: mem.index.max(0) as u64,
-            rss_bytes: crate::stats::rss_bytes(std::process::id()),
+            rss_bytes: rss,
+            dram_fragmentation_bytes: rss.map_or(0, |rss| {
+                rss.saturating_sub(self.rss_at_open + mem.total().max(0) as u64)
+            }),
+            dram_defrag_moved_bytes: self
+                .dram
+                .counters
+                .defrag_moved_bytes
+                .load(Ordering::Relaxed),
             dram_withheld_bytes: self
                 .governor
                 .as_ref()

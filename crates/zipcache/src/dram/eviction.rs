@@ -414,6 +414,7 @@ mod tests {
 
     use super::super::test_support::*;
     use super::*;
+    use crate::dram::block::Block;
     use crate::dram::{DramSettings, Lookup};
 
     /// Clears a leaf's CLOCK bit, as a sweep of the hand would.
@@ -815,8 +816,10 @@ mod tests {
         put_40_byte_values(&dram, 30..33);
         dram.write_leaf(&key(0), |_, _, st| {
             let page = st.page.as_mut().unwrap();
-            let half = page.len() / 2;
-            page[half..].fill(0xff);
+            let mut damaged = page.to_vec();
+            let half = damaged.len() / 2;
+            damaged[half..].fill(0xff);
+            *page = Block::new(&damaged);
         });
         let view = dram.view();
         let leaf = view.get(dram.tree.find(&[]).1.0).unwrap();

@@ -4,6 +4,7 @@
 use std::sync::atomic::Ordering;
 
 use super::DramTier;
+use super::block::Block;
 use super::leaf::{DramLeaf, HOT, RAW_PAGE, RETIRED};
 use super::page::Summary;
 use crate::memory::alloc_size;
@@ -76,7 +77,7 @@ impl DramTier {
 
     /// A locked leaf's page rebuilt with its body `raw` (or compressed); `None` if the
     /// page is damaged.
-    fn repage(&self, leaf: &DramLeaf, page: &[u8], raw: bool) -> Option<Box<[u8]>> {
+    fn repage(&self, leaf: &DramLeaf, page: &[u8], raw: bool) -> Option<Block> {
         let (summary, packed) = Summary::split(page)?;
         let header = self.layout.table(packed)?.len();
         let (_, body) = self.decode(leaf, Some(page))?;

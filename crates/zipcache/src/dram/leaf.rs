@@ -9,6 +9,7 @@ use parking_lot::RwLock;
 
 use super::DramTier;
 use super::access::AccessTable;
+use super::block::Block;
 use super::page::Summary;
 use crate::btree::Lockable;
 use crate::dictionary::Dictionary;
@@ -27,7 +28,7 @@ pub(super) struct Extras {
     /// write (it takes a page lookup); `UNKNOWN` after each append.
     pub(super) buffered: AtomicI32,
     /// Medium objects' blobs, by the slot their page record names.
-    pub(super) blobs: Box<[Option<Box<[u8]>>]>,
+    pub(super) blobs: Box<[Option<Block>]>,
     /// The dictionary of those blobs that name one (a merge compresses them all with the
     /// current one, so there is at most one a leaf).
     pub(super) dictionary: Option<Arc<Dictionary>>,
@@ -37,7 +38,7 @@ pub(super) struct Extras {
 
 #[derive(Default)]
 pub(super) struct LeafState {
-    pub(super) page: Option<Box<[u8]>>,
+    pub(super) page: Option<Block>,
     pub(super) extras: Option<Box<Extras>>,
 }
 
@@ -46,7 +47,7 @@ impl LeafState {
         self.extras.as_ref().map(|e| &e.buffer)
     }
 
-    pub(super) fn blobs(&self) -> &[Option<Box<[u8]>>] {
+    pub(super) fn blobs(&self) -> &[Option<Block>] {
         self.extras.as_ref().map_or(&[], |e| &e.blobs)
     }
 
@@ -167,10 +168,10 @@ impl Lockable for DramLeaf {
 pub(super) const UNKNOWN: i32 = i32::MIN;
 
 pub(super) struct LeafContents {
-    pub(super) page: Option<Box<[u8]>>,
+    pub(super) page: Option<Block>,
     /// The page's body is uncompressed.
     pub(super) raw: bool,
-    pub(super) blobs: Box<[Option<Box<[u8]>>]>,
+    pub(super) blobs: Box<[Option<Block>]>,
     pub(super) dictionary: Option<Arc<Dictionary>>,
     pub(super) access_table: Option<Box<AccessTable>>,
 }
@@ -203,7 +204,7 @@ impl DramTier {
             None => (0, 0, 0),
             Some(e) => {
                 let blobs: usize = e.blobs.iter().flatten().map(|b| alloc_size(b.len())).sum();
-                let table = alloc_size(e.blobs.len() * size_of::<Option<Box<[u8]>>>());
+                let table = alloc_size(e.blobs.len() * size_of::<Option<Block>>());
                 let access = e.access_table.as_ref().map_or(0, |t| t.charge());
                 // The box itself goes with the first of the three that keeps it.
                 let boxed = alloc_size(size_of::<Extras>());

@@ -10,6 +10,7 @@ use crossbeam_channel::{Receiver, Sender};
 use parking_lot::{Condvar, Mutex};
 
 use super::access::AccessTable;
+use super::block::Block;
 use super::leaf::{
     DramLeaf, LOST, LeafContents, LeafState, MERGE_QUEUED, REFERENCED, RETIRED, install,
 };
@@ -93,7 +94,7 @@ enum Body<'a> {
     /// A medium object whose blob sits in the source leaf's blob table.
     Slot(u16),
     /// A medium object's blob, compressed during this merge.
-    Blob(Box<[u8]>),
+    Blob(Block),
     Tombstone,
 }
 
@@ -291,7 +292,7 @@ impl DramTier {
     fn survivors<'a>(
         &self,
         mut objs: Vec<Obj<'a>>,
-        old_blobs: &mut [Option<Box<[u8]>>],
+        old_blobs: &mut [Option<Block>],
         compression: Compression<'_>,
         shed: Shed,
         now_ms: u64,
@@ -304,7 +305,9 @@ impl DramTier {
                     Some(blob) if compression.recompresses(&blob) => {
                         let source = compression.source.map(|d| &**d);
                         obj.body = match decode_blob(&blob, source) {
-                            Some((value, meta)) => Body::Blob(encode_blob(&value, &meta, target)),
+                            Some((value, meta)) => {
+                                Body::Blob(Block::new(&encode_blob(&value, &meta, target)))
+                            }
                             None => {
                                 self.counters.corrupt_pages.fetch_add(1, Ordering::Relaxed);
                                 Body::Tombstone
@@ -318,7 +321,7 @@ impl DramTier {
                     if let Some(dictionaries) = &self.dictionaries {
                         dictionaries.offer(v);
                     }
-                    obj.body = Body::Blob(encode_blob(v, &obj.meta, target));
+                    obj.body = Body::Blob(Block::new(&encode_blob(v, &obj.meta, target)));
                 }
                 _ => {}
             }
@@ -522,7 +525,7 @@ impl DramTier {
         &self,
         page: Option<(CasBase, &'a [u8])>,
         buffer: &'a WriteBuffer,
-        blobs: &[Option<Box<[u8]>>],
+        blobs: &[Option<Block>],
         now_ms: u64,
     ) -> Vec<Obj<'a>> {
         let mut map: BTreeMap<&'a [u8], Obj<'a>> = BTreeMap::new();

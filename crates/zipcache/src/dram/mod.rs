@@ -27,7 +27,10 @@
 //! compression bypassing; [`cas`] CAS versions; [`tally`] object counts for `stats`.
 
 mod access;
+mod block;
 mod cas;
+mod defrag;
+pub(crate) use defrag::SPARSE_PERCENT;
 mod eviction;
 mod frequency;
 mod hot;
@@ -60,6 +63,8 @@ use crate::slots::{SlotId, Slots, View};
 use crate::subpage_hash::dram_subpage;
 use crate::write_buffer::Pressure;
 use access::{AccessClock, fingerprint};
+#[cfg(test)]
+use block::Block;
 use leaf::{DramLeaf, Extras, LeafState, MERGE_QUEUED, UNKNOWN};
 pub use reclaim::Reclaimed;
 
@@ -130,6 +135,8 @@ pub struct DramCounters {
     pub write_drops: AtomicU64,
     pub corrupt_pages: AtomicU64,
     pub hot_leaves: AtomicI64,
+    /// Bytes of pages and blobs moved out of sparse allocator pages (`defrag.rs`).
+    pub defrag_moved_bytes: AtomicU64,
 }
 
 pub struct DramTier {
@@ -573,7 +580,7 @@ impl DramTier {
     pub(crate) fn corrupt_page_of(&self, key: &[u8]) {
         self.write_leaf(key, |_, _, st| {
             if let Some(page) = &mut st.page {
-                page.fill(0xf7);
+                *page = Block::new(&vec![0xf7; page.len()]);
             }
         });
     }
@@ -583,7 +590,7 @@ impl DramTier {
         self.write_leaf(key, |_, _, st| {
             if let Some(extras) = &mut st.extras {
                 for blob in extras.blobs.iter_mut().flatten() {
-                    blob.iter_mut().for_each(|b| *b = 0xf7);
+                    *blob = Block::new(&vec![0xf7; blob.len()]);
                 }
             }
         });

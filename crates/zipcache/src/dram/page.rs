@@ -3,6 +3,7 @@
 //! record through early termination, building and decoding whole pages.
 
 use super::DramTier;
+use super::block::Block;
 use super::leaf::{DramLeaf, LeafState};
 use crate::early_termination::{compress_behind, decompress_prefix, with_prefix};
 use crate::record::{CasBase, Record, put_varint, read_varint};
@@ -84,8 +85,8 @@ impl DramTier {
     }
 
     /// A leaf's page from its summary and an uncompressed packed page: the body
-    /// compressed unless `raw`, all in one allocation.
-    pub(super) fn page(&self, summary: Summary, packed: &[u8], raw: bool) -> Box<[u8]> {
+    /// compressed unless `raw`, all in one block.
+    pub(super) fn page(&self, summary: Summary, packed: &[u8], raw: bool) -> Block {
         let mut front = Vec::with_capacity(32 + packed.len().min(64));
         summary.encode(&mut front);
         let header = self.layout.table(packed).map_or(packed.len(), |t| t.len());
@@ -93,9 +94,9 @@ impl DramTier {
         front.extend_from_slice(table);
         if raw {
             front.extend_from_slice(body);
-            front.into_boxed_slice()
+            Block::new(&front)
         } else {
-            compress_behind(&front, body)
+            Block::new(&compress_behind(&front, body))
         }
     }
 

@@ -18,6 +18,7 @@ use std::sync::Arc;
 
 use parking_lot::{MutexGuard, RwLockWriteGuard};
 
+use super::block::Block;
 use super::leaf::{DramLeaf, Extras, LeafState, RETIRED};
 use super::merge::Obj;
 use super::{DramTier, LeafId};
@@ -45,7 +46,7 @@ pub(super) struct Given {
     pub(super) cas_base: CasBase,
     pub(super) body: Option<Vec<u8>>,
     pub(super) buffer: WriteBuffer,
-    pub(super) blobs: Box<[Option<Box<[u8]>>]>,
+    pub(super) blobs: Box<[Option<Block>]>,
     pub(super) dictionary: Option<Arc<Dictionary>>,
 }
 
