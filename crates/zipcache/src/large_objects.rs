@@ -856,7 +856,8 @@ mod tests {
             buf[20..24].copy_from_slice(&crc.to_le_bytes());
             buf
         };
-        let damage: Vec<(&str, Box<dyn Fn(AlignedBuf) -> AlignedBuf>)> = vec![
+        type Damage<'a> = Box<dyn Fn(AlignedBuf) -> AlignedBuf + 'a>;
+        let damage: Vec<(&str, Damage<'_>)> = vec![
             (
                 "a flipped bit in the stored value",
                 Box::new(|mut b| {
