@@ -1,7 +1,7 @@
 //! A file or block device as a [`BlockDevice`], through `pread`/`pwrite` and io_uring.
 
 use std::cell::RefCell;
-use std::fs::{File, OpenOptions};
+use std::fs::OpenOptions;
 use std::io::{self, Seek, SeekFrom};
 use std::ops::Range;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
@@ -11,6 +11,7 @@ use std::sync::Arc;
 
 use crate::aligned::{AlignedBuf, is_aligned};
 use crate::counters::IoCounters;
+use crate::shared_file::SharedFile;
 use crate::uring::{self, Direction, ReadFuture, Transfer};
 use crate::{
     BLOCK_BYTES, BLOCK_SIZE, BatchRead, BatchWrite, BlockDevice, DeviceStats, check_io,
@@ -49,14 +50,6 @@ impl Default for FileOptions {
             io_uring: true,
         }
     }
-}
-
-/// The open file and its counters, shared with the reads in flight on thread rings: each
-/// holds an `Arc` so the descriptor stays open until the kernel is done with it.
-#[derive(Debug)]
-pub(crate) struct SharedFile {
-    pub(crate) file: File,
-    pub(crate) counters: IoCounters,
 }
 
 /// A regular file (sparse, sized to the logical capacity) or a block device.

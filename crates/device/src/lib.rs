@@ -43,6 +43,7 @@ mod faulty;
 mod file;
 mod held;
 mod memory;
+mod shared_file;
 pub mod uring;
 
 pub use aligned::AlignedBuf;
@@ -237,91 +238,57 @@ pub trait BlockDevice: Send + Sync {
     }
 }
 
-/// Lets the engine share one device between owners and wrap trait objects.
-impl<D: BlockDevice + ?Sized> BlockDevice for Arc<D> {
-    fn block_count(&self) -> u64 {
-        (**self).block_count()
-    }
-    fn read(&self, lba: u64, buf: &mut [u8]) -> io::Result<()> {
-        (**self).read(lba, buf)
-    }
-    fn write(&self, lba: u64, buf: &[u8]) -> io::Result<()> {
-        (**self).write(lba, buf)
-    }
-    fn trim(&self, lba: u64, count: u64) -> io::Result<()> {
-        (**self).trim(lba, count)
-    }
-    fn flush(&self) -> io::Result<()> {
-        (**self).flush()
-    }
-    fn stats(&self) -> DeviceStats {
-        (**self).stats()
-    }
-    fn drain(&self) -> io::Result<()> {
-        (**self).drain()
-    }
-    fn compression(&self) -> DeviceCompression {
-        (**self).compression()
-    }
-    fn physical_free(&self) -> Option<u64> {
-        (**self).physical_free()
-    }
-    fn data_extents(&self) -> io::Result<Option<Vec<Range<u64>>>> {
-        (**self).data_extents()
-    }
-    fn read_batch(&self, reads: &mut [BatchRead<'_>]) -> Vec<io::Result<()>> {
-        (**self).read_batch(reads)
-    }
-    fn write_batch(&self, writes: &[BatchWrite<'_>]) -> Vec<io::Result<()>> {
-        (**self).write_batch(writes)
-    }
-    fn read_async(&self, lba: u64, buf: AlignedBuf) -> ReadFuture {
-        (**self).read_async(lba, buf)
-    }
+/// Implements [`BlockDevice`] for smart pointers by forwarding every method, the provided
+/// ones included, to the device they point to: one list of methods for `Arc` (the engine
+/// shares one device between owners) and `Box` (a `Box<dyn BlockDevice>` chosen at run time
+/// is wrapped like a concrete device).
+macro_rules! forward_block_device {
+    ($($pointer:ident),+) => {$(
+        impl<D: BlockDevice + ?Sized> BlockDevice for $pointer<D> {
+            fn block_count(&self) -> u64 {
+                (**self).block_count()
+            }
+            fn read(&self, lba: u64, buf: &mut [u8]) -> io::Result<()> {
+                (**self).read(lba, buf)
+            }
+            fn write(&self, lba: u64, buf: &[u8]) -> io::Result<()> {
+                (**self).write(lba, buf)
+            }
+            fn trim(&self, lba: u64, count: u64) -> io::Result<()> {
+                (**self).trim(lba, count)
+            }
+            fn flush(&self) -> io::Result<()> {
+                (**self).flush()
+            }
+            fn stats(&self) -> DeviceStats {
+                (**self).stats()
+            }
+            fn drain(&self) -> io::Result<()> {
+                (**self).drain()
+            }
+            fn compression(&self) -> DeviceCompression {
+                (**self).compression()
+            }
+            fn physical_free(&self) -> Option<u64> {
+                (**self).physical_free()
+            }
+            fn data_extents(&self) -> io::Result<Option<Vec<Range<u64>>>> {
+                (**self).data_extents()
+            }
+            fn read_batch(&self, reads: &mut [BatchRead<'_>]) -> Vec<io::Result<()>> {
+                (**self).read_batch(reads)
+            }
+            fn write_batch(&self, writes: &[BatchWrite<'_>]) -> Vec<io::Result<()>> {
+                (**self).write_batch(writes)
+            }
+            fn read_async(&self, lba: u64, buf: AlignedBuf) -> ReadFuture {
+                (**self).read_async(lba, buf)
+            }
+        }
+    )+};
 }
 
-/// Lets a `Box<dyn BlockDevice>` chosen at run time be wrapped like a concrete device.
-impl<D: BlockDevice + ?Sized> BlockDevice for Box<D> {
-    fn block_count(&self) -> u64 {
-        (**self).block_count()
-    }
-    fn read(&self, lba: u64, buf: &mut [u8]) -> io::Result<()> {
-        (**self).read(lba, buf)
-    }
-    fn write(&self, lba: u64, buf: &[u8]) -> io::Result<()> {
-        (**self).write(lba, buf)
-    }
-    fn trim(&self, lba: u64, count: u64) -> io::Result<()> {
-        (**self).trim(lba, count)
-    }
-    fn flush(&self) -> io::Result<()> {
-        (**self).flush()
-    }
-    fn stats(&self) -> DeviceStats {
-        (**self).stats()
-    }
-    fn drain(&self) -> io::Result<()> {
-        (**self).drain()
-    }
-    fn compression(&self) -> DeviceCompression {
-        (**self).compression()
-    }
-    fn physical_free(&self) -> Option<u64> {
-        (**self).physical_free()
-    }
-    fn data_extents(&self) -> io::Result<Option<Vec<Range<u64>>>> {
-        (**self).data_extents()
-    }
-    fn read_batch(&self, reads: &mut [BatchRead<'_>]) -> Vec<io::Result<()>> {
-        (**self).read_batch(reads)
-    }
-    fn write_batch(&self, writes: &[BatchWrite<'_>]) -> Vec<io::Result<()>> {
-        (**self).write_batch(writes)
-    }
-    fn read_async(&self, lba: u64, buf: AlignedBuf) -> ReadFuture {
-        (**self).read_async(lba, buf)
-    }
-}
+forward_block_device!(Arc, Box);
 
 /// Checks that `len` bytes starting at `lba` are whole blocks inside a device of
 /// `block_count` blocks, and returns the number of blocks.

@@ -2,7 +2,9 @@
 //! file opened with O_DIRECT behind the emulated compressing SSD (issue 3: "GET latency
 //! p50 / p99 for DRAM-tier and SSD-tier hits").
 //!
-//! `cargo bench -p zipcache --bench tier_latency` (`-- --keys N` to change the size).
+//! `cargo bench -p zipcache --bench tier_latency` (`-- --keys N` to change the size,
+//! `-- --device-compression MODE` for another mode than `emulate`, `-- --gets N` for another
+//! number of GETs than half the keys: each GET reads `stats()` twice, which walks DRAM).
 //! One thread, so each GET is classified exactly by which hit counter moved.
 
 use std::time::Instant;
@@ -44,8 +46,18 @@ fn main() {
         .position(|a| a == "--keys")
         .and_then(|i| args.get(i + 1))
         .map_or(1_000_000, |n| n.parse().expect("--keys N"));
+    let gets: u64 = args
+        .iter()
+        .position(|a| a == "--gets")
+        .and_then(|i| args.get(i + 1))
+        .map_or(keys / 2, |n| n.parse().expect("--gets N"));
+    let mode = args
+        .iter()
+        .position(|a| a == "--device-compression")
+        .and_then(|i| args.get(i + 1))
+        .map_or("emulate", String::as_str);
     let dir = std::env::temp_dir().join(format!("zipcache-tier-latency-{}", std::process::id()));
-    let config = Config {
+    let mut config = Config {
         dram_capacity: 16 << 20,
         ssd: Some(SsdConfig {
             path: dir.join("ssd"),
@@ -56,6 +68,9 @@ fn main() {
         }),
         ..Config::default()
     };
+    config
+        .set("device_compression", mode)
+        .expect("--device-compression host|none|emulate|hardware");
     let cache = ZipCache::open(config).expect("open");
     let key = |id: u64| format!("{:016}", id.wrapping_mul(2_654_435_761) % keys);
     for id in 0..keys {
@@ -66,7 +81,7 @@ fn main() {
     cache.settle().expect("settle");
     let (mut dram, mut ssd, mut miss) = (Vec::new(), Vec::new(), 0u64);
     let mut x = 0x2545_f491_4f6c_dd1du64;
-    for _ in 0..keys / 2 {
+    for _ in 0..gets {
         x ^= x << 13;
         x ^= x >> 7;
         x ^= x << 17;
@@ -82,7 +97,10 @@ fn main() {
             _ => miss += 1,
         }
     }
-    println!("{keys} keys of 16 + {VALUE} B, 16 MiB DRAM, 1 GiB O_DIRECT file; {miss} misses");
+    println!(
+        "{keys} keys of 16 + {VALUE} B, 16 MiB DRAM, 1 GiB O_DIRECT file, device_compression \
+         {mode}; {miss} misses"
+    );
     println!(
         "{:<14} {:>8} {:>9} {:>9} {:>9}",
         "GET answered", "count", "p50 µs", "p99 µs", "p99.9 µs"

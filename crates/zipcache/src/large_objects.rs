@@ -7,10 +7,13 @@
 //! the head comes round to the oldest extents they are dropped (FIFO). An extent whose
 //! key was overwritten or deleted is trimmed at once.
 //!
-//! Extent on the device (`docs/FORMAT.md`): a 32-byte header (magic `ZCLO`, version,
-//! key and value length, a sequence number unique to this extent, CRC32C of header,
-//! key and value), the key, the value, zeros to the 4 KiB boundary. A read that finds
-//! anything else there (the log wrapped, the block was trimmed, bits flipped) is a miss.
+//! Extent on the device (`docs/FORMAT.md`): a 32-byte header (magic `ZCLO`, version, how
+//! the value is stored, key and value length, a sequence number unique to this extent, the
+//! stored length, CRC32C of header, key and stored value), the key, the value as stored,
+//! zeros to the 4 KiB boundary. With `device_compression=host` the value is stored LZ4
+//! compressed when that makes it smaller, so the extent spans fewer blocks; otherwise raw.
+//! A read that finds anything else there (the log wrapped, the block was trimmed, bits
+//! flipped, a stored length past the extent) is a miss.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -23,10 +26,15 @@ use crate::btree::{BTree, Exclusive, Fence, KeyRange, Shared, lockable_by_range}
 use crate::memory::{Memory, alloc_size};
 use crate::record::Meta;
 use crate::sealed_file::{self, Fields, IndexFile};
+use crate::ssd_block::host_compression::{compress_if_smaller, decompress_exactly};
 
 const MAGIC: [u8; 4] = *b"ZCLO";
-const VERSION: u8 = 1;
+/// Version 1 (format 4 and before) had no stored length and no encoding: refused.
+const VERSION: u8 = 2;
 const HEADER: usize = 32;
+/// How an extent stores its value (header byte 5).
+const STORED_RAW: u8 = 0;
+const STORED_LZ4: u8 = 1;
 /// Entries per BT_LO leaf before it splits.
 const LEAF_ENTRIES: usize = 32;
 
@@ -74,6 +82,8 @@ pub struct LoCounters {
     pub dropped: AtomicU64,
     pub checksum_failures: AtomicU64,
     pub io_errors: AtomicU64,
+    /// Host time spent compressing values (`device_compression=host`).
+    pub compress_ns: AtomicU64,
 }
 
 pub struct LargeObjects {
@@ -84,6 +94,8 @@ pub struct LargeObjects {
     blocks: u64,
     log: Mutex<Log>,
     memory: Arc<Memory>,
+    /// `device_compression=host`: values are stored LZ4-compressed where that shrinks them.
+    host_compression: bool,
     pub counters: LoCounters,
 }
 
@@ -125,6 +137,7 @@ impl LargeObjects {
             }),
         });
         let lo = LargeObjects {
+            host_compression: device.compression().by_host(),
             device,
             tree: BTree::new(first),
             start,
@@ -256,7 +269,8 @@ impl LargeObjects {
     /// (larger than the region, or the device failed); any older large version is then
     /// removed all the same.
     pub fn put(&self, key: &[u8], value: &[u8], meta: Meta) -> bool {
-        let blocks = (HEADER + key.len() + value.len()).div_ceil(BLOCK_SIZE) as u64;
+        let stored = self.stored_form(value);
+        let blocks = (HEADER + key.len() + stored.bytes().len()).div_ceil(BLOCK_SIZE) as u64;
         if blocks > self.blocks / 2 {
             self.remove(key);
             self.counters.dropped.fetch_add(1, Ordering::Relaxed);
@@ -296,7 +310,7 @@ impl LargeObjects {
             seq,
             meta,
         };
-        let buf = encode(key, value, &extent);
+        let buf = encode(key, &stored, &extent);
         log.head = to;
         if self.device.write(extent.lba, &buf).is_err() {
             self.counters.io_errors.fetch_add(1, Ordering::Relaxed);
@@ -317,6 +331,18 @@ impl LargeObjects {
             self.trim_if_owned(&log, &replaced);
         }
         true
+    }
+
+    /// How `value` goes to its extent: LZ4-compressed in `host` mode if that shrinks it.
+    /// Compressed before the log's lock is taken, so writers do not queue behind it.
+    fn stored_form<'v>(&self, value: &'v [u8]) -> Stored<'v> {
+        if self.host_compression {
+            let mut compressed = Vec::with_capacity(lzzzz::lz4::max_compressed_size(value.len()));
+            if compress_if_smaller(value, &mut compressed, &self.counters.compress_ns) {
+                return Stored::Lz4(compressed);
+            }
+        }
+        Stored::Raw(value)
     }
 
     /// About the DRAM BT_LO holds (inner nodes, and entries taken at a 32-byte key), to
@@ -442,7 +468,9 @@ impl LargeObjects {
 /// large-object index file").
 mod index_file {
     pub const MAGIC: [u8; 4] = *b"ZCLX";
-    pub const VERSION: u32 = 2;
+    /// 3 since extents of version 2 (format 5): an index of 2 names extents of version 1,
+    /// which are refused, so it is not loaded (the region starts empty).
+    pub const VERSION: u32 = 3;
 }
 
 impl LargeObjects {
@@ -564,42 +592,89 @@ impl LargeObjects {
     }
 }
 
-fn encode(key: &[u8], value: &[u8], extent: &Extent) -> AlignedBuf {
+/// A value as its extent holds it.
+enum Stored<'v> {
+    Raw(&'v [u8]),
+    Lz4(Vec<u8>),
+}
+
+impl Stored<'_> {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Stored::Raw(value) => value,
+            Stored::Lz4(compressed) => compressed,
+        }
+    }
+
+    fn tag(&self) -> u8 {
+        match self {
+            Stored::Raw(_) => STORED_RAW,
+            Stored::Lz4(_) => STORED_LZ4,
+        }
+    }
+}
+
+fn encode(key: &[u8], stored: &Stored<'_>, extent: &Extent) -> AlignedBuf {
+    let bytes = stored.bytes();
     let mut buf = AlignedBuf::zeroed(extent.blocks as usize);
     buf[0..4].copy_from_slice(&MAGIC);
     buf[4] = VERSION;
+    buf[5] = stored.tag();
     buf[6..8].copy_from_slice(&(key.len() as u16).to_le_bytes());
-    buf[8..12].copy_from_slice(&(value.len() as u32).to_le_bytes());
+    buf[8..12].copy_from_slice(&extent.value_len.to_le_bytes());
     buf[12..20].copy_from_slice(&extent.seq.to_le_bytes());
+    buf[24..28].copy_from_slice(&(bytes.len() as u32).to_le_bytes());
     buf[HEADER..HEADER + key.len()].copy_from_slice(key);
-    buf[HEADER + key.len()..HEADER + key.len() + value.len()].copy_from_slice(value);
-    let crc = checksum(&buf, key.len() + value.len());
+    buf[HEADER + key.len()..HEADER + key.len() + bytes.len()].copy_from_slice(bytes);
+    let crc = checksum(&buf, key.len() + bytes.len());
     buf[20..24].copy_from_slice(&crc.to_le_bytes());
     buf
 }
 
+/// CRC32C of the header but for its own field (bytes 20..24), then `body` bytes of key and
+/// stored value: whatever the extent holds that a read will use.
 fn checksum(buf: &[u8], body: usize) -> u32 {
-    crc32c::crc32c_append(crc32c::crc32c(&buf[..20]), &buf[HEADER..HEADER + body])
+    let header = crc32c::crc32c_append(crc32c::crc32c(&buf[..20]), &buf[24..HEADER]);
+    crc32c::crc32c_append(header, &buf[HEADER..HEADER + body])
 }
 
+/// The value in an extent read for `extent` under `key`, or `None` if anything in it
+/// disagrees: header, lengths (a stored length past the bytes read, a value that does not
+/// decompress to exactly its length), sequence number, key or CRC32C.
 fn decode(buf: &[u8], key: &[u8], extent: &Extent) -> Option<Vec<u8>> {
     let value_len = extent.value_len as usize;
-    let body = key.len() + value_len;
-    if buf.len() < HEADER + body || buf[0..4] != MAGIC || buf[4] != VERSION {
+    if buf.len() < HEADER || buf[0..4] != MAGIC || buf[4] != VERSION {
         return None;
     }
-    let ok = u16::from_le_bytes([buf[6], buf[7]]) as usize == key.len()
-        && u32::from_le_bytes(buf[8..12].try_into().ok()?) as usize == value_len
+    let field = |at: usize| u32::from_le_bytes([buf[at], buf[at + 1], buf[at + 2], buf[at + 3]]);
+    let stored_len = field(24) as usize;
+    let body = key.len().checked_add(stored_len)?;
+    let ok = HEADER.checked_add(body).is_some_and(|end| end <= buf.len())
+        && usize::from(u16::from_le_bytes([buf[6], buf[7]])) == key.len()
+        && field(8) as usize == value_len
         && u64::from_le_bytes(buf[12..20].try_into().ok()?) == extent.seq
-        && u32::from_le_bytes(buf[20..24].try_into().ok()?) == checksum(buf, body)
+        && field(20) == checksum(buf, body)
         && &buf[HEADER..HEADER + key.len()] == key;
-    ok.then(|| buf[HEADER + key.len()..HEADER + body].to_vec())
+    if !ok {
+        return None;
+    }
+    let stored = &buf[HEADER + key.len()..HEADER + body];
+    match buf[5] {
+        STORED_RAW if stored_len == value_len => Some(stored.to_vec()),
+        STORED_LZ4 => {
+            let mut value = vec![0; value_len];
+            decompress_exactly(stored, &mut value).then_some(value)
+        }
+        _ => None,
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use zipcache_device::MemDevice;
+    use zipcache_device::{
+        CompressingDevice, DeviceCompression, EmulatorOptions, FaultyDevice, MemDevice,
+    };
 
     fn region(blocks: u64) -> LargeObjects {
         let device: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(blocks + 10));
@@ -679,6 +754,214 @@ mod tests {
         let (read, intact) = read_of(&lo);
         lo.remove(b"k");
         assert!(moved(lo.finish_get(read, b"k", Some(&intact))), "deleted");
+    }
+
+    /// A region on a device that asks the host to compress (`device_compression=host`),
+    /// which also accounts the blocks written.
+    fn host_region(blocks: u64) -> (LargeObjects, Arc<dyn BlockDevice>) {
+        let options = EmulatorOptions {
+            mode: DeviceCompression::Host,
+            ..EmulatorOptions::default()
+        };
+        let device = CompressingDevice::new(MemDevice::new(blocks + 10), options).unwrap();
+        let device: Arc<dyn BlockDevice> = Arc::new(device);
+        let lo = LargeObjects::new(device.clone(), 10, blocks, Arc::new(Memory::default()));
+        (lo, device)
+    }
+
+    /// JSON-like text: compresses several times over with LZ4.
+    fn document(len: usize) -> Vec<u8> {
+        let mut out = Vec::with_capacity(len + 64);
+        let mut i = 0u32;
+        while out.len() < len {
+            out.extend_from_slice(
+                format!(r#"{{"id":{i},"name":"airport {}","state":"CA"}},"#, i * 7).as_bytes(),
+            );
+            i += 1;
+        }
+        out.truncate(len);
+        out
+    }
+
+    /// Bytes LZ4 cannot shrink (xorshift).
+    fn noise(len: usize) -> Vec<u8> {
+        let mut state = 0x2545_F491_4F6C_DD1Du64;
+        (0..len)
+            .map(|_| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                (state >> 24) as u8
+            })
+            .collect()
+    }
+
+    fn extent_blocks(lo: &LargeObjects, key: &[u8]) -> u32 {
+        lo.lookup(key).unwrap().blocks
+    }
+
+    #[test]
+    fn host_mode_stores_a_value_compressed_in_fewer_blocks_and_raw_when_that_does_not_pay() {
+        let (lo, device) = host_region(256);
+        let doc = document(40_000);
+        let raw_blocks = (HEADER + 3 + doc.len()).div_ceil(BLOCK_SIZE) as u32;
+        assert!(lo.put(b"doc", &doc, Meta::default()));
+        let doc_blocks = extent_blocks(&lo, b"doc");
+        assert!(doc_blocks * 3 <= raw_blocks, "{doc_blocks} of {raw_blocks}");
+        assert_eq!(lo.get(b"doc", 0).unwrap().0, doc);
+        assert!(lo.counters.compress_ns.load(Ordering::Relaxed) > 0);
+
+        let random = noise(10_000);
+        assert!(lo.put(b"noise", &random, Meta::default()));
+        let noise_blocks = extent_blocks(&lo, b"noise");
+        assert_eq!(noise_blocks, 3, "stored raw");
+        assert_eq!(lo.get(b"noise", 0).unwrap().0, random);
+
+        // What reaches the device is the blocks of the extents as stored, and that is
+        // what a plain drive's flash holds (`ssd_flash_bytes`).
+        device.drain().unwrap();
+        let written = u64::from(doc_blocks + noise_blocks) * BLOCK_SIZE as u64;
+        assert_eq!(lo.counters.bytes_written.load(Ordering::Relaxed), written);
+        assert_eq!(device.stats().host_bytes_written, written);
+        assert_eq!(device.stats().physical_used, written);
+
+        // Without `host`, the same value is stored whole.
+        let plain = region(256);
+        assert!(plain.put(b"doc", &doc, Meta::default()));
+        assert_eq!(extent_blocks(&plain, b"doc"), raw_blocks);
+        assert_eq!(plain.counters.compress_ns.load(Ordering::Relaxed), 0);
+        assert_eq!(plain.get(b"doc", 0).unwrap().0, doc);
+    }
+
+    /// Every way a compressed extent can be damaged reads as a miss, counted, never as
+    /// other bytes and never as a panic: a flipped bit (the CRC), and header fields that
+    /// lie although the CRC was made to match (a stored length past the extent or short
+    /// of the LZ4 block, another encoding, another version).
+    #[test]
+    fn damaged_compressed_extents_read_as_misses() {
+        let (lo, _device) = host_region(64);
+        let doc = document(20_000);
+        assert!(lo.put(b"k", &doc, Meta::default()));
+        let read_of = || {
+            let read = lo.plan_get(b"k", 0).unwrap();
+            let mut buf = read.buffer();
+            lo.device.read(read.lba(), &mut buf).unwrap();
+            (read, buf)
+        };
+        let (_, intact) = read_of();
+        assert_eq!(intact[5], STORED_LZ4);
+        let stored_len = u32::from_le_bytes(intact[24..28].try_into().unwrap()) as usize;
+        let resealed = |mut buf: AlignedBuf, body: usize| {
+            let crc = checksum(&buf, body.min(buf.len() - HEADER));
+            buf[20..24].copy_from_slice(&crc.to_le_bytes());
+            buf
+        };
+        type Damage<'a> = Box<dyn Fn(AlignedBuf) -> AlignedBuf + 'a>;
+        let damage: Vec<(&str, Damage<'_>)> = vec![
+            (
+                "a flipped bit in the stored value",
+                Box::new(|mut b| {
+                    b[HEADER + 1 + stored_len / 2] ^= 0x10;
+                    b
+                }),
+            ),
+            (
+                "a flipped bit in the stored length",
+                Box::new(|mut b| {
+                    b[25] ^= 1;
+                    b
+                }),
+            ),
+            (
+                "a stored length past the extent",
+                Box::new(|mut b| {
+                    let len = b.len() as u32;
+                    b[24..28].copy_from_slice(&len.to_le_bytes());
+                    resealed(b, 1 + len as usize)
+                }),
+            ),
+            (
+                "a stored length one short",
+                Box::new(|mut b| {
+                    let len = stored_len as u32 - 1;
+                    b[24..28].copy_from_slice(&len.to_le_bytes());
+                    resealed(b, 1 + len as usize)
+                }),
+            ),
+            (
+                "a stored length of u32::MAX",
+                Box::new(|mut b| {
+                    b[24..28].copy_from_slice(&u32::MAX.to_le_bytes());
+                    b
+                }),
+            ),
+            (
+                "the raw encoding",
+                Box::new(|mut b| {
+                    b[5] = STORED_RAW;
+                    resealed(b, 1 + stored_len)
+                }),
+            ),
+            (
+                "an unknown encoding",
+                Box::new(|mut b| {
+                    b[5] = 7;
+                    resealed(b, 1 + stored_len)
+                }),
+            ),
+            (
+                "version 1",
+                Box::new(|mut b| {
+                    b[4] = 1;
+                    resealed(b, 1 + stored_len)
+                }),
+            ),
+        ];
+        for (failures, (what, damage)) in (1..).zip(&damage) {
+            let (read, buf) = read_of();
+            let damaged = damage(buf);
+            assert!(
+                matches!(
+                    lo.finish_get(read, b"k", Some(&damaged)),
+                    LoFinished::Done(None)
+                ),
+                "{what}"
+            );
+            assert_eq!(
+                lo.counters.checksum_failures.load(Ordering::Relaxed),
+                failures,
+                "{what}"
+            );
+        }
+        let (read, _) = read_of();
+        let short = &intact[..HEADER - 1];
+        assert!(matches!(
+            lo.finish_get(read, b"k", Some(short)),
+            LoFinished::Done(None)
+        ));
+        // The extent itself was never touched.
+        assert_eq!(lo.get(b"k", 0).unwrap().0, doc);
+    }
+
+    /// Through a device that flips bits as it reads: a miss, never a wrong value.
+    #[test]
+    fn bits_flipped_on_the_device_make_a_compressed_extent_a_miss() {
+        let options = EmulatorOptions {
+            mode: DeviceCompression::Host,
+            ..EmulatorOptions::default()
+        };
+        let inner = CompressingDevice::new(MemDevice::new(74), options).unwrap();
+        let faulty = Arc::new(FaultyDevice::new(inner));
+        let device: Arc<dyn BlockDevice> = faulty.clone();
+        let lo = LargeObjects::new(device, 10, 64, Arc::new(Memory::default()));
+        let doc = document(30_000);
+        assert!(lo.put(b"k", &doc, Meta::default()));
+        let lba = lo.lookup(b"k").unwrap().lba;
+        faulty.flip_bits_on_read(lba, 100, 0x04);
+        assert_eq!(lo.get(b"k", 0), None);
+        assert_eq!(lo.counters.checksum_failures.load(Ordering::Relaxed), 1);
+        faulty.clear();
+        assert_eq!(lo.get(b"k", 0).unwrap().0, doc);
     }
 
     #[test]
@@ -793,6 +1076,13 @@ mod tests {
         // Another run epoch, another region, or one flipped byte: not loaded.
         assert!(LargeObjects::load(at(8), device.clone(), 10, 32, memory.clone()).is_none());
         assert!(LargeObjects::load(at(7), device.clone(), 10, 31, memory.clone()).is_none());
+        // An index of version 2 names extents of version 1, which reads refuse: not
+        // loaded, even sealed intact.
+        let mut older = sealed_file::read(&dir, "lo").unwrap();
+        older[4..8].copy_from_slice(&2u32.to_le_bytes());
+        sealed_file::write(&dir, "lo", older).unwrap();
+        assert!(LargeObjects::load(at(7), device.clone(), 10, 32, memory.clone()).is_none());
+        lo.save(at(7)).unwrap();
         let mut bytes = std::fs::read(path.join("lo")).unwrap();
         bytes[30] ^= 1;
         std::fs::write(path.join("lo"), &bytes).unwrap();

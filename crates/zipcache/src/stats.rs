@@ -157,7 +157,8 @@ pub struct Stats {
     pub ssd_flash_bytes: Option<u64>,
     /// `ssd_objects` per GiB of `ssd_flash_bytes`.
     pub ssd_objects_per_flash_gib: Option<f64>,
-    /// Seconds the flusher spent packing blocks (`device_compression=host`).
+    /// Seconds spent compressing for the SSD (`device_compression=host`): the flusher packing
+    /// blocks, and large PUTs compressing their values.
     pub ssd_compress_seconds: f64,
     pub checksum_failures: u64,
     pub io_errors: u64,

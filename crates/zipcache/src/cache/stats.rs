@@ -28,6 +28,10 @@ impl Inner {
         let dram_objects = tally.objects.max(0) as u64;
         let (dram_clean, raw) = (tally.clean, tally.raw_bytes);
         let holding = (mem.compressed_pages + mem.hot_pages + mem.mediums).max(0) as u64;
+        let large_compress_ns = self
+            .large
+            .as_ref()
+            .map_or(0, |lo| lo.counters.compress_ns.load(Ordering::Relaxed));
         let ssd = self.ssd.as_ref().map(|ssd| {
             let device = ssd.device().stats();
             let c = &ssd.counters;
@@ -76,7 +80,9 @@ impl Inner {
                 ssd_flash_bytes: flash_bytes,
                 ssd_objects_per_flash_gib: flash_bytes
                     .and_then(|bytes| ratio(objects << 30, bytes)),
-                ssd_compress_seconds: c.compress_ns.load(Ordering::Relaxed) as f64 / 1e9,
+                ssd_compress_seconds: (c.compress_ns.load(Ordering::Relaxed) + large_compress_ns)
+                    as f64
+                    / 1e9,
                 checksum_failures: c.checksum_failures.load(Ordering::Relaxed),
                 io_errors: c.io_errors.load(Ordering::Relaxed),
                 ..Stats::default()

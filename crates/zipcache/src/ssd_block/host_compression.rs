@@ -18,13 +18,9 @@ pub fn pack(raw: &[u8], spent_ns: &AtomicU64) -> Option<Vec<u8>> {
     if raw.len() > RAW_MAX {
         return None;
     }
-    let started = Instant::now();
     let mut packed = Vec::with_capacity(RAW_LENGTH + lzzzz::lz4::max_compressed_size(raw.len()));
     packed.extend_from_slice(&(raw.len() as u16).to_le_bytes());
-    let packed_ok =
-        lzzzz::lz4::compress_to_vec(raw, &mut packed, lzzzz::lz4::ACC_LEVEL_DEFAULT).is_ok();
-    spent_ns.fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
-    (packed_ok && packed.len() < raw.len()).then_some(packed)
+    compress_if_smaller(raw, &mut packed, spent_ns).then_some(packed)
 }
 
 /// The raw records of a packed payload, unpacked into `scratch`; `None` unless the LZ4
@@ -34,10 +30,23 @@ pub fn unpack<'s>(packed: &[u8], scratch: &'s mut Vec<u8>) -> Option<&'s [u8]> {
     let raw_len = usize::from(u16::from_le_bytes([length[0], length[1]]));
     scratch.clear();
     scratch.resize(raw_len, 0);
-    match lzzzz::lz4::decompress(block, scratch) {
-        Ok(n) if n == raw_len => Some(&scratch[..]),
-        _ => None,
-    }
+    decompress_exactly(block, scratch).then_some(&scratch[..])
+}
+
+/// Appends `raw` compressed with LZ4 to `out` and says whether `out`, with whatever it held
+/// before, is now shorter than `raw` (after a `false` its bytes are not to be used). Adds
+/// the time spent to `spent_ns`. Sub-page blocks (above) and large-object extents
+/// (`large_objects.rs`) are packed through here.
+pub fn compress_if_smaller(raw: &[u8], out: &mut Vec<u8>, spent_ns: &AtomicU64) -> bool {
+    let started = Instant::now();
+    let compressed = lzzzz::lz4::compress_to_vec(raw, out, lzzzz::lz4::ACC_LEVEL_DEFAULT).is_ok();
+    spent_ns.fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
+    compressed && out.len() < raw.len()
+}
+
+/// Decodes one LZ4 block into `raw`: true only if it fills `raw` exactly.
+pub fn decompress_exactly(block: &[u8], raw: &mut [u8]) -> bool {
+    matches!(lzzzz::lz4::decompress(block, raw), Ok(n) if n == raw.len())
 }
 
 #[cfg(test)]

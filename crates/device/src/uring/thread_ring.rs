@@ -1,268 +1,22 @@
-//! io_uring for [`FileDevice`](crate::FileDevice): batches with many requests in flight, and
-//! reads that complete on the thread that submitted them.
-//!
-//! Every ring belongs to one thread and is used only by it:
-//!
-//! * the **batch ring**, created by a thread's first `read_batch`/`write_batch` on a
-//!   `FileDevice` and kept until the thread exits. A batch puts up to [`BATCH_DEPTH`] requests
-//!   in flight at once, refills as completions arrive, and returns only once every request has
-//!   completed, so the caller's buffers are lent to the kernel for no longer than the call.
-//! * the **thread ring** of [`install_thread_ring`], for
-//!   [`BlockDevice::read_async`](crate::BlockDevice::read_async). Its slot table owns each
-//!   read's buffer and an `Arc` of the file until the kernel has completed the read;
-//!   [`reap_thread_ring`] (on the same thread) moves the result and the buffer into the read's
-//!   [`ReadFuture`] and wakes it. A future dropped before that leaves its slot in place, and
-//!   the completion, when it comes, is discarded. At thread exit the ring waits for the reads
-//!   still in flight and completes their futures.
-//!
-//! A [`ReadFuture`] may be polled and awaited on any thread; it is woken by whoever reaps the
-//! ring of the thread that submitted it. On a server, that is the same thread: waking
-//! another thread costs 35–90 µs on our VMs, which is why the ring is per thread.
+//! The thread ring of [`install_thread_ring`]: asynchronous reads submitted by a thread and
+//! reaped by the same thread, its slot table owning each read's buffer and file meanwhile.
 
 use std::cell::Cell;
-use std::collections::VecDeque;
-use std::fmt;
-use std::future::Future;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll, Waker};
+use std::task::Waker;
 
-use io_uring::{IoUring, opcode, squeue, types};
-use parking_lot::Mutex;
+use io_uring::IoUring;
 
+use super::read_future::{ReadCompletion, ReadFuture};
+use super::transfer::{Direction, Transfer, submit_and_wait};
 use crate::AlignedBuf;
-use crate::file::SharedFile;
 use crate::invalid_input;
-
-/// Requests a batch keeps in flight: fio here reaches its peak random-write rate at queue
-/// depth 32, and 64 leaves room for the reads the engine mixes in.
-pub const BATCH_DEPTH: u32 = 64;
+use crate::shared_file::SharedFile;
 
 /// The deepest thread ring [`install_thread_ring`] accepts.
 pub const MAX_THREAD_RING_DEPTH: u32 = 4096;
-
-/// Bytes one submission moves at most; a longer request continues where the last one stopped.
-/// io_uring lengths are `u32`, and a bound that is a whole number of blocks keeps every
-/// continuation aligned for `O_DIRECT`.
-const MAX_SUBMISSION_BYTES: usize = 1 << 20;
-
-/// Resubmissions after a completion reports `EINTR` or `EAGAIN`, before that error stands.
-const MAX_RETRIES: u8 = 8;
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Direction {
-    Read,
-    Write,
-}
-
-/// One request's progress through a ring. The kernel may move fewer bytes than asked (a read
-/// that meets the end of the file, a signal); the rest is resubmitted, so a request completes
-/// whole or fails, and a transfer of no bytes at all is an error rather than a loop.
-#[derive(Debug)]
-pub(crate) struct Transfer {
-    direction: Direction,
-    fd: RawFd,
-    buf: *mut u8,
-    len: usize,
-    offset: u64,
-    done: usize,
-    retries: u8,
-}
-
-impl Transfer {
-    /// A request to move `len` bytes between `buf` and byte `offset` of `fd`. Building it is
-    /// harmless; submitting it is what needs `buf` and `fd` to stay valid (see [`run_batch`]).
-    pub(crate) fn new(
-        direction: Direction,
-        fd: RawFd,
-        buf: *mut u8,
-        len: usize,
-        offset: u64,
-    ) -> Self {
-        Self {
-            direction,
-            fd,
-            buf,
-            len,
-            offset,
-            done: 0,
-            retries: 0,
-        }
-    }
-
-    /// The submission for the bytes still to move.
-    fn entry(&self, user_data: u64) -> squeue::Entry {
-        let len = (self.len - self.done).min(MAX_SUBMISSION_BYTES) as u32;
-        let buf = self.buf.wrapping_add(self.done);
-        let offset = self.offset + self.done as u64;
-        let fd = types::Fd(self.fd);
-        let entry = match self.direction {
-            Direction::Read => opcode::Read::new(fd, buf, len).offset(offset).build(),
-            Direction::Write => opcode::Write::new(fd, buf.cast_const(), len)
-                .offset(offset)
-                .build(),
-        };
-        entry.user_data(user_data)
-    }
-
-    /// Takes in a completion's result: `None` while bytes remain to move (submit
-    /// [`Transfer::entry`] again), else the request's outcome.
-    fn complete(&mut self, result: i32) -> Option<io::Result<()>> {
-        match result {
-            moved if moved > 0 => {
-                self.done = (self.done + moved as usize).min(self.len);
-                (self.done == self.len).then_some(Ok(()))
-            }
-            0 => {
-                let at = self.offset + self.done as u64;
-                Some(Err(match self.direction {
-                    Direction::Read => io::Error::new(
-                        io::ErrorKind::UnexpectedEof,
-                        format!("end of file at byte {at}"),
-                    ),
-                    Direction::Write => io::Error::new(
-                        io::ErrorKind::WriteZero,
-                        format!("no byte written at byte {at}"),
-                    ),
-                }))
-            }
-            errno => {
-                let errno = errno.wrapping_neg();
-                if matches!(errno, libc::EINTR | libc::EAGAIN) && self.retries < MAX_RETRIES {
-                    self.retries += 1;
-                    return None;
-                }
-                Some(Err(io::Error::from_raw_os_error(errno)))
-            }
-        }
-    }
-}
-
-/// Submits what is queued and waits for at least `want` completions, retrying while the
-/// kernel is interrupted or short of resources. An error here leaves requests in flight
-/// whose fate is unknown.
-fn submit_and_wait(ring: &IoUring, want: usize) -> io::Result<()> {
-    loop {
-        match ring.submit_and_wait(want) {
-            Ok(_) => return Ok(()),
-            Err(err) => match err.raw_os_error() {
-                Some(libc::EINTR) => {}
-                Some(libc::EAGAIN | libc::EBUSY) => std::thread::yield_now(),
-                _ => return Err(err),
-            },
-        }
-    }
-}
-
-thread_local! {
-    /// `None` until the thread's first batch; `Unavailable` once io_uring could not be set up
-    /// here, so later batches go straight to the fallback instead of retrying the setup.
-    static BATCH_RING: Cell<Option<BatchRing>> = const { Cell::new(None) };
-    /// Requests this thread's batches ran through io_uring, so tests can tell the ring from
-    /// the fallback.
-    #[cfg(test)]
-    static BATCH_RING_REQUESTS: Cell<usize> = const { Cell::new(0) };
-}
-
-/// Requests the calling thread's batches have run through io_uring so far.
-#[cfg(test)]
-pub(crate) fn batch_ring_requests() -> usize {
-    BATCH_RING_REQUESTS.with(Cell::get)
-}
-
-/// Runs `transfers` through the calling thread's batch ring with up to [`BATCH_DEPTH`] in
-/// flight, and returns one outcome per transfer once all have completed. `None` when the
-/// thread has no batch ring (io_uring cannot be set up here, or the thread is exiting): the
-/// caller then uses system calls.
-///
-/// # Safety
-///
-/// Until this function returns, every transfer's buffer must stay valid for `len` bytes
-/// (writable for reads, readable for writes, and not otherwise accessed) and its descriptor
-/// must stay open.
-pub(crate) unsafe fn run_batch(transfers: &mut [Transfer]) -> Option<Vec<io::Result<()>>> {
-    let mut ring = match BATCH_RING.try_with(Cell::take).ok()? {
-        Some(BatchRing::Ready(ring)) => ring,
-        Some(BatchRing::Unavailable) => {
-            put_batch_ring(BatchRing::Unavailable);
-            return None;
-        }
-        None => match IoUring::new(BATCH_DEPTH) {
-            Ok(ring) => Box::new(ring),
-            Err(_) => {
-                put_batch_ring(BatchRing::Unavailable);
-                return None;
-            }
-        },
-    };
-    // SAFETY: forwarded from this function's contract.
-    let outcomes = unsafe { drive_batch(&mut ring, transfers) };
-    put_batch_ring(BatchRing::Ready(ring));
-    Some(outcomes)
-}
-
-enum BatchRing {
-    Ready(Box<IoUring>),
-    /// io_uring could not be set up on this thread.
-    Unavailable,
-}
-
-fn put_batch_ring(ring: BatchRing) {
-    // Fails only while the thread's locals are being destroyed; the ring then closes here,
-    // with nothing in flight.
-    let _ = BATCH_RING.try_with(|cell| cell.set(Some(ring)));
-}
-
-/// # Safety
-///
-/// As [`run_batch`].
-unsafe fn drive_batch(ring: &mut IoUring, transfers: &mut [Transfer]) -> Vec<io::Result<()>> {
-    let mut outcomes: Vec<io::Result<()>> = transfers.iter().map(|_| Ok(())).collect();
-    let mut waiting: VecDeque<usize> = (0..transfers.len()).collect();
-    let mut in_flight = 0;
-    let depth = ring.params().sq_entries() as usize;
-    while in_flight > 0 || !waiting.is_empty() {
-        let mut queue = ring.submission();
-        while in_flight < depth
-            && let Some(&index) = waiting.front()
-        {
-            // SAFETY: the caller keeps the buffer and the descriptor valid until we return,
-            // and we return only when nothing is in flight (the loop's condition; the
-            // process aborts below if the kernel's hold on them becomes unknown).
-            if unsafe { queue.push(&transfers[index].entry(index as u64)) }.is_err() {
-                break;
-            }
-            waiting.pop_front();
-            in_flight += 1;
-        }
-        drop(queue);
-        if let Err(err) = submit_and_wait(ring, 1) {
-            // The kernel may still write into buffers our caller gets back when we return,
-            // and we cannot wait for it: no error value can make that memory safe.
-            eprintln!(
-                "zipcache-device: io_uring_enter failed with {in_flight} requests in flight \
-                 ({err}); aborting rather than release their buffers"
-            );
-            std::process::abort();
-        }
-        for completion in ring.completion() {
-            let index = completion.user_data() as usize;
-            let Some(transfer) = transfers.get_mut(index) else {
-                continue;
-            };
-            in_flight -= 1;
-            match transfer.complete(completion.result()) {
-                None => waiting.push_back(index),
-                Some(outcome) => outcomes[index] = outcome,
-            }
-        }
-    }
-    #[cfg(test)]
-    BATCH_RING_REQUESTS.with(|count| count.set(count.get() + transfers.len()));
-    outcomes
-}
 
 thread_local! {
     // Taken out while in use and put back after, so no borrow can be held across a waker
@@ -459,7 +213,7 @@ struct ReadSlot {
     buf: AlignedBuf,
     /// Keeps the descriptor open, and takes the read into the device's counters.
     file: Arc<SharedFile>,
-    completion: Arc<Completion>,
+    completion: ReadCompletion,
 }
 
 struct ThreadRing {
@@ -524,21 +278,18 @@ impl ThreadRing {
             self.free.push(index);
             return Err(buf);
         }
-        let completion = Arc::new(Completion::default());
+        let (future, completion) = ReadFuture::pending();
         self.slots[index] = Some(ReadSlot {
             transfer,
             buf,
             file: Arc::clone(file),
-            completion: Arc::clone(&completion),
+            completion,
         });
         file.counters.submitted(1);
         if !submissions_held_back() {
             self.submit();
         }
-        Ok(ReadFuture {
-            state: ReadState::InFlight(completion),
-            then: None,
-        })
+        Ok(future)
     }
 
     /// Hands queued entries to the kernel without waiting. On failure they stay queued, the
@@ -629,175 +380,14 @@ impl Drop for ThreadRing {
     }
 }
 
-/// Where a read in flight meets its future: the ring puts the outcome here and takes the
-/// waker; the future takes the outcome or leaves its waker. Shared across threads because a
-/// future may be polled on another thread than the one that reaps.
-#[derive(Default)]
-struct Completion {
-    state: Mutex<CompletionState>,
-}
-
-#[derive(Default)]
-struct CompletionState {
-    outcome: Option<(io::Result<()>, AlignedBuf)>,
-    waker: Option<Waker>,
-}
-
-impl Completion {
-    fn finish(&self, result: io::Result<()>, buf: AlignedBuf) -> Option<Waker> {
-        let mut state = self.state.lock();
-        state.outcome = Some((result, buf));
-        state.waker.take()
-    }
-
-    fn poll(&self, waker: &Waker) -> Option<(io::Result<()>, AlignedBuf)> {
-        let mut state = self.state.lock();
-        let outcome = state.outcome.take();
-        if outcome.is_none() && !state.waker.as_ref().is_some_and(|w| w.will_wake(waker)) {
-            state.waker = Some(waker.clone());
-        }
-        outcome
-    }
-}
-
-type Inspect = Box<dyn FnOnce(&mut io::Result<()>, &mut AlignedBuf) + Send>;
-
-/// The other end of a [`ReadFuture::pending`].
-pub struct ReadCompletion(Arc<Completion>);
-
-impl ReadCompletion {
-    /// Completes the read and wakes whoever polled its future.
-    pub fn complete(self, result: io::Result<()>, buf: AlignedBuf) {
-        if let Some(waker) = self.0.finish(result, buf) {
-            waker.wake();
-        }
-    }
-}
-
-/// A read from [`BlockDevice::read_async`](crate::BlockDevice::read_async):
-/// `Future<Output = (io::Result<()>, AlignedBuf)>`, `Send + 'static`, that gives the buffer
-/// back with the result.
-///
-/// A read in flight completes when the thread that submitted it calls [`reap_thread_ring`]
-/// (the future may be polled on any thread; it is woken from the reaping one). Dropping the
-/// future does not cancel the read: the ring keeps the buffer until the kernel is done with
-/// it, then drops it. Polling again after completion yields an error and an empty buffer.
-pub struct ReadFuture {
-    state: ReadState,
-    /// Applied to the outcome when it arrives (a [`crate::FaultyDevice`]'s bit flips).
-    then: Option<Inspect>,
-}
-
-enum ReadState {
-    /// `None` once the outcome has been handed out.
-    Ready(Option<(io::Result<()>, AlignedBuf)>),
-    InFlight(Arc<Completion>),
-}
-
-impl ReadFuture {
-    /// A read that has already completed with `result` into `buf`.
-    pub fn ready(result: io::Result<()>, buf: AlignedBuf) -> ReadFuture {
-        ReadFuture {
-            state: ReadState::Ready(Some((result, buf))),
-            then: None,
-        }
-    }
-
-    /// A read that completes when [`ReadCompletion::complete`] is called, on any thread:
-    /// for devices that complete reads elsewhere, and tests that complete them out of
-    /// order.
-    pub fn pending() -> (ReadFuture, ReadCompletion) {
-        let completion = Arc::new(Completion {
-            state: Mutex::new(CompletionState::default()),
-        });
-        let future = ReadFuture {
-            state: ReadState::InFlight(completion.clone()),
-            then: None,
-        };
-        (future, ReadCompletion(completion))
-    }
-
-    /// True when the read has not completed yet (its outcome is still with the ring).
-    pub fn is_in_flight(&self) -> bool {
-        match &self.state {
-            ReadState::Ready(_) => false,
-            ReadState::InFlight(completion) => completion.state.lock().outcome.is_none(),
-        }
-    }
-
-    /// Runs `inspect` on the outcome when it arrives: now if it has, else on completion.
-    pub(crate) fn inspect(
-        mut self,
-        inspect: impl FnOnce(&mut io::Result<()>, &mut AlignedBuf) + Send + 'static,
-    ) -> ReadFuture {
-        match (&mut self.state, self.then.take()) {
-            (ReadState::Ready(Some((result, buf))), None) => inspect(result, buf),
-            (_, None) => self.then = Some(Box::new(inspect)),
-            (_, Some(earlier)) => {
-                self.then = Some(Box::new(move |result, buf| {
-                    earlier(result, buf);
-                    inspect(result, buf);
-                }));
-            }
-        }
-        self
-    }
-}
-
-impl Future for ReadFuture {
-    type Output = (io::Result<()>, AlignedBuf);
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let this = &mut *self;
-        let outcome = match &mut this.state {
-            ReadState::Ready(outcome) => outcome.take(),
-            ReadState::InFlight(completion) => match completion.poll(cx.waker()) {
-                None => return Poll::Pending,
-                outcome => outcome,
-            },
-        };
-        this.state = ReadState::Ready(None);
-        let Some((mut result, mut buf)) = outcome else {
-            let err = io::Error::other("ReadFuture polled after it completed");
-            return Poll::Ready((Err(err), AlignedBuf::zeroed(0)));
-        };
-        if let Some(inspect) = this.then.take() {
-            inspect(&mut result, &mut buf);
-        }
-        Poll::Ready((result, buf))
-    }
-}
-
-impl fmt::Debug for ReadFuture {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ReadFuture")
-            .field("in_flight", &self.is_in_flight())
-            .finish_non_exhaustive()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use std::sync::mpsc;
+    use std::task::Poll;
     use std::thread;
     use std::time::{Duration, Instant};
 
     use super::*;
-
-    #[test]
-    fn a_pending_read_completes_with_what_its_handle_gives() {
-        let (mut read, completion) = ReadFuture::pending();
-        assert!(read.is_in_flight());
-        let (flag, waker) = Flag::waker();
-        assert!(poll_once(&mut read, &waker).is_pending());
-        let mut buf = AlignedBuf::zeroed(1);
-        buf[0] = 9;
-        completion.complete(Ok(()), buf);
-        assert!(flag.woken(), "completing wakes the poller");
-        let (result, buf) = complete(read);
-        assert!(result.is_ok());
-        assert_eq!(buf[0], 9);
-    }
     use crate::test_util::{Flag, complete, poll_once, random_bytes};
     use crate::{
         BLOCK_BYTES, BLOCK_SIZE, BlockDevice, CompressingDevice, DeviceCompression,
