@@ -12,12 +12,14 @@ use super::access::AccessTable;
 use super::page::Summary;
 use crate::btree::Lockable;
 use crate::dictionary::Dictionary;
+use crate::dictionary::page::PageDictionary;
 use crate::memory::{Charge, alloc_size};
 use crate::write_buffer::WriteBuffer;
 
 /// What a leaf holds besides its page while it has any of it: the write buffer, the
-/// medium objects' blobs and, with `track_access`, its objects' access state. Boxed, and
-/// absent for most leaves (no medium objects, no write since the last merge, no
+/// medium objects' blobs, the dictionary its page was compressed with and, with
+/// `track_access`, its objects' access state. Boxed, and absent for most leaves (no
+/// medium objects, no write since the last merge, a page without a dictionary, no
 /// tracking).
 #[derive(Default)]
 pub(super) struct Extras {
@@ -31,6 +33,9 @@ pub(super) struct Extras {
     /// The dictionary of those blobs that name one (a merge compresses them all with the
     /// current one, so there is at most one a leaf).
     pub(super) dictionary: Option<Arc<Dictionary>>,
+    /// The dictionary the page's body was compressed with, the one its summary names
+    /// (`page.rs`); a page chooses one only where it saves more than this box costs.
+    pub(super) page_dictionary: Option<Arc<PageDictionary>>,
     /// Boxed again, so that a leaf without it pays one pointer.
     pub(super) access_table: Option<Box<AccessTable>>,
 }
@@ -54,6 +59,10 @@ impl LeafState {
         self.extras.as_ref()?.dictionary.as_deref()
     }
 
+    pub(super) fn page_dictionary(&self) -> Option<&PageDictionary> {
+        self.extras.as_ref()?.page_dictionary.as_deref()
+    }
+
     pub(super) fn access_table(&self) -> Option<&AccessTable> {
         self.extras.as_ref()?.access_table.as_deref()
     }
@@ -65,6 +74,20 @@ impl LeafState {
             .map_or_else(Summary::default, |(s, _)| s)
     }
 
+    /// Replaces the page, with the dictionary its body was compressed with.
+    pub(super) fn set_page(
+        &mut self,
+        page: Option<Box<[u8]>>,
+        dictionary: Option<Arc<PageDictionary>>,
+    ) {
+        self.page = page;
+        if dictionary.is_some() {
+            self.extras.get_or_insert_default().page_dictionary = dictionary;
+        } else if let Some(extras) = &mut self.extras {
+            extras.page_dictionary = None;
+        }
+    }
+
     /// Drops the box of extras once it holds nothing.
     pub(super) fn tidy(&mut self) {
         if let Some(extras) = &mut self.extras {
@@ -74,15 +97,25 @@ impl LeafState {
             if extras.blobs.is_empty() {
                 extras.dictionary = None;
             }
+            if self.page.is_none() {
+                extras.page_dictionary = None;
+            }
         }
-        if self
-            .extras
-            .as_ref()
-            .is_some_and(|e| e.buffer.is_empty() && e.blobs.is_empty() && e.access_table.is_none())
-        {
+        if self.extras.as_ref().is_some_and(|e| {
+            e.buffer.is_empty()
+                && e.blobs.is_empty()
+                && e.access_table.is_none()
+                && e.page_dictionary.is_none()
+        }) {
             self.extras = None;
         }
     }
+}
+
+/// What a leaf's box of extras takes: the most a page dictionary must save to be worth
+/// holding.
+pub(super) fn extras_box() -> usize {
+    alloc_size(size_of::<Extras>())
 }
 
 /// Bits of `DramLeaf::flags`.
@@ -172,6 +205,7 @@ pub(super) struct LeafContents {
     pub(super) raw: bool,
     pub(super) blobs: Box<[Option<Box<[u8]>>]>,
     pub(super) dictionary: Option<Arc<Dictionary>>,
+    pub(super) page_dictionary: Option<Arc<PageDictionary>>,
     pub(super) access_table: Option<Box<AccessTable>>,
 }
 
@@ -180,14 +214,16 @@ pub(super) struct LeafContents {
 pub(super) fn install(leaf: &DramLeaf, st: &mut LeafState, c: LeafContents) {
     st.page = c.page;
     leaf.set(RAW_PAGE, c.raw && st.page.is_some());
-    if !c.blobs.is_empty() || c.access_table.is_some() {
+    if !c.blobs.is_empty() || c.access_table.is_some() || c.page_dictionary.is_some() {
         let extras = st.extras.get_or_insert_default();
         extras.blobs = c.blobs;
         extras.dictionary = c.dictionary;
+        extras.page_dictionary = c.page_dictionary;
         extras.access_table = c.access_table;
     } else if let Some(extras) = &mut st.extras {
         extras.blobs = Box::default();
         extras.dictionary = None;
+        extras.page_dictionary = None;
         extras.access_table = None;
     }
     st.tidy();
@@ -199,24 +235,29 @@ impl DramTier {
     pub(super) fn charge_of(&self, leaf: &DramLeaf, st: &LeafState) -> Charge {
         let page = st.page.as_deref().map_or(0, |p| alloc_size(p.len())) as i64;
         let raw = leaf.raw_page();
-        let (buffer, mediums, access) = match &st.extras {
-            None => (0, 0, 0),
+        let (buffer, mediums, access, page_box) = match &st.extras {
+            None => (0, 0, 0, 0),
             Some(e) => {
                 let blobs: usize = e.blobs.iter().flatten().map(|b| alloc_size(b.len())).sum();
                 let table = alloc_size(e.blobs.len() * size_of::<Option<Box<[u8]>>>());
                 let access = e.access_table.as_ref().map_or(0, |t| t.charge());
-                // The box itself goes with the first of the three that keeps it.
-                let boxed = alloc_size(size_of::<Extras>());
+                // The box itself goes with the first of the four that keeps it.
+                let boxed = extras_box();
                 let buffer = e.buffer.charge();
                 if !e.buffer.is_empty() {
-                    (buffer + boxed, blobs + table, access)
-                } else if !e.blobs.is_empty() || e.access_table.is_none() {
-                    (buffer, blobs + table + boxed, access)
+                    (buffer + boxed, blobs + table, access, 0)
+                } else if !e.blobs.is_empty() {
+                    (buffer, blobs + table + boxed, access, 0)
+                } else if e.access_table.is_some() {
+                    (buffer, blobs + table, access + boxed, 0)
+                } else if e.page_dictionary.is_some() {
+                    (buffer, blobs + table, access, boxed)
                 } else {
-                    (buffer, blobs + table, access + boxed)
+                    (buffer, blobs + table + boxed, access, 0)
                 }
             }
         };
+        let page = page + page_box as i64;
         Charge {
             compressed_pages: if raw { 0 } else { page },
             hot_pages: if raw { page } else { 0 },
@@ -263,9 +304,37 @@ mod tests {
             total.mediums += c.mediums;
             total.access_tables += c.access_tables;
         }
+        total.dictionaries = recount_dictionaries(dram);
         total.index =
             (dram.tree.node_bytes() + dram.leaves.bytes() as u64) as i64 + dram.reads.bytes();
         total
+    }
+
+    /// The dictionaries' samples, and every dictionary alive: the current ones and those
+    /// the leaves hold, each once.
+    fn recount_dictionaries(dram: &DramTier) -> i64 {
+        let Some(d) = &dram.dictionaries else {
+            return 0;
+        };
+        d.settle();
+        let view = dram.view();
+        let mut blobs: Vec<Arc<Dictionary>> = d.blobs.current().into_iter().collect();
+        let mut pages: Vec<Arc<PageDictionary>> = d.pages.current().into_iter().collect();
+        for id in dram.leaves() {
+            let st = view.get(id.0).unwrap().state.read();
+            if let Some(e) = &st.extras {
+                blobs.extend(e.dictionary.clone());
+                pages.extend(e.page_dictionary.clone());
+            }
+        }
+        blobs.sort_by_key(|d| Arc::as_ptr(d));
+        blobs.dedup_by(|a, b| Arc::ptr_eq(a, b));
+        pages.sort_by_key(|d| Arc::as_ptr(d));
+        pages.dedup_by(|a, b| Arc::ptr_eq(a, b));
+        d.blobs.sample_charge()
+            + d.pages.sample_charge()
+            + blobs.iter().map(|d| d.charge()).sum::<i64>()
+            + pages.iter().map(|d| d.charge()).sum::<i64>()
     }
 
     /// A leaf costs a 40-byte slot; with the tree's entry (a 4-byte id, its fence's
