@@ -1,12 +1,11 @@
 //! Adaptive compression bypassing (paper §3.2): the hottest leaves, within a share of
 //! the DRAM budget, keep their pages uncompressed.
 
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use super::DramTier;
 use super::leaf::{DramLeaf, HOT, RAW_PAGE, RETIRED};
-use super::page::Summary;
+use super::page::{DictionaryPage, Summary};
 use crate::dictionary::page::PageDictionary;
 use crate::memory::alloc_size;
 
@@ -88,7 +87,7 @@ impl DramTier {
         page: &[u8],
         dictionary: Option<&PageDictionary>,
         raw: bool,
-    ) -> Option<(Box<[u8]>, Option<Arc<PageDictionary>>)> {
+    ) -> Option<DictionaryPage> {
         let (summary, packed) = Summary::split(page)?;
         let header = self.layout.table(packed)?.len();
         let (_, body) = self.decode(leaf, Some(page), dictionary)?;

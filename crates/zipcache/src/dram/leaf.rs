@@ -327,9 +327,9 @@ mod tests {
                 pages.extend(e.page_dictionary.clone());
             }
         }
-        blobs.sort_by_key(|d| Arc::as_ptr(d));
+        blobs.sort_by_key(Arc::as_ptr);
         blobs.dedup_by(|a, b| Arc::ptr_eq(a, b));
-        pages.sort_by_key(|d| Arc::as_ptr(d));
+        pages.sort_by_key(Arc::as_ptr);
         pages.dedup_by(|a, b| Arc::ptr_eq(a, b));
         d.blobs.sample_charge()
             + d.pages.sample_charge()

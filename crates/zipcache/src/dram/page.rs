@@ -11,6 +11,9 @@ use crate::dictionary::page::PageDictionary;
 use crate::early_termination::{compress_behind, decompress_prefix, with_prefix};
 use crate::record::{CasBase, Record, put_varint, read_varint};
 
+/// A page, and the dictionary its body was compressed with (which its leaf then holds).
+pub(super) type DictionaryPage = (Box<[u8]>, Option<Arc<PageDictionary>>);
+
 /// A leaf's page, as one allocation: a summary of what it holds, then the packed page
 /// (`packed_page.rs`: end table, CAS base, body — LZ4-compressed unless the leaf's
 /// `RAW_PAGE` flag is set).
@@ -124,12 +127,7 @@ impl DramTier {
     /// allocation: the body as it is if `raw`, else compressed — with the current page
     /// dictionary if that saves more than holding it costs (the leaf's box of extras),
     /// then returned beside the page for the leaf to hold, else without.
-    pub(super) fn page(
-        &self,
-        summary: Summary,
-        packed: &[u8],
-        raw: bool,
-    ) -> (Box<[u8]>, Option<Arc<PageDictionary>>) {
+    pub(super) fn page(&self, summary: Summary, packed: &[u8], raw: bool) -> DictionaryPage {
         let header = self.layout.table(packed).map_or(packed.len(), |t| t.len());
         let (table, body) = packed.split_at(header);
         let front = |dictionary: u32| {
