@@ -233,7 +233,9 @@ fn a_page_with_a_wrong_dictionary_serves_misses_never_wrong_bytes() {
         Some(device),
         16 << 10,
         crate::config::Promotion::EveryHit,
-        &crate::model_tests::SMALL_DICTIONARIES,
+        // Small dictionaries, from more samples than the model tests': enough pages
+        // take one for each way of breaking it.
+        &[("dictionary_size", "2KiB"), ("dictionary_samples", "64")],
     );
     let keys = 0..1_500u16;
     h.put_all(keys.clone(), 100);
