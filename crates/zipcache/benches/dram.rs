@@ -67,6 +67,7 @@ fn early_termination(c: &mut Criterion) {
                     black_box(&compressed),
                     body.len(),
                     ends[m - 1],
+                    None,
                     &mut out
                 ))
             })

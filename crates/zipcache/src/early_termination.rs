@@ -3,9 +3,13 @@
 //! A leaf page is compressed as one LZ4 stream. LZ4 rebuilds the page front to back, so
 //! a GET that knows its object lives in sub-page `i` stops once sub-pages `0..=i` are
 //! rebuilt: on average it decodes half a page, and a sub-page-0 object costs a sixteenth.
-//! liblz4's `LZ4_decompress_safe_partial` stops at the exact byte (lz4_flex cannot).
+//! liblz4's `LZ4_decompress_safe_partial` stops at the exact byte (lz4_flex cannot), and
+//! `LZ4_decompress_safe_partial_usingDict` does the same for a page compressed with a
+//! dictionary (`dictionary/page.rs`).
 
 use std::cell::RefCell;
+
+use crate::dictionary::page::PageDictionary;
 
 /// Compresses a whole logical page into one LZ4 block.
 pub fn compress_page(page: &[u8]) -> Box<[u8]> {
@@ -22,17 +26,24 @@ pub fn compress_behind(header: &[u8], page: &[u8]) -> Vec<u8> {
     out
 }
 
-/// Decompresses the first `prefix` bytes of a page of `page_size` bytes into `out`.
-/// Returns false if the compressed bytes are corrupt.
+/// Decompresses the first `prefix` bytes of a page of `page_size` bytes, compressed with
+/// `dictionary` (or none), into `out`. Returns false if the compressed bytes are corrupt.
 pub fn decompress_prefix(
     compressed: &[u8],
     page_size: usize,
     prefix: usize,
+    dictionary: Option<&PageDictionary>,
     out: &mut [u8],
 ) -> bool {
+    if let Some(dictionary) = dictionary {
+        return dictionary.decompress_prefix(compressed, page_size, prefix, out);
+    }
     let prefix = prefix.min(page_size);
+    let Some(out) = out.get_mut(..prefix) else {
+        return false;
+    };
     matches!(
-        lzzzz::lz4::decompress_partial(compressed, &mut out[..prefix], page_size),
+        lzzzz::lz4::decompress_partial(compressed, out, page_size),
         Ok(n) if n == prefix
     )
 }
@@ -42,12 +53,13 @@ thread_local! {
     static SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
 }
 
-/// Runs `f` over the first `prefix` bytes of the decompressed page, or over `None` if
-/// the page does not decompress.
+/// Runs `f` over the first `prefix` bytes of the decompressed page (compressed with
+/// `dictionary`, or none), or over `None` if the page does not decompress.
 pub fn with_prefix<R>(
     compressed: &[u8],
     page_size: usize,
     prefix: usize,
+    dictionary: Option<&PageDictionary>,
     f: impl FnOnce(Option<&[u8]>) -> R,
 ) -> R {
     SCRATCH.with(|scratch| {
@@ -56,7 +68,7 @@ pub fn with_prefix<R>(
             scratch.resize(page_size, 0);
         }
         let prefix = prefix.min(page_size);
-        if decompress_prefix(compressed, page_size, prefix, &mut scratch) {
+        if decompress_prefix(compressed, page_size, prefix, dictionary, &mut scratch) {
             f(Some(&scratch[..prefix]))
         } else {
             f(None)
@@ -79,7 +91,7 @@ mod tests {
         let c = compress_page(&page);
         for sub in 1..=16 {
             let prefix = sub * 256;
-            with_prefix(&c, 4096, prefix, |p| {
+            with_prefix(&c, 4096, prefix, None, |p| {
                 assert_eq!(p.unwrap(), &page[..prefix])
             });
         }
@@ -90,6 +102,6 @@ mod tests {
         let page = vec![7u8; 4096];
         let c = compress_page(&page);
         let truncated = &c[..c.len() / 2];
-        with_prefix(truncated, 4096, 4096, |p| assert!(p.is_none()));
+        with_prefix(truncated, 4096, 4096, None, |p| assert!(p.is_none()));
     }
 }

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use zipcache_device::{BlockDevice, DeviceCompression, FaultOp, MemDevice};
 
 use crate::config::Clock;
+use crate::dictionary::page::PageDictionary;
 use crate::model_tests::{Harness, Op};
 use crate::{Config, ZipCache};
 
@@ -172,7 +173,7 @@ fn a_leaf_with_a_wrong_dictionary_serves_misses_never_wrong_bytes() {
     evict_to_ssd(&h);
     // Until a dictionary is current, then once more so that the leaves' blobs use it.
     let dictionaries = h.cache.inner.dram.dictionaries.clone().unwrap();
-    while dictionaries.current().is_none() {
+    while dictionaries.blobs.current().is_none() {
         h.put_all(keys.clone(), 600);
         dictionaries.settle();
     }
@@ -207,6 +208,82 @@ fn a_leaf_with_a_wrong_dictionary_serves_misses_never_wrong_bytes() {
     assert!(
         replaced.iter().all(|&n| n > 0),
         "leaves given a dictionary of their id, of another, none: {replaced:?}"
+    );
+    for key in keys.clone() {
+        h.run(&Op::Get { key });
+    }
+    assert!(h.cache.stats().checksum_failures > 0);
+    evict_to_ssd(&h);
+    for key in keys {
+        h.run(&Op::Get { key });
+    }
+}
+
+/// Pages compressed with a page dictionary whose leaf then holds none, or a damaged copy
+/// of it (a mix-up: its version differs), or whose page names a damaged version: every GET is a miss or the right value, never other bytes, and the
+/// damaged pages hide the older SSD copies, in DRAM and after their leaves left for the
+/// SSD tier.
+#[test]
+fn a_page_with_a_wrong_dictionary_serves_misses_never_wrong_bytes() {
+    let device: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(1 << 14));
+    let mut h = Harness::on(
+        512 << 10,
+        256,
+        3.0,
+        Some(device),
+        16 << 10,
+        crate::config::Promotion::EveryHit,
+        // Small dictionaries, from more samples than the model tests': enough pages
+        // take one for each way of breaking it.
+        &[("dictionary_size", "2KiB"), ("dictionary_samples", "64")],
+    );
+    let keys = 0..1_500u16;
+    h.put_all(keys.clone(), 100);
+    evict_to_ssd(&h);
+    // Until a page dictionary is current, then once more so that the pages use it.
+    let dictionaries = h.cache.inner.dram.dictionaries.clone().unwrap();
+    while dictionaries.pages.current().is_none() {
+        h.put_all(keys.clone(), 100);
+        dictionaries.settle();
+    }
+    h.put_all(keys.clone(), 100);
+    h.cache.inner.dram.merge_all(h.clock.now_ms());
+    let held = h.cache.inner.dram.page_dictionaries_held();
+    assert!(held.values().sum::<usize>() >= 3, "{held:?}");
+    // Leaves whose page names a dictionary are, in turn, given none, given a copy of it
+    // with every byte damaged, or keep theirs while their page's version is damaged.
+    let memory = Arc::new(crate::memory::Memory::default());
+    let mut given: Vec<Arc<PageDictionary>> = Vec::new();
+    let mut broken = [0; 3];
+    for key in keys.clone() {
+        let k = crate::model_tests::key_of(key);
+        let dram = &h.cache.inner.dram;
+        let replacement = match dram.replace_page_dictionary_of(&k, None) {
+            None => None,
+            Some(ours) if given.iter().any(|g| Arc::ptr_eq(g, &ours)) => Some(ours),
+            Some(own) => {
+                let mode = broken.iter().sum::<usize>() % 3;
+                broken[mode] += 1;
+                match mode {
+                    0 => None,
+                    1 => {
+                        let damaged: Vec<u8> = own.bytes().iter().map(|b| b ^ 1).collect();
+                        Some(PageDictionary::prepare(1 << 40, &damaged, memory.clone()).unwrap())
+                    }
+                    _ => {
+                        dram.replace_page_dictionary_of(&k, Some(own.clone()));
+                        assert!(dram.corrupt_page_dictionary_version_of(&k));
+                        Some(own)
+                    }
+                }
+            }
+        };
+        given.extend(replacement.clone());
+        dram.replace_page_dictionary_of(&k, replacement);
+    }
+    assert!(
+        broken.iter().all(|&n| n > 0),
+        "leaves given none, a damaged copy, a damaged page: {broken:?}"
     );
     for key in keys.clone() {
         h.run(&Op::Get { key });

@@ -18,13 +18,16 @@ pub struct Stats {
     pub dram_medium_bytes: u64,
     /// Per-object access state (setting `track_access`; 0 without it).
     pub dram_access_bytes: u64,
-    /// Trained dictionaries of medium objects (prepared forms) and the sample they are
-    /// trained on (setting `dictionaries`).
+    /// Trained dictionaries of medium objects (prepared forms) and of pages (raw prefix
+    /// and LZ4 state), and the samples they are trained on (setting `dictionaries`).
     pub dram_dictionary_bytes: u64,
     /// Dictionaries trained, and of those, made current (a held-out sample compressed
     /// noticeably better with them).
     pub dictionaries_trained: u64,
     pub dictionaries_swapped: u64,
+    /// The same for the LZ4 dictionaries of tiny objects' pages.
+    pub page_dictionaries_trained: u64,
+    pub page_dictionaries_swapped: u64,
     /// Leaf descriptors and inner nodes of BT_DRAM and BT_LO, and BT_SSD inner nodes.
     pub dram_index_bytes: u64,
     /// The resident memory of the process the engine runs in (`VmRSS`), to hold beside

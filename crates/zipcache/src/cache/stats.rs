@@ -121,16 +121,10 @@ impl Inner {
             dram_medium_bytes: mem.mediums.max(0) as u64,
             dram_access_bytes: mem.access_tables.max(0) as u64,
             dram_dictionary_bytes: mem.dictionaries.max(0) as u64,
-            dictionaries_trained: self
-                .dram
-                .dictionaries
-                .as_ref()
-                .map_or(0, |d| d.counters.trained.load(Ordering::Relaxed)),
-            dictionaries_swapped: self
-                .dram
-                .dictionaries
-                .as_ref()
-                .map_or(0, |d| d.counters.swapped.load(Ordering::Relaxed)),
+            dictionaries_trained: self.dram.training(|d| &d.blobs.counters.trained),
+            dictionaries_swapped: self.dram.training(|d| &d.blobs.counters.swapped),
+            page_dictionaries_trained: self.dram.training(|d| &d.pages.counters.trained),
+            page_dictionaries_swapped: self.dram.training(|d| &d.pages.counters.swapped),
             dram_index_bytes: mem.index.max(0) as u64,
             rss_bytes: rss,
             dram_fragmentation_bytes: rss.map_or(0, |rss| {

@@ -1,4 +1,5 @@
-//! Trained zstd dictionaries for medium objects (issue 21).
+//! Trained dictionaries (issue 21): zstd ones for medium objects (here), LZ4 prefixes
+//! for tiny objects' pages ([`page`]), both trained the same way ([`training`]).
 //!
 //! A medium object (`tiny_max` .. `medium_max`) is compressed alone, so with LZ4 it starts
 //! from an empty window every time: a JSON document of 560 bytes shrinks by less than
@@ -9,12 +10,13 @@
 //!   `ZSTD_DDict`: no call loads it again), named by a small id that its blobs carry;
 //!   charged to the DRAM budget while it lives, which is while any leaf holding blobs
 //!   compressed with it, or the engine as its current one, holds it (an `Arc`).
-//! * [`training`]: the reservoir of recent medium values, background training, and the
-//!   swap to a new dictionary when a held-out sample compresses noticeably better.
+//! * [`training`]: for each kind, the reservoir of recent values, background training,
+//!   and the swap to a new dictionary when a held-out sample compresses noticeably better.
 //!
 //! Every frame carries zstd's checksum of its content, so a blob decoded with a damaged
 //! dictionary (or a damaged blob) fails to decode instead of giving wrong bytes.
 
+pub mod page;
 pub mod training;
 
 use std::cell::RefCell;
@@ -105,6 +107,12 @@ impl Dictionary {
 
     pub fn id(&self) -> u8 {
         self.id
+    }
+
+    /// What it is charged while it lives.
+    #[cfg(test)]
+    pub fn charge(&self) -> i64 {
+        self.charge
     }
 
     /// Appends `value` compressed with this dictionary to `out`; its length, or `None`

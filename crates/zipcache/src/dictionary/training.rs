@@ -18,13 +18,11 @@ use arc_swap::ArcSwapOption;
 use parking_lot::Mutex;
 
 use super::Dictionary;
+use super::page::{MAX_PAGE_DICTIONARY, PageDictionary};
 use crate::config::Config;
 use crate::memory::{Memory, alloc_size};
 use crate::record::stored_len;
 
-/// Bytes of a value the reservoir keeps: the start of a document is where its schema
-/// shows (field names), and a bound a sample keeps the reservoir's bytes bounded.
-const SAMPLE_PREFIX: usize = 1024;
 /// A candidate replaces the current dictionary if the held-out values take at most this
 /// fraction of what they take with the current one (or with none).
 const SWAP_BELOW: f64 = 0.95;
@@ -69,6 +67,74 @@ impl TrainingSettings {
     }
 }
 
+/// One kind of dictionary the engine trains: what it compresses, how it is trained from
+/// samples of that, and how a sample set is judged.
+pub trait Kind: Send + Sync + Sized + 'static {
+    /// Bytes of an offered value a sample keeps.
+    const SAMPLE_PREFIX: usize;
+
+    /// A dictionary of about `size` bytes trained on `samples`, the `generation`-th this
+    /// run trained of its kind (from 1), charged to `memory`.
+    fn train(
+        generation: u64,
+        samples: &[&[u8]],
+        size: usize,
+        memory: Arc<Memory>,
+    ) -> Option<Arc<Self>>;
+
+    /// Bytes `held_out` take stored with `dictionary` (or none).
+    fn cost(held_out: &[&[u8]], dictionary: Option<&Self>) -> usize;
+}
+
+/// Medium objects' blobs: zstd dictionaries, one sample a value (its first 1 KiB: the
+/// start of a document is where its schema shows, and the bound keeps the reservoir's
+/// bytes bounded), judged by the blobs the held-out values make.
+impl Kind for Dictionary {
+    const SAMPLE_PREFIX: usize = 1024;
+
+    fn train(
+        generation: u64,
+        samples: &[&[u8]],
+        size: usize,
+        memory: Arc<Memory>,
+    ) -> Option<Arc<Self>> {
+        // Blobs name their dictionary by a byte: ids 1..=255 in turn.
+        let id = ((generation - 1) % 255 + 1) as u8;
+        let raw = zstd::dict::from_samples(samples, size).ok()?;
+        Dictionary::prepare(id, &raw, memory)
+    }
+
+    fn cost(held_out: &[&[u8]], dictionary: Option<&Self>) -> usize {
+        held_out.iter().map(|v| stored_len(v, dictionary)).sum()
+    }
+}
+
+/// The engine's dictionaries: zstd ones for medium objects' blobs, LZ4 prefixes for
+/// tiny objects' pages, each kind trained on samples of what it compresses.
+pub struct Dictionaries {
+    pub blobs: Arc<Trainer<Dictionary>>,
+    pub pages: Arc<Trainer<PageDictionary>>,
+}
+
+impl Dictionaries {
+    pub fn new(settings: TrainingSettings, memory: Arc<Memory>) -> Self {
+        let pages = TrainingSettings {
+            dictionary_size: settings.dictionary_size.min(MAX_PAGE_DICTIONARY),
+            ..settings
+        };
+        Dictionaries {
+            blobs: Arc::new(Trainer::new(settings, memory.clone())),
+            pages: Arc::new(Trainer::new(pages, memory)),
+        }
+    }
+
+    /// Waits for trainings under way to finish (for tests and a clean close).
+    pub fn settle(&self) {
+        self.blobs.settle();
+        self.pages.settle();
+    }
+}
+
 #[derive(Debug, Default)]
 pub struct TrainingCounters {
     /// Candidates trained.
@@ -77,10 +143,10 @@ pub struct TrainingCounters {
     pub swapped: AtomicU64,
 }
 
-/// The engine's dictionaries: the current one, and the training that may replace it.
-pub struct Dictionaries {
+/// The current dictionary of one kind, and the training that may replace it.
+pub struct Trainer<K: Kind> {
     settings: TrainingSettings,
-    current: ArcSwapOption<Dictionary>,
+    current: ArcSwapOption<K>,
     reservoir: Mutex<Reservoir>,
     memory: Arc<Memory>,
     pub counters: TrainingCounters,
@@ -97,12 +163,13 @@ struct Reservoir {
     /// Bytes charged for `samples`.
     charged: i64,
     training: Option<std::thread::JoinHandle<()>>,
-    next_id: u8,
+    /// Candidates trained so far.
+    generation: u64,
 }
 
-impl Dictionaries {
+impl<K: Kind> Trainer<K> {
     pub fn new(settings: TrainingSettings, memory: Arc<Memory>) -> Self {
-        Dictionaries {
+        Trainer {
             settings,
             current: ArcSwapOption::empty(),
             reservoir: Mutex::new(Reservoir {
@@ -112,22 +179,48 @@ impl Dictionaries {
                 rng: 0x5eed,
                 charged: 0,
                 training: None,
-                next_id: 1,
+                generation: 0,
             }),
             memory,
             counters: TrainingCounters::default(),
         }
     }
 
-    /// The dictionary new blobs are compressed with, if there is one yet.
-    pub fn current(&self) -> Option<Arc<Dictionary>> {
+    /// The dictionary new data is compressed with, if there is one yet.
+    pub fn current(&self) -> Option<Arc<K>> {
         self.current.load_full()
     }
 
-    /// A medium value just written: it may join the reservoir, and a full window starts
-    /// a training in the background (on its own thread).
+    /// A value just written: it may join the reservoir, and a full window starts a
+    /// training in the background (on its own thread).
     pub fn offer(self: &Arc<Self>, value: &[u8]) {
+        self.offer_all([value]);
+    }
+
+    /// `offer` for several values, under one lock.
+    pub fn offer_all<'v>(self: &Arc<Self>, values: impl IntoIterator<Item = &'v [u8]>) {
         let mut r = self.reservoir.lock();
+        for value in values {
+            self.sample(&mut r, value);
+        }
+        let busy = r.training.as_ref().is_some_and(|t| !t.is_finished());
+        if r.seen >= r.window && !busy {
+            let samples = std::mem::take(&mut r.samples);
+            let charged = std::mem::take(&mut r.charged);
+            r.seen = 0;
+            r.generation += 1;
+            let generation = r.generation;
+            let this = self.clone();
+            r.training = std::thread::Builder::new()
+                .name("zipcache-dictionary".into())
+                .spawn(move || this.train(generation, samples, charged))
+                .ok();
+        }
+    }
+
+    /// Reservoir sampling: `value` takes a slot with the probability that keeps every
+    /// value of the window equally likely to be in it.
+    fn sample(&self, r: &mut Reservoir, value: &[u8]) {
         r.seen += 1;
         let slot = if r.samples.len() < self.settings.samples {
             Some(r.samples.len())
@@ -137,7 +230,7 @@ impl Dictionaries {
             (pick < self.settings.samples).then_some(pick)
         };
         if let Some(slot) = slot {
-            let sample: Box<[u8]> = value[..value.len().min(SAMPLE_PREFIX)].into();
+            let sample: Box<[u8]> = value[..value.len().min(K::SAMPLE_PREFIX)].into();
             let mut delta = alloc_size(sample.len()) as i64;
             if slot == r.samples.len() {
                 r.samples.push(sample);
@@ -148,41 +241,29 @@ impl Dictionaries {
             r.charged += delta;
             self.memory.change_dictionaries(delta);
         }
-        let busy = r.training.as_ref().is_some_and(|t| !t.is_finished());
-        if r.seen >= r.window && !busy {
-            let samples = std::mem::take(&mut r.samples);
-            let charged = std::mem::take(&mut r.charged);
-            r.seen = 0;
-            let id = r.next_id;
-            r.next_id = r.next_id.checked_add(1).unwrap_or(1);
-            let this = self.clone();
-            r.training = std::thread::Builder::new()
-                .name("zipcache-dictionary".into())
-                .spawn(move || this.train(id, samples, charged))
-                .ok();
-        }
     }
 
     /// Trains a candidate on `samples` (less those held out), and makes it current if
     /// the held-out samples compress noticeably better with it.
-    fn train(&self, id: u8, samples: Vec<Box<[u8]>>, charged: i64) {
+    fn train(&self, generation: u64, samples: Vec<Box<[u8]>>, charged: i64) {
         let (held_out, training): (Vec<_>, Vec<_>) = samples
             .iter()
             .enumerate()
             .partition(|(i, _)| i % HELD_OUT_EVERY == 0);
         let training: Vec<&[u8]> = training.into_iter().map(|(_, s)| &s[..]).collect();
         let held_out: Vec<&[u8]> = held_out.into_iter().map(|(_, s)| &s[..]).collect();
-        let candidate = zstd::dict::from_samples(&training, self.settings.dictionary_size)
-            .ok()
-            .and_then(|raw| Dictionary::prepare(id, &raw, self.memory.clone()));
+        let candidate = K::train(
+            generation,
+            &training,
+            self.settings.dictionary_size,
+            self.memory.clone(),
+        );
         self.counters.trained.fetch_add(1, Ordering::Relaxed);
         let current = self.current();
-        let cost = |dictionary: Option<&Dictionary>| -> usize {
-            held_out.iter().map(|v| stored_len(v, dictionary)).sum()
-        };
-        let better = candidate
-            .as_ref()
-            .is_some_and(|c| cost(Some(c)) as f64 <= cost(current.as_deref()) as f64 * SWAP_BELOW);
+        let better = candidate.as_ref().is_some_and(|c| {
+            K::cost(&held_out, Some(c)) as f64
+                <= K::cost(&held_out, current.as_deref()) as f64 * SWAP_BELOW
+        });
         drop(held_out);
         drop(training);
         drop(samples);
@@ -198,7 +279,19 @@ impl Dictionaries {
         }
     }
 
-    /// Waits for a training under way to finish (for tests and a clean close).
+    /// Makes `dictionary` the current one, as a swap would.
+    #[cfg(test)]
+    pub fn make_current(&self, dictionary: Option<Arc<K>>) {
+        self.current.store(dictionary);
+    }
+
+    /// What the reservoir's samples are charged.
+    #[cfg(test)]
+    pub fn sample_charge(&self) -> i64 {
+        self.reservoir.lock().charged
+    }
+
+    /// Waits for a training under way to finish.
     pub fn settle(&self) {
         let training = self.reservoir.lock().training.take();
         if let Some(t) = training {
@@ -219,7 +312,7 @@ mod tests {
     use super::super::tests::document;
     use super::*;
 
-    fn cost(dictionaries: &Dictionaries, schema: u8) -> usize {
+    fn cost(dictionaries: &Trainer<Dictionary>, schema: u8) -> usize {
         let current = dictionaries.current();
         (10_000..10_200)
             .map(|i| stored_len(&document(schema, i), current.as_deref()))
@@ -228,7 +321,7 @@ mod tests {
 
     /// Offers documents of `schema` until a dictionary is swapped in (each window's
     /// training finishes before the next offer); how many it took.
-    fn offer_until_swapped(dictionaries: &Arc<Dictionaries>, schema: u8, from: u64) -> u64 {
+    fn offer_until_swapped(dictionaries: &Arc<Trainer<Dictionary>>, schema: u8, from: u64) -> u64 {
         let swapped = dictionaries.counters.swapped.load(Ordering::Relaxed);
         for i in from..from + 200_000 {
             dictionaries.offer(&document(schema, i));
@@ -249,7 +342,7 @@ mod tests {
             samples: 256,
             dictionary_size: 16 << 10,
         };
-        let dictionaries = Arc::new(Dictionaries::new(settings, memory.clone()));
+        let dictionaries = Arc::new(Trainer::<Dictionary>::new(settings, memory.clone()));
         let lz4_users = cost(&dictionaries, 0);
         offer_until_swapped(&dictionaries, 0, 0);
         let users = cost(&dictionaries, 0);
@@ -267,7 +360,7 @@ mod tests {
         );
         // Within a third of what the first schema got from its own dictionary.
         let lz4_orders = {
-            let none = Dictionaries::new(settings, Arc::new(Memory::default()));
+            let none = Trainer::<Dictionary>::new(settings, Arc::new(Memory::default()));
             cost(&none, 1)
         };
         assert!(

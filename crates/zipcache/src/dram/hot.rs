@@ -4,9 +4,9 @@
 use std::sync::atomic::Ordering;
 
 use super::DramTier;
-use super::block::Block;
 use super::leaf::{DramLeaf, HOT, RAW_PAGE, RETIRED};
-use super::page::Summary;
+use super::page::{DictionaryPage, Summary};
+use crate::dictionary::page::PageDictionary;
 use crate::memory::alloc_size;
 
 impl DramTier {
@@ -58,11 +58,14 @@ impl DramTier {
         if leaf.raw_page() == hot {
             return;
         }
-        let converted = st.page.as_deref().map(|page| self.repage(leaf, page, hot));
+        let converted = st
+            .page
+            .as_deref()
+            .map(|page| self.repage(leaf, page, st.page_dictionary(), hot));
         self.charged(leaf, &mut st, |st| match converted {
             None => {}
-            Some(Some(page)) => {
-                st.page = Some(page);
+            Some(Some((page, dictionary))) => {
+                st.set_page(Some(page), dictionary);
                 leaf.set(RAW_PAGE, hot);
             }
             Some(None) => {
@@ -75,12 +78,19 @@ impl DramTier {
         });
     }
 
-    /// A locked leaf's page rebuilt with its body `raw` (or compressed); `None` if the
+    /// A locked leaf's page (compressed with `dictionary`, if it names one) rebuilt with
+    /// its body `raw` (or compressed), and the dictionary it then needs; `None` if the
     /// page is damaged.
-    fn repage(&self, leaf: &DramLeaf, page: &[u8], raw: bool) -> Option<Block> {
+    fn repage(
+        &self,
+        leaf: &DramLeaf,
+        page: &[u8],
+        dictionary: Option<&PageDictionary>,
+        raw: bool,
+    ) -> Option<DictionaryPage> {
         let (summary, packed) = Summary::split(page)?;
         let header = self.layout.table(packed)?.len();
-        let (_, body) = self.decode(leaf, Some(page))?;
+        let (_, body) = self.decode(leaf, Some(page), dictionary)?;
         Some(self.page(summary, &[&packed[..header], &body].concat(), raw))
     }
 }

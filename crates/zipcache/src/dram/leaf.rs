@@ -13,12 +13,14 @@ use super::block::Block;
 use super::page::Summary;
 use crate::btree::Lockable;
 use crate::dictionary::Dictionary;
+use crate::dictionary::page::PageDictionary;
 use crate::memory::{Charge, alloc_size};
 use crate::write_buffer::WriteBuffer;
 
 /// What a leaf holds besides its page while it has any of it: the write buffer, the
-/// medium objects' blobs and, with `track_access`, its objects' access state. Boxed, and
-/// absent for most leaves (no medium objects, no write since the last merge, no
+/// medium objects' blobs, the dictionary its page was compressed with and, with
+/// `track_access`, its objects' access state. Boxed, and absent for most leaves (no
+/// medium objects, no write since the last merge, a page without a dictionary, no
 /// tracking).
 #[derive(Default)]
 pub(super) struct Extras {
@@ -32,6 +34,9 @@ pub(super) struct Extras {
     /// The dictionary of those blobs that name one (a merge compresses them all with the
     /// current one, so there is at most one a leaf).
     pub(super) dictionary: Option<Arc<Dictionary>>,
+    /// The dictionary the page's body was compressed with, the one its summary names
+    /// (`page.rs`); a page chooses one only where it saves more than this box costs.
+    pub(super) page_dictionary: Option<Arc<PageDictionary>>,
     /// Boxed again, so that a leaf without it pays one pointer.
     pub(super) access_table: Option<Box<AccessTable>>,
 }
@@ -55,6 +60,10 @@ impl LeafState {
         self.extras.as_ref()?.dictionary.as_deref()
     }
 
+    pub(super) fn page_dictionary(&self) -> Option<&PageDictionary> {
+        self.extras.as_ref()?.page_dictionary.as_deref()
+    }
+
     pub(super) fn access_table(&self) -> Option<&AccessTable> {
         self.extras.as_ref()?.access_table.as_deref()
     }
@@ -66,6 +75,20 @@ impl LeafState {
             .map_or_else(Summary::default, |(s, _)| s)
     }
 
+    /// Replaces the page, with the dictionary its body was compressed with.
+    pub(super) fn set_page(
+        &mut self,
+        page: Option<Block>,
+        dictionary: Option<Arc<PageDictionary>>,
+    ) {
+        self.page = page;
+        if dictionary.is_some() {
+            self.extras.get_or_insert_default().page_dictionary = dictionary;
+        } else if let Some(extras) = &mut self.extras {
+            extras.page_dictionary = None;
+        }
+    }
+
     /// Drops the box of extras once it holds nothing.
     pub(super) fn tidy(&mut self) {
         if let Some(extras) = &mut self.extras {
@@ -75,15 +98,25 @@ impl LeafState {
             if extras.blobs.is_empty() {
                 extras.dictionary = None;
             }
+            if self.page.is_none() {
+                extras.page_dictionary = None;
+            }
         }
-        if self
-            .extras
-            .as_ref()
-            .is_some_and(|e| e.buffer.is_empty() && e.blobs.is_empty() && e.access_table.is_none())
-        {
+        if self.extras.as_ref().is_some_and(|e| {
+            e.buffer.is_empty()
+                && e.blobs.is_empty()
+                && e.access_table.is_none()
+                && e.page_dictionary.is_none()
+        }) {
             self.extras = None;
         }
     }
+}
+
+/// What a leaf's box of extras takes: the most a page dictionary must save to be worth
+/// holding.
+pub(super) fn extras_box() -> usize {
+    alloc_size(size_of::<Extras>())
 }
 
 /// Bits of `DramLeaf::flags`.
@@ -173,6 +206,7 @@ pub(super) struct LeafContents {
     pub(super) raw: bool,
     pub(super) blobs: Box<[Option<Block>]>,
     pub(super) dictionary: Option<Arc<Dictionary>>,
+    pub(super) page_dictionary: Option<Arc<PageDictionary>>,
     pub(super) access_table: Option<Box<AccessTable>>,
 }
 
@@ -181,14 +215,16 @@ pub(super) struct LeafContents {
 pub(super) fn install(leaf: &DramLeaf, st: &mut LeafState, c: LeafContents) {
     st.page = c.page;
     leaf.set(RAW_PAGE, c.raw && st.page.is_some());
-    if !c.blobs.is_empty() || c.access_table.is_some() {
+    if !c.blobs.is_empty() || c.access_table.is_some() || c.page_dictionary.is_some() {
         let extras = st.extras.get_or_insert_default();
         extras.blobs = c.blobs;
         extras.dictionary = c.dictionary;
+        extras.page_dictionary = c.page_dictionary;
         extras.access_table = c.access_table;
     } else if let Some(extras) = &mut st.extras {
         extras.blobs = Box::default();
         extras.dictionary = None;
+        extras.page_dictionary = None;
         extras.access_table = None;
     }
     st.tidy();
@@ -200,24 +236,29 @@ impl DramTier {
     pub(super) fn charge_of(&self, leaf: &DramLeaf, st: &LeafState) -> Charge {
         let page = st.page.as_deref().map_or(0, |p| alloc_size(p.len())) as i64;
         let raw = leaf.raw_page();
-        let (buffer, mediums, access) = match &st.extras {
-            None => (0, 0, 0),
+        let (buffer, mediums, access, page_box) = match &st.extras {
+            None => (0, 0, 0, 0),
             Some(e) => {
                 let blobs: usize = e.blobs.iter().flatten().map(|b| alloc_size(b.len())).sum();
                 let table = alloc_size(e.blobs.len() * size_of::<Option<Block>>());
                 let access = e.access_table.as_ref().map_or(0, |t| t.charge());
-                // The box itself goes with the first of the three that keeps it.
-                let boxed = alloc_size(size_of::<Extras>());
+                // The box itself goes with the first of the four that keeps it.
+                let boxed = extras_box();
                 let buffer = e.buffer.charge();
                 if !e.buffer.is_empty() {
-                    (buffer + boxed, blobs + table, access)
-                } else if !e.blobs.is_empty() || e.access_table.is_none() {
-                    (buffer, blobs + table + boxed, access)
+                    (buffer + boxed, blobs + table, access, 0)
+                } else if !e.blobs.is_empty() {
+                    (buffer, blobs + table + boxed, access, 0)
+                } else if e.access_table.is_some() {
+                    (buffer, blobs + table, access + boxed, 0)
+                } else if e.page_dictionary.is_some() {
+                    (buffer, blobs + table, access, boxed)
                 } else {
-                    (buffer, blobs + table, access + boxed)
+                    (buffer, blobs + table + boxed, access, 0)
                 }
             }
         };
+        let page = page + page_box as i64;
         Charge {
             compressed_pages: if raw { 0 } else { page },
             hot_pages: if raw { page } else { 0 },
@@ -251,7 +292,8 @@ mod tests {
     use super::*;
     use crate::record::Meta;
 
-    /// The account, recounted from scratch: every leaf's state, the tree, the table.
+    /// The account, recounted from scratch (once the dictionaries settle, so evaluate it
+    /// before the account): every leaf's state, the tree, the table, the dictionaries.
     fn recount(dram: &DramTier) -> Charge {
         let view = dram.view();
         let mut total = Charge::default();
@@ -264,9 +306,37 @@ mod tests {
             total.mediums += c.mediums;
             total.access_tables += c.access_tables;
         }
+        total.dictionaries = recount_dictionaries(dram);
         total.index =
             (dram.tree.node_bytes() + dram.leaves.bytes() as u64) as i64 + dram.reads.bytes();
         total
+    }
+
+    /// The dictionaries' samples, and every dictionary alive: the current ones and those
+    /// the leaves hold, each once.
+    fn recount_dictionaries(dram: &DramTier) -> i64 {
+        let Some(d) = &dram.dictionaries else {
+            return 0;
+        };
+        d.settle();
+        let view = dram.view();
+        let mut blobs: Vec<Arc<Dictionary>> = d.blobs.current().into_iter().collect();
+        let mut pages: Vec<Arc<PageDictionary>> = d.pages.current().into_iter().collect();
+        for id in dram.leaves() {
+            let st = view.get(id.0).unwrap().state.read();
+            if let Some(e) = &st.extras {
+                blobs.extend(e.dictionary.clone());
+                pages.extend(e.page_dictionary.clone());
+            }
+        }
+        blobs.sort_by_key(Arc::as_ptr);
+        blobs.dedup_by(|a, b| Arc::ptr_eq(a, b));
+        pages.sort_by_key(Arc::as_ptr);
+        pages.dedup_by(|a, b| Arc::ptr_eq(a, b));
+        d.blobs.sample_charge()
+            + d.pages.sample_charge()
+            + blobs.iter().map(|d| d.charge()).sum::<i64>()
+            + pages.iter().map(|d| d.charge()).sum::<i64>()
     }
 
     /// A leaf costs a 40-byte slot; with the tree's entry (a 4-byte id, its fence's
@@ -295,7 +365,7 @@ mod tests {
             dram.put_with(&key, Some(&[i as u8; 64]), meta, None, 0, |_| ());
         }
         dram.merge_all(0);
-        assert_eq!(memory.snapshot(), recount(&dram));
+        assert_eq!(recount(&dram), memory.snapshot());
         let leaves = dram.leaf_count() as i64;
         let per_leaf = (memory.snapshot().index - dram.reads.bytes()) / leaves;
         assert!(leaves > 500, "{leaves} leaves");
@@ -308,7 +378,7 @@ mod tests {
         for _ in 0..200 {
             dram.evict_one(None, 0);
         }
-        assert_eq!(memory.snapshot(), recount(&dram));
+        assert_eq!(recount(&dram), memory.snapshot());
         for &i in &order[..5000] {
             dram.put_with(
                 &format!("{i:016}").into_bytes(),
@@ -319,9 +389,9 @@ mod tests {
                 |_| (),
             );
         }
-        assert_eq!(memory.snapshot(), recount(&dram));
+        assert_eq!(recount(&dram), memory.snapshot());
         dram.evict_all(None, 0);
-        assert_eq!(memory.snapshot(), recount(&dram));
+        assert_eq!(recount(&dram), memory.snapshot());
         assert_eq!(dram.leaf_count(), 1);
     }
 
@@ -343,7 +413,7 @@ mod tests {
             dram.get(key, 1_000, false);
         }
         dram.merge_all(2_000);
-        assert_eq!(memory.snapshot(), recount(&dram));
+        assert_eq!(recount(&dram), memory.snapshot());
         let per_object = memory.snapshot().access_tables as f64 / keys.len() as f64;
         assert!(per_object <= 18.0, "{per_object} bytes an object");
         for key in keys.iter().step_by(5) {
@@ -352,9 +422,9 @@ mod tests {
         for _ in 0..100 {
             dram.evict_one(None, 3_000);
         }
-        assert_eq!(memory.snapshot(), recount(&dram));
+        assert_eq!(recount(&dram), memory.snapshot());
         dram.evict_all(None, 4_000);
-        assert_eq!(memory.snapshot(), recount(&dram));
+        assert_eq!(recount(&dram), memory.snapshot());
         assert_eq!(memory.snapshot().access_tables, 0);
     }
 }

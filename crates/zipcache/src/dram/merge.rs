@@ -207,11 +207,13 @@ impl DramTier {
         let buffer = extras.buffer.take();
         let mut old_blobs = std::mem::take(&mut extras.blobs);
         let old_dictionary = extras.dictionary.take();
+        let page_dictionary = extras.page_dictionary.take();
         let access_table = extras.access_table.take();
         drop(extras);
+        self.offer_tiny(&buffer);
         let dictionary = self.current_dictionary();
         let old_page = st.page.take();
-        let decoded = self.decode(leaf, old_page.as_deref());
+        let decoded = self.decode(leaf, old_page.as_deref(), page_dictionary.as_deref());
         let page = decoded.as_ref().map(|(base, body)| (*base, &body[..]));
         let gathered = self.gather(page, &buffer, &old_blobs, now_ms);
         let (mut objs, shedding) = self.survivors(
@@ -319,7 +321,7 @@ impl DramTier {
                 },
                 Body::Inline(v) if obj.key.len() + v.len() >= self.settings.tiny_max => {
                     if let Some(dictionaries) = &self.dictionaries {
-                        dictionaries.offer(v);
+                        dictionaries.blobs.offer(v);
                     }
                     obj.body = Body::Blob(Block::new(&encode_blob(v, &obj.meta, target)));
                 }
@@ -387,6 +389,30 @@ impl DramTier {
             .map(|o| candidate(o) && !keep.next().expect("one verdict per candidate"))
             .collect();
         (shedding, kept)
+    }
+
+    /// Offers the tiny objects of a buffer about to be merged to the page dictionaries'
+    /// reservoir, as records the way a page holds them (the CAS as its own base: a
+    /// one-byte delta, as close versions in a page take).
+    fn offer_tiny(&self, buffer: &WriteBuffer) {
+        let Some(dictionaries) = &self.dictionaries else {
+            return;
+        };
+        let tiny_max = self.settings.tiny_max;
+        let records: Vec<Vec<u8>> = buffer
+            .records()
+            .filter(|r| matches!(r.payload, Payload::Inline(v) if r.key.len() + v.len() < tiny_max))
+            .map(|r| {
+                let mut sample = Vec::with_capacity(r.encoded_len());
+                r.encode_in(&mut sample, CasBase(r.meta.cas));
+                sample
+            })
+            .collect();
+        if !records.is_empty() {
+            dictionaries
+                .pages
+                .offer_all(records.iter().map(Vec::as_slice));
+        }
     }
 
     /// A leaf for `contents`, in a free slot, charged; not in the tree yet.
@@ -489,12 +515,13 @@ impl DramTier {
         summary.cas_top_above_base = cas_top.wrapping_sub(CasBase::of(&records).0);
         // `partition` only hands over chunks that fit (a single record always does:
         // `Config::validate` sees to it).
-        let page = if records.is_empty() {
-            None
+        let (page, page_dictionary) = if records.is_empty() {
+            (None, None)
         } else {
-            self.layout
-                .build(&records)
-                .map(|packed| self.page(summary, &packed, hot))
+            self.layout.build(&records).map_or((None, None), |packed| {
+                let (page, dictionary) = self.page(summary, &packed, hot);
+                (Some(page), dictionary)
+            })
         };
         drop(records);
         let access_table = access_table.and_then(|table| {
@@ -515,6 +542,7 @@ impl DramTier {
             raw: hot,
             blobs: blobs.into_boxed_slice(),
             dictionary: dictionary.filter(|_| named).cloned(),
+            page_dictionary,
             access_table,
         }
     }
@@ -592,7 +620,7 @@ impl DramTier {
     /// A locked leaf's objects (tombstones aside) and how many of them have expired by
     /// `now_ms`: what a merge of it would drop.
     pub(super) fn census(&self, leaf: &DramLeaf, st: &LeafState, now_ms: u64) -> (u64, u64) {
-        let decoded = self.decode(leaf, st.page.as_deref());
+        let decoded = self.decode(leaf, st.page.as_deref(), st.page_dictionary());
         let page = decoded.as_ref().map(|(base, body)| (*base, &body[..]));
         let empty = WriteBuffer::default();
         let buffer = st.buffer().unwrap_or(&empty);
@@ -612,7 +640,7 @@ impl DramTier {
         now_ms: u64,
         range: Option<Bounds<'_>>,
     ) -> Vec<ScanEntry> {
-        let decoded = self.decode(leaf, st.page.as_deref());
+        let decoded = self.decode(leaf, st.page.as_deref(), st.page_dictionary());
         let page = decoded.as_ref().map(|(base, body)| (*base, &body[..]));
         let in_range = |k: &[u8]| range.is_none_or(|r| std::ops::RangeBounds::contains(&r, k));
         let empty = WriteBuffer::default();

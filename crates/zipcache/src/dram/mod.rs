@@ -54,6 +54,7 @@ use crate::AccessState;
 use crate::btree::{BTree, Child, Exclusive, Fence, Shared};
 use crate::bypass::Bypass;
 use crate::dictionary::Dictionary;
+use crate::dictionary::page::PageDictionary;
 use crate::dictionary::training::{Dictionaries, TrainingSettings};
 use crate::eviction::EvictionListener;
 use crate::memory::Memory;
@@ -234,7 +235,19 @@ impl DramTier {
 
     /// The dictionary new medium blobs are compressed with.
     fn current_dictionary(&self) -> Option<Arc<Dictionary>> {
-        self.dictionaries.as_ref()?.current()
+        self.dictionaries.as_ref()?.blobs.current()
+    }
+
+    /// The dictionary new pages are compressed with (where it makes them smaller).
+    fn current_page_dictionary(&self) -> Option<Arc<PageDictionary>> {
+        self.dictionaries.as_ref()?.pages.current()
+    }
+
+    /// One of the dictionaries' training counters (0 with dictionaries off).
+    pub(crate) fn training(&self, counter: impl Fn(&Dictionaries) -> &AtomicU64) -> u64 {
+        self.dictionaries
+            .as_ref()
+            .map_or(0, |d| counter(d).load(Ordering::Relaxed))
     }
 
     pub fn leaf_count(&self) -> u64 {
@@ -607,6 +620,55 @@ impl DramTier {
             let extras = st.extras.get_or_insert_default();
             std::mem::replace(&mut extras.dictionary, dictionary)
         })
+    }
+
+    /// Gives the leaf holding `key` `dictionary` in place of the one its page was
+    /// compressed with, as a mix-up would; the one it held.
+    pub(crate) fn replace_page_dictionary_of(
+        &self,
+        key: &[u8],
+        dictionary: Option<Arc<PageDictionary>>,
+    ) -> Option<Arc<PageDictionary>> {
+        self.write_leaf(key, |_, _, st| {
+            let extras = st.extras.get_or_insert_default();
+            std::mem::replace(&mut extras.page_dictionary, dictionary)
+        })
+    }
+
+    /// Flips a bit of the dictionary version the page of the leaf holding `key` names,
+    /// if it names one; whether it did.
+    pub(crate) fn corrupt_page_dictionary_version_of(&self, key: &[u8]) -> bool {
+        self.write_leaf(key, |_, _, st| {
+            let Some(page) = &mut st.page else {
+                return false;
+            };
+            let Some((summary, packed)) = page::Summary::split(page) else {
+                return false;
+            };
+            if summary.dictionary == 0 {
+                return false;
+            }
+            // The version is the summary's last four bytes.
+            let at = page.len() - packed.len() - 4;
+            let mut damaged = page.to_vec();
+            damaged[at] ^= 0x10;
+            *page = Block::new(&damaged);
+            true
+        })
+    }
+
+    /// The versions of the page dictionaries the leaves hold, and how many leaves hold
+    /// each.
+    pub(crate) fn page_dictionaries_held(&self) -> std::collections::BTreeMap<u32, usize> {
+        let view = self.view();
+        let mut held = std::collections::BTreeMap::new();
+        for id in self.leaves() {
+            let Some(leaf) = view.get(id.0) else { continue };
+            if let Some(d) = leaf.state.read().page_dictionary() {
+                *held.entry(d.version()).or_default() += 1;
+            }
+        }
+        held
     }
 
     /// The ids of the dictionaries the leaves hold, and how many leaves hold each.

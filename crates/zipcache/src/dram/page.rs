@@ -1,23 +1,33 @@
 //! The page format of a DRAM leaf: a summary of what it holds in front of the packed
-//! page (`packed_page.rs`), the body LZ4-compressed unless the leaf is hot; reading one
-//! record through early termination, building and decoding whole pages.
+//! page (`packed_page.rs`), the body LZ4-compressed (with the current page dictionary
+//! where that makes it smaller) unless the leaf is hot; reading one record through early
+//! termination, building and decoding whole pages.
+
+use std::sync::Arc;
 
 use super::DramTier;
 use super::block::Block;
-use super::leaf::{DramLeaf, LeafState};
+use super::leaf::{DramLeaf, LeafState, extras_box};
+use crate::dictionary::page::PageDictionary;
 use crate::early_termination::{compress_behind, decompress_prefix, with_prefix};
 use crate::record::{CasBase, Record, put_varint, read_varint};
+
+/// A page, and the dictionary its body was compressed with (which its leaf then holds).
+pub(super) type DictionaryPage = (Block, Option<Arc<PageDictionary>>);
 
 /// A leaf's page, as one allocation: a summary of what it holds, then the packed page
 /// (`packed_page.rs`: end table, CAS base, body — LZ4-compressed unless the leaf's
 /// `RAW_PAGE` flag is set).
 ///
 /// ```text
-/// summary := objects:varint clean:varint raw_bytes:varint cas_top - cas_base:varint
+/// summary := objects:varint clean×2+named:varint raw_bytes:varint cas_top - cas_base:varint
+///            [dictionary:u32 LE, if named]
 /// ```
 /// The counts are read when `stats` asks, so the leaf does not carry them; `cas_top`, the
 /// largest CAS version of the page's objects (medium ones included, whose versions sit in
-/// their blobs), when a write asks for a new version.
+/// their blobs), when a write asks for a new version. A body compressed with a page
+/// dictionary names its version (`named` set, then the version); one without pays no
+/// byte for it (bit 0 of the clean count's varint). A hot (raw) body never names one.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(super) struct Summary {
     /// Live objects in the page.
@@ -28,14 +38,20 @@ pub(super) struct Summary {
     pub(super) raw_bytes: u64,
     /// `cas_top` as stored: its distance from the packed page's CAS base (wrapping).
     pub(super) cas_top_above_base: u64,
+    /// The version of the dictionary the body was compressed with; 0 for none.
+    pub(super) dictionary: u32,
 }
 
 impl Summary {
     pub(super) fn encode(&self, out: &mut Vec<u8>) {
+        let named = self.dictionary != 0;
         put_varint(out, self.objects);
-        put_varint(out, self.clean);
+        put_varint(out, self.clean << 1 | u64::from(named));
         put_varint(out, self.raw_bytes);
         put_varint(out, self.cas_top_above_base);
+        if named {
+            out.extend_from_slice(&self.dictionary.to_le_bytes());
+        }
     }
 
     /// The summary at the front of a page and the packed page behind it.
@@ -47,15 +63,37 @@ impl Summary {
             Some(v)
         };
         let (objects, clean, raw_bytes, cas_top_above_base) = (next()?, next()?, next()?, next()?);
+        let dictionary = if clean & 1 == 0 {
+            0
+        } else {
+            let version = page.get(at..at + 4)?;
+            at += 4;
+            // A named version is never 0 (that would name none): a damaged summary.
+            Some(u32::from_le_bytes(version.try_into().ok()?)).filter(|&v| v != 0)?
+        };
         Some((
             Summary {
                 objects,
-                clean,
+                clean: clean >> 1,
                 raw_bytes,
                 cas_top_above_base,
+                dictionary,
             },
             &page[at..],
         ))
+    }
+
+    /// The dictionary the body needs, of the one its leaf holds: `Some(None)` if it names
+    /// none, `None` if it names one the leaf does not hold (a mix-up, or damage: the
+    /// body must not be decoded with another, which would give wrong bytes).
+    fn dictionary_of<'d>(
+        &self,
+        held: Option<&'d PageDictionary>,
+    ) -> Option<Option<&'d PageDictionary>> {
+        match self.dictionary {
+            0 => Some(None),
+            version => held.filter(|d| d.version() == version).map(Some),
+        }
     }
 }
 
@@ -71,52 +109,78 @@ impl DramTier {
         let Some(page) = st.page.as_deref() else {
             return Some(f(None));
         };
-        let (_, packed) = Summary::split(page)?;
+        let (summary, packed) = Summary::split(page)?;
         let (table, body) = self.layout.split(packed)?;
         if leaf.raw_page() {
-            return Some(f(self.layout.find(&table, body, key)));
+            return (summary.dictionary == 0).then(|| f(self.layout.find(&table, body, key)));
         }
+        let dictionary = summary.dictionary_of(st.page_dictionary())?;
         with_prefix(
             body,
             table.body_len(),
             self.layout.prefix_for(&table, key),
+            dictionary,
             |prefix| prefix.map(|p| f(self.layout.find(&table, p, key))),
         )
     }
 
-    /// A leaf's page from its summary and an uncompressed packed page: the body
-    /// compressed unless `raw`, all in one block.
-    pub(super) fn page(&self, summary: Summary, packed: &[u8], raw: bool) -> Block {
-        let mut front = Vec::with_capacity(32 + packed.len().min(64));
-        summary.encode(&mut front);
+    /// A leaf's page from its summary and an uncompressed packed page, in one
+    /// allocation: the body as it is if `raw`, else compressed — with the current page
+    /// dictionary if that saves more than holding it costs (the leaf's box of extras),
+    /// then returned beside the page for the leaf to hold, else without.
+    pub(super) fn page(&self, summary: Summary, packed: &[u8], raw: bool) -> DictionaryPage {
         let header = self.layout.table(packed).map_or(packed.len(), |t| t.len());
         let (table, body) = packed.split_at(header);
-        front.extend_from_slice(table);
+        let front = |dictionary: u32| {
+            let mut front = Vec::with_capacity(40 + table.len());
+            Summary {
+                dictionary,
+                ..summary
+            }
+            .encode(&mut front);
+            front.extend_from_slice(table);
+            front
+        };
         if raw {
-            front.extend_from_slice(body);
-            Block::new(&front)
-        } else {
-            Block::new(&compress_behind(&front, body))
+            let mut page = front(0);
+            page.extend_from_slice(body);
+            return (Block::new(&page), None);
+        }
+        let plain = compress_behind(&front(0), body);
+        let Some(dictionary) = self.current_page_dictionary() else {
+            return (Block::new(&plain), None);
+        };
+        let mut with = front(dictionary.version());
+        match dictionary.compress_into(body, &mut with) {
+            Some(_) if with.len() + extras_box() < plain.len() => {
+                (Block::new(&with), Some(dictionary))
+            }
+            _ => (Block::new(&plain), None),
         }
     }
 
-    /// The body of a locked leaf's page, decompressed, with its CAS base; `None` if there
-    /// is no page, or it is damaged (then the leaf is marked lost: its keys are misses
-    /// that hide the lower tiers).
+    /// The body of a locked leaf's page, decompressed (with `dictionary`, the one the
+    /// leaf holds, if the page names it), with its CAS base; `None` if there is no page,
+    /// or it is damaged or names a dictionary other than `dictionary` (then the leaf is
+    /// marked lost: its keys are misses that hide the lower tiers).
     pub(super) fn decode<'p>(
         &self,
         leaf: &DramLeaf,
         page: Option<&'p [u8]>,
+        dictionary: Option<&PageDictionary>,
     ) -> Option<(CasBase, std::borrow::Cow<'p, [u8]>)> {
         let page = page?;
-        let decoded = Summary::split(page).and_then(|(_, packed)| {
+        let decoded = Summary::split(page).and_then(|(summary, packed)| {
             let (table, body) = self.layout.split(packed)?;
             let len = table.body_len();
             let body = if leaf.raw_page() {
-                (body.len() == len).then_some(std::borrow::Cow::Borrowed(body))
+                (summary.dictionary == 0 && body.len() == len)
+                    .then_some(std::borrow::Cow::Borrowed(body))
             } else {
+                let dictionary = summary.dictionary_of(dictionary)?;
                 let mut out = vec![0u8; len];
-                decompress_prefix(body, len, len, &mut out).then_some(std::borrow::Cow::Owned(out))
+                decompress_prefix(body, len, len, dictionary, &mut out)
+                    .then_some(std::borrow::Cow::Owned(out))
             };
             body.map(|body| (table.cas_base(), body))
         });
@@ -124,5 +188,152 @@ impl DramTier {
             self.mark_lost(leaf);
         }
         decoded
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::super::test_support::*;
+    use super::*;
+    use crate::dictionary::page::tests::{text_record, text_records};
+    use crate::memory::Memory;
+    use crate::record::Meta;
+
+    fn value(dram: &DramTier, key: &[u8]) -> Option<Vec<u8>> {
+        match dram.get(key, 0, true) {
+            super::super::Lookup::Found(v, _, _) => Some(v),
+            _ => None,
+        }
+    }
+
+    /// A page without a dictionary pays no byte for naming none; one with a dictionary
+    /// names its version in four; a summary that claims one but names version 0, or is
+    /// cut short, is refused.
+    #[test]
+    fn the_summary_names_its_dictionary() {
+        let summary = Summary {
+            objects: 3,
+            clean: 2,
+            raw_bytes: 200,
+            cas_top_above_base: 5,
+            dictionary: 0,
+        };
+        let mut plain = Vec::new();
+        summary.encode(&mut plain);
+        assert_eq!(plain, [3, 4, 200, 1, 5]);
+        let named = Summary {
+            dictionary: 0x0102_0304,
+            ..summary
+        };
+        let mut with = Vec::new();
+        named.encode(&mut with);
+        assert_eq!(with, [3, 5, 200, 1, 5, 4, 3, 2, 1]);
+        assert_eq!(Summary::split(&with), Some((named, &[][..])));
+        assert_eq!(Summary::split(&plain), Some((summary, &[][..])));
+        assert_eq!(Summary::split(&with[..8]), None, "version cut short");
+        assert_eq!(
+            Summary::split(&[3, 5, 200, 1, 5, 0, 0, 0, 0]),
+            None,
+            "version 0"
+        );
+    }
+
+    /// Text records take the dictionary the tier trains on them once it is current, and
+    /// read back through it; random values keep pages without one.
+    #[test]
+    fn pages_take_a_dictionary_only_where_it_wins() {
+        let (dram, memory) = tier_with(settings(256));
+        let keys: Vec<Vec<u8>> = (0..6_000).map(key).collect();
+        let dictionaries = dram.dictionaries.clone().unwrap();
+        let mut round = 0u64;
+        while dictionaries.pages.current().is_none() {
+            round += 1;
+            assert!(round < 20, "no page dictionary trained");
+            for (i, k) in keys.iter().enumerate() {
+                let v = text_record(round << 32 | i as u64);
+                dram.put_with(k, Some(&v), Meta::default(), None, 0, |_| ());
+            }
+            dram.merge_all(0);
+            dictionaries.settle();
+        }
+        let before = memory.snapshot().compressed_pages;
+        for (i, k) in keys.iter().enumerate() {
+            let v = text_record(i as u64);
+            dram.put_with(k, Some(&v), Meta::default(), None, 0, |_| ());
+        }
+        dram.merge_all(0);
+        let held = dram.page_dictionaries_held();
+        let leaves = dram.leaf_count() as usize;
+        assert!(
+            held.values().sum::<usize>() * 2 > leaves,
+            "{held:?} of {leaves}"
+        );
+        let after = memory.snapshot().compressed_pages;
+        assert!(after * 20 < before * 19, "{after} with, {before} before");
+        for (i, k) in keys.iter().enumerate() {
+            assert_eq!(value(&dram, k), Some(text_record(i as u64)));
+        }
+        // Random values: the dictionary does not shrink them, no page takes it.
+        for (i, k) in keys.iter().enumerate() {
+            let v: Vec<u8> = (0..8)
+                .flat_map(|j| crate::dictionary::training::mix(i as u64 * 8 + j).to_le_bytes())
+                .collect();
+            dram.put_with(k, Some(&v), Meta::default(), None, 0, |_| ());
+        }
+        dram.merge_all(0);
+        assert!(dram.page_dictionaries_held().is_empty());
+    }
+
+    /// Three generations of page dictionaries: two of text records, one of other text.
+    fn generations() -> Vec<Arc<PageDictionary>> {
+        let memory = Arc::new(Memory::default());
+        vec![
+            PageDictionary::prepare(1, &text_records(1, 900), memory.clone()).unwrap(),
+            PageDictionary::prepare(2, &text_records(2, 300), memory.clone()).unwrap(),
+            PageDictionary::prepare(
+                3,
+                &crate::dictionary::tests::documents(0, 3, 20_000),
+                memory,
+            )
+            .unwrap(),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(40))]
+
+        /// Any records — text or arbitrary bytes, any keys — round-trip through pages
+        /// compressed under any dictionary generation (or none), read one at a time
+        /// through early termination, and after the generation changes under them.
+        #[test]
+        fn any_records_round_trip_under_any_dictionary_generation(
+            objects in proptest::collection::btree_map(
+                proptest::collection::vec(any::<u8>(), 1..40),
+                (any::<bool>(), any::<u64>(), proptest::collection::vec(any::<u8>(), 0..100)),
+                1..400,
+            ),
+            first in 0usize..4,
+            second in 0usize..4,
+        ) {
+            let generations = generations();
+            let (dram, _) = tier_with(settings(256));
+            let dictionaries = dram.dictionaries.clone().unwrap();
+            let values: Vec<(Vec<u8>, Vec<u8>)> = objects
+                .into_iter()
+                .map(|(k, (text, seed, bytes))| (k, if text { text_record(seed) } else { bytes }))
+                .collect();
+            for generation in [first, second] {
+                dictionaries.pages.make_current(generations.get(generation).cloned());
+                for (k, v) in &values {
+                    dram.put_with(k, Some(v), Meta::default(), None, 0, |_| ());
+                }
+                dram.merge_all(0);
+                for (k, v) in &values {
+                    prop_assert_eq!(value(&dram, k), Some(v.clone()));
+                }
+            }
+        }
     }
 }

@@ -88,11 +88,12 @@ impl DramTier {
     /// Empties the locked neighbour (charged). `None`, and nothing taken, if its page is
     /// damaged (then it is marked lost, and stays).
     pub(super) fn take_neighbour(&self, n: &mut Neighbour<'_>) -> Option<Given> {
-        let (cas_base, body) = match self.decode(n.leaf, n.st.page.as_deref()) {
-            Some((base, body)) => (base, Some(body.into_owned())),
-            None if n.st.page.is_some() => return None,
-            None => (CasBase::default(), None),
-        };
+        let (cas_base, body) =
+            match self.decode(n.leaf, n.st.page.as_deref(), n.st.page_dictionary()) {
+                Some((base, body)) => (base, Some(body.into_owned())),
+                None if n.st.page.is_some() => return None,
+                None => (CasBase::default(), None),
+            };
         let extras = self.charged(n.leaf, &mut n.st, |st| {
             st.page = None;
             st.extras.take()
