@@ -1,5 +1,6 @@
 //! The classic memcached text commands.
 
+use std::io::Write as _;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
@@ -265,12 +266,13 @@ fn retrieve<'k>(
         if let Some(item) = item {
             out.extend_from_slice(b"VALUE ");
             out.extend_from_slice(key);
-            let header = if with_cas {
-                format!(" {} {} {}\r\n", item.flags, item.value.len(), item.cas)
+            // Formatted in place, no allocation per value; writing to a Vec cannot fail.
+            let (flags, len) = (item.flags, item.value.len());
+            let _ = if with_cas {
+                write!(out, " {flags} {len} {}\r\n", item.cas)
             } else {
-                format!(" {} {}\r\n", item.flags, item.value.len())
+                write!(out, " {flags} {len}\r\n")
             };
-            out.extend_from_slice(header.as_bytes());
             out.append_value(&item);
             out.extend_from_slice(b"\r\n");
         }

@@ -5,6 +5,7 @@ mod glob;
 pub mod parse;
 
 use std::convert::Infallible;
+use std::io::Write as _;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -179,6 +180,14 @@ pub struct Reply<'a> {
 }
 
 impl Reply<'_> {
+    /// A type byte, a number and CRLF (`:5`, `$3`, `*2`), formatted in place: no
+    /// allocation per reply.
+    pub fn header(&mut self, kind: u8, n: impl std::fmt::Display) {
+        self.buf.push(kind);
+        // Writing to a Vec cannot fail.
+        let _ = write!(self.buf, "{n}\r\n");
+    }
+
     pub fn simple(&mut self, text: &str) {
         self.buf.push(b'+');
         self.buf.extend_from_slice(text.as_bytes());
@@ -198,15 +207,14 @@ impl Reply<'_> {
     }
 
     pub fn integer(&mut self, n: i64) {
-        self.buf.extend_from_slice(format!(":{n}\r\n").as_bytes());
+        self.header(b':', n);
     }
 
     pub fn bulk(&mut self, value: &[u8]) {
         // Grown once for the whole bulk: appended piecewise, a 1 MiB value would double
         // the buffer to 2 MiB for its last two bytes.
         self.buf.reserve(value.len() + 24);
-        self.buf
-            .extend_from_slice(format!("${}\r\n", value.len()).as_bytes());
+        self.header(b'$', value.len());
         self.buf.extend_from_slice(value);
         self.buf.extend_from_slice(b"\r\n");
     }
@@ -224,14 +232,13 @@ impl Reply<'_> {
     }
 
     pub fn array(&mut self, len: usize) {
-        self.buf.extend_from_slice(format!("*{len}\r\n").as_bytes());
+        self.header(b'*', len);
     }
 
     /// A map of `pairs` entries; RESP2 sends it as a flat array.
     pub fn map(&mut self, pairs: usize) {
         if self.resp3 {
-            self.buf
-                .extend_from_slice(format!("%{pairs}\r\n").as_bytes());
+            self.header(b'%', pairs);
         } else {
             self.array(pairs * 2);
         }

@@ -301,8 +301,7 @@ fn item_bulk(out: &mut Reply, item: Option<&Arc<Item>>) {
     let Some(item) = item else {
         return out.nil();
     };
-    out.buf
-        .extend_from_slice(format!("${}\r\n", item.value.len()).as_bytes());
+    out.header(b'$', item.value.len());
     out.buf.append_value(item);
     out.buf.extend_from_slice(b"\r\n");
 }
