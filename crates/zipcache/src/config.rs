@@ -9,7 +9,14 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 pub use zipcache_device::DeviceCompression;
 
+use crate::dictionary::training::{MIN_BUDGET, TrainingSettings};
 use crate::error::{Error, Result};
+use crate::record::max_inline_record;
+
+/// The smallest `dram_capacity` an engine takes.
+pub(crate) const MIN_DRAM_CAPACITY: u64 = 64 << 10;
+/// 1 PiB: beyond any machine, and far inside the signed arithmetic of the budget.
+pub(crate) const MAX_DRAM_CAPACITY: u64 = 1 << 50;
 
 /// Wall-clock milliseconds since the Unix epoch. Injectable so tests can move time.
 pub trait Clock: Send + Sync + std::fmt::Debug {
@@ -330,7 +337,7 @@ impl Config {
         }
         // A page must hold the largest in-page record: a tiny object with its metadata,
         // or a medium pointer with the longest key.
-        let largest_record = crate::record::max_inline_record(self);
+        let largest_record = max_inline_record(self.tiny_max, self.max_key_size);
         if largest_record > self.leaf_size {
             return bad(format!(
                 "a leaf of {} B cannot hold a {} B record; raise leaf_size or lower tiny_max or max_key_size",
@@ -346,13 +353,13 @@ impl Config {
         if self.max_value_size == 0 || self.max_value_size > 1 << 30 {
             return bad("max_value_size must be within 1 B..1 GiB".into());
         }
-        if self.dram_capacity < crate::cache::MIN_DRAM_CAPACITY {
+        if self.dram_capacity < MIN_DRAM_CAPACITY {
             return bad(format!(
                 "dram_capacity {} is below 64 KiB",
                 self.dram_capacity
             ));
         }
-        if self.dram_capacity > crate::cache::MAX_DRAM_CAPACITY {
+        if self.dram_capacity > MAX_DRAM_CAPACITY {
             return bad(format!(
                 "dram_capacity {} is above 1 PiB",
                 self.dram_capacity
@@ -385,6 +392,27 @@ impl Config {
             }
         }
         Ok(())
+    }
+}
+
+impl Config {
+    /// The dictionaries' training settings this configuration asks for: with `dictionary_samples` and `dictionary_size` 0, a
+    /// reservoir of one sample per 32 KiB of budget (at most 2,048 of at most 1 KiB) and
+    /// a dictionary of 1/256 of the budget (32 to 112 KiB), none below [`MIN_BUDGET`];
+    /// either set, dictionaries at any budget. `None` with `dictionaries` off.
+    pub(crate) fn training_settings(&self) -> Option<TrainingSettings> {
+        let budget = self.dram_capacity;
+        let chosen = self.dictionary_samples != 0 || self.dictionary_size != 0;
+        (self.dictionaries && (chosen || budget >= MIN_BUDGET)).then(|| TrainingSettings {
+            samples: match self.dictionary_samples {
+                0 => (budget / (32 << 10)).clamp(8, 2048) as usize,
+                samples => samples,
+            },
+            dictionary_size: match self.dictionary_size {
+                0 => (budget / 256).clamp(32 << 10, 112 << 10) as usize,
+                size => size,
+            },
+        })
     }
 }
 

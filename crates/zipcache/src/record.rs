@@ -21,7 +21,6 @@
 //! new LZ4 sequence (token and offset) per record.
 //! A medium pointer carries no metadata: it lives in the blob.
 
-use crate::config::Config;
 use crate::dictionary::Dictionary;
 
 const PAYLOAD_MASK: u8 = 0b11;
@@ -59,10 +58,11 @@ pub const MEDIUM_POINTER: usize = 2;
 /// The longest varint: a `u64` takes ten groups of seven bits.
 pub const MAX_VARINT: usize = 10;
 
-/// The largest record that must fit in one DRAM page.
-pub fn max_inline_record(config: &Config) -> usize {
-    let tiny = RECORD_HEADER + varint_len(config.tiny_max as u64) + config.tiny_max + MAX_METADATA;
-    let medium_pointer = RECORD_HEADER + config.max_key_size + MEDIUM_POINTER;
+/// The largest record that must fit in one DRAM page: a tiny object of `tiny_max` bytes
+/// with its metadata, or a medium pointer with a key of `max_key_size` bytes.
+pub fn max_inline_record(tiny_max: usize, max_key_size: usize) -> usize {
+    let tiny = RECORD_HEADER + varint_len(tiny_max as u64) + tiny_max + MAX_METADATA;
+    let medium_pointer = RECORD_HEADER + max_key_size + MEDIUM_POINTER;
     tiny.max(medium_pointer)
 }
 

@@ -37,10 +37,6 @@ use crate::ssd::{SsdSettings, SsdTier};
 use crate::{Config, Error, Result};
 use persist::{Persist, sibling};
 
-/// The smallest `dram_capacity` an engine takes.
-pub(crate) const MIN_DRAM_CAPACITY: u64 = 64 << 10;
-/// 1 PiB: beyond any machine, and far inside the signed arithmetic of the budget.
-pub(crate) const MAX_DRAM_CAPACITY: u64 = 1 << 50;
 /// The device's block: one SSD sub-page.
 const BLOCK: usize = zipcache_device::BLOCK_SIZE;
 /// Share of the SSD device given to the large-object log (BT_LO).
@@ -186,7 +182,7 @@ impl ZipCache {
             // client may still hold.
             cas_origin: config.clock.now_ms().max(1) << 16,
             track_access: config.track_access,
-            dictionaries: crate::dictionary::training::TrainingSettings::of(&config),
+            dictionaries: config.training_settings(),
             opened_ms: config.clock.now_ms(),
         };
         let dram = DramTier::new(settings, memory.clone(), config.bypass_r);

@@ -7,7 +7,8 @@
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use super::{Inner, MAX_DRAM_CAPACITY, MIN_DRAM_CAPACITY, ZipCache};
+use super::{Inner, ZipCache};
+use crate::config::{MAX_DRAM_CAPACITY, MIN_DRAM_CAPACITY};
 use crate::eviction::EvictionSink;
 use crate::{Error, Result};
 

@@ -16,6 +16,7 @@
 //! Every frame carries zstd's checksum of its content, so a blob decoded with a damaged
 //! dictionary (or a damaged blob) fails to decode instead of giving wrong bytes.
 
+pub mod kinds;
 pub mod page;
 pub mod training;
 

@@ -24,8 +24,6 @@ use std::cell::RefCell;
 use std::ffi::{c_char, c_int, c_void};
 use std::sync::Arc;
 
-use super::training::Kind;
-use crate::early_termination::compress_page;
 use crate::memory::{Memory, alloc_size};
 
 /// The most history an LZ4 match reaches back: dictionary bytes beyond it are useless.
@@ -233,50 +231,6 @@ impl PageDictionary {
     }
 }
 
-/// Tiny objects' pages: the samples are records as a page holds them (`record.rs`), the
-/// dictionary is the content zstd's trainer makes of them, used by LZ4 as a raw prefix
-/// (LZ4 matches whole strings, so record text is what a page's records find), judged by
-/// held-out records packed into
-/// pages of the default leaf size, each compressed as a merge would: with the
-/// dictionary or without, whichever is smaller.
-impl Kind for PageDictionary {
-    const SAMPLE_PREFIX: usize = 512;
-
-    fn train(
-        generation: u64,
-        samples: &[&[u8]],
-        size: usize,
-        memory: Arc<Memory>,
-    ) -> Option<Arc<Self>> {
-        // zstd's trainer picks the segments the samples share most: 1–2 % smaller pages
-        // of `airports` and `seattle-weather` than the latest samples as they are, which
-        // remain for sample sets it refuses (too few).
-        let raw = zstd::dict::from_samples(samples, size).unwrap_or_else(|_| samples.concat());
-        PageDictionary::prepare(generation, &raw[raw.len().saturating_sub(size)..], memory)
-    }
-
-    fn cost(held_out: &[&[u8]], dictionary: Option<&Self>) -> usize {
-        let mut cost = 0;
-        let mut page = Vec::with_capacity(JUDGED_PAGE + 512);
-        let mut compressed = Vec::new();
-        for (i, record) in held_out.iter().enumerate() {
-            page.extend_from_slice(record);
-            if page.len() >= JUDGED_PAGE || i + 1 == held_out.len() {
-                let plain = compress_page(&page).len();
-                compressed.clear();
-                cost += dictionary
-                    .and_then(|d| d.compress_into(&page, &mut compressed))
-                    .map_or(plain, |with| with.min(plain));
-                page.clear();
-            }
-        }
-        cost
-    }
-}
-
-/// Bytes of the pages held-out records are judged in: the default `leaf_size`.
-const JUDGED_PAGE: usize = 4096;
-
 impl Drop for PageDictionary {
     fn drop(&mut self) {
         self.memory.change_dictionaries(-self.charge);
@@ -324,7 +278,7 @@ pub(crate) mod tests {
         let page = text_records(2, 50);
         let mut with = Vec::new();
         d.compress_into(&page, &mut with).unwrap();
-        let without = compress_page(&page);
+        let without = crate::early_termination::compress_page(&page);
         assert!(
             with.len() < without.len() * 9 / 10,
             "{} with, {} without",

@@ -17,11 +17,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use arc_swap::ArcSwapOption;
 use parking_lot::Mutex;
 
-use super::Dictionary;
-use super::page::{MAX_PAGE_DICTIONARY, PageDictionary};
-use crate::config::Config;
 use crate::memory::{Memory, alloc_size};
-use crate::record::stored_len;
 
 /// A candidate replaces the current dictionary if the held-out values take at most this
 /// fraction of what they take with the current one (or with none).
@@ -46,27 +42,6 @@ pub struct TrainingSettings {
 /// they would crowd out the objects.
 pub const MIN_BUDGET: u64 = 8 << 20;
 
-impl TrainingSettings {
-    /// What `config` asks for: with `dictionary_samples` and `dictionary_size` 0, a
-    /// reservoir of one sample per 32 KiB of budget (at most 2,048 of at most 1 KiB) and
-    /// a dictionary of 1/256 of the budget (32 to 112 KiB), none below [`MIN_BUDGET`];
-    /// either set, dictionaries at any budget. `None` with `dictionaries` off.
-    pub fn of(config: &Config) -> Option<Self> {
-        let budget = config.dram_capacity;
-        let chosen = config.dictionary_samples != 0 || config.dictionary_size != 0;
-        (config.dictionaries && (chosen || budget >= MIN_BUDGET)).then(|| TrainingSettings {
-            samples: match config.dictionary_samples {
-                0 => (budget / (32 << 10)).clamp(8, 2048) as usize,
-                samples => samples,
-            },
-            dictionary_size: match config.dictionary_size {
-                0 => (budget / 256).clamp(32 << 10, 112 << 10) as usize,
-                size => size,
-            },
-        })
-    }
-}
-
 /// One kind of dictionary the engine trains: what it compresses, how it is trained from
 /// samples of that, and how a sample set is judged.
 pub trait Kind: Send + Sync + Sized + 'static {
@@ -84,55 +59,6 @@ pub trait Kind: Send + Sync + Sized + 'static {
 
     /// Bytes `held_out` take stored with `dictionary` (or none).
     fn cost(held_out: &[&[u8]], dictionary: Option<&Self>) -> usize;
-}
-
-/// Medium objects' blobs: zstd dictionaries, one sample a value (its first 1 KiB: the
-/// start of a document is where its schema shows, and the bound keeps the reservoir's
-/// bytes bounded), judged by the blobs the held-out values make.
-impl Kind for Dictionary {
-    const SAMPLE_PREFIX: usize = 1024;
-
-    fn train(
-        generation: u64,
-        samples: &[&[u8]],
-        size: usize,
-        memory: Arc<Memory>,
-    ) -> Option<Arc<Self>> {
-        // Blobs name their dictionary by a byte: ids 1..=255 in turn.
-        let id = ((generation - 1) % 255 + 1) as u8;
-        let raw = zstd::dict::from_samples(samples, size).ok()?;
-        Dictionary::prepare(id, &raw, memory)
-    }
-
-    fn cost(held_out: &[&[u8]], dictionary: Option<&Self>) -> usize {
-        held_out.iter().map(|v| stored_len(v, dictionary)).sum()
-    }
-}
-
-/// The engine's dictionaries: zstd ones for medium objects' blobs, LZ4 prefixes for
-/// tiny objects' pages, each kind trained on samples of what it compresses.
-pub struct Dictionaries {
-    pub blobs: Arc<Trainer<Dictionary>>,
-    pub pages: Arc<Trainer<PageDictionary>>,
-}
-
-impl Dictionaries {
-    pub fn new(settings: TrainingSettings, memory: Arc<Memory>) -> Self {
-        let pages = TrainingSettings {
-            dictionary_size: settings.dictionary_size.min(MAX_PAGE_DICTIONARY),
-            ..settings
-        };
-        Dictionaries {
-            blobs: Arc::new(Trainer::new(settings, memory.clone())),
-            pages: Arc::new(Trainer::new(pages, memory)),
-        }
-    }
-
-    /// Waits for trainings under way to finish (for tests and a clean close).
-    pub fn settle(&self) {
-        self.blobs.settle();
-        self.pages.settle();
-    }
 }
 
 #[derive(Debug, Default)]
@@ -309,8 +235,10 @@ pub(crate) fn mix(x: u64) -> u64 {
 
 #[cfg(test)]
 mod tests {
+    use super::super::Dictionary;
     use super::super::tests::document;
     use super::*;
+    use crate::record::stored_len;
 
     fn cost(dictionaries: &Trainer<Dictionary>, schema: u8) -> usize {
         let current = dictionaries.current();

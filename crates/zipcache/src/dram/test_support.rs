@@ -7,7 +7,6 @@ use parking_lot::Mutex;
 use super::{DramSettings, DramTier};
 use crate::Config;
 use crate::btree::Fence;
-use crate::dictionary::training::TrainingSettings;
 use crate::eviction::{EvictedObject, EvictionSink};
 use crate::memory::Memory;
 
@@ -41,10 +40,11 @@ pub(super) fn tier() -> DramTier {
         keep_tombstones: true,
         cas_origin: 1 << 40,
         track_access: false,
-        dictionaries: TrainingSettings::of(&Config {
+        dictionaries: Config {
             dram_capacity: 64 << 20,
             ..Config::default()
-        }),
+        }
+        .training_settings(),
         opened_ms: 0,
     };
     DramTier::new(settings, Arc::new(Memory::default()), 0.0)
