@@ -1,9 +1,10 @@
 //! One access policy for every port. A password (`--requirepass`, the user `default`'s, as
 //! Redis) and a user file (`--auth-file`, memcached's `user:password` lines) are two
-//! sources of the same users: a memcached client logs in with memcached's ascii handshake,
-//! a RESP client with `AUTH`/`HELLO … AUTH`, a metrics scraper with HTTP Basic (or a bearer
-//! token, the `default` user's password), and each accepts every user. Either source set
-//! protects all three; neither set leaves all three open.
+//! sources of the same users: a memcached client logs in with memcached's ascii handshake
+//! (text) or SASL PLAIN or CRAM-MD5 (binary), a RESP client with `AUTH`/`HELLO … AUTH`,
+//! a metrics scraper with HTTP Basic (or a bearer token, the `default` user's password),
+//! and each accepts every user. Either source set protects all three; neither set leaves
+//! all three open.
 
 use std::fmt;
 use std::path::{Path, PathBuf};

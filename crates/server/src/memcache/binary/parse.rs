@@ -16,7 +16,8 @@ pub const HEADER_LEN: usize = 24;
 const BODY_MAX: u32 = 1024 * 1024 * 1024;
 /// memcached's `MAX_SASL_MECH_LEN`.
 const SASL_MECHANISM_MAX: usize = 32;
-/// Longest SASL PLAIN message accepted (`\0user\0password`), as ascii auth's token.
+/// Longest SASL message accepted (PLAIN's `\0user\0password`, a CRAM-MD5 answer), as
+/// ascii auth's token.
 const SASL_DATA_MAX: usize = 16384;
 
 pub mod opcode {
