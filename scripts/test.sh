@@ -8,7 +8,8 @@ SUDO=""
 # Peers and tools the integration tests start themselves (on 127.0.0.1, stopped by PID).
 $SUDO apt-get update -qq
 $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-    memcached libmemcached-tools redis-server redis-tools nutcracker openssl >/dev/null
+    memcached libmemcached-tools redis-server redis-tools nutcracker openssl \
+    libmemcached-dev libsasl2-modules >/dev/null
 # Node with npm: the machine image ships NodeSource's nodejs, which bundles npm and
 # conflicts with Debian's npm package; install Debian's pair only where there is none.
 if ! command -v npm >/dev/null; then
@@ -17,7 +18,10 @@ fi
 # memjs, the binary-protocol client of tests/binary_clients.rs (found through `npm root -g`).
 $SUDO npm install --global --silent memjs
 # Python clients for the client tests; vega_datasets is the real-data value source.
-python3 -m pip install --quiet --disable-pip-version-check pymemcache redis vega_datasets
+# pylibmc is built against libmemcached-dev: its wheel bundles a Cyrus SASL that finds
+# none of the system's mechanisms, so its SASL logins fail.
+python3 -m pip install --quiet --disable-pip-version-check --no-binary pylibmc \
+    pymemcache redis vega_datasets pylibmc
 
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings

@@ -342,7 +342,7 @@ pub mod fuzzing {
                         Processed::Flush => continue,
                         Processed::Await => reads.settle().await,
                         Processed::NeedMore => break,
-                        Processed::Close => break 'pieces,
+                        Processed::Close | Processed::HangUp => break 'pieces,
                     }
                 }
             }

@@ -54,7 +54,9 @@ pub(crate) fn serve_in_process<S: Session>(mut session: S, input: &[u8]) -> (Vec
         match processed {
             Processed::Flush => {}
             Processed::Await => runtime.block_on(reads.settle()),
-            Processed::NeedMore | Processed::Close => return (written, largest),
+            Processed::NeedMore | Processed::Close | Processed::HangUp => {
+                return (written, largest);
+            }
         }
     }
 }

@@ -98,6 +98,15 @@ static BINARY_SEEDS: LazyLock<&'static [&'static [u8]]> = LazyLock::new(|| {
         memcached_binary_request(0x21, &[], b"PLAIN", b"\0foo\0bar", 18, 0),
         memcached_binary_request(0x22, &[], b"PLAIN", b"x", 19, 0),
         memcached_binary_request(0x20, &[], &[], &[], 20, 0),
+        memcached_binary_request(0x21, &[], b"CRAM-MD5", &[], 25, 0),
+        memcached_binary_request(
+            0x22,
+            &[],
+            b"CRAM-MD5",
+            b"foo 0123456789abcdef0123456789abcdef",
+            26,
+            0,
+        ),
         memcached_binary_request(0x1b, &[0; 4], &[], &[], 21, 0),
         memcached_binary_request(0x00, &[], &[b'k'; 250], &[], 22, 0),
         memcached_binary_request(0x01, &set_extras, b"big", &[0x80; 3000], 23, 0),
@@ -110,13 +119,20 @@ static BINARY_SEEDS: LazyLock<&'static [&'static [u8]]> = LazyLock::new(|| {
     Box::leak(leaked.into_boxed_slice())
 });
 
-/// A NOOP first, so that the session speaks binary whatever follows.
+/// A NOOP first, so that the session speaks binary whatever follows; with users, a SASL
+/// login instead, so that what follows runs logged in (an unauthenticated request is
+/// refused and hung up on).
 fn binary_session(body: &[u8], chunk: usize, users: bool) -> Vec<u8> {
     binary_session_on(cache(), body, chunk, users)
 }
 
 fn binary_session_on(engine: Arc<ZipCache>, body: &[u8], chunk: usize, users: bool) -> Vec<u8> {
-    let mut input = memcached_binary_request(0x0a, &[], &[], &[], 0, 0);
+    let mut input = if users {
+        memcached_binary_request(0x21, &[], b"PLAIN", b"\0foo\0bar", 0, 0)
+    } else {
+        memcached_binary_request(0x0a, &[], &[], &[], 0, 0)
+    };
+    let first = input[1];
     input.extend_from_slice(body);
     let options = ServerOptions {
         users: users.then(|| Arc::new(Credentials::parse(b"foo:bar").unwrap())),
@@ -124,7 +140,11 @@ fn binary_session_on(engine: Arc<ZipCache>, body: &[u8], chunk: usize, users: bo
         ..options()
     };
     let out = memcached_session_with(engine, &options, &input, chunk);
-    assert_eq!(out[..2], [0x81, 0x0a], "the NOOP is answered first");
+    assert_eq!(
+        out[..8],
+        [0x81, first, 0, 0, 0, 0, 0, 0],
+        "the first request succeeds"
+    );
     out
 }
 

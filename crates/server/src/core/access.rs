@@ -1,9 +1,10 @@
 //! One access policy for every port. A password (`--requirepass`, the user `default`'s, as
 //! Redis) and a user file (`--auth-file`, memcached's `user:password` lines) are two
-//! sources of the same users: a memcached client logs in with memcached's ascii handshake,
-//! a RESP client with `AUTH`/`HELLO … AUTH`, a metrics scraper with HTTP Basic (or a bearer
-//! token, the `default` user's password), and each accepts every user. Either source set
-//! protects all three; neither set leaves all three open.
+//! sources of the same users: a memcached client logs in with memcached's ascii handshake
+//! (text) or SASL PLAIN or CRAM-MD5 (binary), a RESP client with `AUTH`/`HELLO … AUTH`,
+//! a metrics scraper with HTTP Basic (or a bearer token, the `default` user's password),
+//! and each accepts every user. Either source set protects all three; neither set leaves
+//! all three open.
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -55,15 +56,24 @@ impl AccessPolicy {
         if !self.required() {
             return user == DEFAULT_USER;
         }
+        self.admits_proof(user, |secret| constant_time_eq(password, secret))
+    }
+
+    /// Whether `user` proves it knows its password without sending it (SASL CRAM-MD5):
+    /// `proves` is asked of every password the policy holds (the `--requirepass` one and
+    /// each user file line's), whoever `user` is, so the time taken depends only on how
+    /// many there are; a password counts only for its own user. Without a policy no one
+    /// has a password to prove.
+    pub fn admits_proof(&self, user: &[u8], proves: impl Fn(&[u8]) -> bool) -> bool {
         let by_password = self
             .password
             .as_ref()
-            .is_some_and(|required| required.matches(password))
+            .is_some_and(|required| required.proven_by(&proves))
             & (user == DEFAULT_USER);
         let by_file = self
             .users
             .as_ref()
-            .is_some_and(|users| users.load().check(user, password));
+            .is_some_and(|users| users.load().check_proof(user, &proves));
         by_password | by_file
     }
 
@@ -147,8 +157,14 @@ impl Credentials {
     /// time that depends only on the lengths, so timing tells nothing about how much of
     /// a guess was right.
     pub fn check(&self, user: &[u8], password: &[u8]) -> bool {
+        self.check_proof(user, |secret| constant_time_eq(password, secret))
+    }
+
+    /// Whether `user` is a line's user and `proves` accepts that line's password, asked
+    /// of every line (`AccessPolicy::admits_proof`).
+    fn check_proof(&self, user: &[u8], proves: impl Fn(&[u8]) -> bool) -> bool {
         self.users.iter().fold(false, |found, (u, p)| {
-            found | (constant_time_eq(user, u) & constant_time_eq(password, p))
+            found | (constant_time_eq(user, u) & proves(p))
         })
     }
 }
@@ -204,6 +220,25 @@ mod tests {
         assert!(both.admits(b"default", b"s3cret") && both.admits(b"baaaz", b"quux"));
         assert!(!both.admits(b"foo", b"s3cret"));
         assert!(!format!("{both:?}").contains("s3cret"));
+    }
+
+    #[test]
+    fn a_proof_is_asked_of_every_password_and_counts_for_its_own_user() {
+        let both = AccessPolicy::new(Password::new("s3cret"), Some(Arc::new(users())));
+        let asked = std::cell::RefCell::new(Vec::new());
+        let proves = |secret: &[u8]| {
+            asked.borrow_mut().push(secret.to_vec());
+            secret == b"bar"
+        };
+        assert!(both.admits_proof(b"foo", proves));
+        // Every password was asked, whichever user logs in.
+        assert_eq!(asked.borrow().len(), 3);
+        assert!(!both.admits_proof(b"baaaz", proves));
+        assert!(!both.admits_proof(b"default", proves));
+        assert!(both.admits_proof(b"default", |secret| secret == b"s3cret"));
+        assert!(!both.admits_proof(b"foo", |secret| secret == b"s3cret"));
+        // Without a policy there is no password to prove.
+        assert!(!AccessPolicy::new(None, None).admits_proof(b"default", |_| true));
     }
 
     #[test]

@@ -15,7 +15,13 @@ impl Password {
     /// Whether `given` is this password. The time taken depends only on `given`'s length:
     /// neither on where it differs nor on the password's own length.
     pub fn matches(&self, given: &[u8]) -> bool {
-        constant_time_eq(given, &self.0)
+        self.proven_by(|secret| constant_time_eq(given, secret))
+    }
+
+    /// What `proves` says of the password, which it sees and must not leak (a SASL
+    /// CRAM-MD5 digest is keyed by it).
+    pub fn proven_by(&self, proves: impl FnOnce(&[u8]) -> bool) -> bool {
+        proves(&self.0)
     }
 }
 

@@ -235,6 +235,8 @@ pub struct MemcacheSession {
     swallow: usize,
     /// False until the client authenticates, when the server asks for it.
     authenticated: bool,
+    /// A binary connection's SASL exchange in progress.
+    sasl: binary::sasl::Exchange,
     /// A metadump or mgdump being sent, and the length of its request line: the line
     /// stays at the front of the input until the dump's last line is out.
     dump: Option<(crawler::Dump, usize)>,
@@ -269,6 +271,7 @@ impl MemcacheSession {
             shared,
             swallow: 0,
             authenticated,
+            sasl: binary::sasl::Exchange::default(),
             dump: None,
             retrieval: None,
             id,

@@ -55,6 +55,11 @@ pub enum Step {
     /// Write what is buffered, then close (quit, or a protocol error the peer would not
     /// recover from either).
     Close,
+    /// Write what is buffered, then close at once, without lingering: what the client
+    /// sends next is answered by a reset, as by memcached's plain `close()`, which some
+    /// clients rely on to tell that a connection is gone (memcached's binary refusal of
+    /// an unauthenticated request).
+    HangUp,
     /// The request at the front, this many bytes long, reads the SSD: nothing was
     /// executed in this step; await the reads in flight (`prefetch`), then step again.
     Await(usize),
@@ -115,6 +120,8 @@ pub enum Processed {
     /// The reply buffer is full: write it, then call again.
     Flush,
     Close,
+    /// Close without lingering (`Step::HangUp`).
+    HangUp,
     /// Reads are in flight for the request at the front (`Step::Await`).
     Await,
 }
@@ -145,6 +152,10 @@ pub fn process<S: Session>(
             Step::Close => {
                 reads.request_done(0);
                 return (pos, Processed::Close);
+            }
+            Step::HangUp => {
+                reads.request_done(0);
+                return (pos, Processed::HangUp);
             }
             Step::Await(front) => {
                 // The front request started its own reads; the walk starts behind it.
@@ -365,6 +376,7 @@ pub async fn serve<T: Stream, S: Session>(
                     linger(stream).await;
                     return;
                 }
+                Processed::HangUp => return,
             }
         }
         completed |= pos > 0;

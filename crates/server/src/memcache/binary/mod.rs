@@ -2,9 +2,11 @@
 //! magic (as memcached decides it). Each command runs through the same engine paths as
 //! its text twin (`text.rs`): the same counters, log events, annotations and SSD
 //! read-ahead. A reply holds at most one item, so the output budget is kept by the
-//! connection loop between requests. SASL PLAIN checks the server's one access policy.
+//! connection loop between requests. SASL (`sasl.rs`) checks the server's one access
+//! policy.
 
 pub mod parse;
+pub mod sasl;
 
 use zipcache::Update;
 
@@ -17,10 +19,6 @@ use crate::core::stats::Counters;
 use crate::transport::connection::Step;
 use crate::transport::prefetch::{Prefetch, ReadAhead};
 use parse::{Command, Framed, Header, Parsed, Request, Status};
-
-/// The one SASL mechanism served: the policy's users and passwords in the clear (use
-/// TLS where the network is not trusted).
-const SASL_MECHANISMS: &[u8] = b"PLAIN";
 
 /// A binary incr/decr with this expiry does not create a missing counter.
 const NO_CREATE: u32 = u32::MAX;
@@ -39,12 +37,12 @@ impl MemcacheSession {
             Framed::Header(header) => header,
         };
         if !self.authenticated && !header.allowed_unauthenticated() {
-            // memcached hangs up after this reply; the connection stays open here, so a
-            // client can still log in on it, and the body is skipped unread.
+            // Then hang up, as memcached does: its clients take the reset their next
+            // request meets as the sign to open a new connection and log in there.
             self.count_request();
             parse::respond_error(out, &header, Status::AuthError);
-            self.swallow = header.body_len as usize;
-            return Step::Consumed(parse::HEADER_LEN);
+            self.close_reason = CloseReason::Error;
+            return Step::HangUp;
         }
         let (request, len, swallow) = match parse::parse(&header, input, self.shared.core.max_value)
         {
@@ -202,35 +200,53 @@ impl MemcacheSession {
             Command::Version => reply.success(0, &[], &[], text::VERSION.as_bytes()),
             Command::Stat { group } => stat(shared, group, &mut reply),
             Command::SaslListMechs if shared.core.access.required() => {
-                reply.success(0, &[], &[], SASL_MECHANISMS);
+                reply.success(0, &[], &[], sasl::MECHANISMS);
             }
+            // Either logs the connection out first, as memcached's (`init_sasl_conn`):
+            // a step after a login, which has no exchange to continue, ends it.
             Command::SaslAuth { mechanism, data } if shared.core.access.required() => {
-                Counters::bump(&shared.core.counters.auth_cmds);
-                self.authenticated = mechanism == SASL_MECHANISMS
-                    && sasl_plain_credentials(data)
-                        .is_some_and(|(user, password)| shared.core.access.admits(user, password));
-                if self.authenticated {
-                    reply.success(0, &[], &[], b"Authenticated");
-                } else {
-                    Counters::bump(&shared.core.counters.auth_errors);
-                    reply.error(Status::AuthError);
-                }
+                self.authenticated = false;
+                let outcome = self.sasl.start(&shared.core.access, mechanism, data);
+                self.sasl_reply(outcome, &mut reply);
             }
-            // PLAIN takes one step: there is never a next one. Unlike memcached's, the
-            // refusal leaves a login in place: connections here outlive the auth errors
-            // memcached hangs up on, and memcached's t/binary-sasl.t counts on that
-            // connection staying logged in after a step.
-            Command::SaslStep if shared.core.access.required() => {
-                Counters::bump(&shared.core.counters.auth_cmds);
-                Counters::bump(&shared.core.counters.auth_errors);
-                reply.error(Status::AuthError);
+            Command::SaslStep { data } if shared.core.access.required() => {
+                self.authenticated = false;
+                let outcome = self.sasl.step(&shared.core.access, data);
+                self.sasl_reply(outcome, &mut reply);
             }
             // As memcached without SASL.
-            Command::SaslListMechs | Command::SaslAuth { .. } | Command::SaslStep => {
+            Command::SaslListMechs | Command::SaslAuth { .. } | Command::SaslStep { .. } => {
                 reply.error(Status::UnknownCommand);
             }
         }
         true
+    }
+
+    /// Answers a SASL command as memcached does, counting what it counts: a login and a
+    /// refusal in `auth_cmds`, a refusal in `auth_errors`, a challenge in neither.
+    fn sasl_reply(&mut self, outcome: sasl::Outcome, reply: &mut Reply<'_>) {
+        let counters = &self.shared.core.counters;
+        match outcome {
+            sasl::Outcome::Authenticated => {
+                Counters::bump(&counters.auth_cmds);
+                self.authenticated = true;
+                reply.success(0, &[], &[], b"Authenticated");
+            }
+            sasl::Outcome::Continue(challenge) => parse::respond(
+                reply.out,
+                reply.header,
+                Status::AuthContinue,
+                0,
+                &[],
+                &[],
+                &challenge,
+            ),
+            sasl::Outcome::Failed => {
+                Counters::bump(&counters.auth_cmds);
+                Counters::bump(&counters.auth_errors);
+                reply.error(Status::AuthError);
+            }
+        }
     }
 }
 
@@ -295,13 +311,6 @@ impl Reply<'_> {
             }
         }
     }
-}
-
-/// `authzid \0 authcid \0 password` (RFC 4616): the user and password.
-fn sasl_plain_credentials(data: &[u8]) -> Option<(&[u8], &[u8])> {
-    let mut parts = data.splitn(3, |&b| b == 0);
-    let (_authzid, user, password) = (parts.next()?, parts.next()?, parts.next()?);
-    Some((user, password))
 }
 
 fn get(
@@ -712,30 +721,34 @@ mod tests {
         assert_eq!(got.last().unwrap().status, 1);
     }
 
-    #[test]
-    fn sasl_plain_logs_in_with_the_access_policy() {
+    fn secured() -> ServerOptions {
         let users = Credentials::parse(b"foo:bar\n").unwrap();
-        let options = ServerOptions {
+        ServerOptions {
             requirepass: Password::new("secret"),
             users: Some(Arc::new(users)),
             ..options()
-        };
-        let auth = |data: &[u8], opaque| request(SASL_AUTH, &[], b"PLAIN", data, opaque, 0);
+        }
+    }
+
+    fn plain(data: &[u8], opaque: u32) -> Vec<u8> {
+        request(SASL_AUTH, &[], b"PLAIN", data, opaque, 0)
+    }
+
+    #[test]
+    fn sasl_plain_logs_in_with_the_access_policy() {
         let got = run_with(
-            &options,
+            &secured(),
             &[
                 request(VERSION, &[], &[], &[], 1, 0),
                 request(SASL_LIST_MECHS, &[], &[], &[], 2, 0),
-                auth(b"\0foo\0wrong", 3),
-                auth(b"\0default\0bar", 4),
+                // A refused login keeps the connection, as memcached's.
+                plain(b"\0foo\0wrong", 3),
+                plain(b"\0default\0bar", 4),
                 request(SASL_STEP, &[], b"PLAIN", b"x", 5, 0),
-                auth(b"\0foo\0bar", 6),
+                plain(b"\0foo\0bar", 6),
                 request(SET, &set_extras(0, 0), b"k", b"v", 7, 0),
-                // A step fails and leaves the login; a failed login logs out.
-                request(SASL_STEP, &[], b"PLAIN", b"x", 8, 0),
+                plain(b"\0default\0secret", 8),
                 request(GET, &[], b"k", &[], 9, 0),
-                auth(b"\0foo\0wrong", 10),
-                request(GET, &[], b"k", &[], 11, 0),
             ],
             5,
         );
@@ -750,32 +763,114 @@ mod tests {
                 (5, 0x20),
                 (6, 0),
                 (7, 0),
-                (8, 0x20),
-                (9, 0),
-                (10, 0x20),
-                (11, 0x20)
+                (8, 0),
+                (9, 0)
             ]
         );
-        assert_eq!(got[1].value, b"PLAIN");
+        assert_eq!(got[1].value, b"CRAM-MD5 PLAIN");
         assert_eq!(got[5].value, b"Authenticated");
-        let got = run_with(&options, &[auth(b"\0default\0secret", 1)], 64);
-        assert_eq!(got[0].status, 0);
-        // Before a login, anything else is refused, its body skipped.
-        let got = run_with(
-            &options,
-            &[
-                request(GET, &[], b"k", &[], 1, 0),
-                request(SET, &set_extras(0, 0), b"k", &[0x80; 100], 2, 0),
-                auth(b"\0foo\0bar", 3),
-                request(GET, &[], b"k", &[], 4, 0),
-            ],
-            64,
-        );
-        let summary: Vec<(u32, u16)> = got.iter().map(|r| (r.opaque, r.status)).collect();
-        assert_eq!(summary, [(1, 0x20), (2, 0x20), (3, 0), (4, 1)]);
         // Without a policy, SASL is not served, as memcached without -S.
         let got = run(&[request(SASL_LIST_MECHS, &[], &[], &[], 1, 0)]);
         assert_eq!(got[0].status, 0x81);
+    }
+
+    #[test]
+    fn an_unauthenticated_request_is_refused_then_hung_up() {
+        use crate::transport::connection::Session;
+        use crate::transport::output::Output;
+        // Before a login, anything but SASL and VERSION is refused and the connection
+        // hung up, as memcached does: nothing behind it is answered.
+        for refused in [
+            request(GET, &[], b"k", &[], 1, 0),
+            request(SET, &set_extras(0, 0), b"k", &[0x80; 100], 1, 0),
+            request(NOOP, &[], &[], &[], 1, 0),
+        ] {
+            let got = run_with(
+                &secured(),
+                &[
+                    refused.clone(),
+                    plain(b"\0foo\0bar", 2),
+                    request(NOOP, &[], &[], &[], 3, 0),
+                ],
+                64,
+            );
+            let summary: Vec<(u32, u16)> = got.iter().map(|r| (r.opaque, r.status)).collect();
+            assert_eq!(summary, [(1, 0x20)]);
+            let mut session = memcache_session(dram_engine(), &secured());
+            let (mut out, mut reads) = (Output::default(), Prefetch::default());
+            assert!(matches!(
+                session.step(&refused, &mut out, &mut reads),
+                Step::HangUp
+            ));
+        }
+        // A failed login logs out, and so does a step: PLAIN has none to take.
+        for logout in [
+            plain(b"\0foo\0wrong", 3),
+            request(SASL_STEP, &[], b"PLAIN", b"x", 3, 0),
+        ] {
+            let got = run_with(
+                &secured(),
+                &[
+                    plain(b"\0foo\0bar", 1),
+                    request(GET, &[], b"k", &[], 2, 0),
+                    logout,
+                    request(GET, &[], b"k", &[], 4, 0),
+                    request(NOOP, &[], &[], &[], 5, 0),
+                ],
+                64,
+            );
+            let summary: Vec<(u32, u16)> = got.iter().map(|r| (r.opaque, r.status)).collect();
+            assert_eq!(summary, [(1, 0), (2, 1), (3, 0x20), (4, 0x20)]);
+        }
+    }
+
+    #[test]
+    fn sasl_cram_md5_answers_a_challenge_with_auth_continue() {
+        use crate::transport::connection::Session;
+        use crate::transport::output::Output;
+        let mut session = memcache_session(dram_engine(), &secured());
+        let mut exchange = |packet: Vec<u8>| {
+            let (mut out, mut reads) = (Output::default(), Prefetch::default());
+            let step = session.step(&packet, &mut out, &mut reads);
+            assert!(matches!(step, Step::Consumed(n) if n == packet.len()));
+            responses(&out).pop().unwrap()
+        };
+        let cram = |opaque| request(SASL_AUTH, &[], b"CRAM-MD5", &[], opaque, 0);
+        let step =
+            |response: &[u8], opaque| request(SASL_STEP, &[], b"CRAM-MD5", response, opaque, 0);
+        let challenge = exchange(cram(1));
+        assert_eq!((challenge.opaque, challenge.status), (1, 0x21));
+        let digest = sasl::cram_md5_digest(b"bar", &challenge.value);
+        let wrong = sasl::cram_md5_digest(b"baz", &challenge.value);
+        assert_eq!(
+            exchange(step(&[b"foo ", &wrong[..]].concat(), 2)).status,
+            0x20
+        );
+        // The challenge was used up by the wrong answer.
+        assert_eq!(
+            exchange(step(&[b"foo ", &digest[..]].concat(), 3)).status,
+            0x20
+        );
+        let challenge = exchange(cram(4)).value;
+        let digest = sasl::cram_md5_digest(b"bar", &challenge);
+        let logged_in = exchange(step(&[b"foo ", &digest[..]].concat(), 5));
+        assert_eq!(
+            (logged_in.status, &logged_in.value[..]),
+            (0, &b"Authenticated"[..])
+        );
+        assert_eq!(exchange(request(GET, &[], b"k", &[], 6, 0)).status, 1);
+        // memcached's counts: a login and each refusal, never the challenge.
+        let (mut out, mut reads) = (Output::default(), Prefetch::default());
+        session.step(&request(STAT, &[], &[], &[], 7, 0), &mut out, &mut reads);
+        let stats = responses(&out);
+        let stat = |name: &[u8]| {
+            stats
+                .iter()
+                .find(|r| r.key == name)
+                .map(|r| r.value.clone())
+        };
+        assert_eq!(stat(b"auth_cmds"), Some(b"3".to_vec()));
+        assert_eq!(stat(b"auth_errors"), Some(b"2".to_vec()));
     }
 
     #[test]

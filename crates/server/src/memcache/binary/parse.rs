@@ -16,7 +16,8 @@ pub const HEADER_LEN: usize = 24;
 const BODY_MAX: u32 = 1024 * 1024 * 1024;
 /// memcached's `MAX_SASL_MECH_LEN`.
 const SASL_MECHANISM_MAX: usize = 32;
-/// Longest SASL PLAIN message accepted (`\0user\0password`), as ascii auth's token.
+/// Longest SASL message accepted (PLAIN's `\0user\0password`, a CRAM-MD5 answer), as
+/// ascii auth's token.
 const SASL_DATA_MAX: usize = 16384;
 
 pub mod opcode {
@@ -92,6 +93,8 @@ pub enum Status {
     NotStored = 0x05,
     NonNumeric = 0x06,
     AuthError = 0x20,
+    /// A SASL exchange goes on: the body is the server's challenge.
+    AuthContinue = 0x21,
     UnknownCommand = 0x81,
     InternalError = 0x84,
 }
@@ -108,6 +111,7 @@ impl Status {
             Status::NotStored => "Not stored.",
             Status::NonNumeric => "Non-numeric server-side value for incr or decr",
             Status::AuthError => "Auth failure.",
+            Status::AuthContinue => "",
             Status::UnknownCommand => "Unknown command",
             Status::InternalError => "Internal error",
         }
@@ -230,7 +234,11 @@ pub enum Command<'a> {
         mechanism: &'a [u8],
         data: &'a [u8],
     },
-    SaslStep,
+    /// The mechanism named is not looked at, as memcached's (Cyrus SASL continues the
+    /// exchange `SaslAuth` started).
+    SaslStep {
+        data: &'a [u8],
+    },
 }
 
 impl Command<'_> {
@@ -250,7 +258,7 @@ impl Command<'_> {
             | Command::Version
             | Command::SaslListMechs
             | Command::SaslAuth { .. }
-            | Command::SaslStep => Access::Changes(Vec::new()),
+            | Command::SaslStep { .. } => Access::Changes(Vec::new()),
             Command::Quit | Command::Flush { .. } | Command::Stat { .. } => Access::Barrier,
         }
     }
@@ -428,7 +436,7 @@ pub fn parse<'a>(header: &Header, input: &'a [u8], max_value: usize) -> Parsed<'
             mechanism: key,
             data: value,
         },
-        (SASL_STEP, _) => Command::SaslStep,
+        (SASL_STEP, _) => Command::SaslStep { data: value },
         // Unknown opcodes were answered above.
         _ => {
             return Parsed::Refused {
