@@ -19,7 +19,8 @@
 //! metadata bytes join that run; behind a value they would cut the match that often runs
 //! from one value's tail through the next record's header and key prefix, which costs a
 //! new LZ4 sequence (token and offset) per record.
-//! A medium pointer carries no metadata: it lives in the blob.
+//! A medium pointer in a page carries no metadata: it lives in the blob. In a write
+//! buffer it carries a copy, which merges read instead of the blob's header.
 
 use crate::config::Config;
 use crate::dictionary::Dictionary;

@@ -2,6 +2,15 @@
 //! uncompressed buffer on their leaf instead of recompressing the page each time. A full
 //! buffer queues the leaf for a background merge (decompress → apply → recompress), so
 //! one recompression absorbs several writes. GETs look here before the page.
+//!
+//! A medium value's record here is a pointer, as in the page: its blob is compressed
+//! when it is written, so a record takes a few dozen bytes however long the value.
+//!
+//! The limit adapts: a leaf whose buffer took more writes than GETs looked through it
+//! since its last merge gets twice the room after that merge, up to `2^MAX_LEVEL` times
+//! `write_buffer` (fewer merges for the same writes), while all buffers together stay
+//! within a share of the budget; a leaf read more than written, or left idle, goes back
+//! down (`next_level`).
 
 use crate::memory::alloc_size;
 use crate::record::{Record, records};
@@ -23,6 +32,26 @@ pub enum Pressure {
     /// Far over the limit (the merger is behind, or one record is huge): merge now in
     /// the foreground rather than let buffers eat the DRAM budget.
     Overflowing,
+}
+
+/// Doublings of `write_buffer` a buffer may grow by.
+pub const MAX_LEVEL: u8 = 3;
+
+/// A buffer's limit at `level`.
+pub fn limit_at(write_buffer: usize, level: u8) -> usize {
+    write_buffer << level.min(MAX_LEVEL)
+}
+
+/// The level a buffer takes after a merge its pressure asked for, from how many `writes`
+/// and `reads` (GETs that looked through it) it saw since the merge before: up one while
+/// writes are at least as many and there is `room`, else down one. A bigger buffer means
+/// fewer merges per write and a longer look for every GET of its leaf.
+pub fn next_level(level: u8, writes: usize, reads: u32, room: bool) -> u8 {
+    if room && reads as usize <= writes {
+        (level + 1).min(MAX_LEVEL)
+    } else {
+        level.saturating_sub(1)
+    }
 }
 
 impl WriteBuffer {
@@ -50,6 +79,11 @@ impl WriteBuffer {
 
     pub fn is_empty(&self) -> bool {
         self.bytes.is_empty()
+    }
+
+    /// Bytes the buffered records take.
+    pub fn len(&self) -> usize {
+        self.bytes.len()
     }
 
     /// DRAM the buffered bytes hold.
@@ -100,6 +134,23 @@ mod tests {
         assert_eq!(taken.records().count(), 9);
         assert!(b.is_empty());
         assert_eq!(b.charge(), 0, "a merged buffer keeps no capacity");
+    }
+
+    #[test]
+    fn a_buffer_written_more_than_read_doubles_up_to_the_cap() {
+        let mut level = 0;
+        let mut limits = vec![limit_at(256, level)];
+        for _ in 0..5 {
+            level = next_level(level, 10, 10, true);
+            limits.push(limit_at(256, level));
+        }
+        assert_eq!(limits, [256, 512, 1024, 2048, 2048, 2048]);
+        assert_eq!(level, MAX_LEVEL);
+        // Without room, or read more than written, it goes back a step at a time.
+        assert_eq!(next_level(3, 10, 0, false), 2);
+        assert_eq!(next_level(2, 10, 11, true), 1);
+        assert_eq!(next_level(0, 10, 11, true), 0);
+        assert_eq!(limit_at(0, MAX_LEVEL), 0, "a zero limit stays zero");
     }
 
     #[test]

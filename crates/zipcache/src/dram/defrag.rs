@@ -74,7 +74,7 @@ impl DramTier {
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
-    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
     use crate::{Config, ZipCache};
 
@@ -106,29 +106,51 @@ mod tests {
                 .put(format!("key{i:06}").as_bytes(), &value(i, 0), None)
                 .unwrap();
         }
-        cache.inner.dram.merge_all(0);
+        // Churn, so that allocator pages are part-used: every key written again, then
+        // every other key once more (each write frees the blob it replaces, each merge
+        // the page).
+        let version = |i: u32| 1 + i % 2;
+        for (i, v) in (0..KEYS)
+            .map(|i| (i, 1))
+            .chain((1..KEYS).step_by(2).map(|i| (i, 2)))
+        {
+            cache
+                .put(format!("key{i:06}").as_bytes(), &value(i, v), None)
+                .unwrap();
+        }
+        // A dictionary trained meanwhile would change the charge.
+        cache.settle().unwrap();
         let used = cache.stats().dram_used;
         let stop = Arc::new(AtomicBool::new(false));
+        let started = Arc::new(AtomicU64::new(0));
         let readers: Vec<_> = (0..2)
             .map(|t| {
-                let (cache, stop) = (cache.clone(), stop.clone());
+                let (cache, stop, started) = (cache.clone(), stop.clone(), started.clone());
                 std::thread::spawn(move || {
                     let mut reads = 0u64;
                     let mut i = t * 7919;
                     while !stop.load(Ordering::Relaxed) {
                         i = (i + 104_729) % KEYS;
                         let got = cache.get(format!("key{i:06}").as_bytes()).unwrap();
-                        assert_eq!(got.as_deref(), Some(&value(i, 0)[..]), "key {i}");
+                        assert_eq!(got.as_deref(), Some(&value(i, version(i))[..]), "key {i}");
                         reads += 1;
+                        started.fetch_add(1, Ordering::Relaxed);
                     }
                     reads
                 })
             })
             .collect();
-        let mut moved = 0;
-        for _ in 0..20 {
-            moved += cache.inner.dram.defragment(100);
+        // Blocks move while GETs run, not before the readers start.
+        while started.load(Ordering::Relaxed) < 2 {
+            std::thread::yield_now();
         }
+        // On a thread of its own, as the housekeeper's: blocks in the pages the writing
+        // thread allocates from are not sparse to that thread.
+        let mover = cache.clone();
+        let moved: u64 =
+            std::thread::spawn(move || (0..20).map(|_| mover.inner.dram.defragment(100)).sum())
+                .join()
+                .unwrap();
         stop.store(true, Ordering::Relaxed);
         let reads: u64 = readers.into_iter().map(|r| r.join().unwrap()).sum();
         assert!(moved > 0 && reads > 0, "{moved} bytes moved, {reads} reads");

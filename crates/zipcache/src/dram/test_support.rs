@@ -9,7 +9,7 @@ use crate::Config;
 use crate::btree::Fence;
 use crate::dictionary::training::TrainingSettings;
 use crate::eviction::{EvictedObject, EvictionSink};
-use crate::memory::Memory;
+use crate::memory::{Charge, Memory};
 
 /// Records every batch it is given; its span is a fixed range of keys.
 pub(super) struct RecordingSink {
@@ -64,4 +64,21 @@ pub(super) fn settings(write_buffer: usize) -> DramSettings {
 pub(super) fn tier_with(settings: DramSettings) -> (DramTier, Arc<Memory>) {
     let memory = Arc::new(Memory::default());
     (DramTier::new(settings, memory.clone(), 0.0), memory)
+}
+
+/// The account, recounted from scratch: every leaf's state, the tree, the table.
+pub(super) fn recount(dram: &DramTier) -> Charge {
+    let view = dram.view();
+    let mut total = Charge::default();
+    for id in dram.leaves() {
+        let leaf = view.get(id.0).unwrap();
+        let c = dram.charge_of(leaf, &leaf.state.read());
+        total.compressed_pages += c.compressed_pages;
+        total.hot_pages += c.hot_pages;
+        total.write_buffers += c.write_buffers;
+        total.mediums += c.mediums;
+        total.access_tables += c.access_tables;
+    }
+    total.index = (dram.tree.node_bytes() + dram.leaves.bytes() as u64) as i64 + dram.reads.bytes();
+    total
 }
