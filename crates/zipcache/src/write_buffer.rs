@@ -13,14 +13,19 @@
 //! down (`next_level`).
 
 use crate::memory::alloc_size;
-use crate::record::{Record, records};
+use crate::record::{Record, key_and_len, records};
 
 /// The records appended since the last merge. A leaf keeps it in a box beside its blobs
 /// only while it is not empty, so the many leaves without one pay nothing for it.
 #[derive(Debug, Default)]
 pub struct WriteBuffer {
+    /// Once written: the largest ordered CAS version of the records (`CAS_TOP` bytes,
+    /// little-endian), which every write asking for a version needs, then the records.
     bytes: Vec<u8>,
 }
+
+/// Bytes in front of the records.
+const CAS_TOP: usize = 8;
 
 /// What the writer should do after an append.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -56,6 +61,11 @@ pub fn next_level(level: u8, writes: usize, reads: u32, room: bool) -> u8 {
 
 impl WriteBuffer {
     pub fn append(&mut self, record: &Record<'_>, limit: usize) -> Pressure {
+        let cas_top = self.cas_top().max(record.meta.ordered_cas());
+        if self.bytes.is_empty() {
+            self.bytes.resize(CAS_TOP, 0);
+        }
+        self.bytes[..CAS_TOP].copy_from_slice(&cas_top.to_le_bytes());
         record.encode(&mut self.bytes);
         let len = self.bytes.len();
         if limit == 0 || len > limit.max(64).saturating_mul(4) {
@@ -67,14 +77,34 @@ impl WriteBuffer {
         }
     }
 
-    /// The newest buffered record of `key`.
+    /// The newest buffered record of `key`: the others are only skipped, the last match
+    /// alone decoded.
     pub fn find(&self, key: &[u8]) -> Option<Record<'_>> {
-        self.records().filter(|r| r.key == key).last()
+        let run = self.run();
+        let (mut at, mut newest) = (0, None);
+        while let Some((k, len)) = key_and_len(&run[at..]) {
+            if k == key {
+                newest = Some(at);
+            }
+            at += len;
+        }
+        Record::parse(&run[newest?..]).map(|(record, _)| record)
     }
 
     /// Buffered records, oldest first.
     pub fn records(&self) -> impl Iterator<Item = Record<'_>> {
-        records(&self.bytes)
+        records(self.run())
+    }
+
+    fn run(&self) -> &[u8] {
+        self.bytes.get(CAS_TOP..).unwrap_or_default()
+    }
+
+    /// The largest ordered CAS version of the buffered records (0 for none).
+    pub fn cas_top(&self) -> u64 {
+        self.bytes
+            .first_chunk::<CAS_TOP>()
+            .map_or(0, |top| u64::from_le_bytes(*top))
     }
 
     pub fn is_empty(&self) -> bool {
@@ -122,7 +152,8 @@ mod tests {
         assert_eq!(b.find(b"k").unwrap().payload, Payload::Inline(b"2"));
         assert_eq!(b.append(&rec(b"k", None), 64), Pressure::Fine);
         assert_eq!(b.find(b"k").unwrap().payload, Payload::Tombstone);
-        let big = [0u8; 60];
+        assert_eq!(b.find(b"other"), None);
+        let big = [0u8; 52];
         assert_eq!(b.append(&rec(b"x", Some(&big)), 64), Pressure::Full);
         for _ in 0..4 {
             b.append(&rec(b"y", Some(&big)), 64);
@@ -151,6 +182,33 @@ mod tests {
         assert_eq!(next_level(2, 10, 11, true), 1);
         assert_eq!(next_level(0, 10, 11, true), 0);
         assert_eq!(limit_at(0, MAX_LEVEL), 0, "a zero limit stays zero");
+    }
+
+    #[test]
+    fn the_buffer_keeps_the_largest_ordered_cas_of_its_records() {
+        let mut b = WriteBuffer::default();
+        assert_eq!(b.cas_top(), 0);
+        let with_cas = |cas, client_cas| Record {
+            meta: Meta {
+                cas,
+                client_cas,
+                ..Meta::default()
+            },
+            ..rec(b"k", Some(b"v"))
+        };
+        for (cas, client, top) in [
+            (7, false, 7),
+            (5, false, 7),
+            (u64::MAX, true, 7),
+            (9, false, 9),
+        ] {
+            b.append(&with_cas(cas, client), 1 << 10);
+            assert_eq!(b.cas_top(), top);
+        }
+        assert_eq!(b.records().count(), 4);
+        assert_eq!(b.find(b"k").unwrap().meta.cas, 9);
+        assert_eq!(b.take().cas_top(), 9);
+        assert_eq!(b.cas_top(), 0);
     }
 
     #[test]
