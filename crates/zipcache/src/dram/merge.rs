@@ -195,14 +195,22 @@ impl DramTier {
     /// writes and GETs the buffer saw (`write_buffer::next_level`), and the leaves a
     /// split makes start at the same level. Not for a buffer `shrink_idle_buffers`
     /// queued (not written since): it keeps the level that pass gave it.
+    ///
+    /// Only a leaf with medium objects grows: its buffer holds their pointer records,
+    /// a few dozen bytes a write, while its merge passes over hundreds of them. Tiny
+    /// values sit in a buffer whole and uncompressed, and a leaf of them merges in a
+    /// fraction of the time: growing their buffers took 5–7 MiB more RSS in a 64 MiB fill
+    /// of 64-byte values (allocator pages of the buffers' larger size classes), and the
+    /// RSS governor took it from the objects.
     pub(super) fn merge_full(&self, leaf: &DramLeaf, st: &mut LeafState, now_ms: u64) {
         if leaf.has(WRITTEN)
             && let Some(extras) = &st.extras
         {
             let writes = extras.buffer.records().count();
             let reads = extras.reads.load(Ordering::Relaxed);
-            let room = self.memory.snapshot().write_buffers
-                < (self.settings.dram_capacity / GROWN_BUFFERS_SHARE) as i64;
+            let room = !extras.blobs.is_empty()
+                && self.memory.snapshot().write_buffers
+                    < (self.settings.dram_capacity / GROWN_BUFFERS_SHARE) as i64;
             leaf.set_buffer_level(next_level(leaf.buffer_level(), writes, reads, room));
         }
         self.merge_locked(leaf, st, now_ms, Shed::Nothing);

@@ -819,19 +819,24 @@ mod buffer_tests {
         assert_eq!(memory.snapshot(), recount(&dram));
     }
 
+    /// A medium value of about 200 bytes, of a write counted `i`.
+    fn medium(i: u32) -> Vec<u8> {
+        format!("{i:>200}").into_bytes()
+    }
+
     /// No merger runs here: a full buffer is merged by its writer at four times its limit,
     /// and each such merge of a leaf only written doubles the limit, up to the cap. The
     /// housekeeper's passes after the writes stop take the room back.
     #[test]
     fn a_leaf_written_and_not_read_grows_its_buffer_and_gives_the_room_back_when_idle() {
-        let (dram, memory) = tier_with(settings(256));
+        let (dram, memory) = medium_tier(256);
         let mut written = 0u32;
         let mut merges_at_level = Vec::new();
         while level_of(&dram, &key(0)) < MAX_LEVEL {
             let before = dram.counters.foreground_merges.load(Ordering::Relaxed);
             let level = level_of(&dram, &key(0));
             // Rewrites of the same eight keys: the leaf never splits.
-            put(&dram, &key(written % 8), &[written as u8; 100]);
+            put(&dram, &key(written % 8), &medium(written));
             written += 1;
             if dram.counters.foreground_merges.load(Ordering::Relaxed) > before {
                 merges_at_level.push((level, written));
@@ -855,7 +860,7 @@ mod buffer_tests {
             dram.merge(&id, 0);
         }
         for i in 0..10u32 {
-            put(&dram, &key(i % 8), &[i as u8; 100]);
+            put(&dram, &key(i % 8), &medium(i));
         }
         assert!(dram.merge_queue.pop().is_none());
         // The first pass sees the leaf written; a write after it keeps it grown.
@@ -889,12 +894,12 @@ mod buffer_tests {
 
     #[test]
     fn a_buffer_read_more_than_written_shrinks_back() {
-        let (dram, _) = tier_with(settings(256));
+        let (dram, _) = medium_tier(256);
         dram.read_leaf(&key(0), |leaf, _| leaf.set_buffer_level(MAX_LEVEL));
         let merges = || dram.counters.foreground_merges.load(Ordering::Relaxed);
         let mut i = 0u32;
         while merges() == 0 {
-            put(&dram, &key(i % 8), &[i as u8; 100]);
+            put(&dram, &key(i % 8), &medium(i));
             for _ in 0..2 {
                 dram.get(&key(i % 8), 0, false);
             }
@@ -908,14 +913,26 @@ mod buffer_tests {
         // A 16 KiB budget: 256 bytes for all buffers, less than one full buffer.
         let (dram, memory) = tier_with(DramSettings {
             dram_capacity: 16 << 10,
+            tiny_max: 128,
+            dictionaries: None,
             ..settings(256)
         });
-        for i in 0..400u32 {
+        for i in 0..2_000u32 {
+            put(&dram, &key(i % 8), &medium(i));
+        }
+        assert!(dram.counters.foreground_merges.load(Ordering::Relaxed) >= 10);
+        assert_eq!(level_of(&dram, &key(0)), 0);
+        assert!(memory.snapshot().write_buffers > (16 << 10) / 64);
+        dram.read_leaf(&key(0), |leaf, _| assert!(leaf.has(WRITTEN)));
+    }
+
+    #[test]
+    fn a_leaf_of_tiny_values_keeps_its_first_limit() {
+        let (dram, _) = tier_with(settings(256));
+        for i in 0..2_000u32 {
             put(&dram, &key(i % 8), &[i as u8; 100]);
         }
         assert!(dram.counters.foreground_merges.load(Ordering::Relaxed) >= 10);
         assert_eq!(level_of(&dram, &key(0)), 0);
-        assert!(memory.snapshot().write_buffers <= 4 * 256 + 64);
-        dram.read_leaf(&key(0), |leaf, _| assert!(leaf.has(WRITTEN)));
     }
 }
