@@ -6,8 +6,9 @@
 //! A medium value's record here is a pointer, as in the page: its blob is compressed
 //! when it is written, so a record takes a few dozen bytes however long the value.
 //!
-//! The limit adapts: a leaf whose buffer took more writes than GETs looked through it
-//! since its last merge gets twice the room after that merge, up to `2^MAX_LEVEL` times
+//! The limit adapts: a leaf of medium objects whose buffer took at least as many writes
+//! as GETs looked through it since its last merge gets twice the room after that merge
+//! (`DramTier::merge_full`), up to `2^MAX_LEVEL` times
 //! `write_buffer` (fewer merges for the same writes), while all buffers together stay
 //! within a share of the budget; a leaf read more than written, or left idle, goes back
 //! down (`next_level`).
