@@ -19,7 +19,8 @@
 //! metadata bytes join that run; behind a value they would cut the match that often runs
 //! from one value's tail through the next record's header and key prefix, which costs a
 //! new LZ4 sequence (token and offset) per record.
-//! A medium pointer carries no metadata: it lives in the blob.
+//! A medium pointer in a page carries no metadata: it lives in the blob. In a write
+//! buffer it carries a copy, which merges read instead of the blob's header.
 
 use crate::dictionary::Dictionary;
 
@@ -294,6 +295,31 @@ impl<'a> Record<'a> {
         };
         Some((Record { key, payload, meta }, r.pos))
     }
+}
+
+/// The key of the record at the start of `buf` and the record's length, its metadata
+/// skipped rather than decoded: a scan for one key passes the others this way.
+pub fn key_and_len(buf: &[u8]) -> Option<(&[u8], usize)> {
+    let mut r = Reader { buf, pos: 0 };
+    let key_len = r.u8()? as usize;
+    if key_len == 0 {
+        return None;
+    }
+    let kind = r.u8()?;
+    let payload_len = match kind & PAYLOAD_MASK {
+        PAYLOAD_INLINE => usize::try_from(r.varint()?).ok()?,
+        PAYLOAD_MEDIUM => MEDIUM_POINTER,
+        PAYLOAD_TOMBSTONE => 0,
+        _ => return None,
+    };
+    let key = r.take(key_len)?;
+    for field in [HAS_EXPIRY, HAS_FLAGS, HAS_CAS] {
+        if kind & field != 0 {
+            r.varint()?;
+        }
+    }
+    r.take(payload_len)?;
+    Some((key, r.pos))
 }
 
 /// The records of a run whose CAS versions are stored whole (a write buffer), in stored
@@ -690,6 +716,7 @@ mod tests {
             let (parsed, used) = Record::parse_in(&buf, base).unwrap();
             prop_assert_eq!(parsed, rec);
             prop_assert_eq!(used, rec.encoded_len_in(base));
+            prop_assert_eq!(key_and_len(&buf), Some((&key[..], used)));
             prop_assert_eq!(records_in(&buf, base).count(), 1);
         }
 

@@ -2,16 +2,31 @@
 //! uncompressed buffer on their leaf instead of recompressing the page each time. A full
 //! buffer queues the leaf for a background merge (decompress → apply → recompress), so
 //! one recompression absorbs several writes. GETs look here before the page.
+//!
+//! A medium value's record here is a pointer, as in the page: its blob is compressed
+//! when it is written, so a record takes a few dozen bytes however long the value.
+//!
+//! The limit adapts: a leaf of medium objects whose buffer took at least as many writes
+//! as GETs looked through it since its last merge gets twice the room after that merge
+//! (`DramTier::merge_full`), up to `2^MAX_LEVEL` times
+//! `write_buffer` (fewer merges for the same writes), while all buffers together stay
+//! within a share of the budget; a leaf read more than written, or left idle, goes back
+//! down (`next_level`).
 
 use crate::memory::alloc_size;
-use crate::record::{Record, records};
+use crate::record::{Record, key_and_len, records};
 
 /// The records appended since the last merge. A leaf keeps it in a box beside its blobs
 /// only while it is not empty, so the many leaves without one pay nothing for it.
 #[derive(Debug, Default)]
 pub struct WriteBuffer {
+    /// Once written: the largest ordered CAS version of the records (`CAS_TOP` bytes,
+    /// little-endian), which every write asking for a version needs, then the records.
     bytes: Vec<u8>,
 }
+
+/// Bytes in front of the records.
+const CAS_TOP: usize = 8;
 
 /// What the writer should do after an append.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -25,8 +40,33 @@ pub enum Pressure {
     Overflowing,
 }
 
+/// Doublings of `write_buffer` a buffer may grow by.
+pub const MAX_LEVEL: u8 = 3;
+
+/// A buffer's limit at `level`.
+pub fn limit_at(write_buffer: usize, level: u8) -> usize {
+    write_buffer << level.min(MAX_LEVEL)
+}
+
+/// The level a buffer takes after a merge its pressure asked for, from how many `writes`
+/// and `reads` (GETs that looked through it) it saw since the merge before: up one while
+/// writes are at least as many and there is `room`, else down one. A bigger buffer means
+/// fewer merges per write and a longer look for every GET of its leaf.
+pub fn next_level(level: u8, writes: usize, reads: u32, room: bool) -> u8 {
+    if room && reads as usize <= writes {
+        (level + 1).min(MAX_LEVEL)
+    } else {
+        level.saturating_sub(1)
+    }
+}
+
 impl WriteBuffer {
     pub fn append(&mut self, record: &Record<'_>, limit: usize) -> Pressure {
+        let cas_top = self.cas_top().max(record.meta.ordered_cas());
+        if self.bytes.is_empty() {
+            self.bytes.resize(CAS_TOP, 0);
+        }
+        self.bytes[..CAS_TOP].copy_from_slice(&cas_top.to_le_bytes());
         record.encode(&mut self.bytes);
         let len = self.bytes.len();
         if limit == 0 || len > limit.max(64).saturating_mul(4) {
@@ -38,18 +78,43 @@ impl WriteBuffer {
         }
     }
 
-    /// The newest buffered record of `key`.
+    /// The newest buffered record of `key`: the others are only skipped, the last match
+    /// alone decoded.
     pub fn find(&self, key: &[u8]) -> Option<Record<'_>> {
-        self.records().filter(|r| r.key == key).last()
+        let run = self.run();
+        let (mut at, mut newest) = (0, None);
+        while let Some((k, len)) = key_and_len(&run[at..]) {
+            if k == key {
+                newest = Some(at);
+            }
+            at += len;
+        }
+        Record::parse(&run[newest?..]).map(|(record, _)| record)
     }
 
     /// Buffered records, oldest first.
     pub fn records(&self) -> impl Iterator<Item = Record<'_>> {
-        records(&self.bytes)
+        records(self.run())
+    }
+
+    fn run(&self) -> &[u8] {
+        self.bytes.get(CAS_TOP..).unwrap_or_default()
+    }
+
+    /// The largest ordered CAS version of the buffered records (0 for none).
+    pub fn cas_top(&self) -> u64 {
+        self.bytes
+            .first_chunk::<CAS_TOP>()
+            .map_or(0, |top| u64::from_le_bytes(*top))
     }
 
     pub fn is_empty(&self) -> bool {
         self.bytes.is_empty()
+    }
+
+    /// Bytes the buffered records take.
+    pub fn len(&self) -> usize {
+        self.bytes.len()
     }
 
     /// DRAM the buffered bytes hold.
@@ -88,7 +153,8 @@ mod tests {
         assert_eq!(b.find(b"k").unwrap().payload, Payload::Inline(b"2"));
         assert_eq!(b.append(&rec(b"k", None), 64), Pressure::Fine);
         assert_eq!(b.find(b"k").unwrap().payload, Payload::Tombstone);
-        let big = [0u8; 60];
+        assert_eq!(b.find(b"other"), None);
+        let big = [0u8; 52];
         assert_eq!(b.append(&rec(b"x", Some(&big)), 64), Pressure::Full);
         for _ in 0..4 {
             b.append(&rec(b"y", Some(&big)), 64);
@@ -100,6 +166,50 @@ mod tests {
         assert_eq!(taken.records().count(), 9);
         assert!(b.is_empty());
         assert_eq!(b.charge(), 0, "a merged buffer keeps no capacity");
+    }
+
+    #[test]
+    fn a_buffer_written_more_than_read_doubles_up_to_the_cap() {
+        let mut level = 0;
+        let mut limits = vec![limit_at(256, level)];
+        for _ in 0..5 {
+            level = next_level(level, 10, 10, true);
+            limits.push(limit_at(256, level));
+        }
+        assert_eq!(limits, [256, 512, 1024, 2048, 2048, 2048]);
+        assert_eq!(level, MAX_LEVEL);
+        // Without room, or read more than written, it goes back a step at a time.
+        assert_eq!(next_level(3, 10, 0, false), 2);
+        assert_eq!(next_level(2, 10, 11, true), 1);
+        assert_eq!(next_level(0, 10, 11, true), 0);
+        assert_eq!(limit_at(0, MAX_LEVEL), 0, "a zero limit stays zero");
+    }
+
+    #[test]
+    fn the_buffer_keeps_the_largest_ordered_cas_of_its_records() {
+        let mut b = WriteBuffer::default();
+        assert_eq!(b.cas_top(), 0);
+        let with_cas = |cas, client_cas| Record {
+            meta: Meta {
+                cas,
+                client_cas,
+                ..Meta::default()
+            },
+            ..rec(b"k", Some(b"v"))
+        };
+        for (cas, client, top) in [
+            (7, false, 7),
+            (5, false, 7),
+            (u64::MAX, true, 7),
+            (9, false, 9),
+        ] {
+            b.append(&with_cas(cas, client), 1 << 10);
+            assert_eq!(b.cas_top(), top);
+        }
+        assert_eq!(b.records().count(), 4);
+        assert_eq!(b.find(b"k").unwrap().meta.cas, 9);
+        assert_eq!(b.take().cas_top(), 9);
+        assert_eq!(b.cas_top(), 0);
     }
 
     #[test]

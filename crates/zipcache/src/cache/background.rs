@@ -45,6 +45,7 @@ impl Inner {
                 last_bypass = Instant::now();
                 self.dram.free_retired_leaves();
                 self.dram.bypass_pass();
+                self.dram.shrink_idle_buffers();
             }
             if housekeeper && last_rss.elapsed() >= RSS_PERIOD {
                 last_rss = Instant::now();

@@ -6,6 +6,7 @@ use std::sync::atomic::Ordering;
 use super::DramTier;
 use super::leaf::{DramLeaf, LOST, LeafState};
 use super::page::Summary;
+use crate::write_buffer::WriteBuffer;
 
 impl DramTier {
     /// The page of a locked leaf is damaged (counted): see `LOST`.
@@ -40,9 +41,7 @@ impl DramTier {
             let base = self.layout.table(packed)?.cas_base();
             Some(base.0.wrapping_add(summary.cas_top_above_base))
         });
-        let buffer = st
-            .buffer()
-            .and_then(|b| b.records().map(|r| r.meta.ordered_cas()).max());
+        let buffer = st.buffer().map(WriteBuffer::cas_top);
         page.unwrap_or(0).max(buffer.unwrap_or(0))
     }
 

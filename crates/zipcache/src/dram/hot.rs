@@ -72,7 +72,7 @@ impl DramTier {
                 // Damaged (the leaf is marked lost): its objects are gone either way.
                 st.page = None;
                 if let Some(extras) = &mut st.extras {
-                    extras.blobs = Box::default();
+                    extras.blobs = thin_vec::ThinVec::new();
                 }
             }
         });

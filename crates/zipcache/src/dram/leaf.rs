@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicI32, AtomicU8, AtomicU32, Ordering};
 
 use parking_lot::RwLock;
+use thin_vec::ThinVec;
 
 use super::DramTier;
 use super::access::AccessTable;
@@ -15,7 +16,17 @@ use crate::btree::Lockable;
 use crate::dictionary::Dictionary;
 use crate::dictionary::page::PageDictionary;
 use crate::memory::{Charge, alloc_size};
+use crate::record::{Payload, Record};
 use crate::write_buffer::WriteBuffer;
+
+/// What a leaf's blob table takes: nothing while it has no capacity (an empty `ThinVec`
+/// points to a shared header), else its header (length and capacity) and its slots.
+fn blob_table_bytes(blobs: &ThinVec<Option<Block>>) -> usize {
+    match blobs.capacity() {
+        0 => 0,
+        capacity => alloc_size(2 * size_of::<usize>() + capacity * size_of::<Option<Block>>()),
+    }
+}
 
 /// What a leaf holds besides its page while it has any of it: the write buffer, the
 /// medium objects' blobs, the dictionary its page was compressed with and, with
@@ -29,8 +40,14 @@ pub(super) struct Extras {
     /// each deletion of a live one), worked out when `stats` asks rather than on every
     /// write (it takes a page lookup); `UNKNOWN` after each append.
     pub(super) buffered: AtomicI32,
-    /// Medium objects' blobs, by the slot their page record names.
-    pub(super) blobs: Box<[Option<Block>]>,
+    /// GETs that looked through the buffer since the last merge (`next_level`).
+    pub(super) reads: AtomicU32,
+    /// Medium objects' blobs, by the slot their record names: the page's first, then
+    /// those of the buffered writes, compressed as they were written (`add_blob`). A
+    /// buffered blob that a newer write of its key replaced is freed at once (`None`).
+    /// A `ThinVec` (one pointer, its length and capacity on the heap): the box stays within
+    /// its 80-byte chunk with both dictionaries' pointers.
+    pub(super) blobs: ThinVec<Option<Block>>,
     /// The dictionary of those blobs that name one (a merge compresses them all with the
     /// current one, so there is at most one a leaf).
     pub(super) dictionary: Option<Arc<Dictionary>>,
@@ -39,6 +56,44 @@ pub(super) struct Extras {
     pub(super) page_dictionary: Option<Arc<PageDictionary>>,
     /// Boxed again, so that a leaf without it pays one pointer.
     pub(super) access_table: Option<Box<AccessTable>>,
+}
+
+impl Extras {
+    /// Counts a GET that looks through the buffer. A plain load and store, as in
+    /// `DramLeaf::touch`: GETs hold the lock shared, and a lost count does not matter.
+    pub(super) fn count_read(&self) {
+        let reads = self.reads.load(Ordering::Relaxed);
+        self.reads.store(reads.saturating_add(1), Ordering::Relaxed);
+    }
+
+    /// Frees the blob of `key`'s newest buffered version if it is a medium one: the write
+    /// about to replace it leaves nothing that reads it (its record keeps the metadata a
+    /// merge needs), so overwrites between two merges hold no dead blobs.
+    pub(super) fn forget_buffered_blob(&mut self, key: &[u8]) {
+        if let Some(Record {
+            payload: Payload::Medium(slot),
+            ..
+        }) = self.buffer.find(key)
+            && let Some(blob) = self.blobs.get_mut(usize::from(slot))
+        {
+            *blob = None;
+        }
+    }
+
+    /// The slot the next blob will take; `None` once a record could not name it.
+    pub(super) fn next_blob_slot(&self) -> Option<u16> {
+        u16::try_from(self.blobs.len()).ok()
+    }
+
+    /// Takes in a buffered write's blob at `next_blob_slot`.
+    pub(super) fn push_blob(&mut self, blob: Block) {
+        if self.blobs.len() == self.blobs.capacity() {
+            // By an eighth, not doubled: the table is charged by its capacity, and most
+            // leaves take a few blobs between two merges.
+            self.blobs.reserve_exact((self.blobs.len() / 8).max(4));
+        }
+        self.blobs.push(Some(blob));
+    }
 }
 
 #[derive(Default)]
@@ -134,6 +189,8 @@ pub(super) const LOST: u8 = 1 << 3;
 pub(super) const RETIRED: u8 = 1 << 4;
 /// The page's body is stored uncompressed (the hot sub-tier), not as LZ4.
 pub(super) const RAW_PAGE: u8 = 1 << 5;
+/// Written since the last pass of `shrink_idle_buffers`.
+pub(super) const WRITTEN: u8 = 1 << 6;
 
 /// One slot of the tier's table: 40 bytes per leaf.
 #[derive(Default)]
@@ -142,6 +199,8 @@ pub(super) struct DramLeaf {
     /// Accesses since the bypass pass last aged the counters.
     pub(super) access: AtomicU32,
     pub(super) flags: AtomicU8,
+    /// How many times its buffer's limit doubled `write_buffer` (`write_buffer::next_level`).
+    pub(super) buffer_level: AtomicU8,
 }
 
 impl DramLeaf {
@@ -182,6 +241,14 @@ impl DramLeaf {
     pub(super) fn raw_page(&self) -> bool {
         self.has(RAW_PAGE)
     }
+
+    pub(super) fn buffer_level(&self) -> u8 {
+        self.buffer_level.load(Ordering::Relaxed)
+    }
+
+    pub(super) fn set_buffer_level(&self, level: u8) {
+        self.buffer_level.store(level, Ordering::Relaxed);
+    }
 }
 
 /// A DRAM leaf keeps no range: the tree decides whether it owns a key.
@@ -204,7 +271,7 @@ pub(super) struct LeafContents {
     pub(super) page: Option<Block>,
     /// The page's body is uncompressed.
     pub(super) raw: bool,
-    pub(super) blobs: Box<[Option<Block>]>,
+    pub(super) blobs: Vec<Option<Block>>,
     pub(super) dictionary: Option<Arc<Dictionary>>,
     pub(super) page_dictionary: Option<Arc<PageDictionary>>,
     pub(super) access_table: Option<Box<AccessTable>>,
@@ -217,12 +284,12 @@ pub(super) fn install(leaf: &DramLeaf, st: &mut LeafState, c: LeafContents) {
     leaf.set(RAW_PAGE, c.raw && st.page.is_some());
     if !c.blobs.is_empty() || c.access_table.is_some() || c.page_dictionary.is_some() {
         let extras = st.extras.get_or_insert_default();
-        extras.blobs = c.blobs;
+        extras.blobs = ThinVec::from(c.blobs);
         extras.dictionary = c.dictionary;
         extras.page_dictionary = c.page_dictionary;
         extras.access_table = c.access_table;
     } else if let Some(extras) = &mut st.extras {
-        extras.blobs = Box::default();
+        extras.blobs = ThinVec::new();
         extras.dictionary = None;
         extras.page_dictionary = None;
         extras.access_table = None;
@@ -240,7 +307,7 @@ impl DramTier {
             None => (0, 0, 0, 0),
             Some(e) => {
                 let blobs: usize = e.blobs.iter().flatten().map(|b| alloc_size(b.len())).sum();
-                let table = alloc_size(e.blobs.len() * size_of::<Option<Block>>());
+                let table = blob_table_bytes(&e.blobs);
                 let access = e.access_table.as_ref().map_or(0, |t| t.charge());
                 // The box itself goes with the first of the four that keeps it.
                 let boxed = extras_box();
@@ -291,53 +358,6 @@ mod tests {
     use super::super::test_support::*;
     use super::*;
     use crate::record::Meta;
-
-    /// The account, recounted from scratch (once the dictionaries settle, so evaluate it
-    /// before the account): every leaf's state, the tree, the table, the dictionaries.
-    fn recount(dram: &DramTier) -> Charge {
-        let view = dram.view();
-        let mut total = Charge::default();
-        for id in dram.leaves() {
-            let leaf = view.get(id.0).unwrap();
-            let c = dram.charge_of(leaf, &leaf.state.read());
-            total.compressed_pages += c.compressed_pages;
-            total.hot_pages += c.hot_pages;
-            total.write_buffers += c.write_buffers;
-            total.mediums += c.mediums;
-            total.access_tables += c.access_tables;
-        }
-        total.dictionaries = recount_dictionaries(dram);
-        total.index =
-            (dram.tree.node_bytes() + dram.leaves.bytes() as u64) as i64 + dram.reads.bytes();
-        total
-    }
-
-    /// The dictionaries' samples, and every dictionary alive: the current ones and those
-    /// the leaves hold, each once.
-    fn recount_dictionaries(dram: &DramTier) -> i64 {
-        let Some(d) = &dram.dictionaries else {
-            return 0;
-        };
-        d.settle();
-        let view = dram.view();
-        let mut blobs: Vec<Arc<Dictionary>> = d.blobs.current().into_iter().collect();
-        let mut pages: Vec<Arc<PageDictionary>> = d.pages.current().into_iter().collect();
-        for id in dram.leaves() {
-            let st = view.get(id.0).unwrap().state.read();
-            if let Some(e) = &st.extras {
-                blobs.extend(e.dictionary.clone());
-                pages.extend(e.page_dictionary.clone());
-            }
-        }
-        blobs.sort_by_key(Arc::as_ptr);
-        blobs.dedup_by(|a, b| Arc::ptr_eq(a, b));
-        pages.sort_by_key(Arc::as_ptr);
-        pages.dedup_by(|a, b| Arc::ptr_eq(a, b));
-        d.blobs.sample_charge()
-            + d.pages.sample_charge()
-            + blobs.iter().map(|d| d.charge()).sum::<i64>()
-            + pages.iter().map(|d| d.charge()).sum::<i64>()
-    }
 
     /// A leaf costs a 40-byte slot; with the tree's entry (a 4-byte id, its fence's
     /// distinct bytes and a 2-byte offset) and its share of the inner nodes it stays

@@ -12,7 +12,7 @@ use parking_lot::{Condvar, Mutex};
 use super::access::AccessTable;
 use super::block::Block;
 use super::leaf::{
-    DramLeaf, LOST, LeafContents, LeafState, MERGE_QUEUED, REFERENCED, RETIRED, install,
+    DramLeaf, LOST, LeafContents, LeafState, MERGE_QUEUED, REFERENCED, RETIRED, WRITTEN, install,
 };
 use super::page::Summary;
 use super::{Bounds, DramTier, LeafId, ScanEntry};
@@ -21,7 +21,11 @@ use crate::dictionary::Dictionary;
 use crate::record::{
     CasBase, Meta, Payload, Record, blob_dictionary, blob_header, decode_blob, encode_blob,
 };
-use crate::write_buffer::WriteBuffer;
+use crate::write_buffer::{WriteBuffer, next_level};
+
+/// All write buffers together may take up to this fraction (1/n) of the DRAM budget
+/// before a full one is given more room.
+const GROWN_BUFFERS_SHARE: u64 = 64;
 
 /// Medium objects one page can name: a page record points at its blob by a `u16` slot,
 /// so a page with more (a large `leaf_size`, short keys) splits instead.
@@ -183,7 +187,51 @@ impl DramTier {
         let mut st = leaf.state.write();
         leaf.set(MERGE_QUEUED, false);
         if !leaf.has(RETIRED) && st.buffer().is_some_and(|b| !b.is_empty()) {
-            self.merge_locked(leaf, &mut st, now_ms, Shed::Nothing);
+            self.merge_full(leaf, &mut st, now_ms);
+        }
+    }
+
+    /// The merge of a locked leaf whose buffer is full: its limit adapts first to the
+    /// writes and GETs the buffer saw (`write_buffer::next_level`), and the leaves a
+    /// split makes start at the same level. Not for a buffer `shrink_idle_buffers`
+    /// queued (not written since): it keeps the level that pass gave it.
+    ///
+    /// Only a leaf with medium objects grows: its buffer holds their pointer records,
+    /// a few dozen bytes a write, while its merge passes over hundreds of them. Tiny
+    /// values sit in a buffer whole and uncompressed, and a leaf of them merges in a
+    /// fraction of the time: growing their buffers took 5–7 MiB more RSS in a 64 MiB fill
+    /// of 64-byte values (allocator pages of the buffers' larger size classes), and the
+    /// RSS governor took it from the objects.
+    pub(super) fn merge_full(&self, leaf: &DramLeaf, st: &mut LeafState, now_ms: u64) {
+        if leaf.has(WRITTEN)
+            && let Some(extras) = &st.extras
+        {
+            let writes = extras.buffer.records().count();
+            let reads = extras.reads.load(Ordering::Relaxed);
+            let room = !extras.blobs.is_empty()
+                && self.memory.snapshot().write_buffers
+                    < (self.settings.dram_capacity / GROWN_BUFFERS_SHARE) as i64;
+            leaf.set_buffer_level(next_level(leaf.buffer_level(), writes, reads, room));
+        }
+        self.merge_locked(leaf, st, now_ms, Shed::Nothing);
+    }
+
+    /// Brings the buffers of leaves not written since the last pass back to their first
+    /// limit: their level goes to 0, and a buffer holding more than `write_buffer` bytes
+    /// is queued for its merge, so that the room write-heavy load gave them is returned
+    /// once the writes stop. Run every 100 ms by the housekeeper.
+    pub fn shrink_idle_buffers(&self) {
+        let view = self.view();
+        for id in self.leaves() {
+            let Some(leaf) = view.get(id.0) else { continue };
+            if leaf.buffer_level() == 0 || leaf.set(WRITTEN, false) {
+                continue;
+            }
+            leaf.set_buffer_level(0);
+            let held = leaf.state.read().buffer().map_or(0, WriteBuffer::len);
+            if held > self.settings.write_buffer && !leaf.set(MERGE_QUEUED, true) {
+                self.merge_queue.push(id);
+            }
         }
     }
 
@@ -272,6 +320,7 @@ impl DramTier {
         self.memory.change(&before, &self.charge_of(leaf, st));
         let access = leaf.access.load(Ordering::Relaxed);
         let lost = leaf.lost();
+        let level = leaf.buffer_level();
         let splits = fences.len() as u64;
         // New leaves start compressed: a hot leaf that splits on every few sequential
         // inserts would otherwise fill DRAM with uncompressed pages between two bypass
@@ -279,7 +328,7 @@ impl DramTier {
         let new_leaves = fences
             .into_iter()
             .zip(contents)
-            .map(|(fence, c)| (fence, self.new_leaf(access / 2, lost, c)));
+            .map(|(fence, c)| (fence, self.new_leaf(access / 2, lost, level, c)));
         self.memory
             .change_index(self.tree.split_and_publish(new_leaves));
         self.counters.splits.fetch_add(splits, Ordering::Relaxed);
@@ -319,11 +368,9 @@ impl DramTier {
                     Some(blob) => obj.body = Body::Blob(blob),
                     None => obj.body = Body::Tombstone,
                 },
-                Body::Inline(v) if obj.key.len() + v.len() >= self.settings.tiny_max => {
-                    if let Some(dictionaries) = &self.dictionaries {
-                        dictionaries.blobs.offer(v);
-                    }
-                    obj.body = Body::Blob(Block::new(&encode_blob(v, &obj.meta, target)));
+                // Buffered as it came: the leaf's blob table was full when it was written.
+                Body::Inline(v) if self.is_medium(obj.key, v) => {
+                    obj.body = Body::Blob(self.blob_of(v, &obj.meta, target));
                 }
                 _ => {}
             }
@@ -415,8 +462,27 @@ impl DramTier {
         }
     }
 
+    /// Whether `key` and `value` make a medium object (its value in a blob of its own).
+    pub(super) fn is_medium(&self, key: &[u8], value: &[u8]) -> bool {
+        key.len() + value.len() >= self.settings.tiny_max
+    }
+
+    /// A medium value's blob, compressed with `dictionary` where that wins; the value
+    /// joins the sample that dictionaries are trained on.
+    pub(super) fn blob_of(
+        &self,
+        value: &[u8],
+        meta: &Meta,
+        dictionary: Option<&Dictionary>,
+    ) -> Block {
+        if let Some(dictionaries) = &self.dictionaries {
+            dictionaries.blobs.offer(value);
+        }
+        Block::new(&encode_blob(value, meta, dictionary))
+    }
+
     /// A leaf for `contents`, in a free slot, charged; not in the tree yet.
-    fn new_leaf(&self, access: u32, lost: bool, contents: LeafContents) -> LeafId {
+    fn new_leaf(&self, access: u32, lost: bool, level: u8, contents: LeafContents) -> LeafId {
         let (slot, grown) = self.leaves.allocate();
         self.memory.change_index(grown);
         let view = self.view();
@@ -425,6 +491,7 @@ impl DramTier {
             .expect("a slot just handed out is in the table");
         let mut st = leaf.state.write();
         leaf.access.store(access, Ordering::Relaxed);
+        leaf.set_buffer_level(level);
         leaf.flags.store(
             if lost { LOST | REFERENCED } else { REFERENCED },
             Ordering::Release,
@@ -537,10 +604,11 @@ impl DramTier {
                 blobs.push(Some(b));
             }
         }
+        blobs.shrink_to_fit();
         LeafContents {
             page,
             raw: hot,
-            blobs: blobs.into_boxed_slice(),
+            blobs,
             dictionary: dictionary.filter(|_| named).cloned(),
             page_dictionary,
             access_table,
@@ -585,10 +653,12 @@ impl DramTier {
             );
         }
         for r in buffer.records() {
+            // A buffered medium record carries its metadata (a page's does not): its
+            // blob's header need not be read.
             let body = match r.payload {
                 Payload::Inline(v) => Body::Inline(v),
-                // Buffers hold only inline values and tombstones.
-                Payload::Medium(_) | Payload::Tombstone => Body::Tombstone,
+                Payload::Medium(slot) => Body::Slot(slot),
+                Payload::Tombstone => Body::Tombstone,
             };
             let older = map.get(r.key);
             let new_key = older.is_none_or(|o| o.new_key);
@@ -685,13 +755,19 @@ mod tests {
     use super::*;
 
     /// Write buffers at rest after a fill: only leaves written since their last merge
-    /// hold one, and it is gone once merged.
+    /// hold one, no more than `write_buffer` once the housekeeper found them idle, and it
+    /// is gone once merged.
     #[test]
     fn write_buffers_at_rest_take_under_two_bytes_an_object() {
         let (dram, memory) = tier_with(settings(256));
         for i in 0..40_000u32 {
             let key = format!("{:016}", i.wrapping_mul(2_654_435_761) % 1_000_000).into_bytes();
             dram.put_with(&key, Some(&[i as u8; 64]), Meta::default(), None, 0, |_| ());
+        }
+        // The housekeeper's passes once the writes stop: the first finds every leaf
+        // written, the second finds them idle and takes back the room they grew.
+        for _ in 0..2 {
+            dram.shrink_idle_buffers();
         }
         // Full buffers are queued for the background merger, which this tier has not.
         for _ in 0..2 {

@@ -60,14 +60,14 @@ use crate::dictionary::training::TrainingSettings;
 use crate::eviction::EvictionListener;
 use crate::memory::Memory;
 use crate::packed_page::PackedLayout;
-use crate::record::{ASSIGN_CAS, Meta, Payload, Record, decode_blob};
+use crate::record::{ASSIGN_CAS, Meta, Payload, Record, blob_dictionary, decode_blob};
 use crate::slots::{SlotId, Slots, View};
 use crate::subpage_hash::dram_subpage;
-use crate::write_buffer::Pressure;
+use crate::write_buffer::{Pressure, limit_at};
 use access::{AccessClock, fingerprint};
 #[cfg(test)]
 use block::Block;
-use leaf::{DramLeaf, Extras, LeafState, MERGE_QUEUED, UNKNOWN};
+use leaf::{DramLeaf, Extras, LeafState, MERGE_QUEUED, UNKNOWN, WRITTEN};
 pub use reclaim::Reclaimed;
 
 /// What the DRAM tier knows about a key.
@@ -383,10 +383,13 @@ impl DramTier {
         key: &[u8],
         f: impl FnOnce(Option<Record<'_>>) -> R,
     ) -> Option<R> {
-        match st.buffer().and_then(|b| b.find(key)) {
-            Some(r) => Some(f(Some(r))),
-            None => self.with_page_record(leaf, st, key, f),
+        if let Some(extras) = st.extras.as_ref().filter(|e| !e.buffer.is_empty()) {
+            extras.count_read();
+            if let Some(r) = extras.buffer.find(key) {
+                return Some(f(Some(r)));
+            }
         }
+        self.with_page_record(leaf, st, key, f)
     }
 
     /// Stores `value` under `key` (`None`: a tombstone, without metadata), after running
@@ -508,13 +511,42 @@ impl DramTier {
         now_ms: u64,
     ) {
         leaf.touch();
+        if !leaf.has(WRITTEN) {
+            leaf.set(WRITTEN, true);
+        }
+        let limit = limit_at(self.settings.write_buffer, leaf.buffer_level());
         let pressure = self.charged(leaf, st, |st| {
             let extras = st.extras.get_or_insert_default();
             extras.buffered.store(UNKNOWN, Ordering::Relaxed);
             if self.settings.track_access {
                 self.restamp(extras, record, access, now_ms);
             }
-            extras.buffer.append(record, self.settings.write_buffer)
+            extras.forget_buffered_blob(record.key);
+            let blob = match record.payload {
+                // may compress: a medium value goes into its blob now, once
+                Payload::Inline(value) => {
+                    self.buffered_blob(extras, record.key, value, &record.meta)
+                }
+                Payload::Medium(_) | Payload::Tombstone => None,
+            };
+            match blob {
+                Some((slot, stale)) => {
+                    let pointer = Record {
+                        payload: Payload::Medium(slot),
+                        ..*record
+                    };
+                    let pressure = extras.buffer.append(&pointer, limit);
+                    // A leaf behind the current dictionary merges now, which compresses
+                    // its blobs again with that one: once a leaf after each swap, as
+                    // each written leaf used to on its next merge.
+                    if stale {
+                        Pressure::Overflowing
+                    } else {
+                        pressure
+                    }
+                }
+                None => extras.buffer.append(record, limit),
+            }
         });
         match pressure {
             Pressure::Fine => {}
@@ -528,9 +560,39 @@ impl DramTier {
                 self.counters
                     .foreground_merges
                     .fetch_add(1, Ordering::Relaxed);
-                self.merge_locked(leaf, st, now_ms, merge::Shed::Nothing);
+                self.merge_full(leaf, st, now_ms);
             }
         }
+    }
+
+    /// Compresses a medium value written to a leaf into a blob of the leaf's table, with
+    /// the dictionary its blobs use (else the current one), and returns the blob's slot
+    /// for the buffered record (the merges that follow take the blob as it is), and
+    /// whether that dictionary is no longer the current one. `None` for a tiny value, or
+    /// if the table is full (the merge compresses the value then).
+    fn buffered_blob(
+        &self,
+        extras: &mut Extras,
+        key: &[u8],
+        value: &[u8],
+        meta: &Meta,
+    ) -> Option<(u16, bool)> {
+        if !self.is_medium(key, value) {
+            return None;
+        }
+        let slot = extras.next_blob_slot()?;
+        let current = self.current_dictionary();
+        let stale = match (&extras.dictionary, &current) {
+            (Some(held), Some(current)) => !Arc::ptr_eq(held, current),
+            _ => false,
+        };
+        let dictionary = extras.dictionary.clone().or(current);
+        let blob = self.blob_of(value, meta, dictionary.as_deref());
+        if blob_dictionary(&blob).is_some_and(|id| id != 0) {
+            extras.dictionary = dictionary;
+        }
+        extras.push_blob(blob);
+        Some((slot, stale))
     }
 
     fn restamp(
@@ -683,5 +745,257 @@ impl DramTier {
             }
         }
         held
+    }
+}
+
+#[cfg(test)]
+mod buffer_tests {
+    use super::leaf::WRITTEN;
+    use super::test_support::*;
+    use super::*;
+    use crate::memory::alloc_size;
+    use crate::write_buffer::{MAX_LEVEL, WriteBuffer};
+
+    /// A tier whose values of 128 bytes and more (with the key) are medium, with LZ4
+    /// alone (no dictionary trained in the background while a test looks).
+    fn medium_tier(write_buffer: usize) -> (DramTier, Arc<Memory>) {
+        tier_with(DramSettings {
+            tiny_max: 128,
+            dictionaries: None,
+            ..settings(write_buffer)
+        })
+    }
+
+    /// A ~600-byte document, different for each key and version.
+    fn doc(i: u32, version: u32) -> Vec<u8> {
+        format!("{{\"id\":{i},\"version\":{version},\"name\":\"item {i}\",\"tags\":[\"a\",\"b\"],")
+            .repeat(8)
+            .into_bytes()
+    }
+
+    fn put(dram: &DramTier, k: &[u8], value: &[u8]) {
+        dram.put_with(k, Some(value), Meta::default(), None, 0, |_| ());
+    }
+
+    fn found(value: &[u8]) -> Lookup {
+        Lookup::Found(value.to_vec(), Meta::default(), None)
+    }
+
+    fn level_of(dram: &DramTier, k: &[u8]) -> u8 {
+        dram.read_leaf(k, |leaf, _| leaf.buffer_level())
+    }
+
+    #[test]
+    fn a_medium_value_is_compressed_as_it_is_written_and_buffered_as_a_pointer() {
+        let (dram, memory) = medium_tier(4096);
+        let value = doc(1, 0);
+        put(&dram, &key(1), &value);
+        let blob = dram.read_leaf(&key(1), |_, st| {
+            let buffer = st.buffer().expect("a buffer");
+            let records: Vec<Record> = buffer.records().collect();
+            assert_eq!(records.len(), 1);
+            assert_eq!(records[0].payload, Payload::Medium(0));
+            assert!(buffer.len() < 24, "{} bytes buffered", buffer.len());
+            let blob = st.blobs()[0].as_deref().expect("its blob").to_vec();
+            assert!(blob.len() < value.len() / 2, "{} bytes", blob.len());
+            blob
+        });
+        assert_eq!(dram.get(&key(1), 0, false), found(&value));
+        assert_eq!(memory.snapshot(), recount(&dram));
+        // The merge keeps the blob as it was written, now named by the page.
+        dram.merge_all(0);
+        dram.read_leaf(&key(1), |_, st| {
+            assert!(st.buffer().is_none_or(WriteBuffer::is_empty));
+            assert_eq!(st.blobs().len(), 1);
+            assert_eq!(st.blobs()[0].as_deref(), Some(&blob[..]));
+        });
+        assert_eq!(dram.get(&key(1), 0, false), found(&value));
+        assert_eq!(memory.snapshot(), recount(&dram));
+    }
+
+    /// The newest version of a key in the buffer while an older one sits in the page,
+    /// for every pair of tiny and medium; then a buffered delete hides both.
+    #[test]
+    fn a_get_answers_from_the_buffer_over_the_page_and_a_buffered_delete_hides_both() {
+        let (dram, memory) = medium_tier(4096);
+        let tiny = |i, v| format!("tiny {i} {v}").into_bytes();
+        let pairs: [(Vec<u8>, Vec<u8>); 4] = [
+            (tiny(0, 0), tiny(0, 1)),
+            (tiny(1, 0), doc(1, 1)),
+            (doc(2, 0), tiny(2, 1)),
+            (doc(3, 0), doc(3, 1)),
+        ];
+        for (i, (old, _)) in (0u32..).zip(&pairs) {
+            put(&dram, &key(i), old);
+        }
+        dram.merge_all(0);
+        for (i, (old, new)) in (0u32..).zip(&pairs) {
+            put(&dram, &key(i), new);
+            assert_eq!(dram.get(&key(i), 0, false), found(new), "key {i}");
+            dram.read_leaf(&key(i), |leaf, st| {
+                let in_page = dram.with_page_record(leaf, st, &key(i), |r| {
+                    let r = r.expect("the old version in the page");
+                    dram.resolve(st, &r, 0)
+                });
+                assert_eq!(in_page, Some(found(old)), "key {i}");
+            });
+        }
+        assert_eq!(memory.snapshot(), recount(&dram));
+        for (i, _) in (0u32..).zip(&pairs) {
+            dram.delete(&key(i), 0, |_| ());
+            assert_eq!(dram.get(&key(i), 0, false), Lookup::Deleted, "key {i}");
+        }
+        assert_eq!(memory.snapshot(), recount(&dram));
+        dram.merge_all(0);
+        for (i, _) in (0u32..).zip(&pairs) {
+            assert_eq!(dram.get(&key(i), 0, false), Lookup::Deleted, "key {i}");
+        }
+        assert_eq!(memory.snapshot(), recount(&dram));
+    }
+
+    #[test]
+    fn overwrites_between_two_merges_hold_one_live_blob_and_a_delete_none() {
+        let (dram, memory) = medium_tier(4096);
+        for version in 0..20 {
+            put(&dram, &key(7), &doc(7, version));
+        }
+        let live = dram.read_leaf(&key(7), |_, st| {
+            assert_eq!(st.blobs().len(), 20, "a slot for each write");
+            let live: Vec<usize> = st.blobs().iter().flatten().map(|b| b.len()).collect();
+            assert_eq!(live.len(), 1, "the replaced blobs are freed");
+            live[0]
+        });
+        assert_eq!(dram.get(&key(7), 0, false), found(&doc(7, 19)));
+        let mediums = memory.snapshot().mediums as usize;
+        assert!(
+            mediums < alloc_size(live) + 20 * 16 + 128,
+            "{mediums} bytes for one blob of {live}"
+        );
+        assert_eq!(memory.snapshot(), recount(&dram));
+        dram.delete(&key(7), 0, |_| ());
+        dram.read_leaf(&key(7), |_, st| {
+            assert_eq!(st.blobs().iter().flatten().count(), 0);
+        });
+        assert_eq!(memory.snapshot(), recount(&dram));
+        dram.merge_all(0);
+        assert_eq!(dram.get(&key(7), 0, false), Lookup::Deleted);
+        assert_eq!(memory.snapshot(), recount(&dram));
+    }
+
+    /// A medium value of about 200 bytes, of a write counted `i`.
+    fn medium(i: u32) -> Vec<u8> {
+        format!("{i:>200}").into_bytes()
+    }
+
+    /// No merger runs here: a full buffer is merged by its writer at four times its limit,
+    /// and each such merge of a leaf only written doubles the limit, up to the cap. The
+    /// housekeeper's passes after the writes stop take the room back.
+    #[test]
+    fn a_leaf_written_and_not_read_grows_its_buffer_and_gives_the_room_back_when_idle() {
+        let (dram, memory) = medium_tier(256);
+        let mut written = 0u32;
+        let mut merges_at_level = Vec::new();
+        while level_of(&dram, &key(0)) < MAX_LEVEL {
+            let before = dram.counters.foreground_merges.load(Ordering::Relaxed);
+            let level = level_of(&dram, &key(0));
+            // Rewrites of the same eight keys: the leaf never splits.
+            put(&dram, &key(written % 8), &medium(written));
+            written += 1;
+            if dram.counters.foreground_merges.load(Ordering::Relaxed) > before {
+                merges_at_level.push((level, written));
+            }
+            assert!(
+                written < 10_000,
+                "stuck at level {level}: {merges_at_level:?}"
+            );
+        }
+        let writes_between: Vec<u32> = merges_at_level
+            .windows(2)
+            .map(|w| w[1].1 - w[0].1)
+            .collect();
+        assert!(
+            writes_between.windows(2).all(|w| w[1] > w[0] * 3 / 2),
+            "each level takes about twice the writes before it merges: {merges_at_level:?}"
+        );
+        assert_eq!(memory.snapshot(), recount(&dram));
+        // What the merger would have done meanwhile; then ten writes, under the limit.
+        for id in std::iter::from_fn(|| dram.merge_queue.pop()) {
+            dram.merge(&id, 0);
+        }
+        for i in 0..10u32 {
+            put(&dram, &key(i % 8), &medium(i));
+        }
+        assert!(dram.merge_queue.pop().is_none());
+        // The first pass sees the leaf written; a write after it keeps it grown.
+        dram.shrink_idle_buffers();
+        assert_eq!(level_of(&dram, &key(0)), MAX_LEVEL);
+        put(&dram, &key(1), b"again");
+        dram.shrink_idle_buffers();
+        assert_eq!(level_of(&dram, &key(0)), MAX_LEVEL);
+        // Idle for a whole pass: back to the first limit, and a buffer past it is queued.
+        dram.shrink_idle_buffers();
+        assert_eq!(level_of(&dram, &key(0)), 0);
+        let held = dram.read_leaf(&key(0), |_, st| st.buffer().map_or(0, WriteBuffer::len));
+        let queued = std::iter::from_fn(|| dram.merge_queue.pop()).collect::<Vec<_>>();
+        assert_eq!(queued.len(), usize::from(held > 256), "{held} bytes held");
+        for id in &queued {
+            dram.merge(id, 0);
+        }
+        let held = dram.read_leaf(&key(0), |_, st| st.buffer().map_or(0, WriteBuffer::len));
+        assert!(held <= 256, "{held} bytes held at rest");
+        assert_eq!(
+            level_of(&dram, &key(0)),
+            0,
+            "an idle leaf's merge keeps level 0"
+        );
+        assert_eq!(memory.snapshot(), recount(&dram));
+        for i in 0..8 {
+            let found = matches!(dram.get(&key(i), 0, false), Lookup::Found(..));
+            assert!(found, "key {i}");
+        }
+    }
+
+    #[test]
+    fn a_buffer_read_more_than_written_shrinks_back() {
+        let (dram, _) = medium_tier(256);
+        dram.read_leaf(&key(0), |leaf, _| leaf.set_buffer_level(MAX_LEVEL));
+        let merges = || dram.counters.foreground_merges.load(Ordering::Relaxed);
+        let mut i = 0u32;
+        while merges() == 0 {
+            put(&dram, &key(i % 8), &medium(i));
+            for _ in 0..2 {
+                dram.get(&key(i % 8), 0, false);
+            }
+            i += 1;
+        }
+        assert_eq!(level_of(&dram, &key(0)), MAX_LEVEL - 1);
+    }
+
+    #[test]
+    fn buffers_grow_only_while_all_of_them_fit_their_share_of_the_budget() {
+        // A 16 KiB budget: 256 bytes for all buffers, less than one full buffer.
+        let (dram, memory) = tier_with(DramSettings {
+            dram_capacity: 16 << 10,
+            tiny_max: 128,
+            dictionaries: None,
+            ..settings(256)
+        });
+        for i in 0..2_000u32 {
+            put(&dram, &key(i % 8), &medium(i));
+        }
+        assert!(dram.counters.foreground_merges.load(Ordering::Relaxed) >= 10);
+        assert_eq!(level_of(&dram, &key(0)), 0);
+        assert!(memory.snapshot().write_buffers > (16 << 10) / 64);
+        dram.read_leaf(&key(0), |leaf, _| assert!(leaf.has(WRITTEN)));
+    }
+
+    #[test]
+    fn a_leaf_of_tiny_values_keeps_its_first_limit() {
+        let (dram, _) = tier_with(settings(256));
+        for i in 0..2_000u32 {
+            put(&dram, &key(i % 8), &[i as u8; 100]);
+        }
+        assert!(dram.counters.foreground_merges.load(Ordering::Relaxed) >= 10);
+        assert_eq!(level_of(&dram, &key(0)), 0);
     }
 }

@@ -46,7 +46,7 @@ pub(super) struct Given {
     pub(super) cas_base: CasBase,
     pub(super) body: Option<Vec<u8>>,
     pub(super) buffer: WriteBuffer,
-    pub(super) blobs: Box<[Option<Block>]>,
+    pub(super) blobs: thin_vec::ThinVec<Option<Block>>,
     pub(super) dictionary: Option<Arc<Dictionary>>,
 }
 
