@@ -11,7 +11,6 @@ use thin_vec::ThinVec;
 use super::DramTier;
 use super::access::AccessTable;
 use super::block::Block;
-use super::page::Summary;
 use crate::btree::Lockable;
 use crate::dictionary::Dictionary;
 use crate::dictionary::page::PageDictionary;
@@ -121,13 +120,6 @@ impl LeafState {
 
     pub(super) fn access_table(&self) -> Option<&AccessTable> {
         self.extras.as_ref()?.access_table.as_deref()
-    }
-
-    pub(super) fn summary(&self) -> Summary {
-        self.page
-            .as_deref()
-            .and_then(Summary::split)
-            .map_or_else(Summary::default, |(s, _)| s)
     }
 
     /// Replaces the page, with the dictionary its body was compressed with.

@@ -97,6 +97,16 @@ impl Summary {
     }
 }
 
+impl LeafState {
+    /// What the leaf's page holds, as its summary says (an empty one without a page).
+    pub(super) fn summary(&self) -> Summary {
+        self.page
+            .as_deref()
+            .and_then(Summary::split)
+            .map_or_else(Summary::default, |(s, _)| s)
+    }
+}
+
 impl DramTier {
     /// `with_record` for the page alone.
     pub(super) fn with_page_record<R>(
