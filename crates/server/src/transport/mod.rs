@@ -125,14 +125,19 @@ impl<P: Protocol> Sessions for P {
         transport: Arc<Transport>,
         stopped: watch::Receiver<bool>,
     ) -> Serving {
-        let session = self.open(peer);
         Box::pin(async move {
+            // The session opens once the connection is one (after its TLS handshake):
+            // `stats conns` and memcached's connection events list no failed handshake.
             match &transport.tls {
-                None => connection::serve(stream, session, &transport, stopped).await,
+                None => {
+                    let session = self.open(peer);
+                    connection::serve(stream, session, &transport, stopped).await;
+                }
                 Some(tls) => {
                     let handshake = tls.acceptor().accept(stream);
                     let handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake);
                     if let Ok(Ok(stream)) = handshake.await {
+                        let session = self.open(peer);
                         connection::serve(stream, session, &transport, stopped).await;
                     }
                 }
