@@ -19,6 +19,19 @@ fn evict_to_ssd(h: &Harness) {
     inner.dram.evict_all(Some(ssd), h.clock.now_ms());
 }
 
+/// GETs of `keys` from leaves broken on purpose (the model checks each answer is a miss
+/// or the right value): some find the damage, then again once the leaves left DRAM.
+fn reads_miss_or_right_in_dram_and_on_the_ssd(h: &mut Harness, keys: std::ops::Range<u16>) {
+    for key in keys.clone() {
+        h.run(&Op::Get { key });
+    }
+    assert!(h.cache.stats().checksum_failures > 0);
+    evict_to_ssd(h);
+    for key in keys {
+        h.run(&Op::Get { key });
+    }
+}
+
 /// Finding 2: an eviction merge whose read of a sub-page fails must not leave the old
 /// block behind a tombstone or a newer version that then leaves DRAM.
 #[test]
@@ -209,20 +222,13 @@ fn a_leaf_with_a_wrong_dictionary_serves_misses_never_wrong_bytes() {
         replaced.iter().all(|&n| n > 0),
         "leaves given a dictionary of their id, of another, none: {replaced:?}"
     );
-    for key in keys.clone() {
-        h.run(&Op::Get { key });
-    }
-    assert!(h.cache.stats().checksum_failures > 0);
-    evict_to_ssd(&h);
-    for key in keys {
-        h.run(&Op::Get { key });
-    }
+    reads_miss_or_right_in_dram_and_on_the_ssd(&mut h, keys);
 }
 
 /// Pages compressed with a page dictionary whose leaf then holds none, or a damaged copy
-/// of it (a mix-up: its version differs), or whose page names a damaged version: every GET is a miss or the right value, never other bytes, and the
-/// damaged pages hide the older SSD copies, in DRAM and after their leaves left for the
-/// SSD tier.
+/// of it (a mix-up: its version differs), or whose page names a damaged version: every
+/// GET is a miss or the right value, never other bytes, and the damaged pages hide the
+/// older SSD copies, in DRAM and after their leaves left for the SSD tier.
 #[test]
 fn a_page_with_a_wrong_dictionary_serves_misses_never_wrong_bytes() {
     let device: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(1 << 14));
@@ -285,14 +291,7 @@ fn a_page_with_a_wrong_dictionary_serves_misses_never_wrong_bytes() {
         broken.iter().all(|&n| n > 0),
         "leaves given none, a damaged copy, a damaged page: {broken:?}"
     );
-    for key in keys.clone() {
-        h.run(&Op::Get { key });
-    }
-    assert!(h.cache.stats().checksum_failures > 0);
-    evict_to_ssd(&h);
-    for key in keys {
-        h.run(&Op::Get { key });
-    }
+    reads_miss_or_right_in_dram_and_on_the_ssd(&mut h, keys);
 }
 
 /// Finding 9: objects still in write buffers count as resident.

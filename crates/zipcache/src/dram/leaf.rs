@@ -263,7 +263,7 @@ pub(super) struct LeafContents {
     pub(super) page: Option<Block>,
     /// The page's body is uncompressed.
     pub(super) raw: bool,
-    pub(super) blobs: Vec<Option<Block>>,
+    pub(super) blobs: ThinVec<Option<Block>>,
     pub(super) dictionary: Option<Arc<Dictionary>>,
     pub(super) page_dictionary: Option<Arc<PageDictionary>>,
     pub(super) access_table: Option<Box<AccessTable>>,
@@ -276,7 +276,7 @@ pub(super) fn install(leaf: &DramLeaf, st: &mut LeafState, c: LeafContents) {
     leaf.set(RAW_PAGE, c.raw && st.page.is_some());
     if !c.blobs.is_empty() || c.access_table.is_some() || c.page_dictionary.is_some() {
         let extras = st.extras.get_or_insert_default();
-        extras.blobs = ThinVec::from(c.blobs);
+        extras.blobs = c.blobs;
         extras.dictionary = c.dictionary;
         extras.page_dictionary = c.page_dictionary;
         extras.access_table = c.access_table;

@@ -596,7 +596,7 @@ impl DramTier {
             table.carried(values.map(|o| o.key))
         });
         // Pushed one by one: `collect` would reuse the far larger `objs` allocation.
-        let mut blobs = Vec::new();
+        let mut blobs = thin_vec::ThinVec::new();
         let mut named = false;
         for o in objs {
             if let Body::Blob(b) = o.body {
