@@ -656,14 +656,16 @@ fn dictionaries_retrained_during_writes_never_serve_wrong_values() {
                         key: (rng >> 48) as u16 % keys,
                     });
                 }
+                // A training finishes here, not at a moment the scheduler picks: one
+                // that landed during `Maintain` would be adopted by every leaf at once.
+                if let Some(d) = &h.cache.inner.dram.dictionaries {
+                    d.settle();
+                }
                 let held = h.cache.inner.dram.dictionaries_held().len();
                 most_held = most_held.max(held);
             }
             if round % 4 == 0 {
                 h.run(&Op::Maintain);
-            }
-            if let Some(d) = &h.cache.inner.dram.dictionaries {
-                d.settle();
             }
         }
         for key in 0..keys {
