@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use super::Dictionary;
 use super::page::{MAX_PAGE_DICTIONARY, PageDictionary};
-use super::training::{Kind, Trainer, TrainingSettings};
+use super::training::{Kind, Trainer, TrainingSettings, train_from_samples};
 use crate::early_termination::compress_page;
 use crate::memory::Memory;
 use crate::record::stored_len;
@@ -25,7 +25,7 @@ impl Kind for Dictionary {
     ) -> Option<Arc<Self>> {
         // Blobs name their dictionary by a byte: ids 1..=255 in turn.
         let id = ((generation - 1) % 255 + 1) as u8;
-        let raw = zstd::dict::from_samples(samples, size).ok()?;
+        let raw = train_from_samples(samples, size)?;
         Dictionary::prepare(id, &raw, memory)
     }
 
@@ -78,7 +78,7 @@ impl Kind for PageDictionary {
         // zstd's trainer picks the segments the samples share most: 1–2 % smaller pages
         // of `airports` and `seattle-weather` than the latest samples as they are, which
         // remain for sample sets it refuses (too few).
-        let raw = zstd::dict::from_samples(samples, size).unwrap_or_else(|_| samples.concat());
+        let raw = train_from_samples(samples, size).unwrap_or_else(|| samples.concat());
         PageDictionary::prepare(generation, &raw[raw.len().saturating_sub(size)..], memory)
     }
 

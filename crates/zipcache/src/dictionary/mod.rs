@@ -221,7 +221,8 @@ pub(crate) mod tests {
     /// A dictionary trained on 400 documents of `schema`.
     pub(crate) fn trained(id: u8, schema: u8, memory: Arc<Memory>) -> Arc<Dictionary> {
         let samples: Vec<Vec<u8>> = (0..400).map(|i| document(schema, i)).collect();
-        let raw = zstd::dict::from_samples(&samples, 16 << 10).expect("trains");
+        let samples: Vec<&[u8]> = samples.iter().map(|s| &s[..]).collect();
+        let raw = super::training::train_from_samples(&samples, 16 << 10).expect("trains");
         Dictionary::prepare(id, &raw, memory).expect("prepares")
     }
 

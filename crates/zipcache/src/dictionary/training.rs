@@ -42,6 +42,80 @@ pub struct TrainingSettings {
 /// they would crowd out the objects.
 pub const MIN_BUDGET: u64 = 8 << 20;
 
+/// Smallest and largest log2 of the buckets of zstd's trainer's d-mer table (fastCover's
+/// `f`): `ZDICT_trainFromBuffer` always takes 2^20, 6 MiB of tables for a reservoir of a
+/// few hundred KiB, outside the budget, twice over when both kinds train at once.
+const TABLE_LOG: std::ops::RangeInclusive<u32> = 12..=20;
+/// Bytes of fastCover's tables per bucket: a 4-byte frequency and a 2-byte segment count.
+const TABLE_BYTES_PER_BUCKET: usize = 6;
+
+/// The log2 of the buckets for `sample_bytes` of samples: one per 4 bytes. JSON fills
+/// through the server (docs/RESULTS.md) held as many documents with it as with 2^20 or
+/// with one per byte, and peaked 6.5 MiB lower than with 2^20.
+fn table_log(sample_bytes: usize) -> u32 {
+    (usize::BITS - (sample_bytes >> 2).leading_zeros()).clamp(*TABLE_LOG.start(), *TABLE_LOG.end())
+}
+
+/// What training `samples` into a dictionary of `size` bytes takes while it runs: the
+/// samples laid end to end with their sizes, the trainer's tables and its output.
+pub fn training_bytes(samples: &[&[u8]], size: usize) -> usize {
+    let flat: usize = samples.iter().map(|s| s.len()).sum();
+    alloc_size(flat)
+        + alloc_size(samples.len() * size_of::<usize>())
+        + (TABLE_BYTES_PER_BUCKET << table_log(flat))
+        + alloc_size(size)
+}
+
+/// A dictionary of at most `size` bytes trained on `samples` by zstd's trainer (fastCover,
+/// as `ZDICT_trainFromBuffer`: d = 8, four values of k tried), its table sized to the
+/// samples; `None` where zstd refuses them (too few, too small).
+pub fn train_from_samples(samples: &[&[u8]], size: usize) -> Option<Vec<u8>> {
+    use zstd::zstd_safe::zstd_sys::{
+        ZDICT_fastCover_params_t, ZDICT_isError, ZDICT_optimizeTrainFromBuffer_fastCover,
+        ZDICT_params_t,
+    };
+    let flat = samples.concat();
+    let sizes: Vec<usize> = samples.iter().map(|s| s.len()).collect();
+    let count = u32::try_from(sizes.len()).ok()?;
+    let mut params = ZDICT_fastCover_params_t {
+        k: 0,
+        d: 8,
+        f: table_log(flat.len()),
+        steps: 4,
+        nbThreads: 0,
+        splitPoint: 0.0,
+        accel: 0,
+        shrinkDict: 0,
+        shrinkDictMaxRegression: 0,
+        zParams: ZDICT_params_t {
+            compressionLevel: 0,
+            notificationLevel: 0,
+            dictID: 0,
+        },
+    };
+    let mut dictionary = vec![0u8; size];
+    // SAFETY: every pointer is to a live buffer of the length passed beside it
+    // (`dictionary` of `size` bytes; `flat` of the sum of `sizes`, `count` of them), and
+    // `params` is a valid fastCover parameter block that zstd may write its choice into;
+    // zstd keeps none of them after it returns. Tested by `trains_with_a_table_sized_to_the_samples`.
+    let written = unsafe {
+        ZDICT_optimizeTrainFromBuffer_fastCover(
+            dictionary.as_mut_ptr().cast(),
+            dictionary.len(),
+            flat.as_ptr().cast(),
+            sizes.as_ptr(),
+            count,
+            &mut params,
+        )
+    };
+    // SAFETY: `ZDICT_isError` only inspects the value.
+    if unsafe { ZDICT_isError(written) } != 0 {
+        return None;
+    }
+    dictionary.truncate(written);
+    Some(dictionary)
+}
+
 /// One kind of dictionary the engine trains: what it compresses, how it is trained from
 /// samples of that, and how a sample set is judged.
 pub trait Kind: Send + Sync + Sized + 'static {
@@ -178,12 +252,16 @@ impl<K: Kind> Trainer<K> {
             .partition(|(i, _)| i % HELD_OUT_EVERY == 0);
         let training: Vec<&[u8]> = training.into_iter().map(|(_, s)| &s[..]).collect();
         let held_out: Vec<&[u8]> = held_out.into_iter().map(|(_, s)| &s[..]).collect();
+        // The trainer's working memory is the budget's while it runs.
+        let working = training_bytes(&training, self.settings.dictionary_size) as i64;
+        self.memory.change_dictionaries(working);
         let candidate = K::train(
             generation,
             &training,
             self.settings.dictionary_size,
             self.memory.clone(),
         );
+        self.memory.change_dictionaries(-working);
         self.counters.trained.fetch_add(1, Ordering::Relaxed);
         let current = self.current();
         let better = candidate.as_ref().is_some_and(|c| {
@@ -239,6 +317,39 @@ mod tests {
     use super::super::tests::document;
     use super::*;
     use crate::record::stored_len;
+
+    #[test]
+    fn trains_with_a_table_sized_to_the_samples() {
+        let documents: Vec<Vec<u8>> = (0..480).map(|i| document(0, i)).collect();
+        let (training, held_out) = documents.split_at(400);
+        let samples: Vec<&[u8]> = training.iter().map(|d| &d[..]).collect();
+        let flat: usize = samples.iter().map(|s| s.len()).sum();
+        assert!(table_log(flat) < 20, "{flat} bytes of samples");
+        assert!(training_bytes(&samples, 16 << 10) < 2 * flat + (2 << 20));
+
+        let ours = train_from_samples(&samples, 16 << 10).expect("trains");
+        let zstds = zstd::dict::from_samples(&samples, 16 << 10).expect("trains");
+        assert!(!ours.is_empty() && ours.len() <= 16 << 10);
+        let memory = Arc::new(Memory::default());
+        let stored = |raw: Option<&[u8]>| -> usize {
+            let dictionary = raw.map(|r| Dictionary::prepare(1, r, memory.clone()).unwrap());
+            held_out
+                .iter()
+                .map(|d| stored_len(d, dictionary.as_deref()))
+                .sum()
+        };
+        let (with_ours, with_zstds, with_none) =
+            (stored(Some(&ours)), stored(Some(&zstds)), stored(None));
+        assert!(
+            with_ours * 100 <= with_zstds * 103,
+            "{with_ours} vs {with_zstds}"
+        );
+        assert!(with_ours * 2 < with_none, "{with_ours} vs {with_none}");
+
+        // Too few samples, or none: refused, not a panic.
+        assert_eq!(train_from_samples(&samples[..2], 16 << 10), None);
+        assert_eq!(train_from_samples(&[], 16 << 10), None);
+    }
 
     fn cost(dictionaries: &Trainer<Dictionary>, schema: u8) -> usize {
         let current = dictionaries.current();
