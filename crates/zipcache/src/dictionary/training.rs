@@ -251,7 +251,16 @@ impl<K: Kind> Trainer<K> {
             .enumerate()
             .partition(|(i, _)| i % HELD_OUT_EVERY == 0);
         let training: Vec<&[u8]> = training.into_iter().map(|(_, s)| &s[..]).collect();
-        let held_out: Vec<&[u8]> = held_out.into_iter().map(|(_, s)| &s[..]).collect();
+        // Judged only on values it did not learn: under churn a key is written again
+        // within a window, and a copy of a training sample held out makes any candidate
+        // look better than the current dictionary, swapped in every window.
+        let learnt: std::collections::HashSet<&[u8]> = training.iter().copied().collect();
+        let held_out: Vec<&[u8]> = held_out
+            .into_iter()
+            .map(|(_, s)| &s[..])
+            .filter(|s| !learnt.contains(s))
+            .collect();
+        drop(learnt);
         // The trainer's working memory is the budget's while it runs.
         let working = training_bytes(&training, self.settings.dictionary_size) as i64;
         self.memory.change_dictionaries(working);
@@ -264,10 +273,11 @@ impl<K: Kind> Trainer<K> {
         self.memory.change_dictionaries(-working);
         self.counters.trained.fetch_add(1, Ordering::Relaxed);
         let current = self.current();
-        let better = candidate.as_ref().is_some_and(|c| {
-            K::cost(&held_out, Some(c)) as f64
-                <= K::cost(&held_out, current.as_deref()) as f64 * SWAP_BELOW
-        });
+        let better = !held_out.is_empty()
+            && candidate.as_ref().is_some_and(|c| {
+                K::cost(&held_out, Some(c)) as f64
+                    <= K::cost(&held_out, current.as_deref()) as f64 * SWAP_BELOW
+            });
         drop(held_out);
         drop(training);
         drop(samples);
@@ -370,6 +380,38 @@ mod tests {
             }
         }
         panic!("no dictionary for schema {schema}");
+    }
+
+    /// Values written again and again (churn over the same keys) train candidates that
+    /// know them by heart; judged on values they did not learn, none replaces the
+    /// dictionary that fits the schema already.
+    #[test]
+    fn rewritten_values_do_not_swap_a_dictionary_in_every_window() {
+        let settings = TrainingSettings {
+            samples: 256,
+            dictionary_size: 16 << 10,
+        };
+        let dictionaries = Arc::new(Trainer::<Dictionary>::new(settings, Arc::default()));
+        offer_until_swapped(&dictionaries, 0, 0);
+        let swapped = dictionaries.counters.swapped.load(Ordering::Relaxed);
+        let trained = dictionaries.counters.trained.load(Ordering::Relaxed);
+        // Six windows of 20 documents written over and over, each with content of its
+        // own that a candidate can learn by heart.
+        let rewritten = |i: u64| {
+            let own: String = (0..40).map(|j| format!("{:x}", mix(i * 40 + j))).collect();
+            [document(0, i), own.into_bytes()].concat()
+        };
+        let window = settings.samples as u64 * WINDOW_AFTER_SWAP;
+        for i in 0..6 * window {
+            dictionaries.offer(&rewritten(5_000 + i % 20));
+            dictionaries.settle();
+        }
+        let trained_since = dictionaries.counters.trained.load(Ordering::Relaxed) - trained;
+        let swapped_since = dictionaries.counters.swapped.load(Ordering::Relaxed) - swapped;
+        assert!(
+            trained_since >= 2 && swapped_since == 0,
+            "{trained_since} trained, {swapped_since} swapped"
+        );
     }
 
     /// The schema changes halfway: the first dictionary stops fitting, a later window
