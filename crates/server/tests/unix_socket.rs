@@ -7,7 +7,7 @@ mod common;
 use std::io::{Read, Write};
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -24,9 +24,9 @@ fn socket_path(name: &str) -> PathBuf {
 }
 
 /// `TestServer`'s options (both TCP ports) with the unix socket at `path`.
-fn options(path: &PathBuf) -> ServerOptions {
+fn options(path: &Path) -> ServerOptions {
     ServerOptions {
-        unix_socket: Some(path.clone()),
+        unix_socket: Some(path.to_path_buf()),
         ..TestServer::options()
     }
 }
