@@ -7,11 +7,12 @@ mod common;
 use std::io::{Read, Write};
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
+use std::process::Command;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{Client, TestServer};
+use common::{Client, TestServer, require_python_modules, run_tool};
 use zipcache::{Config, ZipCache};
 use zipcache_server::fuzzing::memcached_binary_request;
 use zipcache_server::{ServerOptions, start};
@@ -239,4 +240,35 @@ fn a_unix_socket_alone_serves_memcached_and_its_file_goes_at_shutdown() {
     handle.shutdown();
     assert!(client.closed());
     assert!(!path.exists(), "the socket file is removed on a clean stop");
+}
+
+/// Real clients name a unix socket by its path: pymemcache (text) and pylibmc
+/// (libmemcached, binary protocol) round-trip over it.
+#[test]
+fn pymemcache_and_pylibmc_speak_over_the_socket() {
+    require_python_modules(&[("pymemcache", "pymemcache"), ("pylibmc", "pylibmc")]);
+    let path = socket_path("clients");
+    let _server = TestServer::with_options(options(&path));
+    let script = r#"
+import sys
+from pymemcache.client.base import Client
+import pylibmc
+path = sys.argv[1]
+text = Client(path, connect_timeout=5, timeout=10)
+assert text.set("k", b"from text") is True
+assert text.get("k") == b"from text"
+binary = pylibmc.Client([path], binary=True)
+assert binary.get("k") == b"from text"
+assert binary.set("b", b"from binary")
+assert binary.set("n", "41")
+assert binary.incr("n", 1) == 42
+assert text.get("b") == b"from binary"
+assert text.get("n") == b"42"
+print("ok")
+"#;
+    let (ok, output) = run_tool(
+        Command::new("python3").args(["-c", script, &path.display().to_string()]),
+        Duration::from_secs(60),
+    );
+    assert!(ok && output.contains("ok"), "clients over the socket:\n{output}");
 }
