@@ -7,8 +7,8 @@ mod common;
 use std::io::{Read, Write};
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::process::Command;
 use std::path::{Path, PathBuf};
+use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -270,5 +270,8 @@ print("ok")
         Command::new("python3").args(["-c", script, &path.display().to_string()]),
         Duration::from_secs(60),
     );
-    assert!(ok && output.contains("ok"), "clients over the socket:\n{output}");
+    assert!(
+        ok && output.contains("ok"),
+        "clients over the socket:\n{output}"
+    );
 }
