@@ -278,6 +278,12 @@ impl Settings {
         };
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         let unix_socket = args.unix_socket.or(file.unix_socket);
+        if unix_socket
+            .as_ref()
+            .is_some_and(|path| path.as_os_str().is_empty())
+        {
+            return Err("unix-socket: an empty path".into());
+        }
         let unix_socket_mode = match (
             &unix_socket,
             args.unix_socket_mode.or(file.unix_socket_mode),
@@ -913,6 +919,12 @@ mod tests {
         };
         let error = Settings::resolve(no_socket).unwrap_err();
         assert!(error.contains("needs unix-socket"), "{error}");
+        let empty = ServeArgs {
+            unix_socket: Some(PathBuf::new()),
+            ..args(None, None)
+        };
+        let error = Settings::resolve(empty).unwrap_err();
+        assert!(error.contains("empty path"), "{error}");
         let s = Settings::resolve(ServeArgs::default()).unwrap();
         assert_eq!(s.server_options(1).unix_socket, None);
         let banner = s.describe(&s.engine_config().unwrap());
