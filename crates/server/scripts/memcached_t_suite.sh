@@ -8,8 +8,9 @@
 #   FILE.t        run only these files (default: every t/*.t but the families below)
 #
 # Not run by default, as they test what `zipcache serve` does not speak: extstore
-# (*extstore*.t), the proxy (proxy*.t), TLS (ssl*.t), UDP (udp.t) and unix sockets
-# (unixsocket.t).
+# (*extstore*.t), the proxy (proxy*.t), TLS (ssl*.t) and UDP (udp.t); nor unixsocket.t,
+# which wants the socket at /tmp/memcachetest<its own PID> and, under T_MEMD_USE_DAEMON,
+# still talks TCP (tests/unix_socket.rs covers the socket).
 #
 # Nothing is fetched. The harness (t/lib/MemcachedTest.pm) wants a `memcached-debug`
 # in its working directory, whose `-h` output it reads to see which features exist:
@@ -20,6 +21,9 @@
 # memcached's default `-c 1024`; metaget.t checks the `h` and `l` flags, which need the engine's
 # per-object access state, off by default: `--set track_access=true`; lru-crawler.t's
 # `-o no_modern` starts memcached's LRU crawler disabled: `--disable-lru-crawler`;
+# binary.t and stats.t check `stats settings` for the unix socket the harness starts
+# memcached on by default (`-s`, where `memcached -h` lists it): `--unix-socket` beside
+# the TCP port the harness connects to;
 # binary-sasl.t's `-S` with a sasldb user: `--auth-file` with that user, and, as the
 # file runs only with RUN_SASL_TESTS set and first writes memcached's sasldb with
 # `saslpasswd2`, which we do not read, both set up: a `saslpasswd2` stand-in that
@@ -65,11 +69,11 @@ serve_flags() {
         maxconns.t) echo "--max-connections 1024" ;;
         metaget.t) echo "--set track_access=true" ;;
         lru-crawler.t) echo "--disable-lru-crawler" ;; # its `-o no_modern`
-        stats.t) echo "--set max_value_size=1024 --max-connections 1024" ;;
+        stats.t) echo "--set max_value_size=1024 --max-connections 1024 --unix-socket $work/memcached.sock" ;;
         idle-timeout.t) echo "--idle-timeout 3" ;;
         dyn-maxbytes.t) echo "--dram 3MiB" ;;
         dash-M.t) echo "--set evictions=false --dram 128KiB" ;; # its `-M` (see SERVER.md)
-        binary.t) echo "--max-connections 1024" ;;
+        binary.t) echo "--max-connections 1024 --unix-socket $work/memcached.sock" ;;
         binary-sasl.t) echo "--auth-file $work/sasl-users" ;;
     esac
 }

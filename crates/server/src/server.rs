@@ -3,6 +3,7 @@
 
 use std::io;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
@@ -69,6 +70,8 @@ pub struct ServerHandle {
     pub memcached_addr: Option<SocketAddr>,
     pub resp_addr: Option<SocketAddr>,
     pub metrics_addr: Option<SocketAddr>,
+    /// The unix-domain socket memcached's protocols are served on.
+    pub unix_socket: Option<PathBuf>,
     parts: Parts,
     running: Running,
 }
@@ -102,11 +105,14 @@ impl ServerHandle {
     }
 
     /// The line `run` prints once serving, which scripts and tests parse:
-    /// `listening memcached=ADDR resp=ADDR metrics=ADDR`, `off` for a port that is off.
+    /// `listening memcached=ADDR resp=ADDR metrics=ADDR`, `off` for a port that is off,
+    /// then ` unix=PATH` when memcached is served on a unix socket too.
     pub fn listening(&self) -> String {
         let addr = |a: Option<SocketAddr>| a.map_or("off".to_string(), |a| a.to_string());
+        let unix = self.unix_socket.as_ref();
+        let unix = unix.map_or(String::new(), |path| format!(" unix={}", path.display()));
         format!(
-            "listening memcached={} resp={} metrics={}",
+            "listening memcached={} resp={} metrics={}{unix}",
             addr(self.memcached_addr),
             addr(self.resp_addr),
             addr(self.metrics_addr)
@@ -134,6 +140,8 @@ pub fn serve(mut bound: Bound, cache: Arc<ZipCache>) -> io::Result<ServerHandle>
         listen: options.listen,
         memcached_port: memcached_addr.map_or(0, |a| a.port()),
         resp_port: resp_addr.map_or(0, |a| a.port()),
+        unix_socket: bound.unix_socket.clone(),
+        unix_socket_mode: options.unix_socket_mode,
         threads: options.threads.max(1),
         max_connections: options.max_connections,
     };
@@ -152,6 +160,7 @@ pub fn serve(mut bound: Bound, cache: Arc<ZipCache>) -> io::Result<ServerHandle>
         memcached_addr,
         resp_addr,
         metrics_addr,
+        unix_socket: parts.core.info.unix_socket.clone(),
         parts,
         running,
     })

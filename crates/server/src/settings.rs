@@ -11,7 +11,7 @@ use clap::ValueEnum;
 use crate::core::TlsFiles;
 use crate::core::access::Credentials;
 use crate::core::auth::Password;
-use crate::core::{FIRST_REQUEST_TIMEOUT, Runtime, ServerOptions};
+use crate::core::{DEFAULT_UNIX_SOCKET_MODE, FIRST_REQUEST_TIMEOUT, Runtime, ServerOptions};
 
 /// Arguments of `zipcache serve` (SPEC §8). The `--config` file is the same struct:
 /// every flag may be given there under its own name; the command line wins.
@@ -28,6 +28,13 @@ pub struct ServeArgs {
     /// Redis RESP2 port; 0 picks a free one, `off` serves no RESP [default: 6379].
     #[arg(long, value_name = "PORT|off")]
     pub resp_port: Option<Port>,
+    /// Serve the memcached protocols on this unix-domain socket (memcached's -s); the
+    /// memcached TCP port is then off unless --memcached-port is given.
+    #[arg(long, value_name = "PATH")]
+    pub unix_socket: Option<PathBuf>,
+    /// Permission bits of the unix socket's file, in octal (memcached's -a) [default: 0700].
+    #[arg(long, value_name = "OCTAL", requires = "unix_socket")]
+    pub unix_socket_mode: Option<String>,
     /// DRAM budget of the cache, e.g. 512MiB [default: 1GiB].
     #[arg(long)]
     pub dram: Option<String>,
@@ -185,6 +192,9 @@ pub struct Settings {
     /// `None`: off.
     pub memcached_port: Option<u16>,
     pub resp_port: Option<u16>,
+    /// memcached's protocols on this unix-domain socket, its file with these permissions.
+    pub unix_socket: Option<PathBuf>,
+    pub unix_socket_mode: u32,
     pub dram: u64,
     pub data_dir: PathBuf,
     /// `None` = DRAM-only.
@@ -267,15 +277,33 @@ impl Settings {
             _ => return Err("tls-key and tls-ca need tls-cert; tls-cert needs tls-key".into()),
         };
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let unix_socket = args.unix_socket.or(file.unix_socket);
+        if unix_socket
+            .as_ref()
+            .is_some_and(|path| path.as_os_str().is_empty())
+        {
+            return Err("unix-socket: an empty path".into());
+        }
+        let unix_socket_mode = match (
+            &unix_socket,
+            args.unix_socket_mode.or(file.unix_socket_mode),
+        ) {
+            (_, None) => DEFAULT_UNIX_SOCKET_MODE,
+            (Some(_), Some(mode)) => octal_mode(&mode)?,
+            (None, Some(_)) => return Err("unix-socket-mode needs unix-socket".into()),
+        };
+        // As memcached's `-s`, a unix socket takes the place of the memcached port,
+        // unless that is asked for as well.
+        let default_memcached_port = unix_socket.is_none().then_some(11211);
         let memcached_port = args
             .memcached_port
             .or(file.memcached_port)
-            .map_or(Some(11211), Port::number);
+            .map_or(default_memcached_port, Port::number);
         let resp_port = args
             .resp_port
             .or(file.resp_port)
             .map_or(Some(6379), Port::number);
-        if memcached_port.is_none() && resp_port.is_none() {
+        if memcached_port.is_none() && resp_port.is_none() && unix_socket.is_none() {
             return Err("memcached-port and resp-port are both off: turn one on".into());
         }
         let max_request_size = args.max_request_size.or(file.max_request_size);
@@ -294,6 +322,8 @@ impl Settings {
                 .unwrap_or(IpAddr::from([127, 0, 0, 1])),
             memcached_port,
             resp_port,
+            unix_socket,
+            unix_socket_mode,
             dram: size("dram", args.dram.or(file.dram).as_deref().unwrap_or("1GiB"))?,
             data_dir: args
                 .data_dir
@@ -406,6 +436,8 @@ impl Settings {
             memcached_port: self.memcached_port,
             resp_port: self.resp_port,
             metrics_port: self.metrics_port,
+            unix_socket: self.unix_socket.clone(),
+            unix_socket_mode: self.unix_socket_mode,
             threads: self.threads,
             max_connections: self.max_connections,
             max_value_size,
@@ -455,8 +487,11 @@ impl Settings {
         let set_or_off = |on: bool| if on { "set" } else { "off" };
         let port = |port: Option<u16>| port.map_or("off".to_string(), |p| p.to_string());
         let options = self.server_options(config.max_value_size);
+        let unix_socket = self.unix_socket.as_ref().map_or("off".to_string(), |path| {
+            format!("{} (mode {:04o})", path.display(), self.unix_socket_mode)
+        });
         format!(
-            "zipcache serve settings:\n  listen           {}\n  memcached-port   {}\n  resp-port        {}\n  dram             {} bytes\n  data-dir         {}\n  ssd              {ssd}\n  max-connections  {}\n  threads          {} ({} runtime)\n  metrics          {metrics}\n  tls              {tls}\n  requirepass      {}\n  auth-file        {}\n  keys-limit       {}\n  flush_all        {}\n  lru_crawler      {}\n  idle-timeout     {}\n  write-timeout    {}\n  input limits     max-request-size {} bytes, max-clients-memory {} bytes, first-request-timeout {}\n  shutdown command {}\n  engine: leaf_size={} subpages={} superleaf_size={} fill_threshold={} write_buffer={} bypass_r={} bypass_max_fraction={} tiny_max={} medium_max={} max_key_size={} max_value_size={} background_threads={} promotion={:?} rss_limit={} track_access={} evictions={}",
+            "zipcache serve settings:\n  listen           {}\n  memcached-port   {}\n  resp-port        {}\n  unix-socket      {unix_socket}\n  dram             {} bytes\n  data-dir         {}\n  ssd              {ssd}\n  max-connections  {}\n  threads          {} ({} runtime)\n  metrics          {metrics}\n  tls              {tls}\n  requirepass      {}\n  auth-file        {}\n  keys-limit       {}\n  flush_all        {}\n  lru_crawler      {}\n  idle-timeout     {}\n  write-timeout    {}\n  input limits     max-request-size {} bytes, max-clients-memory {} bytes, first-request-timeout {}\n  shutdown command {}\n  engine: leaf_size={} subpages={} superleaf_size={} fill_threshold={} write_buffer={} bypass_r={} bypass_max_fraction={} tiny_max={} medium_max={} max_key_size={} max_value_size={} background_threads={} promotion={:?} rss_limit={} track_access={} evictions={}",
             self.listen,
             port(self.memcached_port),
             port(self.resp_port),
@@ -510,6 +545,16 @@ impl Settings {
             config.evictions,
         )
     }
+}
+
+/// A file mode written in octal, as memcached's `-a` takes it (`700`, `0770`).
+fn octal_mode(text: &str) -> Result<u32, String> {
+    u32::from_str_radix(text, 8)
+        .ok()
+        .filter(|mode| mode & !0o777 == 0)
+        .ok_or_else(|| {
+            format!("unix-socket-mode {text:?}: not permission bits in octal (0 to 0777)")
+        })
 }
 
 /// A timeout of `secs` seconds; 0 = none.
@@ -831,6 +876,59 @@ mod tests {
         .unwrap_err();
         assert!(typo.contains("\"of\""), "{typo}");
         std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn a_unix_socket_takes_the_memcached_port_unless_both_are_asked_for() {
+        let args = |memcached_port: Option<Port>, mode: Option<&str>| ServeArgs {
+            unix_socket: Some("/tmp/zc.sock".into()),
+            unix_socket_mode: mode.map(str::to_string),
+            memcached_port,
+            ..ServeArgs::default()
+        };
+        let s = Settings::resolve(args(None, None)).unwrap();
+        assert_eq!((s.memcached_port, s.resp_port), (None, Some(6379)));
+        let options = s.server_options(1);
+        assert_eq!(options.unix_socket, Some(PathBuf::from("/tmp/zc.sock")));
+        assert_eq!(options.unix_socket_mode, 0o700, "memcached's -a default");
+        let banner = s.describe(&s.engine_config().unwrap());
+        assert!(banner.contains("\n  memcached-port   off\n"), "{banner}");
+        assert!(
+            banner.contains("\n  unix-socket      /tmp/zc.sock (mode 0700)\n"),
+            "{banner}"
+        );
+        let s = Settings::resolve(args(Some(Port::On(11311)), Some("0770"))).unwrap();
+        assert_eq!((s.memcached_port, s.unix_socket_mode), (Some(11311), 0o770));
+        let s = Settings::resolve(args(Some(Port::Off), Some("755"))).unwrap();
+        assert_eq!((s.memcached_port, s.unix_socket_mode), (None, 0o755));
+        let alone = ServeArgs {
+            resp_port: Some(Port::Off),
+            ..args(None, None)
+        };
+        assert!(
+            Settings::resolve(alone).is_ok(),
+            "the unix socket alone serves"
+        );
+        for bad in ["0800", "1777", "rw", ""] {
+            let error = Settings::resolve(args(None, Some(bad))).unwrap_err();
+            assert!(error.contains("unix-socket-mode"), "{bad}: {error}");
+        }
+        let no_socket = ServeArgs {
+            unix_socket: None,
+            ..args(None, Some("0700"))
+        };
+        let error = Settings::resolve(no_socket).unwrap_err();
+        assert!(error.contains("needs unix-socket"), "{error}");
+        let empty = ServeArgs {
+            unix_socket: Some(PathBuf::new()),
+            ..args(None, None)
+        };
+        let error = Settings::resolve(empty).unwrap_err();
+        assert!(error.contains("empty path"), "{error}");
+        let s = Settings::resolve(ServeArgs::default()).unwrap();
+        assert_eq!(s.server_options(1).unix_socket, None);
+        let banner = s.describe(&s.engine_config().unwrap());
+        assert!(banner.contains("\n  unix-socket      off\n"), "{banner}");
     }
 
     #[test]

@@ -8,13 +8,17 @@ mod options;
 pub mod stats;
 
 use std::net::IpAddr;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
 use tokio::sync::Notify;
 use zipcache::ZipCache;
 
-pub use options::{FIRST_REQUEST_TIMEOUT, REQUEST_LINE_MAX, Runtime, ServerOptions, TlsFiles};
+pub use options::{
+    DEFAULT_UNIX_SOCKET_MODE, FIRST_REQUEST_TIMEOUT, REQUEST_LINE_MAX, Runtime, ServerOptions,
+    TlsFiles,
+};
 
 use access::AccessPolicy;
 use stats::Counters;
@@ -25,6 +29,9 @@ pub struct ServerInfo {
     pub listen: IpAddr,
     pub memcached_port: u16,
     pub resp_port: u16,
+    /// The unix-domain socket memcached's protocols are served on, and its mode.
+    pub unix_socket: Option<PathBuf>,
+    pub unix_socket_mode: u32,
     pub threads: usize,
     pub max_connections: usize,
 }
@@ -36,6 +43,8 @@ impl ServerInfo {
             listen: IpAddr::from([127, 0, 0, 1]),
             memcached_port: 0,
             resp_port: 0,
+            unix_socket: None,
+            unix_socket_mode: DEFAULT_UNIX_SOCKET_MODE,
             threads: 1,
             max_connections: 1,
         }

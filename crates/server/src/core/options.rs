@@ -13,6 +13,8 @@ pub const FIRST_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// Room a request may take beyond the largest value: memcached's longest retrieval line
 /// (a `get` of many keys).
 pub const REQUEST_LINE_MAX: usize = 256 * 1024;
+/// memcached's `-a` default: only the server's own user may connect to the unix socket.
+pub const DEFAULT_UNIX_SOCKET_MODE: u32 = 0o700;
 /// The least `max_clients_memory` defaults to, and the share of the DRAM budget it
 /// defaults to above that.
 const MIN_CLIENTS_MEMORY: usize = 64 << 20;
@@ -44,6 +46,10 @@ pub struct ServerOptions {
     pub memcached_port: Option<u16>,
     pub resp_port: Option<u16>,
     pub metrics_port: Option<u16>,
+    /// memcached's `-s`: its protocols are served on this unix-domain socket too.
+    pub unix_socket: Option<PathBuf>,
+    /// The socket file's permission bits (memcached's `-a`).
+    pub unix_socket_mode: u32,
     pub threads: usize,
     pub max_connections: usize,
     /// The engine's value size limit (memcached rejects larger values before reading them).
@@ -110,6 +116,8 @@ impl Default for ServerOptions {
             memcached_port: Some(0),
             resp_port: Some(0),
             metrics_port: None,
+            unix_socket: None,
+            unix_socket_mode: DEFAULT_UNIX_SOCKET_MODE,
             threads: 1,
             max_connections: 4096,
             max_value_size: zipcache::Config::default().max_value_size,

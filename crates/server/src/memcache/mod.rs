@@ -15,7 +15,6 @@ pub mod watch;
 
 pub use crawler::Crawler;
 
-use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
 use base64::Engine as _;
@@ -29,7 +28,7 @@ use crate::core::stats::Counters;
 use crate::transport::connection::{Session, Step};
 use crate::transport::output::Output;
 use crate::transport::prefetch::{Prefetch, ReadAhead};
-use crate::transport::{Protocol, Transport};
+use crate::transport::{Peer, Protocol, Transport};
 use annotations::Annotations;
 use conns::Connections;
 use parse::{Parsed, Request};
@@ -82,7 +81,7 @@ pub struct RequestContext<'a> {
 impl Protocol for Memcached {
     type Session = MemcacheSession;
 
-    fn open(self: Arc<Self>, peer: SocketAddr) -> MemcacheSession {
+    fn open(self: Arc<Self>, peer: Peer) -> MemcacheSession {
         MemcacheSession::accepted(self, Some(peer))
     }
 
@@ -245,7 +244,7 @@ pub struct MemcacheSession {
     /// The connection's id (`cfd=` in log lines, `stats conns`).
     id: u64,
     /// The client, for connection events; `None` outside a listening server.
-    peer: Option<SocketAddr>,
+    peer: Option<Peer>,
     /// Whether the connection speaks the binary protocol, decided by its first byte.
     binary: Option<bool>,
     close_reason: CloseReason,
@@ -261,7 +260,7 @@ impl MemcacheSession {
 
     /// The session of a connection accepted from `peer`: listed in `stats conns` and
     /// logged (`watch connevents`) until it closes.
-    pub fn accepted(shared: Arc<Memcached>, peer: Option<SocketAddr>) -> MemcacheSession {
+    pub fn accepted(shared: Arc<Memcached>, peer: Option<Peer>) -> MemcacheSession {
         let authenticated = !shared.core.access.required();
         let id = shared.conns.open(peer);
         if let Some(peer) = peer {

@@ -717,7 +717,12 @@ pub fn stats(shared: &Memcached, section: Option<&[u8]>, out: &mut Vec<u8>) {
             stat(out, "interface", shared.core.info.listen);
             let evictions = shared.core.cache.config().evictions;
             stat(out, "evictions", if evictions { "on" } else { "off" });
-            stat(out, "domain_socket", "NULL");
+            let info = &shared.core.info;
+            let domain_socket = info.unix_socket.as_ref();
+            let domain_socket =
+                domain_socket.map_or("NULL".into(), |path| path.display().to_string());
+            stat(out, "domain_socket", domain_socket);
+            stat(out, "umask", format!("{:o}", info.unix_socket_mode));
             stat(
                 out,
                 "shutdown_command",
@@ -778,8 +783,9 @@ pub fn stats(shared: &Memcached, section: Option<&[u8]>, out: &mut Vec<u8>) {
             stat(out, "total_malloced", engine.dram_used);
         }
         Some(b"conns") => {
-            let listen = SocketAddr::new(shared.core.info.listen, shared.core.info.memcached_port);
-            for (name, value) in shared.conns.stats(listen) {
+            let info = &shared.core.info;
+            let listen = SocketAddr::new(info.listen, info.memcached_port);
+            for (name, value) in shared.conns.stats(listen, info.unix_socket.as_deref()) {
                 stat(out, &name, value);
             }
         }

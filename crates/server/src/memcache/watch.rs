@@ -12,7 +12,6 @@
 use std::collections::VecDeque;
 use std::fmt::Write as _;
 use std::io::Write as _;
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -20,6 +19,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{Notify, watch};
 
+use crate::transport::Peer;
 use crate::transport::connection::{Stream, Takeover};
 
 /// Events queued for one watcher before further ones are skipped: with memcached's
@@ -125,11 +125,11 @@ pub enum Event {
         size: usize,
     },
     ConnNew {
-        peer: SocketAddr,
+        peer: Peer,
         conn: u64,
     },
     ConnClose {
-        peer: SocketAddr,
+        peer: Peer,
         reason: CloseReason,
         conn: u64,
     },
@@ -201,17 +201,13 @@ impl Logged {
                 "type=eviction key={} ttl={ttl} clsid=1 size={size}",
                 uri_encode(key)
             ),
-            Event::ConnNew { peer, conn } => write!(
-                line,
-                "type=conn_new rip={} rport={} transport=tcp cfd={conn}",
-                peer.ip(),
-                peer.port()
-            ),
+            Event::ConnNew { peer, conn } => {
+                write!(line, "type=conn_new {} cfd={conn}", endpoint(peer))
+            }
             Event::ConnClose { peer, reason, conn } => write!(
                 line,
-                "type=conn_close rip={} rport={} transport=tcp reason={} cfd={conn}",
-                peer.ip(),
-                peer.port(),
+                "type=conn_close {} reason={} cfd={conn}",
+                endpoint(peer),
                 match reason {
                     CloseReason::Normal => "normal",
                     CloseReason::Error => "error",
@@ -225,6 +221,15 @@ impl Logged {
 
 /// memcached's key encoding in log lines: everything but ASCII letters, digits and
 /// `-._~` as `%XX`, so a key never breaks the `name=value` format.
+/// A connection event's `rip= rport= transport=`: memcached's for a unix-socket client,
+/// which has no address, is `rip=unix rport=0 transport=local`.
+fn endpoint(peer: &Peer) -> String {
+    match peer {
+        Peer::Tcp(addr) => format!("rip={} rport={} transport=tcp", addr.ip(), addr.port()),
+        Peer::Unix => "rip=unix rport=0 transport=local".to_string(),
+    }
+}
+
 pub fn uri_encode(key: &[u8]) -> String {
     let mut text = String::with_capacity(key.len());
     for &b in key {
@@ -545,7 +550,7 @@ mod tests {
                 .unwrap(),
             )
             .unwrap();
-        let peer: SocketAddr = "127.0.0.1:4000".parse().unwrap();
+        let peer = Peer::Tcp("127.0.0.1:4000".parse().unwrap());
         logger.log(get(b"a b"));
         logger.log(Event::ItemStore {
             key: b"k".as_slice().into(),
@@ -571,6 +576,15 @@ mod tests {
             reason: CloseReason::Error,
             conn: 9,
         });
+        logger.log(Event::ConnNew {
+            peer: Peer::Unix,
+            conn: 10,
+        });
+        logger.log(Event::ConnClose {
+            peer: Peer::Unix,
+            reason: CloseReason::Normal,
+            conn: 10,
+        });
         let lines = lines(&watcher);
         let bodies: Vec<&str> = lines
             .iter()
@@ -592,6 +606,8 @@ mod tests {
                 "type=eviction key=e ttl=-1 clsid=1 size=10",
                 "type=conn_new rip=127.0.0.1 rport=4000 transport=tcp cfd=9",
                 "type=conn_close rip=127.0.0.1 rport=4000 transport=tcp reason=error cfd=9",
+                "type=conn_new rip=unix rport=0 transport=local cfd=10",
+                "type=conn_close rip=unix rport=0 transport=local reason=normal cfd=10",
             ]
         );
     }

@@ -6,7 +6,6 @@ pub mod parse;
 
 use std::convert::Infallible;
 use std::io::Write as _;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -15,7 +14,7 @@ use crate::core::{Core, ServerOptions};
 use crate::transport::connection::{Session, Step};
 use crate::transport::output::Output;
 use crate::transport::prefetch::{Prefetch, ReadAhead};
-use crate::transport::{Protocol, Transport};
+use crate::transport::{Peer, Protocol, Transport};
 use cmd::strings::MultiGet;
 
 /// Client ids for `CLIENT ID` / `HELLO`, unique for the process like Redis's.
@@ -49,7 +48,7 @@ impl Resp {
 impl Protocol for Resp {
     type Session = RespSession;
 
-    fn open(self: Arc<Self>, _peer: SocketAddr) -> RespSession {
+    fn open(self: Arc<Self>, _peer: Peer) -> RespSession {
         RespSession::new(self)
     }
 

@@ -1,14 +1,15 @@
-//! The connection loop shared by both protocols and by plain TCP and TLS: read, execute
-//! every complete request in the buffer (pipelining), append their replies to one buffer,
-//! write it once it passes the output budget or the requests run out. A request whose
-//! reply would pass the budget stops and resumes once what is buffered is written.
+//! The connection loop shared by both protocols and by plain TCP, TLS and unix-domain
+//! sockets: read, execute every complete request in the buffer (pipelining), append
+//! their replies to one buffer, write it once it passes the output budget or the
+//! requests run out. A request whose reply would pass the budget stops and resumes once
+//! what is buffered is written.
 
 use std::future::Future;
 use std::io;
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::net::TcpStream;
+use tokio::net::{TcpStream, UnixStream};
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_rustls::server::TlsStream;
@@ -29,6 +30,12 @@ pub trait Stream: AsyncRead + AsyncWrite + Unpin + Send {
 impl Stream for TcpStream {
     fn readable(&self) -> impl Future<Output = io::Result<()>> + Send {
         TcpStream::readable(self)
+    }
+}
+
+impl Stream for UnixStream {
+    fn readable(&self) -> impl Future<Output = io::Result<()>> + Send {
+        UnixStream::readable(self)
     }
 }
 

@@ -18,10 +18,13 @@ pub mod output;
 pub mod prefetch;
 mod ring;
 pub mod tls;
+pub mod unix;
 
 use std::future::Future;
 use std::io;
 use std::net::{SocketAddr, TcpListener as StdListener};
+use std::os::unix::net::{UnixListener as StdUnixListener, UnixStream as StdUnixStream};
+use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -29,8 +32,8 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use socket2::{Domain, Protocol as IpProtocol, Socket, Type};
-use tokio::io::AsyncWriteExt;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::io::{AsyncWrite, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 use tokio::sync::{mpsc, watch};
 
 use crate::core::stats::Counters;
@@ -38,6 +41,7 @@ use crate::core::{Core, Runtime, ServerOptions};
 use buffer_budget::BufferBudget;
 use connection::Session;
 use tls::Tls;
+use unix::SocketFile;
 
 /// Connections the kernel queues per listener before they are accepted.
 pub const LISTEN_BACKLOG: i32 = 1024;
@@ -88,12 +92,20 @@ impl Transport {
     }
 }
 
+/// Who a connection comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Peer {
+    Tcp(SocketAddr),
+    /// A client of the unix-domain socket: it has no address.
+    Unix,
+}
+
 /// A protocol served on a port: a session for each connection it admits.
 pub trait Protocol: Send + Sync + 'static {
     type Session: Session + Send + 'static;
 
     /// The session of a connection accepted from `peer`.
-    fn open(self: Arc<Self>, peer: SocketAddr) -> Self::Session;
+    fn open(self: Arc<Self>, peer: Peer) -> Self::Session;
 
     /// What a client over the connection limit is told before it is dropped.
     fn over_limit(&self) -> &'static [u8];
@@ -101,15 +113,68 @@ pub trait Protocol: Send + Sync + 'static {
 
 type Serving = Pin<Box<dyn Future<Output = ()> + Send>>;
 
+/// A client's connection, as a listener accepts it (`Accepted`) and as it is handed to
+/// the runtime thread that serves it (`Handed`).
+pub enum Client<Tcp, Unix> {
+    Tcp(Tcp, SocketAddr),
+    Unix(Unix),
+}
+
+pub type Accepted = Client<TcpStream, UnixStream>;
+type Handed = Client<std::net::TcpStream, StdUnixStream>;
+
+impl Accepted {
+    /// Out of the accepting thread's reactor, to be registered with another.
+    fn into_std(self) -> io::Result<Handed> {
+        Ok(match self {
+            Client::Tcp(stream, peer) => Client::Tcp(stream.into_std()?, peer),
+            Client::Unix(stream) => Client::Unix(stream.into_std()?),
+        })
+    }
+
+    /// Tells a client over the connection limit why it is dropped, in its own protocol,
+    /// without waiting on it. A TLS client is closed without a word: plain text would
+    /// not reach it (a unix socket never speaks TLS).
+    fn reject(self, message: &[u8], tls: bool) {
+        match self {
+            Client::Tcp(stream, _) => {
+                if !tls {
+                    let _ = stream.try_write(message);
+                }
+                close(stream);
+            }
+            Client::Unix(stream) => {
+                let _ = stream.try_write(message);
+                close(stream);
+            }
+        }
+    }
+}
+
+/// Closes `stream` on a task of its own: nothing waits for the client.
+fn close<S: AsyncWrite + Unpin + Send + 'static>(mut stream: S) {
+    tokio::spawn(async move {
+        let _ = stream.shutdown().await;
+    });
+}
+
+impl Handed {
+    /// Registered with the reactor of the runtime thread that serves it.
+    fn into_tokio(self) -> io::Result<Accepted> {
+        Ok(match self {
+            Client::Tcp(stream, peer) => Client::Tcp(TcpStream::from_std(stream)?, peer),
+            Client::Unix(stream) => Client::Unix(UnixStream::from_std(stream)?),
+        })
+    }
+}
+
 /// A [`Protocol`] with its session type out of sight, so that one accept loop and one
 /// handoff serve every protocol.
 pub trait Sessions: Send + Sync {
-    /// Serves `stream`, accepted from `peer`, to its end, after its TLS handshake if the
-    /// port speaks TLS.
+    /// Serves `client` to its end, after its TLS handshake if the port speaks TLS.
     fn serve(
         self: Arc<Self>,
-        stream: TcpStream,
-        peer: SocketAddr,
+        client: Accepted,
         transport: Arc<Transport>,
         stopped: watch::Receiver<bool>,
     ) -> Serving;
@@ -120,26 +185,31 @@ pub trait Sessions: Send + Sync {
 impl<P: Protocol> Sessions for P {
     fn serve(
         self: Arc<Self>,
-        stream: TcpStream,
-        peer: SocketAddr,
+        client: Accepted,
         transport: Arc<Transport>,
         stopped: watch::Receiver<bool>,
     ) -> Serving {
         Box::pin(async move {
             // The session opens once the connection is one (after its TLS handshake):
             // `stats conns` and memcached's connection events list no failed handshake.
-            match &transport.tls {
-                None => {
-                    let session = self.open(peer);
+            match (client, &transport.tls) {
+                (Client::Tcp(stream, peer), None) => {
+                    let session = self.open(Peer::Tcp(peer));
                     connection::serve(stream, session, &transport, stopped).await;
                 }
-                Some(tls) => {
+                (Client::Tcp(stream, peer), Some(tls)) => {
                     let handshake = tls.acceptor().accept(stream);
                     let handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake);
                     if let Ok(Ok(stream)) = handshake.await {
-                        let session = self.open(peer);
+                        let session = self.open(Peer::Tcp(peer));
                         connection::serve(stream, session, &transport, stopped).await;
                     }
+                }
+                // The socket file's mode says who may connect, and nothing leaves the
+                // host: no TLS there, as memcached and Redis serve theirs.
+                (Client::Unix(stream), _) => {
+                    let session = self.open(Peer::Unix);
+                    connection::serve(stream, session, &transport, stopped).await;
                 }
             }
         })
@@ -161,18 +231,78 @@ pub struct Services {
     pub metrics: Direct,
 }
 
-/// The ports of the server, named by what the options bind them for.
+/// The protocol listeners of the server, named by what the options bind them for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Port {
     Memcached,
+    /// memcached's protocols on the unix-domain socket.
+    MemcachedUnix,
     Resp,
-    Metrics,
 }
 
-/// A port's listener with what it serves.
-enum Listener {
-    Sessions(Arc<dyn Sessions>),
-    Direct(Direct),
+/// A listening socket: a TCP port, or a unix-domain socket with its file, which is
+/// removed when the listener goes (its runtime stopped, or a start failed).
+enum Listening<Tcp, Unix> {
+    Tcp(Tcp),
+    Unix(Unix, SocketFile),
+}
+
+type BoundSocket = Listening<StdListener, StdUnixListener>;
+type Accepting = Listening<TcpListener, UnixListener>;
+
+impl BoundSocket {
+    fn local_addr(&self) -> Option<SocketAddr> {
+        match self {
+            Listening::Tcp(listener) => listener.local_addr().ok(),
+            Listening::Unix(..) => None,
+        }
+    }
+
+    /// Registered with the reactor of the thread that accepts on it.
+    fn into_tokio(self) -> io::Result<Accepting> {
+        Ok(match self {
+            Listening::Tcp(listener) => Listening::Tcp(TcpListener::from_std(listener)?),
+            Listening::Unix(listener, file) => {
+                Listening::Unix(UnixListener::from_std(listener)?, file)
+            }
+        })
+    }
+}
+
+/// A listener a runtime thread accepts on.
+trait Accept: Send + 'static {
+    type Client: Send;
+
+    fn accept(&self) -> impl Future<Output = io::Result<Self::Client>> + Send;
+}
+
+impl Accept for TcpListener {
+    type Client = TcpStream;
+
+    async fn accept(&self) -> io::Result<TcpStream> {
+        Ok(TcpListener::accept(self).await?.0)
+    }
+}
+
+impl Accept for Accepting {
+    type Client = Accepted;
+
+    async fn accept(&self) -> io::Result<Accepted> {
+        match self {
+            Listening::Tcp(listener) => {
+                let (stream, peer) = listener.accept().await?;
+                Ok(Client::Tcp(stream, peer))
+            }
+            Listening::Unix(listener, _) => Ok(Client::Unix(listener.accept().await?.0)),
+        }
+    }
+}
+
+/// What thread 0 accepts on: the protocols' listeners and the metrics port.
+#[derive(Default)]
+struct Listeners {
+    sessions: Vec<(Arc<dyn Sessions>, BoundSocket)>,
+    metrics: Option<(Direct, StdListener)>,
 }
 
 /// Binds a listener; a port another process listens on is refused (`EADDRINUSE`), as
@@ -193,8 +323,7 @@ fn bind(addr: SocketAddr) -> io::Result<StdListener> {
 /// A connection accepted on one runtime thread for another to serve.
 struct Handoff {
     protocol: Arc<dyn Sessions>,
-    stream: std::net::TcpStream,
-    peer: SocketAddr,
+    client: Handed,
 }
 
 /// The runtimes serving connections: where to hand a new one, and how many each serves.
@@ -224,11 +353,14 @@ impl Runtimes {
 pub struct Bound {
     options: ServerOptions,
     tls: Option<Tls>,
-    listeners: Vec<(Port, StdListener)>,
+    listeners: Vec<(Port, BoundSocket)>,
+    metrics: Option<StdListener>,
     runtimes: Vec<tokio::runtime::Runtime>,
     pub memcached_addr: Option<SocketAddr>,
     pub resp_addr: Option<SocketAddr>,
     pub metrics_addr: Option<SocketAddr>,
+    /// The unix-domain socket memcached's protocols are served on.
+    pub unix_socket: Option<PathBuf>,
 }
 
 /// The threads serving the ports: stop them with [`Running::stop`].
@@ -239,8 +371,9 @@ pub struct Running {
 }
 
 impl Running {
-    /// Stops accepting, lets every connection finish the requests it has read, and waits
-    /// for the threads (at most a few seconds for stuck clients).
+    /// Stops accepting (a unix socket's file is removed then), lets every connection
+    /// finish the requests it has read, and waits for the threads (at most a few seconds
+    /// for stuck clients).
     pub fn stop(self) {
         let _ = self.stop.send(true);
         for thread in self.threads {
@@ -257,21 +390,32 @@ impl Bound {
             }
             None => None,
         };
-        let listener = |port: Option<u16>| -> io::Result<Option<StdListener>> {
+        let tcp = |port: Option<u16>| -> io::Result<Option<StdListener>> {
             port.map(|port| bind(SocketAddr::new(options.listen, port)))
                 .transpose()
         };
-        let listeners: Vec<(Port, StdListener)> = [
-            (Port::Memcached, listener(options.memcached_port)?),
-            (Port::Resp, listener(options.resp_port)?),
-            (Port::Metrics, listener(options.metrics_port)?),
+        let unix = |path: &PathBuf| -> io::Result<BoundSocket> {
+            let (listener, file) = unix::bind(path, options.unix_socket_mode)?;
+            Ok(Listening::Unix(listener, file))
+        };
+        let listeners: Vec<(Port, BoundSocket)> = [
+            (
+                Port::Memcached,
+                tcp(options.memcached_port)?.map(Listening::Tcp),
+            ),
+            (
+                Port::MemcachedUnix,
+                options.unix_socket.as_ref().map(unix).transpose()?,
+            ),
+            (Port::Resp, tcp(options.resp_port)?.map(Listening::Tcp)),
         ]
         .into_iter()
         .filter_map(|(port, listener)| Some((port, listener?)))
         .collect();
+        let metrics = tcp(options.metrics_port)?;
         let addr_of = |wanted: Port| {
             let (_, listener) = listeners.iter().find(|(port, _)| *port == wanted)?;
-            listener.local_addr().ok()
+            listener.local_addr()
         };
         let threads = options.threads.max(1);
         let runtimes = match options.runtime {
@@ -292,10 +436,12 @@ impl Bound {
         Ok(Bound {
             memcached_addr: addr_of(Port::Memcached),
             resp_addr: addr_of(Port::Resp),
-            metrics_addr: addr_of(Port::Metrics),
+            metrics_addr: metrics.as_ref().and_then(|l| l.local_addr().ok()),
+            unix_socket: options.unix_socket.clone(),
             options,
             tls,
             listeners,
+            metrics,
             runtimes,
         })
     }
@@ -315,20 +461,21 @@ impl Bound {
         let Bound {
             options,
             listeners,
+            metrics,
             runtimes,
             ..
         } = self;
-        let listeners: Vec<(Listener, StdListener)> = listeners
+        let sessions = listeners
             .into_iter()
             .map(|(port, listener)| {
-                let serves = match port {
-                    Port::Memcached => Listener::Sessions(services.memcached.clone()),
-                    Port::Resp => Listener::Sessions(services.resp.clone()),
-                    Port::Metrics => Listener::Direct(services.metrics.clone()),
+                let protocol = match port {
+                    Port::Memcached | Port::MemcachedUnix => services.memcached.clone(),
+                    Port::Resp => services.resp.clone(),
                 };
-                (serves, listener)
+                (protocol, listener)
             })
             .collect();
+        let metrics = metrics.map(|listener| (services.metrics.clone(), listener));
         let (stop, stopped) = watch::channel(false);
         let (inboxes, receivers): (Vec<_>, Vec<_>) =
             runtimes.iter().map(|_| mpsc::unbounded_channel()).unzip();
@@ -338,7 +485,7 @@ impl Bound {
             serving: serving_counts,
         });
         // Thread 0 accepts on every port and hands connections out.
-        let mut listeners = Some(listeners);
+        let mut listeners = Some(Listeners { sessions, metrics });
         // Tasks of a work-stealing runtime move between threads, and a ring's reads
         // complete only on the thread that submitted them: there, reads stay synchronous.
         let own_ring = options.runtime == Runtime::PerCore;
@@ -393,17 +540,29 @@ struct Thread {
 /// connections handed to it through `inbox` until shutdown, then waits for them.
 async fn serve_thread(
     me: usize,
-    listeners: Vec<(Listener, StdListener)>,
+    listeners: Listeners,
     mut inbox: mpsc::UnboundedReceiver<Handoff>,
     thread: Thread,
 ) {
     // Each connection holds a sender; when all are dropped, `recv` returns None.
     let (alive, mut drained) = mpsc::channel::<()>(1);
-    for (serves, listener) in listeners {
-        let Ok(listener) = TcpListener::from_std(listener) else {
+    for (protocol, listener) in listeners.sessions {
+        let Ok(listener) = listener.into_tokio() else {
             continue;
         };
-        tokio::spawn(accept_loop(serves, listener, thread.clone()));
+        let (stopped, thread) = (thread.stopped.clone(), thread.clone());
+        let admit = move |client| admit(&protocol, client, &thread);
+        tokio::spawn(accept_until_stopped(listener, stopped, admit));
+    }
+    if let Some((answer, listener)) = listeners.metrics
+        && let Ok(listener) = TcpListener::from_std(listener)
+    {
+        let answer = move |stream| answer(stream);
+        tokio::spawn(accept_until_stopped(
+            listener,
+            thread.stopped.clone(),
+            answer,
+        ));
     }
     let mut stopped = thread.stopped.clone();
     loop {
@@ -411,12 +570,7 @@ async fn serve_thread(
             handoff = inbox.recv() => handoff,
             _ = stopped.wait_for(|stop| *stop) => break,
         };
-        let Some(Handoff {
-            protocol,
-            stream,
-            peer,
-        }) = handoff
-        else {
+        let Some(Handoff { protocol, client }) = handoff else {
             break;
         };
         let Thread {
@@ -426,10 +580,8 @@ async fn serve_thread(
         } = thread.clone();
         let alive = alive.clone();
         tokio::spawn(async move {
-            if let Ok(stream) = TcpStream::from_std(stream) {
-                protocol
-                    .serve(stream, peer, transport.clone(), stopped)
-                    .await;
+            if let Ok(client) = client.into_tokio() {
+                protocol.serve(client, transport.clone(), stopped).await;
             }
             transport
                 .core
@@ -445,70 +597,60 @@ async fn serve_thread(
     let _ = tokio::time::timeout(DRAIN_TIMEOUT, drained.recv()).await;
 }
 
-/// Accepts until shutdown; admits a connection (or tells it it is over the limit) and
-/// hands it to the runtime serving the fewest.
-async fn accept_loop(serves: Listener, listener: TcpListener, thread: Thread) {
-    let Thread {
-        transport,
-        mut stopped,
-        runtimes,
-    } = thread;
+/// Accepts on `listener` until shutdown (then drops it), each client to `admit`.
+async fn accept_until_stopped<L: Accept>(
+    listener: L,
+    mut stopped: watch::Receiver<bool>,
+    admit: impl Fn(L::Client) + Send,
+) {
     loop {
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
             _ = stopped.wait_for(|stop| *stop) => return,
         };
-        let Ok((stream, peer)) = accepted else {
+        match accepted {
+            Ok(client) => admit(client),
             // Out of file descriptors and the like: back off instead of spinning.
-            tokio::time::sleep(Duration::from_millis(10)).await;
-            continue;
-        };
-        let protocol = match &serves {
-            Listener::Direct(answer) => {
-                answer(stream);
-                continue;
-            }
-            Listener::Sessions(protocol) => protocol,
-        };
-        let counters = &transport.core.counters;
-        let open = counters.curr_connections.fetch_add(1, Ordering::Relaxed);
-        if open >= transport.core.info.max_connections as u64 {
-            counters.curr_connections.fetch_sub(1, Ordering::Relaxed);
-            Counters::bump(&counters.rejected_connections);
-            reject(stream, protocol.over_limit(), transport.tls.is_some());
-            continue;
-        }
-        Counters::bump(&counters.total_connections);
-        // Latency over batching: replies go out as soon as a read's requests are done.
-        let _ = stream.set_nodelay(true);
-        let target = runtimes.least_busy();
-        // Counted before the handoff: the connection may end before `send` returns.
-        runtimes.serving[target].fetch_add(1, Ordering::Relaxed);
-        let handed = stream.into_std().ok().and_then(|stream| {
-            let handoff = Handoff {
-                protocol: protocol.clone(),
-                stream,
-                peer,
-            };
-            runtimes.inboxes[target].send(handoff).ok()
-        });
-        if handed.is_none() {
-            // The runtime is gone (shutting down): the connection closes unserved.
-            runtimes.serving[target].fetch_sub(1, Ordering::Relaxed);
-            counters.curr_connections.fetch_sub(1, Ordering::Relaxed);
+            Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
         }
     }
 }
 
-/// Tells a client over the connection limit why it is dropped, in its own protocol,
-/// without waiting on it. A TLS client is closed without a word: plain text would not
-/// reach it.
-fn reject(stream: TcpStream, message: &[u8], tls: bool) {
-    if !tls {
-        let _ = stream.try_write(message);
+/// Admits a client of `protocol` — TCP and unix-socket clients alike, under the one
+/// connection limit — or tells it it is over the limit, and hands it to the runtime
+/// serving the fewest.
+fn admit(protocol: &Arc<dyn Sessions>, client: Accepted, thread: &Thread) {
+    let Thread {
+        transport,
+        runtimes,
+        ..
+    } = thread;
+    let counters = &transport.core.counters;
+    let open = counters.curr_connections.fetch_add(1, Ordering::Relaxed);
+    if open >= transport.core.info.max_connections as u64 {
+        counters.curr_connections.fetch_sub(1, Ordering::Relaxed);
+        Counters::bump(&counters.rejected_connections);
+        client.reject(protocol.over_limit(), transport.tls.is_some());
+        return;
     }
-    tokio::spawn(async move {
-        let mut stream = stream;
-        let _ = stream.shutdown().await;
+    Counters::bump(&counters.total_connections);
+    if let Client::Tcp(stream, _) = &client {
+        // Latency over batching: replies go out as soon as a read's requests are done.
+        let _ = stream.set_nodelay(true);
+    }
+    let target = runtimes.least_busy();
+    // Counted before the handoff: the connection may end before `send` returns.
+    runtimes.serving[target].fetch_add(1, Ordering::Relaxed);
+    let handed = client.into_std().ok().and_then(|client| {
+        let handoff = Handoff {
+            protocol: protocol.clone(),
+            client,
+        };
+        runtimes.inboxes[target].send(handoff).ok()
     });
+    if handed.is_none() {
+        // The runtime is gone (shutting down): the connection closes unserved.
+        runtimes.serving[target].fetch_sub(1, Ordering::Relaxed);
+        counters.curr_connections.fetch_sub(1, Ordering::Relaxed);
+    }
 }

@@ -4,6 +4,7 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
+use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -182,9 +183,9 @@ pub fn wait_for_port(port: u16, limit: Duration) {
     }
 }
 
-/// A line-oriented test client.
-pub struct Client {
-    reader: BufReader<TcpStream>,
+/// A line-oriented test client, over TCP or a unix-domain socket.
+pub struct Client<S = TcpStream> {
+    reader: BufReader<S>,
 }
 
 impl Client {
@@ -203,6 +204,25 @@ impl Client {
         self.reader.get_ref().local_addr().expect("local address")
     }
 
+    /// The server's address.
+    pub fn peer(&self) -> SocketAddr {
+        self.reader.get_ref().peer_addr().expect("peer address")
+    }
+}
+
+impl Client<UnixStream> {
+    pub fn unix(path: &Path) -> Client<UnixStream> {
+        let stream = UnixStream::connect(path).expect("connect to the unix socket");
+        stream
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .expect("timeout");
+        Client {
+            reader: BufReader::new(stream),
+        }
+    }
+}
+
+impl<S: Read + Write> Client<S> {
     pub fn send(&mut self, bytes: &[u8]) {
         self.reader.get_mut().write_all(bytes).expect("send");
     }
@@ -231,11 +251,6 @@ impl Client {
         std::iter::from_fn(|| Some(self.line()))
             .take_while(|line| line != "END")
             .collect()
-    }
-
-    /// The server's address.
-    pub fn peer(&self) -> SocketAddr {
-        self.reader.get_ref().peer_addr().expect("peer address")
     }
 
     /// `stats [section]` as a map of name to value.
