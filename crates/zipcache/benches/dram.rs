@@ -5,38 +5,30 @@
 //! `cargo bench -p zipcache --bench dram`
 
 use std::hint::black_box;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use zipcache::internals::{
-    Meta, PackedLayout, Payload, Record, compress_page, decompress_prefix, dram_subpage,
+    Memory, Meta, PackedLayout, PageDictionary, Payload, Record, compress_page, decompress_prefix,
+    dram_subpage,
 };
 use zipcache::{Config, ZipCache};
 
-/// A leaf page as BT_DRAM builds it (`packed_page.rs`): 16 B keys, 64 B values half zeros
-/// (η = 0.5), as many as fit 4 KiB, in 16 variable-length sub-pages behind their end
-/// table. Returns the end of each sub-page and the body, whose LZ4 a GET decodes
+/// A leaf page as BT_DRAM builds it (`packed_page.rs`): 16 B keys and the values
+/// `value(i)` gives, as many as fit 4 KiB, in 16 variable-length sub-pages behind their
+/// end table. Returns the end of each sub-page and the body, whose LZ4 a GET decodes
 /// through the end of its key's sub-page.
-fn realistic_page() -> (Vec<usize>, Vec<u8>) {
+fn leaf_page(value: impl Fn(u64) -> Vec<u8>) -> (Vec<usize>, Vec<u8>) {
     let layout = PackedLayout {
         subpages: 16,
         capacity: 4096,
         hash: dram_subpage,
     };
-    let mut rng = 0x9e37_79b9_7f4a_7c15u64;
-    let mut keys = Vec::new();
-    let mut values = Vec::new();
-    for i in 0..64u64 {
-        keys.push(format!("{:016}", 1_000_000 + i));
-        let mut v = vec![0u8; 64];
-        for b in &mut v[..32] {
-            rng ^= rng << 13;
-            rng ^= rng >> 7;
-            rng ^= rng << 17;
-            *b = rng as u8;
-        }
-        values.push(v);
-    }
+    let keys: Vec<String> = (0..128u64)
+        .map(|i| format!("{:016}", 1_000_000 + i))
+        .collect();
+    let values: Vec<Vec<u8>> = (0..128u64).map(value).collect();
     let mut n = keys.len();
     loop {
         let records: Vec<Record> = (0..n)
@@ -55,25 +47,89 @@ fn realistic_page() -> (Vec<usize>, Vec<u8>) {
     }
 }
 
-fn early_termination(c: &mut Criterion) {
-    let (ends, body) = realistic_page();
-    let compressed = compress_page(&body);
-    let mut out = vec![0u8; body.len()];
-    let mut group = c.benchmark_group("decode_4KiB_leaf");
-    for m in [1usize, 2, 4, 8, 16] {
-        group.bench_function(format!("subpages_{m}_of_16"), |b| {
-            b.iter(|| {
-                assert!(decompress_prefix(
-                    black_box(&compressed),
-                    body.len(),
-                    ends[m - 1],
-                    None,
-                    &mut out
-                ))
-            })
-        });
+fn xorshift(state: &mut u64) -> u64 {
+    *state ^= *state << 13;
+    *state ^= *state >> 7;
+    *state ^= *state << 17;
+    *state
+}
+
+/// The paper's values: 64 B, half random, half zeros (η = 0.5).
+fn synthetic_value(i: u64) -> Vec<u8> {
+    let mut rng = 0x9e37_79b9_7f4a_7c15u64 ^ i.wrapping_mul(0x2545_f491_4f6c_dd1d);
+    let mut v = vec![0u8; 64];
+    for b in &mut v[..32] {
+        *b = xorshift(&mut rng) as u8;
     }
-    group.finish();
+    v
+}
+
+/// A row of text like `airports`'s (about 60 B): what a page dictionary shrinks.
+fn text_row(i: u64) -> Vec<u8> {
+    const CITIES: [&str; 5] = ["Anchorage", "Boise", "Chicago", "Denver", "El Paso"];
+    let mut rng = 0x5eed ^ i.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    let n = xorshift(&mut rng);
+    format!(
+        "K{:05},\"{} Municipal\",\"{}\",\"USA\",{}.{:04},-{}.{:04}",
+        n % 99_999,
+        CITIES[(n % 5) as usize],
+        CITIES[(n / 7 % 5) as usize],
+        30 + n % 30,
+        n % 10_000,
+        80 + n % 40,
+        n / 13 % 10_000
+    )
+    .into_bytes()
+}
+
+/// Paper Table 1: the time to decode a 4 KiB leaf through its first m of 16 sub-pages;
+/// on the paper's values, then on text rows compressed alone and with an LZ4 page
+/// dictionary of other rows (issue 21: Table 1 with and without).
+fn early_termination(c: &mut Criterion) {
+    let dictionary = {
+        let rows: Vec<u8> = (1_000..2_000).flat_map(text_row).collect();
+        PageDictionary::prepare(1, &rows, Arc::new(Memory::default())).expect("prepares")
+    };
+    let pages = [
+        ("decode_4KiB_leaf", leaf_page(synthetic_value), None),
+        ("decode_4KiB_text_leaf", leaf_page(text_row), None),
+        (
+            "decode_4KiB_text_leaf_dictionary",
+            leaf_page(text_row),
+            Some(&*dictionary),
+        ),
+    ];
+    for (name, (ends, body), dictionary) in pages {
+        let compressed = match dictionary {
+            Some(d) => {
+                let mut out = Vec::new();
+                d.compress_into(&body, &mut out).expect("compresses");
+                out.into_boxed_slice()
+            }
+            None => compress_page(&body),
+        };
+        eprintln!(
+            "{name}: {} B of records in {} B",
+            body.len(),
+            compressed.len()
+        );
+        let mut out = vec![0u8; body.len()];
+        let mut group = c.benchmark_group(name);
+        for m in [1usize, 2, 4, 8, 16] {
+            group.bench_function(format!("subpages_{m}_of_16"), |b| {
+                b.iter(|| {
+                    assert!(decompress_prefix(
+                        black_box(&compressed),
+                        body.len(),
+                        ends[m - 1],
+                        dictionary,
+                        &mut out
+                    ))
+                })
+            });
+        }
+        group.finish();
+    }
 }
 
 fn filled_cache(bypass_r: f64) -> ZipCache {

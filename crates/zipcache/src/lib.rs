@@ -132,8 +132,10 @@ pub enum Update {
 /// Not a stable interface.
 #[doc(hidden)]
 pub mod internals {
+    pub use crate::dictionary::page::PageDictionary;
     pub use crate::early_termination::{compress_page, decompress_prefix};
     pub use crate::leaf_page::Geometry;
+    pub use crate::memory::Memory;
     pub use crate::packed_page::PackedLayout;
     pub use crate::record::{Meta, Payload, Record};
     pub use crate::subpage_hash::dram_subpage;
