@@ -10,14 +10,12 @@ mod async_get;
 #[cfg(test)]
 mod async_read_tests;
 mod btree;
-mod bypass;
 mod cache;
 #[cfg(test)]
 mod capacity_tests;
 mod counters;
 mod dictionary;
 mod dram;
-mod early_termination;
 mod eviction;
 mod index_dir;
 mod io_rates;
@@ -28,7 +26,6 @@ mod memory;
 mod model_tests;
 #[cfg(test)]
 mod never_stale_tests;
-mod packed_page;
 #[cfg(test)]
 mod power_loss_tests;
 mod promotion;
@@ -36,11 +33,9 @@ mod record;
 mod rss_governor;
 mod run_epoch;
 mod sealed_file;
-mod slots;
 mod ssd;
 mod ssd_block;
 mod subpage_hash;
-mod write_buffer;
 
 pub use async_get::AsyncGet;
 pub use cache::ZipCache;
@@ -132,9 +127,9 @@ pub enum Update {
 /// Not a stable interface.
 #[doc(hidden)]
 pub mod internals {
-    pub use crate::early_termination::{compress_page, decompress_prefix};
+    pub use crate::dram::early_termination::{compress_page, decompress_prefix};
+    pub use crate::dram::packed_page::PackedLayout;
     pub use crate::leaf_page::Geometry;
-    pub use crate::packed_page::PackedLayout;
     pub use crate::record::{Meta, Payload, Record};
     pub use crate::subpage_hash::dram_subpage;
 }

@@ -7,9 +7,9 @@ use std::sync::Arc;
 
 use super::DramTier;
 use super::block::Block;
+use super::early_termination::{compress_behind, decompress_prefix, with_prefix};
 use super::leaf::{DramLeaf, LeafState, extras_box};
 use crate::dictionary::page::PageDictionary;
-use crate::early_termination::{compress_behind, decompress_prefix, with_prefix};
 use crate::record::{CasBase, Record, put_varint, read_varint};
 
 /// A page, and the dictionary its body was compressed with (which its leaf then holds).
