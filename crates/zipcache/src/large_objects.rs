@@ -26,7 +26,7 @@ use crate::btree::{BTree, Exclusive, Fence, KeyRange, Shared, lockable_by_range}
 use crate::memory::{Memory, alloc_size};
 use crate::record::Meta;
 use crate::sealed_file::{self, Fields, IndexFile};
-use crate::ssd_block::host_compression::{compress_if_smaller, decompress_exactly};
+use crate::ssd::host_compression::{compress_if_smaller, decompress_exactly};
 
 const MAGIC: [u8; 4] = *b"ZCLO";
 /// Version 1 (format 4 and before) had no stored length and no encoding: refused.

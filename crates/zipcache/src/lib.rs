@@ -20,7 +20,6 @@ mod eviction;
 mod index_dir;
 mod io_rates;
 mod large_objects;
-mod leaf_page;
 mod memory;
 #[cfg(test)]
 mod model_tests;
@@ -34,7 +33,6 @@ mod rss_governor;
 mod run_epoch;
 mod sealed_file;
 mod ssd;
-mod ssd_block;
 mod subpage_hash;
 
 pub use async_get::AsyncGet;
@@ -129,7 +127,7 @@ pub enum Update {
 pub mod internals {
     pub use crate::dram::early_termination::{compress_page, decompress_prefix};
     pub use crate::dram::packed_page::PackedLayout;
-    pub use crate::leaf_page::Geometry;
     pub use crate::record::{Meta, Payload, Record};
+    pub use crate::ssd::leaf_page::Geometry;
     pub use crate::subpage_hash::dram_subpage;
 }

@@ -21,12 +21,11 @@
 //! was reserved, 0) and reads as before; a version-1 block is refused by its version byte
 //! before anything else is read: its records would parse differently.
 
-pub mod host_compression;
-
 use std::sync::atomic::AtomicU64;
 
 use zipcache_device::BLOCK_SIZE;
 
+use super::host_compression;
 use crate::record::{CasBase, Record, records_in};
 
 pub const MAGIC: [u8; 4] = *b"ZCSP";
