@@ -7,12 +7,8 @@ pub mod error;
 pub mod stats;
 
 mod async_get;
-#[cfg(test)]
-mod async_read_tests;
 mod btree;
 mod cache;
-#[cfg(test)]
-mod capacity_tests;
 mod counters;
 mod dictionary;
 mod dram;
@@ -21,12 +17,6 @@ mod index_dir;
 mod io_rates;
 mod large_objects;
 mod memory;
-#[cfg(test)]
-mod model_tests;
-#[cfg(test)]
-mod never_stale_tests;
-#[cfg(test)]
-mod power_loss_tests;
 mod promotion;
 mod record;
 mod rss_governor;
@@ -34,6 +24,8 @@ mod run_epoch;
 mod sealed_file;
 mod ssd;
 mod subpage_hash;
+#[cfg(test)]
+mod tests;
 
 pub use async_get::AsyncGet;
 pub use cache::ZipCache;
