@@ -13,6 +13,7 @@ mod counters;
 mod dictionary;
 mod dram;
 mod eviction;
+mod format;
 mod index_dir;
 mod io_rates;
 mod large_objects;

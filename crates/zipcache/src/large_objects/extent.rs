@@ -5,15 +5,11 @@
 use zipcache_device::AlignedBuf;
 
 use super::Extent;
+use crate::format::extent::{
+    CRC, ENCODING, EXTENT_VERSION, HEADER, KEY_LEN, MAGIC, SEQ, STORED_LEN, STORED_LZ4, STORED_RAW,
+    VALUE_LEN, VERSION,
+};
 use crate::ssd::host_compression::decompress_exactly;
-
-const MAGIC: [u8; 4] = *b"ZCLO";
-/// Version 1 (format 4 and before) had no stored length and no encoding: refused.
-const VERSION: u8 = 2;
-pub(super) const HEADER: usize = 32;
-/// How an extent stores its value (header byte 5).
-pub(super) const STORED_RAW: u8 = 0;
-pub(super) const STORED_LZ4: u8 = 1;
 
 /// A value as its extent holds it.
 pub(super) enum Stored<'v> {
@@ -40,24 +36,24 @@ impl Stored<'_> {
 pub(super) fn encode(key: &[u8], stored: &Stored<'_>, extent: &Extent) -> AlignedBuf {
     let bytes = stored.bytes();
     let mut buf = AlignedBuf::zeroed(extent.blocks as usize);
-    buf[0..4].copy_from_slice(&MAGIC);
-    buf[4] = VERSION;
-    buf[5] = stored.tag();
-    buf[6..8].copy_from_slice(&(key.len() as u16).to_le_bytes());
-    buf[8..12].copy_from_slice(&extent.value_len.to_le_bytes());
-    buf[12..20].copy_from_slice(&extent.seq.to_le_bytes());
-    buf[24..28].copy_from_slice(&(bytes.len() as u32).to_le_bytes());
+    MAGIC.put(&mut buf);
+    VERSION.set(&mut buf, EXTENT_VERSION);
+    ENCODING.set(&mut buf, stored.tag());
+    KEY_LEN.set(&mut buf, key.len() as u16);
+    VALUE_LEN.set(&mut buf, extent.value_len);
+    SEQ.set(&mut buf, extent.seq);
+    STORED_LEN.set(&mut buf, bytes.len() as u32);
     buf[HEADER..HEADER + key.len()].copy_from_slice(key);
     buf[HEADER + key.len()..HEADER + key.len() + bytes.len()].copy_from_slice(bytes);
     let crc = checksum(&buf, key.len() + bytes.len());
-    buf[20..24].copy_from_slice(&crc.to_le_bytes());
+    CRC.set(&mut buf, crc);
     buf
 }
 
-/// CRC32C of the header but for its own field (bytes 20..24), then `body` bytes of key and
+/// CRC32C of the header but for its own field ([`CRC`]), then `body` bytes of key and
 /// stored value: whatever the extent holds that a read will use.
 pub(super) fn checksum(buf: &[u8], body: usize) -> u32 {
-    let header = crc32c::crc32c_append(crc32c::crc32c(&buf[..20]), &buf[24..HEADER]);
+    let header = crc32c::crc32c_append(crc32c::crc32c(&buf[..CRC.0]), &buf[CRC.end()..HEADER]);
     crc32c::crc32c_append(header, &buf[HEADER..HEADER + body])
 }
 
@@ -66,23 +62,22 @@ pub(super) fn checksum(buf: &[u8], body: usize) -> u32 {
 /// decompress to exactly its length), sequence number, key or CRC32C.
 pub(super) fn decode(buf: &[u8], key: &[u8], extent: &Extent) -> Option<Vec<u8>> {
     let value_len = extent.value_len as usize;
-    if buf.len() < HEADER || buf[0..4] != MAGIC || buf[4] != VERSION {
+    if buf.len() < HEADER || !MAGIC.is_in(buf) || VERSION.get(buf) != EXTENT_VERSION {
         return None;
     }
-    let field = |at: usize| u32::from_le_bytes([buf[at], buf[at + 1], buf[at + 2], buf[at + 3]]);
-    let stored_len = field(24) as usize;
+    let stored_len = STORED_LEN.get(buf) as usize;
     let body = key.len().checked_add(stored_len)?;
     let ok = HEADER.checked_add(body).is_some_and(|end| end <= buf.len())
-        && usize::from(u16::from_le_bytes([buf[6], buf[7]])) == key.len()
-        && field(8) as usize == value_len
-        && u64::from_le_bytes(buf[12..20].try_into().ok()?) == extent.seq
-        && field(20) == checksum(buf, body)
+        && usize::from(KEY_LEN.get(buf)) == key.len()
+        && VALUE_LEN.get(buf) as usize == value_len
+        && SEQ.get(buf) == extent.seq
+        && CRC.get(buf) == checksum(buf, body)
         && &buf[HEADER..HEADER + key.len()] == key;
     if !ok {
         return None;
     }
     let stored = &buf[HEADER + key.len()..HEADER + body];
-    match buf[5] {
+    match ENCODING.get(buf) {
         STORED_RAW if stored_len == value_len => Some(stored.to_vec()),
         STORED_LZ4 => {
             let mut value = vec![0; value_len];

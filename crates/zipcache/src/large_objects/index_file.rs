@@ -6,14 +6,12 @@ use std::sync::Arc;
 use zipcache_device::BlockDevice;
 
 use super::{Extent, LargeObjects};
+use crate::format::index_file::large::{
+    BLOCKS, COUNT, FILE, HEAD, HEADER, NEXT_SEQ, START, TAG_CLIENT_CAS, TAG_EXPIRY, TAGS_KNOWN,
+};
 use crate::memory::Memory;
 use crate::record::Meta;
 use crate::sealed_file::{self, Fields, IndexFile};
-
-const MAGIC: [u8; 4] = *b"ZCLX";
-/// 3 since extents of version 2 (format 5): an index of 2 names extents of version 1,
-/// which are refused, so it is not loaded (the region starts empty).
-const VERSION: u32 = 3;
 
 impl LargeObjects {
     /// Writes the live extents (in log order) and the log's position to `at`, atomically
@@ -21,13 +19,11 @@ impl LargeObjects {
     /// never names an extent that is not durable.
     pub fn save(&self, at: IndexFile<'_>) -> std::io::Result<()> {
         let log = self.log.lock();
-        let mut out = Vec::new();
-        out.extend_from_slice(&MAGIC);
-        out.extend_from_slice(&VERSION.to_le_bytes());
-        out.extend_from_slice(&at.epoch.to_le_bytes());
-        for n in [self.start, self.blocks, log.head, log.next_seq] {
-            out.extend_from_slice(&n.to_le_bytes());
-        }
+        let mut out = FILE.header(at.epoch);
+        START.set(&mut out, self.start);
+        BLOCKS.set(&mut out, self.blocks);
+        HEAD.set(&mut out, log.head);
+        NEXT_SEQ.set(&mut out, log.next_seq);
         let live: Vec<(&Arc<[u8]>, Extent)> = log
             .extents
             .iter()
@@ -35,7 +31,7 @@ impl LargeObjects {
                 self.lookup(key).filter(|e| e.seq == *seq).map(|e| (key, e))
             })
             .collect();
-        out.extend_from_slice(&(live.len() as u32).to_le_bytes());
+        COUNT.set(&mut out, live.len() as u32);
         for (key, e) in live {
             out.extend_from_slice(&(key.len() as u16).to_le_bytes());
             out.extend_from_slice(key);
@@ -43,7 +39,13 @@ impl LargeObjects {
             out.extend_from_slice(&e.blocks.to_le_bytes());
             out.extend_from_slice(&e.value_len.to_le_bytes());
             out.extend_from_slice(&e.seq.to_le_bytes());
-            out.push(u8::from(e.meta.expires_at_ms.is_some()) | u8::from(e.meta.client_cas) << 1);
+            let expiry = if e.meta.expires_at_ms.is_some() {
+                TAG_EXPIRY
+            } else {
+                0
+            };
+            let client_cas = if e.meta.client_cas { TAG_CLIENT_CAS } else { 0 };
+            out.push(expiry | client_cas);
             out.extend_from_slice(&e.meta.expires_at_ms.unwrap_or(0).to_le_bytes());
             out.extend_from_slice(&e.meta.flags.to_le_bytes());
             out.extend_from_slice(&e.meta.cas.to_le_bytes());
@@ -63,18 +65,16 @@ impl LargeObjects {
         memory: Arc<Memory>,
     ) -> Option<LargeObjects> {
         let body = sealed_file::read(at.dir, at.name)?;
-        let mut f = Fields::new(&body);
-        if f.bytes(4)? != MAGIC
-            || f.u32()? != VERSION
-            || f.u64()? != at.epoch
-            || f.u64()? != start
-            || f.u64()? != blocks
+        if !FILE.is_current(&body, at.epoch)
+            || START.get(&body) != start
+            || BLOCKS.get(&body) != blocks
         {
             return None;
         }
-        let head = f.u64()?;
-        let next_seq = f.u64()?;
-        let count = f.u32()? as usize;
+        let head = HEAD.get(&body);
+        let next_seq = NEXT_SEQ.get(&body);
+        let count = COUNT.get(&body) as usize;
+        let mut f = Fields::new(&body[HEADER..]);
         let mut extents = Vec::with_capacity(count.min(1 << 20));
         let mut keys = std::collections::HashSet::new();
         for _ in 0..count {
@@ -85,10 +85,10 @@ impl LargeObjects {
             let value_len = f.u32()?;
             let seq = f.u64()?;
             let tags = f.u8()?;
-            if tags > 0b11 {
+            if tags & !TAGS_KNOWN != 0 {
                 return None;
             }
-            let (has_expiry, client_cas) = (tags & 1 != 0, tags & 0b10 != 0);
+            let (has_expiry, client_cas) = (tags & TAG_EXPIRY != 0, tags & TAG_CLIENT_CAS != 0);
             let expires_at_ms = f.u64()?;
             let flags = f.u32()?;
             let cas = f.u64()?;

@@ -3,8 +3,9 @@ use zipcache_device::{
     MemDevice,
 };
 
-use super::extent::{HEADER, STORED_LZ4, STORED_RAW, checksum};
+use super::extent::checksum;
 use super::*;
+use crate::format::extent::{HEADER, STORED_LZ4, STORED_RAW};
 use crate::sealed_file::{self, IndexFile};
 
 fn region(blocks: u64) -> LargeObjects {
@@ -32,6 +33,32 @@ fn objects_round_trip_and_replace() {
     lo.remove(b"k");
     assert!(lo.get(b"k", 0).is_none());
     assert!(lo.is_empty());
+}
+
+/// An extent pinned byte by byte (`docs/FORMAT.md`, "The large-object region").
+#[test]
+fn the_extent_layout_is_pinned() {
+    let lo = region(64);
+    let value = vec![7u8; 5000];
+    assert!(lo.put(b"key", &value, Meta::default()));
+    let mut buf = AlignedBuf::zeroed(2);
+    lo.device.read(10, &mut buf).unwrap();
+    let mut head = Vec::new();
+    head.extend_from_slice(b"ZCLO");
+    head.extend_from_slice(&[2, 0]); // version, encoding: raw
+    head.extend_from_slice(&3u16.to_le_bytes());
+    head.extend_from_slice(&5000u32.to_le_bytes());
+    head.extend_from_slice(&1u64.to_le_bytes()); // the run's first sequence number
+    assert_eq!(&buf[..20], &head[..]);
+    let tail = [5000u32.to_le_bytes(), [0; 4]].concat(); // stored length, reserved
+    assert_eq!(&buf[24..32], &tail[..]);
+    assert_eq!(&buf[32..35], b"key");
+    assert_eq!(&buf[35..5035], &value[..]);
+    assert!(buf[5035..].iter().all(|&b| b == 0));
+    let crc = [&head[..], &tail, b"key", &value]
+        .iter()
+        .fold(0, |crc, part| crc32c::crc32c_append(crc, part));
+    assert_eq!(&buf[20..24], &crc.to_le_bytes());
 }
 
 /// Finding 4 of issue 9: the object counter is a hint that can read 0 for a moment

@@ -6,8 +6,9 @@ use std::sync::atomic::Ordering;
 
 use zipcache_device::BLOCK_SIZE;
 
-use super::extent::{HEADER, Stored, encode};
+use super::extent::{Stored, encode};
 use super::{Extent, LargeObjects};
+use crate::format::extent::HEADER;
 use crate::record::Meta;
 use crate::ssd::host_compression::compress_if_smaller;
 

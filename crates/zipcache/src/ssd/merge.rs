@@ -5,13 +5,13 @@
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 
-use super::block::PAYLOAD;
-use super::host_compression::RAW_MAX;
 use super::leaf_page::Geometry;
 use super::reclaim::Writer;
 use super::{Contents, Object, SlState, SsdTier, SuperLeaf};
 use crate::btree::{Fence, KeyRange, cut_into_leaves, split_fences};
 use crate::eviction::{EvictedObject, EvictionSink};
+use crate::format::block::PAYLOAD;
+use crate::format::packing::RAW_MAX;
 use crate::record::{Meta, Payload, Record};
 
 /// Free slots kept before merging into a super-leaf: a DRAM leaf's objects rarely split

@@ -52,10 +52,11 @@ use zipcache_device::{AlignedBuf, BLOCK_SIZE, BlockDevice};
 use crate::btree::{BTree, Fence, KeyRange, Ranged, Shared, lockable_by_range};
 use crate::config::Clock;
 use crate::dram::ScanEntry;
+use crate::format::block::{HEADER, PAYLOAD};
 use crate::memory::{Memory, alloc_size};
 use crate::record::{Meta, Payload};
 use crate::subpage_hash::ssd_subpage;
-use block::{Owner, PAYLOAD};
+use block::Owner;
 use leaf_page::Geometry;
 use reclaim::Writer;
 
@@ -225,7 +226,7 @@ impl SsdTier {
         });
         let max_slots = u32::try_from(settings.blocks / m as u64).unwrap_or(u32::MAX);
         let fill_limit = ((settings.fill_threshold * BLOCK_SIZE as f64) as usize)
-            .saturating_sub(block::HEADER)
+            .saturating_sub(HEADER)
             .min(PAYLOAD);
         let tier = SsdTier {
             device,
