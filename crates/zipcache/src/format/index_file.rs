@@ -1,8 +1,8 @@
 //! The headers of the two index files a clean `close()` writes beside the SSD file
 //! (`docs/FORMAT.md`, "The index file", "The large-object index file"). Each file is a
 //! header, then its entries one after another (variable length: read in order, by
-//! `sealed_file::Fields`), then the CRC32C the sealed file adds. Both headers start
-//! alike: magic, version, the run epoch of the run that wrote the file.
+//! `sealed_file::Fields`), then its seal: the CRC32C of all before it (`sealed_file.rs`).
+//! Both headers start alike: magic, version, the run epoch of the run that wrote the file.
 
 use super::{Magic, U32, U64};
 
@@ -38,6 +38,11 @@ impl IndexKind {
             && VERSION.get(body) == self.version
             && EPOCH.get(body) == epoch
     }
+}
+
+/// The seal behind a body of `body_len` bytes: its CRC32C.
+pub const fn seal_at(body_len: usize) -> U32 {
+    U32(body_len)
 }
 
 const fn magic(bytes: [u8; MAGIC_LEN]) -> Magic {
