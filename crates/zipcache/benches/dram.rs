@@ -15,7 +15,7 @@ use zipcache::internals::{
 };
 use zipcache::{Config, ZipCache};
 
-/// A leaf page as BT_DRAM builds it (`packed_page.rs`): 16 B keys and the values
+/// A leaf page as BT_DRAM builds it (`dram/packed_page.rs`): 16 B keys and the values
 /// `value(i)` gives, as many as fit 4 KiB, in 16 variable-length sub-pages behind their
 /// end table. Returns the end of each sub-page and the body, whose LZ4 a GET decodes
 /// through the end of its key's sub-page.

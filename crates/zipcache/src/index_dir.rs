@@ -1,6 +1,6 @@
 //! Where the index files of a clean shutdown live (`docs/FORMAT.md`, "Restart"), behind
 //! the few file-system steps durability is made of, so that a test can cut the power
-//! between any two of them (`power_loss_tests`).
+//! between any two of them (`tests/power_loss.rs`).
 //!
 //! What survives a power cut is only what was synced: a file's bytes after
 //! [`IndexDir::sync_file`], a name created, renamed or removed after

@@ -7,40 +7,26 @@ pub mod error;
 pub mod stats;
 
 mod async_get;
-#[cfg(test)]
-mod async_read_tests;
 mod btree;
-mod bypass;
 mod cache;
-#[cfg(test)]
-mod capacity_tests;
 mod counters;
 mod dictionary;
 mod dram;
-mod early_termination;
 mod eviction;
+mod format;
 mod index_dir;
 mod io_rates;
 mod large_objects;
-mod leaf_page;
 mod memory;
-#[cfg(test)]
-mod model_tests;
-#[cfg(test)]
-mod never_stale_tests;
-mod packed_page;
-#[cfg(test)]
-mod power_loss_tests;
 mod promotion;
 mod record;
 mod rss_governor;
 mod run_epoch;
 mod sealed_file;
-mod slots;
 mod ssd;
-mod ssd_block;
 mod subpage_hash;
-mod write_buffer;
+#[cfg(test)]
+mod tests;
 
 pub use async_get::AsyncGet;
 pub use cache::ZipCache;
@@ -133,10 +119,10 @@ pub enum Update {
 #[doc(hidden)]
 pub mod internals {
     pub use crate::dictionary::page::PageDictionary;
-    pub use crate::early_termination::{compress_page, decompress_prefix};
-    pub use crate::leaf_page::Geometry;
+    pub use crate::dram::early_termination::{compress_page, decompress_prefix};
+    pub use crate::dram::packed_page::PackedLayout;
     pub use crate::memory::Memory;
-    pub use crate::packed_page::PackedLayout;
     pub use crate::record::{Meta, Payload, Record};
+    pub use crate::ssd::leaf_page::Geometry;
     pub use crate::subpage_hash::dram_subpage;
 }

@@ -1,13 +1,7 @@
 //! Object records as they sit inside a DRAM leaf page, a write buffer and an SSD sub-page,
-//! and the individually compressed blobs of medium objects.
+//! and the individually compressed blobs of medium objects: their layouts are
+//! `format/record.rs` and `format/blob.rs`.
 //!
-//! ```text
-//! record := key_len:u8 kind:u8 [value_len:varint] key
-//!           [expires_at_ms:varint] [flags:varint] [cas - base:varint] [value | blob_slot:u16le]
-//! kind   := bits 0-1 payload (0 inline value, 1 medium pointer, 2 tombstone)
-//!           bit 2 has expiry, bit 3 has flags, bit 4 has cas, bit 5 clean,
-//!           bit 7 the client chose the cas (memcached meta `E`)
-//! ```
 //! A zero `key_len` ends a run of records (a buffer's spare capacity, a damaged page).
 //! Metadata fields are present only when set, so a plain `put` pays nothing for them, and
 //! they are varints, so small flags take one byte. A CAS version is stored as its distance
@@ -23,41 +17,17 @@
 //! buffer it carries a copy, which merges read instead of the blob's header.
 
 use crate::dictionary::Dictionary;
-
-const PAYLOAD_MASK: u8 = 0b11;
-const PAYLOAD_INLINE: u8 = 0;
-const PAYLOAD_MEDIUM: u8 = 1;
-const PAYLOAD_TOMBSTONE: u8 = 2;
-const HAS_EXPIRY: u8 = 1 << 2;
-const HAS_FLAGS: u8 = 1 << 3;
-const HAS_CAS: u8 = 1 << 4;
-const CLEAN: u8 = 1 << 5;
-const CLIENT_CAS: u8 = 1 << 7;
-/// In a blob header: the value is stored as is because neither LZ4 nor the dictionary
-/// would shrink it.
-const BLOB_RAW: u8 = 1 << 6;
-/// In a blob header, where a record has its payload bits: how the value is compressed.
-const BLOB_CODEC: u8 = 0b11;
-/// LZ4 alone (dictionary id 0, no id byte).
-const BLOB_LZ4: u8 = 0;
-/// zstd with a trained dictionary, whose id follows the first byte.
-const BLOB_DICTIONARY: u8 = 1;
+use crate::format::blob::{BITS, BLOB_CODEC, BLOB_DICTIONARY, BLOB_LZ4, BLOB_RAW, DICTIONARY_ID};
+use crate::format::record::{
+    CLEAN, CLIENT_CAS, HAS_CAS, HAS_EXPIRY, HAS_FLAGS, MAX_METADATA, MAX_VARINT, MEDIUM_POINTER,
+    PAYLOAD_INLINE, PAYLOAD_MASK, PAYLOAD_MEDIUM, PAYLOAD_TOMBSTONE, RECORD_HEADER,
+};
 /// A decoded length a blob of `stored` bytes may claim: LZ4 and zstd expand at most
 /// ~255× (zstd with a dictionary may do more, so up to 64 KiB is always taken); a larger
 /// claim is damage, not a reason to allocate gigabytes.
 fn plausible(len: usize, stored: usize) -> bool {
     len <= stored.saturating_mul(255) + 16 || len <= 1 << 16
 }
-
-/// Fixed bytes of every record: key length and kind byte.
-pub const RECORD_HEADER: usize = 2;
-/// Optional metadata at its longest: expiry (varint u64), client flags (varint u32), CAS
-/// delta (varint u64).
-pub const MAX_METADATA: usize = MAX_VARINT + 5 + MAX_VARINT;
-/// Bytes a medium pointer holds after the key: the blob slot.
-pub const MEDIUM_POINTER: usize = 2;
-/// The longest varint: a `u64` takes ten groups of seven bits.
-pub const MAX_VARINT: usize = 10;
 
 /// The largest record that must fit in one DRAM page: a tiny object of `tiny_max` bytes
 /// with its metadata, or a medium pointer with a key of `max_key_size` bytes.
@@ -381,15 +351,9 @@ pub fn stored_len(value: &[u8], dictionary: Option<&Dictionary>) -> usize {
     Stored::of(value, dictionary).data(value).len()
 }
 
-/// Compresses a medium object's value and metadata into its own blob: with `dictionary`
-/// where that beats LZ4 alone, and the value as is where neither shrinks it.
-///
-/// ```text
-/// blob := bits:u8 [dictionary_id:u8] [expires_at_ms:varint] [flags:varint] [cas:varint]
-///         value_len:varint data
-/// bits := the record kind's metadata bits; bits 0-1 the codec (0 LZ4, 1 zstd with the
-///         dictionary named next), bit 6 stored as is
-/// ```
+/// Compresses a medium object's value and metadata into its own blob
+/// (`format/blob.rs`): with `dictionary` where that beats LZ4 alone, and the value as is
+/// where neither shrinks it.
 pub fn encode_blob(value: &[u8], meta: &Meta, dictionary: Option<&Dictionary>) -> Vec<u8> {
     let stored = Stored::of(value, dictionary);
     let data = stored.data(value);
@@ -411,9 +375,9 @@ fn parse_blob_header(blob: &[u8]) -> Option<(u8, u8, Meta, usize, usize)> {
     let dictionary = blob_dictionary(blob)?;
     let mut r = Reader {
         buf: blob,
-        pos: 1 + usize::from(dictionary != 0),
+        pos: DICTIONARY_ID + usize::from(dictionary != 0),
     };
-    let bits = blob[0];
+    let bits = blob[BITS];
     let meta = Meta::decode(bits, &mut r, CasBase::default())?;
     let len = usize::try_from(r.varint()?).ok()?;
     Some((bits, dictionary, meta, len, r.pos))
@@ -427,10 +391,9 @@ pub fn blob_header(blob: &[u8]) -> Option<(Meta, usize)> {
 /// The id of the dictionary a blob was compressed with, 0 for none, from its first
 /// bytes alone (a merge asks of every blob it keeps).
 pub fn blob_dictionary(blob: &[u8]) -> Option<u8> {
-    let (&bits, rest) = blob.split_first()?;
-    match bits & BLOB_CODEC {
+    match blob.get(BITS)? & BLOB_CODEC {
         BLOB_LZ4 => Some(0),
-        BLOB_DICTIONARY => rest.first().copied().filter(|&id| id != 0),
+        BLOB_DICTIONARY => blob.get(DICTIONARY_ID).copied().filter(|&id| id != 0),
         _ => None,
     }
 }

@@ -9,10 +9,7 @@ use std::io;
 
 use zipcache_device::{AlignedBuf, BlockDevice};
 
-const MAGIC: [u8; 4] = *b"ZCSB";
-const VERSION: u32 = 1;
-/// magic, version, epoch, the device's block count, CRC32C of the 24 bytes before it.
-const LEN: usize = 28;
+use crate::format::superblock::{BLOCK_COUNT, CRC, EPOCH, MAGIC, SUPERBLOCK_VERSION, VERSION};
 
 /// Where the superblock lives: the device's last block.
 pub fn lba(device: &dyn BlockDevice) -> u64 {
@@ -24,23 +21,22 @@ pub fn lba(device: &dyn BlockDevice) -> u64 {
 pub fn read(device: &dyn BlockDevice) -> Option<u64> {
     let mut block = AlignedBuf::zeroed(1);
     device.read(lba(device), &mut block).ok()?;
-    let crc = u32::from_le_bytes(block[24..LEN].try_into().ok()?);
-    let fits = block[0..4] == MAGIC
-        && u32::from_le_bytes(block[4..8].try_into().ok()?) == VERSION
-        && u64::from_le_bytes(block[16..24].try_into().ok()?) == device.block_count()
-        && crc32c::crc32c(&block[..24]) == crc;
-    fits.then(|| u64::from_le_bytes(block[8..16].try_into().expect("8 bytes")))
+    let fits = MAGIC.is_in(&block)
+        && VERSION.get(&block) == SUPERBLOCK_VERSION
+        && BLOCK_COUNT.get(&block) == device.block_count()
+        && crc32c::crc32c(&block[..CRC.0]) == CRC.get(&block);
+    fits.then(|| EPOCH.get(&block))
 }
 
 /// Makes `epoch` the device's run epoch, durably (write, then flush).
 pub fn write(device: &dyn BlockDevice, epoch: u64) -> io::Result<()> {
     let mut block = AlignedBuf::zeroed(1);
-    block[0..4].copy_from_slice(&MAGIC);
-    block[4..8].copy_from_slice(&VERSION.to_le_bytes());
-    block[8..16].copy_from_slice(&epoch.to_le_bytes());
-    block[16..24].copy_from_slice(&device.block_count().to_le_bytes());
-    let crc = crc32c::crc32c(&block[..24]);
-    block[24..LEN].copy_from_slice(&crc.to_le_bytes());
+    MAGIC.put(&mut block);
+    VERSION.set(&mut block, SUPERBLOCK_VERSION);
+    EPOCH.set(&mut block, epoch);
+    BLOCK_COUNT.set(&mut block, device.block_count());
+    let crc = crc32c::crc32c(&block[..CRC.0]);
+    CRC.set(&mut block, crc);
     device.write(lba(device), &block)?;
     device.flush()
 }
@@ -78,5 +74,22 @@ mod tests {
         block[9] ^= 1;
         device.write(15, &block).unwrap();
         assert_eq!(read(&device), None);
+    }
+
+    /// The superblock pinned byte by byte (`docs/FORMAT.md`, "The superblock").
+    #[test]
+    fn the_superblock_layout_is_pinned() {
+        let device = MemDevice::new(16);
+        write(&device, 0x0102_0304_0506_0708).unwrap();
+        let mut block = AlignedBuf::zeroed(1);
+        device.read(15, &mut block).unwrap();
+        let mut want = Vec::new();
+        want.extend_from_slice(b"ZCSB");
+        want.extend_from_slice(&1u32.to_le_bytes());
+        want.extend_from_slice(&0x0102_0304_0506_0708u64.to_le_bytes());
+        want.extend_from_slice(&16u64.to_le_bytes());
+        assert_eq!(&block[..24], &want[..]);
+        assert_eq!(&block[24..28], &crc32c::crc32c(&want).to_le_bytes());
+        assert!(block[28..].iter().all(|&b| b == 0));
     }
 }

@@ -2,6 +2,8 @@
 //! body followed by its CRC32C, replaced atomically and durably, and read back only if
 //! intact.
 
+use crate::format::index_file::seal_at;
+use crate::format::{U8, U16, U32, U64};
 use crate::index_dir::IndexDir;
 
 /// One index file: its directory and name, and the run epoch it is written for (or must
@@ -18,7 +20,9 @@ pub struct IndexFile<'a> {
 /// before, never a mix.
 pub fn write(dir: &dyn IndexDir, name: &str, mut body: Vec<u8>) -> std::io::Result<()> {
     let crc = crc32c::crc32c(&body);
-    body.extend_from_slice(&crc.to_le_bytes());
+    let seal = seal_at(body.len());
+    body.resize(seal.end(), 0);
+    seal.set(&mut body, crc);
     let tmp = format!("{name}.tmp");
     dir.write(&tmp, &body)?;
     dir.sync_file(&tmp)?;
@@ -30,8 +34,8 @@ pub fn write(dir: &dyn IndexDir, name: &str, mut body: Vec<u8>) -> std::io::Resu
 /// damaged.
 pub fn read(dir: &dyn IndexDir, name: &str) -> Option<Vec<u8>> {
     let mut bytes = dir.read(name).ok()??;
-    let body = bytes.len().checked_sub(4)?;
-    if crc32c::crc32c(&bytes[..body]).to_le_bytes() != bytes[body..] {
+    let body = bytes.len().checked_sub(U32::SIZE)?;
+    if crc32c::crc32c(&bytes[..body]) != seal_at(body).get(&bytes) {
         return None;
     }
     bytes.truncate(body);
@@ -53,19 +57,19 @@ impl<'a> Fields<'a> {
     }
 
     pub fn u8(&mut self) -> Option<u8> {
-        Some(self.bytes(1)?[0])
+        Some(U8(0).get(self.bytes(U8::SIZE)?))
     }
 
     pub fn u16(&mut self) -> Option<u16> {
-        Some(u16::from_le_bytes(self.bytes(2)?.try_into().ok()?))
+        Some(U16(0).get(self.bytes(U16::SIZE)?))
     }
 
     pub fn u32(&mut self) -> Option<u32> {
-        Some(u32::from_le_bytes(self.bytes(4)?.try_into().ok()?))
+        Some(U32(0).get(self.bytes(U32::SIZE)?))
     }
 
     pub fn u64(&mut self) -> Option<u64> {
-        Some(u64::from_le_bytes(self.bytes(8)?.try_into().ok()?))
+        Some(U64(0).get(self.bytes(U64::SIZE)?))
     }
 
     /// Whether every byte was read (a longer body is not one `write` made).

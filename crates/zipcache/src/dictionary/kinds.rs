@@ -7,7 +7,7 @@ use std::sync::Arc;
 use super::Dictionary;
 use super::page::{MAX_PAGE_DICTIONARY, PageDictionary};
 use super::training::{Kind, Trainer, TrainingSettings, train_from_samples};
-use crate::early_termination::compress_page;
+use crate::dram::early_termination::compress_page;
 use crate::memory::Memory;
 use crate::record::stored_len;
 

@@ -278,7 +278,7 @@ pub(crate) mod tests {
         let page = text_records(2, 50);
         let mut with = Vec::new();
         d.compress_into(&page, &mut with).unwrap();
-        let without = crate::early_termination::compress_page(&page);
+        let without = crate::dram::early_termination::compress_page(&page);
         assert!(
             with.len() < without.len() * 9 / 10,
             "{} with, {} without",

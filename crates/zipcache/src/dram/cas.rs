@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 use super::DramTier;
 use super::leaf::{DramLeaf, LOST, LeafState};
 use super::page::Summary;
-use crate::write_buffer::WriteBuffer;
+use super::write_buffer::WriteBuffer;
 
 impl DramTier {
     /// The page of a locked leaf is damaged (counted): see `LOST`.

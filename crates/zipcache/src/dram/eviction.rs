@@ -9,11 +9,11 @@ use parking_lot::RwLockWriteGuard;
 
 use super::leaf::{DramLeaf, HOT, LOST, LeafState, RAW_PAGE, REFERENCED, RETIRED, UNKNOWN};
 use super::merge::{Shed, Shedding};
+use super::slots::View;
 use super::{DramTier, LeafId};
 use crate::btree::Fence;
 use crate::eviction::{EvictedObject, EvictionSink};
 use crate::record::{Meta, Payload, Record};
-use crate::slots::View;
 
 /// Most leaves one eviction takes (see `evict_group`): bounds how long their readers
 /// wait and how much a hot neighbour can be pulled out with a cold victim.

@@ -11,12 +11,12 @@ use thin_vec::ThinVec;
 use super::DramTier;
 use super::access::AccessTable;
 use super::block::Block;
+use super::write_buffer::WriteBuffer;
 use crate::btree::Lockable;
 use crate::dictionary::Dictionary;
 use crate::dictionary::page::PageDictionary;
 use crate::memory::{Charge, alloc_size};
 use crate::record::{Payload, Record};
-use crate::write_buffer::WriteBuffer;
 
 /// What a leaf's blob table takes: nothing while it has no capacity (an empty `ThinVec`
 /// points to a shared header), else its header (length and capacity) and its slots.

@@ -15,13 +15,13 @@ use super::leaf::{
     DramLeaf, LOST, LeafContents, LeafState, MERGE_QUEUED, REFERENCED, RETIRED, WRITTEN, install,
 };
 use super::page::Summary;
+use super::write_buffer::{WriteBuffer, next_level};
 use super::{Bounds, DramTier, LeafId, ScanEntry};
 use crate::btree::{cut_into_leaves, split_fences};
 use crate::dictionary::Dictionary;
 use crate::record::{
     CasBase, Meta, Payload, Record, blob_dictionary, blob_header, decode_blob, encode_blob,
 };
-use crate::write_buffer::{WriteBuffer, next_level};
 
 /// All write buffers together may take up to this fraction (1/n) of the DRAM budget
 /// before a full one is given more room.

@@ -1,13 +1,13 @@
 //! BT_DRAM, the compressed DRAM tier (paper §3.2).
 //!
 //! A B+ tree ([`BTree`]) of leaves. Each leaf holds a 4 KiB logical page of `n`
-//! hash-partitioned sub-pages of variable length ([`packed_page`](crate::packed_page))
-//! stored as one LZ4 stream (or uncompressed while hot, [`bypass`](crate::bypass)), the
+//! hash-partitioned sub-pages of variable length ([`packed_page`])
+//! stored as one LZ4 stream (or uncompressed while hot, [`bypass`]), the
 //! individually compressed blobs of its medium objects, and a write buffer
-//! ([`write_buffer`](crate::write_buffer)).
+//! ([`write_buffer`]).
 //!
 //! A leaf is small because there are many: its descriptor is a 40-byte slot in a table
-//! ([`slots`](crate::slots)) that the tree names by a 32-bit id; it keeps no fences (the
+//! ([`slots`]) that the tree names by a 32-bit id; it keeps no fences (the
 //! tree's bottom nodes hold them packed, and a leaf's high fence is its right
 //! neighbour's low); its object counts travel in its page; its blobs and buffer sit in
 //! one box that exists only while it has either.
@@ -28,20 +28,25 @@
 
 mod access;
 mod block;
+mod bypass;
 mod cas;
 mod defrag;
 pub(crate) use defrag::SPARSE_PERCENT;
+pub(crate) mod early_termination;
 mod eviction;
 mod frequency;
 mod hot;
 mod leaf;
 mod merge;
+pub(crate) mod packed_page;
 mod page;
 mod reclaim;
 mod share;
+mod slots;
 mod tally;
 #[cfg(test)]
 mod test_support;
+mod write_buffer;
 
 use std::collections::HashMap;
 use std::ops::Bound;
@@ -52,23 +57,23 @@ use parking_lot::{Mutex, RwLock};
 
 use crate::AccessState;
 use crate::btree::{BTree, Child, Exclusive, Fence, Shared};
-use crate::bypass::Bypass;
 use crate::dictionary::Dictionary;
 use crate::dictionary::kinds::Dictionaries;
 use crate::dictionary::page::PageDictionary;
 use crate::dictionary::training::TrainingSettings;
 use crate::eviction::EvictionListener;
 use crate::memory::Memory;
-use crate::packed_page::PackedLayout;
 use crate::record::{ASSIGN_CAS, Meta, Payload, Record, blob_dictionary, decode_blob};
-use crate::slots::{SlotId, Slots, View};
 use crate::subpage_hash::dram_subpage;
-use crate::write_buffer::{Pressure, limit_at};
 use access::{AccessClock, fingerprint};
 #[cfg(test)]
 use block::Block;
+use bypass::Bypass;
 use leaf::{DramLeaf, Extras, LeafState, MERGE_QUEUED, UNKNOWN, WRITTEN};
+use packed_page::PackedLayout;
 pub use reclaim::Reclaimed;
+use slots::{SlotId, Slots, View};
+use write_buffer::{Pressure, limit_at};
 
 /// What the DRAM tier knows about a key.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -752,9 +757,9 @@ impl DramTier {
 mod buffer_tests {
     use super::leaf::WRITTEN;
     use super::test_support::*;
+    use super::write_buffer::{MAX_LEVEL, WriteBuffer};
     use super::*;
     use crate::memory::alloc_size;
-    use crate::write_buffer::{MAX_LEVEL, WriteBuffer};
 
     /// A tier whose values of 128 bytes and more (with the key) are medium, with LZ4
     /// alone (no dictionary trained in the background while a test looks).

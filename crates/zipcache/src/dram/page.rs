@@ -7,9 +7,10 @@ use std::sync::Arc;
 
 use super::DramTier;
 use super::block::Block;
+use super::early_termination::{compress_behind, decompress_prefix, with_prefix};
 use super::leaf::{DramLeaf, LeafState, extras_box};
 use crate::dictionary::page::PageDictionary;
-use crate::early_termination::{compress_behind, decompress_prefix, with_prefix};
+use crate::format::page::dictionary_version_at;
 use crate::record::{CasBase, Record, put_varint, read_varint};
 
 /// A page, and the dictionary its body was compressed with (which its leaf then holds).
@@ -50,7 +51,9 @@ impl Summary {
         put_varint(out, self.raw_bytes);
         put_varint(out, self.cas_top_above_base);
         if named {
-            out.extend_from_slice(&self.dictionary.to_le_bytes());
+            let version = dictionary_version_at(out.len());
+            out.resize(version.end(), 0);
+            version.set(out, self.dictionary);
         }
     }
 
@@ -66,10 +69,13 @@ impl Summary {
         let dictionary = if clean & 1 == 0 {
             0
         } else {
-            let version = page.get(at..at + 4)?;
-            at += 4;
+            let version = dictionary_version_at(at);
+            if page.len() < version.end() {
+                return None;
+            }
+            at = version.end();
             // A named version is never 0 (that would name none): a damaged summary.
-            Some(u32::from_le_bytes(version.try_into().ok()?)).filter(|&v| v != 0)?
+            Some(version.get(page)).filter(|&v| v != 0)?
         };
         Some((
             Summary {

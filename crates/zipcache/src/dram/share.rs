@@ -21,12 +21,12 @@ use parking_lot::{MutexGuard, RwLockWriteGuard};
 use super::block::Block;
 use super::leaf::{DramLeaf, Extras, LeafState, RETIRED};
 use super::merge::Obj;
+use super::slots::View;
+use super::write_buffer::WriteBuffer;
 use super::{DramTier, LeafId};
 use crate::btree::Fence;
 use crate::dictionary::Dictionary;
 use crate::record::CasBase;
-use crate::slots::View;
-use crate::write_buffer::WriteBuffer;
 
 /// How full the pages of a share are cut at most: headroom for a few more writes before
 /// the next overflow (each share rewrites two pages).

@@ -5,8 +5,8 @@ use std::sync::atomic::Ordering;
 
 use super::DramTier;
 use super::leaf::{DramLeaf, LeafState, UNKNOWN};
+use super::write_buffer::WriteBuffer;
 use crate::record::{Payload, Record, blob_header};
-use crate::write_buffer::WriteBuffer;
 
 /// What the DRAM tier holds, counted leaf by leaf when asked.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -9,11 +9,9 @@ use zipcache_device::BlockDevice;
 use super::{SlState, SsdSettings, SsdTier, SuperLeaf, presence};
 use crate::btree::{Fence, KeyRange};
 use crate::config::Clock;
+use crate::format::index_file::ssd::{BLOCK_COUNT, COUNT, FILE, HEADER, NEXT_SLOT, SUBPAGES};
 use crate::memory::Memory;
 use crate::sealed_file::{self, Fields, IndexFile};
-
-const MAGIC: [u8; 4] = *b"ZCIX";
-const VERSION: u32 = 3;
 
 impl SsdTier {
     /// Writes the descriptors of every super-leaf to `path` (atomically: a temporary
@@ -21,16 +19,13 @@ impl SsdTier {
     /// never names a block that is not durable.
     pub fn save(&self, at: IndexFile<'_>) -> std::io::Result<()> {
         let w = self.writer.lock();
-        let mut out = Vec::new();
-        out.extend_from_slice(&MAGIC);
-        out.extend_from_slice(&VERSION.to_le_bytes());
-        out.extend_from_slice(&at.epoch.to_le_bytes());
-        out.extend_from_slice(&(self.settings.subpages as u32).to_le_bytes());
-        out.extend_from_slice(&self.device.block_count().to_le_bytes());
-        out.extend_from_slice(&w.next_slot.to_le_bytes());
+        let mut out = FILE.header(at.epoch);
+        SUBPAGES.set(&mut out, self.settings.subpages as u32);
+        BLOCK_COUNT.set(&mut out, self.device.block_count());
+        NEXT_SLOT.set(&mut out, w.next_slot);
         let mut leaves = Vec::new();
         self.tree.for_each_leaf(|_, leaf| leaves.push(leaf.clone()));
-        out.extend_from_slice(&(leaves.len() as u32).to_le_bytes());
+        COUNT.set(&mut out, leaves.len() as u32);
         for leaf in &leaves {
             let st = leaf.state.read();
             out.extend_from_slice(&(st.range.low.len() as u16).to_le_bytes());
@@ -54,18 +49,16 @@ impl SsdTier {
         clock: Arc<dyn Clock>,
     ) -> Option<SsdTier> {
         let body = sealed_file::read(at.dir, at.name)?;
-        let mut f = Fields::new(&body);
         let m = settings.subpages;
-        if f.bytes(4)? != MAGIC
-            || f.u32()? != VERSION
-            || f.u64()? != at.epoch
-            || f.u32()? as usize != m
-            || f.u64()? != device.block_count()
+        if !FILE.is_current(&body, at.epoch)
+            || SUBPAGES.get(&body) as usize != m
+            || BLOCK_COUNT.get(&body) != device.block_count()
         {
             return None;
         }
-        let next_slot = f.u32()?;
-        let count = f.u32()? as usize;
+        let next_slot = NEXT_SLOT.get(&body);
+        let count = COUNT.get(&body) as usize;
+        let mut f = Fields::new(&body[HEADER..]);
         let mut descriptors = Vec::with_capacity(count.min(1 << 24));
         for _ in 0..count {
             let len = f.u16()? as usize;

@@ -5,9 +5,9 @@ use std::sync::atomic::Ordering;
 
 use zipcache_device::{AlignedBuf, BLOCK_SIZE, BatchRead, BatchWrite};
 
+use super::block::{self, Owner, Stored};
 use super::{Contents, SlState, SsdTier, presence};
 use crate::record::{Payload, Record};
-use crate::ssd_block::{self, Owner, Stored};
 
 impl SsdTier {
     pub(super) fn lba(&self, slot: u32, subpage: usize) -> u64 {
@@ -51,7 +51,7 @@ impl SsdTier {
                 generation: st.generation,
                 subpage: subpages[i] as u16,
             };
-            match ssd_block::open(block, owner, &mut scratch) {
+            match block::open(block, owner, &mut scratch) {
                 Some(records) => {
                     out[i] = Some(
                         records

@@ -5,14 +5,14 @@
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 
+use super::leaf_page::Geometry;
 use super::reclaim::Writer;
 use super::{Contents, Object, SlState, SsdTier, SuperLeaf};
 use crate::btree::{Fence, KeyRange, cut_into_leaves, split_fences};
 use crate::eviction::{EvictedObject, EvictionSink};
-use crate::leaf_page::Geometry;
+use crate::format::block::PAYLOAD;
+use crate::format::packing::RAW_MAX;
 use crate::record::{Meta, Payload, Record};
-use crate::ssd_block::PAYLOAD;
-use crate::ssd_block::host_compression::RAW_MAX;
 
 /// Free slots kept before merging into a super-leaf: a DRAM leaf's objects rarely split
 /// one super-leaf more than two ways.

@@ -24,10 +24,16 @@
 //! Modules by job: this one holds the tier and its GET (`plan_get`, `finish_get`) and
 //! scan; [`merge`] takes evicted objects in and splits super-leaves; [`reclaim`] hands
 //! out slots and evicts cold super-leaves (CLOCK); [`index_file`] saves and loads the
-//! descriptors across a clean restart; [`io`] reads and writes sub-pages.
+//! descriptors across a clean restart; [`io`] reads and writes sub-pages; [`block`] a
+//! sub-page's 4 KiB block (header, checks); [`host_compression`] the host's LZ4 packing
+//! (`device_compression=host`, for blocks and BT_LO's extents); [`leaf_page`] where a
+//! super-leaf's records go (`Geometry`: `m` sub-pages, `g(key) mod m`, under-filling).
 
+mod block;
+pub(crate) mod host_compression;
 mod index_file;
 mod io;
+pub(crate) mod leaf_page;
 mod merge;
 mod presence;
 mod reclaim;
@@ -46,11 +52,12 @@ use zipcache_device::{AlignedBuf, BLOCK_SIZE, BlockDevice};
 use crate::btree::{BTree, Fence, KeyRange, Ranged, Shared, lockable_by_range};
 use crate::config::Clock;
 use crate::dram::ScanEntry;
-use crate::leaf_page::Geometry;
+use crate::format::block::{HEADER, PAYLOAD};
 use crate::memory::{Memory, alloc_size};
 use crate::record::{Meta, Payload};
-use crate::ssd_block::{self, Owner, PAYLOAD};
 use crate::subpage_hash::ssd_subpage;
+use block::Owner;
+use leaf_page::Geometry;
 use reclaim::Writer;
 
 /// A key's newest SSD version, with what is needed to check later that it is still the
@@ -219,7 +226,7 @@ impl SsdTier {
         });
         let max_slots = u32::try_from(settings.blocks / m as u64).unwrap_or(u32::MAX);
         let fill_limit = ((settings.fill_threshold * BLOCK_SIZE as f64) as usize)
-            .saturating_sub(ssd_block::HEADER)
+            .saturating_sub(HEADER)
             .min(PAYLOAD);
         let tier = SsdTier {
             device,
@@ -336,7 +343,7 @@ impl SsdTier {
         };
         let found = UNPACKED.with(|scratch| {
             let mut scratch = scratch.borrow_mut();
-            let records = ssd_block::open(block, read.owner, &mut scratch)?;
+            let records = block::open(block, read.owner, &mut scratch)?;
             Some(
                 records
                     .filter(|r| r.key == key)

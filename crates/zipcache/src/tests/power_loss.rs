@@ -19,10 +19,10 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use zipcache_device::{BLOCK_SIZE, BlockDevice, DeviceCompression, DeviceStats};
 
+use super::model::SMALL_DICTIONARIES;
 use crate::cache::persist::Persist;
 use crate::dictionary::tests::documents;
 use crate::index_dir::IndexDir;
-use crate::model_tests::SMALL_DICTIONARIES;
 use crate::{Config, ZipCache};
 
 /// Operations left before the power goes; at 0 every mutation fails.

@@ -19,6 +19,7 @@
 //! base is a whole varint): a damaged one reads as a damaged page, never as a slice out
 //! of bounds.
 
+use crate::format::page::end_width;
 use crate::record::{CasBase, Record, put_varint, read_varint, records_in};
 
 #[derive(Clone, Copy, Debug)]
@@ -41,11 +42,7 @@ pub struct Table<'p> {
 impl PackedLayout {
     /// Bytes of one table entry.
     fn width(&self) -> usize {
-        if self.capacity <= u16::MAX as usize {
-            2
-        } else {
-            4
-        }
+        end_width(self.capacity)
     }
 
     /// Bytes of the end table at the front of every page (the header without its base).

@@ -7,9 +7,9 @@ use std::sync::Arc;
 
 use zipcache_device::{BlockDevice, DeviceCompression, FaultOp, MemDevice};
 
+use super::model::{Harness, Op};
 use crate::config::Clock;
 use crate::dictionary::page::PageDictionary;
-use crate::model_tests::{Harness, Op};
 use crate::{Config, ZipCache};
 
 /// Every DRAM leaf leaves for the SSD tier.
@@ -129,7 +129,7 @@ fn a_corrupt_dram_page_hides_older_ssd_copies() {
         h.cache
             .inner
             .dram
-            .corrupt_page_of(&crate::model_tests::key_of(key));
+            .corrupt_page_of(&super::model::key_of(key));
     }
     for key in keys.clone() {
         h.run(&Op::Get { key });
@@ -152,7 +152,7 @@ fn a_corrupt_blob_hides_the_older_ssd_copy() {
     h.put_all(0..50, 600);
     h.cache.inner.dram.merge_all(now);
     for key in 0..50 {
-        let k = crate::model_tests::key_of(key);
+        let k = super::model::key_of(key);
         h.cache.inner.dram.corrupt_blob_of(&k);
     }
     for key in 0..50 {
@@ -179,7 +179,7 @@ fn a_leaf_with_a_wrong_dictionary_serves_misses_never_wrong_bytes() {
         Some(device),
         16 << 10,
         crate::config::Promotion::EveryHit,
-        &crate::model_tests::SMALL_DICTIONARIES,
+        &super::model::SMALL_DICTIONARIES,
     );
     let keys = 0..1_500u16;
     h.put_all(keys.clone(), 64);
@@ -200,7 +200,7 @@ fn a_leaf_with_a_wrong_dictionary_serves_misses_never_wrong_bytes() {
     let mut given: Vec<Arc<crate::dictionary::Dictionary>> = Vec::new();
     let mut replaced = [0; 3];
     for key in keys.clone() {
-        let k = crate::model_tests::key_of(key);
+        let k = super::model::key_of(key);
         let replacement = match h.cache.inner.dram.replace_dictionary_of(&k, None) {
             None => None,
             Some(ours) if given.iter().any(|g| Arc::ptr_eq(g, &ours)) => Some(ours),
@@ -262,7 +262,7 @@ fn a_page_with_a_wrong_dictionary_serves_misses_never_wrong_bytes() {
     let mut given: Vec<Arc<PageDictionary>> = Vec::new();
     let mut broken = [0; 3];
     for key in keys.clone() {
-        let k = crate::model_tests::key_of(key);
+        let k = super::model::key_of(key);
         let dram = &h.cache.inner.dram;
         let replacement = match dram.replace_page_dictionary_of(&k, None) {
             None => None,

@@ -1,19 +1,8 @@
-//! The on-SSD sub-page: one 4 KiB block of a super-leaf (`docs/FORMAT.md`).
+//! The on-SSD sub-page: one 4 KiB block of a super-leaf (`docs/FORMAT.md`): a 32-byte
+//! header (`format/block.rs`: magic, version, packing, record count, the owner — slot,
+//! generation, sub-page —, stored length, CAS base, CRC32C), then the stored payload:
+//! records (`record.rs`) raw or packed by the host (`host_compression`), then zeros.
 //!
-//! ```text
-//! offset size field
-//!      0    4 magic "ZCSP"
-//!      4    1 format version (3)
-//!      5    1 packing: 0 raw records, 1 packed by the host (`host_compression`)
-//!      6    2 record count, u16 LE
-//!      8    4 super-leaf id (its slot), u32 LE
-//!     12    4 super-leaf generation, u32 LE
-//!     16    2 sub-page index within the super-leaf, u16 LE
-//!     18    2 stored payload length in bytes, u16 LE
-//!     20    8 CAS base of the payload's records, u64 LE
-//!     28    4 CRC32C of bytes 0..28 and of the stored payload
-//!     32    . stored payload: records (`record.rs`) raw or packed, then zeros to the end
-//! ```
 //! Every byte read back is checked: a block that is not exactly what this super-leaf
 //! wrote last (wrong magic, version, packing, id, generation or index, a bad checksum, or
 //! a packed payload that does not unpack to its stated length) is a miss and a counted
@@ -21,26 +10,16 @@
 //! was reserved, 0) and reads as before; a version-1 block is refused by its version byte
 //! before anything else is read: its records would parse differently.
 
-pub mod host_compression;
-
 use std::sync::atomic::AtomicU64;
 
 use zipcache_device::BLOCK_SIZE;
 
+use super::host_compression;
+use crate::format::block::{
+    CAS_BASE, CHECKED_HEADER, COUNT, CRC, FORMAT_VERSION, GENERATION, HEADER, MAGIC, PACKED,
+    PACKING, PAYLOAD, RAW, RAW_ONLY_VERSION, STORED_LEN, SUBPAGE, SUPERLEAF, VERSION,
+};
 use crate::record::{CasBase, Record, records_in};
-
-pub const MAGIC: [u8; 4] = *b"ZCSP";
-pub const FORMAT_VERSION: u8 = 3;
-/// The version before packing: its blocks are raw version-3 blocks.
-const RAW_ONLY_VERSION: u8 = 2;
-pub const HEADER: usize = 32;
-/// Bytes the checksum covers ahead of the payload.
-const CHECKED_HEADER: usize = 28;
-/// Stored payload bytes one block can carry.
-pub const PAYLOAD: usize = BLOCK_SIZE - HEADER;
-
-const RAW: u8 = 0;
-const PACKED: u8 = 1;
 
 /// Who a block belongs to; a block read back must name the same owner.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -102,18 +81,18 @@ impl Stored {
             return false;
         }
         block.fill(0);
-        block[0..4].copy_from_slice(&MAGIC);
-        block[4] = FORMAT_VERSION;
-        block[5] = self.packing;
-        block[6..8].copy_from_slice(&self.count.to_le_bytes());
-        block[8..12].copy_from_slice(&owner.superleaf.to_le_bytes());
-        block[12..16].copy_from_slice(&owner.generation.to_le_bytes());
-        block[16..18].copy_from_slice(&owner.subpage.to_le_bytes());
-        block[18..20].copy_from_slice(&(len as u16).to_le_bytes());
-        block[20..28].copy_from_slice(&self.base.0.to_le_bytes());
+        MAGIC.put(block);
+        VERSION.set(block, FORMAT_VERSION);
+        PACKING.set(block, self.packing);
+        COUNT.set(block, self.count);
+        SUPERLEAF.set(block, owner.superleaf);
+        GENERATION.set(block, owner.generation);
+        SUBPAGE.set(block, owner.subpage);
+        STORED_LEN.set(block, len as u16);
+        CAS_BASE.set(block, self.base.0);
         block[HEADER..HEADER + len].copy_from_slice(&self.bytes);
         let crc = checksum(block, len);
-        block[28..32].copy_from_slice(&crc.to_le_bytes());
+        CRC.set(block, crc);
         true
     }
 }
@@ -144,30 +123,28 @@ pub fn open<'a>(
     scratch: &'a mut Vec<u8>,
 ) -> Option<impl Iterator<Item = Record<'a>>> {
     if block.len() != BLOCK_SIZE
-        || block[0..4] != MAGIC
-        || !matches!(block[4], FORMAT_VERSION | RAW_ONLY_VERSION)
+        || !MAGIC.is_in(block)
+        || !matches!(VERSION.get(block), FORMAT_VERSION | RAW_ONLY_VERSION)
     {
         return None;
     }
-    let u16_at = |at: usize| u16::from_le_bytes([block[at], block[at + 1]]);
-    let u32_at = |at: usize| u32::from_le_bytes(block[at..at + 4].try_into().unwrap_or_default());
     let found = Owner {
-        superleaf: u32_at(8),
-        generation: u32_at(12),
-        subpage: u16_at(16),
+        superleaf: SUPERLEAF.get(block),
+        generation: GENERATION.get(block),
+        subpage: SUBPAGE.get(block),
     };
-    let len = u16_at(18) as usize;
-    if found != owner || len > PAYLOAD || checksum(block, len) != u32_at(28) {
+    let len = STORED_LEN.get(block) as usize;
+    if found != owner || len > PAYLOAD || checksum(block, len) != CRC.get(block) {
         return None;
     }
-    let base = CasBase(u64::from_le_bytes(
-        block[20..28].try_into().unwrap_or_default(),
-    ));
-    let count = u16_at(6) as usize;
+    let base = CasBase(CAS_BASE.get(block));
+    let count = COUNT.get(block) as usize;
     let stored = &block[HEADER..HEADER + len];
-    let payload = match block[5] {
+    let payload = match PACKING.get(block) {
         RAW => stored,
-        PACKED if block[4] == FORMAT_VERSION => host_compression::unpack(stored, scratch)?,
+        PACKED if VERSION.get(block) == FORMAT_VERSION => {
+            host_compression::unpack(stored, scratch)?
+        }
         _ => return None,
     };
     (records_in(payload, base).count() == count).then(|| records_in(payload, base))

@@ -13,6 +13,7 @@
 //! within a share of the budget; a leaf read more than written, or left idle, goes back
 //! down (`next_level`).
 
+use crate::format::buffer::{CAS_TOP, RECORDS};
 use crate::memory::alloc_size;
 use crate::record::{Record, key_and_len, records};
 
@@ -20,13 +21,10 @@ use crate::record::{Record, key_and_len, records};
 /// only while it is not empty, so the many leaves without one pay nothing for it.
 #[derive(Debug, Default)]
 pub struct WriteBuffer {
-    /// Once written: the largest ordered CAS version of the records (`CAS_TOP` bytes,
-    /// little-endian), which every write asking for a version needs, then the records.
+    /// Once written: the largest ordered CAS version of the records (`format/buffer.rs`),
+    /// which every write asking for a version needs, then the records.
     bytes: Vec<u8>,
 }
-
-/// Bytes in front of the records.
-const CAS_TOP: usize = 8;
 
 /// What the writer should do after an append.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -64,9 +62,9 @@ impl WriteBuffer {
     pub fn append(&mut self, record: &Record<'_>, limit: usize) -> Pressure {
         let cas_top = self.cas_top().max(record.meta.ordered_cas());
         if self.bytes.is_empty() {
-            self.bytes.resize(CAS_TOP, 0);
+            self.bytes.resize(RECORDS, 0);
         }
-        self.bytes[..CAS_TOP].copy_from_slice(&cas_top.to_le_bytes());
+        CAS_TOP.set(&mut self.bytes, cas_top);
         record.encode(&mut self.bytes);
         let len = self.bytes.len();
         if limit == 0 || len > limit.max(64).saturating_mul(4) {
@@ -98,14 +96,16 @@ impl WriteBuffer {
     }
 
     fn run(&self) -> &[u8] {
-        self.bytes.get(CAS_TOP..).unwrap_or_default()
+        self.bytes.get(RECORDS..).unwrap_or_default()
     }
 
     /// The largest ordered CAS version of the buffered records (0 for none).
     pub fn cas_top(&self) -> u64 {
-        self.bytes
-            .first_chunk::<CAS_TOP>()
-            .map_or(0, |top| u64::from_le_bytes(*top))
+        if self.bytes.len() < RECORDS {
+            0
+        } else {
+            CAS_TOP.get(&self.bytes)
+        }
     }
 
     pub fn is_empty(&self) -> bool {

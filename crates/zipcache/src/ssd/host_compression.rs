@@ -8,9 +8,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
-/// Raw record bytes one packed block may carry: what its length field can say.
-pub const RAW_MAX: usize = u16::MAX as usize;
-const RAW_LENGTH: usize = 2;
+use crate::format::packing::{LZ4_BLOCK, RAW_LEN, RAW_MAX};
 
 /// `raw` packed (its length, then LZ4), or `None` when packing would not make it smaller
 /// or it is longer than [`RAW_MAX`]. Adds the time spent to `spent_ns`.
@@ -18,16 +16,17 @@ pub fn pack(raw: &[u8], spent_ns: &AtomicU64) -> Option<Vec<u8>> {
     if raw.len() > RAW_MAX {
         return None;
     }
-    let mut packed = Vec::with_capacity(RAW_LENGTH + lzzzz::lz4::max_compressed_size(raw.len()));
-    packed.extend_from_slice(&(raw.len() as u16).to_le_bytes());
+    let mut packed = vec![0; LZ4_BLOCK];
+    packed.reserve(lzzzz::lz4::max_compressed_size(raw.len()));
+    RAW_LEN.set(&mut packed, raw.len() as u16);
     compress_if_smaller(raw, &mut packed, spent_ns).then_some(packed)
 }
 
 /// The raw records of a packed payload, unpacked into `scratch`; `None` unless the LZ4
 /// block decodes to exactly the length it claims.
 pub fn unpack<'s>(packed: &[u8], scratch: &'s mut Vec<u8>) -> Option<&'s [u8]> {
-    let (length, block) = packed.split_at_checked(RAW_LENGTH)?;
-    let raw_len = usize::from(u16::from_le_bytes([length[0], length[1]]));
+    let (length, block) = packed.split_at_checked(LZ4_BLOCK)?;
+    let raw_len = usize::from(RAW_LEN.get(length));
     scratch.clear();
     scratch.resize(raw_len, 0);
     decompress_exactly(block, scratch).then_some(&scratch[..])
@@ -36,7 +35,7 @@ pub fn unpack<'s>(packed: &[u8], scratch: &'s mut Vec<u8>) -> Option<&'s [u8]> {
 /// Appends `raw` compressed with LZ4 to `out` and says whether `out`, with whatever it held
 /// before, is now shorter than `raw` (after a `false` its bytes are not to be used). Adds
 /// the time spent to `spent_ns`. Sub-page blocks (above) and large-object extents
-/// (`large_objects.rs`) are packed through here.
+/// (`large_objects/`) are packed through here.
 pub fn compress_if_smaller(raw: &[u8], out: &mut Vec<u8>, spent_ns: &AtomicU64) -> bool {
     let started = Instant::now();
     let compressed = lzzzz::lz4::compress_to_vec(raw, out, lzzzz::lz4::ACC_LEVEL_DEFAULT).is_ok();

@@ -9,9 +9,9 @@ use std::time::Duration;
 use parking_lot::{Condvar, Mutex};
 use zipcache_device::{BlockDevice, DeviceStats, HeldDevice, MemDevice};
 
+use super::model::{Harness, Op, block_on, key_of};
 use crate::GetOptions;
 use crate::config::{Clock, Promotion};
-use crate::model_tests::{Harness, Op, block_on, key_of};
 
 fn harness(late: bool) -> (Harness, Arc<HeldDevice>) {
     let device = Arc::new(HeldDevice::new(1 << 14, late));
