@@ -169,7 +169,8 @@ impl ReadFrequency {
         let shard = &self.shards[scale((hash >> 32) as u32, self.shards.len())];
         let block = &shard.blocks[scale(hash as u32, shard.blocks.len())];
         prefetch(block);
-        // The rows' slots from the top bits of a remix, independent of the bits above.
+        // The rows' slots from the top bits of the hash remixed, so that keys that share
+        // a block (by the hash's low bits) seldom share their slots too.
         let mixed = hash.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 48;
         let slots =
             std::array::from_fn(|row| row * ROW_SLOTS + (mixed >> (4 * row)) as usize % ROW_SLOTS);
