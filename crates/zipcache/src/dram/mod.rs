@@ -305,15 +305,18 @@ impl DramTier {
     /// What DRAM holds of `key`. A hit marks the object fetched and accessed now, and
     /// the leaf referenced, and the read counts in the frequency sketch, unless `peek`.
     pub fn get(&self, key: &[u8], now_ms: u64, peek: bool) -> Lookup {
-        if !peek {
-            self.reads.record(key);
-        }
-        self.read_leaf(key, |leaf, st| {
+        // Found first and counted last: the sketch's cache line comes in during the walk.
+        let counters = (!peek).then(|| self.reads.locate(key));
+        let lookup = self.read_leaf(key, |leaf, st| {
             if !peek {
                 leaf.touch();
             }
             self.lookup_locked(leaf, st, key, now_ms, peek)
-        })
+        });
+        if let Some(counters) = counters {
+            self.reads.record(counters);
+        }
+        lookup
     }
 
     fn access_clock(&self) -> AccessClock {
