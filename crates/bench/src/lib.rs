@@ -40,9 +40,9 @@ use workload::{HotPlacement, KeyChooser, Locality, OpMix};
 pub struct BenchArgs {
     #[command(subcommand)]
     pub command: Option<BenchCommand>,
-    /// Comma-separated: zipcache, foyer, segcache, memcached, memcached-ext, redis,
-    /// zipcache-serve (started by the bench), or zipcache://H:P, memcached://H:P,
-    /// redis://H:P (already running).
+    /// Comma-separated: zipcache, foyer (LZ4 on its disk; foyer-zstd, foyer-none: its other
+    /// compressions), segcache, memcached, memcached-ext, redis, zipcache-serve (started by
+    /// the bench), or zipcache://H:P, memcached://H:P, redis://H:P (already running).
     #[arg(long, default_value = "zipcache")]
     pub target: String,
     /// Write the results as a JSON array, one object per target.

@@ -57,6 +57,9 @@ pub struct TargetResult {
     /// `objects_resident` per MiB of the SSD budget (`--ssd-size`): every target's
     /// flash is that size, so this compares what each keeps in it.
     pub objects_per_ssd_mib: Option<f64>,
+    /// `ssd_objects` per MiB of `ssd_flash_bytes`: the flash tier's own density, whatever
+    /// share of the budget a run got to write.
+    pub ssd_objects_per_flash_mib: Option<f64>,
     pub rss_bytes: Option<u64>,
     /// Bytes the cache wrote to its SSD file during the measured phase.
     pub host_bytes_written: Option<u64>,
@@ -67,6 +70,8 @@ pub struct TargetResult {
     pub server_cpu_seconds: Option<f64>,
     /// `server_cpu_seconds` per million measured operations.
     pub server_cpu_s_per_mop: Option<f64>,
+    /// The in-process zipcache engine's `stats()` after the run, every field.
+    pub engine_stats: Option<serde_json::Value>,
     pub workload: Params,
     /// The trace replayed (`--trace`): its requests, unique keys and op counts.
     pub trace: Option<crate::trace::TraceSummary>,
@@ -148,6 +153,7 @@ impl TargetResult {
             ssd_reads_per_ssd_get,
             ssd_flash_bytes,
             rss_bytes,
+            engine_stats,
             ..
         } = after.clone();
         let server_cpu_seconds = after
@@ -158,6 +164,9 @@ impl TargetResult {
             .ssd_budget()
             .filter(|_| !dram_only)
             .and_then(|ssd| Some(objects_resident? as f64 / (ssd as f64 / (1 << 20) as f64)));
+        let ssd_objects_per_flash_mib = ssd_objects
+            .zip(ssd_flash_bytes.filter(|&bytes| bytes > 0))
+            .map(|(objects, bytes)| objects as f64 / (bytes as f64 / (1 << 20) as f64));
         TargetResult {
             target: target.into(),
             mode: params.mode.name().into(),
@@ -193,6 +202,7 @@ impl TargetResult {
             ssd_reads_per_ssd_get,
             ssd_flash_bytes,
             objects_per_ssd_mib,
+            ssd_objects_per_flash_mib,
             rss_bytes,
             host_bytes_written: delta(after.host_bytes_written, before.host_bytes_written),
             bench_cpu_seconds,
@@ -200,6 +210,7 @@ impl TargetResult {
             server_cpu_s_per_mop: server_cpu_seconds
                 .filter(|_| c.ops > 0)
                 .map(|s| s / c.ops as f64 * 1e6),
+            engine_stats,
             workload: params.clone(),
             trace: None,
             get_latency_ns: (!h.is_empty()).then(|| h.clone()),
@@ -241,6 +252,7 @@ pub fn table(results: &[TargetResult]) -> String {
         "obj/MiB",
         "srvCPUs/Mop",
         "obj/ssdMiB",
+        "ssdObj/flashMiB",
         "wrong",
         "errors",
     ];
@@ -267,6 +279,7 @@ pub fn table(results: &[TargetResult]) -> String {
                 cell(per_mib, |v| format!("{v:.0}")),
                 cell(r.server_cpu_s_per_mop, |v| format!("{v:.2}")),
                 cell(r.objects_per_ssd_mib, |v| format!("{v:.0}")),
+                cell(r.ssd_objects_per_flash_mib, |v| format!("{v:.0}")),
                 r.wrong_values.to_string(),
                 r.errors.to_string(),
             ]

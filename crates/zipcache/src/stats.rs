@@ -151,6 +151,16 @@ pub struct Stats {
     pub ssd_filtered_gets: u64,
     pub ssd_evicted_superleaves: u64,
     pub ssd_evicted_objects: u64,
+    /// 4 KiB blocks the SSD tier wrote for evictions: merges (read-modify-write of the
+    /// sub-pages an eviction's objects hash to) and splits (super-leaves rewritten whole).
+    pub ssd_merge_blocks_written: u64,
+    pub ssd_split_blocks_written: u64,
+    /// The part of `V_obj` whose eviction split its super-leaf.
+    pub ssd_split_evicted_bytes: u64,
+    /// `V_obj` per block written (merges and splits): how much new data each block write
+    /// carries. On a drive that stores blocks whole (`device_compression` host or none),
+    /// `wa` = 4096 / this.
+    pub ssd_evicted_bytes_per_written_block: Option<f64>,
     pub ssd_physical_used: u64,
     pub ssd_logical_capacity: u64,
     pub ssd_physical_capacity: u64,

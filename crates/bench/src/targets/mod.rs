@@ -72,6 +72,9 @@ pub struct Snapshot {
     pub server_cpu_seconds: Option<f64>,
     /// Bytes the cache process wrote to files (memcached extstore: `/proc/PID/io` wchar).
     pub host_bytes_written: Option<u64>,
+    /// Every figure of the in-process zipcache engine's `stats()`, for what the columns
+    /// above leave out (e.g. where its SSD writes come from).
+    pub engine_stats: Option<serde_json::Value>,
 }
 
 /// A cache under test.
@@ -119,6 +122,8 @@ impl Budget {
 pub const MANAGED: &[&str] = &[
     "zipcache",
     "foyer",
+    "foyer-zstd",
+    "foyer-none",
     "segcache",
     "memcached",
     "memcached-ext",
@@ -139,7 +144,9 @@ pub fn open(spec: &str, budget: &Budget) -> Result<Box<dyn Target>, String> {
     }
     match spec {
         "zipcache" => Ok(Box::new(zipcache::ZipTarget::open(budget)?)),
-        "foyer" => Ok(Box::new(foyer::FoyerTarget::open(budget)?)),
+        _ if foyer::VARIANTS.iter().any(|&(name, _)| name == spec) => {
+            Ok(Box::new(foyer::FoyerTarget::open(spec, budget)?))
+        }
         "segcache" => Ok(Box::new(segcache::SegTarget::open(budget)?)),
         "memcached" | "memcached-ext" | "redis" | "zipcache-serve" | network::NOCACHE => {
             Ok(Box::new(NetTarget::spawn(spec, budget)?))

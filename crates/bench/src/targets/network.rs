@@ -397,6 +397,7 @@ fn snapshot_of(protocol: Protocol, stats: &HashMap<String, String>, pid: Option<
             snap.objects_resident = stat(stats, "curr_items");
             if stats.contains_key("extstore_bytes_written") {
                 snap.ssd_objects = stat(stats, "extstore_objects_used");
+                snap.ssd_flash_bytes = stat(stats, "extstore_bytes_used");
                 snap.host_bytes_written = pid
                     .and_then(procfs::wchar)
                     .or(stat(stats, "extstore_bytes_written"));
@@ -535,5 +536,24 @@ mod tests {
         let snap = snapshot_of(Protocol::Memcached, &stats, Some(std::process::id()));
         assert!(snap.rss_bytes.is_some_and(|rss| rss > 0));
         assert_eq!(snap.objects_resident, Some(3));
+    }
+
+    #[test]
+    fn extstore_stats_give_its_objects_and_the_bytes_its_file_holds() {
+        let stats: HashMap<String, String> = [
+            ("get_hits", "10"),
+            ("get_extstore", "4"),
+            ("extstore_bytes_written", "9000"),
+            ("extstore_objects_used", "70"),
+            ("extstore_bytes_used", "6300"),
+        ]
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .into();
+        let snap = snapshot_of(Protocol::Memcached, &stats, None);
+        assert_eq!(snap.ssd_hits, Some(4));
+        assert_eq!(snap.dram_hits, Some(6));
+        assert_eq!(snap.ssd_objects, Some(70));
+        assert_eq!(snap.ssd_flash_bytes, Some(6300));
+        assert_eq!(snap.host_bytes_written, Some(9000));
     }
 }

@@ -233,6 +233,7 @@ impl Target for ZipTarget {
             .map_err(|e| format!("zipcache settle: {e}"))?;
         let s = cache.stats();
         let ssd = !self.dram_only;
+        let engine_stats = serde_json::to_value(&s).map_err(|e| format!("zipcache stats: {e}"))?;
         Ok(Snapshot {
             dram_hits: Some(s.dram_hits),
             ssd_hits: Some(s.ssd_hits + s.large_hits),
@@ -250,6 +251,7 @@ impl Target for ZipTarget {
             rss_bytes: procfs::own_rss(self.own_rss),
             server_cpu_seconds: None,
             host_bytes_written: ssd.then_some(s.v_host),
+            engine_stats: Some(engine_stats),
         })
     }
 

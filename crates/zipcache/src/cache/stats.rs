@@ -37,6 +37,8 @@ impl Inner {
             let c = &ssd.counters;
             let ssd_gets = c.gets.load(Ordering::Relaxed);
             let v_obj = c.v_obj.load(Ordering::Relaxed);
+            let merge_blocks = c.merge_blocks.load(Ordering::Relaxed);
+            let split_blocks = c.split_blocks.load(Ordering::Relaxed);
             let (v_host, v_nand) = (device.host_bytes_written, device.nand_bytes_written);
             let index = ssd.index_bytes();
             let leaf_bytes = ssd.leaf_bytes();
@@ -74,6 +76,10 @@ impl Inner {
                 ssd_filtered_gets: c.filtered_gets.load(Ordering::Relaxed),
                 ssd_evicted_superleaves: c.evicted_superleaves.load(Ordering::Relaxed),
                 ssd_evicted_objects: c.evicted_objects.load(Ordering::Relaxed),
+                ssd_merge_blocks_written: merge_blocks,
+                ssd_split_blocks_written: split_blocks,
+                ssd_split_evicted_bytes: c.split_v_obj.load(Ordering::Relaxed),
+                ssd_evicted_bytes_per_written_block: ratio(v_obj, merge_blocks + split_blocks),
                 ssd_physical_used: device.physical_used,
                 ssd_logical_capacity: device.logical_capacity,
                 ssd_physical_capacity: device.physical_capacity,

@@ -75,9 +75,9 @@ impl SsdTier {
     /// Writes (or, when empty, trims) sub-pages of a super-leaf that has a slot, every
     /// write in flight at once. A sub-page whose records do not go into one block (only
     /// when packing them shrank them less than a split expected) is emptied, its objects
-    /// forgotten.
-    pub(super) fn write_subpages(&self, st: &mut SlState, pages: &[(usize, &Contents)]) {
-        let Some(slot) = st.slot else { return };
+    /// forgotten. Returns how many blocks were written.
+    pub(super) fn write_subpages(&self, st: &mut SlState, pages: &[(usize, &Contents)]) -> u64 {
+        let Some(slot) = st.slot else { return 0 };
         let mut blocks = AlignedBuf::zeroed(pages.len());
         let mut ok = vec![false; pages.len()];
         let mut emptied = vec![false; pages.len()];
@@ -110,9 +110,11 @@ impl SsdTier {
             }
         }
         let (index, writes): (Vec<usize>, Vec<BatchWrite<'_>>) = batch.into_iter().unzip();
+        let mut written = 0;
         // may do I/O: every write in flight at once
         for (i, result) in index.into_iter().zip(self.device.write_batch(&writes)) {
             ok[i] = result.is_ok();
+            written += u64::from(ok[i]);
         }
         for ((&(s, contents), ok), emptied) in pages.iter().zip(ok).zip(emptied) {
             let old_count = i64::from(st.counts[s]);
@@ -135,6 +137,7 @@ impl SsdTier {
                 .objects
                 .fetch_add(new_count as i64 - old_count, Ordering::Relaxed);
         }
+        written
     }
 
     /// A sub-page's records as its block stores them in this tier's mode: packed by

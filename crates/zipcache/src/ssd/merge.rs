@@ -89,6 +89,9 @@ impl SsdTier {
             return;
         }
         if overflow {
+            self.counters
+                .split_v_obj
+                .fetch_add(evicted_bytes(batch), Ordering::Relaxed);
             self.split(w, st, touched, appending, now_ms);
             return;
         }
@@ -110,7 +113,10 @@ impl SsdTier {
             }
         }
         let pages: Vec<(usize, &Contents)> = touched.iter().map(|(&s, c)| (s, c)).collect();
-        self.write_subpages(st, &pages);
+        let written = self.write_subpages(st, &pages);
+        self.counters
+            .merge_blocks
+            .fetch_add(written, Ordering::Relaxed);
         st.version += 1;
     }
 
@@ -195,7 +201,10 @@ impl SsdTier {
             .enumerate()
             .filter(|(s, contents)| !contents.is_empty() || st.counts[*s] != 0)
             .collect();
-        self.write_subpages(st, &pages);
+        let written = self.write_subpages(st, &pages);
+        self.counters
+            .split_blocks
+            .fetch_add(written, Ordering::Relaxed);
     }
 
     /// `objs` sorted into the sub-pages they hash to.
@@ -283,6 +292,14 @@ fn record_len(key: &[u8], value: &[u8], meta: &Meta) -> usize {
     .encoded_len()
 }
 
+/// What `objects` count in `V_obj`: key and value bytes of each new version.
+fn evicted_bytes(objects: &[&EvictedObject]) -> u64 {
+    objects
+        .iter()
+        .filter_map(|o| o.value.as_ref().map(|v| (o.key.len() + v.len()) as u64))
+        .sum()
+}
+
 fn payload_len(contents: &Contents) -> usize {
     contents
         .iter()
@@ -297,13 +314,9 @@ impl EvictionSink for SsdTier {
         self.relieve_physical(&mut w);
         // Clean objects are already on the SSD as they are: nothing to write.
         let dirty: Vec<&EvictedObject> = objects.iter().filter(|o| !o.meta.clean).collect();
-        let v_obj: usize = dirty
-            .iter()
-            .filter_map(|o| o.value.as_ref().map(|v| o.key.len() + v.len()))
-            .sum();
         self.counters
             .v_obj
-            .fetch_add(v_obj as u64, Ordering::Relaxed);
+            .fetch_add(evicted_bytes(&dirty), Ordering::Relaxed);
         let mut i = 0;
         while i < dirty.len() {
             // Enough for this group to split a few ways; if a split still runs out, the
@@ -394,5 +407,41 @@ mod tests {
         };
         let (raw, packed) = (superleaves(false), superleaves(true));
         assert!(packed * 3 <= raw, "{packed} packed super-leaves, {raw} raw");
+    }
+
+    /// Every block the tier writes is counted as a merge's or a split's, so the two
+    /// counts account for all the bytes written, and the evicted bytes are split the same way.
+    #[test]
+    fn blocks_written_are_counted_by_merges_and_splits() {
+        let device: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(4 * 256));
+        let ssd = tier_on(device.clone(), settings(256));
+        // First batches split (a half-filled 4-block super-leaf holds ~70 of these
+        // objects); the one-object batches after them only merge.
+        for batch in (0..2000).collect::<Vec<u32>>().chunks(200) {
+            absorb(&ssd, batch.iter().copied());
+        }
+        let c = &ssd.counters;
+        let splits_only = c.merge_blocks.load(Ordering::Relaxed);
+        for i in (0..2000).step_by(97) {
+            absorb(&ssd, [i]);
+        }
+        let (merges, splits) = (
+            c.merge_blocks.load(Ordering::Relaxed),
+            c.split_blocks.load(Ordering::Relaxed),
+        );
+        assert!(splits > 0, "the first batches split");
+        assert!(
+            merges > splits_only,
+            "single objects merge: {merges} blocks"
+        );
+        assert_eq!(
+            (merges + splits) * 4096,
+            device.stats().host_bytes_written,
+            "{merges} merge blocks, {splits} split blocks"
+        );
+        let object = (8 + 100) as u64;
+        assert_eq!(c.v_obj.load(Ordering::Relaxed), (2000 + 21) * object);
+        let split_bytes = c.split_v_obj.load(Ordering::Relaxed);
+        assert!(split_bytes >= 200 * object && split_bytes <= 2000 * object);
     }
 }

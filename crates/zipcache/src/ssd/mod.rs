@@ -163,6 +163,12 @@ impl SsdSettings {
 #[derive(Debug, Default)]
 pub struct SsdCounters {
     pub v_obj: AtomicU64,
+    /// Blocks written by merges (an eviction's read-modify-write of the sub-pages its
+    /// objects hash to) and by splits (super-leaves rewritten whole), and the evicted
+    /// object bytes (`v_obj`) that went into splits: where `wa` comes from.
+    pub merge_blocks: AtomicU64,
+    pub split_blocks: AtomicU64,
+    pub split_v_obj: AtomicU64,
     pub gets: AtomicU64,
     pub reads: AtomicU64,
     /// Reads made by GETs (the paper's promise: at most one per GET).
