@@ -67,7 +67,7 @@ use crate::write_buffer::{Pressure, limit_at};
 use access::{AccessClock, fingerprint};
 #[cfg(test)]
 use block::Block;
-use leaf::{DramLeaf, Extras, LeafState, MERGE_QUEUED, UNKNOWN, WRITTEN};
+use leaf::{DramLeaf, Extras, LeafState, MERGE_QUEUED, UNKNOWN, WRITTEN, blob_bytes};
 pub use reclaim::Reclaimed;
 
 /// What the DRAM tier knows about a key.
@@ -515,13 +515,13 @@ impl DramTier {
             leaf.set(WRITTEN, true);
         }
         let limit = limit_at(self.settings.write_buffer, leaf.buffer_level());
-        let pressure = self.charged(leaf, st, |st| {
+        let pressure = self.charged_knowing_blobs(leaf, st, |st| {
             let extras = st.extras.get_or_insert_default();
             extras.buffered.store(UNKNOWN, Ordering::Relaxed);
             if self.settings.track_access {
                 self.restamp(extras, record, access, now_ms);
             }
-            extras.forget_buffered_blob(record.key);
+            let freed = extras.forget_buffered_blob(record.key);
             let blob = match record.payload {
                 // may compress: a medium value goes into its blob now, once
                 Payload::Inline(value) => {
@@ -529,8 +529,9 @@ impl DramTier {
                 }
                 Payload::Medium(_) | Payload::Tombstone => None,
             };
-            match blob {
-                Some((slot, stale)) => {
+            let added = blob.map_or(0, |(_, _, bytes)| bytes);
+            let pressure = match blob {
+                Some((slot, stale, _)) => {
                     let pointer = Record {
                         payload: Payload::Medium(slot),
                         ..*record
@@ -546,7 +547,8 @@ impl DramTier {
                     }
                 }
                 None => extras.buffer.append(record, limit),
-            }
+            };
+            (pressure, added as i64 - freed as i64)
         });
         match pressure {
             Pressure::Fine => {}
@@ -567,16 +569,16 @@ impl DramTier {
 
     /// Compresses a medium value written to a leaf into a blob of the leaf's table, with
     /// the dictionary its blobs use (else the current one), and returns the blob's slot
-    /// for the buffered record (the merges that follow take the blob as it is), and
-    /// whether that dictionary is no longer the current one. `None` for a tiny value, or
-    /// if the table is full (the merge compresses the value then).
+    /// for the buffered record (the merges that follow take the blob as it is), whether
+    /// that dictionary is no longer the current one, and the blob's `blob_bytes`. `None`
+    /// for a tiny value, or if the table is full (the merge compresses the value then).
     fn buffered_blob(
         &self,
         extras: &mut Extras,
         key: &[u8],
         value: &[u8],
         meta: &Meta,
-    ) -> Option<(u16, bool)> {
+    ) -> Option<(u16, bool, usize)> {
         if !self.is_medium(key, value) {
             return None;
         }
@@ -591,8 +593,9 @@ impl DramTier {
         if blob_dictionary(&blob).is_some_and(|id| id != 0) {
             extras.dictionary = dictionary;
         }
+        let bytes = blob_bytes([&blob]);
         extras.push_blob(blob);
-        Some((slot, stale))
+        Some((slot, stale, bytes))
     }
 
     fn restamp(
