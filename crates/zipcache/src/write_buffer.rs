@@ -296,17 +296,21 @@ mod tests {
         }
         assert_eq!(b.filter().len(), 64);
         for i in 0..100 {
-            assert_eq!(
-                b.find(&key(i)).unwrap().payload,
-                Payload::Medium(i as u16)
-            );
+            assert_eq!(b.find(&key(i)).unwrap().payload, Payload::Medium(i as u16));
         }
         let passed = (100..10_100).filter(|&i| b.may_hold(&key(i))).count();
         assert!(passed < 1_500, "{passed} of 10,000 absent keys passed");
-        assert_eq!((100..10_100).filter(|&i| b.find(&key(i)).is_some()).count(), 0);
+        assert_eq!(
+            (100..10_100).filter(|&i| b.find(&key(i)).is_some()).count(),
+            0
+        );
         let records = b.records().count();
         assert_eq!(records, 100, "the filter is not read as records");
-        assert_eq!(b.len(), CAS_TOP + b.run().len(), "the filter is not counted");
+        assert_eq!(
+            b.len(),
+            CAS_TOP + b.run().len(),
+            "the filter is not counted"
+        );
     }
 
     #[test]
