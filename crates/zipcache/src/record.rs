@@ -16,10 +16,12 @@
 //! A medium pointer in a page carries no metadata: it lives in the blob. In a write
 //! buffer it carries a copy, which merges read instead of the blob's header.
 
+use std::cell::RefCell;
+
 use crate::dictionary::Dictionary;
 use crate::format::blob::{BITS, BLOB_CODEC, BLOB_DICTIONARY, BLOB_LZ4, BLOB_RAW, DICTIONARY_ID};
 use crate::format::record::{
-    CLEAN, CLIENT_CAS, HAS_CAS, HAS_EXPIRY, HAS_FLAGS, MAX_METADATA, MAX_VARINT, MEDIUM_POINTER,
+    CLEAN, CLIENT_CAS, HAS_CAS, HAS_EXPIRY, HAS_FLAGS, MAX_METADATA, MEDIUM_POINTER,
     PAYLOAD_INLINE, PAYLOAD_MASK, PAYLOAD_MEDIUM, PAYLOAD_TOMBSTONE, RECORD_HEADER,
 };
 /// A decoded length a blob of `stored` bytes may claim: LZ4 and zstd expand at most
@@ -312,61 +314,81 @@ pub fn records_in(buf: &[u8], base: CasBase) -> impl Iterator<Item = Record<'_>>
 /// value as is.
 enum Stored {
     Raw,
-    Lz4(Vec<u8>),
-    Dictionary(u8, Vec<u8>),
+    Lz4,
+    Dictionary(u8),
 }
 
 impl Stored {
     /// With a dictionary, zstd alone where it shrinks the value (it does, by far more
     /// than LZ4, on the values a dictionary was trained on: compressing with both cost a
-    /// third of the fill rate), LZ4 where it does not; without one, LZ4.
-    fn of(value: &[u8], dictionary: Option<&Dictionary>) -> Stored {
+    /// third of the fill rate), LZ4 where it does not; without one, LZ4. The compressed
+    /// bytes go to `compressed` (cleared first).
+    fn of(value: &[u8], dictionary: Option<&Dictionary>, compressed: &mut Vec<u8>) -> Stored {
+        compressed.clear();
         if let Some(d) = dictionary {
-            let mut zstd = Vec::new();
-            if let Some(n) = d.compress(value, &mut zstd)
+            if let Some(n) = d.compress(value, compressed)
                 && n < value.len()
                 && plausible(value.len(), n)
             {
-                return Stored::Dictionary(d.id(), zstd);
+                return Stored::Dictionary(d.id());
             }
+            compressed.clear();
         }
-        let mut lz4 = Vec::new();
-        match lzzzz::lz4::compress_to_vec(value, &mut lz4, lzzzz::lz4::ACC_LEVEL_DEFAULT) {
-            Ok(n) if n < value.len() && plausible(value.len(), n) => Stored::Lz4(lz4),
+        match lzzzz::lz4::compress_to_vec(value, compressed, lzzzz::lz4::ACC_LEVEL_DEFAULT) {
+            Ok(n) if n < value.len() && plausible(value.len(), n) => Stored::Lz4,
             _ => Stored::Raw,
         }
     }
 
-    fn data<'a>(&'a self, value: &'a [u8]) -> &'a [u8] {
+    fn data<'a>(&self, value: &'a [u8], compressed: &'a [u8]) -> &'a [u8] {
         match self {
             Stored::Raw => value,
-            Stored::Lz4(data) | Stored::Dictionary(_, data) => data,
+            Stored::Lz4 | Stored::Dictionary(_) => compressed,
         }
     }
+}
+
+thread_local! {
+    /// A medium value compressed, and its blob, while it is encoded: reused, so that
+    /// encoding allocates nothing (a PUT's blob is then copied into its `Block` alone).
+    static SCRATCH: RefCell<(Vec<u8>, Vec<u8>)> = const { RefCell::new((Vec::new(), Vec::new())) };
 }
 
 /// Bytes a medium value takes in its blob (not counting the header) when compressed with
 /// `dictionary` where that wins.
 pub fn stored_len(value: &[u8], dictionary: Option<&Dictionary>) -> usize {
-    Stored::of(value, dictionary).data(value).len()
+    SCRATCH.with_borrow_mut(|(compressed, _)| {
+        Stored::of(value, dictionary, compressed)
+            .data(value, compressed)
+            .len()
+    })
 }
 
 /// Compresses a medium object's value and metadata into its own blob
 /// (`format/blob.rs`): with `dictionary` where that beats LZ4 alone, and the value as is
 /// where neither shrinks it.
-pub fn encode_blob(value: &[u8], meta: &Meta, dictionary: Option<&Dictionary>) -> Vec<u8> {
-    let stored = Stored::of(value, dictionary);
-    let data = stored.data(value);
-    let mut out = Vec::with_capacity(data.len() + 2 + MAX_METADATA + MAX_VARINT);
-    match stored {
-        Stored::Raw => out.push(meta.bits() | BLOB_RAW),
-        Stored::Lz4(_) => out.push(meta.bits() | BLOB_LZ4),
-        Stored::Dictionary(id, _) => out.extend_from_slice(&[meta.bits() | BLOB_DICTIONARY, id]),
-    }
-    meta.encode(&mut out, CasBase::default());
-    put_varint(&mut out, value.len() as u64);
-    out.extend_from_slice(data);
-    out
+///
+/// The blob is handed to `keep` (which must not encode another) in this thread's
+/// scratch, not in a `Vec` of its own.
+pub fn encode_blob_with<R>(
+    value: &[u8],
+    meta: &Meta,
+    dictionary: Option<&Dictionary>,
+    keep: impl FnOnce(&[u8]) -> R,
+) -> R {
+    SCRATCH.with_borrow_mut(|(compressed, out)| {
+        let stored = Stored::of(value, dictionary, compressed);
+        out.clear();
+        match stored {
+            Stored::Raw => out.push(meta.bits() | BLOB_RAW),
+            Stored::Lz4 => out.push(meta.bits() | BLOB_LZ4),
+            Stored::Dictionary(id) => out.extend_from_slice(&[meta.bits() | BLOB_DICTIONARY, id]),
+        }
+        meta.encode(out, CasBase::default());
+        put_varint(out, value.len() as u64);
+        out.extend_from_slice(stored.data(value, compressed));
+        keep(out)
+    })
 }
 
 /// A blob's header: codec bits, dictionary id (0 for none), metadata, value length,
@@ -381,6 +403,12 @@ fn parse_blob_header(blob: &[u8]) -> Option<(u8, u8, Meta, usize, usize)> {
     let meta = Meta::decode(bits, &mut r, CasBase::default())?;
     let len = usize::try_from(r.varint()?).ok()?;
     Some((bits, dictionary, meta, len, r.pos))
+}
+
+/// `encode_blob_with`, the blob in a `Vec`.
+#[cfg(test)]
+pub fn encode_blob(value: &[u8], meta: &Meta, dictionary: Option<&Dictionary>) -> Vec<u8> {
+    encode_blob_with(value, meta, dictionary, <[u8]>::to_vec)
 }
 
 /// The metadata and value length of a blob, without decompressing its value.
@@ -487,6 +515,7 @@ impl<'a> Reader<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::format::record::MAX_VARINT;
     use proptest::prelude::*;
 
     /// Lengths on both sides of every varint boundary a value length can cross in a page.

@@ -135,20 +135,23 @@ impl Expiry {
     /// The update storing `value` with this expiry and `flags` (a past expiry deletes),
     /// under `cas` — the item's own, kept, or one the client chose — or a fresh CAS.
     fn store(self, value: Vec<u8>, flags: u32, cas: Option<u64>) -> Update {
-        if self == Expiry::Past {
-            return Update::Delete;
+        match self.put_options(flags, cas) {
+            Some(options) => Update::Put { value, options },
+            None => Update::Delete,
         }
-        Update::Put {
-            value,
-            options: PutOptions {
-                expires_at_ms: self.expires_at_ms(),
-                flags,
-                assign_cas: true,
-                cas,
-                // A new write: not fetched, accessed now.
-                access: None,
-            },
-        }
+    }
+
+    /// `store`'s options for a put; `None` where it deletes (a past expiry). A plain
+    /// `set` takes them alone, without a copy of its value for an `Update`.
+    fn put_options(self, flags: u32, cas: Option<u64>) -> Option<PutOptions> {
+        (self != Expiry::Past).then(|| PutOptions {
+            expires_at_ms: self.expires_at_ms(),
+            flags,
+            assign_cas: true,
+            cas,
+            // A new write: not fetched, accessed now.
+            access: None,
+        })
     }
 }
 

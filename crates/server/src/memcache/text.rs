@@ -409,13 +409,13 @@ fn apply_store(
         if events::wants_previous(shared) {
             *previous = events::peek_size(shared, key);
         }
-        return match expiry.store(data.to_vec(), flags, None) {
-            Update::Put { options, .. } => shared
+        return match expiry.put_options(flags, None) {
+            Some(options) => shared
                 .core
                 .cache
                 .put_with(key, data, options)
                 .map(|cas| (StoreOutcome::Stored { size: data.len() }, Some(cas))),
-            _ => shared
+            None => shared
                 .core
                 .cache
                 .delete(key)

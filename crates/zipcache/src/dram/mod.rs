@@ -69,7 +69,7 @@ use access::{AccessClock, fingerprint};
 #[cfg(test)]
 use block::Block;
 use bypass::Bypass;
-use leaf::{DramLeaf, Extras, LeafState, MERGE_QUEUED, UNKNOWN, WRITTEN};
+use leaf::{DramLeaf, Extras, LeafState, MERGE_QUEUED, UNKNOWN, WRITTEN, blob_bytes};
 use packed_page::PackedLayout;
 pub use reclaim::Reclaimed;
 use slots::{SlotId, Slots, View};
@@ -523,13 +523,13 @@ impl DramTier {
             leaf.set(WRITTEN, true);
         }
         let limit = limit_at(self.settings.write_buffer, leaf.buffer_level());
-        let pressure = self.charged(leaf, st, |st| {
+        let pressure = self.charged_knowing_blobs(leaf, st, |st| {
             let extras = st.extras.get_or_insert_default();
             extras.buffered.store(UNKNOWN, Ordering::Relaxed);
             if self.settings.track_access {
                 self.restamp(extras, record, access, now_ms);
             }
-            extras.forget_buffered_blob(record.key);
+            let freed = extras.forget_buffered_blob(record.key);
             let blob = match record.payload {
                 // may compress: a medium value goes into its blob now, once
                 Payload::Inline(value) => {
@@ -537,8 +537,9 @@ impl DramTier {
                 }
                 Payload::Medium(_) | Payload::Tombstone => None,
             };
-            match blob {
-                Some((slot, stale)) => {
+            let added = blob.map_or(0, |(_, _, bytes)| bytes);
+            let pressure = match blob {
+                Some((slot, stale, _)) => {
                     let pointer = Record {
                         payload: Payload::Medium(slot),
                         ..*record
@@ -554,7 +555,8 @@ impl DramTier {
                     }
                 }
                 None => extras.buffer.append(record, limit),
-            }
+            };
+            (pressure, added as i64 - freed as i64)
         });
         match pressure {
             Pressure::Fine => {}
@@ -575,16 +577,16 @@ impl DramTier {
 
     /// Compresses a medium value written to a leaf into a blob of the leaf's table, with
     /// the dictionary its blobs use (else the current one), and returns the blob's slot
-    /// for the buffered record (the merges that follow take the blob as it is), and
-    /// whether that dictionary is no longer the current one. `None` for a tiny value, or
-    /// if the table is full (the merge compresses the value then).
+    /// for the buffered record (the merges that follow take the blob as it is), whether
+    /// that dictionary is no longer the current one, and the blob's `blob_bytes`. `None`
+    /// for a tiny value, or if the table is full (the merge compresses the value then).
     fn buffered_blob(
         &self,
         extras: &mut Extras,
         key: &[u8],
         value: &[u8],
         meta: &Meta,
-    ) -> Option<(u16, bool)> {
+    ) -> Option<(u16, bool, usize)> {
         if !self.is_medium(key, value) {
             return None;
         }
@@ -599,8 +601,9 @@ impl DramTier {
         if blob_dictionary(&blob).is_some_and(|id| id != 0) {
             extras.dictionary = dictionary;
         }
+        let bytes = blob_bytes([&blob]);
         extras.push_blob(blob);
-        Some((slot, stale))
+        Some((slot, stale, bytes))
     }
 
     fn restamp(
