@@ -51,7 +51,7 @@ const TABLE_BYTES_PER_BUCKET: usize = 6;
 
 /// The log2 of the buckets for `sample_bytes` of samples: one per 4 bytes. JSON fills
 /// through the server (docs/RESULTS.md) held as many documents with it as with 2^20 or
-/// with one per byte, and peaked 6.5 MiB lower than with 2^20.
+/// with one per byte, and peaked 6–9 MiB lower than with 2^20.
 fn table_log(sample_bytes: usize) -> u32 {
     (usize::BITS - (sample_bytes >> 2).leading_zeros()).clamp(*TABLE_LOG.start(), *TABLE_LOG.end())
 }
