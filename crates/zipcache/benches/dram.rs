@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use criterion::{Criterion, criterion_group, criterion_main};
 use zipcache::internals::{
     Memory, Meta, PackedLayout, PageDictionary, Payload, Record, compress_page, decompress_prefix,
-    dram_subpage,
+    dram_subpage, text_record,
 };
 use zipcache::{Config, ZipCache};
 
@@ -64,38 +64,20 @@ fn synthetic_value(i: u64) -> Vec<u8> {
     v
 }
 
-/// A row of text like `airports`'s (about 60 B): what a page dictionary shrinks.
-fn text_row(i: u64) -> Vec<u8> {
-    const CITIES: [&str; 5] = ["Anchorage", "Boise", "Chicago", "Denver", "El Paso"];
-    let mut rng = 0x5eed ^ i.wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    let n = xorshift(&mut rng);
-    format!(
-        "K{:05},\"{} Municipal\",\"{}\",\"USA\",{}.{:04},-{}.{:04}",
-        n % 99_999,
-        CITIES[(n % 5) as usize],
-        CITIES[(n / 7 % 5) as usize],
-        30 + n % 30,
-        n % 10_000,
-        80 + n % 40,
-        n / 13 % 10_000
-    )
-    .into_bytes()
-}
-
 /// Paper Table 1: the time to decode a 4 KiB leaf through its first m of 16 sub-pages;
 /// on the paper's values, then on text rows compressed alone and with an LZ4 page
 /// dictionary of other rows (issue 21: Table 1 with and without).
 fn early_termination(c: &mut Criterion) {
     let dictionary = {
-        let rows: Vec<u8> = (1_000..2_000).flat_map(text_row).collect();
+        let rows: Vec<u8> = (1_000..2_000).flat_map(text_record).collect();
         PageDictionary::prepare(1, &rows, Arc::new(Memory::default())).expect("prepares")
     };
     let pages = [
         ("decode_4KiB_leaf", leaf_page(synthetic_value), None),
-        ("decode_4KiB_text_leaf", leaf_page(text_row), None),
+        ("decode_4KiB_text_leaf", leaf_page(text_record), None),
         (
             "decode_4KiB_text_leaf_dictionary",
-            leaf_page(text_row),
+            leaf_page(text_record),
             Some(&*dictionary),
         ),
     ];

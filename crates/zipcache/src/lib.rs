@@ -118,7 +118,7 @@ pub enum Update {
 /// Not a stable interface.
 #[doc(hidden)]
 pub mod internals {
-    pub use crate::dictionary::page::PageDictionary;
+    pub use crate::dictionary::page::{PageDictionary, text_record};
     pub use crate::dram::early_termination::{compress_page, decompress_prefix};
     pub use crate::dram::packed_page::PackedLayout;
     pub use crate::memory::Memory;

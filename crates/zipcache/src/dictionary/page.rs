@@ -237,26 +237,27 @@ impl Drop for PageDictionary {
     }
 }
 
+/// A text record like a row of `airports` (about 60 bytes), drawn from `seed`: what a
+/// page dictionary shrinks, for the tests and the benchmarks (`internals`).
+pub fn text_record(seed: u64) -> Vec<u8> {
+    const CITIES: [&str; 5] = ["Anchorage", "Boise", "Chicago", "Denver", "El Paso"];
+    let n = crate::dictionary::training::mix(seed);
+    format!(
+        "K{:05},\"{} Municipal\",\"{}\",\"USA\",{}.{:04},-{}.{:04}\n",
+        n % 99_999,
+        CITIES[(n % 5) as usize],
+        CITIES[(n / 7 % 5) as usize],
+        30 + n % 30,
+        n % 10_000,
+        80 + n % 40,
+        n / 13 % 10_000
+    )
+    .into_bytes()
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-
-    /// A text record like a row of `airports` (about 60 bytes), drawn from `seed`.
-    pub(crate) fn text_record(seed: u64) -> Vec<u8> {
-        const CITIES: [&str; 5] = ["Anchorage", "Boise", "Chicago", "Denver", "El Paso"];
-        let n = crate::dictionary::training::mix(seed);
-        format!(
-            "K{:05},\"{} Municipal\",\"{}\",\"USA\",{}.{:04},-{}.{:04}\n",
-            n % 99_999,
-            CITIES[(n % 5) as usize],
-            CITIES[(n / 7 % 5) as usize],
-            30 + n % 30,
-            n % 10_000,
-            80 + n % 40,
-            n / 13 % 10_000
-        )
-        .into_bytes()
-    }
 
     /// `count` text records of one shape: what a dictionary of their kind shrinks.
     pub(crate) fn text_records(seed: u64, count: usize) -> Vec<u8> {

@@ -213,7 +213,8 @@ mod tests {
 
     use super::super::test_support::*;
     use super::*;
-    use crate::dictionary::page::tests::{text_record, text_records};
+    use crate::dictionary::page::tests::text_records;
+    use crate::dictionary::page::text_record;
     use crate::memory::Memory;
     use crate::record::Meta;
 
