@@ -16,7 +16,9 @@
 //! those of the window it was trained on, no candidate would beat it by the margin a swap
 //! needs, and training one (fastCover over the reservoir, a few tens of milliseconds) is
 //! most of what a stationary fill spends on dictionaries. Judging the window costs a
-//! compression of its held-out samples.
+//! compression of its held-out samples; a window that fits is followed by one twice as
+//! long, as after a candidate that did not win (shorter windows copy more values into
+//! the reservoir: a third of them at 8 reservoirs).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -301,8 +303,6 @@ impl<K: Kind> Trainer<K> {
             r.fitted = Some(fitted);
             self.counters.swapped.fetch_add(1, Ordering::Relaxed);
             r.window = reservoir * WINDOW_AFTER_SWAP;
-        } else if fits {
-            r.window = reservoir * WINDOW_AFTER_SWAP;
         } else {
             r.window = (r.window * 2).clamp(reservoir, reservoir * LONGEST_WINDOW);
         }
@@ -467,7 +467,8 @@ mod tests {
         let mut next = offer_until_swapped(&dictionaries, 0, 0) + 1;
         let trained = dictionaries.counters.trained.load(Ordering::Relaxed);
         let window = settings.samples as u64 * WINDOW_AFTER_SWAP;
-        for _ in 0..4 * window {
+        // Windows of 8, 16 and 32 reservoirs.
+        for _ in 0..7 * window {
             dictionaries.offer(&document(0, next));
             dictionaries.settle();
             next += 1;
