@@ -17,8 +17,7 @@
 //! needs, and training one (fastCover over the reservoir, a few tens of milliseconds) is
 //! most of what a stationary fill spends on dictionaries. Judging the window costs a
 //! compression of its held-out samples; a window that fits is followed by one twice as
-//! long, as after a candidate that did not win (shorter windows copy more values into
-//! the reservoir: a third of them at 8 reservoirs).
+//! long, up to [`LONGEST_FITTED_WINDOW`] reservoirs.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -36,6 +35,10 @@ const HELD_OUT_EVERY: usize = 8;
 /// Windows, in reservoirs: after a swap, and the longest.
 const WINDOW_AFTER_SWAP: u64 = 8;
 const LONGEST_WINDOW: u64 = 256;
+/// The longest window after one the current dictionary fitted, in reservoirs: values
+/// that drift are found within it. Shorter windows copy more values into the
+/// reservoir (a third of them at 8 reservoirs, a quarter at 16).
+const LONGEST_FITTED_WINDOW: u64 = 16;
 
 /// How large the reservoir and the dictionary are for a DRAM budget.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -303,6 +306,8 @@ impl<K: Kind> Trainer<K> {
             r.fitted = Some(fitted);
             self.counters.swapped.fetch_add(1, Ordering::Relaxed);
             r.window = reservoir * WINDOW_AFTER_SWAP;
+        } else if fits {
+            r.window = (r.window * 2).clamp(reservoir, reservoir * LONGEST_FITTED_WINDOW);
         } else {
             r.window = (r.window * 2).clamp(reservoir, reservoir * LONGEST_WINDOW);
         }
@@ -464,14 +469,13 @@ mod tests {
             dictionary_size: 16 << 10,
         };
         let dictionaries = Arc::new(Trainer::<Dictionary>::new(settings, Arc::default()));
-        let mut next = offer_until_swapped(&dictionaries, 0, 0) + 1;
+        let first = offer_until_swapped(&dictionaries, 0, 0) + 1;
         let trained = dictionaries.counters.trained.load(Ordering::Relaxed);
         let window = settings.samples as u64 * WINDOW_AFTER_SWAP;
         // Windows of 8, 16 and 32 reservoirs.
-        for _ in 0..7 * window {
-            dictionaries.offer(&document(0, next));
+        for i in first..first + 7 * window {
+            dictionaries.offer(&document(0, i));
             dictionaries.settle();
-            next += 1;
         }
         let counters = &dictionaries.counters;
         assert_eq!(
