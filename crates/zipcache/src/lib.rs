@@ -119,6 +119,7 @@ pub enum Update {
 #[doc(hidden)]
 pub mod internals {
     pub use crate::dictionary::page::{PageDictionary, text_record};
+    pub use crate::dictionary::training::train_from_samples;
     pub use crate::dram::early_termination::{compress_page, decompress_prefix};
     pub use crate::dram::packed_page::PackedLayout;
     pub use crate::memory::Memory;

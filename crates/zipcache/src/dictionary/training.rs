@@ -8,8 +8,16 @@
 //! value, and charged to the DRAM budget. The first window is as long as the reservoir
 //! (the first dictionary comes early); after a swap the next window is
 //! [`WINDOW_AFTER_SWAP`] reservoirs long, and after a candidate that did not win twice
-//! as long as the last, up to [`LONGEST_WINDOW`], so a stable schema costs little
-//! training while a changed one gets a new dictionary within a few windows.
+//! as long as the last, up to [`LONGEST_WINDOW`], so a changed schema gets a new
+//! dictionary within a few windows.
+//!
+//! A window trains a candidate only if the values have drifted: while the current
+//! dictionary compresses the window's held-out values about as well as it compressed
+//! those of the window it was trained on, no candidate would beat it by the margin a swap
+//! needs, and training one (fastCover over the reservoir, a few tens of milliseconds) is
+//! most of what a stationary fill spends on dictionaries. Judging the window costs a
+//! compression of its held-out samples; a window that fits is followed by one twice as
+//! long, up to [`LONGEST_FITTED_WINDOW`] reservoirs.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -27,6 +35,10 @@ const HELD_OUT_EVERY: usize = 8;
 /// Windows, in reservoirs: after a swap, and the longest.
 const WINDOW_AFTER_SWAP: u64 = 8;
 const LONGEST_WINDOW: u64 = 256;
+/// The longest window after one the current dictionary fitted, in reservoirs: values
+/// that drift are found within it. Shorter windows copy more values into the
+/// reservoir (a third of them at 8 reservoirs, a quarter at 16).
+const LONGEST_FITTED_WINDOW: u64 = 16;
 
 /// How large the reservoir and the dictionary are for a DRAM budget.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -141,6 +153,8 @@ pub struct TrainingCounters {
     pub trained: AtomicU64,
     /// Candidates that became the current dictionary.
     pub swapped: AtomicU64,
+    /// Windows the current dictionary still fitted: no candidate trained.
+    pub fitted: AtomicU64,
 }
 
 /// The current dictionary of one kind, and the training that may replace it.
@@ -165,6 +179,10 @@ struct Reservoir {
     training: Option<std::thread::JoinHandle<()>>,
     /// Candidates trained so far.
     generation: u64,
+    /// What the current dictionary's held-out values took, over their raw bytes, when it
+    /// was swapped in: a window's held-out values taking more than this by the swap's
+    /// margin means the values drifted.
+    fitted: Option<f64>,
 }
 
 impl<K: Kind> Trainer<K> {
@@ -180,6 +198,7 @@ impl<K: Kind> Trainer<K> {
                 charged: 0,
                 training: None,
                 generation: 0,
+                fitted: None,
             }),
             memory,
             counters: TrainingCounters::default(),
@@ -243,8 +262,9 @@ impl<K: Kind> Trainer<K> {
         }
     }
 
-    /// Trains a candidate on `samples` (less those held out), and makes it current if
-    /// the held-out samples compress noticeably better with it.
+    /// Trains a candidate on `samples` (less those held out) unless the current
+    /// dictionary still fits them, and makes it current if the held-out samples compress
+    /// noticeably better with it.
     fn train(&self, generation: u64, samples: Vec<Box<[u8]>>, charged: i64) {
         let (held_out, training): (Vec<_>, Vec<_>) = samples
             .iter()
@@ -261,36 +281,61 @@ impl<K: Kind> Trainer<K> {
             .filter(|s| !learnt.contains(s))
             .collect();
         drop(learnt);
-        // The trainer's working memory is the budget's while it runs.
-        let working = training_bytes(&training, self.settings.dictionary_size) as i64;
-        self.memory.change_dictionaries(working);
-        let candidate = K::train(
-            generation,
-            &training,
-            self.settings.dictionary_size,
-            self.memory.clone(),
-        );
-        self.memory.change_dictionaries(-working);
-        self.counters.trained.fetch_add(1, Ordering::Relaxed);
+        let raw = held_out.iter().map(|s| s.len()).sum::<usize>().max(1) as f64;
         let current = self.current();
-        let better = !held_out.is_empty()
-            && candidate.as_ref().is_some_and(|c| {
-                K::cost(&held_out, Some(c)) as f64
-                    <= K::cost(&held_out, current.as_deref()) as f64 * SWAP_BELOW
-            });
+        let current_cost = K::cost(&held_out, current.as_deref()) as f64;
+        let fitted = self.reservoir.lock().fitted;
+        let fits = current.is_some()
+            && !held_out.is_empty()
+            && fitted.is_some_and(|f| current_cost / raw * SWAP_BELOW <= f);
+        let swapped_in = if fits {
+            self.counters.fitted.fetch_add(1, Ordering::Relaxed);
+            None
+        } else {
+            self.candidate(generation, &training, &held_out, current_cost)
+                .map(|(candidate, cost)| (candidate, cost / raw))
+        };
         drop(held_out);
         drop(training);
         drop(samples);
         self.memory.change_dictionaries(-charged);
         let mut r = self.reservoir.lock();
         let reservoir = self.settings.samples as u64;
-        if better {
-            self.current.store(candidate);
+        if let Some((candidate, fitted)) = swapped_in {
+            self.current.store(Some(candidate));
+            r.fitted = Some(fitted);
             self.counters.swapped.fetch_add(1, Ordering::Relaxed);
             r.window = reservoir * WINDOW_AFTER_SWAP;
+        } else if fits {
+            r.window = (r.window * 2).clamp(reservoir, reservoir * LONGEST_FITTED_WINDOW);
         } else {
             r.window = (r.window * 2).clamp(reservoir, reservoir * LONGEST_WINDOW);
         }
+    }
+
+    /// A candidate trained on `training`, and what `held_out` take with it, if that is
+    /// at most [`SWAP_BELOW`] of `current_cost` (what they take now).
+    fn candidate(
+        &self,
+        generation: u64,
+        training: &[&[u8]],
+        held_out: &[&[u8]],
+        current_cost: f64,
+    ) -> Option<(Arc<K>, f64)> {
+        // The trainer's working memory is the budget's while it runs.
+        let working = training_bytes(training, self.settings.dictionary_size) as i64;
+        self.memory.change_dictionaries(working);
+        let candidate = K::train(
+            generation,
+            training,
+            self.settings.dictionary_size,
+            self.memory.clone(),
+        );
+        self.memory.change_dictionaries(-working);
+        self.counters.trained.fetch_add(1, Ordering::Relaxed);
+        let candidate = candidate.filter(|_| !held_out.is_empty())?;
+        let cost = K::cost(held_out, Some(&candidate)) as f64;
+        (cost <= current_cost * SWAP_BELOW).then_some((candidate, cost))
     }
 
     /// Makes `dictionary` the current one, as a swap would.
@@ -412,6 +457,34 @@ mod tests {
             trained_since >= 2 && swapped_since == 0,
             "{trained_since} trained, {swapped_since} swapped"
         );
+    }
+
+    /// Values of one schema, window after window: once a dictionary fits them, the
+    /// windows are judged and no candidate is trained (a stationary fill used to train
+    /// one a window, most of what it spent on dictionaries).
+    #[test]
+    fn a_stationary_schema_trains_no_more_candidates() {
+        let settings = TrainingSettings {
+            samples: 256,
+            dictionary_size: 16 << 10,
+        };
+        let dictionaries = Arc::new(Trainer::<Dictionary>::new(settings, Arc::default()));
+        let first = offer_until_swapped(&dictionaries, 0, 0) + 1;
+        let trained = dictionaries.counters.trained.load(Ordering::Relaxed);
+        let window = settings.samples as u64 * WINDOW_AFTER_SWAP;
+        // Windows of 8, 16 and 32 reservoirs.
+        for i in first..first + 7 * window {
+            dictionaries.offer(&document(0, i));
+            dictionaries.settle();
+        }
+        let counters = &dictionaries.counters;
+        assert_eq!(
+            counters.trained.load(Ordering::Relaxed),
+            trained,
+            "{} windows fitted",
+            counters.fitted.load(Ordering::Relaxed)
+        );
+        assert!(counters.fitted.load(Ordering::Relaxed) >= 3);
     }
 
     /// The schema changes halfway: the first dictionary stops fitting, a later window
