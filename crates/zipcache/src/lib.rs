@@ -119,10 +119,11 @@ pub enum Update {
 #[doc(hidden)]
 pub mod internals {
     pub use crate::dictionary::page::{PageDictionary, text_record};
+    pub use crate::dictionary::training::train_from_samples;
     pub use crate::dram::early_termination::{compress_page, decompress_prefix};
     pub use crate::dram::packed_page::PackedLayout;
     pub use crate::memory::Memory;
-    pub use crate::record::{Meta, Payload, Record};
+    pub use crate::record::{CasBase, Meta, Payload, Record};
     pub use crate::ssd::leaf_page::Geometry;
-    pub use crate::subpage_hash::dram_subpage;
+    pub use crate::subpage_hash::{dram_subpage, ssd_subpage};
 }
