@@ -293,8 +293,8 @@ impl<K: Kind> Trainer<K> {
         }
     }
 
-    /// Makes `dictionary` the current one, as a swap would.
-    #[cfg(test)]
+    /// Makes `dictionary` the current one, as a swap would (a block dictionary loaded at
+    /// open goes on being used: `ssd/dictionary.rs`).
     pub fn make_current(&self, dictionary: Option<Arc<K>>) {
         self.current.store(dictionary);
     }
