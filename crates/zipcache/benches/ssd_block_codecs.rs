@@ -133,7 +133,7 @@ fn object(source: &Source, id: u64) -> (Vec<u8>, Vec<u8>, u64) {
 /// `g` sends them there, three in four present (a filled tier holds most keys).
 fn subpage_stream(source: &Source, base: u64, n: usize) -> Vec<(Vec<u8>, Vec<u8>, u64)> {
     (base..)
-        .filter(|&id| ssd_subpage(&key(id), SUBPAGES) == 0 && mix64(id) % 4 != 0)
+        .filter(|&id| ssd_subpage(&key(id), SUBPAGES) == 0 && !mix64(id).is_multiple_of(4))
         .take(n)
         .map(|id| object(source, id))
         .collect()

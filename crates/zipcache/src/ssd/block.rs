@@ -359,7 +359,12 @@ mod tests {
         let (keys, values) = many_compressible();
         let (keys, values) = (keys.leak(), values.leak());
         let recs = records_of(keys, values);
-        let stored = Stored::of(recs.iter().copied(), Packing::Host(None), &AtomicU64::new(0)).unwrap();
+        let stored = Stored::of(
+            recs.iter().copied(),
+            Packing::Host(None),
+            &AtomicU64::new(0),
+        )
+        .unwrap();
         let mut block = vec![0u8; BLOCK_SIZE];
         assert!(stored.seal(&mut block, owner()), "{} bytes", stored.len());
         (block, recs)
@@ -431,7 +436,10 @@ mod tests {
             );
         }
         let bad = resealed(&|b| b[6..8].copy_from_slice(&59u16.to_le_bytes()));
-        assert!(open(&bad, owner(), &none(), &mut scratch).is_none(), "record count");
+        assert!(
+            open(&bad, owner(), &none(), &mut scratch).is_none(),
+            "record count"
+        );
         let bad = resealed(&|b| b[5] = 3);
         assert!(
             open(&bad, owner(), &none(), &mut scratch).is_none(),

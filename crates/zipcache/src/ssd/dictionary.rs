@@ -13,8 +13,9 @@
 //!   records as blocks encode them, charged to the DRAM budget, as the DRAM
 //!   dictionaries are.
 //! * Adoption ([`BlockDictionaries::adopt`], by the flusher under the tier's writer lock):
-//!   a new current dictionary takes one of [`LIVE`] slots, gets an id never used in this
-//!   data directory, and is written to its slot's file (`<ssd file>.dict-<slot>`, sealed,
+//!   a new current dictionary takes one of [`LIVE`] slots, is named by a hash of its
+//!   bytes (so that no file, damaged or lost, can leave an id to be reused for other
+//!   bytes), and is written to its slot's file (`<ssd file>.dict-<slot>`, sealed,
 //!   fsynced, renamed, directory fsynced) before any block is packed with it.
 //! * Lifetime: each super-leaf descriptor remembers which slot each of its blocks was
 //!   packed with; the table counts blocks per slot. A dictionary that is not current and
@@ -135,6 +136,13 @@ impl Kind for BlockDictionary {
     }
 }
 
+/// The id blocks packed with `raw` name: 32 bits of its hash, never 0. Two
+/// dictionaries share one only by a collision, and then the zstd frame's checksum
+/// refuses a block read with the other.
+fn id_of(raw: &[u8]) -> u32 {
+    (xxhash_rust::xxh3::xxh3_64_with_seed(raw, 0x0b10_cd1c) as u32).max(1)
+}
+
 /// Where the dictionary files live: `<prefix><slot>` in `dir`.
 pub struct DictionaryFiles {
     pub dir: Arc<dyn IndexDir>,
@@ -196,8 +204,6 @@ struct Table {
     live: [Option<Live>; LIVE],
     /// The slot new blocks are packed with; 0 for none (LZ4).
     current: u8,
-    /// The id the next adopted dictionary gets: above every id found in a file.
-    next_id: u32,
 }
 
 impl Table {
@@ -221,8 +227,8 @@ pub struct BlockDictionaries {
 
 impl BlockDictionaries {
     /// Block dictionaries trained with `training` (`None`: never, blocks are packed with
-    /// LZ4 alone), persisted in `files` if given, which are loaded now: every intact one
-    /// goes into the table, named by no block yet (may do I/O).
+    /// LZ4 alone), persisted in `files` if given, which are loaded now (with training):
+    /// every intact one goes into the table, named by no block yet (may do I/O).
     pub fn open(
         training: Option<TrainingSettings>,
         files: Option<DictionaryFiles>,
@@ -231,14 +237,14 @@ impl BlockDictionaries {
         let mut table = Table {
             live: Default::default(),
             current: 0,
-            next_id: 1,
         };
-        if let Some(files) = &files {
+        // Without training blocks are packed with LZ4 alone, and not counted by
+        // dictionary: blocks that name one read as misses.
+        if let Some(files) = files.as_ref().filter(|_| training.is_some()) {
             for slot in 1..=LIVE as u8 {
                 let Some((id, raw)) = files.read(slot) else {
                     continue;
                 };
-                table.next_id = table.next_id.max(id.saturating_add(1));
                 if let Some(dictionary) = BlockDictionary::prepare(&raw, memory.clone()) {
                     table.live[usize::from(slot) - 1] = Some(Live {
                         id,
@@ -313,13 +319,12 @@ impl BlockDictionaries {
                 .is_none_or(|live| live.blocks == 0 && slot != table.current)
         });
         let Some(slot) = free else { return };
-        let id = table.next_id;
+        let id = id_of(&candidate.raw);
         if let Some(files) = &self.files
             && files.write(slot, id, &candidate.raw).is_err()
         {
             return;
         }
-        table.next_id = id.wrapping_add(1).max(1);
         table.live[usize::from(slot) - 1] = Some(Live {
             id,
             dictionary: candidate,
@@ -415,5 +420,166 @@ impl BlockDictionaries {
         if let Some(trainer) = &self.trainer {
             trainer.make_current(Some(dictionary));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::Ordering;
+
+    use zipcache_device::{BlockDevice, MemDevice};
+
+    use super::super::test_support::settings;
+    use super::super::{SsdSettings, SsdTier};
+    use super::*;
+    use crate::config::SystemClock;
+    use crate::dictionary::page::text_record;
+    use crate::eviction::EvictionSink;
+    use crate::index_dir::FsDir;
+
+    fn key(i: u32) -> Vec<u8> {
+        format!("{i:016}").into_bytes()
+    }
+
+    /// Key `i`'s value in `round`: a text row.
+    fn value(i: u32, round: u32) -> Vec<u8> {
+        text_record(u64::from(i) << 8 | u64::from(round))
+    }
+
+    /// A dictionary trained on text rows of keys the tests do not write.
+    fn trained(seed: u64) -> Arc<BlockDictionary> {
+        let samples: Vec<Vec<u8>> = (0..3000u64).map(|i| text_record(seed << 40 | i)).collect();
+        let samples: Vec<&[u8]> = samples.iter().map(|s| &s[..]).collect();
+        let raw = train_from_samples(&samples, 16 << 10).expect("trains");
+        BlockDictionary::prepare(&raw, Arc::new(Memory::default())).unwrap()
+    }
+
+    fn absorb(ssd: &SsdTier, keys: std::ops::Range<u32>, round: u32) {
+        let batch = keys
+            .map(|i| crate::eviction::EvictedObject {
+                key: key(i),
+                value: Some(value(i, round)),
+                meta: crate::record::Meta::default(),
+            })
+            .collect();
+        assert!(ssd.absorb(&[], None, batch));
+    }
+
+    /// A packing tier whose dictionaries never train on their own (the reservoir's
+    /// window is never full): the tests hand them candidates.
+    fn tier(files: Option<DictionaryFiles>) -> SsdTier {
+        let training = TrainingSettings {
+            samples: 1 << 30,
+            dictionary_size: 16 << 10,
+        };
+        let settings = SsdSettings {
+            host_compression: true,
+            dictionaries: Some(training),
+            ..settings(512)
+        };
+        let memory = Arc::new(Memory::default());
+        let dictionaries = BlockDictionaries::open(settings.dictionaries, files, memory.clone());
+        let device: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(4 * 512));
+        let clock = Arc::new(SystemClock);
+        SsdTier::with_dictionaries(device, settings, memory, clock, Arc::new(dictionaries))
+    }
+
+    fn all_read_back(ssd: &SsdTier, keys: std::ops::Range<u32>, round: impl Fn(u32) -> u32) {
+        for i in keys {
+            let hit = ssd.get(&key(i), 0).map(|hit| hit.value);
+            assert_eq!(hit, Some(value(i, round(i))), "key {i}");
+        }
+        assert_eq!(ssd.counters.checksum_failures.load(Ordering::Relaxed), 0);
+    }
+
+    /// Two dictionaries adopted one after the other while blocks are written: blocks of
+    /// the first still read after the second is current, both live while blocks name
+    /// them, both files on disk; when no block names the first any more, it and its file
+    /// go, and a restart's open finds the second alone.
+    #[test]
+    fn a_dictionary_retrained_during_writes_leaves_older_blocks_readable() {
+        let path = std::env::temp_dir().join(format!("zc-block-dict-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&path);
+        std::fs::create_dir_all(&path).unwrap();
+        let files = || DictionaryFiles {
+            dir: Arc::new(FsDir::new(&path)),
+            prefix: "ssd.dict-".into(),
+        };
+        let ssd = tier(Some(files()));
+        absorb(&ssd, 0..400, 0);
+        assert!(ssd.dictionaries.live().is_empty(), "LZ4 until a dictionary");
+        let (first, second) = (trained(1), trained(2));
+        ssd.dictionaries.make_candidate(first.clone());
+        absorb(&ssd, 400..1200, 0);
+        let live = ssd.dictionaries.live();
+        assert!(live.len() == 1 && live[0].2 > 0, "{live:?}");
+        let first_id = live[0].1;
+        assert_eq!(first_id, id_of(&first.raw));
+        ssd.dictionaries.make_candidate(second.clone());
+        absorb(&ssd, 1200..1400, 1);
+        all_read_back(&ssd, 0..1400, |i| u32::from(i >= 1200));
+        let live = ssd.dictionaries.live();
+        assert_eq!(live.len(), 2, "both named by blocks: {live:?}");
+        assert!(live.iter().all(|l| l.2 > 0), "{live:?}");
+        for (slot, id, _) in &live {
+            assert_eq!(files().read(*slot).map(|(i, _)| i), Some(*id));
+        }
+
+        // Every key written again: every block is packed with the second; the first
+        // leaves with its file.
+        absorb(&ssd, 0..1400, 2);
+        all_read_back(&ssd, 0..1400, |_| 2);
+        let live = ssd.dictionaries.live();
+        assert_eq!(live.len(), 1, "{live:?}");
+        assert_ne!(live[0].1, first_id);
+        let kept: Vec<u8> = (1..=LIVE as u8)
+            .filter(|&s| files().read(s).is_some())
+            .collect();
+        assert_eq!(kept, vec![live[0].0]);
+
+        // A restart without an index: the newest file is loaded and stays current.
+        let reopened = tier(Some(files()));
+        reopened.dictionaries.settle_after_open();
+        assert_eq!(
+            reopened.dictionaries.current().map(|c| c.id),
+            Some(live[0].1)
+        );
+        absorb(&reopened, 0..300, 3);
+        all_read_back(&reopened, 0..300, |_| 3);
+        // All evicted: the current dictionary stays, the others go.
+        ssd.clear();
+        assert_eq!(ssd.dictionaries.live().len(), 1);
+        std::fs::remove_dir_all(&path).unwrap();
+    }
+
+    /// Random values: a dictionary is adopted only by the trainer's judgment, and the
+    /// trainer does not keep one that packs them no better than LZ4.
+    #[test]
+    fn no_dictionary_is_kept_for_values_it_cannot_shrink() {
+        let noise = |i: u64| {
+            let mut x = i.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+            (0..64)
+                .map(|_| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    x as u8
+                })
+                .collect::<Vec<u8>>()
+        };
+        let training = TrainingSettings {
+            samples: 512,
+            dictionary_size: 16 << 10,
+        };
+        let dictionaries = BlockDictionaries::open(Some(training), None, Arc::default());
+        let trainer = dictionaries.trainer.as_ref().unwrap();
+        for round in 0..4u64 {
+            let values: Vec<Vec<u8>> = (0..512).map(|i| noise(round << 20 | i)).collect();
+            trainer.offer_all(values.iter().map(|v| &v[..]));
+            trainer.settle();
+        }
+        assert!(trainer.counters.trained.load(Ordering::Relaxed) >= 1);
+        dictionaries.adopt();
+        assert!(dictionaries.current().is_none());
     }
 }

@@ -35,8 +35,9 @@ impl SsdTier {
             for c in st.counts.iter() {
                 out.extend_from_slice(&c.to_le_bytes());
             }
-            for &slot in st.dictionaries.iter() {
-                out.extend_from_slice(&self.dictionaries.id_of(slot).to_le_bytes());
+            for s in 0..st.counts.len() {
+                let id = self.dictionaries.id_of(st.dictionary(s));
+                out.extend_from_slice(&id.to_le_bytes());
             }
         }
         sealed_file::write(at.dir, at.name, out)
@@ -75,9 +76,12 @@ impl SsdTier {
             for c in &mut counts {
                 *c = f.u16()?;
             }
-            let mut ids = vec![0u8; m];
-            for id in &mut ids {
-                *id = dictionaries.slot_of(f.u32()?);
+            let mut ids = settings.dictionary_slots();
+            for s in 0..m {
+                let slot = dictionaries.slot_of(f.u32()?);
+                if let Some(id) = ids.get_mut(s) {
+                    *id = slot;
+                }
             }
             let slot = (slot != u32::MAX).then_some(slot);
             descriptors.push((low, slot, generation, counts, ids));
@@ -116,7 +120,7 @@ impl SsdTier {
                 // Not saved: "maybe" for every key until the sub-page is written again.
                 filters: settings.filters(presence::UNKNOWN),
                 counts: counts.into_boxed_slice(),
-                dictionaries: ids.into_boxed_slice(),
+                dictionaries: ids,
                 version: 0,
             };
             if low.is_empty() {
@@ -135,9 +139,9 @@ impl SsdTier {
         }
         tier.tree.for_each_leaf(|_, leaf| {
             let st = leaf.state.read();
-            for (&dictionary, &count) in st.dictionaries.iter().zip(st.counts.iter()) {
+            for (s, &count) in st.counts.iter().enumerate() {
                 if count > 0 {
-                    tier.dictionaries.count(0, dictionary);
+                    tier.dictionaries.count(0, st.dictionary(s));
                 }
             }
         });

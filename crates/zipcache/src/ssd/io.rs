@@ -123,8 +123,10 @@ impl SsdTier {
             let new_count = if ok && !emptied { contents.len() } else { 0 };
             let dictionary = if new_count > 0 { dictionary } else { 0 };
             // may do I/O: a dictionary no block names any more loses its file
-            self.dictionaries.count(st.dictionaries[s], dictionary);
-            st.dictionaries[s] = dictionary;
+            self.dictionaries.count(st.dictionary(s), dictionary);
+            if let Some(slot) = st.dictionaries.get_mut(s) {
+                *slot = dictionary;
+            }
             if !ok {
                 // The block's content is now unknown: forget it rather than risk serving
                 // an older version from it.

@@ -102,13 +102,20 @@ struct SlState {
     /// Objects in each sub-page; 0 means the block holds nothing (and is not read).
     counts: Box<[u16]>,
     /// The slot of the block dictionary each sub-page's block was packed with
-    /// (`dictionary.rs`); 0 for none.
+    /// (`dictionary.rs`); 0 for none. Empty (no allocation) without block dictionaries.
     dictionaries: Box<[u8]>,
     /// Each sub-page's presence filter (`presence.rs`): a GET whose key it rules out
     /// reads nothing. `None` when the setting is off.
     filters: Option<presence::Filters>,
     /// Bumped by every write to this super-leaf.
     version: u64,
+}
+
+impl SlState {
+    /// The slot of the block dictionary sub-page `s`'s block was packed with; 0 for none.
+    fn dictionary(&self, s: usize) -> u8 {
+        self.dictionaries.get(s).copied().unwrap_or(0)
+    }
 }
 
 impl Ranged for SlState {
@@ -159,9 +166,14 @@ impl SsdSettings {
         } else {
             0
         };
+        let dictionaries = self.dictionary_slots().len();
         alloc_size(size_of::<SuperLeaf>() + 16)
             + alloc_size(self.subpages * size_of::<u16>())
-            + alloc_size(self.subpages)
+            + if dictionaries > 0 {
+                alloc_size(dictionaries)
+            } else {
+                0
+            }
             + filters
     }
 
@@ -172,10 +184,17 @@ impl SsdSettings {
             slot: None,
             generation: 0,
             counts: vec![0; self.subpages].into_boxed_slice(),
-            dictionaries: vec![0; self.subpages].into_boxed_slice(),
+            dictionaries: self.dictionary_slots(),
             filters: self.filters(0),
             version: 0,
         }
+    }
+
+    /// A new descriptor's dictionary slots, each 0: one a sub-page if blocks may be packed
+    /// with a dictionary, none otherwise.
+    fn dictionary_slots(&self) -> Box<[u8]> {
+        let on = self.host_compression && self.dictionaries.is_some();
+        vec![0; if on { self.subpages } else { 0 }].into_boxed_slice()
     }
 
     /// A new descriptor's filters, each `filter` (none when filters are off).
