@@ -90,6 +90,14 @@ pub struct Config {
     /// index (0.91 → 1.85 B per object, docs/RESULTS.md) — at a large SSD-to-DRAM ratio,
     /// DRAM taken from the objects. Worth it where many GETs miss both tiers.
     pub ssd_presence_filters: bool,
+    /// With `device_compression=host` and `dictionaries`: pack SSD blocks with zstd and a
+    /// block dictionary trained on the records the flusher writes (`ssd/dictionary.rs`),
+    /// persisted beside the SSD file. Off by default: real text holds 2–2.4× LZ4's
+    /// records per block, but training and the prepared forms (about 1.2 MB per
+    /// dictionary) are charged to the DRAM budget, and at 16 MiB a fill of η = 0.5 values
+    /// — where no dictionary is taken — dropped 3× the objects (docs/RESULTS.md, "Fourth
+    /// part"). Worth it where the values are text and the SSD, not DRAM, is the limit.
+    pub ssd_dictionaries: bool,
     /// Resident memory (bytes) the process should stay within: while RSS is above it the
     /// engine withholds the excess from `dram_capacity` (`rss_governor.rs`); 0 = off.
     /// For a process that is mostly the cache, such as `zipcache serve`.
@@ -148,6 +156,7 @@ impl Default for Config {
             flush_wait_ms: 2,
             promotion: Promotion::EveryHit,
             ssd_presence_filters: false,
+            ssd_dictionaries: false,
             rss_limit: 0,
             track_access: false,
             dictionaries: true,
@@ -226,6 +235,7 @@ impl Config {
         "rss_limit",
         "promotion",
         "ssd_presence_filters",
+        "ssd_dictionaries",
         "track_access",
         "dictionaries",
         "dictionary_size",
@@ -260,6 +270,7 @@ impl Config {
             "dictionary_samples" => self.dictionary_samples = parse_usize(name, value)?,
             "evictions" => self.evictions = parse_bool(name, value)?,
             "ssd_presence_filters" => self.ssd_presence_filters = parse_bool(name, value)?,
+            "ssd_dictionaries" => self.ssd_dictionaries = parse_bool(name, value)?,
             "promotion" => {
                 self.promotion = match value.trim() {
                     "every_hit" => Promotion::EveryHit,

@@ -123,7 +123,7 @@ pub mod internals {
     pub use crate::dram::early_termination::{compress_page, decompress_prefix};
     pub use crate::dram::packed_page::PackedLayout;
     pub use crate::memory::Memory;
-    pub use crate::record::{Meta, Payload, Record};
+    pub use crate::record::{CasBase, Meta, Payload, Record};
     pub use crate::ssd::leaf_page::Geometry;
-    pub use crate::subpage_hash::dram_subpage;
+    pub use crate::subpage_hash::{dram_subpage, ssd_subpage};
 }

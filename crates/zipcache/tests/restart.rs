@@ -46,6 +46,27 @@ fn config(dir: &TempDir) -> Config {
     }
 }
 
+/// `config` with trained dictionaries: in `Host` mode blocks are packed with block
+/// dictionaries, persisted beside the SSD file; the budget has room for their prepared
+/// forms besides the objects.
+fn with_dictionaries(dir: &TempDir) -> Config {
+    Config {
+        dram_capacity: 1 << 20,
+        dictionary_size: 4 << 10,
+        dictionary_samples: 64,
+        ssd_dictionaries: true,
+        ..config(dir)
+    }
+}
+
+/// The block dictionary files beside the SSD file.
+fn dictionary_files(dir: &TempDir) -> Vec<PathBuf> {
+    (1..=4)
+        .map(|slot| dir.0.join(format!("ssd.bin.dict-{slot}")))
+        .filter(|f| f.exists())
+        .collect()
+}
+
 fn key(i: u32) -> Vec<u8> {
     format!("{i:016}").into_bytes()
 }
@@ -226,4 +247,53 @@ fn damaged_index_means_cold_start() {
         assert!(!cache.warm_started());
         assert_eq!(check_never_stale(&cache), 0);
     }
+}
+
+/// Blocks packed with a block dictionary whose file is damaged, or gone, read as misses
+/// after a warm restart: no panic, no wrong bytes; the others still hit.
+#[test]
+fn a_damaged_or_missing_block_dictionary_means_misses_never_wrong_bytes() {
+    let dir = TempDir::new("dictionary", DeviceCompression::Host);
+    let cache = ZipCache::open(with_dictionaries(&dir)).unwrap();
+    populate(&cache);
+    cache.settle().unwrap();
+    cache.close().unwrap();
+    let files = dictionary_files(&dir);
+    assert!(!files.is_empty(), "a block dictionary was trained and kept");
+    let live = (0..20_000).filter(|&i| expected(i).is_some()).count();
+
+    let cache = ZipCache::open(with_dictionaries(&dir)).unwrap();
+    assert!(cache.warm_started());
+    assert_eq!(check_never_stale(&cache), live, "{:?}", cache.stats());
+    assert_eq!(cache.stats().checksum_failures, 0);
+    cache.close().unwrap();
+
+    // One byte of each dictionary flipped: the files fail their seals, none is loaded.
+    for file in dictionary_files(&dir) {
+        let mut bytes = std::fs::read(&file).unwrap();
+        let middle = bytes.len() / 2;
+        bytes[middle] ^= 1;
+        std::fs::write(&file, bytes).unwrap();
+    }
+    let cache = ZipCache::open(with_dictionaries(&dir)).unwrap();
+    assert!(cache.warm_started());
+    let hits = check_never_stale(&cache);
+    let s = cache.stats();
+    assert!(hits < live && s.checksum_failures > 0, "{hits} hits: {s:?}");
+    cache.close().unwrap();
+
+    // Written again, then every dictionary file gone.
+    let cache = ZipCache::open(with_dictionaries(&dir)).unwrap();
+    populate(&cache);
+    cache.settle().unwrap();
+    cache.close().unwrap();
+    assert!(!dictionary_files(&dir).is_empty());
+    for file in dictionary_files(&dir) {
+        std::fs::remove_file(file).unwrap();
+    }
+    let cache = ZipCache::open(with_dictionaries(&dir)).unwrap();
+    assert!(cache.warm_started());
+    let hits = check_never_stale(&cache);
+    let s = cache.stats();
+    assert!(hits < live && s.checksum_failures > 0, "{hits} hits: {s:?}");
 }

@@ -33,6 +33,7 @@ use crate::memory::{Memory, alloc_size};
 use crate::promotion::{self, PromotionFilter};
 use crate::rss_governor::RssGovernor;
 use crate::run_epoch;
+use crate::ssd::dictionary::{BlockDictionaries, DictionaryFiles, block_training};
 use crate::ssd::{SsdSettings, SsdTier};
 use crate::{Config, Error, Result};
 use persist::{Persist, sibling};
@@ -197,20 +198,42 @@ impl ZipCache {
                 let large_blocks = (total as f64 * LARGE_REGION) as u64;
                 let small_blocks = total - large_blocks;
                 let on_device = run_epoch::read(device.as_ref());
+                let host_compression = device.compression().by_host();
                 let settings = SsdSettings {
                     subpages: config.superleaf_size / BLOCK,
                     fill_threshold: config.fill_threshold,
                     blocks: small_blocks,
                     presence_filters: config.ssd_presence_filters,
-                    host_compression: device.compression().by_host(),
+                    host_compression,
+                    dictionaries: config
+                        .training_settings()
+                        .filter(|_| host_compression && config.ssd_dictionaries)
+                        .map(block_training),
                 };
                 let (memory, clock) = (&memory, &config.clock);
+                // may do I/O: the block dictionaries' files are read
+                let dictionaries = Arc::new(BlockDictionaries::open(
+                    settings.dictionaries,
+                    persist.as_ref().map(|p| DictionaryFiles {
+                        dir: p.dir.clone(),
+                        prefix: p.dictionaries.clone(),
+                    }),
+                    memory.clone(),
+                ));
                 // Only an index saved by the run that last wrote to the device describes
                 // what the device holds.
                 let saved = persist.as_ref().zip(on_device);
                 let loaded = saved.and_then(|(p, epoch)| {
                     let at = p.file(&p.ssd_index, epoch);
-                    SsdTier::load(at, device.clone(), settings, memory.clone(), clock.clone())
+                    let (memory, clock) = (memory.clone(), clock.clone());
+                    SsdTier::load(
+                        at,
+                        device.clone(),
+                        settings,
+                        memory,
+                        clock,
+                        dictionaries.clone(),
+                    )
                 });
                 let loaded_large = match (&loaded, saved) {
                     (Some(_), Some((p, epoch))) => LargeObjects::load(
@@ -243,9 +266,18 @@ impl ZipCache {
                         // values that were deleted or overwritten in DRAM): start cold, and
                         // trim so the old blocks free their space.
                         device.trim(0, small_blocks)?;
-                        SsdTier::new(device.clone(), settings, memory.clone(), clock.clone())
+                        let (memory, clock) = (memory.clone(), clock.clone());
+                        SsdTier::with_dictionaries(
+                            device.clone(),
+                            settings,
+                            memory,
+                            clock,
+                            dictionaries.clone(),
+                        )
                     }
                 };
+                // may do I/O: dictionaries no block names lose their files
+                dictionaries.settle_after_open();
                 let large = match loaded_large {
                     Some(large) => large,
                     None => {
@@ -367,6 +399,7 @@ impl ZipCache {
         }
         self.inner.dram.merge_all(self.inner.now());
         if let Some(ssd) = &self.inner.ssd {
+            ssd.settle_dictionaries();
             ssd.device().drain()?;
         }
         Ok(())

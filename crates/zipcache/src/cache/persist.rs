@@ -8,11 +8,13 @@ use crate::index_dir::{FsDir, IndexDir};
 use crate::sealed_file::IndexFile;
 
 /// Where a clean shutdown leaves the indexes: `<ssd file>.index` (BT_SSD) and
-/// `<ssd file>.lo-index` (BT_LO), in the SSD file's directory.
+/// `<ssd file>.lo-index` (BT_LO), in the SSD file's directory; beside them the block
+/// dictionaries, `<ssd file>.dict-<slot>`.
 pub(crate) struct Persist {
     pub(crate) dir: Arc<dyn IndexDir>,
     pub(crate) ssd_index: String,
     pub(crate) lo_index: String,
+    pub(crate) dictionaries: String,
 }
 
 impl Persist {
@@ -23,6 +25,7 @@ impl Persist {
             dir: Arc::new(FsDir::new(dir.unwrap_or(Path::new(".")))),
             ssd_index: format!("{name}.index"),
             lo_index: format!("{name}.lo-index"),
+            dictionaries: format!("{name}.dict-"),
         }
     }
 

@@ -88,10 +88,20 @@ impl Dictionary {
     /// Prepares the dictionary `raw` under `id` and charges it to `memory`. `None` if
     /// zstd cannot take it.
     pub fn prepare(id: u8, raw: &[u8], memory: Arc<Memory>) -> Option<Arc<Dictionary>> {
+        Self::prepare_at(id, raw, LEVEL, memory)
+    }
+
+    /// `prepare` for compression at zstd `level` (SSD blocks: `ssd/dictionary.rs`).
+    pub fn prepare_at(
+        id: u8,
+        raw: &[u8],
+        level: i32,
+        memory: Arc<Memory>,
+    ) -> Option<Arc<Dictionary>> {
         if raw.is_empty() {
             return None;
         }
-        let encoder = zstd::dict::EncoderDictionary::copy(raw, LEVEL);
+        let encoder = zstd::dict::EncoderDictionary::copy(raw, level);
         let decoder = zstd::dict::DecoderDictionary::copy(raw);
         let charge = (alloc_size(encoder.as_cdict().sizeof())
             + alloc_size(decoder.as_ddict().sizeof())

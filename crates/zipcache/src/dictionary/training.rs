@@ -145,6 +145,11 @@ pub trait Kind: Send + Sync + Sized + 'static {
 
     /// Bytes `held_out` take stored with `dictionary` (or none).
     fn cost(held_out: &[&[u8]], dictionary: Option<&Self>) -> usize;
+
+    /// A first dictionary is taken if the held-out values take at most this fraction of
+    /// what they take with none: a kind whose dictionary costs more CPU than going
+    /// without asks for more than [`SWAP_BELOW`].
+    const FIRST_BELOW: f64 = SWAP_BELOW;
 }
 
 #[derive(Debug, Default)]
@@ -314,7 +319,8 @@ impl<K: Kind> Trainer<K> {
     }
 
     /// A candidate trained on `training`, and what `held_out` take with it, if that is
-    /// at most [`SWAP_BELOW`] of `current_cost` (what they take now).
+    /// at most [`SWAP_BELOW`] of `current_cost` (what they take now; [`Kind::FIRST_BELOW`]
+    /// with no current dictionary).
     fn candidate(
         &self,
         generation: u64,
@@ -335,11 +341,16 @@ impl<K: Kind> Trainer<K> {
         self.counters.trained.fetch_add(1, Ordering::Relaxed);
         let candidate = candidate.filter(|_| !held_out.is_empty())?;
         let cost = K::cost(held_out, Some(&candidate)) as f64;
-        (cost <= current_cost * SWAP_BELOW).then_some((candidate, cost))
+        let bar = if self.current().is_some() {
+            SWAP_BELOW
+        } else {
+            K::FIRST_BELOW
+        };
+        (cost <= current_cost * bar).then_some((candidate, cost))
     }
 
-    /// Makes `dictionary` the current one, as a swap would.
-    #[cfg(test)]
+    /// Makes `dictionary` the current one, as a swap would (a block dictionary loaded at
+    /// open goes on being used: `ssd/dictionary.rs`).
     pub fn make_current(&self, dictionary: Option<Arc<K>>) {
         self.current.store(dictionary);
     }

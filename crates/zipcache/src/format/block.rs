@@ -11,7 +11,7 @@ pub const MAGIC: Magic = Magic {
     bytes: *b"ZCSP",
 };
 pub const VERSION: U8 = U8(MAGIC.end());
-/// How the payload is stored: [`RAW`] or [`PACKED`].
+/// How the payload is stored: [`RAW`], [`PACKED`] or [`PACKED_ZSTD`].
 pub const PACKING: U8 = U8(VERSION.end());
 /// Records in the payload.
 pub const COUNT: U16 = U16(PACKING.end());
@@ -38,8 +38,11 @@ pub const RAW_ONLY_VERSION: u8 = 2;
 
 /// [`PACKING`]: the payload is the records back to back.
 pub const RAW: u8 = 0;
-/// [`PACKING`]: the payload is packed by the host ([`super::packing`]).
+/// [`PACKING`]: the payload is packed by the host with LZ4 ([`super::packing`]).
 pub const PACKED: u8 = 1;
+/// [`PACKING`]: the payload is packed by the host with zstd and a block dictionary
+/// ([`super::packing`], [`super::dictionary_file`]).
+pub const PACKED_ZSTD: u8 = 2;
 
 const _: () = assert!(HEADER == 32);
 

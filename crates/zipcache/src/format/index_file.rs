@@ -60,13 +60,17 @@ pub mod ssd {
     /// The next never-used slot.
     pub const NEXT_SLOT: U32 = U32(BLOCK_COUNT.end());
     /// Super-leaves that follow, in key order: low fence length (u16), low fence, slot
-    /// (u32, `u32::MAX` for none), generation (u32), objects per sub-page (`m` × u16).
+    /// (u32, `u32::MAX` for none), generation (u32), objects per sub-page (`m` × u16),
+    /// the id of the block dictionary each sub-page's block was packed with (`m` × u32,
+    /// 0 for none).
     pub const COUNT: U32 = U32(NEXT_SLOT.end());
     pub const HEADER: usize = COUNT.end();
 
+    /// Version 4 since block dictionaries (format 6): an index of 3 is not loaded (a
+    /// cold start).
     pub const FILE: IndexKind = IndexKind {
         magic: magic(*b"ZCIX"),
-        version: 3,
+        version: 4,
         header: HEADER,
     };
 }
@@ -130,7 +134,7 @@ mod tests {
         let header = ssd::FILE.header(0x0102_0304_0506_0708);
         assert_eq!(
             &header[..16],
-            b"ZCIX\x03\0\0\0\x08\x07\x06\x05\x04\x03\x02\x01"
+            b"ZCIX\x04\0\0\0\x08\x07\x06\x05\x04\x03\x02\x01"
         );
         assert!(ssd::FILE.is_current(&header, 0x0102_0304_0506_0708));
         assert!(!ssd::FILE.is_current(&header, 7), "another run's");

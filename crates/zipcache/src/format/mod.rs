@@ -6,9 +6,10 @@
 //! On the device: [`block`] a BT_SSD sub-page's block and [`packing`] its host-packed
 //! payload, [`record`] the records in it (and in DRAM pages and buffers), [`extent`] a
 //! BT_LO extent, [`superblock`] the run epoch's block. Beside it: [`index_file`] the
-//! headers of the two index files. In DRAM only: [`page`] a leaf's page (its end table's
-//! width, the dictionary version its summary names), [`blob`] a medium object's blob
-//! (codec bits, dictionary id), [`buffer`] a write buffer's CAS prefix. Records, blobs
+//! headers of the two index files, [`dictionary_file`] a block dictionary's file. In
+//! DRAM only: [`page`] a leaf's page (its end table's width, the dictionary version its
+//! summary names), [`blob`] a medium object's blob (codec bits, dictionary id),
+//! [`buffer`] a write buffer's CAS prefix. Records, blobs
 //! and page summaries are mostly varints: their fixed parts are here, the rest is read in
 //! order by `record.rs` and `dram/page.rs`.
 //!
@@ -19,6 +20,7 @@
 pub mod blob;
 pub mod block;
 pub mod buffer;
+pub mod dictionary_file;
 pub mod extent;
 pub mod index_file;
 pub mod packing;

@@ -1,12 +1,13 @@
 //! The on-SSD sub-page: one 4 KiB block of a super-leaf (`docs/FORMAT.md`): a 32-byte
 //! header (`format/block.rs`: magic, version, packing, record count, the owner — slot,
 //! generation, sub-page —, stored length, CAS base, CRC32C), then the stored payload:
-//! records (`record.rs`) raw or packed by the host (`host_compression`), then zeros.
+//! records (`record.rs`) raw or packed by the host (`host_compression`: LZ4, or zstd with
+//! a block dictionary, `dictionary.rs`), then zeros.
 //!
 //! Every byte read back is checked: a block that is not exactly what this super-leaf
-//! wrote last (wrong magic, version, packing, id, generation or index, a bad checksum, or
-//! a packed payload that does not unpack to its stated length) is a miss and a counted
-//! checksum failure, never data. A version-2 block is a raw version-3 block (its byte 5
+//! wrote last (wrong magic, version, packing, id, generation or index, a bad checksum, a
+//! packed payload that does not unpack to its stated length, or one naming a dictionary
+//! the tier does not hold) is a miss and a counted checksum failure, never data. A version-2 block is a raw version-3 block (its byte 5
 //! was reserved, 0) and reads as before; a version-1 block is refused by its version byte
 //! before anything else is read: its records would parse differently.
 
@@ -14,9 +15,10 @@ use std::sync::atomic::AtomicU64;
 
 use zipcache_device::BLOCK_SIZE;
 
+use super::dictionary::{BlockDictionaries, Current};
 use super::host_compression;
 use crate::format::block::{
-    CAS_BASE, CHECKED_HEADER, COUNT, CRC, FORMAT_VERSION, GENERATION, HEADER, MAGIC, PACKED,
+    CAS_BASE, CHECKED_HEADER, COUNT, CRC, FORMAT_VERSION, GENERATION, HEADER, MAGIC, PACKED_ZSTD,
     PACKING, PAYLOAD, RAW, RAW_ONLY_VERSION, STORED_LEN, SUBPAGE, SUPERLEAF, VERSION,
 };
 use crate::record::{CasBase, Record, records_in};
@@ -29,6 +31,16 @@ pub struct Owner {
     pub subpage: u16,
 }
 
+/// How a block's records are stored.
+#[derive(Clone, Copy)]
+pub enum Packing<'d> {
+    /// As they are (every mode but `device_compression=host`).
+    Raw,
+    /// Packed by the host when that makes them smaller: with zstd and this dictionary, or
+    /// with LZ4 without one.
+    Host(Option<&'d Current>),
+}
+
 /// A sub-page's records as a block stores them: raw, or packed when the host compresses
 /// and packing makes them smaller.
 pub struct Stored {
@@ -36,14 +48,16 @@ pub struct Stored {
     packing: u8,
     count: u16,
     base: CasBase,
+    /// The slot of the block dictionary it was packed with; 0 for none.
+    dictionary: u8,
 }
 
 impl Stored {
-    /// `records` encoded, and packed if `host_compression` (time added to `spent_ns`);
+    /// `records` encoded, and packed as `packing` says (time added to `spent_ns`);
     /// `None` if there are more than a block can count.
     pub fn of<'a>(
         records: impl IntoIterator<Item = Record<'a>>,
-        host_compression: bool,
+        packing: Packing<'_>,
         spent_ns: &AtomicU64,
     ) -> Option<Stored> {
         let records: Vec<Record> = records.into_iter().collect();
@@ -53,19 +67,37 @@ impl Stored {
         for r in &records {
             r.encode_in(&mut raw, base);
         }
-        let packed = host_compression
-            .then(|| host_compression::pack(&raw, spent_ns))
-            .flatten();
-        let (bytes, packing) = match packed {
-            Some(packed) => (packed, PACKED),
-            None => (raw, RAW),
+        let Packing::Host(current) = packing else {
+            return Some(Stored::raw(raw, count, base));
         };
-        Some(Stored {
+        let with = current.map(|c| (c.id, &*c.dictionary));
+        Some(match host_compression::pack(&raw, with, spent_ns) {
+            Some((bytes, packing)) => Stored {
+                bytes,
+                packing,
+                count,
+                base,
+                dictionary: current
+                    .filter(|_| packing == PACKED_ZSTD)
+                    .map_or(0, |c| c.slot),
+            },
+            None => Stored::raw(raw, count, base),
+        })
+    }
+
+    fn raw(bytes: Vec<u8>, count: u16, base: CasBase) -> Stored {
+        Stored {
             bytes,
-            packing,
+            packing: RAW,
             count,
             base,
-        })
+            dictionary: 0,
+        }
+    }
+
+    /// The slot of the block dictionary the records were packed with; 0 for none.
+    pub fn dictionary(&self) -> u8 {
+        self.dictionary
     }
 
     /// Payload bytes the block needs.
@@ -105,7 +137,8 @@ pub fn seal<'a>(
     owner: Owner,
     records: impl IntoIterator<Item = Record<'a>>,
 ) -> bool {
-    Stored::of(records, false, &AtomicU64::new(0)).is_some_and(|stored| stored.seal(block, owner))
+    Stored::of(records, Packing::Raw, &AtomicU64::new(0))
+        .is_some_and(|stored| stored.seal(block, owner))
 }
 
 fn checksum(block: &[u8], payload_len: usize) -> u32 {
@@ -116,12 +149,13 @@ fn checksum(block: &[u8], payload_len: usize) -> u32 {
 }
 
 /// The records of a block if it is intact and belongs to `owner`; a packed block is
-/// unpacked into `scratch`.
+/// unpacked into `scratch` (with the dictionary of `dictionaries` it names, if any).
 pub fn open<'a>(
     block: &'a [u8],
     owner: Owner,
+    dictionaries: &BlockDictionaries,
     scratch: &'a mut Vec<u8>,
-) -> Option<impl Iterator<Item = Record<'a>>> {
+) -> Option<impl Iterator<Item = Record<'a>> + use<'a>> {
     if block.len() != BLOCK_SIZE
         || !MAGIC.is_in(block)
         || !matches!(VERSION.get(block), FORMAT_VERSION | RAW_ONLY_VERSION)
@@ -142,8 +176,8 @@ pub fn open<'a>(
     let stored = &block[HEADER..HEADER + len];
     let payload = match PACKING.get(block) {
         RAW => stored,
-        PACKED if VERSION.get(block) == FORMAT_VERSION => {
-            host_compression::unpack(stored, scratch)?
+        packing if VERSION.get(block) == FORMAT_VERSION => {
+            host_compression::unpack(packing, stored, dictionaries, scratch)?
         }
         _ => return None,
     };
@@ -153,7 +187,13 @@ pub fn open<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::format::block::PACKED;
     use crate::record::{Meta, Payload};
+
+    /// A tier's dictionaries before any is trained.
+    fn none() -> BlockDictionaries {
+        BlockDictionaries::open(None, None, Default::default())
+    }
 
     fn owner() -> Owner {
         Owner {
@@ -183,7 +223,7 @@ mod tests {
         ];
         assert!(seal(&mut block, owner(), recs));
         assert_eq!(
-            open(&block, owner(), &mut Vec::new())
+            open(&block, owner(), &none(), &mut Vec::new())
                 .unwrap()
                 .collect::<Vec<_>>(),
             recs.to_vec()
@@ -202,18 +242,18 @@ mod tests {
                 ..owner()
             },
         ] {
-            assert!(open(&block, other, &mut Vec::new()).is_none());
+            assert!(open(&block, other, &none(), &mut Vec::new()).is_none());
         }
         for at in [0, 4, 7, 19, 21, 27, 29, HEADER, HEADER + 3] {
             let mut bad = block.clone();
             bad[at] ^= 0x10;
             assert!(
-                open(&bad, owner(), &mut Vec::new()).is_none(),
+                open(&bad, owner(), &none(), &mut Vec::new()).is_none(),
                 "flipped byte {at} went unnoticed"
             );
         }
         assert!(
-            open(&vec![0u8; BLOCK_SIZE], owner(), &mut Vec::new()).is_none(),
+            open(&vec![0u8; BLOCK_SIZE], owner(), &none(), &mut Vec::new()).is_none(),
             "a trimmed block is no data"
         );
     }
@@ -255,7 +295,7 @@ mod tests {
         assert_eq!(&block[28..32], &crc.to_le_bytes());
         assert!(block[HEADER + 10..].iter().all(|&b| b == 0));
         assert_eq!(
-            open(&block, owner(), &mut Vec::new())
+            open(&block, owner(), &none(), &mut Vec::new())
                 .unwrap()
                 .collect::<Vec<_>>(),
             recs.to_vec()
@@ -278,10 +318,10 @@ mod tests {
         block[24..24 + payload.len()].copy_from_slice(&payload);
         let crc = crc32c::crc32c_append(crc32c::crc32c(&block[..20]), &payload);
         block[20..24].copy_from_slice(&crc.to_le_bytes());
-        assert!(open(&block, owner(), &mut Vec::new()).is_none());
+        assert!(open(&block, owner(), &none(), &mut Vec::new()).is_none());
         // Even with the version byte forged, the checksum no longer matches.
         block[4] = FORMAT_VERSION;
-        assert!(open(&block, owner(), &mut Vec::new()).is_none());
+        assert!(open(&block, owner(), &none(), &mut Vec::new()).is_none());
     }
 
     #[test]
@@ -319,7 +359,12 @@ mod tests {
         let (keys, values) = many_compressible();
         let (keys, values) = (keys.leak(), values.leak());
         let recs = records_of(keys, values);
-        let stored = Stored::of(recs.iter().copied(), true, &AtomicU64::new(0)).unwrap();
+        let stored = Stored::of(
+            recs.iter().copied(),
+            Packing::Host(None),
+            &AtomicU64::new(0),
+        )
+        .unwrap();
         let mut block = vec![0u8; BLOCK_SIZE];
         assert!(stored.seal(&mut block, owner()), "{} bytes", stored.len());
         (block, recs)
@@ -339,7 +384,7 @@ mod tests {
         let (block, recs) = packed_block();
         assert_eq!(block[5], PACKED);
         assert_eq!(
-            open(&block, owner(), &mut Vec::new())
+            open(&block, owner(), &none(), &mut Vec::new())
                 .unwrap()
                 .collect::<Vec<_>>(),
             recs
@@ -357,7 +402,7 @@ mod tests {
             let mut bad = block.clone();
             bad[at] ^= 0x04;
             assert!(
-                open(&bad, owner(), &mut scratch).is_none(),
+                open(&bad, owner(), &none(), &mut scratch).is_none(),
                 "flipped byte {at} went unnoticed"
             );
         }
@@ -373,28 +418,31 @@ mod tests {
         for stored_len in [0, 1, 2, len - 1, len + 1, PAYLOAD] {
             let bad = resealed(&|b| b[18..20].copy_from_slice(&(stored_len as u16).to_le_bytes()));
             assert!(
-                open(&bad, owner(), &mut scratch).is_none(),
+                open(&bad, owner(), &none(), &mut scratch).is_none(),
                 "stored length {stored_len}"
             );
         }
         let bad = resealed(&|b| b[18..20].copy_from_slice(&(PAYLOAD as u16 + 1).to_le_bytes()));
         assert!(
-            open(&bad, owner(), &mut scratch).is_none(),
+            open(&bad, owner(), &none(), &mut scratch).is_none(),
             "oversized length"
         );
         let raw_len = u16::from_le_bytes([block[HEADER], block[HEADER + 1]]);
         for lie in [raw_len - 1, raw_len + 1, u16::MAX] {
             let bad = resealed(&|b| b[HEADER..HEADER + 2].copy_from_slice(&lie.to_le_bytes()));
             assert!(
-                open(&bad, owner(), &mut scratch).is_none(),
+                open(&bad, owner(), &none(), &mut scratch).is_none(),
                 "raw length {lie}"
             );
         }
         let bad = resealed(&|b| b[6..8].copy_from_slice(&59u16.to_le_bytes()));
-        assert!(open(&bad, owner(), &mut scratch).is_none(), "record count");
-        let bad = resealed(&|b| b[5] = 2);
         assert!(
-            open(&bad, owner(), &mut scratch).is_none(),
+            open(&bad, owner(), &none(), &mut scratch).is_none(),
+            "record count"
+        );
+        let bad = resealed(&|b| b[5] = 3);
+        assert!(
+            open(&bad, owner(), &none(), &mut scratch).is_none(),
             "unknown packing"
         );
     }
@@ -412,7 +460,7 @@ mod tests {
         let crc = checksum(&block, len);
         block[28..32].copy_from_slice(&crc.to_le_bytes());
         assert_eq!(
-            open(&block, owner(), &mut Vec::new())
+            open(&block, owner(), &none(), &mut Vec::new())
                 .unwrap()
                 .collect::<Vec<_>>(),
             recs
@@ -422,6 +470,6 @@ mod tests {
         let len = usize::from(u16::from_le_bytes([packed[18], packed[19]]));
         let crc = checksum(&packed, len);
         packed[28..32].copy_from_slice(&crc.to_le_bytes());
-        assert!(open(&packed, owner(), &mut Vec::new()).is_none());
+        assert!(open(&packed, owner(), &none(), &mut Vec::new()).is_none());
     }
 }

@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 
 use zipcache_device::BlockDevice;
 
-use super::{SlState, SsdSettings, SsdTier, SuperLeaf, presence};
+use super::{BlockDictionaries, SlState, SsdSettings, SsdTier, SuperLeaf, presence};
 use crate::btree::{Fence, KeyRange};
 use crate::config::Clock;
 use crate::format::index_file::ssd::{BLOCK_COUNT, COUNT, FILE, HEADER, NEXT_SLOT, SUBPAGES};
@@ -35,18 +35,25 @@ impl SsdTier {
             for c in st.counts.iter() {
                 out.extend_from_slice(&c.to_le_bytes());
             }
+            for s in 0..st.counts.len() {
+                let id = self.dictionaries.id_of(st.dictionary(s));
+                out.extend_from_slice(&id.to_le_bytes());
+            }
         }
         sealed_file::write(at.dir, at.name, out)
     }
 
-    /// Rebuilds BT_SSD from an index `save` wrote for this very device and geometry;
-    /// `None` if the file is missing, damaged or from another layout (then start cold).
+    /// Rebuilds BT_SSD from an index `save` wrote for this very device and geometry,
+    /// its blocks packed with `dictionaries`' (a block naming one it does not hold reads
+    /// as a miss); `None` if the file is missing, damaged or from another layout (then
+    /// start cold).
     pub fn load(
         at: IndexFile<'_>,
         device: Arc<dyn BlockDevice>,
         settings: SsdSettings,
         memory: Arc<Memory>,
         clock: Arc<dyn Clock>,
+        dictionaries: Arc<BlockDictionaries>,
     ) -> Option<SsdTier> {
         let body = sealed_file::read(at.dir, at.name)?;
         let m = settings.subpages;
@@ -69,7 +76,15 @@ impl SsdTier {
             for c in &mut counts {
                 *c = f.u16()?;
             }
-            descriptors.push((low, (slot != u32::MAX).then_some(slot), generation, counts));
+            let mut ids = settings.dictionary_slots();
+            for s in 0..m {
+                let slot = dictionaries.slot_of(f.u32()?);
+                if let Some(id) = ids.get_mut(s) {
+                    *id = slot;
+                }
+            }
+            let slot = (slot != u32::MAX).then_some(slot);
+            descriptors.push((low, slot, generation, counts, ids));
         }
         let ordered = descriptors.windows(2).all(|p| p[0].0 < p[1].0);
         let first_is_empty = descriptors.first().is_some_and(|d| d.0.is_empty());
@@ -81,7 +96,7 @@ impl SsdTier {
         if !f.is_done() || !ordered || !first_is_empty || !slots_valid {
             return None;
         }
-        let tier = SsdTier::new(device, settings, memory, clock);
+        let tier = SsdTier::with_dictionaries(device, settings, memory, clock, dictionaries);
         let mut used = vec![false; next_slot as usize];
         let highs: Vec<Option<Fence>> = descriptors
             .iter()
@@ -89,7 +104,7 @@ impl SsdTier {
             .map(|d| Some(d.0.clone()))
             .chain([None])
             .collect();
-        for ((low, slot, generation, counts), high) in descriptors.into_iter().zip(highs) {
+        for ((low, slot, generation, counts, ids), high) in descriptors.into_iter().zip(highs) {
             if let Some(s) = slot {
                 if std::mem::replace(&mut used[s as usize], true) {
                     return None; // two super-leaves in one slot: not an index we wrote
@@ -105,6 +120,7 @@ impl SsdTier {
                 // Not saved: "maybe" for every key until the sub-page is written again.
                 filters: settings.filters(presence::UNKNOWN),
                 counts: counts.into_boxed_slice(),
+                dictionaries: ids,
                 version: 0,
             };
             if low.is_empty() {
@@ -121,6 +137,14 @@ impl SsdTier {
             w.next_slot = next_slot;
             w.free_slots = (0..next_slot).filter(|&s| !used[s as usize]).collect();
         }
+        tier.tree.for_each_leaf(|_, leaf| {
+            let st = leaf.state.read();
+            for (s, &count) in st.counts.iter().enumerate() {
+                if count > 0 {
+                    tier.dictionaries.count(0, st.dictionary(s));
+                }
+            }
+        });
         Some(tier)
     }
 }
@@ -160,7 +184,7 @@ mod tests {
             let len = u16::from_le_bytes([body[at], body[at + 1]]) as usize;
             at += 2 + len;
             out.push(at);
-            at += 8 + 2 * subpages;
+            at += 8 + 6 * subpages;
         }
         assert_eq!(at, body.len());
         out
@@ -185,12 +209,14 @@ mod tests {
         };
         let load = |epoch, device: &Arc<dyn BlockDevice>, settings| {
             let memory = Arc::new(Memory::default());
+            let dictionaries = BlockDictionaries::open(None, None, memory.clone());
             SsdTier::load(
                 at(epoch),
                 device.clone(),
                 settings,
                 memory,
                 Arc::new(SystemClock),
+                Arc::new(dictionaries),
             )
         };
         ssd.save(at(7)).unwrap();

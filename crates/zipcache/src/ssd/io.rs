@@ -5,7 +5,7 @@ use std::sync::atomic::Ordering;
 
 use zipcache_device::{AlignedBuf, BLOCK_SIZE, BatchRead, BatchWrite};
 
-use super::block::{self, Owner, Stored};
+use super::block::{self, Owner, Packing, Stored};
 use super::{Contents, SlState, SsdTier, presence};
 use crate::record::{Payload, Record};
 
@@ -51,7 +51,7 @@ impl SsdTier {
                 generation: st.generation,
                 subpage: subpages[i] as u16,
             };
-            match block::open(block, owner, &mut scratch) {
+            match block::open(block, owner, &self.dictionaries, &mut scratch) {
                 Some(records) => {
                     out[i] = Some(
                         records
@@ -81,6 +81,7 @@ impl SsdTier {
         let mut blocks = AlignedBuf::zeroed(pages.len());
         let mut ok = vec![false; pages.len()];
         let mut emptied = vec![false; pages.len()];
+        let mut dictionaries = vec![0u8; pages.len()];
         let mut batch = Vec::new();
         for ((i, &(s, contents)), block) in
             pages.iter().enumerate().zip(blocks.chunks_mut(BLOCK_SIZE))
@@ -95,10 +96,9 @@ impl SsdTier {
                 generation: st.generation,
                 subpage: s as u16,
             };
-            if self
-                .stored(contents)
-                .is_some_and(|stored| stored.seal(block, owner))
-            {
+            let stored = self.stored(contents);
+            if let Some(stored) = stored.filter(|stored| stored.seal(block, owner)) {
+                dictionaries[i] = stored.dictionary();
                 let buf: &[u8] = block;
                 batch.push((i, BatchWrite { lba, buf }));
             } else {
@@ -116,9 +116,17 @@ impl SsdTier {
             ok[i] = result.is_ok();
             written += u64::from(ok[i]);
         }
-        for ((&(s, contents), ok), emptied) in pages.iter().zip(ok).zip(emptied) {
+        for (((&(s, contents), ok), emptied), dictionary) in
+            pages.iter().zip(ok).zip(emptied).zip(dictionaries)
+        {
             let old_count = i64::from(st.counts[s]);
             let new_count = if ok && !emptied { contents.len() } else { 0 };
+            let dictionary = if new_count > 0 { dictionary } else { 0 };
+            // may do I/O: a dictionary no block names any more loses its file
+            self.dictionaries.count(st.dictionary(s), dictionary);
+            if let Some(slot) = st.dictionaries.get_mut(s) {
+                *slot = dictionary;
+            }
             if !ok {
                 // The block's content is now unknown: forget it rather than risk serving
                 // an older version from it.
@@ -141,17 +149,19 @@ impl SsdTier {
     }
 
     /// A sub-page's records as its block stores them in this tier's mode: packed by
-    /// the host in `device_compression=host` (may compress).
+    /// the host in `device_compression=host`, with the current block dictionary if there
+    /// is one (may compress).
     pub(super) fn stored(&self, contents: &Contents) -> Option<Stored> {
         let records = contents.iter().map(|(k, (v, meta))| Record {
             key: k,
             payload: Payload::Inline(v),
             meta: *meta,
         });
-        Stored::of(
-            records,
-            self.settings.host_compression,
-            &self.counters.compress_ns,
-        )
+        let current = self.dictionaries.current();
+        let packing = match self.settings.host_compression {
+            true => Packing::Host(current.as_ref()),
+            false => Packing::Raw,
+        };
+        Stored::of(records, packing, &self.counters.compress_ns)
     }
 }

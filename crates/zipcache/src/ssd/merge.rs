@@ -155,17 +155,10 @@ impl SsdTier {
         self.rewrite(w, st, &objs[chunks[0].0..chunks[0].1]);
         st.version += 1;
         let new_leaves = chunks.iter().enumerate().skip(1).map(|(i, &(start, end))| {
-            let mut nst = SlState {
-                range: KeyRange::new(
-                    fences[i - 1].clone(),
-                    fences.get(i).cloned().or_else(|| old_high.clone()),
-                ),
-                slot: None,
-                generation: 0,
-                counts: vec![0; self.settings.subpages].into_boxed_slice(),
-                filters: self.settings.filters(0),
-                version: 0,
-            };
+            let mut nst = self.settings.empty_state(KeyRange::new(
+                fences[i - 1].clone(),
+                fences.get(i).cloned().or_else(|| old_high.clone()),
+            ));
             self.rewrite(w, &mut nst, &objs[start..end]);
             (nst.range.low.clone(), SuperLeaf::new(nst))
         });
@@ -314,6 +307,10 @@ impl EvictionSink for SsdTier {
         self.relieve_physical(&mut w);
         // Clean objects are already on the SSD as they are: nothing to write.
         let dirty: Vec<&EvictedObject> = objects.iter().filter(|o| !o.meta.clean).collect();
+        if self.settings.host_compression {
+            // may do I/O: a dictionary newly trained is written to its file first
+            self.dictionaries.take_in(&dirty);
+        }
         self.counters
             .v_obj
             .fetch_add(evicted_bytes(&dirty), Ordering::Relaxed);

@@ -25,11 +25,14 @@
 //! scan; [`merge`] takes evicted objects in and splits super-leaves; [`reclaim`] hands
 //! out slots and evicts cold super-leaves (CLOCK); [`index_file`] saves and loads the
 //! descriptors across a clean restart; [`io`] reads and writes sub-pages; [`block`] a
-//! sub-page's 4 KiB block (header, checks); [`host_compression`] the host's LZ4 packing
-//! (`device_compression=host`, for blocks and BT_LO's extents); [`leaf_page`] where a
+//! sub-page's 4 KiB block (header, checks); [`host_compression`] the host's packing
+//! (`device_compression=host`: LZ4 for blocks and BT_LO's extents, zstd with a block
+//! dictionary for blocks); [`dictionary`] the block dictionaries, trained, persisted and
+//! counted; [`leaf_page`] where a
 //! super-leaf's records go (`Geometry`: `m` sub-pages, `g(key) mod m`, under-filling).
 
 mod block;
+pub(crate) mod dictionary;
 pub(crate) mod host_compression;
 mod index_file;
 mod io;
@@ -51,12 +54,14 @@ use zipcache_device::{AlignedBuf, BLOCK_SIZE, BlockDevice};
 
 use crate::btree::{BTree, Fence, KeyRange, Ranged, Shared, lockable_by_range};
 use crate::config::Clock;
+use crate::dictionary::training::TrainingSettings;
 use crate::dram::ScanEntry;
 use crate::format::block::{HEADER, PAYLOAD};
 use crate::memory::{Memory, alloc_size};
 use crate::record::{Meta, Payload};
 use crate::subpage_hash::ssd_subpage;
 use block::Owner;
+use dictionary::BlockDictionaries;
 use leaf_page::Geometry;
 use reclaim::Writer;
 
@@ -96,11 +101,21 @@ struct SlState {
     generation: u32,
     /// Objects in each sub-page; 0 means the block holds nothing (and is not read).
     counts: Box<[u16]>,
+    /// The slot of the block dictionary each sub-page's block was packed with
+    /// (`dictionary.rs`); 0 for none. Empty (no allocation) without block dictionaries.
+    dictionaries: Box<[u8]>,
     /// Each sub-page's presence filter (`presence.rs`): a GET whose key it rules out
     /// reads nothing. `None` when the setting is off.
     filters: Option<presence::Filters>,
     /// Bumped by every write to this super-leaf.
     version: u64,
+}
+
+impl SlState {
+    /// The slot of the block dictionary sub-page `s`'s block was packed with; 0 for none.
+    fn dictionary(&self, s: usize) -> u8 {
+        self.dictionaries.get(s).copied().unwrap_or(0)
+    }
 }
 
 impl Ranged for SlState {
@@ -138,6 +153,9 @@ pub struct SsdSettings {
     /// Pack each block's records with LZ4 (`device_compression=host`): `T` then bounds
     /// the packed bytes of a sub-page.
     pub host_compression: bool,
+    /// With `host_compression`: train block dictionaries this way and pack with zstd and
+    /// them where they pay (`dictionary.rs`); `None`, LZ4 alone.
+    pub dictionaries: Option<TrainingSettings>,
 }
 
 impl SsdSettings {
@@ -148,9 +166,35 @@ impl SsdSettings {
         } else {
             0
         };
+        let dictionaries = self.dictionary_slots().len();
         alloc_size(size_of::<SuperLeaf>() + 16)
             + alloc_size(self.subpages * size_of::<u16>())
+            + if dictionaries > 0 {
+                alloc_size(dictionaries)
+            } else {
+                0
+            }
             + filters
+    }
+
+    /// A new descriptor's state of a super-leaf without a slot, covering `range`.
+    fn empty_state(&self, range: KeyRange) -> SlState {
+        SlState {
+            range,
+            slot: None,
+            generation: 0,
+            counts: vec![0; self.subpages].into_boxed_slice(),
+            dictionaries: self.dictionary_slots(),
+            filters: self.filters(0),
+            version: 0,
+        }
+    }
+
+    /// A new descriptor's dictionary slots, each 0: one a sub-page if blocks may be packed
+    /// with a dictionary, none otherwise.
+    fn dictionary_slots(&self) -> Box<[u8]> {
+        let on = self.host_compression && self.dictionaries.is_some();
+        vec![0; if on { self.subpages } else { 0 }].into_boxed_slice()
     }
 
     /// A new descriptor's filters, each `filter` (none when filters are off).
@@ -201,6 +245,8 @@ pub struct SsdTier {
     writer: Mutex<Writer>,
     memory: Arc<Memory>,
     clock: Arc<dyn Clock>,
+    /// The dictionaries blocks are packed with (`device_compression=host`).
+    dictionaries: Arc<BlockDictionaries>,
     pub counters: SsdCounters,
 }
 
@@ -215,21 +261,28 @@ type Contents = BTreeMap<Vec<u8>, (Vec<u8>, Meta)>;
 type Object = (Vec<u8>, (Vec<u8>, Meta));
 
 impl SsdTier {
+    /// A tier with block dictionaries of its own, kept in no file.
+    #[cfg(test)]
     pub fn new(
         device: Arc<dyn BlockDevice>,
         settings: SsdSettings,
         memory: Arc<Memory>,
         clock: Arc<dyn Clock>,
     ) -> SsdTier {
+        let dictionaries = BlockDictionaries::open(settings.dictionaries, None, memory.clone());
+        SsdTier::with_dictionaries(device, settings, memory, clock, Arc::new(dictionaries))
+    }
+
+    /// An empty tier whose blocks are packed with `dictionaries`'.
+    pub fn with_dictionaries(
+        device: Arc<dyn BlockDevice>,
+        settings: SsdSettings,
+        memory: Arc<Memory>,
+        clock: Arc<dyn Clock>,
+        dictionaries: Arc<BlockDictionaries>,
+    ) -> SsdTier {
         let m = settings.subpages;
-        let first = SuperLeaf::new(SlState {
-            range: KeyRange::everything(),
-            slot: None,
-            generation: 0,
-            counts: vec![0; m].into_boxed_slice(),
-            filters: settings.filters(0),
-            version: 0,
-        });
+        let first = SuperLeaf::new(settings.empty_state(KeyRange::everything()));
         let max_slots = u32::try_from(settings.blocks / m as u64).unwrap_or(u32::MAX);
         let fill_limit = ((settings.fill_threshold * BLOCK_SIZE as f64) as usize)
             .saturating_sub(HEADER)
@@ -253,6 +306,7 @@ impl SsdTier {
             }),
             memory,
             clock,
+            dictionaries,
             counters: SsdCounters::default(),
         };
         tier.counters.superleaves.store(1, Ordering::Relaxed);
@@ -263,6 +317,11 @@ impl SsdTier {
 
     pub fn device(&self) -> &Arc<dyn BlockDevice> {
         &self.device
+    }
+
+    /// Waits for a block dictionary's training under way to finish.
+    pub fn settle_dictionaries(&self) {
+        self.dictionaries.settle();
     }
 
     /// DRAM held by BT_SSD: inner nodes and super-leaf descriptors.
@@ -349,7 +408,7 @@ impl SsdTier {
         };
         let found = UNPACKED.with(|scratch| {
             let mut scratch = scratch.borrow_mut();
-            let records = block::open(block, read.owner, &mut scratch)?;
+            let records = block::open(block, read.owner, &self.dictionaries, &mut scratch)?;
             Some(
                 records
                     .filter(|r| r.key == key)

@@ -120,6 +120,10 @@ impl SsdTier {
             self.counters.objects.fetch_sub(objects, Ordering::Relaxed);
             released = objects.max(0) as u64;
             st.counts.iter_mut().for_each(|c| *c = 0);
+            for dictionary in st.dictionaries.iter_mut() {
+                // may do I/O: a dictionary no block names any more loses its file
+                self.dictionaries.count(std::mem::take(dictionary), 0);
+            }
             if let Some(filters) = &mut st.filters {
                 filters.fill(0);
             }

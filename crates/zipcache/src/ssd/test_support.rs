@@ -19,6 +19,7 @@ pub(super) fn settings(slots: u64) -> SsdSettings {
         blocks: 4 * slots,
         presence_filters: true,
         host_compression: false,
+        dictionaries: None,
     }
 }
 

@@ -107,9 +107,12 @@ pub(crate) fn key_of(k: u16) -> Vec<u8> {
 
 /// Settings that train dictionaries at the tests' small budgets: dictionaries of 2 KiB
 /// (about 80 KB prepared) trained on 16 medium values, so that a few hundred writes
-/// train, swap and retire several.
-pub(crate) const SMALL_DICTIONARIES: [(&str, &str); 2] =
-    [("dictionary_size", "2KiB"), ("dictionary_samples", "16")];
+/// train, swap and retire several; with `device_compression=host`, block dictionaries too.
+pub(crate) const SMALL_DICTIONARIES: [(&str, &str); 3] = [
+    ("dictionary_size", "2KiB"),
+    ("dictionary_samples", "16"),
+    ("ssd_dictionaries", "true"),
+];
 
 /// The DRAM budget of the tests under eviction: 64 KiB, or with [`SMALL_DICTIONARIES`]
 /// room for a few of them besides the objects.

@@ -308,7 +308,8 @@ fn lives(seed: u64, count: usize) -> (usize, usize, usize) {
     let mut power = PowerSwitch::new(i64::MAX);
     let mut device = Arc::new(CrashDevice {
         blocks: 1_024,
-        compression: [DeviceCompression::Host, DeviceCompression::None][seed as usize / 2 % 2],
+        // Packed and raw blocks each with and without trained dictionaries (below).
+        compression: [DeviceCompression::Host, DeviceCompression::None][seed as usize / 4 % 2],
         state: Mutex::new(DeviceState::default()),
         power: power.clone(),
     });
@@ -349,6 +350,7 @@ fn lives(seed: u64, count: usize) -> (usize, usize, usize) {
             dir: dir.clone(),
             ssd_index: "ssd.index".into(),
             lo_index: "ssd.lo-index".into(),
+            dictionaries: "ssd.dict-".into(),
         };
         let device_dyn: Arc<dyn BlockDevice> = device.clone();
         if let Ok(cache) = ZipCache::start(config, Some(device_dyn), Some(persist), None) {
