@@ -558,6 +558,19 @@ mod tests {
         std::fs::remove_dir_all(&path).unwrap();
     }
 
+    /// `len` bytes of xorshift noise seeded by `seed`: what no dictionary can shrink.
+    fn noise(seed: u64, len: usize) -> Vec<u8> {
+        let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+        (0..len)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect()
+    }
+
     /// Offers the records of keys `0..4 * 512` with `value(i)` as the flusher would, a
     /// window at a time, and says whether a dictionary was adopted.
     fn adopted_for(value: impl Fn(u32) -> Vec<u8>) -> bool {
@@ -587,15 +600,7 @@ mod tests {
     #[test]
     fn a_first_dictionary_must_pay_for_its_cpu() {
         let half_random = |i: u32| {
-            let mut x = u64::from(i).wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-            let mut v: Vec<u8> = (0..32)
-                .map(|_| {
-                    x ^= x << 13;
-                    x ^= x >> 7;
-                    x ^= x << 17;
-                    x as u8
-                })
-                .collect();
+            let mut v = noise(u64::from(i), 32);
             v.resize(64, 0);
             v
         };
@@ -607,17 +612,6 @@ mod tests {
     /// trainer does not keep one that packs them no better than LZ4.
     #[test]
     fn no_dictionary_is_kept_for_values_it_cannot_shrink() {
-        let noise = |i: u64| {
-            let mut x = i.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-            (0..64)
-                .map(|_| {
-                    x ^= x << 13;
-                    x ^= x >> 7;
-                    x ^= x << 17;
-                    x as u8
-                })
-                .collect::<Vec<u8>>()
-        };
         let training = TrainingSettings {
             samples: 512,
             dictionary_size: 16 << 10,
@@ -625,7 +619,7 @@ mod tests {
         let dictionaries = BlockDictionaries::open(Some(training), None, Arc::default());
         let trainer = dictionaries.trainer.as_ref().unwrap();
         for round in 0..4u64 {
-            let values: Vec<Vec<u8>> = (0..512).map(|i| noise(round << 20 | i)).collect();
+            let values: Vec<Vec<u8>> = (0..512).map(|i| noise(round << 20 | i, 64)).collect();
             trainer.offer_all(values.iter().map(|v| &v[..]));
             trainer.settle();
         }
