@@ -4,7 +4,7 @@
 //!
 //! A 4 KiB block packed alone starts from an empty window: LZ4 shrinks 64-byte rows of
 //! real text by a third. zstd at level [`LEVEL`] with a dictionary trained on recent
-//! records puts 1.7–1.95× as many of them in a block (`benches/ssd_block_codecs.rs`,
+//! records puts 1.7–1.95× as many of them in a block (`crates/bench/examples/ssd_block_codecs.rs`,
 //! docs/RESULTS.md "Fourth part"); on random values a dictionary gains nothing, and none
 //! is adopted (the trainer keeps a candidate only if held-out records pack ≥ 5 %
 //! smaller with it).
@@ -312,11 +312,18 @@ impl BlockDictionaries {
         let Some(candidate) = self.trainer.as_ref().and_then(|t| t.current()) else {
             return;
         };
+        let adopted = |table: &Table| {
+            table
+                .slot(table.current)
+                .is_some_and(|live| Arc::ptr_eq(&live.dictionary, &candidate))
+        };
+        // Every flusher batch asks; SSD GETs read the table, so the write lock is taken
+        // only for a new candidate.
+        if adopted(&self.table.read()) {
+            return;
+        }
         let mut table = self.table.write();
-        if table
-            .slot(table.current)
-            .is_some_and(|live| Arc::ptr_eq(&live.dictionary, &candidate))
-        {
+        if adopted(&table) {
             return;
         }
         let free = (1..=LIVE as u8).find(|&slot| {

@@ -6,94 +6,25 @@
 //! does), LZ4 with a 64 KiB prefix dictionary, zstd levels 1 and 3 without and with a
 //! dictionary trained by the engine's trainer on 4,096 records of other keys.
 //!
-//! `cargo bench -p zipcache --bench ssd_block_codecs` (needs the PyPI package
-//! `vega_datasets` for `airports`).
+//! The values are the bench's own (`zipcache_bench::values`): `--values airports`,
+//! `--eta 0.5` and `--values json` documents of at most 2 KiB (longer ones are large
+//! objects, never in a sub-page block).
+//!
+//! `cargo run --release -p zipcache-bench --example ssd_block_codecs` (needs the PyPI
+//! package `vega_datasets`).
 
-use std::process::Command;
 use std::sync::Arc;
 use std::time::Instant;
 
 use zipcache::internals::{
     CasBase, Memory, Meta, PageDictionary, Payload, Record, ssd_subpage, train_from_samples,
 };
+use zipcache_bench::values::{Content, Dataset, Documents, SizeDist, ValueGen, mix64};
 use zstd::zstd_safe::{CParameter, DParameter, FrameFormat};
 
 const LIMIT: usize = 3040;
 const SUBPAGES: usize = 16;
 const BLOCKS: usize = 150;
-
-fn mix64(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
-
-fn dataset_dir() -> String {
-    Command::new("python3")
-        .args([
-            "-c",
-            "import os, vega_datasets; print(os.path.dirname(vega_datasets.__file__))",
-        ])
-        .output()
-        .ok()
-        .filter(|o| o.status.success())
-        .map(|o| format!("{}/_data", String::from_utf8_lossy(&o.stdout).trim()))
-        .expect("needs the PyPI package vega_datasets: pip install vega_datasets")
-}
-
-/// The values of one source, by key id.
-enum Source {
-    /// The bench's `--values airports`: 64 bytes of consecutive rows from a row the key picks.
-    Rows(Vec<Vec<u8>>),
-    /// `--eta 0.5`: 32 random bytes, 32 zeros.
-    Synthetic,
-    /// JSON arrays of consecutive `airports` records as objects, 256 B – 2 KiB (what of
-    /// `--values json` stays below `medium_max` and so reaches SSD blocks).
-    Json(Vec<Vec<u8>>),
-}
-
-impl Source {
-    fn value(&self, id: u64) -> Vec<u8> {
-        let h = mix64(id ^ 0x5eed);
-        match self {
-            Source::Rows(rows) => {
-                let mut out = Vec::new();
-                let mut row = (h % rows.len() as u64) as usize;
-                while out.len() < 64 {
-                    out.extend_from_slice(&rows[row]);
-                    out.push(b'\n');
-                    row = (row + 1) % rows.len();
-                }
-                out.truncate(64);
-                out
-            }
-            Source::Synthetic => {
-                let mut v = vec![0u8; 64];
-                let mut s = h;
-                for chunk in v[..32].chunks_mut(8) {
-                    s = mix64(s);
-                    chunk.copy_from_slice(&s.to_le_bytes());
-                }
-                v
-            }
-            Source::Json(records) => {
-                let len = 256 + (h >> 20) as usize % (2048 - 256 - 16);
-                let mut out = b"[".to_vec();
-                let mut row = (h % records.len() as u64) as usize;
-                while out.len() < len {
-                    if out.len() > 1 {
-                        out.push(b',');
-                    }
-                    out.extend_from_slice(&records[row]);
-                    row = (row + 1) % records.len();
-                }
-                out.push(b']');
-                out
-            }
-        }
-    }
-}
 
 fn key(id: u64) -> Vec<u8> {
     format!("{id:016}").into_bytes()
@@ -121,17 +52,17 @@ fn encoded(records: &[(Vec<u8>, Vec<u8>, u64)]) -> Vec<u8> {
     out
 }
 
-fn object(source: &Source, id: u64) -> (Vec<u8>, Vec<u8>, u64) {
+fn object(source: &ValueGen, id: u64) -> (Vec<u8>, Vec<u8>, u64) {
     (
         key(id),
-        source.value(id),
+        source.value(id, 0),
         (1 << 40) + mix64(id ^ 77) % 6_000_000,
     )
 }
 
 /// The records of sub-page 0 of a super-leaf from `base` on, in key order: ids whose
 /// `g` sends them there, three in four present (a filled tier holds most keys).
-fn subpage_stream(source: &Source, base: u64, n: usize) -> Vec<(Vec<u8>, Vec<u8>, u64)> {
+fn subpage_stream(source: &ValueGen, base: u64, n: usize) -> Vec<(Vec<u8>, Vec<u8>, u64)> {
     (base..)
         .filter(|&id| ssd_subpage(&key(id), SUBPAGES) == 0 && !mix64(id).is_multiple_of(4))
         .take(n)
@@ -240,7 +171,7 @@ fn fill(codec: &mut dyn Codec, stream: &[(Vec<u8>, Vec<u8>, u64)]) -> (usize, Ve
     (lo, codec.pack(&raw), raw)
 }
 
-fn measure(name: &str, source: &Source) {
+fn measure(name: &str, source: &ValueGen) {
     let samples: Vec<Vec<u8>> = (0..4096u64)
         .map(|i| encoded(&[object(source, 1_000_000_000 + mix64(i) % 1_000_000_000)]))
         .collect();
@@ -303,26 +234,48 @@ fn measure(name: &str, source: &Source) {
     }
 }
 
+/// The largest object a sub-page block holds: `medium_max`'s default.
+const MEDIUM_MAX: usize = 2048;
+
+/// The values of `content`, `sizes` long.
+fn values(content: Content, sizes: SizeDist) -> ValueGen {
+    ValueGen {
+        sizes,
+        content,
+        seed: 0x5eed,
+        overwrite_sizes: None,
+    }
+}
+
+/// The JSON documents' sizes below [`MEDIUM_MAX`], with their weights.
+fn medium_document_sizes() -> SizeDist {
+    let SizeDist::Weighted { sizes, cumulative } = Documents::sizes() else {
+        unreachable!("documents draw their sizes from a distribution")
+    };
+    let kept = sizes.iter().take_while(|&&s| s <= MEDIUM_MAX).count();
+    let total = cumulative[kept - 1];
+    SizeDist::Weighted {
+        sizes: sizes[..kept].to_vec(),
+        cumulative: cumulative[..kept].iter().map(|c| c / total).collect(),
+    }
+}
+
 fn main() {
-    let dir = dataset_dir();
-    let airports = std::fs::read_to_string(format!("{dir}/airports.csv")).expect("airports.csv");
-    let mut lines = airports.lines();
-    let header: Vec<&str> = lines.next().unwrap().split(',').collect();
-    let rows: Vec<Vec<u8>> = lines.clone().map(|l| l.as_bytes().to_vec()).collect();
-    let json: Vec<Vec<u8>> = lines
-        .map(|l| {
-            let fields: Vec<String> = header
-                .iter()
-                .zip(l.split(','))
-                .map(|(h, v)| match v.parse::<f64>() {
-                    Ok(_) => format!("\"{h}\":{v}"),
-                    Err(_) => format!("\"{h}\":\"{}\"", v.trim_matches('"')),
-                })
-                .collect();
-            format!("{{{}}}", fields.join(",")).into_bytes()
-        })
-        .collect();
-    measure("airports rows, 64 B", &Source::Rows(rows));
-    measure("synthetic eta = 0.5, 64 B", &Source::Synthetic);
-    measure("JSON documents 256 B - 2 KiB", &Source::Json(json));
+    let airports = Dataset::load("airports").expect("vega_datasets");
+    let documents = Documents::load().expect("vega_datasets");
+    measure(
+        "airports rows, 64 B",
+        &values(Content::Dataset(Arc::new(airports)), SizeDist::Fixed(64)),
+    );
+    measure(
+        "synthetic eta = 0.5, 64 B",
+        &values(Content::Synthetic { eta: 0.5 }, SizeDist::Fixed(64)),
+    );
+    measure(
+        "JSON documents 256 B - 2 KiB",
+        &values(
+            Content::Documents(Arc::new(documents)),
+            medium_document_sizes(),
+        ),
+    );
 }
