@@ -2,8 +2,15 @@
 //! output budget however many keys a request names, reads in flight, and what a read
 //! ahead may answer.
 
+use std::cell::Cell;
+use std::io::{Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream as StdTcpStream};
 use std::sync::Arc;
+use std::sync::atomic::AtomicUsize;
 use std::time::{Duration, Instant};
+
+use tokio::net::TcpStream;
+use tokio::sync::watch;
 
 use zipcache::{Config, GetOptions, ZipCache};
 use zipcache_device::HeldDevice;
@@ -13,9 +20,9 @@ use crate::fuzzing::{memcached_session, new_hybrid_engine, options, resp_request
 use crate::memcache::MemcacheSession;
 use crate::resp::RespSession;
 use crate::server::Parts;
-use crate::transport::connection::{Processed, Session, process};
+use crate::transport::connection::{Processed, Session, Step, process, serve};
 use crate::transport::output::{OUTPUT_BUDGET, Output};
-use crate::transport::prefetch::Prefetch;
+use crate::transport::prefetch::{Prefetch, ReadAhead};
 
 pub(crate) fn dram_engine() -> Arc<ZipCache> {
     let config = Config {
@@ -370,4 +377,95 @@ fn a_deleted_value_is_never_answered() {
         "CLIENT_ERROR bad token in command line format\r\n\
          SERVER_ERROR object too large for cache\r\nEND\r\n"
     );
+}
+
+/// A session answering each line with `ok`, calling `probe` as it executes one.
+struct Lines<F: FnMut()> {
+    probe: F,
+}
+
+impl<F: FnMut()> Session for Lines<F> {
+    type Takeover = std::convert::Infallible;
+
+    fn step(&mut self, input: &[u8], out: &mut Output, _: &mut Prefetch) -> Step {
+        match input.iter().position(|&b| b == b'\n') {
+            None => Step::NeedMore,
+            Some(end) => {
+                (self.probe)();
+                out.extend_from_slice(b"ok\n");
+                Step::Consumed(end + 1)
+            }
+        }
+    }
+
+    fn read_ahead(&mut self, _: &[u8], _: &mut ReadAhead<'_>) -> Option<usize> {
+        None
+    }
+
+    fn take_over(&mut self) -> Option<Self::Takeover> {
+        None
+    }
+
+    fn too_large(&mut self, _: &mut Output) {}
+}
+
+/// Two connections of one thread, both with requests waiting: neither reply is written
+/// before both connections' requests ran (`after_neighbours`), so the client is woken
+/// once for the round, not once per connection.
+#[test]
+fn replies_of_a_round_go_out_after_all_its_requests_ran() {
+    let transport = Parts::detached(dram_engine(), &options()).transport;
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let connect = || {
+        let client = StdTcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        (client, listener.accept().unwrap().0)
+    };
+    let ((a_client, a_server), (b_client, b_server)) = (connect(), connect());
+    for (client, server) in [(&a_client, &a_server), (&b_client, &b_server)] {
+        (&*client).write_all(b"one\ntwo\n").unwrap();
+        client.shutdown(Shutdown::Write).unwrap();
+        client.set_nonblocking(true).unwrap();
+        server.set_nonblocking(true).unwrap();
+    }
+    let early_reply = Cell::new(false);
+    // A connection's request finds the other connection's reply already sent.
+    let replied = |client: &StdTcpStream| client.peek(&mut [0u8]).is_ok_and(|n| n > 0);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let (_stop, stopped) = watch::channel(false);
+    let two_here = AtomicUsize::new(2);
+    runtime.block_on(async {
+        let a = TcpStream::from_std(a_server).unwrap();
+        let b = TcpStream::from_std(b_server).unwrap();
+        let probe_a = || early_reply.set(early_reply.get() | replied(&b_client));
+        let probe_b = || early_reply.set(early_reply.get() | replied(&a_client));
+        tokio::join!(
+            serve(
+                a,
+                Lines { probe: probe_a },
+                &transport,
+                stopped.clone(),
+                &two_here
+            ),
+            serve(
+                b,
+                Lines { probe: probe_b },
+                &transport,
+                stopped.clone(),
+                &two_here
+            ),
+        );
+    });
+    assert!(
+        !early_reply.get(),
+        "a reply was written before the other connection's requests ran"
+    );
+    for mut client in [a_client, b_client] {
+        client.set_nonblocking(false).unwrap();
+        let mut replies = String::new();
+        client.read_to_string(&mut replies).unwrap();
+        assert_eq!(replies, "ok\nok\n");
+    }
 }

@@ -6,6 +6,7 @@
 
 use std::future::Future;
 use std::io;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -188,6 +189,20 @@ pub fn process<S: Session>(
     (pos, Processed::NeedMore)
 }
 
+/// Waits, if this connection's thread serves others, until those that are ready have run
+/// their requests (`yield_now` puts this task behind them): the replies of one round then
+/// go out back to back, Redis's `beforeSleep`, and the client, asleep in its poll, is woken
+/// by the first of them and finds the rest waiting, instead of being woken by each. That
+/// wake-up is paid inside the server's `send` (`sock_def_readable`): it was 31 % of the
+/// samples of one serving thread answering redis-benchmark's 50 pipelined connections,
+/// against Redis's 4.5 %. A lone connection writes at once: the yield would cost it a
+/// poll of the reactor per reply.
+async fn after_neighbours(connections_here: &AtomicUsize) {
+    if connections_here.load(Ordering::Relaxed) > 1 {
+        tokio::task::yield_now().await;
+    }
+}
+
 /// How long a closing connection keeps discarding what the client still sends.
 const LINGER: Duration = Duration::from_secs(1);
 
@@ -283,11 +298,15 @@ fn read_deadline(
 /// as is one that has not completed a request `transport.first_request_timeout` after it
 /// opened (`first_request_kicks`), and one whose request grows past
 /// `transport.max_request_size` (`request_size_kicks`, after the session's error reply).
+///
+/// `connections_here` counts the connections the serving thread serves, this one included
+/// (`after_neighbours`).
 pub async fn serve<T: Stream, S: Session>(
     mut stream: T,
     mut session: S,
     transport: &Transport,
     mut shutdown: watch::Receiver<bool>,
+    connections_here: &AtomicUsize,
 ) {
     let counters = &transport.core.counters;
     let buffers = transport.buffers.register();
@@ -343,6 +362,7 @@ pub async fn serve<T: Stream, S: Session>(
                 // Large values are written from the items the reply references, not
                 // copied. TLS writes sit in rustls until flushed; for TCP the flush is free.
                 let write = async {
+                    after_neighbours(connections_here).await;
                     for part in out.parts() {
                         stream.write_all(part).await?;
                     }

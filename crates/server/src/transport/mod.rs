@@ -177,6 +177,7 @@ pub trait Sessions: Send + Sync {
         client: Accepted,
         transport: Arc<Transport>,
         stopped: watch::Receiver<bool>,
+        here: ThreadConnections,
     ) -> Serving;
 
     fn over_limit(&self) -> &'static [u8];
@@ -188,28 +189,30 @@ impl<P: Protocol> Sessions for P {
         client: Accepted,
         transport: Arc<Transport>,
         stopped: watch::Receiver<bool>,
+        here: ThreadConnections,
     ) -> Serving {
         Box::pin(async move {
+            let here = here.count();
             // The session opens once the connection is one (after its TLS handshake):
             // `stats conns` and memcached's connection events list no failed handshake.
             match (client, &transport.tls) {
                 (Client::Tcp(stream, peer), None) => {
                     let session = self.open(Peer::Tcp(peer));
-                    connection::serve(stream, session, &transport, stopped).await;
+                    connection::serve(stream, session, &transport, stopped, here).await;
                 }
                 (Client::Tcp(stream, peer), Some(tls)) => {
                     let handshake = tls.acceptor().accept(stream);
                     let handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake);
                     if let Ok(Ok(stream)) = handshake.await {
                         let session = self.open(Peer::Tcp(peer));
-                        connection::serve(stream, session, &transport, stopped).await;
+                        connection::serve(stream, session, &transport, stopped, here).await;
                     }
                 }
                 // The socket file's mode says who may connect, and nothing leaves the
                 // host: no TLS there, as memcached and Redis serve theirs.
                 (Client::Unix(stream), _) => {
                     let session = self.open(Peer::Unix);
-                    connection::serve(stream, session, &transport, stopped).await;
+                    connection::serve(stream, session, &transport, stopped, here).await;
                 }
             }
         })
@@ -344,6 +347,19 @@ impl Runtimes {
     pub fn connections(&self) -> Vec<usize> {
         let serving = &self.serving;
         serving.iter().map(|n| n.load(Ordering::Relaxed)).collect()
+    }
+}
+
+/// One runtime thread's entry in [`Runtimes`]: how many connections it serves.
+#[derive(Clone)]
+pub struct ThreadConnections {
+    runtimes: Arc<Runtimes>,
+    thread: usize,
+}
+
+impl ThreadConnections {
+    fn count(&self) -> &AtomicUsize {
+        &self.runtimes.serving[self.thread]
     }
 }
 
@@ -579,16 +595,21 @@ async fn serve_thread(
             runtimes,
         } = thread.clone();
         let alive = alive.clone();
+        let here = ThreadConnections {
+            runtimes,
+            thread: me,
+        };
         tokio::spawn(async move {
             if let Ok(client) = client.into_tokio() {
-                protocol.serve(client, transport.clone(), stopped).await;
+                let serving = protocol.serve(client, transport.clone(), stopped, here.clone());
+                serving.await;
             }
             transport
                 .core
                 .counters
                 .curr_connections
                 .fetch_sub(1, Ordering::Relaxed);
-            runtimes.serving[me].fetch_sub(1, Ordering::Relaxed);
+            here.count().fetch_sub(1, Ordering::Relaxed);
             drop(alive);
         });
     }
