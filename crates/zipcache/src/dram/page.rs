@@ -9,6 +9,7 @@ use super::DramTier;
 use super::block::Block;
 use super::early_termination::{compress_behind, decompress_prefix, with_prefix};
 use super::leaf::{DramLeaf, LeafState, extras_box};
+use super::packed_page::Table;
 use crate::dictionary::page::PageDictionary;
 use crate::format::page::dictionary_version_at;
 use crate::record::{CasBase, Record, put_varint, read_varint};
@@ -185,6 +186,17 @@ impl DramTier {
         page: Option<&'p [u8]>,
         dictionary: Option<&PageDictionary>,
     ) -> Option<(CasBase, std::borrow::Cow<'p, [u8]>)> {
+        self.decode_with_table(leaf, page, dictionary)
+            .map(|(table, body)| (table.cas_base(), body))
+    }
+
+    /// `decode`, with the page's header (where each sub-page ends) in place of its base.
+    pub(super) fn decode_with_table<'p>(
+        &self,
+        leaf: &DramLeaf,
+        page: Option<&'p [u8]>,
+        dictionary: Option<&PageDictionary>,
+    ) -> Option<(Table<'p>, std::borrow::Cow<'p, [u8]>)> {
         let page = page?;
         let decoded = Summary::split(page).and_then(|(summary, packed)| {
             let (table, body) = self.layout.split(packed)?;
@@ -198,7 +210,7 @@ impl DramTier {
                 decompress_prefix(body, len, len, dictionary, &mut out)
                     .then_some(std::borrow::Cow::Owned(out))
             };
-            body.map(|body| (table.cas_base(), body))
+            body.map(|body| (table, body))
         });
         if decoded.is_none() {
             self.mark_lost(leaf);
