@@ -91,7 +91,7 @@ impl DramTier {
         let (summary, packed) = Summary::split(page)?;
         let header = self.layout.table(packed)?.len();
         let (_, body) = self.decode(leaf, Some(page), dictionary)?;
-        Some(self.page(summary, &[&packed[..header], &body].concat(), raw))
+        Some(self.page(summary, &[&packed[..header], &body].concat(), raw, None))
     }
 }
 

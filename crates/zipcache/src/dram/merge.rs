@@ -14,7 +14,7 @@ use super::leaf::{
     DramLeaf, LOST, LeafContents, LeafState, MERGE_QUEUED, REFERENCED, RETIRED, WRITTEN, install,
 };
 use super::packed_page::Table;
-use super::page::Summary;
+use super::page::{PriorPage, Summary};
 use super::write_buffer::{WriteBuffer, next_level};
 use super::{Bounds, DramTier, LeafId, ScanEntry};
 use crate::btree::{cut_into_leaves, split_fences};
@@ -339,6 +339,14 @@ impl DramTier {
         let old_page = st.page.take();
         let decoded = self.decode_with_table(leaf, old_page.as_deref(), page_dictionary.as_deref());
         let page = decoded.as_ref().map(|(table, body)| (table, &body[..]));
+        let prior = page_dictionary
+            .as_deref()
+            .zip(old_page.as_deref().zip(decoded.as_ref()))
+            .map(|(dictionary, (stored, (table, body)))| PriorPage {
+                dictionary,
+                stored: stored.len(),
+                packed: table.len() + body.len(),
+            });
         // A merge that lets nothing go takes the objects in page order, which a page that
         // does not split keeps; one that sheds passes them to `ReadFrequency::keep` and
         // the eviction listener in key order.
@@ -402,6 +410,7 @@ impl DramTier {
                 hot && i == 0,
                 access_table.as_deref(),
                 dictionary.as_ref(),
+                prior,
             ));
         }
         drop(buffer);
@@ -639,13 +648,15 @@ impl DramTier {
 
     /// Page, blobs and access state (from `access_table`, the merged leaf's) for one
     /// leaf's worth of objects; `dictionary` is the one its blobs that name one were
-    /// compressed with (`survivors` sees to it).
+    /// compressed with (`survivors` sees to it); `prior` the merged leaf's page, if it
+    /// was compressed with a page dictionary (`DramTier::page`).
     fn build(
         &self,
         objs: Vec<Obj>,
         hot: bool,
         access_table: Option<&AccessTable>,
         dictionary: Option<&Arc<Dictionary>>,
+        prior: Option<PriorPage<'_>>,
     ) -> LeafContents {
         let mut slots = 0usize;
         let mut records: Vec<(usize, Record)> = objs
@@ -681,7 +692,7 @@ impl DramTier {
             self.layout
                 .build(&mut records)
                 .map_or((None, None), |packed| {
-                    let (page, dictionary) = self.page(summary, &packed, hot);
+                    let (page, dictionary) = self.page(summary, &packed, hot, prior);
                     (Some(page), dictionary)
                 })
         };
@@ -1011,7 +1022,7 @@ mod tests {
         let mut placed = records.map(|r| (subpage(a), r));
         let packed = dram.layout.build(&mut placed).expect("fits");
         dram.write_leaf(a, |_, _, st| {
-            st.page = Some(dram.page(Summary::default(), &packed, false).0);
+            st.page = Some(dram.page(Summary::default(), &packed, false, None).0);
         });
         dram.put_with(a, Some(b"new"), Meta::default(), None, 0, |_| ());
         let (in_page_order, by_key) = both_gathers(&dram, a, 0);
