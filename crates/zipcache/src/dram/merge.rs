@@ -14,7 +14,7 @@ use super::leaf::{
     DramLeaf, LOST, LeafContents, LeafState, MERGE_QUEUED, REFERENCED, RETIRED, WRITTEN, install,
 };
 use super::packed_page::Table;
-use super::page::{PriorPage, Summary};
+use super::page::{PriorPage, Summary, Won};
 use super::write_buffer::{WriteBuffer, next_level};
 use super::{Bounds, DramTier, LeafId, ScanEntry};
 use crate::btree::{cut_into_leaves, split_fences};
@@ -339,11 +339,16 @@ impl DramTier {
         let old_page = st.page.take();
         let decoded = self.decode_with_table(leaf, old_page.as_deref(), page_dictionary.as_deref());
         let page = decoded.as_ref().map(|(table, body)| (table, &body[..]));
-        let prior = page_dictionary
+        let won = match &page_dictionary {
+            Some(dictionary) => Won::Dictionary(dictionary.version()),
+            None => Won::Lz4(leaf.lz4_beat.load(Ordering::Relaxed)),
+        };
+        let prior = old_page
             .as_deref()
-            .zip(old_page.as_deref().zip(decoded.as_ref()))
-            .map(|(dictionary, (stored, (table, body)))| PriorPage {
-                dictionary,
+            .zip(decoded.as_ref())
+            .filter(|_| !leaf.raw_page())
+            .map(|(stored, (table, body))| PriorPage {
+                won,
                 stored: stored.len(),
                 packed: table.len() + body.len(),
             });
@@ -656,7 +661,7 @@ impl DramTier {
         hot: bool,
         access_table: Option<&AccessTable>,
         dictionary: Option<&Arc<Dictionary>>,
-        prior: Option<PriorPage<'_>>,
+        prior: Option<PriorPage>,
     ) -> LeafContents {
         let mut slots = 0usize;
         let mut records: Vec<(usize, Record)> = objs
@@ -686,14 +691,14 @@ impl DramTier {
             cas_top.wrapping_sub(CasBase::of(records.iter().map(|(_, r)| r)).0);
         // `partition` only hands over chunks that fit (a single record always does:
         // `Config::validate` sees to it).
-        let (page, page_dictionary) = if records.is_empty() {
-            (None, None)
+        let (page, page_dictionary, lz4_beat) = if records.is_empty() {
+            (None, None, 0)
         } else {
             self.layout
                 .build(&mut records)
-                .map_or((None, None), |packed| {
-                    let (page, dictionary) = self.page(summary, &packed, hot, prior);
-                    (Some(page), dictionary)
+                .map_or((None, None, 0), |packed| {
+                    let (page, dictionary, lz4_beat) = self.page(summary, &packed, hot, prior);
+                    (Some(page), dictionary, lz4_beat)
                 })
         };
         drop(records);
@@ -713,6 +718,7 @@ impl DramTier {
         blobs.shrink_to_fit();
         LeafContents {
             page,
+            lz4_beat,
             raw: hot,
             blobs,
             dictionary: dictionary.filter(|_| named).cloned(),

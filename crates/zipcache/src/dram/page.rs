@@ -14,8 +14,15 @@ use crate::dictionary::page::PageDictionary;
 use crate::format::page::dictionary_version_at;
 use crate::record::{CasBase, Record, put_varint, read_varint};
 
-/// A page, and the dictionary its body was compressed with (which its leaf then holds).
-pub(super) type DictionaryPage = (Block, Option<Arc<PageDictionary>>);
+/// A page, the dictionary its body was compressed with (which its leaf then holds),
+/// and the tag (`lz4_tag`) of the current page dictionary if LZ4 alone beat it (else 0).
+pub(super) type DictionaryPage = (Block, Option<Arc<PageDictionary>>, u8);
+
+/// A byte that names a page dictionary's version (never 0): what a leaf keeps of the
+/// one LZ4 alone beat for its page (`DramLeaf::lz4_beat`). Versions 255 apart share it.
+pub(super) fn lz4_tag(version: u32) -> u8 {
+    (version % 255) as u8 + 1
+}
 
 /// A leaf's page, as one allocation: a summary of what it holds, then the packed page
 /// (`packed_page.rs`: end table, CAS base, body — LZ4-compressed unless the leaf's
@@ -104,14 +111,23 @@ impl Summary {
     }
 }
 
-/// A page compressed with a page dictionary, as the next page of its leaf sees it.
+/// The page a merge replaces, as `DramTier::page` weighs the next one by it.
 #[derive(Clone, Copy)]
-pub(super) struct PriorPage<'d> {
-    pub(super) dictionary: &'d PageDictionary,
+pub(super) struct PriorPage {
+    /// The compression that won there.
+    pub(super) won: Won,
     /// Bytes of the whole page, as stored.
     pub(super) stored: usize,
     /// Bytes of its packed page (header and body) uncompressed.
     pub(super) packed: usize,
+}
+
+#[derive(Clone, Copy)]
+pub(super) enum Won {
+    /// The page dictionary of this version.
+    Dictionary(u32),
+    /// LZ4 alone, over the dictionary of this tag (`lz4_tag`; 0: none was tried).
+    Lz4(u8),
 }
 
 impl LeafState {
@@ -156,17 +172,17 @@ impl DramTier {
     /// dictionary if that saves more than holding it costs (the leaf's box of extras),
     /// then returned beside the page for the leaf to hold, else without.
     ///
-    /// `prior`, the page this one replaces if that one was compressed with a
-    /// dictionary: if that is still the current one and this body compresses with it
-    /// about as well (within 1/16 of the ratio), it still wins, and the body is not
-    /// compressed with LZ4 alone as well (which was a sixth of the merger's CPU in a SET
-    /// load of 64-byte values). A new dictionary, or values that changed, try both.
+    /// `prior` is the page this one replaces. If the compression that won there (the
+    /// current dictionary, or LZ4 alone against it) compresses this body about as well
+    /// (within 1/16 of the ratio, either way), it is taken without trying the other: compressing
+    /// every page both ways was a third of the merger's CPU in a SET load of 64-byte
+    /// values. A new dictionary, or values that changed, try both again.
     pub(super) fn page(
         &self,
         summary: Summary,
         packed: &[u8],
         raw: bool,
-        prior: Option<PriorPage<'_>>,
+        prior: Option<PriorPage>,
     ) -> DictionaryPage {
         let header = self.layout.table(packed).map_or(packed.len(), |t| t.len());
         let (table, body) = packed.split_at(header);
@@ -183,27 +199,46 @@ impl DramTier {
         if raw {
             let mut page = front(0);
             page.extend_from_slice(body);
-            return (Block::new(&page), None);
+            return (Block::new(&page), None, 0);
         }
         let Some(dictionary) = self.current_page_dictionary() else {
-            return (Block::new(&compress_behind(&front(0), body)), None);
+            return (Block::new(&compress_behind(&front(0), body)), None, 0);
         };
-        let mut with = front(dictionary.version());
-        let compressed = dictionary.compress_into(body, &mut with);
-        let still_wins = prior.is_some_and(|p| {
-            p.dictionary.version() == dictionary.version()
-                && (with.len() as u64) * (p.packed as u64) * 16
-                    <= (p.stored as u64) * (packed.len() as u64) * 17
-        });
-        if compressed.is_some() && still_wins {
-            return (Block::new(&with), Some(dictionary));
-        }
-        let plain = compress_behind(&front(0), body);
-        match compressed {
-            Some(_) if with.len() + extras_box() < plain.len() => {
-                (Block::new(&with), Some(dictionary))
+        let tag = lz4_tag(dictionary.version());
+        // `stored / packed` within 1/16 of the prior page's, either way.
+        let as_well = |stored: usize| {
+            prior.is_some_and(|p| {
+                let this = (stored * p.packed) as u64 * 16;
+                let before = (p.stored * packed.len()) as u64;
+                (before * 15..=before * 17).contains(&this)
+            })
+        };
+        let with_dictionary = || {
+            let mut with = front(dictionary.version());
+            dictionary.compress_into(body, &mut with).map(|_| with)
+        };
+        let (with, plain) = match prior.map(|p| p.won) {
+            Some(Won::Dictionary(version)) if version == dictionary.version() => {
+                let with = with_dictionary();
+                if let Some(with) = with.as_ref().filter(|with| as_well(with.len())) {
+                    return (Block::new(with), Some(dictionary), 0);
+                }
+                (with, compress_behind(&front(0), body))
             }
-            _ => (Block::new(&plain), None),
+            Some(Won::Lz4(beaten)) if beaten == tag => {
+                let plain = compress_behind(&front(0), body);
+                if as_well(plain.len()) {
+                    return (Block::new(&plain), None, tag);
+                }
+                (with_dictionary(), plain)
+            }
+            _ => (with_dictionary(), compress_behind(&front(0), body)),
+        };
+        match with {
+            Some(with) if with.len() + extras_box() < plain.len() => {
+                (Block::new(&with), Some(dictionary), 0)
+            }
+            _ => (Block::new(&plain), None, tag),
         }
     }
 
@@ -344,6 +379,53 @@ mod tests {
         }
         dram.merge_all(0);
         assert!(dram.page_dictionaries_held().is_empty());
+    }
+
+    /// Pages where LZ4 alone beat the current dictionary (random values) keep LZ4 alone
+    /// while the values stay alike, and take the dictionary once the values are what
+    /// it was trained on.
+    #[test]
+    fn pages_that_lz4_won_take_the_dictionary_once_the_values_change() {
+        let (dram, _) = tier_with(settings(256));
+        let dictionaries = dram.dictionaries.clone().unwrap();
+        dictionaries
+            .pages
+            .make_current(generations().first().cloned());
+        let keys: Vec<Vec<u8>> = (0..6_000).map(key).collect();
+        let random = |round: u64, i: usize| -> Vec<u8> {
+            (0..8)
+                .flat_map(|j| {
+                    crate::dictionary::training::mix(round << 40 | (i as u64 * 8 + j)).to_le_bytes()
+                })
+                .collect()
+        };
+        for round in 0..2 {
+            for (i, k) in keys.iter().enumerate() {
+                dram.put_with(k, Some(&random(round, i)), Meta::default(), None, 0, |_| ());
+            }
+            dram.merge_all(0);
+            assert!(dram.page_dictionaries_held().is_empty());
+        }
+        for (i, k) in keys.iter().enumerate() {
+            dram.put_with(
+                k,
+                Some(&text_record(i as u64)),
+                Meta::default(),
+                None,
+                0,
+                |_| (),
+            );
+        }
+        dram.merge_all(0);
+        let held = dram.page_dictionaries_held();
+        let leaves = dram.leaf_count() as usize;
+        assert!(
+            held.values().sum::<usize>() * 2 > leaves,
+            "{held:?} of {leaves}"
+        );
+        for (i, k) in keys.iter().enumerate() {
+            assert_eq!(value(&dram, k), Some(text_record(i as u64)));
+        }
     }
 
     /// Three generations of page dictionaries: two of text records, one of other text.
