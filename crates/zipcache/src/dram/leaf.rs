@@ -75,6 +75,10 @@ impl Extras {
     /// merge needs), so overwrites between two merges hold no dead blobs.
     /// Returns the bytes freed (`blob_bytes`).
     pub(super) fn forget_buffered_blob(&mut self, key: &[u8]) -> usize {
+        // Without blobs no buffered record points at one: the buffer need not be read.
+        if self.blobs.is_empty() {
+            return 0;
+        }
         if let Some(Record {
             payload: Payload::Medium(slot),
             ..

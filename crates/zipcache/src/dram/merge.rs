@@ -227,31 +227,32 @@ fn buffered_version(r: Record<'_>, subpage: usize) -> Obj<'_> {
 
 /// The newest of each key's `versions` (which lie next to each other, oldest first),
 /// knowing whether the key is new and the largest version it replaced; an expired
-/// value becomes a tombstone (which hides older copies below).
-fn newest_versions(versions: Vec<Obj<'_>>, now_ms: u64) -> Vec<Obj<'_>> {
-    let mut objs = Vec::with_capacity(versions.len());
-    let mut versions = versions.into_iter().peekable();
-    while let Some(mut newest) = versions.next() {
+/// value becomes a tombstone (which hides older copies below). In place: most keys
+/// have one version, which stays where it is.
+fn newest_versions(mut versions: Vec<Obj<'_>>, now_ms: u64) -> Vec<Obj<'_>> {
+    // Versions of one key share a sub-page, compared first: it is at hand, the key is not.
+    versions.dedup_by(|next, kept| {
+        if next.subpage != kept.subpage || next.key != kept.key {
+            return false;
+        }
         // The key is new if its oldest version came from the buffer; the newest
         // replaces every version before it.
-        let mut replaced_cas = 0;
-        while let Some(next) = versions.next_if(|v| v.key == newest.key) {
-            replaced_cas = replaced_cas.max(newest.meta.ordered_cas());
-            newest = Obj {
-                new_key: newest.new_key,
-                ..next
-            };
-        }
-        newest.replaced_cas = replaced_cas;
+        let replaced_cas = kept.replaced_cas.max(kept.meta.ordered_cas());
+        let new_key = kept.new_key;
+        std::mem::swap(kept, next);
+        kept.replaced_cas = replaced_cas;
+        kept.new_key = new_key;
+        true
+    });
+    for newest in &mut versions {
         if !matches!(newest.body, Body::Tombstone) && newest.meta.expired(now_ms) {
             // An expired value must still hide any older copy below it.
             newest.body = Body::Tombstone;
             newest.replaced_cas = newest.replaced_cas.max(newest.meta.ordered_cas());
             newest.meta = Meta::default();
         }
-        objs.push(newest);
     }
-    objs
+    versions
 }
 
 impl DramTier {
@@ -552,19 +553,20 @@ impl DramTier {
             return;
         };
         let tiny_max = self.settings.tiny_max;
-        let records: Vec<Vec<u8>> = buffer
-            .records()
-            .filter(|r| matches!(r.payload, Payload::Inline(v) if r.key.len() + v.len() < tiny_max))
-            .map(|r| {
-                let mut sample = Vec::with_capacity(r.encoded_len());
-                r.encode_in(&mut sample, CasBase(r.meta.cas));
-                sample
-            })
-            .collect();
-        if !records.is_empty() {
+        // The samples end to end, and where each ends: two allocations a merge.
+        let mut samples = Vec::new();
+        let mut ends = Vec::new();
+        for r in buffer.records() {
+            if matches!(r.payload, Payload::Inline(v) if r.key.len() + v.len() < tiny_max) {
+                r.encode_in(&mut samples, CasBase(r.meta.cas));
+                ends.push(samples.len());
+            }
+        }
+        if !ends.is_empty() {
+            let starts = std::iter::once(0).chain(ends.iter().copied());
             dictionaries
                 .pages
-                .offer_all(records.iter().map(Vec::as_slice));
+                .offer_all(starts.zip(&ends).map(|(start, &end)| &samples[start..end]));
         }
     }
 
