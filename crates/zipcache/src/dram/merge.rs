@@ -315,8 +315,23 @@ impl DramTier {
     /// Decompress → apply the buffer → recompress; when its records no longer fit a page,
     /// the leaf shares with its right neighbour (`share.rs`) or splits. Objects that do
     /// not survive (expired, tombstones with nothing
-    /// below, and what `shed` lets go) are dropped here.
+    /// below, and what `shed` lets go) are dropped here. A merge that lets nothing go
+    /// patches the page where that makes the same page (`patch.rs`).
     pub(super) fn merge_locked(
+        &self,
+        leaf: &DramLeaf,
+        st: &mut LeafState,
+        now_ms: u64,
+        shed: Shed,
+    ) -> Shedding {
+        if shed == Shed::Nothing && self.merge_by_patching(leaf, st) {
+            return Shedding { shed: 0, kept: 0 };
+        }
+        self.merge_whole(leaf, st, now_ms, shed)
+    }
+
+    /// `merge_locked`, every object of the leaf gathered and its page rebuilt.
+    pub(super) fn merge_whole(
         &self,
         leaf: &DramLeaf,
         st: &mut LeafState,
@@ -548,14 +563,14 @@ impl DramTier {
     /// Offers the tiny objects of a buffer about to be merged to the page dictionaries'
     /// reservoir, as records the way a page holds them (the CAS as its own base: a
     /// one-byte delta, as close versions in a page take).
-    fn offer_tiny(&self, buffer: &WriteBuffer) {
+    pub(super) fn offer_tiny(&self, buffer: &WriteBuffer) {
         let Some(dictionaries) = &self.dictionaries else {
             return;
         };
         let tiny_max = self.settings.tiny_max;
         // The samples end to end, and where each ends: two allocations a merge.
-        let mut samples = Vec::new();
-        let mut ends = Vec::new();
+        let mut samples = Vec::with_capacity(buffer.len());
+        let mut ends = Vec::with_capacity(16);
         for r in buffer.records() {
             if matches!(r.payload, Payload::Inline(v) if r.key.len() + v.len() < tiny_max) {
                 r.encode_in(&mut samples, CasBase(r.meta.cas));

@@ -78,17 +78,29 @@ impl PackedLayout {
         if body > self.capacity {
             return None;
         }
-        let mut page = Vec::with_capacity(self.table_len() + 10 + body);
-        let mut end = 0;
-        for len in ends {
-            end += len;
-            page.extend_from_slice(&(end as u32).to_le_bytes()[..self.width()]);
-        }
-        put_varint(&mut page, base.0);
+        let mut page = self.header(ends, base, body);
         for (_, r) in records.iter() {
             r.encode_in(&mut page, base);
         }
         Some(page)
+    }
+
+    /// A page's header for sub-pages of `lens` bytes and `base`, in a vector with room
+    /// for the `body` bytes that follow.
+    pub fn header(
+        &self,
+        lens: impl IntoIterator<Item = usize>,
+        base: CasBase,
+        body: usize,
+    ) -> Vec<u8> {
+        let mut page = Vec::with_capacity(self.table_len() + 10 + body);
+        let mut end = 0;
+        for len in lens {
+            end += len;
+            page.extend_from_slice(&(end as u32).to_le_bytes()[..self.width()]);
+        }
+        put_varint(&mut page, base.0);
+        page
     }
 
     /// Every record of a body, with the sub-page it is stored in, sub-page by sub-page.
