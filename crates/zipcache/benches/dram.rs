@@ -31,14 +31,18 @@ fn leaf_page(value: impl Fn(u64) -> Vec<u8>) -> (Vec<usize>, Vec<u8>) {
     let values: Vec<Vec<u8>> = (0..128u64).map(value).collect();
     let mut n = keys.len();
     loop {
-        let records: Vec<Record> = (0..n)
-            .map(|i| Record {
-                key: keys[i].as_bytes(),
-                payload: Payload::Inline(&values[i]),
-                meta: Meta::default(),
+        let mut records: Vec<(usize, Record)> = (0..n)
+            .map(|i| {
+                let key = keys[i].as_bytes();
+                let record = Record {
+                    key,
+                    payload: Payload::Inline(&values[i]),
+                    meta: Meta::default(),
+                };
+                (layout.subpage_of(key), record)
             })
             .collect();
-        if let Some(page) = layout.build(&records) {
+        if let Some(page) = layout.build(&mut records) {
             let (table, body) = layout.split(&page).expect("a page just built");
             let ends = (0..16).map(|i| table.end(i)).collect();
             return (ends, body.to_vec());

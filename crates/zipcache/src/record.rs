@@ -272,6 +272,17 @@ impl<'a> Record<'a> {
 /// The key of the record at the start of `buf` and the record's length, its metadata
 /// skipped rather than decoded: a scan for one key passes the others this way.
 pub fn key_and_len(buf: &[u8]) -> Option<(&[u8], usize)> {
+    kind_key_and_len(buf).map(|(_, key, len)| (key, len))
+}
+
+/// Whether a record of `kind` (its second byte) holds its value inline and never
+/// expires: a page merged again keeps such a record as it is, unless it is replaced.
+pub fn lasting_inline(kind: u8) -> bool {
+    kind & PAYLOAD_MASK == PAYLOAD_INLINE && kind & HAS_EXPIRY == 0
+}
+
+/// `key_and_len`, with the record's kind byte (payload and metadata bits) in front.
+pub fn kind_key_and_len(buf: &[u8]) -> Option<(u8, &[u8], usize)> {
     let mut r = Reader { buf, pos: 0 };
     let key_len = r.u8()? as usize;
     if key_len == 0 {
@@ -291,7 +302,7 @@ pub fn key_and_len(buf: &[u8]) -> Option<(&[u8], usize)> {
         }
     }
     r.take(payload_len)?;
-    Some((key, r.pos))
+    Some((kind, key, r.pos))
 }
 
 /// The records of a run whose CAS versions are stored whole (a write buffer), in stored

@@ -64,8 +64,9 @@ impl DramTier {
             .map(|page| self.repage(leaf, page, st.page_dictionary(), hot));
         self.charged(leaf, &mut st, |st| match converted {
             None => {}
-            Some(Some((page, dictionary))) => {
+            Some(Some((page, dictionary, lz4_beat))) => {
                 st.set_page(Some(page), dictionary);
+                leaf.lz4_beat.store(lz4_beat, Ordering::Relaxed);
                 leaf.set(RAW_PAGE, hot);
             }
             Some(None) => {
@@ -91,7 +92,7 @@ impl DramTier {
         let (summary, packed) = Summary::split(page)?;
         let header = self.layout.table(packed)?.len();
         let (_, body) = self.decode(leaf, Some(page), dictionary)?;
-        Some(self.page(summary, &[&packed[..header], &body].concat(), raw))
+        Some(self.page(summary, &[&packed[..header], &body].concat(), raw, None))
     }
 }
 

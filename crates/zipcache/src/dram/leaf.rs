@@ -75,6 +75,10 @@ impl Extras {
     /// merge needs), so overwrites between two merges hold no dead blobs.
     /// Returns the bytes freed (`blob_bytes`).
     pub(super) fn forget_buffered_blob(&mut self, key: &[u8]) -> usize {
+        // Without blobs no buffered record points at one: the buffer need not be read.
+        if self.blobs.is_empty() {
+            return 0;
+        }
         if let Some(Record {
             payload: Payload::Medium(slot),
             ..
@@ -201,6 +205,9 @@ pub(super) struct DramLeaf {
     pub(super) flags: AtomicU8,
     /// How many times its buffer's limit doubled `write_buffer` (`write_buffer::next_level`).
     pub(super) buffer_level: AtomicU8,
+    /// The tag (`page::lz4_tag`) of the page dictionary that LZ4 alone beat when the
+    /// page was built (0: none), which its next merge tries first (`DramTier::page`).
+    pub(super) lz4_beat: AtomicU8,
 }
 
 impl DramLeaf {
@@ -269,6 +276,8 @@ pub(super) const UNKNOWN: i32 = i32::MIN;
 
 pub(super) struct LeafContents {
     pub(super) page: Option<Block>,
+    /// `DramLeaf::lz4_beat` for the page.
+    pub(super) lz4_beat: u8,
     /// The page's body is uncompressed.
     pub(super) raw: bool,
     pub(super) blobs: ThinVec<Option<Block>>,
@@ -282,6 +291,7 @@ pub(super) struct LeafContents {
 pub(super) fn install(leaf: &DramLeaf, st: &mut LeafState, c: LeafContents) {
     st.page = c.page;
     leaf.set(RAW_PAGE, c.raw && st.page.is_some());
+    leaf.lz4_beat.store(c.lz4_beat, Ordering::Relaxed);
     if !c.blobs.is_empty() || c.access_table.is_some() || c.page_dictionary.is_some() {
         let extras = st.extras.get_or_insert_default();
         extras.blobs = c.blobs;

@@ -13,7 +13,8 @@ use super::block::Block;
 use super::leaf::{
     DramLeaf, LOST, LeafContents, LeafState, MERGE_QUEUED, REFERENCED, RETIRED, WRITTEN, install,
 };
-use super::page::Summary;
+use super::packed_page::Table;
+use super::page::{PriorPage, Summary, Won};
 use super::write_buffer::{WriteBuffer, next_level};
 use super::{Bounds, DramTier, LeafId, ScanEntry};
 use crate::btree::{cut_into_leaves, split_fences};
@@ -90,6 +91,8 @@ pub(super) struct Obj<'a> {
     new_key: bool,
     /// The largest CAS version among the older versions of the key this one replaced.
     replaced_cas: u64,
+    /// The page sub-page its key hashes to (`PackedLayout::subpage_of`).
+    subpage: usize,
 }
 
 enum Body<'a> {
@@ -177,6 +180,81 @@ pub(super) struct Shedding {
     pub(super) kept: u64,
 }
 
+/// A page record as a merge takes it: a medium one's metadata read from its blob's
+/// header (a tombstone if the blob is missing or damaged).
+fn page_version<'a>(r: Record<'a>, subpage: usize, blobs: &[Option<Block>]) -> Obj<'a> {
+    let (body, meta) = match r.payload {
+        Payload::Inline(v) => (Body::Inline(v), r.meta),
+        Payload::Medium(slot) => {
+            match blobs
+                .get(slot as usize)
+                .and_then(Option::as_deref)
+                .and_then(blob_header)
+            {
+                Some((meta, _)) => (Body::Slot(slot), meta),
+                None => (Body::Tombstone, Meta::default()),
+            }
+        }
+        Payload::Tombstone => (Body::Tombstone, r.meta),
+    };
+    Obj {
+        key: r.key,
+        body,
+        meta,
+        new_key: false,
+        replaced_cas: 0,
+        subpage,
+    }
+}
+
+/// A buffered record as a merge takes it.
+fn buffered_version(r: Record<'_>, subpage: usize) -> Obj<'_> {
+    Obj {
+        key: r.key,
+        // A buffered medium record carries its metadata (a page's does not): its
+        // blob's header need not be read.
+        body: match r.payload {
+            Payload::Inline(v) => Body::Inline(v),
+            Payload::Medium(slot) => Body::Slot(slot),
+            Payload::Tombstone => Body::Tombstone,
+        },
+        meta: r.meta,
+        new_key: true,
+        replaced_cas: 0,
+        subpage,
+    }
+}
+
+/// The newest of each key's `versions` (which lie next to each other, oldest first),
+/// knowing whether the key is new and the largest version it replaced; an expired
+/// value becomes a tombstone (which hides older copies below). In place: most keys
+/// have one version, which stays where it is.
+fn newest_versions(mut versions: Vec<Obj<'_>>, now_ms: u64) -> Vec<Obj<'_>> {
+    // Versions of one key share a sub-page, compared first: it is at hand, the key is not.
+    versions.dedup_by(|next, kept| {
+        if next.subpage != kept.subpage || next.key != kept.key {
+            return false;
+        }
+        // The key is new if its oldest version came from the buffer; the newest
+        // replaces every version before it.
+        let replaced_cas = kept.replaced_cas.max(kept.meta.ordered_cas());
+        let new_key = kept.new_key;
+        std::mem::swap(kept, next);
+        kept.replaced_cas = replaced_cas;
+        kept.new_key = new_key;
+        true
+    });
+    for newest in &mut versions {
+        if !matches!(newest.body, Body::Tombstone) && newest.meta.expired(now_ms) {
+            // An expired value must still hide any older copy below it.
+            newest.body = Body::Tombstone;
+            newest.replaced_cas = newest.replaced_cas.max(newest.meta.ordered_cas());
+            newest.meta = Meta::default();
+        }
+    }
+    versions
+}
+
 impl DramTier {
     /// The background merger's entry: merges the buffer of leaf `id` if it still has
     /// one (the slot may hold another leaf by now; merging it does no harm).
@@ -237,8 +315,23 @@ impl DramTier {
     /// Decompress → apply the buffer → recompress; when its records no longer fit a page,
     /// the leaf shares with its right neighbour (`share.rs`) or splits. Objects that do
     /// not survive (expired, tombstones with nothing
-    /// below, and what `shed` lets go) are dropped here.
+    /// below, and what `shed` lets go) are dropped here. A merge that lets nothing go
+    /// patches the page where that makes the same page (`patch.rs`).
     pub(super) fn merge_locked(
+        &self,
+        leaf: &DramLeaf,
+        st: &mut LeafState,
+        now_ms: u64,
+        shed: Shed,
+    ) -> Shedding {
+        if shed == Shed::Nothing && self.merge_by_patching(leaf, st) {
+            return Shedding { shed: 0, kept: 0 };
+        }
+        self.merge_whole(leaf, st, now_ms, shed)
+    }
+
+    /// `merge_locked`, every object of the leaf gathered and its page rebuilt.
+    pub(super) fn merge_whole(
         &self,
         leaf: &DramLeaf,
         st: &mut LeafState,
@@ -260,9 +353,32 @@ impl DramTier {
         self.offer_tiny(&buffer);
         let dictionary = self.current_dictionary();
         let old_page = st.page.take();
-        let decoded = self.decode(leaf, old_page.as_deref(), page_dictionary.as_deref());
-        let page = decoded.as_ref().map(|(base, body)| (*base, &body[..]));
-        let gathered = self.gather(page, &buffer, &old_blobs, now_ms);
+        let decoded = self.decode_with_table(leaf, old_page.as_deref(), page_dictionary.as_deref());
+        let page = decoded.as_ref().map(|(table, body)| (table, &body[..]));
+        let won = match &page_dictionary {
+            Some(dictionary) => Won::Dictionary(dictionary.version()),
+            None => Won::Lz4(leaf.lz4_beat.load(Ordering::Relaxed)),
+        };
+        let prior = old_page
+            .as_deref()
+            .zip(decoded.as_ref())
+            .filter(|_| !leaf.raw_page())
+            .map(|(stored, (table, body))| PriorPage {
+                won,
+                stored: stored.len(),
+                packed: table.len() + body.len(),
+            });
+        // A merge that lets nothing go takes the objects in page order, which a page that
+        // does not split keeps; one that sheds passes them to `ReadFrequency::keep` and
+        // the eviction listener in key order.
+        let gathered = match shed {
+            Shed::Nothing => self.gather_in_page_order(page, &buffer, &old_blobs, now_ms),
+            Shed::Clean | Shed::Cold => None,
+        }
+        .unwrap_or_else(|| {
+            let page = page.map(|(table, body)| (table.cas_base(), body));
+            self.gather(page, &buffer, &old_blobs, now_ms)
+        });
         let (mut objs, shedding) = self.survivors(
             gathered,
             &mut old_blobs,
@@ -273,9 +389,14 @@ impl DramTier {
             shed,
             now_ms,
         );
+        let fits = self.fits(&objs);
+        if !fits {
+            // Splits and shares cut the leaf's key range.
+            objs.sort_unstable_by(|a, b| a.key.cmp(b.key));
+        }
         // A full leaf shares with its right neighbour before it splits (`share`).
         let mut neighbour = None;
-        if shed == Shed::Nothing && !leaf.lost() && self.splits_at_random(&objs) {
+        if !fits && shed == Shed::Nothing && !leaf.lost() && self.splits_at_random(&objs) {
             view = self.view();
             neighbour = self.lock_right_neighbour(&view, leaf, objs[0].key);
         }
@@ -296,6 +417,7 @@ impl DramTier {
                 self.retire_neighbour(n);
                 self.share(&objs)
             }
+            _ if fits => vec![(0, objs.len())],
             _ => self.partition(&objs),
         };
         let hot = leaf.hot();
@@ -309,6 +431,7 @@ impl DramTier {
                 hot && i == 0,
                 access_table.as_deref(),
                 dictionary.as_ref(),
+                prior,
             ));
         }
         drop(buffer);
@@ -440,24 +563,25 @@ impl DramTier {
     /// Offers the tiny objects of a buffer about to be merged to the page dictionaries'
     /// reservoir, as records the way a page holds them (the CAS as its own base: a
     /// one-byte delta, as close versions in a page take).
-    fn offer_tiny(&self, buffer: &WriteBuffer) {
+    pub(super) fn offer_tiny(&self, buffer: &WriteBuffer) {
         let Some(dictionaries) = &self.dictionaries else {
             return;
         };
         let tiny_max = self.settings.tiny_max;
-        let records: Vec<Vec<u8>> = buffer
-            .records()
-            .filter(|r| matches!(r.payload, Payload::Inline(v) if r.key.len() + v.len() < tiny_max))
-            .map(|r| {
-                let mut sample = Vec::with_capacity(r.encoded_len());
-                r.encode_in(&mut sample, CasBase(r.meta.cas));
-                sample
-            })
-            .collect();
-        if !records.is_empty() {
+        // The samples end to end, and where each ends: two allocations a merge.
+        let mut samples = Vec::with_capacity(buffer.len());
+        let mut ends = Vec::with_capacity(16);
+        for r in buffer.records() {
+            if matches!(r.payload, Payload::Inline(v) if r.key.len() + v.len() < tiny_max) {
+                r.encode_in(&mut samples, CasBase(r.meta.cas));
+                ends.push(samples.len());
+            }
+        }
+        if !ends.is_empty() {
+            let starts = std::iter::once(0).chain(ends.iter().copied());
             dictionaries
                 .pages
-                .offer_all(records.iter().map(Vec::as_slice));
+                .offer_all(starts.zip(&ends).map(|(start, &end)| &samples[start..end]));
         }
     }
 
@@ -546,16 +670,18 @@ impl DramTier {
 
     /// Page, blobs and access state (from `access_table`, the merged leaf's) for one
     /// leaf's worth of objects; `dictionary` is the one its blobs that name one were
-    /// compressed with (`survivors` sees to it).
+    /// compressed with (`survivors` sees to it); `prior` the merged leaf's page, if it
+    /// was compressed with a page dictionary (`DramTier::page`).
     fn build(
         &self,
         objs: Vec<Obj>,
         hot: bool,
         access_table: Option<&AccessTable>,
         dictionary: Option<&Arc<Dictionary>>,
+        prior: Option<PriorPage>,
     ) -> LeafContents {
         let mut slots = 0usize;
-        let records: Vec<Record> = objs
+        let mut records: Vec<(usize, Record)> = objs
             .iter()
             .map(|o| {
                 // `partition` keeps a page within `MAX_BLOBS_PER_LEAF` medium objects.
@@ -563,7 +689,7 @@ impl DramTier {
                 if o.is_medium() {
                     slots += 1;
                 }
-                o.record(slot)
+                (o.subpage, o.record(slot))
             })
             .collect();
         let mut summary = Summary::default();
@@ -578,16 +704,19 @@ impl DramTier {
             summary.raw_bytes += (o.key.len() + value_len) as u64;
         }
         let cas_top = objs.iter().map(|o| o.meta.ordered_cas()).max().unwrap_or(0);
-        summary.cas_top_above_base = cas_top.wrapping_sub(CasBase::of(&records).0);
+        summary.cas_top_above_base =
+            cas_top.wrapping_sub(CasBase::of(records.iter().map(|(_, r)| r)).0);
         // `partition` only hands over chunks that fit (a single record always does:
         // `Config::validate` sees to it).
-        let (page, page_dictionary) = if records.is_empty() {
-            (None, None)
+        let (page, page_dictionary, lz4_beat) = if records.is_empty() {
+            (None, None, 0)
         } else {
-            self.layout.build(&records).map_or((None, None), |packed| {
-                let (page, dictionary) = self.page(summary, &packed, hot);
-                (Some(page), dictionary)
-            })
+            self.layout
+                .build(&mut records)
+                .map_or((None, None, 0), |packed| {
+                    let (page, dictionary, lz4_beat) = self.page(summary, &packed, hot, prior);
+                    (Some(page), dictionary, lz4_beat)
+                })
         };
         drop(records);
         let access_table = access_table.and_then(|table| {
@@ -606,6 +735,7 @@ impl DramTier {
         blobs.shrink_to_fit();
         LeafContents {
             page,
+            lz4_beat,
             raw: hot,
             blobs,
             dictionary: dictionary.filter(|_| named).cloned(),
@@ -624,70 +754,72 @@ impl DramTier {
         now_ms: u64,
     ) -> Vec<Obj<'a>> {
         let (cas_base, body) = page.unwrap_or_default();
-        let from_page = self.layout.all(cas_base, body).map(|r| {
-            let (body, meta) = match r.payload {
-                Payload::Inline(v) => (Body::Inline(v), r.meta),
-                Payload::Medium(slot) => {
-                    match blobs
-                        .get(slot as usize)
-                        .and_then(Option::as_deref)
-                        .and_then(blob_header)
-                    {
-                        Some((meta, _)) => (Body::Slot(slot), meta),
-                        None => (Body::Tombstone, Meta::default()),
-                    }
-                }
-                Payload::Tombstone => (Body::Tombstone, r.meta),
-            };
-            Obj {
-                key: r.key,
-                body,
-                meta,
-                new_key: false,
-                replaced_cas: 0,
-            }
-        });
-        let from_buffer = buffer.records().map(|r| Obj {
-            key: r.key,
-            // A buffered medium record carries its metadata (a page's does not): its
-            // blob's header need not be read.
-            body: match r.payload {
-                Payload::Inline(v) => Body::Inline(v),
-                Payload::Medium(slot) => Body::Slot(slot),
-                Payload::Tombstone => Body::Tombstone,
-            },
-            meta: r.meta,
-            new_key: true,
-            replaced_cas: 0,
-        });
+        let from_page = self
+            .layout
+            .all(cas_base, body)
+            .map(|r| page_version(r, self.layout.subpage_of(r.key), blobs));
+        let from_buffer = buffer
+            .records()
+            .map(|r| buffered_version(r, self.layout.subpage_of(r.key)));
         let mut versions: Vec<Obj<'a>> = from_page.chain(from_buffer).collect();
         // Stable, so a key's versions stay oldest first: the page's, then the buffer's in
         // the order written. (Inserting them into a `BTreeMap` one by one took 5 % of the
         // server's CPU in a JSON fill.)
         versions.sort_by(|a, b| a.key.cmp(b.key));
-        let mut versions = versions.into_iter().peekable();
-        let mut objs = Vec::with_capacity(versions.len());
-        while let Some(mut newest) = versions.next() {
-            // The key is new if its oldest version came from the buffer; the newest
-            // replaces every version before it.
-            let mut replaced_cas = 0;
-            while let Some(next) = versions.next_if(|v| v.key == newest.key) {
-                replaced_cas = replaced_cas.max(newest.meta.ordered_cas());
-                newest = Obj {
-                    new_key: newest.new_key,
-                    ..next
-                };
+        newest_versions(versions, now_ms)
+    }
+
+    /// `gather` in page order (by sub-page, then key, as `build` stores them), without
+    /// sorting the page: its sub-pages hold their keys in order, so the few buffered
+    /// versions, sorted alone, are merged in as the page is walked (sorting every version
+    /// by key was a fifth of the merger's CPU in a SET load of 64-byte values). `None` if
+    /// a sub-page that a buffered key hashes to is out of order (never built so; then
+    /// `gather` sorts).
+    fn gather_in_page_order<'a>(
+        &self,
+        page: Option<(&Table<'_>, &'a [u8])>,
+        buffer: &'a WriteBuffer,
+        blobs: &[Option<Block>],
+        now_ms: u64,
+    ) -> Option<Vec<Obj<'a>>> {
+        let in_page_order =
+            |a: &Obj, b: &Obj| a.subpage.cmp(&b.subpage).then_with(|| a.key.cmp(b.key));
+        let mut buffered: Vec<Obj<'a>> = buffer
+            .records()
+            .map(|r| buffered_version(r, self.layout.subpage_of(r.key)))
+            .collect();
+        // Stable: a key's buffered versions stay in the order written.
+        buffered.sort_by(in_page_order);
+        let placed = page.into_iter().flat_map(|(table, body)| {
+            self.layout
+                .placed(table, body)
+                .map(|(subpage, r)| page_version(r, subpage, blobs))
+        });
+        let mut versions = Vec::with_capacity(buffered.len() + 64);
+        let mut buffered = buffered.into_iter().peekable();
+        let mut last: Option<(usize, &[u8])> = None;
+        let mut last_buffered = None;
+        for version in placed {
+            while let Some(b) = buffered.next_if(|b| in_page_order(b, &version).is_lt()) {
+                last_buffered = Some(b.subpage);
+                versions.push(b);
             }
-            newest.replaced_cas = replaced_cas;
-            if !matches!(newest.body, Body::Tombstone) && newest.meta.expired(now_ms) {
-                // An expired value must still hide any older copy below it.
-                newest.body = Body::Tombstone;
-                newest.replaced_cas = newest.replaced_cas.max(newest.meta.ordered_cas());
-                newest.meta = Meta::default();
+            // In a sub-page with buffered keys, the page's order is what lets a key's
+            // versions meet: checked there.
+            let touched = last_buffered == Some(version.subpage)
+                || buffered
+                    .peek()
+                    .is_some_and(|b| b.subpage == version.subpage);
+            let in_order =
+                last.is_none_or(|(subpage, key)| subpage != version.subpage || key < version.key);
+            if touched && !in_order {
+                return None;
             }
-            objs.push(newest);
+            last = Some((version.subpage, version.key));
+            versions.push(version);
         }
-        objs
+        versions.extend(buffered);
+        Some(newest_versions(versions, now_ms))
     }
 
     /// A locked leaf's objects (tombstones aside) and how many of them have expired by
@@ -804,6 +936,135 @@ mod tests {
         ]
         .map(|(k, v, new_key, replaced)| (k.to_vec(), v.map(<[u8]>::to_vec), new_key, replaced));
         assert_eq!(gathered, expected);
+    }
+
+    /// A gathered object as the tests compare them.
+    type Seen = (Vec<u8>, Option<Vec<u8>>, Meta, bool, u64);
+
+    fn seen(objs: &[Obj]) -> Vec<Seen> {
+        objs.iter()
+            .map(|o| {
+                let value = match o.body {
+                    Body::Inline(v) => Some(v.to_vec()),
+                    _ => None,
+                };
+                (o.key.to_vec(), value, o.meta, o.new_key, o.replaced_cas)
+            })
+            .collect()
+    }
+
+    /// A leaf's objects gathered both ways: in page order, and by key.
+    fn both_gathers(dram: &DramTier, key: &[u8], now_ms: u64) -> (Option<Vec<Seen>>, Vec<Seen>) {
+        dram.read_leaf(key, |leaf, st| {
+            let empty = WriteBuffer::default();
+            let buffer = st.buffer().unwrap_or(&empty);
+            let decoded = dram.decode_with_table(leaf, st.page.as_deref(), st.page_dictionary());
+            let page = decoded.as_ref().map(|(table, body)| (table, &body[..]));
+            let in_page_order = dram
+                .gather_in_page_order(page, buffer, st.blobs(), now_ms)
+                .map(|objs| {
+                    let subpages: Vec<usize> = objs.iter().map(|o| o.subpage).collect();
+                    assert!(subpages.is_sorted(), "{subpages:?}");
+                    for o in &objs {
+                        assert_eq!(o.subpage, dram.layout.subpage_of(o.key));
+                    }
+                    let mut seen = seen(&objs);
+                    seen.sort_by(|a, b| a.0.cmp(&b.0));
+                    seen
+                });
+            let page = decoded
+                .as_ref()
+                .map(|(table, body)| (table.cas_base(), &body[..]));
+            let by_key = seen(&dram.gather(page, buffer, st.blobs(), now_ms));
+            (in_page_order, by_key)
+        })
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+
+        /// Walking the page in its order and merging the buffered versions in finds the
+        /// same newest versions (what they replaced, expiry, new keys) as sorting them all.
+        #[test]
+        fn gathering_in_page_order_finds_what_sorting_finds(
+            merged in proptest::collection::vec((0u32..60, 0u64..4), 0..40),
+            buffered in proptest::collection::vec((0u32..60, 0u8..4, 0u64..4), 0..12),
+        ) {
+            let (dram, _) = tier_with(settings(1 << 16));
+            let mut cas = 1u64;
+            let mut put = |i: u32, value: Option<u64>, expires_at_ms: Option<u64>| {
+                cas += 1;
+                let meta = Meta { cas, expires_at_ms, ..Meta::default() };
+                let value = value.map(|v| format!("value {v}").into_bytes());
+                match value {
+                    Some(v) => dram.put_with(&key(i), Some(&v), meta, None, 0, |_| ()),
+                    None => {
+                        dram.delete(&key(i), 0, |_| ());
+                    }
+                }
+            };
+            for &(i, v) in &merged {
+                put(i, Some(v), None);
+            }
+            dram.merge_all(0);
+            for &(i, kind, v) in &buffered {
+                match kind {
+                    0 => put(i, None, None),
+                    1 => put(i, Some(v), Some(50)),
+                    _ => put(i, Some(v), None),
+                }
+            }
+            let (in_page_order, by_key) = both_gathers(&dram, &key(0), 100);
+            proptest::prop_assert_eq!(in_page_order, Some(by_key));
+        }
+    }
+
+    /// A page whose sub-page does not hold its keys in order (never built so) cannot
+    /// be merged by walking it where a buffered key lands: the merge sorts instead, and
+    /// the buffered version still replaces the page's.
+    #[test]
+    fn a_sub_page_out_of_order_is_gathered_by_sorting() {
+        let (dram, _) = tier_with(settings(1 << 16));
+        let keys: Vec<Vec<u8>> = (0..200).map(key).collect();
+        let subpage = |k: &Vec<u8>| dram.layout.subpage_of(k);
+        let (a, b) = keys
+            .iter()
+            .enumerate()
+            .find_map(|(i, a)| {
+                keys[i + 1..]
+                    .iter()
+                    .find(|b| subpage(b) == subpage(a))
+                    .map(|b| (a, b))
+            })
+            .expect("two keys of one sub-page");
+        let records = [b, a].map(|k| Record {
+            key: k,
+            payload: Payload::Inline(b"old"),
+            meta: Meta::default(),
+        });
+        let mut placed = records.map(|r| (subpage(a), r));
+        let packed = dram.layout.build(&mut placed).expect("fits");
+        dram.write_leaf(a, |_, _, st| {
+            st.page = Some(dram.page(Summary::default(), &packed, false, None).0);
+        });
+        dram.put_with(a, Some(b"new"), Meta::default(), None, 0, |_| ());
+        let (in_page_order, by_key) = both_gathers(&dram, a, 0);
+        assert_eq!(in_page_order, None);
+        let values: Vec<_> = by_key.iter().map(|s| (s.0.clone(), s.1.clone())).collect();
+        assert_eq!(
+            values,
+            [
+                (a.clone(), Some(b"new".to_vec())),
+                (b.clone(), Some(b"old".to_vec()))
+            ]
+        );
+        dram.merge_all(0);
+        assert!(
+            matches!(dram.get(a, 0, true), super::super::Lookup::Found(v, _, _) if v == b"new")
+        );
+        assert!(
+            matches!(dram.get(b, 0, true), super::super::Lookup::Found(v, _, _) if v == b"old")
+        );
     }
 
     /// Write buffers at rest after a fill: only leaves written since their last merge

@@ -40,6 +40,7 @@ mod leaf;
 mod merge;
 pub(crate) mod packed_page;
 mod page;
+mod patch;
 mod reclaim;
 mod share;
 mod slots;

@@ -60,29 +60,62 @@ impl PackedLayout {
         records.map(|r| r.encoded_len_in(base)).sum::<usize>() <= self.capacity
     }
 
-    /// The page for `records`, uncompressed: header, then body. `None` if they do not fit.
-    pub fn build<'a>(&self, records: impl IntoIterator<Item = &'a Record<'a>>) -> Option<Vec<u8>> {
-        let records: Vec<&Record> = records.into_iter().collect();
-        let base = CasBase::of(records.iter().copied());
-        let mut subpages: Vec<Vec<u8>> = vec![Vec::new(); self.subpages];
-        for r in records {
-            r.encode_in(&mut subpages[self.subpage_of(r.key)], base);
+    /// The page for `records`, each with its sub-page (`subpage_of` its key), uncompressed:
+    /// header, then body; a sub-page's records in the order given. `None` if they do not
+    /// fit.
+    ///
+    /// Records given in sub-page order (as a merge that does not split hands them over)
+    /// are encoded straight into the page; others are put in that order first.
+    pub fn build(&self, records: &mut [(usize, Record<'_>)]) -> Option<Vec<u8>> {
+        // Stable, and a single pass over records already in order.
+        records.sort_by_key(|&(subpage, _)| subpage);
+        let base = CasBase::of(records.iter().map(|(_, r)| r));
+        let mut ends = vec![0usize; self.subpages];
+        for (subpage, r) in records.iter() {
+            ends[*subpage] += r.encoded_len_in(base);
         }
-        let body: usize = subpages.iter().map(Vec::len).sum();
+        let body: usize = ends.iter().sum();
         if body > self.capacity {
             return None;
         }
+        let mut page = self.header(ends, base, body);
+        for (_, r) in records.iter() {
+            r.encode_in(&mut page, base);
+        }
+        Some(page)
+    }
+
+    /// A page's header for sub-pages of `lens` bytes and `base`, in a vector with room
+    /// for the `body` bytes that follow.
+    pub fn header(
+        &self,
+        lens: impl IntoIterator<Item = usize>,
+        base: CasBase,
+        body: usize,
+    ) -> Vec<u8> {
         let mut page = Vec::with_capacity(self.table_len() + 10 + body);
         let mut end = 0;
-        for sub in &subpages {
-            end += sub.len();
+        for len in lens {
+            end += len;
             page.extend_from_slice(&(end as u32).to_le_bytes()[..self.width()]);
         }
         put_varint(&mut page, base.0);
-        for sub in &subpages {
-            page.extend_from_slice(sub);
-        }
-        Some(page)
+        page
+    }
+
+    /// Every record of a body, with the sub-page it is stored in, sub-page by sub-page.
+    pub fn placed<'p>(
+        &self,
+        table: &Table<'_>,
+        body: &'p [u8],
+    ) -> impl Iterator<Item = (usize, Record<'p>)> {
+        let cas_base = table.cas_base;
+        let ends: Vec<usize> = (0..self.subpages).map(|i| table.end(i)).collect();
+        (0..self.subpages).flat_map(move |i| {
+            let start = if i == 0 { 0 } else { ends[i - 1] };
+            let sub = body.get(start..ends[i]).unwrap_or_default();
+            records_in(sub, cas_base).map(move |r| (i, r))
+        })
     }
 
     /// The header at the front of `page`, checked; `None` if it is damaged.
@@ -162,6 +195,16 @@ mod tests {
     use crate::subpage_hash::dram_subpage;
     use proptest::prelude::*;
 
+    /// `l.build` for records placed by their keys' hash.
+    fn build(l: &PackedLayout, recs: &[Record]) -> Option<Vec<u8>> {
+        l.build(
+            &mut recs
+                .iter()
+                .map(|r| (l.subpage_of(r.key), *r))
+                .collect::<Vec<_>>(),
+        )
+    }
+
     fn layout(capacity: usize) -> PackedLayout {
         PackedLayout {
             subpages: 16,
@@ -180,7 +223,7 @@ mod tests {
             payload: Payload::Inline(b"v"),
             meta: Meta::default(),
         });
-        let page = l.build(&recs).unwrap();
+        let page = build(&l, &recs).unwrap();
         let (sa, sb) = (l.subpage_of(a), l.subpage_of(b));
         assert_ne!(sa, sb, "the test wants two sub-pages");
         let len = recs[0].encoded_len();
@@ -226,7 +269,7 @@ mod tests {
                 },
             })
             .collect();
-        let page = l.build(&recs).unwrap();
+        let page = build(&l, &recs).unwrap();
         assert_eq!(
             &page[32..41],
             &[0x80, 0x80, 0xac, 0xcd, 0xf8, 0xac, 0xd1, 0x91, 0x01]
@@ -296,7 +339,7 @@ mod tests {
                 .collect();
             let total: usize = recs.iter().map(Record::encoded_len).sum();
             prop_assert_eq!(l.fits(recs.iter().copied()), total <= 2048);
-            match l.build(&recs) {
+            match build(&l, &recs) {
                 None => prop_assert!(total > 2048),
                 Some(page) => {
                     prop_assert_eq!(page.len(), 32 + 1 + total);

@@ -9,12 +9,20 @@ use super::DramTier;
 use super::block::Block;
 use super::early_termination::{compress_behind, decompress_prefix, with_prefix};
 use super::leaf::{DramLeaf, LeafState, extras_box};
+use super::packed_page::Table;
 use crate::dictionary::page::PageDictionary;
 use crate::format::page::dictionary_version_at;
 use crate::record::{CasBase, Record, put_varint, read_varint};
 
-/// A page, and the dictionary its body was compressed with (which its leaf then holds).
-pub(super) type DictionaryPage = (Block, Option<Arc<PageDictionary>>);
+/// A page, the dictionary its body was compressed with (which its leaf then holds),
+/// and the tag (`lz4_tag`) of the current page dictionary if LZ4 alone beat it (else 0).
+pub(super) type DictionaryPage = (Block, Option<Arc<PageDictionary>>, u8);
+
+/// A byte that names a page dictionary's version (never 0): what a leaf keeps of the
+/// one LZ4 alone beat for its page (`DramLeaf::lz4_beat`). Versions 255 apart share it.
+pub(super) fn lz4_tag(version: u32) -> u8 {
+    (version % 255) as u8 + 1
+}
 
 /// A leaf's page, as one allocation: a summary of what it holds, then the packed page
 /// (`packed_page.rs`: end table, CAS base, body — LZ4-compressed unless the leaf's
@@ -103,6 +111,25 @@ impl Summary {
     }
 }
 
+/// The page a merge replaces, as `DramTier::page` weighs the next one by it.
+#[derive(Clone, Copy)]
+pub(super) struct PriorPage {
+    /// The compression that won there.
+    pub(super) won: Won,
+    /// Bytes of the whole page, as stored.
+    pub(super) stored: usize,
+    /// Bytes of its packed page (header and body) uncompressed.
+    pub(super) packed: usize,
+}
+
+#[derive(Clone, Copy)]
+pub(super) enum Won {
+    /// The page dictionary of this version.
+    Dictionary(u32),
+    /// LZ4 alone, over the dictionary of this tag (`lz4_tag`; 0: none was tried).
+    Lz4(u8),
+}
+
 impl LeafState {
     /// What the leaf's page holds, as its summary says (an empty one without a page).
     pub(super) fn summary(&self) -> Summary {
@@ -144,7 +171,19 @@ impl DramTier {
     /// allocation: the body as it is if `raw`, else compressed — with the current page
     /// dictionary if that saves more than holding it costs (the leaf's box of extras),
     /// then returned beside the page for the leaf to hold, else without.
-    pub(super) fn page(&self, summary: Summary, packed: &[u8], raw: bool) -> DictionaryPage {
+    ///
+    /// `prior` is the page this one replaces. If the compression that won there (the
+    /// current dictionary, or LZ4 alone against it) compresses this body about as well
+    /// (within 1/16 of the ratio, either way), it is taken without trying the other: compressing
+    /// every page both ways was a third of the merger's CPU in a SET load of 64-byte
+    /// values. A new dictionary, or values that changed, try both again.
+    pub(super) fn page(
+        &self,
+        summary: Summary,
+        packed: &[u8],
+        raw: bool,
+        prior: Option<PriorPage>,
+    ) -> DictionaryPage {
         let header = self.layout.table(packed).map_or(packed.len(), |t| t.len());
         let (table, body) = packed.split_at(header);
         let front = |dictionary: u32| {
@@ -160,18 +199,46 @@ impl DramTier {
         if raw {
             let mut page = front(0);
             page.extend_from_slice(body);
-            return (Block::new(&page), None);
+            return (Block::new(&page), None, 0);
         }
-        let plain = compress_behind(&front(0), body);
         let Some(dictionary) = self.current_page_dictionary() else {
-            return (Block::new(&plain), None);
+            return (Block::new(&compress_behind(&front(0), body)), None, 0);
         };
-        let mut with = front(dictionary.version());
-        match dictionary.compress_into(body, &mut with) {
-            Some(_) if with.len() + extras_box() < plain.len() => {
-                (Block::new(&with), Some(dictionary))
+        let tag = lz4_tag(dictionary.version());
+        // `stored / packed` within 1/16 of the prior page's, either way.
+        let as_well = |stored: usize| {
+            prior.is_some_and(|p| {
+                let this = (stored * p.packed) as u64 * 16;
+                let before = (p.stored * packed.len()) as u64;
+                (before * 15..=before * 17).contains(&this)
+            })
+        };
+        let with_dictionary = || {
+            let mut with = front(dictionary.version());
+            dictionary.compress_into(body, &mut with).map(|_| with)
+        };
+        let (with, plain) = match prior.map(|p| p.won) {
+            Some(Won::Dictionary(version)) if version == dictionary.version() => {
+                let with = with_dictionary();
+                if let Some(with) = with.as_ref().filter(|with| as_well(with.len())) {
+                    return (Block::new(with), Some(dictionary), 0);
+                }
+                (with, compress_behind(&front(0), body))
             }
-            _ => (Block::new(&plain), None),
+            Some(Won::Lz4(beaten)) if beaten == tag => {
+                let plain = compress_behind(&front(0), body);
+                if as_well(plain.len()) {
+                    return (Block::new(&plain), None, tag);
+                }
+                (with_dictionary(), plain)
+            }
+            _ => (with_dictionary(), compress_behind(&front(0), body)),
+        };
+        match with {
+            Some(with) if with.len() + extras_box() < plain.len() => {
+                (Block::new(&with), Some(dictionary), 0)
+            }
+            _ => (Block::new(&plain), None, tag),
         }
     }
 
@@ -185,6 +252,17 @@ impl DramTier {
         page: Option<&'p [u8]>,
         dictionary: Option<&PageDictionary>,
     ) -> Option<(CasBase, std::borrow::Cow<'p, [u8]>)> {
+        self.decode_with_table(leaf, page, dictionary)
+            .map(|(table, body)| (table.cas_base(), body))
+    }
+
+    /// `decode`, with the page's header (where each sub-page ends) in place of its base.
+    pub(super) fn decode_with_table<'p>(
+        &self,
+        leaf: &DramLeaf,
+        page: Option<&'p [u8]>,
+        dictionary: Option<&PageDictionary>,
+    ) -> Option<(Table<'p>, std::borrow::Cow<'p, [u8]>)> {
         let page = page?;
         let decoded = Summary::split(page).and_then(|(summary, packed)| {
             let (table, body) = self.layout.split(packed)?;
@@ -198,7 +276,7 @@ impl DramTier {
                 decompress_prefix(body, len, len, dictionary, &mut out)
                     .then_some(std::borrow::Cow::Owned(out))
             };
-            body.map(|body| (table.cas_base(), body))
+            body.map(|body| (table, body))
         });
         if decoded.is_none() {
             self.mark_lost(leaf);
@@ -301,6 +379,53 @@ mod tests {
         }
         dram.merge_all(0);
         assert!(dram.page_dictionaries_held().is_empty());
+    }
+
+    /// Pages where LZ4 alone beat the current dictionary (random values) keep LZ4 alone
+    /// while the values stay alike, and take the dictionary once the values are what
+    /// it was trained on.
+    #[test]
+    fn pages_that_lz4_won_take_the_dictionary_once_the_values_change() {
+        let (dram, _) = tier_with(settings(256));
+        let dictionaries = dram.dictionaries.clone().unwrap();
+        dictionaries
+            .pages
+            .make_current(generations().first().cloned());
+        let keys: Vec<Vec<u8>> = (0..6_000).map(key).collect();
+        let random = |round: u64, i: usize| -> Vec<u8> {
+            (0..8)
+                .flat_map(|j| {
+                    crate::dictionary::training::mix(round << 40 | (i as u64 * 8 + j)).to_le_bytes()
+                })
+                .collect()
+        };
+        for round in 0..2 {
+            for (i, k) in keys.iter().enumerate() {
+                dram.put_with(k, Some(&random(round, i)), Meta::default(), None, 0, |_| ());
+            }
+            dram.merge_all(0);
+            assert!(dram.page_dictionaries_held().is_empty());
+        }
+        for (i, k) in keys.iter().enumerate() {
+            dram.put_with(
+                k,
+                Some(&text_record(i as u64)),
+                Meta::default(),
+                None,
+                0,
+                |_| (),
+            );
+        }
+        dram.merge_all(0);
+        let held = dram.page_dictionaries_held();
+        let leaves = dram.leaf_count() as usize;
+        assert!(
+            held.values().sum::<usize>() * 2 > leaves,
+            "{held:?} of {leaves}"
+        );
+        for (i, k) in keys.iter().enumerate() {
+            assert_eq!(value(&dram, k), Some(text_record(i as u64)));
+        }
     }
 
     /// Three generations of page dictionaries: two of text records, one of other text.
