@@ -4,8 +4,7 @@
 # servers taking turns within each run so they share the machine's noise:
 #
 #  1. redis-benchmark `-t set,get -n 400000 -r 200000 -d 64 -c 50 -P 16` and `-P 1` against
-#     `zipcache serve` (RESP), `zipcache serve --runtime per-core-fixed` (connections never
-#     move between its threads), `zipcache serve --threads 1` and
+#     `zipcache serve` (RESP), `zipcache serve --threads 1` and
 #     `redis-server --save "" --appendonly no`: requests per second;
 #  2. server CPU µs per GET (utime + stime of the server from /proc/PID/stat over the
 #     measured phase, per measured request): `zipcache bench --target
@@ -69,7 +68,6 @@ start_redis() {
 }
 
 start_zipcache zipcache
-start_zipcache zipcache-fixed --runtime per-core-fixed
 start_zipcache zipcache-t1 --threads 1
 start_redis
 
@@ -77,7 +75,7 @@ RB=$OUT/redis-benchmark.csv
 echo "run,server,pipeline,test,rps" >"$RB"
 for run in $(seq "$RUNS"); do
     for pipeline in 16 1; do
-        for server in zipcache zipcache-fixed zipcache-t1 redis; do
+        for server in zipcache zipcache-t1 redis; do
             echo "redis-benchmark run $run -P $pipeline $server" >&2
             redis-benchmark -h 127.0.0.1 -p "${PORT[$server]}" -t set,get -n 400000 \
                 -r 200000 -d 64 -c 50 -P "$pipeline" --csv |
@@ -119,15 +117,14 @@ def rb(server, pipeline, test):
          if r["server"] == server and r["pipeline"] == str(pipeline) and r["test"] == test]
     return med(v), min(v), max(v)
 print(f"redis-benchmark, requests/s, median of {runs} (min–max):\n")
-print("| | zipcache serve | --runtime per-core-fixed | --threads 1 | redis-server | ratio | "
-      "ratio, fixed | ratio, --threads 1 |")
-print("|---|---:|---:|---:|---:|---:|---:|---:|")
+print("| | zipcache serve | zipcache serve --threads 1 | redis-server | ratio | ratio, --threads 1 |")
+print("|---|---:|---:|---:|---:|---:|")
 for p in (16, 1):
     for test in ("SET", "GET"):
-        z, zf, z1, r = (rb(s, p, test) for s in ("zipcache", "zipcache-fixed", "zipcache-t1", "redis"))
+        z, z1, r = rb("zipcache", p, test), rb("zipcache-t1", p, test), rb("redis", p, test)
         cell = lambda m: f"{m[0]:,.0f} ({m[1]:,.0f}–{m[2]:,.0f})"
-        print(f"| `-P {p}` {test} | {cell(z)} | {cell(zf)} | {cell(z1)} | {cell(r)} | "
-              f"{z[0] / r[0]:.2f}× | {zf[0] / r[0]:.2f}× | {z1[0] / r[0]:.2f}× |")
+        print(f"| `-P {p}` {test} | {cell(z)} | {cell(z1)} | {cell(r)} | "
+              f"{z[0] / r[0]:.2f}× | {z1[0] / r[0]:.2f}× |")
 def results(name):
     return [json.load(open(f"{out}/{name}-{run}.json")) for run in range(1, runs + 1)]
 print(f"\nBench, DRAM only, GET only, every key resident, closed loop; median of {runs} "
