@@ -6,6 +6,7 @@ use std::cell::Cell;
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream as StdTcpStream};
 use std::sync::Arc;
+use std::sync::atomic::AtomicUsize;
 use std::time::{Duration, Instant};
 
 use tokio::net::TcpStream;
@@ -19,7 +20,6 @@ use crate::fuzzing::{memcached_session, new_hybrid_engine, options, resp_request
 use crate::memcache::MemcacheSession;
 use crate::resp::RespSession;
 use crate::server::Parts;
-use crate::transport::Here;
 use crate::transport::connection::{Processed, Session, Step, process, serve};
 use crate::transport::output::{OUTPUT_BUDGET, Output};
 use crate::transport::prefetch::{Prefetch, ReadAhead};
@@ -435,7 +435,7 @@ fn replies_of_a_round_go_out_after_all_its_requests_ran() {
         .build()
         .unwrap();
     let (_stop, stopped) = watch::channel(false);
-    let two_here = Here::detached(2);
+    let two_here = AtomicUsize::new(2);
     runtime.block_on(async {
         let a = TcpStream::from_std(a_server).unwrap();
         let b = TcpStream::from_std(b_server).unwrap();
@@ -447,16 +447,14 @@ fn replies_of_a_round_go_out_after_all_its_requests_ran() {
                 Lines { probe: probe_a },
                 &transport,
                 stopped.clone(),
-                &two_here,
-                false,
+                &two_here
             ),
             serve(
                 b,
                 Lines { probe: probe_b },
                 &transport,
                 stopped.clone(),
-                &two_here,
-                false,
+                &two_here
             ),
         );
     });

@@ -69,8 +69,7 @@ pub struct ServeArgs {
     /// Serve Prometheus text at http://LISTEN:PORT/metrics [default: off].
     #[arg(long)]
     pub metrics_port: Option<u16>,
-    /// per-core (thread per core; connections handed to the least busy, then moved
-    /// between threads by load), per-core-fixed (never moved) or shared (one
+    /// per-core (thread per core, connections handed to the least busy) or shared (one
     /// work-stealing runtime).
     #[arg(long, value_enum)]
     pub runtime: Option<Runtime>,

@@ -162,13 +162,9 @@ fn the_shared_runtime_serves_both_protocols() {
 
 /// Eight clients on a two-thread server are served four per thread (thread 0 accepts and
 /// hands each to the least busy), whichever ports they use; closed ones free their place.
-/// (`per-core-fixed`: with `per-core` they would then be packed onto one thread.)
 #[test]
 fn connections_are_spread_evenly_over_the_threads() {
-    let server = TestServer::with_options(ServerOptions {
-        runtime: Runtime::PerCoreFixed,
-        ..TestServer::options()
-    });
+    let server = TestServer::start();
     let mut clients: Vec<Client> = (0..8)
         .map(|i| match i % 3 {
             0 => Client::connect(server.resp),
@@ -203,53 +199,6 @@ fn connections_are_spread_evenly_over_the_threads() {
         clients.push(client);
     }
     assert_eq!(server.handle().connections_per_runtime(), vec![4, 4]);
-}
-
-/// Eight clients that one thread can carry end up served by one thread, and every
-/// request is answered right while their connections move: each client sets and reads
-/// back its own key, pipelined, round after round, over both protocols.
-#[test]
-fn connections_one_thread_can_carry_are_packed_onto_it() {
-    let server = TestServer::start();
-    let mut clients: Vec<Client> = (0..8)
-        .map(|i| match i % 2 {
-            0 => Client::connect(server.resp),
-            _ => Client::connect(server.memcached),
-        })
-        .collect();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let mut packed_rounds = 0;
-    for round in 0.. {
-        for (i, client) in clients.iter_mut().enumerate() {
-            let (key, value) = (format!("key{i}"), format!("value{i}.{round}"));
-            let len = value.len();
-            if i % 2 == 0 {
-                let asked = client.ask(&format!("SET {key} {value}\r\nGET {key}\r\n"), 3);
-                assert_eq!(asked, ["+OK".to_string(), format!("${len}"), value]);
-            } else {
-                let request = format!("set {key} 0 0 {len}\r\n{value}\r\nget {key}\r\n");
-                let asked = client.ask(&request, 4);
-                let expected = ["STORED".into(), format!("VALUE {key} 0 {len}"), value];
-                assert_eq!(asked[..3], expected);
-                assert_eq!(asked[3], "END");
-            }
-        }
-        let per_thread = server.handle().connections_per_runtime();
-        assert_eq!(per_thread.iter().sum::<usize>(), 8, "{per_thread:?}");
-        if per_thread.contains(&8) {
-            packed_rounds += 1;
-            // Served on one thread for a while: they stay there.
-            if packed_rounds == 100 {
-                break;
-            }
-        } else {
-            assert!(
-                Instant::now() < deadline,
-                "never packed: {per_thread:?} after {round} rounds"
-            );
-        }
-        std::thread::sleep(Duration::from_millis(2));
-    }
 }
 
 /// A port this server listens on cannot be taken by a second one (memcached refuses it

@@ -32,12 +32,8 @@ pub struct TlsFiles {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Runtime {
-    /// A current_thread runtime per thread, each serving the connections handed to it;
-    /// connections move between the threads by load (packed while fewer threads can carry
-    /// them, spread when one is saturated: `transport::balance`).
+    /// A current_thread runtime per thread, each serving the connections handed to it.
     PerCore,
-    /// As `PerCore`, but a connection stays on the thread it was first handed to.
-    PerCoreFixed,
     /// One multi-threaded work-stealing runtime sharing one listener per port.
     Shared,
 }

@@ -6,6 +6,7 @@
 
 use std::future::Future;
 use std::io;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -14,33 +15,26 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_rustls::server::TlsStream;
 
+use super::Transport;
 use super::buffer_budget::ConnectionBuffers;
 use super::output::Output;
 use super::prefetch::{Prefetch, ReadAhead};
-use super::{Here, Transport};
 use crate::core::stats::Counters;
 
 /// A byte stream a connection is served over.
 pub trait Stream: AsyncRead + AsyncWrite + Unpin + Send {
-    /// Whether the connection may move to another serving thread (`balance`).
-    const MOVABLE: bool;
-
     /// Resolves once a read can make progress, before any read buffer is allocated, so an
     /// idle connection holds none.
     fn readable(&self) -> impl Future<Output = io::Result<()>> + Send;
 }
 
 impl Stream for TcpStream {
-    const MOVABLE: bool = true;
-
     fn readable(&self) -> impl Future<Output = io::Result<()>> + Send {
         TcpStream::readable(self)
     }
 }
 
 impl Stream for UnixStream {
-    const MOVABLE: bool = true;
-
     fn readable(&self) -> impl Future<Output = io::Result<()>> + Send {
         UnixStream::readable(self)
     }
@@ -49,9 +43,6 @@ impl Stream for UnixStream {
 /// rustls may hold decrypted bytes the socket no longer signals, so a TLS connection
 /// goes straight to its read (and its idle cost is rustls's own buffers anyway).
 impl Stream for TlsStream<TcpStream> {
-    /// rustls's state lives beside the socket, not in it.
-    const MOVABLE: bool = false;
-
     fn readable(&self) -> impl Future<Output = io::Result<()>> + Send {
         std::future::ready(Ok(()))
     }
@@ -198,23 +189,6 @@ pub fn process<S: Session>(
     (pos, Processed::NeedMore)
 }
 
-/// How [`serve`] ended.
-pub enum Served<T, S> {
-    /// The connection closed.
-    Ended,
-    /// It leaves for serving thread `to` (`balance`) with its session, nothing buffered.
-    Left(T, S, usize),
-}
-
-impl<T, S> Served<T, S> {
-    pub fn left(self) -> Option<(T, S, usize)> {
-        match self {
-            Served::Left(stream, session, to) => Some((stream, session, to)),
-            Served::Ended => None,
-        }
-    }
-}
-
 /// Waits, if this connection's thread serves others, until those that are ready have run
 /// their requests (`yield_now` puts this task behind them): the replies of one round then
 /// go out back to back, Redis's `beforeSleep`, and the client, asleep in its poll, is woken
@@ -223,8 +197,8 @@ impl<T, S> Served<T, S> {
 /// samples of one serving thread answering redis-benchmark's 50 pipelined connections,
 /// against Redis's 4.5 %. A lone connection writes at once: the yield would cost it a
 /// poll of the reactor per reply.
-async fn after_neighbours(here: &Here) {
-    if here.connections() > 1 {
+async fn after_neighbours(connections_here: &AtomicUsize) {
+    if connections_here.load(Ordering::Relaxed) > 1 {
         tokio::task::yield_now().await;
     }
 }
@@ -325,18 +299,15 @@ fn read_deadline(
 /// opened (`first_request_kicks`), and one whose request grows past
 /// `transport.max_request_size` (`request_size_kicks`, after the session's error reply).
 ///
-/// `here` is the serving thread: its other connections (`after_neighbours`), and its
-/// request that connections leave it (`balance`): a connection waiting for its client with
-/// nothing buffered, that has completed a request, leaves then (`Served::Left`).
-/// `resumed`: the connection moved here, its session with it.
+/// `connections_here` counts the connections the serving thread serves, this one included
+/// (`after_neighbours`).
 pub async fn serve<T: Stream, S: Session>(
     mut stream: T,
     mut session: S,
     transport: &Transport,
     mut shutdown: watch::Receiver<bool>,
-    here: &Here,
-    resumed: bool,
-) -> Served<T, S> {
+    connections_here: &AtomicUsize,
+) {
     let counters = &transport.core.counters;
     let buffers = transport.buffers.register();
     // Holds only an incomplete request between reads.
@@ -348,10 +319,9 @@ pub async fn serve<T: Stream, S: Session>(
     let mut reads = Prefetch::default();
     let mut out = Output::default();
     let opened = Instant::now();
-    let mut completed = resumed;
+    let mut completed = false;
     loop {
         let deadline = read_deadline(transport, opened, completed);
-        let may_leave = T::MOVABLE && completed && input.bytes.is_empty();
         let read = async {
             stream.readable().await?;
             input.reserve_read(transport.max_request_size);
@@ -361,17 +331,11 @@ pub async fn serve<T: Stream, S: Session>(
             read = until(deadline.map(|(at, _)| at), read) => read,
             () = buffers.closed() => None,
             // In-flight requests finished synchronously before we got here.
-            _ = shutdown.changed() => return Served::Ended,
-            () = here.nudged(), if may_leave => {
-                match here.claim_departure() {
-                    Some(to) => return Served::Left(stream, session, to),
-                    None => continue,
-                }
-            }
+            _ = shutdown.changed() => return,
         };
         if buffers.is_closed() {
             Counters::bump(&counters.buffer_budget_kicks);
-            return Served::Ended;
+            return;
         }
         match read {
             None => {
@@ -379,9 +343,9 @@ pub async fn serve<T: Stream, S: Session>(
                     Some((_, Kick::FirstRequest)) => &counters.first_request_kicks,
                     _ => &counters.idle_kicks,
                 });
-                return Served::Ended;
+                return;
             }
-            Some(Ok(0) | Err(_)) => return Served::Ended,
+            Some(Ok(0) | Err(_)) => return,
             Some(Ok(n)) => Counters::add(&counters.bytes_read, n),
         }
         let mut pos = 0;
@@ -398,7 +362,7 @@ pub async fn serve<T: Stream, S: Session>(
                 // Large values are written from the items the reply references, not
                 // copied. TLS writes sit in rustls until flushed; for TCP the flush is free.
                 let write = async {
-                    after_neighbours(here).await;
+                    after_neighbours(connections_here).await;
                     for part in out.parts() {
                         stream.write_all(part).await?;
                     }
@@ -414,21 +378,20 @@ pub async fn serve<T: Stream, S: Session>(
                     Some(Ok(())) => {}
                     Some(Err(_)) if buffers.is_closed() => {
                         Counters::bump(&counters.buffer_budget_kicks);
-                        return Served::Ended;
+                        return;
                     }
-                    Some(Err(_)) => return Served::Ended,
+                    Some(Err(_)) => return,
                     None => {
                         // The client stopped reading: its replies would wait forever.
                         Counters::bump(&counters.write_timeouts);
-                        return Served::Ended;
+                        return;
                     }
                 }
                 Counters::add(&counters.bytes_written, reply_len);
                 out.clear();
             }
             if let Some(takeover) = session.take_over() {
-                takeover.run(stream, shutdown).await;
-                return Served::Ended;
+                return takeover.run(stream, shutdown).await;
             }
             match processed {
                 Processed::Flush => continue,
@@ -438,9 +401,9 @@ pub async fn serve<T: Stream, S: Session>(
                 Processed::NeedMore => break,
                 Processed::Close => {
                     linger(stream).await;
-                    return Served::Ended;
+                    return;
                 }
-                Processed::HangUp => return Served::Ended,
+                Processed::HangUp => return,
             }
         }
         completed |= pos > 0;
@@ -452,7 +415,7 @@ pub async fn serve<T: Stream, S: Session>(
             if stream.write_all(&out[..]).await.is_ok() && stream.flush().await.is_ok() {
                 linger(stream).await;
             }
-            return Served::Ended;
+            return;
         }
     }
 }

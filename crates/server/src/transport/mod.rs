@@ -12,7 +12,6 @@
 //! group lets a second server join the port unnoticed. `Runtime::Shared` (one
 //! work-stealing runtime) exists to measure the choice against (docs/SERVER.md).
 
-pub mod balance;
 pub mod buffer_budget;
 pub mod connection;
 pub mod output;
@@ -21,7 +20,6 @@ mod ring;
 pub mod tls;
 pub mod unix;
 
-use std::any::Any;
 use std::future::Future;
 use std::io;
 use std::net::{SocketAddr, TcpListener as StdListener};
@@ -113,15 +111,7 @@ pub trait Protocol: Send + Sync + 'static {
     fn over_limit(&self) -> &'static [u8];
 }
 
-/// A connection served to its end, or to its move to another thread (`balance`).
-type Serving = Pin<Box<dyn Future<Output = Option<Moved>> + Send>>;
-
-/// A connection leaving its thread for thread `to` (`balance`), its session with it.
-pub struct Moved {
-    client: Handed,
-    session: Box<dyn Any + Send>,
-    to: usize,
-}
+type Serving = Pin<Box<dyn Future<Output = ()> + Send>>;
 
 /// A client's connection, as a listener accepts it (`Accepted`) and as it is handed to
 /// the runtime thread that serves it (`Handed`).
@@ -181,16 +171,13 @@ impl Handed {
 /// A [`Protocol`] with its session type out of sight, so that one accept loop and one
 /// handoff serve every protocol.
 pub trait Sessions: Send + Sync {
-    /// Serves `client` to its end, after its TLS handshake if the port speaks TLS, or
-    /// until it moves to another thread; `resumed` is the session of a connection that
-    /// moved here.
+    /// Serves `client` to its end, after its TLS handshake if the port speaks TLS.
     fn serve(
         self: Arc<Self>,
         client: Accepted,
         transport: Arc<Transport>,
         stopped: watch::Receiver<bool>,
-        here: Here,
-        resumed: Option<Box<dyn Any + Send>>,
+        here: ThreadConnections,
     ) -> Serving;
 
     fn over_limit(&self) -> &'static [u8];
@@ -202,54 +189,30 @@ impl<P: Protocol> Sessions for P {
         client: Accepted,
         transport: Arc<Transport>,
         stopped: watch::Receiver<bool>,
-        here: Here,
-        resumed: Option<Box<dyn Any + Send>>,
+        here: ThreadConnections,
     ) -> Serving {
         Box::pin(async move {
-            let resumed: Option<P::Session> = resumed.and_then(|s| s.downcast().ok()).map(|s| *s);
-            let moved = resumed.is_some();
+            let here = here.count();
             // The session opens once the connection is one (after its TLS handshake):
             // `stats conns` and memcached's connection events list no failed handshake.
-            // A session that moved here is open already.
-            let session = |peer| resumed.unwrap_or_else(|| self.open(peer));
             match (client, &transport.tls) {
                 (Client::Tcp(stream, peer), None) => {
-                    let served = connection::serve(
-                        stream,
-                        session(Peer::Tcp(peer)),
-                        &transport,
-                        stopped,
-                        &here,
-                        moved,
-                    );
-                    let (stream, session, to) = served.await.left()?;
-                    let client = Client::Tcp(stream.into_std().ok()?, peer);
-                    Some(Moved::new(client, session, to))
+                    let session = self.open(Peer::Tcp(peer));
+                    connection::serve(stream, session, &transport, stopped, here).await;
                 }
                 (Client::Tcp(stream, peer), Some(tls)) => {
                     let handshake = tls.acceptor().accept(stream);
                     let handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake);
                     if let Ok(Ok(stream)) = handshake.await {
-                        let session = session(Peer::Tcp(peer));
-                        let served =
-                            connection::serve(stream, session, &transport, stopped, &here, moved);
-                        // rustls's state does not move: a TLS connection never leaves.
-                        served.await;
+                        let session = self.open(Peer::Tcp(peer));
+                        connection::serve(stream, session, &transport, stopped, here).await;
                     }
-                    None
                 }
                 // The socket file's mode says who may connect, and nothing leaves the
                 // host: no TLS there, as memcached and Redis serve theirs.
                 (Client::Unix(stream), _) => {
-                    let session = session(Peer::Unix);
-                    let served =
-                        connection::serve(stream, session, &transport, stopped, &here, moved);
-                    let (stream, session, to) = served.await.left()?;
-                    Some(Moved::new(
-                        Client::Unix(stream.into_std().ok()?),
-                        session,
-                        to,
-                    ))
+                    let session = self.open(Peer::Unix);
+                    connection::serve(stream, session, &transport, stopped, here).await;
                 }
             }
         })
@@ -360,29 +323,16 @@ fn bind(addr: SocketAddr) -> io::Result<StdListener> {
     Ok(socket.into())
 }
 
-/// A connection accepted on one runtime thread for another to serve, or moving there with
-/// its session.
+/// A connection accepted on one runtime thread for another to serve.
 struct Handoff {
     protocol: Arc<dyn Sessions>,
     client: Handed,
-    session: Option<Box<dyn Any + Send>>,
-}
-
-impl Moved {
-    fn new<S: Send + 'static>(client: Handed, session: S, to: usize) -> Moved {
-        Moved {
-            client,
-            session: Box::new(session),
-            to,
-        }
-    }
 }
 
 /// The runtimes serving connections: where to hand a new one, and how many each serves.
 pub struct Runtimes {
     inboxes: Vec<mpsc::UnboundedSender<Handoff>>,
     serving: Vec<AtomicUsize>,
-    lanes: balance::Lanes,
 }
 
 impl Runtimes {
@@ -400,71 +350,16 @@ impl Runtimes {
     }
 }
 
-/// The runtime thread a connection is served on, in [`Runtimes`].
+/// One runtime thread's entry in [`Runtimes`]: how many connections it serves.
 #[derive(Clone)]
-pub struct Here {
+pub struct ThreadConnections {
     runtimes: Arc<Runtimes>,
     thread: usize,
 }
 
-impl Here {
-    /// The connections this thread serves, the asking one included.
-    pub fn connections(&self) -> usize {
-        self.runtimes.serving[self.thread].load(Ordering::Relaxed)
-    }
-
-    /// Resolves when this thread is asked to let connections go (`balance`).
-    pub fn nudged(&self) -> tokio::sync::futures::Notified<'_> {
-        self.runtimes.lanes.nudged(self.thread)
-    }
-
-    /// Takes one of the departures asked of this thread: the thread to go to.
-    pub fn claim_departure(&self) -> Option<usize> {
-        self.runtimes.lanes.claim_departure(self.thread)
-    }
-
-    /// A thread of its own serving `connections` connections, outside any server (tests).
-    #[cfg(test)]
-    pub(crate) fn detached(connections: usize) -> Here {
-        let runtimes = Runtimes {
-            inboxes: Vec::new(),
-            serving: vec![AtomicUsize::new(connections)],
-            lanes: balance::Lanes::new(1),
-        };
-        Here {
-            runtimes: Arc::new(runtimes),
-            thread: 0,
-        }
-    }
-
-    /// The connection ended: it is no longer counted.
-    fn ended(&self) {
-        let core = &self.runtimes;
-        core.serving[self.thread].fetch_sub(1, Ordering::Relaxed);
-    }
-
-    /// Hands a connection that left this thread to the thread it moves to; `false` if that
-    /// thread is gone (shutting down): the connection is closed.
-    fn hand_over(&self, protocol: Arc<dyn Sessions>, moved: Moved) -> bool {
-        let Moved {
-            client,
-            session,
-            to,
-        } = moved;
-        let runtimes = &self.runtimes;
-        // Counted there before it leaves here: the dispatcher never sees it nowhere.
-        runtimes.serving[to].fetch_add(1, Ordering::Relaxed);
-        self.ended();
-        let handoff = Handoff {
-            protocol,
-            client,
-            session: Some(session),
-        };
-        let handed = runtimes.inboxes[to].send(handoff).is_ok();
-        if !handed {
-            runtimes.serving[to].fetch_sub(1, Ordering::Relaxed);
-        }
-        handed
+impl ThreadConnections {
+    fn count(&self) -> &AtomicUsize {
+        &self.runtimes.serving[self.thread]
     }
 }
 
@@ -540,7 +435,7 @@ impl Bound {
         };
         let threads = options.threads.max(1);
         let runtimes = match options.runtime {
-            Runtime::PerCore | Runtime::PerCoreFixed => (0..threads)
+            Runtime::PerCore => (0..threads)
                 .map(|_| {
                     tokio::runtime::Builder::new_current_thread()
                         .enable_all()
@@ -604,21 +499,18 @@ impl Bound {
         let runtimes_shared = Arc::new(Runtimes {
             inboxes,
             serving: serving_counts,
-            lanes: balance::Lanes::new(runtimes.len()),
         });
-        let balanced = options.runtime == Runtime::PerCore && runtimes.len() > 1;
         // Thread 0 accepts on every port and hands connections out.
         let mut listeners = Some(Listeners { sessions, metrics });
         // Tasks of a work-stealing runtime move between threads, and a ring's reads
         // complete only on the thread that submitted them: there, reads stay synchronous.
-        let own_ring = options.runtime != Runtime::Shared;
+        let own_ring = options.runtime == Runtime::PerCore;
         let mut handles = Vec::new();
         for (i, (runtime, inbox)) in runtimes.into_iter().zip(receivers).enumerate() {
             let thread = Thread {
                 transport: transport.clone(),
                 stopped: stopped.clone(),
                 runtimes: runtimes_shared.clone(),
-                balanced,
             };
             let listeners = listeners.take().unwrap_or_default();
             let spawned = std::thread::Builder::new()
@@ -658,8 +550,6 @@ struct Thread {
     transport: Arc<Transport>,
     stopped: watch::Receiver<bool>,
     runtimes: Arc<Runtimes>,
-    /// Connections move between the threads by load (`balance`).
-    balanced: bool,
 }
 
 /// Runtime thread `me`: accepts on `listeners` (thread 0 has them all) and serves the
@@ -672,11 +562,6 @@ async fn serve_thread(
 ) {
     // Each connection holds a sender; when all are dropped, `recv` returns None.
     let (alive, mut drained) = mpsc::channel::<()>(1);
-    thread.runtimes.lanes.started(me);
-    if thread.balanced && me == 0 {
-        let balancer = balance::balance(thread.runtimes.clone(), thread.stopped.clone());
-        tokio::spawn(balancer);
-    }
     for (protocol, listener) in listeners.sessions {
         let Ok(listener) = listener.into_tokio() else {
             continue;
@@ -701,50 +586,30 @@ async fn serve_thread(
             handoff = inbox.recv() => handoff,
             _ = stopped.wait_for(|stop| *stop) => break,
         };
-        let Some(Handoff {
-            protocol,
-            client,
-            session,
-        }) = handoff
-        else {
+        let Some(Handoff { protocol, client }) = handoff else {
             break;
         };
         let Thread {
             transport,
             stopped,
             runtimes,
-            ..
         } = thread.clone();
         let alive = alive.clone();
-        let here = Here {
+        let here = ThreadConnections {
             runtimes,
             thread: me,
         };
         tokio::spawn(async move {
-            let moved = match client.into_tokio() {
-                Ok(client) => {
-                    let serving = protocol.clone().serve(
-                        client,
-                        transport.clone(),
-                        stopped,
-                        here.clone(),
-                        session,
-                    );
-                    serving.await
-                }
-                Err(_) => None,
-            };
-            let still_open = match moved {
-                Some(moved) => here.hand_over(protocol, moved),
-                None => {
-                    here.ended();
-                    false
-                }
-            };
-            if !still_open {
-                let counters = &transport.core.counters;
-                counters.curr_connections.fetch_sub(1, Ordering::Relaxed);
+            if let Ok(client) = client.into_tokio() {
+                let serving = protocol.serve(client, transport.clone(), stopped, here.clone());
+                serving.await;
             }
+            transport
+                .core
+                .counters
+                .curr_connections
+                .fetch_sub(1, Ordering::Relaxed);
+            here.count().fetch_sub(1, Ordering::Relaxed);
             drop(alive);
         });
     }
@@ -801,7 +666,6 @@ fn admit(protocol: &Arc<dyn Sessions>, client: Accepted, thread: &Thread) {
         let handoff = Handoff {
             protocol: protocol.clone(),
             client,
-            session: None,
         };
         runtimes.inboxes[target].send(handoff).ok()
     });
