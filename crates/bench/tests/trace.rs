@@ -14,8 +14,8 @@ struct Cli {
     bench: BenchArgs,
 }
 
-fn bench(args: &[&str]) -> Result<Vec<serde_json::Value>, String> {
-    let json = scratch(&format!("out-{}.json", args.join("").len()));
+fn bench(scratch: &Scratch, args: &[&str]) -> Result<Vec<serde_json::Value>, String> {
+    let json = scratch.path("out.json");
     let argv = ["bench", "--json", json.to_str().unwrap()]
         .into_iter()
         .chain(args.iter().copied());
@@ -26,10 +26,27 @@ fn bench(args: &[&str]) -> Result<Vec<serde_json::Value>, String> {
     Ok(serde_json::from_str(&text).unwrap())
 }
 
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("zc-trace-test-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir.join(name)
+/// A directory of one test's files, removed when the test ends (tests run in parallel,
+/// each in its own).
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(test: &str) -> Scratch {
+        let name = format!("zc-trace-test-{}-{test}", std::process::id());
+        let dir = std::env::temp_dir().join(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        Scratch(dir)
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 fn require_memcached() {
@@ -57,28 +74,32 @@ fn check_clean(result: &serde_json::Value) -> &str {
 
 #[test]
 fn a_trace_over_a_small_key_set_hits_and_one_of_new_keys_misses() {
+    let scratch = Scratch::new("small");
     require_memcached();
     // 4000 requests over 200 keys (negative ones too, as in cache2k), then 1000 new keys.
     let mut keys: Vec<i32> = (0..4000).map(|i| (i * 7919 % 200) - 100).collect();
     keys.extend(1_000_000..1_001_000);
-    let path = scratch("small.trace.xz");
+    let path = scratch.path("small.trace.xz");
     write_xz_u32(&path, &keys);
-    let results = bench(&[
-        "--target",
-        "zipcache,memcached",
-        "--trace",
-        path.to_str().unwrap(),
-        "--trace-format",
-        "caffeine-u32",
-        "--dram",
-        "16MiB",
-        "--ssd",
-        "none",
-        "--backend-latency-us",
-        "0",
-        "--value-size",
-        "100",
-    ])
+    let results = bench(
+        &scratch,
+        &[
+            "--target",
+            "zipcache,memcached",
+            "--trace",
+            path.to_str().unwrap(),
+            "--trace-format",
+            "caffeine-u32",
+            "--dram",
+            "16MiB",
+            "--ssd",
+            "none",
+            "--backend-latency-us",
+            "0",
+            "--value-size",
+            "100",
+        ],
+    )
     .unwrap();
     assert_eq!(results.len(), 2);
     for result in &results {
@@ -105,26 +126,29 @@ fn a_trace_over_a_small_key_set_hits_and_one_of_new_keys_misses() {
     }
 
     // --trace-limit and --warmup-ops: the first 1000 requests warm, 2000 are measured.
-    let results = bench(&[
-        "--target",
-        "zipcache",
-        "--trace",
-        path.to_str().unwrap(),
-        "--trace-format",
-        "caffeine-u32",
-        "--trace-limit",
-        "3000",
-        "--warmup-ops",
-        "1000",
-        "--dram",
-        "16MiB",
-        "--ssd",
-        "none",
-        "--backend-latency-us",
-        "0",
-        "--threads",
-        "1",
-    ])
+    let results = bench(
+        &scratch,
+        &[
+            "--target",
+            "zipcache",
+            "--trace",
+            path.to_str().unwrap(),
+            "--trace-format",
+            "caffeine-u32",
+            "--trace-limit",
+            "3000",
+            "--warmup-ops",
+            "1000",
+            "--dram",
+            "16MiB",
+            "--ssd",
+            "none",
+            "--backend-latency-us",
+            "0",
+            "--threads",
+            "1",
+        ],
+    )
     .unwrap();
     let result = &results[0];
     check_clean(result);
@@ -137,6 +161,7 @@ fn a_trace_over_a_small_key_set_hits_and_one_of_new_keys_misses() {
 
 #[test]
 fn twitter_trace_sets_are_stored_with_their_sizes_and_then_hit() {
+    let scratch = Scratch::new("twitter");
     require_memcached();
     let mut text = String::new();
     // 100 keys set with 500-byte values, then 2000 GETs of them, then 900 GETs of keys never
@@ -151,24 +176,27 @@ fn twitter_trace_sets_are_stored_with_their_sizes_and_then_hit() {
     for i in 0..900 {
         text += &format!("{},app:cold:{i},12,0,3,get,0\n", 2101 + i);
     }
-    let path = scratch("twitter.csv");
+    let path = scratch.path("twitter.csv");
     std::fs::write(&path, text).unwrap();
-    let results = bench(&[
-        "--target",
-        "zipcache,memcached",
-        "--trace",
-        path.to_str().unwrap(),
-        "--trace-format",
-        "twitter",
-        "--dram",
-        "16MiB",
-        "--ssd",
-        "none",
-        "--backend-latency-us",
-        "0",
-        "--value-size",
-        "8",
-    ])
+    let results = bench(
+        &scratch,
+        &[
+            "--target",
+            "zipcache,memcached",
+            "--trace",
+            path.to_str().unwrap(),
+            "--trace-format",
+            "twitter",
+            "--dram",
+            "16MiB",
+            "--ssd",
+            "none",
+            "--backend-latency-us",
+            "0",
+            "--value-size",
+            "8",
+        ],
+    )
     .unwrap();
     std::fs::remove_file(&path).unwrap();
     for result in &results {
@@ -192,35 +220,45 @@ fn twitter_trace_sets_are_stored_with_their_sizes_and_then_hit() {
 
 #[test]
 fn bad_traces_and_flags_are_errors_not_panics() {
-    let path = scratch("bad.csv");
+    let scratch = Scratch::new("bad");
+    let path = scratch.path("bad.csv");
     std::fs::write(&path, "1,GET,0,1,4\n2,FETCH,0,1,4\n").unwrap();
-    let err = bench(&[
-        "--trace",
-        path.to_str().unwrap(),
-        "--trace-format",
-        "cachelib-kvcache",
-    ])
+    let err = bench(
+        &scratch,
+        &[
+            "--trace",
+            path.to_str().unwrap(),
+            "--trace-format",
+            "cachelib-kvcache",
+        ],
+    )
     .unwrap_err();
     assert!(err.contains("line 2: unknown op \"FETCH\""), "{err}");
     std::fs::write(&path, "1,GET,0,1,4\n").unwrap();
-    let err = bench(&[
-        "--trace",
-        path.to_str().unwrap(),
-        "--trace-format",
-        "cachelib-kvcache",
-        "--mode",
-        "fill",
-    ])
+    let err = bench(
+        &scratch,
+        &[
+            "--trace",
+            path.to_str().unwrap(),
+            "--trace-format",
+            "cachelib-kvcache",
+            "--mode",
+            "fill",
+        ],
+    )
     .unwrap_err();
     assert!(err.contains("--mode fill does not apply"), "{err}");
-    let err = bench(&["--trace", path.to_str().unwrap()]).unwrap_err();
+    let err = bench(&scratch, &["--trace", path.to_str().unwrap()]).unwrap_err();
     assert!(err.contains("--trace-format"), "{err}");
-    let err = bench(&[
-        "--trace",
-        "/nonexistent/trace.xz",
-        "--trace-format",
-        "caffeine-u32",
-    ])
+    let err = bench(
+        &scratch,
+        &[
+            "--trace",
+            "/nonexistent/trace.xz",
+            "--trace-format",
+            "caffeine-u32",
+        ],
+    )
     .unwrap_err();
     assert!(err.contains("/nonexistent/trace.xz"), "{err}");
     std::fs::remove_file(&path).unwrap();
