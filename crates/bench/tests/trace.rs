@@ -156,7 +156,6 @@ fn a_trace_over_a_small_key_set_hits_and_one_of_new_keys_misses() {
     assert_eq!(result["trace"]["requests"], 3000);
     // Every key was seen in the warm-up: one client, in order, so every GET hits.
     assert_eq!(result["hit_ratio"].as_f64().unwrap(), 1.0);
-    std::fs::remove_file(&path).unwrap();
 }
 
 #[test]
@@ -198,7 +197,6 @@ fn twitter_trace_sets_are_stored_with_their_sizes_and_then_hit() {
         ],
     )
     .unwrap();
-    std::fs::remove_file(&path).unwrap();
     for result in &results {
         let target = check_clean(result);
         assert_eq!(result["ops"], 3000, "{target}");
@@ -261,5 +259,4 @@ fn bad_traces_and_flags_are_errors_not_panics() {
     )
     .unwrap_err();
     assert!(err.contains("/nonexistent/trace.xz"), "{err}");
-    std::fs::remove_file(&path).unwrap();
 }

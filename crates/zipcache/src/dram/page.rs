@@ -303,6 +303,23 @@ mod tests {
         }
     }
 
+    /// 64 bytes no dictionary shrinks, different for each `seed`.
+    fn random_value(seed: u64) -> Vec<u8> {
+        (0..8)
+            .flat_map(|j| crate::dictionary::training::mix(seed * 8 + j).to_le_bytes())
+            .collect()
+    }
+
+    /// More than half of the tier's leaves hold their page with a dictionary.
+    fn assert_most_pages_hold_a_dictionary(dram: &DramTier) {
+        let held = dram.page_dictionaries_held();
+        let leaves = dram.leaf_count() as usize;
+        assert!(
+            held.values().sum::<usize>() * 2 > leaves,
+            "{held:?} of {leaves}"
+        );
+    }
+
     /// A page without a dictionary pays no byte for naming none; one with a dictionary
     /// names its version in four; a summary that claims one but names version 0, or is
     /// cut short, is refused.
@@ -359,12 +376,7 @@ mod tests {
             dram.put_with(k, Some(&v), Meta::default(), None, 0, |_| ());
         }
         dram.merge_all(0);
-        let held = dram.page_dictionaries_held();
-        let leaves = dram.leaf_count() as usize;
-        assert!(
-            held.values().sum::<usize>() * 2 > leaves,
-            "{held:?} of {leaves}"
-        );
+        assert_most_pages_hold_a_dictionary(&dram);
         let after = memory.snapshot().compressed_pages;
         assert!(after * 20 < before * 19, "{after} with, {before} before");
         for (i, k) in keys.iter().enumerate() {
@@ -372,9 +384,7 @@ mod tests {
         }
         // Random values: the dictionary does not shrink them, no page takes it.
         for (i, k) in keys.iter().enumerate() {
-            let v: Vec<u8> = (0..8)
-                .flat_map(|j| crate::dictionary::training::mix(i as u64 * 8 + j).to_le_bytes())
-                .collect();
+            let v = random_value(i as u64);
             dram.put_with(k, Some(&v), Meta::default(), None, 0, |_| ());
         }
         dram.merge_all(0);
@@ -392,16 +402,10 @@ mod tests {
             .pages
             .make_current(generations().first().cloned());
         let keys: Vec<Vec<u8>> = (0..6_000).map(key).collect();
-        let random = |round: u64, i: usize| -> Vec<u8> {
-            (0..8)
-                .flat_map(|j| {
-                    crate::dictionary::training::mix(round << 40 | (i as u64 * 8 + j)).to_le_bytes()
-                })
-                .collect()
-        };
         for round in 0..2 {
             for (i, k) in keys.iter().enumerate() {
-                dram.put_with(k, Some(&random(round, i)), Meta::default(), None, 0, |_| ());
+                let v = random_value(round << 37 | i as u64);
+                dram.put_with(k, Some(&v), Meta::default(), None, 0, |_| ());
             }
             dram.merge_all(0);
             assert!(dram.page_dictionaries_held().is_empty());
@@ -417,12 +421,7 @@ mod tests {
             );
         }
         dram.merge_all(0);
-        let held = dram.page_dictionaries_held();
-        let leaves = dram.leaf_count() as usize;
-        assert!(
-            held.values().sum::<usize>() * 2 > leaves,
-            "{held:?} of {leaves}"
-        );
+        assert_most_pages_hold_a_dictionary(&dram);
         for (i, k) in keys.iter().enumerate() {
             assert_eq!(value(&dram, k), Some(text_record(i as u64)));
         }
