@@ -444,11 +444,26 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
     Ok(())
 }
 
+/// How long a clean close waits for the last holders of the engine to let it go.
+const HOLDERS_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Closes the engine cleanly (its warm state kept for the next start), once nothing else
-/// holds it.
-fn close(cache: Arc<ZipCache>) -> Result<(), String> {
-    match Arc::try_unwrap(cache) {
-        Ok(cache) => cache.close().map_err(|e| format!("closing the cache: {e}")),
-        Err(_) => Err("the cache is still in use; not closed cleanly".to_string()),
+/// holds it: the server's holders end with its shutdown; a thread still finishing an
+/// engine call gets [`HOLDERS_WAIT`] to return.
+fn close(mut cache: Arc<ZipCache>) -> Result<(), String> {
+    let waiting = std::time::Instant::now();
+    loop {
+        match Arc::try_unwrap(cache) {
+            Ok(cache) => return cache.close().map_err(|e| format!("closing the cache: {e}")),
+            Err(held) if waiting.elapsed() < HOLDERS_WAIT => {
+                cache = held;
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            Err(_) => {
+                return Err(format!(
+                    "the cache is still in use {HOLDERS_WAIT:?} after the stop; not closed cleanly"
+                ));
+            }
+        }
     }
 }

@@ -78,13 +78,18 @@ pub struct ServerHandle {
 
 impl ServerHandle {
     /// Stops accepting, lets every connection finish the requests it has read, waits for
-    /// the threads (at most a few seconds for stuck clients) and returns the engine.
+    /// the threads (at most a few seconds for stuck clients), stops what runs beside
+    /// them (a crawl; a delayed `flush_all` fires now) and returns the engine, which no
+    /// part of the server holds any more once `self` is gone.
     pub fn shutdown(self) -> Arc<ZipCache> {
         self.parts
             .transport
             .accepting
             .store(false, Ordering::Relaxed);
+        // The runtimes end here: the tasks they ran (connections, scrapes, timers) are
+        // dropped with whatever they held.
         self.running.stop();
+        self.parts.memcached.stop();
         self.parts.core.cache.clone()
     }
 

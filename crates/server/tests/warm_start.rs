@@ -116,3 +116,120 @@ fn failed_starts_between_two_clean_ones_keep_the_flash_tier() {
     stop(server, client);
     let _ = std::fs::remove_dir_all(data_dir);
 }
+
+/// Sends `request` on a new connection to `port` and leaves it open, unread.
+fn hold(port: u16, request: &str) -> Client {
+    let mut client = Client::connect(([127, 0, 0, 1], port).into());
+    client.send(request.as_bytes());
+    client
+}
+
+/// Fills `KEYS` keys through `client`, a batch of 500 at a time.
+fn fill(client: &mut Client) {
+    for chunk in (0..KEYS).collect::<Vec<_>>().chunks(500) {
+        let mut batch = String::new();
+        for &i in chunk {
+            let v = value(i);
+            batch.push_str(&format!("set key:{i} 0 0 {}\r\n{v}\r\n", v.len()));
+        }
+        client.send(batch.as_bytes());
+        for &i in chunk {
+            assert_eq!(client.line(), "STORED", "key:{i}");
+        }
+    }
+}
+
+/// The keys of `0..KEYS` a server no longer serves; a key served with another value
+/// fails the test.
+fn missing_keys(client: &mut Client) -> Vec<usize> {
+    let mut missing = Vec::new();
+    for i in 0..KEYS {
+        client.send(format!("get key:{i}\r\n").as_bytes());
+        let header = client.line();
+        if header == "END" {
+            missing.push(i);
+            continue;
+        }
+        let v = value(i);
+        assert_eq!(header, format!("VALUE key:{i} 0 {}", v.len()));
+        assert_eq!(client.line(), v, "key:{i}");
+        assert_eq!(client.line(), "END");
+    }
+    missing
+}
+
+/// Whatever holds the engine when a stop is asked for — a crawl that sleeps between its
+/// steps, a `watch`, a cachedump whose client reads nothing, a metrics scrape that never
+/// finishes its request, RESP and memcached clients mid-request — the stop closes the
+/// engine cleanly within a bounded time, and the next start serves every key.
+#[test]
+fn holders_of_the_engine_at_a_stop_do_not_cost_the_flash_tier() {
+    let data_dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("zipcache-holders-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&data_dir);
+    let (mc_port, resp_port, metrics_port) = (free_port(), free_port(), free_port());
+    let serve_args = || ServeArgs {
+        resp_port: Some(resp_port.into()),
+        metrics_port: Some(metrics_port),
+        ..args(&data_dir, mc_port)
+    };
+    let (server, mut client) = serve(serve_args(), mc_port);
+    fill(&mut client);
+
+    let _held = [
+        hold(
+            mc_port,
+            "lru_crawler sleep 1000000\r\nlru_crawler crawl all\r\n",
+        ),
+        hold(mc_port, "watch mutations evictions\r\n"),
+        hold(mc_port, "stats cachedump 1 0\r\n"),
+        hold(metrics_port, "GET /metr"),
+        hold(resp_port, "*2\r\n$3\r\nGET\r\n$5\r\nkey:1"),
+        hold(mc_port, "get key:1 key:2"),
+    ];
+    // Each request above was read and is being served.
+    std::thread::sleep(Duration::from_millis(500));
+    // Its first thousand checks done, the crawl sleeps a second per thousand.
+    assert_eq!(client.stats("")["lru_crawler_running"], "1");
+    let stopping = std::time::Instant::now();
+    stop(server, client);
+    assert!(
+        stopping.elapsed() < Duration::from_secs(30),
+        "the stop took {:?}",
+        stopping.elapsed()
+    );
+
+    let (server, mut client) = serve(serve_args(), mc_port);
+    let missing = missing_keys(&mut client);
+    assert!(
+        missing.is_empty(),
+        "a stop with holders of the engine keeps every key; {} of {KEYS} are gone",
+        missing.len()
+    );
+    stop(server, client);
+    let _ = std::fs::remove_dir_all(data_dir);
+}
+
+/// A `flush_all <delay>` acknowledged before a stop, its delay not yet run out: what was
+/// stored before it never comes back after the restart (the flush fires at the stop).
+#[test]
+fn a_delayed_flush_pending_at_a_stop_is_not_undone_by_the_restart() {
+    let data_dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("zipcache-pending-flush-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&data_dir);
+    let mc_port = free_port();
+    let (server, mut client) = serve(args(&data_dir, mc_port), mc_port);
+    fill(&mut client);
+    assert_eq!(client.ask("flush_all 1000\r\n", 1), ["OK"]);
+    stop(server, client);
+
+    let (server, mut client) = serve(args(&data_dir, mc_port), mc_port);
+    let missing = missing_keys(&mut client);
+    assert_eq!(
+        missing.len(),
+        KEYS,
+        "keys stored before an acknowledged flush_all came back"
+    );
+    stop(server, client);
+    let _ = std::fs::remove_dir_all(data_dir);
+}

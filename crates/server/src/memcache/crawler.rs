@@ -14,6 +14,8 @@
 use std::ops::Bound;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Condvar, Mutex};
+use std::thread::JoinHandle;
 use std::time::Duration;
 
 use zipcache::{ItemInfo, Reclaimed, ZipCache};
@@ -138,6 +140,11 @@ pub struct Crawler {
     starts: AtomicU64,
     checked: AtomicU64,
     reclaimed: AtomicU64,
+    /// The server is stopping: a crawl ends at its next step, none starts. Its condvar
+    /// wakes a crawl out of its `lru_crawler sleep`.
+    stopping: (Mutex<bool>, Condvar),
+    /// The crawl thread, a holder of the engine, joined at the stop (`Crawler::stop`).
+    thread: Mutex<Option<JoinHandle<()>>>,
 }
 
 /// The right to run the one crawl or dump; dropping it (the dump's connection closed,
@@ -160,6 +167,8 @@ impl Crawler {
             starts: AtomicU64::new(0),
             checked: AtomicU64::new(0),
             reclaimed: AtomicU64::new(0),
+            stopping: (Mutex::new(false), Condvar::new()),
+            thread: Mutex::new(None),
         })
     }
 
@@ -167,7 +176,36 @@ impl Crawler {
         self.enabled.load(Ordering::Relaxed)
     }
 
+    fn stopping(&self) -> bool {
+        *self.stopping.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Sleeps `pause` unless the server stops first; whether it is stopping.
+    fn pause(&self, pause: Duration) -> bool {
+        let (stopping, woken) = &self.stopping;
+        let stopping = stopping.lock().unwrap_or_else(|p| p.into_inner());
+        let (stopping, _) = woken
+            .wait_timeout_while(stopping, pause, |stopping| !*stopping)
+            .unwrap_or_else(|p| p.into_inner());
+        *stopping
+    }
+
+    /// The server stops (its serving threads have ended): a crawl under way ends at its
+    /// next step, even mid-sleep, and its thread is joined, so that it no longer holds
+    /// the engine that the stop closes.
+    pub fn stop(&self) {
+        *self.stopping.0.lock().unwrap_or_else(|p| p.into_inner()) = true;
+        self.stopping.1.notify_all();
+        let thread = self.thread.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(thread) = thread {
+            let _ = thread.join();
+        }
+    }
+
     fn claim(self: &Arc<Self>) -> Option<Claim> {
+        if self.stopping() {
+            return None;
+        }
         self.busy
             .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
             .ok()?;
@@ -226,10 +264,12 @@ impl Crawler {
         let mut paused_at = 0;
         let done = cache.reclaim_expired(|so_far| {
             if !pause.is_zero() && so_far.checked >= paused_at + CHECKS_PER_SLEEP {
-                std::thread::sleep(pause);
+                if self.pause(pause) {
+                    return false;
+                }
                 paused_at = so_far.checked;
             }
-            self.enabled() && (limit == 0 || so_far.checked < limit)
+            self.enabled() && !self.stopping() && (limit == 0 || so_far.checked < limit)
         });
         self.checked.fetch_add(done.checked, Ordering::Relaxed);
         self.reclaimed.fetch_add(done.reclaimed, Ordering::Relaxed);
@@ -301,6 +341,11 @@ fn crawl(cache: &Arc<ZipCache>, crawler: &Arc<Crawler>, classes: &Classes) -> &'
         return "OK";
     }
     let cache = cache.clone();
+    // The thread of the crawl before this one has ended (the claim was free): joined.
+    let mut thread = crawler.thread.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(ended) = thread.take() {
+        let _ = ended.join();
+    }
     let spawned = std::thread::Builder::new()
         .name("lru-crawler".into())
         .spawn(move || {
@@ -308,7 +353,10 @@ fn crawl(cache: &Arc<ZipCache>, crawler: &Arc<Crawler>, classes: &Classes) -> &'
             drop(claim);
         });
     match spawned {
-        Ok(_) => "OK",
+        Ok(spawned) => {
+            *thread = Some(spawned);
+            "OK"
+        }
         Err(_) => UNKNOWN_ERROR,
     }
 }

@@ -15,6 +15,7 @@ pub mod watch;
 
 pub use crawler::Crawler;
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use base64::Engine as _;
@@ -50,7 +51,14 @@ pub struct Memcached {
     /// Open memcached connections (`stats conns`).
     pub conns: Connections,
     /// memcached's `flush_all <delay>` waiting to fire: one, replaced by the next.
-    pub pending_flush: Mutex<Option<AbortHandle>>,
+    pub pending_flush: Mutex<Option<PendingFlush>>,
+}
+
+/// A `flush_all <delay>` acknowledged and not yet fired.
+pub struct PendingFlush {
+    pub timer: AbortHandle,
+    /// Set by the timer's task once the flush ran.
+    pub fired: Arc<AtomicBool>,
 }
 
 impl Memcached {
@@ -64,6 +72,25 @@ impl Memcached {
             prefix_stats: PrefixStats::default(),
             conns: Connections::default(),
             pending_flush: Mutex::new(None),
+        }
+    }
+
+    /// The server stops, its serving threads ended: the crawl under way ends and its
+    /// thread is joined (it holds the engine), and a `flush_all <delay>` that has not
+    /// fired fires now — the client was promised that everything stored before it is
+    /// gone, and the engine closing now keeps what it holds for the next start.
+    pub fn stop(&self) {
+        self.crawler.stop();
+        let pending = self
+            .pending_flush
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .take();
+        if let Some(PendingFlush { timer, fired }) = pending {
+            timer.abort();
+            if !fired.load(Ordering::Acquire) {
+                let _ = self.core.cache.flush_all();
+            }
         }
     }
 }

@@ -4,6 +4,7 @@ use std::io::Write as _;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use zipcache::{GetOptions, Item, Update};
@@ -13,8 +14,8 @@ use super::events;
 use super::parse::{Request, StoreMode, TOO_LARGE};
 use super::watch::StoreStatus;
 use super::{
-    Expiry, Memcached, NON_NUMERIC, RequestContext, after_read, engine_error, line, parse_counter,
-    with_access,
+    Expiry, Memcached, NON_NUMERIC, PendingFlush, RequestContext, after_read, engine_error, line,
+    parse_counter, with_access,
 };
 use crate::core::stats::{Counters, engine_metrics};
 use crate::transport::output::Output;
@@ -639,18 +640,23 @@ pub fn flush_all(shared: &Memcached, delay: i64) -> Result<(), FlushRefused> {
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner());
     if let Some(replaced) = pending.take() {
-        replaced.abort();
+        replaced.timer.abort();
     }
     let now = shared.core.cache.now_ms();
     let Expiry::At(at) = Expiry::from_exptime(delay, now) else {
         return shared.core.cache.flush_all().map_err(FlushRefused::Engine);
     };
-    let cache = shared.core.cache.clone();
+    let (cache, fired) = (shared.core.cache.clone(), Arc::new(AtomicBool::new(false)));
+    let fires = fired.clone();
     let flush = tokio::spawn(async move {
         tokio::time::sleep(Duration::from_millis(at - now)).await;
         let _ = cache.flush_all();
+        fires.store(true, Ordering::Release);
     });
-    *pending = Some(flush.abort_handle());
+    *pending = Some(PendingFlush {
+        timer: flush.abort_handle(),
+        fired,
+    });
     Ok(())
 }
 
