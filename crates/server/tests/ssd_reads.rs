@@ -411,3 +411,40 @@ fn random_resp_pipelines_answer_as_if_run_one_by_one() {
     );
     assert_eq!(stats.ssd_write_drops + stats.ssd_evicted_superleaves, 0);
 }
+
+/// The value of `field` in a RESP INFO reply read from `resp`.
+fn info_field(resp: &mut Client, field: &str) -> u64 {
+    resp.send(b"*1\r\n$4\r\nINFO\r\n");
+    let len: usize = resp.line()[1..].parse().unwrap();
+    let text = String::from_utf8(resp.bytes(len + 2)).unwrap();
+    let line = text.lines().find(|l| l.starts_with(&format!("{field}:")));
+    line.unwrap()[field.len() + 1..].parse().unwrap()
+}
+
+/// A request counts once in `total_commands_processed`, however many steps it takes:
+/// RESP GETs that wait for the SSD, and memcached gets that do, count one each.
+#[test]
+fn a_request_waiting_on_the_ssd_counts_once() {
+    let (server, _dir, mut client) = filled_server("ssd-counted-once");
+    let mut resp = Client::connect(server.resp);
+    let keys: Vec<usize> = (0..200).map(|i| (i * 7919 + 5) % KEYS).collect();
+    let waited_before = server.cache.stats().ssd_async_reads;
+    let before = info_field(&mut resp, "total_commands_processed");
+    for &k in &keys {
+        resp.send(format!("*2\r\n$3\r\nGET\r\n{}", bulk(&key(k))).as_bytes());
+        let v = value(k, 1);
+        assert_eq!(resp.line(), format!("${}", v.len()));
+        assert_eq!(resp.line(), v);
+    }
+    for &k in &keys {
+        client.send(format!("get {}\r\n", key(k)).as_bytes());
+        expect_values(&mut client, &[(key(k), Some(value(k, 1)))]);
+    }
+    let after = info_field(&mut resp, "total_commands_processed");
+    assert!(
+        server.cache.stats().ssd_async_reads > waited_before + 100,
+        "most of these GETs read the SSD"
+    );
+    // Both INFOs count: the one before was counted once it ran.
+    assert_eq!(after - before, 2 * keys.len() as u64 + 1);
+}

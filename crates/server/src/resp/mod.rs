@@ -74,6 +74,9 @@ pub struct RespSession {
     multi_get: Option<MultiGet>,
     /// Progress through the request at the front of the input.
     framer: parse::Framer,
+    /// The request at the front waits for its SSD reads: it was counted when it first
+    /// stepped, and runs again once they are in.
+    awaiting: bool,
 }
 
 impl RespSession {
@@ -88,6 +91,7 @@ impl RespSession {
             shared,
             client,
             multi_get: None,
+            awaiting: false,
             framer: parse::Framer::default(),
         }
     }
@@ -124,12 +128,17 @@ impl Session for RespSession {
                 if args.is_empty() {
                     return Step::Consumed(len);
                 }
-                Counters::bump(&self.shared.core.counters.total_commands_processed);
+                if !std::mem::take(&mut self.awaiting) {
+                    Counters::bump(&self.shared.core.counters.total_commands_processed);
+                }
                 let args: Vec<&[u8]> = args.iter().map(|a| a.as_ref()).collect();
                 match cmd::execute(&self.shared, &mut self.client, &args, &mut out, reads) {
                     cmd::Flow::Continue => Step::Consumed(len),
                     cmd::Flow::Close => Step::Close,
-                    cmd::Flow::Await => Step::Await(len),
+                    cmd::Flow::Await => {
+                        self.awaiting = true;
+                        Step::Await(len)
+                    }
                     cmd::Flow::MultiGet(keys) => MultiGet::start(input, keys, len).run(
                         &self.shared,
                         input,

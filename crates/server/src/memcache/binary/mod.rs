@@ -338,7 +338,7 @@ fn get(
         }
         // A quiet get's miss is not an error: nothing is sent.
         Ok(None) if reply.quiet => {}
-        // GETK's miss names the key, as memcached's.
+        // GETK's miss names the key, as memcached's: in the key field only.
         Ok(None) if with_key => {
             parse::respond(
                 reply.out,
@@ -347,7 +347,7 @@ fn get(
                 0,
                 &[],
                 key,
-                key,
+                &[],
             );
         }
         Ok(None) => reply.error(Status::KeyNotFound),
@@ -574,7 +574,11 @@ mod tests {
             (&b"k"[..], &b"hello"[..])
         );
         assert_eq!((got[3].opcode, &got[3].key[..]), (GETKQ, &b"k"[..]));
-        assert_eq!((got[4].status, &got[4].key[..]), (1, &b"missing"[..]));
+        // memcached 1.6 on the wire: the key once, and no value (body length = key).
+        assert_eq!(
+            (got[4].status, &got[4].key[..], &got[4].value[..]),
+            (1, &b"missing"[..], &b""[..])
+        );
         assert_eq!((got[5].status, &got[5].value[..]), (1, &b"Not found"[..]));
         assert_eq!((got[6].opcode, got[6].status), (NOOP, 0));
     }

@@ -273,8 +273,12 @@ impl<'a> Command<'a> {
 
 fn unknown_command(argv: &[&[u8]]) -> ErrorReply {
     let mut listed = String::new();
+    // As Redis: arguments are listed until 128 characters are, however many follow.
     for arg in argv.iter().skip(1) {
         let room = 128usize.saturating_sub(listed.len());
+        if room == 0 {
+            break;
+        }
         let arg = String::from_utf8_lossy(arg);
         listed.push_str(&format!(
             "'{}' ",
@@ -466,5 +470,27 @@ mod tests {
         for name in BEFORE_AUTH.iter().chain(&FLUSHES) {
             assert!(names.contains(name), "{name}");
         }
+    }
+
+    /// As Redis: the arguments are quoted until 128 characters are listed, whatever
+    /// their number.
+    #[test]
+    fn the_unknown_command_error_is_cut_as_redis_cuts_it() {
+        let few = unknown_command(&[b"NOPE", b"a", b"b"]);
+        assert_eq!(
+            few.0,
+            "ERR unknown command 'NOPE', with args beginning with: 'a' 'b' "
+        );
+        let long = [b"x".repeat(200)];
+        let many: Vec<&[u8]> = std::iter::once(&b"NOPE"[..])
+            .chain(std::iter::repeat_n(&long[0][..], 100_000))
+            .collect();
+        let cut = unknown_command(&many);
+        // Redis 7: `'` + 128 characters + `' `.
+        let listed = format!("'{}' ", "x".repeat(128));
+        assert_eq!(
+            cut.0,
+            format!("ERR unknown command 'NOPE', with args beginning with: {listed}")
+        );
     }
 }
