@@ -216,6 +216,50 @@ impl FileDevice {
         Transfer::new(direction, fd, buf, len, lba * BLOCK_BYTES)
     }
 
+    /// A batch of reads or of writes: each request checked, then those with blocks to move
+    /// kept in flight together on the calling thread's ring; one after another without
+    /// it (io_uring off, or not available on this thread).
+    fn run_batch<B: Batch + ?Sized>(&self, batch: &mut B) -> Vec<io::Result<()>> {
+        if !self.io_uring || batch.count() < 2 {
+            return (0..batch.count()).map(|i| batch.run_one(self, i)).collect();
+        }
+        let mut results = Vec::with_capacity(batch.count());
+        let mut transfers = Vec::with_capacity(batch.count());
+        // (index in the batch, the aligned bounce copy the kernel moves the data through)
+        let mut planned = Vec::with_capacity(batch.count());
+        for index in 0..batch.count() {
+            let (lba, len) = batch.span(index);
+            let checked = check_io(self.block_count, lba, len);
+            let runs = matches!(checked, Ok(blocks) if blocks > 0);
+            results.push(checked.map(drop));
+            if !runs {
+                continue;
+            }
+            let (target, bounce) = batch.target(self, index);
+            transfers.push(self.transfer(B::DIRECTION, target, len, lba));
+            planned.push((index, bounce));
+        }
+        let in_flight = self.shared.counters.in_flight(transfers.len());
+        // SAFETY: each transfer points into its request's buffer, borrowed (mutably, for
+        // reads) through `batch` for this whole call, or into its bounce copy, whose heap
+        // bytes `planned` keeps until after the call; `self` keeps the descriptor open.
+        let outcomes = unsafe { uring::run_batch(&mut transfers) };
+        drop(in_flight);
+        let Some(outcomes) = outcomes else {
+            for (index, _) in planned {
+                results[index] = batch.run_one(self, index);
+            }
+            return results;
+        };
+        for ((index, bounce), outcome) in planned.into_iter().zip(outcomes) {
+            if outcome.is_ok() {
+                batch.completed(self, index, bounce);
+            }
+            results[index] = outcome;
+        }
+        results
+    }
+
     /// Filesystems without hole punching still owe the caller zeros on read.
     fn write_zeros(&self, lba: u64, count: u64) -> io::Result<()> {
         let zeros = AlignedBuf::zeroed(BOUNCE_BLOCKS);
@@ -278,105 +322,11 @@ impl BlockDevice for FileDevice {
     }
 
     fn read_batch(&self, reads: &mut [BatchRead<'_>]) -> Vec<io::Result<()>> {
-        if !self.io_uring || reads.len() < 2 {
-            return reads
-                .iter_mut()
-                .map(|read| self.read(read.lba, read.buf))
-                .collect();
-        }
-        let mut results = Vec::with_capacity(reads.len());
-        let mut transfers = Vec::with_capacity(reads.len());
-        // (index in `reads`, aligned bounce buffer the kernel reads into instead)
-        let mut planned = Vec::with_capacity(reads.len());
-        for (index, read) in reads.iter_mut().enumerate() {
-            let checked = check_io(self.block_count, read.lba, read.buf.len());
-            let runs = matches!(checked, Ok(blocks) if blocks > 0);
-            results.push(checked.map(drop));
-            if !runs {
-                continue;
-            }
-            let len = read.buf.len();
-            let mut bounce = self
-                .needs_bounce(read.buf)
-                .then(|| AlignedBuf::zeroed(len / BLOCK_SIZE));
-            let target = match &mut bounce {
-                Some(bounce) => bounce.as_mut_ptr(),
-                None => read.buf.as_mut_ptr(),
-            };
-            transfers.push(self.transfer(Direction::Read, target, len, read.lba));
-            planned.push((index, bounce));
-        }
-        let in_flight = self.shared.counters.in_flight(transfers.len());
-        // SAFETY: each transfer points into its request's buffer, borrowed mutably for this
-        // whole call, or into its bounce buffer, whose heap bytes `planned` keeps until after
-        // the call; `self` keeps the descriptor open.
-        let outcomes = unsafe { uring::run_batch(&mut transfers) };
-        drop(in_flight);
-        let Some(outcomes) = outcomes else {
-            for (index, _) in planned {
-                let read = &mut reads[index];
-                results[index] = self.read(read.lba, read.buf);
-            }
-            return results;
-        };
-        for ((index, bounce), outcome) in planned.into_iter().zip(outcomes) {
-            let read = &mut reads[index];
-            if outcome.is_ok() {
-                if let Some(bounce) = bounce {
-                    read.buf.copy_from_slice(&bounce);
-                }
-                self.shared.counters.record_read(read.buf.len());
-            }
-            results[index] = outcome;
-        }
-        results
+        self.run_batch(reads)
     }
 
     fn write_batch(&self, writes: &[BatchWrite<'_>]) -> Vec<io::Result<()>> {
-        if !self.io_uring || writes.len() < 2 {
-            return writes
-                .iter()
-                .map(|write| self.write(write.lba, write.buf))
-                .collect();
-        }
-        let mut results = Vec::with_capacity(writes.len());
-        let mut transfers = Vec::with_capacity(writes.len());
-        // (index in `writes`, aligned copy the kernel writes from instead)
-        let mut planned = Vec::with_capacity(writes.len());
-        for (index, write) in writes.iter().enumerate() {
-            let checked = check_io(self.block_count, write.lba, write.buf.len());
-            let runs = matches!(checked, Ok(blocks) if blocks > 0);
-            results.push(checked.map(drop));
-            if !runs {
-                continue;
-            }
-            let bounce = self
-                .needs_bounce(write.buf)
-                .then(|| AlignedBuf::copy_from(write.buf));
-            let source = bounce.as_deref().unwrap_or(write.buf).as_ptr();
-            let len = write.buf.len();
-            transfers.push(self.transfer(Direction::Write, source.cast_mut(), len, write.lba));
-            planned.push((index, bounce));
-        }
-        let in_flight = self.shared.counters.in_flight(transfers.len());
-        // SAFETY: each transfer points into its request's buffer, borrowed for this whole
-        // call, or into its bounce copy, whose heap bytes `planned` keeps until after the
-        // call; the kernel only reads them. `self` keeps the descriptor open.
-        let outcomes = unsafe { uring::run_batch(&mut transfers) };
-        drop(in_flight);
-        let Some(outcomes) = outcomes else {
-            for (index, _) in planned {
-                results[index] = self.write(writes[index].lba, writes[index].buf);
-            }
-            return results;
-        };
-        for ((index, _bounce), outcome) in planned.into_iter().zip(outcomes) {
-            if outcome.is_ok() {
-                self.shared.counters.record_write(writes[index].buf.len());
-            }
-            results[index] = outcome;
-        }
-        results
+        self.run_batch(&mut Writes(writes))
     }
 
     fn read_async(&self, lba: u64, mut buf: AlignedBuf) -> ReadFuture {
@@ -488,6 +438,92 @@ fn explain_open_error(err: io::Error, path: &Path, direct_io: bool) -> io::Error
         ));
     }
     with_path(err, path)
+}
+
+/// What [`FileDevice::run_batch`] needs of a batch of reads or of writes.
+trait Batch {
+    const DIRECTION: Direction;
+    fn count(&self) -> usize;
+    /// Request `index`'s first block and length in bytes.
+    fn span(&self, index: usize) -> (u64, usize);
+    /// The memory the kernel moves request `index`'s data to or from: its own buffer, or
+    /// an aligned bounce copy where `O_DIRECT` needs one (kept until the batch is done).
+    fn target(&mut self, device: &FileDevice, index: usize) -> (*mut u8, Option<AlignedBuf>);
+    /// Request `index` alone, without the ring.
+    fn run_one(&mut self, device: &FileDevice, index: usize) -> io::Result<()>;
+    /// Request `index` went through the ring: its data is where the caller wants it.
+    fn completed(&mut self, device: &FileDevice, index: usize, bounce: Option<AlignedBuf>);
+}
+
+impl Batch for [BatchRead<'_>] {
+    const DIRECTION: Direction = Direction::Read;
+
+    fn count(&self) -> usize {
+        self.len()
+    }
+
+    fn span(&self, index: usize) -> (u64, usize) {
+        (self[index].lba, self[index].buf.len())
+    }
+
+    fn target(&mut self, device: &FileDevice, index: usize) -> (*mut u8, Option<AlignedBuf>) {
+        let buf = &mut *self[index].buf;
+        match device.needs_bounce(buf) {
+            true => {
+                let mut bounce = AlignedBuf::zeroed(buf.len() / BLOCK_SIZE);
+                (bounce.as_mut_ptr(), Some(bounce))
+            }
+            false => (buf.as_mut_ptr(), None),
+        }
+    }
+
+    fn run_one(&mut self, device: &FileDevice, index: usize) -> io::Result<()> {
+        let read = &mut self[index];
+        device.read(read.lba, read.buf)
+    }
+
+    fn completed(&mut self, device: &FileDevice, index: usize, bounce: Option<AlignedBuf>) {
+        let buf = &mut *self[index].buf;
+        if let Some(bounce) = bounce {
+            buf.copy_from_slice(&bounce);
+        }
+        device.shared.counters.record_read(buf.len());
+    }
+}
+
+/// A batch of writes, borrowed as [`BlockDevice::write_batch`] lends it.
+struct Writes<'a, 'b>(&'a [BatchWrite<'b>]);
+
+impl Batch for Writes<'_, '_> {
+    const DIRECTION: Direction = Direction::Write;
+
+    fn count(&self) -> usize {
+        self.0.len()
+    }
+
+    fn span(&self, index: usize) -> (u64, usize) {
+        (self.0[index].lba, self.0[index].buf.len())
+    }
+
+    fn target(&mut self, device: &FileDevice, index: usize) -> (*mut u8, Option<AlignedBuf>) {
+        let buf = self.0[index].buf;
+        // The kernel only reads a write's memory: the pointer is never written through.
+        match device.needs_bounce(buf) {
+            true => {
+                let bounce = AlignedBuf::copy_from(buf);
+                (bounce.as_ptr().cast_mut(), Some(bounce))
+            }
+            false => (buf.as_ptr().cast_mut(), None),
+        }
+    }
+
+    fn run_one(&mut self, device: &FileDevice, index: usize) -> io::Result<()> {
+        device.write(self.0[index].lba, self.0[index].buf)
+    }
+
+    fn completed(&mut self, device: &FileDevice, index: usize, _bounce: Option<AlignedBuf>) {
+        device.shared.counters.record_write(self.0[index].buf.len());
+    }
 }
 
 #[cfg(test)]

@@ -58,17 +58,7 @@ fn failed_starts_between_two_clean_ones_keep_the_flash_tier() {
     let mc_port = free_port();
 
     let (server, mut client) = serve(args(&data_dir, mc_port), mc_port);
-    for chunk in (0..KEYS).collect::<Vec<_>>().chunks(500) {
-        let mut batch = String::new();
-        for &i in chunk {
-            let v = value(i);
-            batch.push_str(&format!("set key:{i} 0 0 {}\r\n{v}\r\n", v.len()));
-        }
-        client.send(batch.as_bytes());
-        for &i in chunk {
-            assert_eq!(client.line(), "STORED", "key:{i}");
-        }
-    }
+    fill(&mut client);
     let on_ssd: usize = client.stats(" items")["items:1:number_ssd"]
         .parse()
         .unwrap();
@@ -94,19 +84,7 @@ fn failed_starts_between_two_clean_ones_keep_the_flash_tier() {
     assert!(error.contains("TLS"), "{error}");
 
     let (server, mut client) = serve(args(&data_dir, mc_port), mc_port);
-    let mut missing = Vec::new();
-    for i in 0..KEYS {
-        client.send(format!("get key:{i}\r\n").as_bytes());
-        let header = client.line();
-        if header == "END" {
-            missing.push(i);
-            continue;
-        }
-        let v = value(i);
-        assert_eq!(header, format!("VALUE key:{i} 0 {}", v.len()));
-        assert_eq!(client.line(), v, "key:{i}");
-        assert_eq!(client.line(), "END");
-    }
+    let missing = missing_keys(&mut client);
     assert!(
         missing.is_empty(),
         "a warm start keeps every key; {} of {KEYS} are gone (first: key:{})",
