@@ -8,7 +8,7 @@ use serde::Serialize;
 
 use crate::Params;
 use crate::driver::Run;
-use crate::targets::Snapshot;
+use crate::targets::Holdings;
 
 /// GET latency percentiles in microseconds.
 #[derive(Clone, Debug, Serialize)]
@@ -40,27 +40,18 @@ pub struct TargetResult {
     pub errors: u64,
     pub first_error: Option<String>,
     pub unsupported_ops: u64,
-    pub dram_bytes_used: Option<u64>,
+    /// What the tiers hold after the run (`Snapshot::held`).
+    #[serde(flatten)]
+    pub held: Holdings,
     pub objects_resident: Option<u64>,
     /// How `objects_resident` was obtained: `stats` of the target, or `probe` (GET of every key).
     pub objects_resident_source: Option<&'static str>,
-    pub compression_ratio_dram: Option<f64>,
-    pub wa_host: Option<f64>,
-    pub wr_nand: Option<f64>,
-    pub wa: Option<f64>,
-    pub zeta: Option<f64>,
-    pub ssd_objects: Option<u64>,
-    pub ssd_index_bytes: Option<u64>,
-    pub ssd_reads_per_ssd_get: Option<f64>,
-    /// Flash the SSD tier's data really takes, where the target can tell.
-    pub ssd_flash_bytes: Option<u64>,
     /// `objects_resident` per MiB of the SSD budget (`--ssd-size`): every target's
     /// flash is that size, so this compares what each keeps in it.
     pub objects_per_ssd_mib: Option<f64>,
     /// `ssd_objects` per MiB of `ssd_flash_bytes`: the flash tier's own density, whatever
     /// share of the budget a run got to write.
     pub ssd_objects_per_flash_mib: Option<f64>,
-    pub rss_bytes: Option<u64>,
     /// Bytes the cache wrote to its SSD file during the measured phase.
     pub host_bytes_written: Option<u64>,
     /// CPU seconds of the bench process in the measured phase (clients; in-process engines too).
@@ -70,8 +61,6 @@ pub struct TargetResult {
     pub server_cpu_seconds: Option<f64>,
     /// `server_cpu_seconds` per million measured operations.
     pub server_cpu_s_per_mop: Option<f64>,
-    /// The in-process zipcache engine's `stats()` after the run, every field.
-    pub engine_stats: Option<serde_json::Value>,
     pub workload: Params,
     /// The trace replayed (`--trace`): its requests, unique keys and op counts.
     pub trace: Option<crate::trace::TraceSummary>,
@@ -141,21 +130,8 @@ impl TargetResult {
                 (None, Some(n)) => (Some(n), Some("stats")),
                 (None, None) => (None, None),
             };
-        let Snapshot {
-            dram_bytes_used,
-            compression_ratio_dram,
-            wa_host,
-            wr_nand,
-            wa,
-            zeta,
-            ssd_objects,
-            ssd_index_bytes,
-            ssd_reads_per_ssd_get,
-            ssd_flash_bytes,
-            rss_bytes,
-            engine_stats,
-            ..
-        } = after.clone();
+        let held = after.held.clone();
+        let (ssd_objects, ssd_flash_bytes) = (held.ssd_objects, held.ssd_flash_bytes);
         let server_cpu_seconds = after
             .server_cpu_seconds
             .zip(before.server_cpu_seconds)
@@ -189,28 +165,17 @@ impl TargetResult {
             errors: c.errors,
             first_error: c.first_error.clone(),
             unsupported_ops: c.unsupported,
-            dram_bytes_used,
+            held,
             objects_resident,
             objects_resident_source,
-            compression_ratio_dram,
-            wa_host,
-            wr_nand,
-            wa,
-            zeta,
-            ssd_objects,
-            ssd_index_bytes,
-            ssd_reads_per_ssd_get,
-            ssd_flash_bytes,
             objects_per_ssd_mib,
             ssd_objects_per_flash_mib,
-            rss_bytes,
             host_bytes_written: delta(after.host_bytes_written, before.host_bytes_written),
             bench_cpu_seconds,
             server_cpu_seconds,
             server_cpu_s_per_mop: server_cpu_seconds
                 .filter(|_| c.ops > 0)
                 .map(|s| s / c.ops as f64 * 1e6),
-            engine_stats,
             workload: params.clone(),
             trace: None,
             get_latency_ns: (!h.is_empty()).then(|| h.clone()),
@@ -274,8 +239,8 @@ pub fn table(results: &[TargetResult]) -> String {
                 cell(r.get_latency_us.p99, us),
                 cell(r.get_latency_us.p999, us),
                 cell(r.objects_resident, |o| o.to_string()),
-                cell(r.dram_bytes_used, mib),
-                cell(r.rss_bytes, mib),
+                cell(r.held.dram_bytes_used, mib),
+                cell(r.held.rss_bytes, mib),
                 cell(per_mib, |v| format!("{v:.0}")),
                 cell(r.server_cpu_s_per_mop, |v| format!("{v:.2}")),
                 cell(r.objects_per_ssd_mib, |v| format!("{v:.0}")),

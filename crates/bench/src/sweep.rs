@@ -337,21 +337,21 @@ fn draw(figure: Figure, out: &Path, measured: &[Measured]) -> Result<Vec<PathBuf
                 "wa_host vs value size (16 B keys, moderate, look-aside, η = 0.5)",
                 "value size (B)",
                 "wa_host",
-                lines(measured, |r| r.wa_host),
+                lines(measured, |r| r.held.wa_host),
             );
             chart(
                 "wr-nand",
                 "wr_nand vs value size (16 B keys, moderate, look-aside, η = 0.5)",
                 "value size (B)",
                 "wr_nand",
-                lines(measured, |r| r.wr_nand),
+                lines(measured, |r| r.held.wr_nand),
             );
             chart(
                 "wa",
                 "wa vs value size (16 B keys, moderate, look-aside, η = 0.5)",
                 "value size (B)",
                 "wa",
-                lines(measured, |r| r.wa),
+                lines(measured, |r| r.held.wa),
             );
         }
         Figure::Bypass => chart(
@@ -462,10 +462,10 @@ fn markdown(figure: Figure, measured: &[Measured], failures: &[String]) -> Strin
             opt_f(r.get_latency_us.p999, 1),
             opt(r.objects_resident),
             opt_f(per_mib, 0),
-            opt_f(r.wa_host, 2),
-            opt_f(r.wr_nand, 2),
-            opt_f(r.wa, 2),
-            opt_f(r.rss_bytes.map(|b| b as f64 / (1 << 20) as f64), 1),
+            opt_f(r.held.wa_host, 2),
+            opt_f(r.held.wr_nand, 2),
+            opt_f(r.held.wa, 2),
+            opt_f(r.held.rss_bytes.map(|b| b as f64 / (1 << 20) as f64), 1),
             opt_f(r.server_cpu_s_per_mop, 2),
             r.target,
             m.point.flags.join(" "),

@@ -13,7 +13,7 @@ use foyer::{
 use futures_util::future::join_all;
 use tokio::runtime::Runtime;
 
-use super::{Budget, Client, Engine, EngineClient, InProcessGets, Reply, Snapshot, Target};
+use super::{Budget, Client, Engine, EngineClient, Holdings, Reply, Snapshot, Target};
 use crate::procfs;
 
 type Bytes = Vec<u8>;
@@ -33,11 +33,8 @@ struct FoyerEngine {
 
 pub struct FoyerTarget {
     name: &'static str,
-    engine: Arc<FoyerEngine>,
-    batch: usize,
-    gets: InProcessGets,
-    /// Streams of an overlapped batch: the network client's connections per thread.
-    streams: usize,
+    /// What each bench thread's client is a copy of.
+    clients: EngineClient<FoyerEngine>,
     /// Whether this process's RSS is this target's (see `procfs::claim_own_rss`).
     own_rss: bool,
 }
@@ -107,15 +104,15 @@ impl FoyerTarget {
         };
         Ok(FoyerTarget {
             name,
-            engine: Arc::new(FoyerEngine {
-                tiers,
-                runtime,
-                dram_hits: AtomicU64::new(0),
-                ssd_hits: AtomicU64::new(0),
-            }),
-            batch: budget.batch(),
-            gets: budget.in_process_gets,
-            streams: budget.connections,
+            clients: EngineClient::of(
+                Arc::new(FoyerEngine {
+                    tiers,
+                    runtime,
+                    dram_hits: AtomicU64::new(0),
+                    ssd_hits: AtomicU64::new(0),
+                }),
+                budget,
+            ),
             own_rss: procfs::claim_own_rss(),
         })
     }
@@ -210,16 +207,11 @@ impl Target for FoyerTarget {
     }
 
     fn client(&self) -> Result<Box<dyn Client>, String> {
-        Ok(Box::new(EngineClient {
-            engine: self.engine.clone(),
-            batch: self.batch,
-            gets: self.gets,
-            streams: self.streams,
-        }))
+        Ok(Box::new(self.clients.clone()))
     }
 
     fn snapshot(&self) -> Result<Snapshot, String> {
-        let engine = &self.engine;
+        let engine = &self.clients.engine;
         let (usage, written) = match &engine.tiers {
             Tiers::Memory(cache) => (cache.usage(), None),
             Tiers::Hybrid(cache) => (
@@ -230,15 +222,18 @@ impl Target for FoyerTarget {
         Ok(Snapshot {
             dram_hits: Some(engine.dram_hits.load(Relaxed)),
             ssd_hits: Some(engine.ssd_hits.load(Relaxed)),
-            dram_bytes_used: Some(usage as u64),
-            rss_bytes: procfs::own_rss(self.own_rss),
             host_bytes_written: written,
+            held: Holdings {
+                dram_bytes_used: Some(usage as u64),
+                rss_bytes: procfs::own_rss(self.own_rss),
+                ..Holdings::default()
+            },
             ..Snapshot::default()
         })
     }
 
     fn dram_only(&self) -> bool {
-        matches!(self.engine.tiers, Tiers::Memory(_))
+        matches!(self.clients.engine.tiers, Tiers::Memory(_))
     }
 
     fn probe_resident(&self) -> bool {
@@ -246,8 +241,9 @@ impl Target for FoyerTarget {
     }
 
     fn close(self: Box<Self>) -> Result<(), String> {
-        if let Tiers::Hybrid(cache) = &self.engine.tiers {
-            self.engine
+        if let Tiers::Hybrid(cache) = &self.clients.engine.tiers {
+            self.clients
+                .engine
                 .runtime
                 .block_on(cache.close())
                 .map_err(|e| format!("foyer close: {e}"))?;
@@ -261,6 +257,7 @@ mod tests {
     use indicatif::ProgressBar;
 
     use super::*;
+    use crate::targets::InProcessGets;
     use crate::targets::test_support::{
         TempDir, budget, check_ordered_batches, fill, lookaside_workload, read_filled,
     };
@@ -279,7 +276,9 @@ mod tests {
         // writes, so the batch check below still starts from version 0 everywhere) until
         // one is read from the disk, within a bound.
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-        while target.engine.ssd_hits.load(Relaxed) == 0 && std::time::Instant::now() < deadline {
+        while target.clients.engine.ssd_hits.load(Relaxed) == 0
+            && std::time::Instant::now() < deadline
+        {
             read_filled(client.as_mut(), KEYS);
             std::thread::sleep(std::time::Duration::from_millis(100));
         }
@@ -287,8 +286,8 @@ mod tests {
         // readable (`Store::delete` does not touch the keeper), whichever way GETs run.
         let checked = check_ordered_batches(client.as_mut(), KEYS, 40, false);
         let (dram_hits, disk_hits) = (
-            target.engine.dram_hits.load(Relaxed),
-            target.engine.ssd_hits.load(Relaxed),
+            target.clients.engine.dram_hits.load(Relaxed),
+            target.clients.engine.ssd_hits.load(Relaxed),
         );
         assert!(checked.found > 0, "{checked:?}");
         assert!(
@@ -314,7 +313,7 @@ mod tests {
             assert_eq!(counts.gets, 20_000);
             assert!(counts.hits > 0 && counts.misses > 0, "{name}: {counts:?}");
             assert!(
-                target.engine.ssd_hits.load(Relaxed) > 0,
+                target.clients.engine.ssd_hits.load(Relaxed) > 0,
                 "{name}: some GETs read the disk"
             );
             Box::new(target).close().expect("close");

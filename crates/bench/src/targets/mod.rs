@@ -53,8 +53,19 @@ pub trait Client: Send {
 pub struct Snapshot {
     pub dram_hits: Option<u64>,
     pub ssd_hits: Option<u64>,
-    pub dram_bytes_used: Option<u64>,
     pub objects_resident: Option<u64>,
+    /// CPU seconds the server process has used (network peers the bench started).
+    pub server_cpu_seconds: Option<f64>,
+    /// Bytes the cache process wrote to files (memcached extstore: `/proc/PID/io` wchar).
+    pub host_bytes_written: Option<u64>,
+    pub held: Holdings,
+}
+
+/// What a target's tiers hold and have cost at one moment: a snapshot's, shown as they
+/// are in the result row of the snapshot after the run.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct Holdings {
+    pub dram_bytes_used: Option<u64>,
     pub compression_ratio_dram: Option<f64>,
     pub wa_host: Option<f64>,
     pub wr_nand: Option<f64>,
@@ -68,12 +79,8 @@ pub struct Snapshot {
     pub ssd_flash_bytes: Option<u64>,
     /// Resident set of the process holding the cache.
     pub rss_bytes: Option<u64>,
-    /// CPU seconds the server process has used (network peers the bench started).
-    pub server_cpu_seconds: Option<f64>,
-    /// Bytes the cache process wrote to files (memcached extstore: `/proc/PID/io` wchar).
-    pub host_bytes_written: Option<u64>,
     /// Every figure of the in-process zipcache engine's `stats()`, for what the columns
-    /// above leave out (e.g. where its SSD writes come from).
+    /// leave out (e.g. where its SSD writes come from).
     pub engine_stats: Option<serde_json::Value>,
 }
 
@@ -214,6 +221,28 @@ pub struct EngineClient<E> {
     pub gets: InProcessGets,
     /// Network connections per thread, whose streams an overlapped batch mirrors.
     pub streams: usize,
+}
+
+impl<E> EngineClient<E> {
+    /// A client of `engine` as `budget` sets clients up: its batch, GET mode and streams.
+    pub fn of(engine: std::sync::Arc<E>, budget: &Budget) -> EngineClient<E> {
+        EngineClient {
+            engine,
+            batch: budget.batch(),
+            gets: budget.in_process_gets,
+            streams: budget.connections,
+        }
+    }
+}
+
+/// Each bench thread's client of one engine: the engine shared, the settings copied.
+impl<E> Clone for EngineClient<E> {
+    fn clone(&self) -> Self {
+        EngineClient {
+            engine: self.engine.clone(),
+            ..*self
+        }
+    }
 }
 
 /// What request `i` of an overlapped batch waits for besides the one ahead of it on its

@@ -8,7 +8,7 @@ use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use super::{Budget, Client, Reply, Request, Snapshot, Target};
+use super::{Budget, Client, Holdings, Reply, Request, Snapshot, Target};
 use crate::pagecache::PageCacheDropper;
 use crate::peers::{self, Peer};
 use crate::procfs;
@@ -358,34 +358,37 @@ fn ratio_stat(stats: &HashMap<String, String>, name: &str) -> Option<f64> {
 /// reports of itself.
 fn snapshot_of(protocol: Protocol, stats: &HashMap<String, String>, pid: Option<u32>) -> Snapshot {
     let mut snap = Snapshot {
-        rss_bytes: pid.and_then(procfs::rss_bytes),
         server_cpu_seconds: pid.and_then(procfs::cpu_seconds),
+        held: Holdings {
+            rss_bytes: pid.and_then(procfs::rss_bytes),
+            ..Holdings::default()
+        },
         ..Snapshot::default()
     };
     match protocol {
         Protocol::Resp => {
             snap.dram_hits = stat(stats, "keyspace_hits");
             snap.ssd_hits = Some(0);
-            snap.dram_bytes_used = stat(stats, "used_memory");
+            snap.held.dram_bytes_used = stat(stats, "used_memory");
             snap.objects_resident = stat(stats, "dbsize");
-            snap.rss_bytes = snap.rss_bytes.or(stat(stats, "used_memory_rss"));
+            snap.held.rss_bytes = snap.held.rss_bytes.or(stat(stats, "used_memory_rss"));
         }
         // `zipcache serve` prints the engine's §4 names in `stats`.
         Protocol::Memcached if stats.contains_key("dram_hits") => {
             snap.dram_hits = stat(stats, "dram_hits");
             snap.ssd_hits = stat(stats, "ssd_hits");
-            snap.dram_bytes_used = stat(stats, "dram_used");
+            snap.held.dram_bytes_used = stat(stats, "dram_used");
             snap.objects_resident = stat(stats, "objects_resident");
-            snap.rss_bytes = snap.rss_bytes.or(stat(stats, "rss_bytes"));
-            snap.compression_ratio_dram = ratio_stat(stats, "compression_ratio_dram");
-            snap.wa_host = ratio_stat(stats, "wa_host");
-            snap.wr_nand = ratio_stat(stats, "wr_nand");
-            snap.wa = ratio_stat(stats, "wa");
-            snap.zeta = ratio_stat(stats, "zeta");
-            snap.ssd_objects = stat(stats, "ssd_objects");
-            snap.ssd_index_bytes = stat(stats, "ssd_index_bytes");
-            snap.ssd_reads_per_ssd_get = ratio_stat(stats, "ssd_reads_per_ssd_get");
-            snap.ssd_flash_bytes = stat(stats, "ssd_flash_bytes");
+            snap.held.rss_bytes = snap.held.rss_bytes.or(stat(stats, "rss_bytes"));
+            snap.held.compression_ratio_dram = ratio_stat(stats, "compression_ratio_dram");
+            snap.held.wa_host = ratio_stat(stats, "wa_host");
+            snap.held.wr_nand = ratio_stat(stats, "wr_nand");
+            snap.held.wa = ratio_stat(stats, "wa");
+            snap.held.zeta = ratio_stat(stats, "zeta");
+            snap.held.ssd_objects = stat(stats, "ssd_objects");
+            snap.held.ssd_index_bytes = stat(stats, "ssd_index_bytes");
+            snap.held.ssd_reads_per_ssd_get = ratio_stat(stats, "ssd_reads_per_ssd_get");
+            snap.held.ssd_flash_bytes = stat(stats, "ssd_flash_bytes");
             snap.host_bytes_written = stat(stats, "V_host");
         }
         Protocol::Memcached => {
@@ -393,11 +396,11 @@ fn snapshot_of(protocol: Protocol, stats: &HashMap<String, String>, pid: Option<
             let flash: u64 = stat(stats, "get_extstore").unwrap_or(0);
             snap.dram_hits = hits.map(|h| h.saturating_sub(flash));
             snap.ssd_hits = Some(flash);
-            snap.dram_bytes_used = stat(stats, "bytes");
+            snap.held.dram_bytes_used = stat(stats, "bytes");
             snap.objects_resident = stat(stats, "curr_items");
             if stats.contains_key("extstore_bytes_written") {
-                snap.ssd_objects = stat(stats, "extstore_objects_used");
-                snap.ssd_flash_bytes = stat(stats, "extstore_bytes_used");
+                snap.held.ssd_objects = stat(stats, "extstore_objects_used");
+                snap.held.ssd_flash_bytes = stat(stats, "extstore_bytes_used");
                 snap.host_bytes_written = pid
                     .and_then(procfs::wchar)
                     .or(stat(stats, "extstore_bytes_written"));
@@ -492,13 +495,13 @@ mod tests {
         let target =
             NetTarget::remote("zipcache://x", &addr, Protocol::Memcached, &budget(None)).unwrap();
         let snap = target.snapshot().unwrap();
-        assert_eq!(snap.rss_bytes, Some(95_420_416));
-        assert_eq!(snap.dram_bytes_used, Some(4096));
+        assert_eq!(snap.held.rss_bytes, Some(95_420_416));
+        assert_eq!(snap.held.dram_bytes_used, Some(4096));
         assert_eq!(snap.objects_resident, Some(7));
         assert_eq!(snap.dram_hits, Some(5));
-        assert_eq!(snap.compression_ratio_dram, Some(1.87));
+        assert_eq!(snap.held.compression_ratio_dram, Some(1.87));
         // What the server cannot say (printed as text) is absent, not a number.
-        assert_eq!(snap.wa, None);
+        assert_eq!(snap.held.wa, None);
         assert_eq!(snap.server_cpu_seconds, None);
     }
 
@@ -514,7 +517,7 @@ mod tests {
         )
         .unwrap();
         let snap = target.snapshot().unwrap();
-        let rss = snap.rss_bytes.unwrap();
+        let rss = snap.held.rss_bytes.unwrap();
         assert_ne!(rss, 95_420_416, "/proc/PID, not the stat");
         assert!(rss > 0);
         assert!(snap.server_cpu_seconds.is_some());
@@ -528,13 +531,13 @@ mod tests {
         let target =
             NetTarget::remote("memcached://x", &addr, Protocol::Memcached, &budget(None)).unwrap();
         let snap = target.snapshot().unwrap();
-        assert_eq!(snap.rss_bytes, None);
+        assert_eq!(snap.held.rss_bytes, None);
         assert_eq!(snap.objects_resident, Some(3));
         assert_eq!(snap.dram_hits, Some(9));
         // Given its PID, the bench reads memcached's RSS from /proc.
         let stats: HashMap<String, String> = [("curr_items".into(), "3".into())].into();
         let snap = snapshot_of(Protocol::Memcached, &stats, Some(std::process::id()));
-        assert!(snap.rss_bytes.is_some_and(|rss| rss > 0));
+        assert!(snap.held.rss_bytes.is_some_and(|rss| rss > 0));
         assert_eq!(snap.objects_resident, Some(3));
     }
 
@@ -552,8 +555,8 @@ mod tests {
         let snap = snapshot_of(Protocol::Memcached, &stats, None);
         assert_eq!(snap.ssd_hits, Some(4));
         assert_eq!(snap.dram_hits, Some(6));
-        assert_eq!(snap.ssd_objects, Some(70));
-        assert_eq!(snap.ssd_flash_bytes, Some(6300));
+        assert_eq!(snap.held.ssd_objects, Some(70));
+        assert_eq!(snap.held.ssd_flash_bytes, Some(6300));
         assert_eq!(snap.host_bytes_written, Some(9000));
     }
 }

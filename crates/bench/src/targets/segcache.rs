@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use segcache::{Policy, Segcache, Value};
 
-use super::{Budget, Client, Engine, EngineClient, InProcessGets, Snapshot, Target};
+use super::{Budget, Client, Engine, EngineClient, Holdings, InProcessGets, Snapshot, Target};
 use crate::procfs;
 
 /// Segment size: Pelikan's default for its segcache server.
@@ -93,8 +93,11 @@ impl Target for SegTarget {
     fn snapshot(&self) -> Result<Snapshot, String> {
         Ok(Snapshot {
             // The heap is allocated whole up front; segcache reports no finer figure.
-            dram_bytes_used: Some(self.heap),
-            rss_bytes: procfs::own_rss(self.own_rss),
+            held: Holdings {
+                dram_bytes_used: Some(self.heap),
+                rss_bytes: procfs::own_rss(self.own_rss),
+                ..Holdings::default()
+            },
             ..Snapshot::default()
         })
     }

@@ -20,7 +20,7 @@ use zipcache::{Config, GetOptions, Item, SsdConfig, ZipCache};
 use zipcache_device::uring::MAX_THREAD_RING_DEPTH;
 use zipcache_device::{install_thread_ring, reap_thread_ring, thread_ring_in_flight};
 
-use super::{Budget, Client, Engine, EngineClient, InProcessGets, Reply, Snapshot, Target};
+use super::{Budget, Client, Engine, EngineClient, Holdings, Reply, Snapshot, Target};
 use crate::procfs;
 
 /// File of the SSD tier inside the data directory.
@@ -39,12 +39,9 @@ pub struct ZipEngine {
 }
 
 pub struct ZipTarget {
-    engine: Arc<ZipEngine>,
+    /// What each bench thread's client is a copy of.
+    clients: EngineClient<ZipEngine>,
     dram_only: bool,
-    batch: usize,
-    gets: InProcessGets,
-    /// Streams of an overlapped batch: the network client's connections per thread.
-    streams: usize,
     /// Whether this process's RSS is this target's (see `procfs::claim_own_rss`).
     own_rss: bool,
 }
@@ -79,16 +76,13 @@ impl ZipTarget {
         let config = config(budget)?;
         let dram_only = config.ssd.is_none();
         let cache = ZipCache::open(config).map_err(|e| format!("zipcache: {e}"))?;
-        let batch = budget.batch();
+        let engine = Arc::new(ZipEngine {
+            cache,
+            ring_depth: budget.batch().clamp(1, MAX_THREAD_RING_DEPTH as usize) as u32,
+        });
         Ok(ZipTarget {
-            engine: Arc::new(ZipEngine {
-                cache,
-                ring_depth: batch.clamp(1, MAX_THREAD_RING_DEPTH as usize) as u32,
-            }),
+            clients: EngineClient::of(engine, budget),
             dram_only,
-            batch,
-            gets: budget.in_process_gets,
-            streams: budget.connections,
             own_rss: procfs::claim_own_rss(),
         })
     }
@@ -217,17 +211,12 @@ impl Target for ZipTarget {
     }
 
     fn client(&self) -> Result<Box<dyn Client>, String> {
-        Ok(Box::new(EngineClient {
-            engine: self.engine.clone(),
-            batch: self.batch,
-            gets: self.gets,
-            streams: self.streams,
-        }))
+        Ok(Box::new(self.clients.clone()))
     }
 
     fn snapshot(&self) -> Result<Snapshot, String> {
         // Merged buffers and a drained device make the counts and V_NAND exact.
-        let cache = &self.engine.cache;
+        let cache = &self.clients.engine.cache;
         cache
             .settle()
             .map_err(|e| format!("zipcache settle: {e}"))?;
@@ -237,21 +226,23 @@ impl Target for ZipTarget {
         Ok(Snapshot {
             dram_hits: Some(s.dram_hits),
             ssd_hits: Some(s.ssd_hits + s.large_hits),
-            dram_bytes_used: Some(s.dram_used),
             objects_resident: Some(s.objects_resident),
-            compression_ratio_dram: Some(s.compression_ratio_dram),
-            wa_host: s.wa_host,
-            wr_nand: s.wr_nand,
-            wa: s.wa,
-            zeta: s.zeta,
-            ssd_objects: ssd.then_some(s.ssd_objects),
-            ssd_index_bytes: ssd.then_some(s.ssd_index_bytes),
-            ssd_reads_per_ssd_get: s.ssd_reads_per_ssd_get,
-            ssd_flash_bytes: s.ssd_flash_bytes,
-            rss_bytes: procfs::own_rss(self.own_rss),
             server_cpu_seconds: None,
             host_bytes_written: ssd.then_some(s.v_host),
-            engine_stats: Some(engine_stats),
+            held: Holdings {
+                dram_bytes_used: Some(s.dram_used),
+                compression_ratio_dram: Some(s.compression_ratio_dram),
+                wa_host: s.wa_host,
+                wr_nand: s.wr_nand,
+                wa: s.wa,
+                zeta: s.zeta,
+                ssd_objects: ssd.then_some(s.ssd_objects),
+                ssd_index_bytes: ssd.then_some(s.ssd_index_bytes),
+                ssd_reads_per_ssd_get: s.ssd_reads_per_ssd_get,
+                ssd_flash_bytes: s.ssd_flash_bytes,
+                rss_bytes: procfs::own_rss(self.own_rss),
+                engine_stats: Some(engine_stats),
+            },
         })
     }
 
@@ -260,7 +251,7 @@ impl Target for ZipTarget {
     }
 
     fn close(self: Box<Self>) -> Result<(), String> {
-        let engine = Arc::try_unwrap(self.engine)
+        let engine = Arc::try_unwrap(self.clients.engine)
             .map_err(|_| "zipcache: a client outlived the run".to_string())?;
         engine
             .cache
@@ -274,6 +265,7 @@ mod tests {
     use indicatif::ProgressBar;
 
     use super::*;
+    use crate::targets::InProcessGets;
     use crate::targets::test_support::{
         TempDir, budget, check_ordered_batches, fill, lookaside_workload,
     };
@@ -293,7 +285,7 @@ mod tests {
         let target = open(&dir, InProcessGets::Overlapped);
         let mut client = target.client().expect("client");
         fill(client.as_mut(), KEYS);
-        let cache = &target.engine.cache;
+        let cache = &target.clients.engine.cache;
         cache.settle().expect("settle");
         assert!(cache.stats().ssd_objects > KEYS / 2, "{:?}", cache.stats());
 
@@ -316,7 +308,7 @@ mod tests {
         let target = open(&dir, InProcessGets::Serial);
         let mut client = target.client().expect("client");
         fill(client.as_mut(), KEYS);
-        let cache = &target.engine.cache;
+        let cache = &target.clients.engine.cache;
         cache.settle().expect("settle");
 
         let checked = check_ordered_batches(client.as_mut(), KEYS, 20, true);
@@ -339,7 +331,7 @@ mod tests {
         assert_eq!(counts.errors, 0, "{:?}", counts.first_error);
         assert_eq!(counts.gets, 20_000);
         assert!(counts.hits > 0 && counts.misses > 0, "{counts:?}");
-        let stats = target.engine.cache.stats();
+        let stats = target.clients.engine.cache.stats();
         assert!(
             stats.ssd_async_reads > 0,
             "look-aside GETs read the SSD in flight: {stats:?}"
