@@ -14,15 +14,13 @@ mod dictionary;
 mod dram;
 mod eviction;
 mod format;
-mod index_dir;
 mod io_rates;
 mod large_objects;
 mod memory;
 mod promotion;
 mod record;
+mod restart;
 mod rss_governor;
-mod run_epoch;
-mod sealed_file;
 mod ssd;
 mod subpage_hash;
 #[cfg(test)]

@@ -5,11 +5,10 @@
 //! This module holds the engine's types, its opening and closing; each job has its own
 //! file: GET (`get.rs`), writes and removals (`write.rs`), SCAN (`scan.rs`), the DRAM
 //! budget and making room in it (`room.rs`), the background threads (`background.rs`),
-//! `stats` (`stats.rs`), where the index files live (`persist.rs`).
+//! `stats` (`stats.rs`). What a restart keeps is the restart protocol's (`restart/`).
 
 mod background;
 mod get;
-pub(crate) mod persist;
 mod room;
 mod scan;
 mod stats;
@@ -27,21 +26,16 @@ use zipcache_device::{BlockDevice, CompressingDevice, EmulatorOptions, FileOptio
 
 use crate::config::Promotion;
 use crate::dram::{DramSettings, DramTier};
-use crate::index_dir::DataLock;
 use crate::large_objects::LargeObjects;
 use crate::memory::{Memory, alloc_size};
 use crate::promotion::{self, PromotionFilter};
+use crate::restart;
+use crate::restart::dir::DataLock;
+use crate::restart::files::{Persist, sibling};
+use crate::restart::open::open_tiers;
 use crate::rss_governor::RssGovernor;
-use crate::run_epoch;
-use crate::ssd::dictionary::{BlockDictionaries, DictionaryFiles, block_training};
-use crate::ssd::{SsdSettings, SsdTier};
+use crate::ssd::SsdTier;
 use crate::{Config, Error, Result};
-use persist::{Persist, sibling};
-
-/// The device's block: one SSD sub-page.
-const BLOCK: usize = zipcache_device::BLOCK_SIZE;
-/// Share of the SSD device given to the large-object log (BT_LO).
-const LARGE_REGION: f64 = 0.125;
 
 #[derive(Default)]
 struct OpCounters {
@@ -75,7 +69,7 @@ pub(crate) struct Inner {
     large: Option<LargeObjects>,
     /// Where a clean `close()` leaves the indexes for a warm restart.
     persist: Option<Persist>,
-    /// The run epoch written to the device at open (`run_epoch`); 0 without a device.
+    /// The run epoch written to the device at open (`restart::epoch`); 0 without a device.
     epoch: u64,
     warm_start: bool,
     /// Held while the engine lives: one engine per SSD file.
@@ -137,7 +131,8 @@ impl ZipCache {
                     logical_to_physical: ssd.logical_to_physical,
                     ..EmulatorOptions::default()
                 };
-                let size = ssd.size / BLOCK as u64 * BLOCK as u64;
+                let block = zipcache_device::BLOCK_SIZE as u64;
+                let size = ssd.size / block * block;
                 Some(Arc::new(CompressingDevice::open_file(
                     &ssd.path, size, &file, emulator,
                 )?))
@@ -170,134 +165,21 @@ impl ZipCache {
             ));
         }
         let memory = Arc::new(Memory::default());
-        let settings = DramSettings {
-            leaf_size: config.leaf_size,
-            subpages: config.subpages,
-            write_buffer: config.write_buffer,
-            tiny_max: config.tiny_max,
-            dram_capacity: config.dram_capacity,
-            bypass_max_fraction: config.bypass_max_fraction,
-            // Tombstones must reach the SSD tier to delete its copies.
-            keep_tombstones: device.is_some(),
-            // CAS versions start from the clock so a restarted cache never reissues one a
-            // client may still hold.
-            cas_origin: config.clock.now_ms().max(1) << 16,
-            track_access: config.track_access,
-            dictionaries: config.training_settings(),
-            opened_ms: config.clock.now_ms(),
+        let dram = DramTier::new(
+            dram_settings(&config, device.is_some()),
+            memory.clone(),
+            config.bypass_r,
+        );
+        let tiers = match device {
+            None => None,
+            // may do I/O: the restart protocol's steps (`restart::open`)
+            Some(device) => Some(open_tiers(&config, device, persist.as_ref(), &memory)?),
         };
-        let dram = DramTier::new(settings, memory.clone(), config.bypass_r);
-        let mut warm_start = false;
-        let mut epoch = 0;
-        let (ssd, large) = match device {
-            None => (None, None),
-            Some(device) => {
-                // The last block is the superblock; the rest is split between BT_SSD's
-                // super-leaves and the large-object log.
-                let total = run_epoch::lba(device.as_ref());
-                let large_blocks = (total as f64 * LARGE_REGION) as u64;
-                let small_blocks = total - large_blocks;
-                let on_device = run_epoch::read(device.as_ref());
-                let host_compression = device.compression().by_host();
-                let settings = SsdSettings {
-                    subpages: config.superleaf_size / BLOCK,
-                    fill_threshold: config.fill_threshold,
-                    blocks: small_blocks,
-                    presence_filters: config.ssd_presence_filters,
-                    host_compression,
-                    dictionaries: config
-                        .training_settings()
-                        .filter(|_| host_compression && config.ssd_dictionaries)
-                        .map(block_training),
-                };
-                let (memory, clock) = (&memory, &config.clock);
-                // may do I/O: the block dictionaries' files are read
-                let dictionaries = Arc::new(BlockDictionaries::open(
-                    settings.dictionaries,
-                    persist.as_ref().map(|p| DictionaryFiles {
-                        dir: p.dir.clone(),
-                        prefix: p.dictionaries.clone(),
-                    }),
-                    memory.clone(),
-                ));
-                // Only an index saved by the run that last wrote to the device describes
-                // what the device holds.
-                let saved = persist.as_ref().zip(on_device);
-                let loaded = saved.and_then(|(p, epoch)| {
-                    let at = p.file(&p.ssd_index, epoch);
-                    let (memory, clock) = (memory.clone(), clock.clone());
-                    SsdTier::load(
-                        at,
-                        device.clone(),
-                        settings,
-                        memory,
-                        clock,
-                        dictionaries.clone(),
-                    )
-                });
-                let loaded_large = match (&loaded, saved) {
-                    (Some(_), Some((p, epoch))) => LargeObjects::load(
-                        p.file(&p.lo_index, epoch),
-                        device.clone(),
-                        small_blocks,
-                        large_blocks,
-                        memory.clone(),
-                    ),
-                    _ => None,
-                };
-                // From here on the index files are stale: if this process dies before a
-                // clean close, the next open must start cold. Their removal is made
-                // durable before the first device write of this run; the new epoch on
-                // the device would refuse them anyway.
-                if let Some(p) = &persist {
-                    p.dir.remove(&p.ssd_index)?;
-                    p.dir.remove(&p.lo_index)?;
-                    p.dir.sync_dir()?;
-                }
-                epoch = run_epoch::next(on_device);
-                run_epoch::write(device.as_ref(), epoch)?;
-                let ssd = match loaded {
-                    Some(tier) => {
-                        warm_start = true;
-                        tier
-                    }
-                    None => {
-                        // Nothing the device holds can be trusted (a crash may have left
-                        // values that were deleted or overwritten in DRAM): start cold, and
-                        // trim so the old blocks free their space.
-                        device.trim(0, small_blocks)?;
-                        let (memory, clock) = (memory.clone(), clock.clone());
-                        SsdTier::with_dictionaries(
-                            device.clone(),
-                            settings,
-                            memory,
-                            clock,
-                            dictionaries.clone(),
-                        )
-                    }
-                };
-                // may do I/O: dictionaries no block names lose their files
-                dictionaries.settle_after_open();
-                let large = match loaded_large {
-                    Some(large) => large,
-                    None => {
-                        // Without its index the region's extents cannot be told live from
-                        // dead: forget them. Safe, because every large PUT also left a
-                        // DRAM tombstone that the clean close wrote to BT_SSD.
-                        device.trim(small_blocks, large_blocks)?;
-                        LargeObjects::new(device, small_blocks, large_blocks, memory.clone())
-                    }
-                };
-                (Some(ssd), Some(large))
-            }
-        };
-        let promotion = (ssd.is_some() && config.promotion == Promotion::SecondHit).then(|| {
-            let filter = PromotionFilter::new(
-                (config.dram_capacity / promotion::DRAM_BYTES_PER_SLOT) as usize,
-            );
-            memory.change_index(alloc_size(filter.bytes()) as i64);
-            filter
-        });
+        let warm_start = tiers.as_ref().is_some_and(|t| t.warm);
+        let epoch = tiers.as_ref().map_or(0, |t| t.epoch);
+        let (ssd, large) = tiers.map(|t| (t.ssd, t.large)).unzip();
+        let promotion = (ssd.is_some() && config.promotion == Promotion::SecondHit)
+            .then(|| promotion_filter(&config, &memory));
         let governor = (config.rss_limit > 0)
             .then(|| RssGovernor::new(config.rss_limit, config.dram_capacity));
         let inner = Arc::new(Inner {
@@ -324,20 +206,7 @@ impl ZipCache {
             io_rates: IoRates::default(),
             governor,
         });
-        let mut workers = (0..inner.config.background_threads)
-            .map(|i| {
-                let inner = inner.clone();
-                std::thread::Builder::new()
-                    .name(format!("zipcache-bg-{i}"))
-                    .spawn(move || inner.background(i == 0))
-            })
-            .collect::<std::io::Result<Vec<_>>>()?;
-        let flusher = inner.clone();
-        workers.push(
-            std::thread::Builder::new()
-                .name("zipcache-flusher".into())
-                .spawn(move || flusher.flusher())?,
-        );
+        let workers = inner.spawn_workers()?;
         Ok(ZipCache {
             inner,
             workers: Mutex::new(workers),
@@ -377,8 +246,8 @@ impl ZipCache {
             ssd.device().drain()?;
             ssd.device().flush()?;
             if let (Some(p), Some(large)) = (&inner.persist, &inner.large) {
-                ssd.save(p.file(&p.ssd_index, inner.epoch))?;
-                large.save(p.file(&p.lo_index, inner.epoch))?;
+                // may do I/O: the indexes written and made durable
+                restart::close::save_indexes(p, inner.epoch, ssd, large)?;
             }
         }
         Ok(())
@@ -419,7 +288,54 @@ impl Drop for ZipCache {
     }
 }
 
+/// The DRAM tier's settings from the engine's; `with_ssd`: tombstones are kept until
+/// they reach the SSD tier, to delete its copies.
+fn dram_settings(config: &Config, with_ssd: bool) -> DramSettings {
+    DramSettings {
+        leaf_size: config.leaf_size,
+        subpages: config.subpages,
+        write_buffer: config.write_buffer,
+        tiny_max: config.tiny_max,
+        dram_capacity: config.dram_capacity,
+        bypass_max_fraction: config.bypass_max_fraction,
+        keep_tombstones: with_ssd,
+        // CAS versions start from the clock so a restarted cache never reissues one a
+        // client may still hold.
+        cas_origin: config.clock.now_ms().max(1) << 16,
+        track_access: config.track_access,
+        dictionaries: config.training_settings(),
+        opened_ms: config.clock.now_ms(),
+    }
+}
+
+/// `promotion = second_hit`'s filter, its memory counted in the index's.
+fn promotion_filter(config: &Config, memory: &Memory) -> PromotionFilter {
+    let filter =
+        PromotionFilter::new((config.dram_capacity / promotion::DRAM_BYTES_PER_SLOT) as usize);
+    memory.change_index(alloc_size(filter.bytes()) as i64);
+    filter
+}
+
 impl Inner {
+    /// The background threads (merges, eviction passes, bypass) and the flusher.
+    fn spawn_workers(self: &Arc<Self>) -> std::io::Result<Vec<JoinHandle<()>>> {
+        let mut workers = (0..self.config.background_threads)
+            .map(|i| {
+                let inner = self.clone();
+                std::thread::Builder::new()
+                    .name(format!("zipcache-bg-{i}"))
+                    .spawn(move || inner.background(i == 0))
+            })
+            .collect::<std::io::Result<Vec<_>>>()?;
+        let flusher = self.clone();
+        workers.push(
+            std::thread::Builder::new()
+                .name("zipcache-flusher".into())
+                .spawn(move || flusher.flusher())?,
+        );
+        Ok(workers)
+    }
+
     fn now(&self) -> u64 {
         self.config.clock.now_ms()
     }

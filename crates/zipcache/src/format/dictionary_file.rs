@@ -1,7 +1,7 @@
 //! A block dictionary's file beside the SSD file (`<ssd file>.dict-<slot>`;
 //! `docs/FORMAT.md`, "Block dictionary files"): a header naming the dictionary, its raw
 //! bytes, then the seal every index file ends with (CRC32C of all before it,
-//! `sealed_file.rs`).
+//! `restart/sealed_file.rs`).
 
 use super::{Magic, U32};
 

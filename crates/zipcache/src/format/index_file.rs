@@ -1,7 +1,7 @@
 //! The headers of the two index files a clean `close()` writes beside the SSD file
 //! (`docs/FORMAT.md`, "The index file", "The large-object index file"). Each file is a
 //! header, then its entries one after another (variable length: read in order, by
-//! `sealed_file::Fields`), then its seal: the CRC32C of all before it (`sealed_file.rs`).
+//! `sealed_file::Fields`), then its seal: the CRC32C of all before it (`restart/sealed_file.rs`).
 //! Both headers start alike: magic, version, the run epoch of the run that wrote the file.
 
 use super::{Magic, U32, U64};

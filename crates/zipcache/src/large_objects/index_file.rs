@@ -11,7 +11,7 @@ use crate::format::index_file::large::{
 };
 use crate::memory::Memory;
 use crate::record::Meta;
-use crate::sealed_file::{self, Fields, IndexFile};
+use crate::restart::sealed_file::{self, Fields, IndexFile};
 
 impl LargeObjects {
     /// Writes the live extents (in log order) and the log's position to `at`, atomically

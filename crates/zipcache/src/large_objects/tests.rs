@@ -6,7 +6,7 @@ use zipcache_device::{
 use super::extent::checksum;
 use super::*;
 use crate::format::extent::{HEADER, STORED_LZ4, STORED_RAW};
-use crate::sealed_file::{self, IndexFile};
+use crate::restart::sealed_file::{self, IndexFile};
 
 fn region(blocks: u64) -> LargeObjects {
     let device: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(blocks + 10));
@@ -410,7 +410,7 @@ fn the_index_file_round_trips_and_refuses_damage() {
     lo.remove(b"key-19");
     let path = std::env::temp_dir().join(format!("zc-lo-index-{}", std::process::id()));
     std::fs::create_dir_all(&path).unwrap();
-    let dir = crate::index_dir::FsDir::new(&path);
+    let dir = crate::restart::dir::FsDir::new(&path);
     let at = |epoch| IndexFile {
         dir: &dir,
         name: "lo",

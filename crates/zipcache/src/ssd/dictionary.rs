@@ -41,10 +41,10 @@ use crate::eviction::EvictedObject;
 use crate::format::dictionary_file::{
     FORMAT_VERSION, HEADER, ID, LENGTH, MAGIC, MAX_LENGTH, VERSION,
 };
-use crate::index_dir::IndexDir;
 use crate::memory::{Memory, alloc_size};
 use crate::record::{Payload, Record};
-use crate::sealed_file;
+use crate::restart::dir::IndexDir;
+use crate::restart::sealed_file;
 
 /// The zstd level blocks are packed at with a dictionary: level 3 puts 8 % more
 /// `airports` rows in a block than level 1 with a 64 KiB dictionary, 25 % more with
@@ -448,7 +448,7 @@ mod tests {
     use crate::config::SystemClock;
     use crate::dictionary::page::text_record;
     use crate::eviction::EvictionSink;
-    use crate::index_dir::FsDir;
+    use crate::restart::dir::FsDir;
 
     fn key(i: u32) -> Vec<u8> {
         format!("{i:016}").into_bytes()

@@ -11,7 +11,7 @@ use crate::btree::{Fence, KeyRange};
 use crate::config::Clock;
 use crate::format::index_file::ssd::{BLOCK_COUNT, COUNT, FILE, HEADER, NEXT_SLOT, SUBPAGES};
 use crate::memory::Memory;
-use crate::sealed_file::{self, Fields, IndexFile};
+use crate::restart::sealed_file::{self, Fields, IndexFile};
 
 impl SsdTier {
     /// Writes the descriptors of every super-leaf to `path` (atomically: a temporary
@@ -156,7 +156,7 @@ mod tests {
     use super::super::test_support::*;
     use super::*;
     use crate::config::SystemClock;
-    use crate::index_dir::FsDir;
+    use crate::restart::dir::FsDir;
 
     type Descriptor = (Fence, Option<Fence>, Option<u32>, u32, Vec<u16>);
 

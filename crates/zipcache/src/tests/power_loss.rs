@@ -20,9 +20,9 @@ use rand::{Rng, SeedableRng};
 use zipcache_device::{BLOCK_SIZE, BlockDevice, DeviceCompression, DeviceStats};
 
 use super::model::SMALL_DICTIONARIES;
-use crate::cache::persist::Persist;
 use crate::dictionary::tests::documents;
-use crate::index_dir::IndexDir;
+use crate::restart::dir::IndexDir;
+use crate::restart::files::Persist;
 use crate::{Config, ZipCache};
 
 /// Operations left before the power goes; at 0 every mutation fails.

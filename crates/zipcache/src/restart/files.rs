@@ -4,8 +4,8 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use crate::index_dir::{FsDir, IndexDir};
-use crate::sealed_file::IndexFile;
+use crate::restart::dir::{FsDir, IndexDir};
+use crate::restart::sealed_file::IndexFile;
 
 /// Where a clean shutdown leaves the indexes: `<ssd file>.index` (BT_SSD) and
 /// `<ssd file>.lo-index` (BT_LO), in the SSD file's directory; beside them the block
@@ -18,7 +18,7 @@ pub(crate) struct Persist {
 }
 
 impl Persist {
-    pub(super) fn beside(ssd: &Path) -> Persist {
+    pub(crate) fn beside(ssd: &Path) -> Persist {
         let dir = ssd.parent().filter(|d| !d.as_os_str().is_empty());
         let name = ssd.file_name().unwrap_or_default().to_string_lossy();
         Persist {
@@ -29,7 +29,7 @@ impl Persist {
         }
     }
 
-    pub(super) fn file<'a>(&'a self, name: &'a str, epoch: u64) -> IndexFile<'a> {
+    pub(crate) fn file<'a>(&'a self, name: &'a str, epoch: u64) -> IndexFile<'a> {
         IndexFile {
             dir: self.dir.as_ref(),
             name,
@@ -39,7 +39,7 @@ impl Persist {
 }
 
 /// `<ssd file>.<extension>`.
-pub(super) fn sibling(ssd: &Path, extension: &str) -> std::path::PathBuf {
+pub(crate) fn sibling(ssd: &Path, extension: &str) -> std::path::PathBuf {
     let mut name = ssd.as_os_str().to_owned();
     name.push(".");
     name.push(extension);

@@ -4,10 +4,10 @@
 
 use crate::format::index_file::seal_at;
 use crate::format::{U8, U16, U32, U64};
-use crate::index_dir::IndexDir;
+use crate::restart::dir::IndexDir;
 
 /// One index file: its directory and name, and the run epoch it is written for (or must
-/// name to be read back; see `run_epoch`).
+/// name to be read back; see `restart::epoch`).
 #[derive(Clone, Copy)]
 pub struct IndexFile<'a> {
     pub dir: &'a dyn IndexDir,
@@ -81,7 +81,7 @@ impl<'a> Fields<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::index_dir::FsDir;
+    use crate::restart::dir::FsDir;
 
     #[test]
     fn sealed_bodies_round_trip_and_damage_is_refused() {
