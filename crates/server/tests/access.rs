@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use common::{TestServer, py_script, run_tool};
+use common::{TestServer, ToolRun, py_script, run_tool};
 use rcgen::{
     BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa,
     KeyPair, KeyUsagePurpose,
@@ -113,7 +113,7 @@ fn python_has(modules: &[&str]) -> bool {
     ok
 }
 
-fn redis_cli(program: &Path, port: u16, extra: &[&str], command: &[&str]) -> (bool, String) {
+fn redis_cli(program: &Path, port: u16, extra: &[&str], command: &[&str]) -> ToolRun {
     let mut cli = Command::new(program);
     cli.args(["-h", "127.0.0.1", "-p", &port.to_string()])
         .args(extra)
@@ -134,34 +134,35 @@ fn requirepass_gates_redis_cli_and_redis_py() {
     let server = server(Some("s3cret"), None);
     let port = server.resp.port();
     if let Some(cli) = client_program("redis-cli", "redis-tools") {
-        let (_, output) = redis_cli(&cli, port, &[], &["PING"]);
+        let refused = redis_cli(&cli, port, &[], &["PING"]);
         assert!(
-            output.contains("NOAUTH Authentication required."),
-            "{output}"
+            refused.stdout.contains("NOAUTH Authentication required."),
+            "{refused}"
         );
         let login = ["-a", "s3cret", "--no-auth-warning"];
-        let (ok, output) = redis_cli(&cli, port, &login, &["SET", "k", "v"]);
-        assert!(ok && output.trim() == "OK", "{output}");
-        let (ok, output) = redis_cli(&cli, port, &login, &["GET", "k"]);
-        assert!(ok && output.trim() == "v", "{output}");
-        let (_, output) = redis_cli(
+        let set = redis_cli(&cli, port, &login, &["SET", "k", "v"]);
+        assert!(set.ok && set.stdout.trim() == "OK", "{set}");
+        let get = redis_cli(&cli, port, &login, &["GET", "k"]);
+        assert!(get.ok && get.stdout.trim() == "v", "{get}");
+        let wrong = redis_cli(
             &cli,
             port,
             &["-a", "wrong", "--no-auth-warning"],
             &["GET", "k"],
         );
-        assert!(output.contains("WRONGPASS"), "{output}");
+        // redis-cli reports a refused login on stderr, and the refused GET on stdout.
+        assert!(wrong.stderr.contains("WRONGPASS"), "{wrong}");
     }
     if python_has(&["redis", "pymemcache"]) {
-        let (ok, output) = run_tool(
+        let run = run_tool(
             Command::new("python3")
                 .arg(py_script("secure_clients.py"))
                 .args(["--resp", &port.to_string(), "--password", "s3cret"]),
             Duration::from_secs(60),
         );
         assert!(
-            ok && output.contains("ok"),
-            "secure_clients.py failed:\n{output}"
+            run.ok && run.stdout.contains("ok"),
+            "secure_clients.py failed:\n{run}"
         );
     }
 }
@@ -183,13 +184,13 @@ fn tls_serves_redis_cli_redis_py_and_pymemcache() {
     assert!(!reply.starts_with(b"+PONG"), "{reply:?}");
     if let Some(cli) = client_program("redis-cli", "redis-tools") {
         let tls = ["--tls", "--cacert", ca, "-a", "s3cret", "--no-auth-warning"];
-        let (ok, output) = redis_cli(&cli, server.resp.port(), &tls, &["SET", "k", "over tls"]);
-        assert!(ok && output.trim() == "OK", "{output}");
-        let (ok, output) = redis_cli(&cli, server.resp.port(), &tls, &["GET", "k"]);
-        assert!(ok && output.trim() == "over tls", "{output}");
+        let set = redis_cli(&cli, server.resp.port(), &tls, &["SET", "k", "over tls"]);
+        assert!(set.ok && set.stdout.trim() == "OK", "{set}");
+        let get = redis_cli(&cli, server.resp.port(), &tls, &["GET", "k"]);
+        assert!(get.ok && get.stdout.trim() == "over tls", "{get}");
     }
     if python_has(&["redis", "pymemcache"]) {
-        let (ok, output) = run_tool(
+        let run = run_tool(
             Command::new("python3")
                 .arg(py_script("secure_clients.py"))
                 .args([
@@ -205,8 +206,8 @@ fn tls_serves_redis_cli_redis_py_and_pymemcache() {
             Duration::from_secs(60),
         );
         assert!(
-            ok && output.contains("ok"),
-            "secure_clients.py failed:\n{output}"
+            run.ok && run.stdout.contains("ok"),
+            "secure_clients.py failed:\n{run}"
         );
     }
 }
@@ -219,14 +220,17 @@ fn tls_ca_requires_client_certificates() {
     let (ca, cert, key) = (path("ca.pem"), path("client.pem"), path("client-key.pem"));
     if let Some(cli) = client_program("redis-cli", "redis-tools") {
         let port = server.resp.port();
-        let (_, output) = redis_cli(&cli, port, &["--tls", "--cacert", &ca], &["PING"]);
-        assert!(!output.contains("PONG"), "no client certificate: {output}");
+        let refused = redis_cli(&cli, port, &["--tls", "--cacert", &ca], &["PING"]);
+        assert!(
+            !refused.stdout.contains("PONG"),
+            "no client certificate: {refused}"
+        );
         let with_cert = ["--tls", "--cacert", &ca, "--cert", &cert, "--key", &key];
-        let (ok, output) = redis_cli(&cli, port, &with_cert, &["PING"]);
-        assert!(ok && output.trim() == "PONG", "{output}");
+        let ping = redis_cli(&cli, port, &with_cert, &["PING"]);
+        assert!(ping.ok && ping.stdout.trim() == "PONG", "{ping}");
     }
     if python_has(&["redis", "pymemcache"]) {
-        let (ok, output) = run_tool(
+        let run = run_tool(
             Command::new("python3")
                 .arg(py_script("secure_clients.py"))
                 .args([
@@ -244,8 +248,8 @@ fn tls_ca_requires_client_certificates() {
             Duration::from_secs(60),
         );
         assert!(
-            ok && output.contains("ok"),
-            "secure_clients.py failed:\n{output}"
+            run.ok && run.stdout.contains("ok"),
+            "secure_clients.py failed:\n{run}"
         );
     }
 }

@@ -107,8 +107,24 @@ impl Drop for ChildGuard {
     }
 }
 
-/// Runs a tool to completion with a time limit; returns (success, stdout + stderr).
-pub fn run_tool(command: &mut Command, limit: Duration) -> (bool, String) {
+/// What a tool run to completion printed, and whether it succeeded.
+pub struct ToolRun {
+    pub ok: bool,
+    /// What is parsed: tools print warnings (npm about an unknown `.npmrc` key, redis-cli
+    /// about `-a`) on stderr, and those must not leak into their answer.
+    pub stdout: String,
+    /// For error messages, and for what a tool reports only there (a refused login).
+    pub stderr: String,
+}
+
+impl std::fmt::Display for ToolRun {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "stdout:\n{}\nstderr:\n{}", self.stdout, self.stderr)
+    }
+}
+
+/// Runs a tool to completion with a time limit.
+pub fn run_tool(command: &mut Command, limit: Duration) -> ToolRun {
     let mut child = command
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -138,14 +154,19 @@ pub fn run_tool(command: &mut Command, limit: Duration) -> (bool, String) {
         }
         std::thread::sleep(Duration::from_millis(20));
     };
-    let output = format!(
-        "{}{}",
-        out_reader.join().unwrap_or_default(),
-        err_reader.join().unwrap_or_default()
-    );
+    let stdout = out_reader.join().unwrap_or_default();
+    let stderr = err_reader.join().unwrap_or_default();
     match status {
-        Some(status) => (status.success(), output),
-        None => (false, format!("timed out after {limit:?}\n{output}")),
+        Some(status) => ToolRun {
+            ok: status.success(),
+            stdout,
+            stderr,
+        },
+        None => ToolRun {
+            ok: false,
+            stdout,
+            stderr: format!("timed out after {limit:?}\n{stderr}"),
+        },
     }
 }
 
