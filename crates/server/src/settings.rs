@@ -11,7 +11,9 @@ use clap::ValueEnum;
 use crate::core::TlsFiles;
 use crate::core::access::Credentials;
 use crate::core::auth::Password;
-use crate::core::{DEFAULT_UNIX_SOCKET_MODE, FIRST_REQUEST_TIMEOUT, Runtime, ServerOptions};
+use crate::core::{
+    AUTH_TIMEOUT, DEFAULT_UNIX_SOCKET_MODE, FIRST_REQUEST_TIMEOUT, Runtime, ServerOptions,
+};
 
 /// Arguments of `zipcache serve` (SPEC §8). The `--config` file is the same struct:
 /// every flag may be given there under its own name; the command line wins.
@@ -127,6 +129,11 @@ pub struct ServeArgs {
     /// opening, counted in `first_request_kicks` [default: 30; 0 = never].
     #[arg(long, value_name = "SECS")]
     pub first_request_timeout: Option<u64>,
+    /// With --requirepass or --auth-file: close connections that have not logged in this
+    /// many seconds after opening, whatever they sent, counted in `auth_timeout_kicks`
+    /// [default: 10; 0 = never].
+    #[arg(long, value_name = "SECS")]
+    pub auth_timeout: Option<u64>,
 }
 
 /// A protocol's port: a number (0 picks a free one) or `off` (`"off"` in the config file).
@@ -224,6 +231,8 @@ pub struct Settings {
     pub max_clients_memory: Option<u64>,
     /// Seconds; 0 = never.
     pub first_request_timeout: u64,
+    /// Seconds; 0 = never.
+    pub auth_timeout: u64,
 }
 
 fn read_file(path: &Path) -> Result<ServeArgs, String> {
@@ -367,6 +376,10 @@ impl Settings {
                 .first_request_timeout
                 .or(file.first_request_timeout)
                 .unwrap_or(FIRST_REQUEST_TIMEOUT.as_secs()),
+            auth_timeout: args
+                .auth_timeout
+                .or(file.auth_timeout)
+                .unwrap_or(AUTH_TIMEOUT.as_secs()),
         })
     }
 
@@ -451,6 +464,7 @@ impl Settings {
             max_request_size: self.max_request_size.map(saturating_usize),
             max_clients_memory: self.max_clients_memory.map(saturating_usize),
             first_request_timeout: seconds(self.first_request_timeout),
+            auth_timeout: seconds(self.auth_timeout),
         }
     }
 
@@ -491,7 +505,7 @@ impl Settings {
             format!("{} (mode {:04o})", path.display(), self.unix_socket_mode)
         });
         format!(
-            "zipcache serve settings:\n  listen           {}\n  memcached-port   {}\n  resp-port        {}\n  unix-socket      {unix_socket}\n  dram             {} bytes\n  data-dir         {}\n  ssd              {ssd}\n  max-connections  {}\n  threads          {} ({} runtime)\n  metrics          {metrics}\n  tls              {tls}\n  requirepass      {}\n  auth-file        {}\n  keys-limit       {}\n  flush_all        {}\n  lru_crawler      {}\n  idle-timeout     {}\n  write-timeout    {}\n  input limits     max-request-size {} bytes, max-clients-memory {} bytes, first-request-timeout {}\n  shutdown command {}\n  engine: leaf_size={} subpages={} superleaf_size={} fill_threshold={} write_buffer={} bypass_r={} bypass_max_fraction={} tiny_max={} medium_max={} max_key_size={} max_value_size={} background_threads={} promotion={:?} rss_limit={} track_access={} evictions={}",
+            "zipcache serve settings:\n  listen           {}\n  memcached-port   {}\n  resp-port        {}\n  unix-socket      {unix_socket}\n  dram             {} bytes\n  data-dir         {}\n  ssd              {ssd}\n  max-connections  {}\n  threads          {} ({} runtime)\n  metrics          {metrics}\n  tls              {tls}\n  requirepass      {}\n  auth-file        {}\n  auth-timeout     {}\n  keys-limit       {}\n  flush_all        {}\n  lru_crawler      {}\n  idle-timeout     {}\n  write-timeout    {}\n  input limits     max-request-size {} bytes, max-clients-memory {} bytes, first-request-timeout {}\n  shutdown command {}\n  engine: leaf_size={} subpages={} superleaf_size={} fill_threshold={} write_buffer={} bypass_r={} bypass_max_fraction={} tiny_max={} medium_max={} max_key_size={} max_value_size={} background_threads={} promotion={:?} rss_limit={} track_access={} evictions={}",
             self.listen,
             port(self.memcached_port),
             port(self.resp_port),
@@ -506,6 +520,7 @@ impl Settings {
             self.auth_file
                 .as_ref()
                 .map_or("off".to_string(), |p| p.display().to_string()),
+            seconds_or_off(self.auth_timeout),
             self.keys_limit,
             if self.flush_all_enabled {
                 "enabled"
@@ -705,7 +720,7 @@ mod tests {
         let file = dir.join("serve.toml");
         std::fs::write(
             &file,
-            "ssd = \"none\"\nidle-timeout = 5\nwrite-timeout = 7\n",
+            "ssd = \"none\"\nidle-timeout = 5\nwrite-timeout = 7\nauth-timeout = 4\n",
         )
         .unwrap();
         let resolve = |args: ServeArgs| {
@@ -724,12 +739,15 @@ mod tests {
         );
         assert!(banner.contains("\n  idle-timeout     5 s\n"), "{banner}");
         assert!(banner.contains("\n  write-timeout    7 s\n"), "{banner}");
+        assert_eq!(options.auth_timeout, secs(4));
+        assert!(banner.contains("\n  auth-timeout     4 s\n"), "{banner}");
         let (options, banner) = resolve(ServeArgs {
             config: Some(file),
             write_timeout: Some(0),
+            auth_timeout: Some(0),
             ..ServeArgs::default()
         });
-        assert_eq!(options.write_timeout, None);
+        assert_eq!((options.write_timeout, options.auth_timeout), (None, None));
         assert!(banner.contains("\n  write-timeout    off\n"), "{banner}");
         let (options, banner) = resolve(ServeArgs {
             ssd: Some("none".into()),
@@ -741,6 +759,7 @@ mod tests {
         );
         assert!(banner.contains("\n  idle-timeout     off\n"), "{banner}");
         assert!(banner.contains("\n  write-timeout    30 s\n"), "{banner}");
+        assert_eq!(options.auth_timeout, secs(10));
         std::fs::remove_dir_all(dir).unwrap();
     }
 

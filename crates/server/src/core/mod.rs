@@ -16,8 +16,8 @@ use tokio::sync::Notify;
 use zipcache::ZipCache;
 
 pub use options::{
-    DEFAULT_UNIX_SOCKET_MODE, FIRST_REQUEST_TIMEOUT, REQUEST_LINE_MAX, Runtime, ServerOptions,
-    TlsFiles,
+    AUTH_TIMEOUT, DEFAULT_UNIX_SOCKET_MODE, FIRST_REQUEST_TIMEOUT, REQUEST_LINE_MAX, Runtime,
+    ServerOptions, TlsFiles,
 };
 
 use access::AccessPolicy;
