@@ -68,9 +68,15 @@ pub struct ServeArgs {
     /// I/O threads [default: number of cores].
     #[arg(long)]
     pub threads: Option<usize>,
-    /// Serve Prometheus text at http://LISTEN:PORT/metrics [default: off].
+    /// Serve Prometheus text at http://LISTEN:PORT/metrics (https with --tls-cert)
+    /// [default: off].
     #[arg(long)]
     pub metrics_port: Option<u16>,
+    /// The only users who may scrape /metrics: `user:password` lines (HTTP Basic; the user
+    /// `default`'s password also as a Bearer token); read again on SIGHUP. Without it, no
+    /// one may scrape while --requirepass or --auth-file is set.
+    #[arg(long, value_name = "FILE")]
+    pub metrics_auth_file: Option<PathBuf>,
     /// per-core (thread per core, connections handed to the least busy) or shared (one
     /// work-stealing runtime).
     #[arg(long, value_enum)]
@@ -82,7 +88,7 @@ pub struct ServeArgs {
     /// read again on SIGHUP.
     #[arg(long)]
     pub auth_file: Option<PathBuf>,
-    /// PEM certificate chain: both protocol ports then speak TLS only (needs --tls-key);
+    /// PEM certificate chain: every TCP port (metrics too) then speaks TLS only (needs --tls-key);
     /// the TLS files are read again on SIGHUP and memcached's `refresh_certs`.
     #[arg(long, requires = "tls_key")]
     pub tls_cert: Option<PathBuf>,
@@ -211,6 +217,9 @@ pub struct Settings {
     pub max_connections: usize,
     pub threads: usize,
     pub metrics_port: Option<u16>,
+    pub metrics_auth_file: Option<PathBuf>,
+    /// The users of `metrics_auth_file`, read at start-up (and again on SIGHUP).
+    pub metrics_users: Option<Arc<Credentials>>,
     pub runtime: Runtime,
     pub requirepass: Option<Password>,
     pub auth_file: Option<PathBuf>,
@@ -233,6 +242,13 @@ pub struct Settings {
     pub first_request_timeout: u64,
     /// Seconds; 0 = never.
     pub auth_timeout: u64,
+}
+
+/// The users of a `user:password` file named by the flag `name`, if one is.
+fn load_users(name: &str, path: Option<&Path>) -> Result<Option<Arc<Credentials>>, String> {
+    path.map(|path| Credentials::load(path).map(Arc::new))
+        .transpose()
+        .map_err(|e| format!("--{name} {e}"))
 }
 
 fn read_file(path: &Path) -> Result<ServeArgs, String> {
@@ -318,12 +334,9 @@ impl Settings {
         let max_request_size = args.max_request_size.or(file.max_request_size);
         let max_clients_memory = args.max_clients_memory.or(file.max_clients_memory);
         let auth_file = args.auth_file.or(file.auth_file);
-        let users = match &auth_file {
-            Some(path) => Some(Arc::new(
-                Credentials::load(path).map_err(|e| format!("--auth-file {e}"))?,
-            )),
-            None => None,
-        };
+        let users = load_users("auth-file", auth_file.as_deref())?;
+        let metrics_auth_file = args.metrics_auth_file.or(file.metrics_auth_file);
+        let metrics_users = load_users("metrics-auth-file", metrics_auth_file.as_deref())?;
         Ok(Settings {
             listen: args
                 .listen
@@ -351,6 +364,8 @@ impl Settings {
                 .max(1),
             threads: args.threads.or(file.threads).unwrap_or(cores).max(1),
             metrics_port: args.metrics_port.or(file.metrics_port),
+            metrics_auth_file,
+            metrics_users,
             runtime,
             requirepass: args
                 .requirepass
@@ -384,19 +399,25 @@ impl Settings {
     }
 
     /// A loud warning when a port off the loopback interface lets anyone in: with no
-    /// access policy (neither `requirepass` nor `auth-file`), every port that is on —
-    /// except the protocol ports when `tls-ca` requires client certificates there (the
-    /// metrics port speaks plain HTTP and requires none).
+    /// access policy (neither `requirepass` nor `auth-file`) and no `tls-ca` requiring
+    /// client certificates (on every port), every port that is on — but the metrics port
+    /// when `metrics-auth-file` names its scrapers.
     pub fn exposure_warning(&self) -> Option<String> {
-        if self.listen.is_loopback() || self.requirepass.is_some() || self.auth_file.is_some() {
+        let certificates = self.tls.as_ref().is_some_and(|t| t.ca.is_some());
+        if self.listen.is_loopback()
+            || self.requirepass.is_some()
+            || self.auth_file.is_some()
+            || certificates
+        {
             return None;
         }
-        let certificates = self.tls.as_ref().is_some_and(|t| t.ca.is_some());
+        let metrics = self
+            .metrics_port
+            .filter(|_| self.metrics_auth_file.is_none());
         let protocols = [("memcached", self.memcached_port), ("RESP", self.resp_port)];
         let open: Vec<String> = protocols
             .into_iter()
-            .filter(|_| !certificates)
-            .chain([("metrics", self.metrics_port)])
+            .chain([("metrics", metrics)])
             .filter_map(|(name, port)| Some(format!("{name} port {}", port?)))
             .collect();
         if open.is_empty() {
@@ -458,6 +479,7 @@ impl Settings {
             flush_all_enabled: self.flush_all_enabled,
             lru_crawler: self.lru_crawler,
             users: self.users.clone(),
+            metrics_users: self.metrics_users.clone(),
             idle_timeout: seconds(self.idle_timeout),
             write_timeout: seconds(self.write_timeout),
             shutdown_enabled: self.shutdown_enabled,
@@ -486,7 +508,21 @@ impl Settings {
             _ => "none (DRAM only)".into(),
         };
         let metrics = self.metrics_port.map_or("off".to_string(), |p| {
-            format!("{}:{p}/metrics", self.listen)
+            let scheme = if self.tls.is_some() { "https" } else { "http" };
+            let scrapers = match (
+                &self.metrics_auth_file,
+                self.requirepass.is_some() || self.auth_file.is_some(),
+            ) {
+                (Some(path), _) => format!("users of {}", path.display()),
+                (None, true) => {
+                    "no one (the data ports require a login: set metrics-auth-file)".into()
+                }
+                (None, false) => "anyone".into(),
+            };
+            format!(
+                "{scheme}://{}:{p}/metrics, scraped by {scrapers}",
+                self.listen
+            )
         });
         let tls = self.tls.as_ref().map_or("off".to_string(), |tls| {
             let clients = tls.ca.as_ref().map_or("not verified".to_string(), |ca| {
@@ -832,17 +868,49 @@ mod tests {
             ..anywhere()
         };
         assert_eq!(exposed(file_only), None);
+        // The metrics port's own users protect it, not the data ports.
+        let metrics_only = Settings::resolve(ServeArgs {
+            metrics_auth_file: Some(users.clone()),
+            ..anywhere()
+        })
+        .unwrap();
+        assert!(
+            metrics_only
+                .metrics_users
+                .as_ref()
+                .unwrap()
+                .check(b"alice", b"secret")
+        );
+        let banner = metrics_only.describe(&metrics_only.engine_config().unwrap());
+        assert!(banner.contains("/metrics, scraped by users of"), "{banner}");
+        let warning = metrics_only.exposure_warning().unwrap();
+        assert!(warning.contains("RESP port") && !warning.contains("metrics"));
         std::fs::remove_file(users).unwrap();
-        // Client certificates cover the protocol ports, not plain-HTTP metrics.
+        // Client certificates are required on every port, metrics included.
         let client_certificates = ServeArgs {
             tls_cert: Some("c".into()),
             tls_key: Some("k".into()),
             tls_ca: Some("ca".into()),
             ..anywhere()
         };
-        let warning = exposed(client_certificates).unwrap();
-        assert!(warning.contains("metrics port 9150"), "{warning}");
-        assert!(!warning.contains("RESP port"), "{warning}");
+        assert_eq!(exposed(client_certificates), None);
+        // A data login without metrics users: no one scrapes, and the banner says so.
+        let s = Settings::resolve(ServeArgs {
+            requirepass: Some("pw".into()),
+            ..anywhere()
+        })
+        .unwrap();
+        let banner = s.describe(&s.engine_config().unwrap());
+        assert!(banner.contains("scraped by no one"), "{banner}");
+        let missing = ServeArgs {
+            metrics_auth_file: Some("/nonexistent/metrics-users".into()),
+            ..anywhere()
+        };
+        let error = Settings::resolve(missing).unwrap_err();
+        assert!(
+            error.starts_with("--metrics-auth-file /nonexistent"),
+            "{error}"
+        );
         let off = ServeArgs {
             resp_port: Some(Port::Off),
             metrics_port: None,

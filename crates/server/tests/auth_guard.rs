@@ -2,7 +2,9 @@
 //! never logs in is closed `auth_timeout` after it connected, whatever it sent; a wrong
 //! password's reply is delayed, longer each time, and the fifth closes the connection,
 //! over memcached's text handshake, binary SASL PLAIN and RESP AUTH alike, counted in
-//! `auth_errors` (RESP INFO: `acl_access_denied_auth`), without slowing anyone else.
+//! `auth_errors` (RESP INFO: `acl_access_denied_auth`), without slowing anyone else. And
+//! the metrics port: TLS when the data ports speak it, a scrape credential of its own, and
+//! a deadline on each scrape that slow clients cannot stretch.
 
 mod common;
 
@@ -11,9 +13,10 @@ use std::net::TcpStream;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{Client, TestServer};
+use common::certificates::{Certificates, tls_stream};
+use common::{Client, TestServer, free_port, scrape, scrape_over};
 use zipcache_server::fuzzing::memcached_binary_request;
-use zipcache_server::{Credentials, ServerOptions};
+use zipcache_server::{Credentials, Password, ServerOptions, TlsFiles};
 
 const PASSWORD: &str = "wonderland";
 /// The delays of failed logins 1 to 5 (100 ms doubling): what a guesser waits at least.
@@ -212,4 +215,111 @@ fn a_guesser_slows_no_one_else_and_a_right_password_logs_in_at_once() {
         ["CLIENT_ERROR authentication failure", "STORED"]
     );
     assert_eq!(client.ask("get k\r\n", 3)[1], "v");
+}
+
+/// `prom:scrape-pw`, and `default:scrape-token` for Bearer: the metrics port's own users.
+const SCRAPERS: &str = "prom:scrape-pw\ndefault:scrape-token\n";
+/// prom:scrape-pw
+const PROM: &str = "Authorization: Basic cHJvbTpzY3JhcGUtcHc=\r\n";
+
+/// A server whose data ports take `default` with `s3cret`, with a metrics port whose
+/// users are [`SCRAPERS`], over TLS with `tls`.
+fn metrics_server(tls: Option<TlsFiles>) -> TestServer {
+    TestServer::with_options(ServerOptions {
+        requirepass: Password::new("s3cret"),
+        metrics_port: Some(free_port()),
+        metrics_users: Some(Arc::new(Credentials::parse(SCRAPERS.as_bytes()).unwrap())),
+        tls,
+        ..TestServer::options()
+    })
+}
+
+#[test]
+fn only_the_metrics_users_scrape_and_the_data_password_is_refused() {
+    let server = metrics_server(None);
+    let (status, body) = scrape(&server, PROM).unwrap();
+    assert_eq!(status, "HTTP/1.0 200 OK");
+    assert!(body.contains("\nzipcache_auth_errors 0\n"), "{body}");
+    let token = "Authorization: Bearer scrape-token\r\n";
+    assert_eq!(scrape(&server, token).unwrap().0, "HTTP/1.0 200 OK");
+    for refused in [
+        "",
+        // The data ports' password, as a token and as Basic default:s3cret.
+        "Authorization: Bearer s3cret\r\n",
+        "Authorization: Basic ZGVmYXVsdDpzM2NyZXQ=\r\n",
+        // prom:scrape-p
+        "Authorization: Basic cHJvbTpzY3JhcGUtcA==\r\n",
+        "Authorization: Basic !!!\r\n",
+    ] {
+        let (status, body) = scrape(&server, refused).unwrap();
+        assert_eq!(status, "HTTP/1.0 401 Unauthorized", "{refused}");
+        assert!(!body.contains("zipcache_"), "{body}");
+    }
+    // And the metrics credential opens no data port.
+    let mut client = Client::connect(server.resp);
+    assert!(client.ask(&resp(&["AUTH", "prom", "scrape-pw"]), 1)[0].starts_with("-WRONGPASS"));
+}
+
+#[test]
+fn with_tls_the_metrics_port_speaks_tls_only() {
+    let certificates = Certificates::generate("metrics");
+    let server = metrics_server(Some(certificates.server_files(false)));
+    let port = server.handle().metrics_addr.expect("metrics port").port();
+    let tls = tls_stream(port, &certificates.path("ca.pem"));
+    let (status, body) = scrape_over(tls, PROM).expect("a scrape over TLS");
+    assert_eq!(status, "HTTP/1.0 200 OK");
+    assert!(body.contains("zipcache_curr_connections"), "{body}");
+    // Plain HTTP gets no HTTP reply: the server reads it as a TLS handshake.
+    let plain = scrape(&server, PROM);
+    assert!(
+        plain
+            .as_ref()
+            .map_or(true, |(status, _)| !status.starts_with("HTTP/")),
+        "{plain:?}"
+    );
+}
+
+#[test]
+fn slow_clients_cannot_hold_the_scrape_slots_past_the_deadline() {
+    let server = metrics_server(None);
+    let addr = server.handle().metrics_addr.expect("metrics port");
+    let started = Instant::now();
+    // Eight clients, the endpoint's limit, each sending its request a byte a second:
+    // they take every slot, and would hold it for minutes.
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let dribblers: Vec<_> = (0..8)
+        .map(|_| {
+            let mut stream = TcpStream::connect(addr).unwrap();
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                for byte in b"GET /metrics HTTP/1.0\r\nX-Slow: ".iter().cycle() {
+                    if stop.load(std::sync::atomic::Ordering::Relaxed)
+                        || stream.write_all(&[*byte]).is_err()
+                    {
+                        return;
+                    }
+                    std::thread::sleep(Duration::from_secs(1));
+                }
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    // A ninth scraper, retrying as Prometheus would, gets through once the deadline
+    // (5 s) has closed the dribblers, with a generous margin.
+    let limit = Duration::from_secs(5 + 5);
+    let scraped = loop {
+        if scrape(&server, PROM).is_ok_and(|(status, _)| status == "HTTP/1.0 200 OK") {
+            break started.elapsed();
+        }
+        assert!(started.elapsed() < limit, "no scrape within {limit:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(
+        scraped >= Duration::from_secs(4),
+        "the slots were taken: {scraped:?}"
+    );
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for dribbler in dribblers {
+        dribbler.join().unwrap();
+    }
 }

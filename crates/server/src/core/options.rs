@@ -60,7 +60,7 @@ pub struct ServerOptions {
     /// The `default` user's password: clients of every port must log in first (see
     /// [`AccessPolicy`]).
     pub requirepass: Option<Password>,
-    /// Both protocol ports speak TLS (the metrics port stays plain HTTP).
+    /// Every TCP port speaks TLS: both protocol ports and the metrics port.
     pub tls: Option<TlsFiles>,
     /// Most keys one `KEYS` examines.
     pub keys_limit: usize,
@@ -94,6 +94,9 @@ pub struct ServerOptions {
     /// whatever they sent, and counted in `auth_timeout_kicks`; only while the access
     /// policy requires a login. `None` = never.
     pub auth_timeout: Option<Duration>,
+    /// The only users who may scrape `/metrics` (`--metrics-auth-file`); without them,
+    /// no one may when the data ports require a login.
+    pub metrics_users: Option<Arc<Credentials>>,
 }
 
 impl ServerOptions {
@@ -141,6 +144,7 @@ impl Default for ServerOptions {
             max_clients_memory: None,
             first_request_timeout: Some(FIRST_REQUEST_TIMEOUT),
             auth_timeout: Some(AUTH_TIMEOUT),
+            metrics_users: None,
         }
     }
 }

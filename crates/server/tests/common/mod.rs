@@ -2,6 +2,8 @@
 //! external tools found or failed loudly, and child processes stopped by PID.
 #![allow(dead_code)] // each test binary uses its own subset
 
+pub mod certificates;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::os::unix::net::UnixStream;
@@ -332,4 +334,26 @@ pub fn hash_hex(mut state: u64, mut hex: String, len: usize) -> String {
         ));
     }
     hex
+}
+
+/// `GET /metrics` over `stream` with these extra header lines: the status line and the
+/// body.
+pub fn scrape_over<S: Read + Write>(
+    mut stream: S,
+    headers: &str,
+) -> std::io::Result<(String, String)> {
+    write!(stream, "GET /metrics HTTP/1.0\r\n{headers}\r\n")?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response)?;
+    let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
+    let status = head.lines().next().unwrap_or_default().to_string();
+    Ok((status, body.to_string()))
+}
+
+/// `GET /metrics` over plain HTTP to `server`'s metrics port.
+pub fn scrape(server: &TestServer, headers: &str) -> std::io::Result<(String, String)> {
+    let addr = server.handle().metrics_addr.expect("metrics port");
+    let stream = TcpStream::connect(addr)?;
+    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+    scrape_over(stream, headers)
 }
