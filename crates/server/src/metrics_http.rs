@@ -1,37 +1,43 @@
-//! A minimal HTTP/1.0 responder for Prometheus scrapes of `GET /metrics`. When the access
-//! policy requires a login, so does a scrape: HTTP Basic with any user of the policy, or
-//! `Authorization: Bearer <password>` with the `default` user's (`--requirepass`).
+//! A minimal HTTP/1.0 responder for Prometheus scrapes of `GET /metrics`, over TLS when
+//! the data ports speak it (the same acceptor, so the same certificates, reloaded with
+//! theirs). Only the users of `--metrics-auth-file` may scrape: HTTP Basic, or
+//! `Authorization: Bearer <password>` for its user `default`. The data ports' passwords are
+//! not accepted here, so a scraper's credential opens nothing else; when the data ports
+//! require a login and no metrics user is set, no one may scrape.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use base64::Engine as _;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::Semaphore;
 
 use crate::core::Core;
 use crate::core::access::{AccessPolicy, DEFAULT_USER};
 use crate::core::stats::prometheus;
-use crate::transport::Direct;
+use crate::transport::{Direct, Transport};
 
 const MAX_REQUEST: usize = 8 * 1024;
-const READ_TIMEOUT: Duration = Duration::from_secs(5);
-/// A scraper that does not take its reply in this long is dropped.
-const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
+/// The whole of one scrape — TLS handshake, request, reply — or the connection is
+/// dropped: a client dribbling bytes holds a slot this long at most.
+pub const SCRAPE_DEADLINE: Duration = Duration::from_secs(5);
 /// Scrapes served at once; more are closed unanswered (a scraper retries next interval).
 pub const MAX_SCRAPES: usize = 8;
 
+const LOG_IN: &str = "log in: HTTP Basic with a user of --metrics-auth-file, or Bearer <its user default's password>\n";
+const NO_SCRAPERS: &str = "the data ports require a login and their passwords are not accepted here: set --metrics-auth-file\n";
+
 /// The metrics port: at most [`MAX_SCRAPES`] connections open at once.
 pub struct Endpoint {
-    core: Arc<Core>,
+    transport: Arc<Transport>,
     slots: Arc<Semaphore>,
 }
 
 impl Endpoint {
-    pub fn new(core: Arc<Core>) -> Endpoint {
+    pub fn new(transport: Arc<Transport>) -> Endpoint {
         Endpoint {
-            core,
+            transport,
             slots: Arc::new(Semaphore::new(MAX_SCRAPES)),
         }
     }
@@ -41,39 +47,43 @@ impl Endpoint {
         Arc::new(move |stream| self.admit(stream))
     }
 
-    /// Answers `stream` in a task of its own, or closes it at once when every slot is
-    /// taken.
+    /// Answers `stream` in a task of its own, within [`SCRAPE_DEADLINE`], or closes it at
+    /// once when every slot is taken.
     pub fn admit(&self, stream: TcpStream) {
         let Ok(slot) = self.slots.clone().try_acquire_owned() else {
             return;
         };
-        let core = self.core.clone();
+        let transport = self.transport.clone();
         tokio::spawn(async move {
-            respond(stream, &core).await;
+            let _ = tokio::time::timeout(SCRAPE_DEADLINE, serve(stream, &transport)).await;
             drop(slot);
         });
     }
 }
 
-async fn respond(mut stream: TcpStream, core: &Core) {
-    let mut request = Vec::with_capacity(1024);
-    let headers_read = tokio::time::timeout(READ_TIMEOUT, async {
-        while !request.windows(4).any(|w| w == b"\r\n\r\n") && request.len() < MAX_REQUEST {
-            match stream.read_buf(&mut request).await {
-                Ok(0) | Err(_) => return false,
-                Ok(_) => {}
+async fn serve(stream: TcpStream, transport: &Transport) {
+    match &transport.tls {
+        None => respond(stream, &transport.core).await,
+        Some(tls) => {
+            if let Ok(stream) = tls.acceptor().accept(stream).await {
+                respond(stream, &transport.core).await;
             }
         }
-        true
-    })
-    .await;
-    if headers_read != Ok(true) {
-        return;
     }
-    let (status, body) = if !authorized(&request, &core.access) {
+}
+
+async fn respond<S: AsyncRead + AsyncWrite + Unpin>(mut stream: S, core: &Core) {
+    let mut request = Vec::with_capacity(1024);
+    while !request.windows(4).any(|w| w == b"\r\n\r\n") && request.len() < MAX_REQUEST {
+        match stream.read_buf(&mut request).await {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {}
+        }
+    }
+    let (status, body) = if let Some(refusal) = refusal(&request, core) {
         (
-            "401 Unauthorized\r\nWWW-Authenticate: Basic realm=\"zipcache\"",
-            "log in: HTTP Basic with a user of the server, or Bearer <requirepass>\n".to_string(),
+            "401 Unauthorized\r\nWWW-Authenticate: Basic realm=\"zipcache metrics\"",
+            refusal.to_string(),
         )
     } else if request.starts_with(b"GET /metrics ") {
         ("200 OK", prometheus(&core.counters, &core.cache.stats()))
@@ -84,11 +94,20 @@ async fn respond(mut stream: TcpStream, core: &Core) {
         "HTTP/1.0 {status}\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     );
-    let _ = tokio::time::timeout(WRITE_TIMEOUT, async {
-        let _ = stream.write_all(response.as_bytes()).await;
-        let _ = stream.shutdown().await;
-    })
-    .await;
+    let _ = stream.write_all(response.as_bytes()).await;
+    let _ = stream.shutdown().await;
+}
+
+/// Why the request may not scrape, if it may not: it does not log in as a metrics user,
+/// or there are none while the data ports require a login.
+fn refusal(request: &[u8], core: &Core) -> Option<&'static str> {
+    if core.metrics_access.required() {
+        (!authorized(request, &core.metrics_access)).then_some(LOG_IN)
+    } else if core.access.required() {
+        Some(NO_SCRAPERS)
+    } else {
+        None
+    }
 }
 
 /// Whether the request's `Authorization` header logs in under `access` (any request does

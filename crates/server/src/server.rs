@@ -50,10 +50,13 @@ impl Parts {
         Parts::new(cache, ServerInfo::detached(), None, options)
     }
 
-    /// SIGHUP, as memcached: the auth file and the TLS files read again. One line per
+    /// SIGHUP, as memcached: the auth files and the TLS files read again. One line per
     /// file set, saying how it went; one that fails to load leaves what was loaded before.
     pub fn reload_files(&self) -> Vec<String> {
-        let mut said: Vec<String> = self.core.access.reload_users().into_iter().collect();
+        let metrics = self.core.metrics_access.reload_users();
+        let mut said: Vec<String> = (self.core.access.reload_users().into_iter())
+            .chain(metrics.map(|said| format!("metrics {said}")))
+            .collect();
         match self.transport.refresh_certs() {
             Ok(false) => {}
             Ok(true) => said.push("TLS certificates reloaded".into()),
@@ -154,7 +157,7 @@ pub fn serve(mut bound: Bound, cache: Arc<ZipCache>) -> io::Result<ServerHandle>
     let services = Services {
         memcached: parts.memcached.clone(),
         resp: parts.resp.clone(),
-        metrics: metrics_http::Endpoint::new(parts.core.clone()).into_direct(),
+        metrics: metrics_http::Endpoint::new(parts.transport.clone()).into_direct(),
     };
     let running = bound.serve(parts.transport.clone(), services)?;
     parts

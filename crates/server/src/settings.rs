@@ -11,7 +11,9 @@ use clap::ValueEnum;
 use crate::core::TlsFiles;
 use crate::core::access::Credentials;
 use crate::core::auth::Password;
-use crate::core::{DEFAULT_UNIX_SOCKET_MODE, FIRST_REQUEST_TIMEOUT, Runtime, ServerOptions};
+use crate::core::{
+    AUTH_TIMEOUT, DEFAULT_UNIX_SOCKET_MODE, FIRST_REQUEST_TIMEOUT, Runtime, ServerOptions,
+};
 
 /// Arguments of `zipcache serve` (SPEC §8). The `--config` file is the same struct:
 /// every flag may be given there under its own name; the command line wins.
@@ -66,9 +68,15 @@ pub struct ServeArgs {
     /// I/O threads [default: number of cores].
     #[arg(long)]
     pub threads: Option<usize>,
-    /// Serve Prometheus text at http://LISTEN:PORT/metrics [default: off].
+    /// Serve Prometheus text at http://LISTEN:PORT/metrics (https with --tls-cert)
+    /// [default: off].
     #[arg(long)]
     pub metrics_port: Option<u16>,
+    /// The only users who may scrape /metrics: `user:password` lines (HTTP Basic; the user
+    /// `default`'s password also as a Bearer token); read again on SIGHUP. Without it, no
+    /// one may scrape while --requirepass or --auth-file is set.
+    #[arg(long, value_name = "FILE")]
+    pub metrics_auth_file: Option<PathBuf>,
     /// per-core (thread per core, connections handed to the least busy) or shared (one
     /// work-stealing runtime).
     #[arg(long, value_enum)]
@@ -80,7 +88,7 @@ pub struct ServeArgs {
     /// read again on SIGHUP.
     #[arg(long)]
     pub auth_file: Option<PathBuf>,
-    /// PEM certificate chain: both protocol ports then speak TLS only (needs --tls-key);
+    /// PEM certificate chain: every TCP port (metrics too) then speaks TLS only (needs --tls-key);
     /// the TLS files are read again on SIGHUP and memcached's `refresh_certs`.
     #[arg(long, requires = "tls_key")]
     pub tls_cert: Option<PathBuf>,
@@ -127,6 +135,11 @@ pub struct ServeArgs {
     /// opening, counted in `first_request_kicks` [default: 30; 0 = never].
     #[arg(long, value_name = "SECS")]
     pub first_request_timeout: Option<u64>,
+    /// With --requirepass or --auth-file: close connections that have not logged in this
+    /// many seconds after opening, whatever they sent, counted in `auth_timeout_kicks`
+    /// [default: 10; 0 = never].
+    #[arg(long, value_name = "SECS")]
+    pub auth_timeout: Option<u64>,
 }
 
 /// A protocol's port: a number (0 picks a free one) or `off` (`"off"` in the config file).
@@ -204,6 +217,9 @@ pub struct Settings {
     pub max_connections: usize,
     pub threads: usize,
     pub metrics_port: Option<u16>,
+    pub metrics_auth_file: Option<PathBuf>,
+    /// The users of `metrics_auth_file`, read at start-up (and again on SIGHUP).
+    pub metrics_users: Option<Arc<Credentials>>,
     pub runtime: Runtime,
     pub requirepass: Option<Password>,
     pub auth_file: Option<PathBuf>,
@@ -224,6 +240,15 @@ pub struct Settings {
     pub max_clients_memory: Option<u64>,
     /// Seconds; 0 = never.
     pub first_request_timeout: u64,
+    /// Seconds; 0 = never.
+    pub auth_timeout: u64,
+}
+
+/// The users of a `user:password` file named by the flag `name`, if one is.
+fn load_users(name: &str, path: Option<&Path>) -> Result<Option<Arc<Credentials>>, String> {
+    path.map(|path| Credentials::load(path).map(Arc::new))
+        .transpose()
+        .map_err(|e| format!("--{name} {e}"))
 }
 
 fn read_file(path: &Path) -> Result<ServeArgs, String> {
@@ -309,12 +334,9 @@ impl Settings {
         let max_request_size = args.max_request_size.or(file.max_request_size);
         let max_clients_memory = args.max_clients_memory.or(file.max_clients_memory);
         let auth_file = args.auth_file.or(file.auth_file);
-        let users = match &auth_file {
-            Some(path) => Some(Arc::new(
-                Credentials::load(path).map_err(|e| format!("--auth-file {e}"))?,
-            )),
-            None => None,
-        };
+        let users = load_users("auth-file", auth_file.as_deref())?;
+        let metrics_auth_file = args.metrics_auth_file.or(file.metrics_auth_file);
+        let metrics_users = load_users("metrics-auth-file", metrics_auth_file.as_deref())?;
         Ok(Settings {
             listen: args
                 .listen
@@ -342,6 +364,8 @@ impl Settings {
                 .max(1),
             threads: args.threads.or(file.threads).unwrap_or(cores).max(1),
             metrics_port: args.metrics_port.or(file.metrics_port),
+            metrics_auth_file,
+            metrics_users,
             runtime,
             requirepass: args
                 .requirepass
@@ -367,23 +391,33 @@ impl Settings {
                 .first_request_timeout
                 .or(file.first_request_timeout)
                 .unwrap_or(FIRST_REQUEST_TIMEOUT.as_secs()),
+            auth_timeout: args
+                .auth_timeout
+                .or(file.auth_timeout)
+                .unwrap_or(AUTH_TIMEOUT.as_secs()),
         })
     }
 
     /// A loud warning when a port off the loopback interface lets anyone in: with no
-    /// access policy (neither `requirepass` nor `auth-file`), every port that is on —
-    /// except the protocol ports when `tls-ca` requires client certificates there (the
-    /// metrics port speaks plain HTTP and requires none).
+    /// access policy (neither `requirepass` nor `auth-file`) and no `tls-ca` requiring
+    /// client certificates (on every port), every port that is on — but the metrics port
+    /// when `metrics-auth-file` names its scrapers.
     pub fn exposure_warning(&self) -> Option<String> {
-        if self.listen.is_loopback() || self.requirepass.is_some() || self.auth_file.is_some() {
+        let certificates = self.tls.as_ref().is_some_and(|t| t.ca.is_some());
+        if self.listen.is_loopback()
+            || self.requirepass.is_some()
+            || self.auth_file.is_some()
+            || certificates
+        {
             return None;
         }
-        let certificates = self.tls.as_ref().is_some_and(|t| t.ca.is_some());
+        let metrics = self
+            .metrics_port
+            .filter(|_| self.metrics_auth_file.is_none());
         let protocols = [("memcached", self.memcached_port), ("RESP", self.resp_port)];
         let open: Vec<String> = protocols
             .into_iter()
-            .filter(|_| !certificates)
-            .chain([("metrics", self.metrics_port)])
+            .chain([("metrics", metrics)])
             .filter_map(|(name, port)| Some(format!("{name} port {}", port?)))
             .collect();
         if open.is_empty() {
@@ -445,12 +479,14 @@ impl Settings {
             flush_all_enabled: self.flush_all_enabled,
             lru_crawler: self.lru_crawler,
             users: self.users.clone(),
+            metrics_users: self.metrics_users.clone(),
             idle_timeout: seconds(self.idle_timeout),
             write_timeout: seconds(self.write_timeout),
             shutdown_enabled: self.shutdown_enabled,
             max_request_size: self.max_request_size.map(saturating_usize),
             max_clients_memory: self.max_clients_memory.map(saturating_usize),
             first_request_timeout: seconds(self.first_request_timeout),
+            auth_timeout: seconds(self.auth_timeout),
         }
     }
 
@@ -472,7 +508,21 @@ impl Settings {
             _ => "none (DRAM only)".into(),
         };
         let metrics = self.metrics_port.map_or("off".to_string(), |p| {
-            format!("{}:{p}/metrics", self.listen)
+            let scheme = if self.tls.is_some() { "https" } else { "http" };
+            let scrapers = match (
+                &self.metrics_auth_file,
+                self.requirepass.is_some() || self.auth_file.is_some(),
+            ) {
+                (Some(path), _) => format!("users of {}", path.display()),
+                (None, true) => {
+                    "no one (the data ports require a login: set metrics-auth-file)".into()
+                }
+                (None, false) => "anyone".into(),
+            };
+            format!(
+                "{scheme}://{}:{p}/metrics, scraped by {scrapers}",
+                self.listen
+            )
         });
         let tls = self.tls.as_ref().map_or("off".to_string(), |tls| {
             let clients = tls.ca.as_ref().map_or("not verified".to_string(), |ca| {
@@ -491,7 +541,7 @@ impl Settings {
             format!("{} (mode {:04o})", path.display(), self.unix_socket_mode)
         });
         format!(
-            "zipcache serve settings:\n  listen           {}\n  memcached-port   {}\n  resp-port        {}\n  unix-socket      {unix_socket}\n  dram             {} bytes\n  data-dir         {}\n  ssd              {ssd}\n  max-connections  {}\n  threads          {} ({} runtime)\n  metrics          {metrics}\n  tls              {tls}\n  requirepass      {}\n  auth-file        {}\n  keys-limit       {}\n  flush_all        {}\n  lru_crawler      {}\n  idle-timeout     {}\n  write-timeout    {}\n  input limits     max-request-size {} bytes, max-clients-memory {} bytes, first-request-timeout {}\n  shutdown command {}\n  engine: leaf_size={} subpages={} superleaf_size={} fill_threshold={} write_buffer={} bypass_r={} bypass_max_fraction={} tiny_max={} medium_max={} max_key_size={} max_value_size={} background_threads={} promotion={:?} rss_limit={} track_access={} evictions={}",
+            "zipcache serve settings:\n  listen           {}\n  memcached-port   {}\n  resp-port        {}\n  unix-socket      {unix_socket}\n  dram             {} bytes\n  data-dir         {}\n  ssd              {ssd}\n  max-connections  {}\n  threads          {} ({} runtime)\n  metrics          {metrics}\n  tls              {tls}\n  requirepass      {}\n  auth-file        {}\n  auth-timeout     {}\n  keys-limit       {}\n  flush_all        {}\n  lru_crawler      {}\n  idle-timeout     {}\n  write-timeout    {}\n  input limits     max-request-size {} bytes, max-clients-memory {} bytes, first-request-timeout {}\n  shutdown command {}\n  engine: leaf_size={} subpages={} superleaf_size={} fill_threshold={} write_buffer={} bypass_r={} bypass_max_fraction={} tiny_max={} medium_max={} max_key_size={} max_value_size={} background_threads={} promotion={:?} rss_limit={} track_access={} evictions={}",
             self.listen,
             port(self.memcached_port),
             port(self.resp_port),
@@ -506,6 +556,7 @@ impl Settings {
             self.auth_file
                 .as_ref()
                 .map_or("off".to_string(), |p| p.display().to_string()),
+            seconds_or_off(self.auth_timeout),
             self.keys_limit,
             if self.flush_all_enabled {
                 "enabled"
@@ -705,7 +756,7 @@ mod tests {
         let file = dir.join("serve.toml");
         std::fs::write(
             &file,
-            "ssd = \"none\"\nidle-timeout = 5\nwrite-timeout = 7\n",
+            "ssd = \"none\"\nidle-timeout = 5\nwrite-timeout = 7\nauth-timeout = 4\n",
         )
         .unwrap();
         let resolve = |args: ServeArgs| {
@@ -724,12 +775,15 @@ mod tests {
         );
         assert!(banner.contains("\n  idle-timeout     5 s\n"), "{banner}");
         assert!(banner.contains("\n  write-timeout    7 s\n"), "{banner}");
+        assert_eq!(options.auth_timeout, secs(4));
+        assert!(banner.contains("\n  auth-timeout     4 s\n"), "{banner}");
         let (options, banner) = resolve(ServeArgs {
             config: Some(file),
             write_timeout: Some(0),
+            auth_timeout: Some(0),
             ..ServeArgs::default()
         });
-        assert_eq!(options.write_timeout, None);
+        assert_eq!((options.write_timeout, options.auth_timeout), (None, None));
         assert!(banner.contains("\n  write-timeout    off\n"), "{banner}");
         let (options, banner) = resolve(ServeArgs {
             ssd: Some("none".into()),
@@ -741,6 +795,7 @@ mod tests {
         );
         assert!(banner.contains("\n  idle-timeout     off\n"), "{banner}");
         assert!(banner.contains("\n  write-timeout    30 s\n"), "{banner}");
+        assert_eq!(options.auth_timeout, secs(10));
         std::fs::remove_dir_all(dir).unwrap();
     }
 
@@ -813,17 +868,49 @@ mod tests {
             ..anywhere()
         };
         assert_eq!(exposed(file_only), None);
+        // The metrics port's own users protect it, not the data ports.
+        let metrics_only = Settings::resolve(ServeArgs {
+            metrics_auth_file: Some(users.clone()),
+            ..anywhere()
+        })
+        .unwrap();
+        assert!(
+            metrics_only
+                .metrics_users
+                .as_ref()
+                .unwrap()
+                .check(b"alice", b"secret")
+        );
+        let banner = metrics_only.describe(&metrics_only.engine_config().unwrap());
+        assert!(banner.contains("/metrics, scraped by users of"), "{banner}");
+        let warning = metrics_only.exposure_warning().unwrap();
+        assert!(warning.contains("RESP port") && !warning.contains("metrics"));
         std::fs::remove_file(users).unwrap();
-        // Client certificates cover the protocol ports, not plain-HTTP metrics.
+        // Client certificates are required on every port, metrics included.
         let client_certificates = ServeArgs {
             tls_cert: Some("c".into()),
             tls_key: Some("k".into()),
             tls_ca: Some("ca".into()),
             ..anywhere()
         };
-        let warning = exposed(client_certificates).unwrap();
-        assert!(warning.contains("metrics port 9150"), "{warning}");
-        assert!(!warning.contains("RESP port"), "{warning}");
+        assert_eq!(exposed(client_certificates), None);
+        // A data login without metrics users: no one scrapes, and the banner says so.
+        let s = Settings::resolve(ServeArgs {
+            requirepass: Some("pw".into()),
+            ..anywhere()
+        })
+        .unwrap();
+        let banner = s.describe(&s.engine_config().unwrap());
+        assert!(banner.contains("scraped by no one"), "{banner}");
+        let missing = ServeArgs {
+            metrics_auth_file: Some("/nonexistent/metrics-users".into()),
+            ..anywhere()
+        };
+        let error = Settings::resolve(missing).unwrap_err();
+        assert!(
+            error.starts_with("--metrics-auth-file /nonexistent"),
+            "{error}"
+        );
         let off = ServeArgs {
             resp_port: Some(Port::Off),
             metrics_port: None,

@@ -11,77 +11,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use common::{TestServer, py_script, run_tool};
-use rcgen::{
-    BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa,
-    KeyPair, KeyUsagePurpose,
-};
+use common::certificates::{Certificates, tls_stream};
+use common::{TestServer, ToolRun, py_script, run_tool};
 use zipcache_server::{Password, ServerOptions, TlsFiles};
-
-/// A CA, a server certificate for 127.0.0.1 / localhost and a client certificate, as
-/// PEM files in a fresh directory.
-struct Certificates {
-    dir: PathBuf,
-}
-
-impl Certificates {
-    fn generate(name: &str) -> Certificates {
-        let dir = std::env::temp_dir().join(format!("zipcache-tls-{name}-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("certificate directory");
-        let mut ca = CertificateParams::new(Vec::<String>::new()).expect("CA params");
-        ca.distinguished_name
-            .push(DnType::CommonName, "zipcache test CA");
-        ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        ca.key_usages = vec![
-            KeyUsagePurpose::KeyCertSign,
-            KeyUsagePurpose::CrlSign,
-            KeyUsagePurpose::DigitalSignature,
-        ];
-        let ca = CertifiedIssuer::self_signed(ca, KeyPair::generate().expect("CA key"))
-            .expect("CA certificate");
-        std::fs::write(dir.join("ca.pem"), ca.pem()).expect("write");
-        for (name, names, usage) in [
-            (
-                "server",
-                vec!["localhost".to_string(), "127.0.0.1".to_string()],
-                ExtendedKeyUsagePurpose::ServerAuth,
-            ),
-            (
-                "client",
-                vec!["client".to_string()],
-                ExtendedKeyUsagePurpose::ClientAuth,
-            ),
-        ] {
-            let mut params = CertificateParams::new(names).expect("params");
-            params.distinguished_name.push(DnType::CommonName, name);
-            params.extended_key_usages = vec![usage];
-            let key = KeyPair::generate().expect("key");
-            let cert = params.signed_by(&key, &ca).expect("sign");
-            std::fs::write(dir.join(format!("{name}.pem")), cert.pem()).expect("write");
-            std::fs::write(dir.join(format!("{name}-key.pem")), key.serialize_pem())
-                .expect("write");
-        }
-        Certificates { dir }
-    }
-
-    fn path(&self, file: &str) -> PathBuf {
-        self.dir.join(file)
-    }
-
-    fn server_files(&self, verify_clients: bool) -> TlsFiles {
-        TlsFiles {
-            cert: self.path("server.pem"),
-            key: self.path("server-key.pem"),
-            ca: verify_clients.then(|| self.path("ca.pem")),
-        }
-    }
-}
-
-impl Drop for Certificates {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
 
 /// The program's path, or `None` after saying which test is skipped and why.
 fn client_program(name: &str, package: &str) -> Option<PathBuf> {
@@ -113,7 +45,7 @@ fn python_has(modules: &[&str]) -> bool {
     ok
 }
 
-fn redis_cli(program: &Path, port: u16, extra: &[&str], command: &[&str]) -> (bool, String) {
+fn redis_cli(program: &Path, port: u16, extra: &[&str], command: &[&str]) -> ToolRun {
     let mut cli = Command::new(program);
     cli.args(["-h", "127.0.0.1", "-p", &port.to_string()])
         .args(extra)
@@ -134,34 +66,35 @@ fn requirepass_gates_redis_cli_and_redis_py() {
     let server = server(Some("s3cret"), None);
     let port = server.resp.port();
     if let Some(cli) = client_program("redis-cli", "redis-tools") {
-        let (_, output) = redis_cli(&cli, port, &[], &["PING"]);
+        let refused = redis_cli(&cli, port, &[], &["PING"]);
         assert!(
-            output.contains("NOAUTH Authentication required."),
-            "{output}"
+            refused.stdout.contains("NOAUTH Authentication required."),
+            "{refused}"
         );
         let login = ["-a", "s3cret", "--no-auth-warning"];
-        let (ok, output) = redis_cli(&cli, port, &login, &["SET", "k", "v"]);
-        assert!(ok && output.trim() == "OK", "{output}");
-        let (ok, output) = redis_cli(&cli, port, &login, &["GET", "k"]);
-        assert!(ok && output.trim() == "v", "{output}");
-        let (_, output) = redis_cli(
+        let set = redis_cli(&cli, port, &login, &["SET", "k", "v"]);
+        assert!(set.ok && set.stdout.trim() == "OK", "{set}");
+        let get = redis_cli(&cli, port, &login, &["GET", "k"]);
+        assert!(get.ok && get.stdout.trim() == "v", "{get}");
+        let wrong = redis_cli(
             &cli,
             port,
             &["-a", "wrong", "--no-auth-warning"],
             &["GET", "k"],
         );
-        assert!(output.contains("WRONGPASS"), "{output}");
+        // redis-cli reports a refused login on stderr, and the refused GET on stdout.
+        assert!(wrong.stderr.contains("WRONGPASS"), "{wrong}");
     }
     if python_has(&["redis", "pymemcache"]) {
-        let (ok, output) = run_tool(
+        let run = run_tool(
             Command::new("python3")
                 .arg(py_script("secure_clients.py"))
                 .args(["--resp", &port.to_string(), "--password", "s3cret"]),
             Duration::from_secs(60),
         );
         assert!(
-            ok && output.contains("ok"),
-            "secure_clients.py failed:\n{output}"
+            run.ok && run.stdout.contains("ok"),
+            "secure_clients.py failed:\n{run}"
         );
     }
 }
@@ -183,13 +116,13 @@ fn tls_serves_redis_cli_redis_py_and_pymemcache() {
     assert!(!reply.starts_with(b"+PONG"), "{reply:?}");
     if let Some(cli) = client_program("redis-cli", "redis-tools") {
         let tls = ["--tls", "--cacert", ca, "-a", "s3cret", "--no-auth-warning"];
-        let (ok, output) = redis_cli(&cli, server.resp.port(), &tls, &["SET", "k", "over tls"]);
-        assert!(ok && output.trim() == "OK", "{output}");
-        let (ok, output) = redis_cli(&cli, server.resp.port(), &tls, &["GET", "k"]);
-        assert!(ok && output.trim() == "over tls", "{output}");
+        let set = redis_cli(&cli, server.resp.port(), &tls, &["SET", "k", "over tls"]);
+        assert!(set.ok && set.stdout.trim() == "OK", "{set}");
+        let get = redis_cli(&cli, server.resp.port(), &tls, &["GET", "k"]);
+        assert!(get.ok && get.stdout.trim() == "over tls", "{get}");
     }
     if python_has(&["redis", "pymemcache"]) {
-        let (ok, output) = run_tool(
+        let run = run_tool(
             Command::new("python3")
                 .arg(py_script("secure_clients.py"))
                 .args([
@@ -205,8 +138,8 @@ fn tls_serves_redis_cli_redis_py_and_pymemcache() {
             Duration::from_secs(60),
         );
         assert!(
-            ok && output.contains("ok"),
-            "secure_clients.py failed:\n{output}"
+            run.ok && run.stdout.contains("ok"),
+            "secure_clients.py failed:\n{run}"
         );
     }
 }
@@ -219,14 +152,17 @@ fn tls_ca_requires_client_certificates() {
     let (ca, cert, key) = (path("ca.pem"), path("client.pem"), path("client-key.pem"));
     if let Some(cli) = client_program("redis-cli", "redis-tools") {
         let port = server.resp.port();
-        let (_, output) = redis_cli(&cli, port, &["--tls", "--cacert", &ca], &["PING"]);
-        assert!(!output.contains("PONG"), "no client certificate: {output}");
+        let refused = redis_cli(&cli, port, &["--tls", "--cacert", &ca], &["PING"]);
+        assert!(
+            !refused.stdout.contains("PONG"),
+            "no client certificate: {refused}"
+        );
         let with_cert = ["--tls", "--cacert", &ca, "--cert", &cert, "--key", &key];
-        let (ok, output) = redis_cli(&cli, port, &with_cert, &["PING"]);
-        assert!(ok && output.trim() == "PONG", "{output}");
+        let ping = redis_cli(&cli, port, &with_cert, &["PING"]);
+        assert!(ping.ok && ping.stdout.trim() == "PONG", "{ping}");
     }
     if python_has(&["redis", "pymemcache"]) {
-        let (ok, output) = run_tool(
+        let run = run_tool(
             Command::new("python3")
                 .arg(py_script("secure_clients.py"))
                 .args([
@@ -244,8 +180,8 @@ fn tls_ca_requires_client_certificates() {
             Duration::from_secs(60),
         );
         assert!(
-            ok && output.contains("ok"),
-            "secure_clients.py failed:\n{output}"
+            run.ok && run.stdout.contains("ok"),
+            "secure_clients.py failed:\n{run}"
         );
     }
 }
@@ -283,24 +219,7 @@ struct TlsClient(rustls::StreamOwned<rustls::ClientConnection, TcpStream>);
 
 impl TlsClient {
     fn connect(port: u16, ca: &Path) -> Option<TlsClient> {
-        use rustls::pki_types::pem::PemObject;
-        let mut roots = rustls::RootCertStore::empty();
-        for certificate in rustls::pki_types::CertificateDer::pem_file_iter(ca).expect("CA") {
-            roots.add(certificate.expect("CA PEM")).expect("CA");
-        }
-        let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
-        let config = rustls::ClientConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .expect("protocol versions")
-            .with_root_certificates(roots)
-            .with_no_client_auth();
-        let name = "localhost".try_into().expect("server name");
-        let connection =
-            rustls::ClientConnection::new(std::sync::Arc::new(config), name).expect("client");
-        let tcp = TcpStream::connect(("127.0.0.1", port)).expect("connect");
-        tcp.set_read_timeout(Some(Duration::from_secs(10)))
-            .expect("timeout");
-        let mut client = TlsClient(rustls::StreamOwned::new(connection, tcp));
+        let mut client = TlsClient(tls_stream(port, ca));
         // The handshake runs on first use; `version` answers one line.
         let answer = client.ask("version").ok()?;
         assert!(answer.starts_with("VERSION "), "{answer}");

@@ -127,7 +127,7 @@ fn resp_flushes_can_be_refused_too() {
         flush_all_enabled: false,
         ..ServerOptions::default()
     });
-    let (ok, output) = run_tool(
+    let run = run_tool(
         Command::new("python3").args([
             "-c",
             REDIS_PY_FLUSH_REFUSED,
@@ -135,7 +135,7 @@ fn resp_flushes_can_be_refused_too() {
         ]),
         Duration::from_secs(60),
     );
-    assert!(ok && output.contains("ok"), "redis-py:\n{output}");
+    assert!(run.ok && run.stdout.contains("ok"), "redis-py:\n{run}");
 }
 
 #[test]

@@ -18,15 +18,15 @@ use zipcache_server::{Credentials, Password, ServerOptions};
 fn node_path() -> String {
     require_tool("node", "nodejs");
     require_tool("npm", "npm");
-    let (ok, root) = run_tool(
+    let npm = run_tool(
         Command::new("npm").args(["root", "-g"]),
         Duration::from_secs(60),
     );
-    assert!(ok, "npm root -g failed: {root}");
-    let root = root.trim().to_string();
+    assert!(npm.ok, "npm root -g failed: {npm}");
+    let root = npm.stdout.trim().to_string();
     assert!(
         Path::new(&root).join("memjs").is_dir(),
-        "memjs is not installed: npm install -g memjs (the project's test script does)"
+        "memjs is not installed in {root} (`npm root -g`): npm install -g memjs (the project's test script does)"
     );
     root
 }
@@ -36,7 +36,7 @@ fn script() -> PathBuf {
 }
 
 fn memjs(server: &TestServer, credentials: &[&str]) {
-    let (ok, output) = run_tool(
+    let node = run_tool(
         Command::new("node")
             .env("NODE_PATH", node_path())
             .arg(script())
@@ -45,8 +45,8 @@ fn memjs(server: &TestServer, credentials: &[&str]) {
         Duration::from_secs(120),
     );
     assert!(
-        ok && output.contains("ok"),
-        "memjs_client.js failed:\n{output}"
+        node.ok && node.stdout.contains("ok"),
+        "memjs_client.js failed:\n{node}"
     );
 }
 

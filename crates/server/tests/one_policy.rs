@@ -1,6 +1,7 @@
-//! One access policy for every port: `--requirepass` (the `default` user's password) and
-//! `--auth-file` (memcached's user file) each protect the memcached port, the RESP port
-//! and the metrics endpoint alike, and a user logs in the same on all three.
+//! One access policy for the data ports: `--requirepass` (the `default` user's password)
+//! and `--auth-file` (memcached's user file) each protect the memcached port and the RESP
+//! port alike, and a user logs in the same on both; the metrics endpoint accepts none of
+//! them.
 
 mod common;
 
@@ -131,41 +132,22 @@ fn the_same_users_log_in_on_both_protocols() {
 
 /// `GET /metrics` with these extra header lines: the status line and the body.
 fn scrape(server: &TestServer, headers: &str) -> (String, String) {
-    try_scrape(server, headers).expect("a scrape")
+    common::scrape(server, headers).expect("a scrape")
 }
 
-fn try_scrape(server: &TestServer, headers: &str) -> std::io::Result<(String, String)> {
-    let addr = server.handle().metrics_addr.expect("metrics port");
-    let mut stream = TcpStream::connect(addr)?;
-    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
-    write!(stream, "GET /metrics HTTP/1.0\r\n{headers}\r\n")?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response)?;
-    let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
-    let status = head.lines().next().unwrap_or_default().to_string();
-    Ok((status, body.to_string()))
-}
-
+/// The data ports' users do not scrape: a scraper's credential is its own
+/// (`--metrics-auth-file`, `auth_guard.rs`), and without one no one scrapes while the data
+/// ports require a login.
 #[test]
-fn metrics_need_a_user_when_the_policy_does() {
+fn metrics_refuse_the_data_ports_users() {
     let server = server(Some("s3cret"), true);
-    let (status, body) = scrape(&server, "");
-    assert_eq!(status, "HTTP/1.0 401 Unauthorized");
-    assert!(!body.contains("zipcache_"), "{body}");
-    // alice:wonder land
+    // alice:wonder land, then the `default` user's password as a token.
     let alice = "Authorization: Basic YWxpY2U6d29uZGVyIGxhbmQ=\r\n";
-    let (status, body) = scrape(&server, alice);
-    assert_eq!(status, "HTTP/1.0 200 OK");
-    assert!(body.contains("zipcache_"), "{body}");
-    // alice:wonder
-    let wrong = "Authorization: Basic YWxpY2U6d29uZGVy\r\n";
-    assert_eq!(scrape(&server, wrong).0, "HTTP/1.0 401 Unauthorized");
-    let token = "authorization: Bearer s3cret\r\n";
-    assert_eq!(scrape(&server, token).0, "HTTP/1.0 200 OK");
-    let bad_token = "Authorization: Bearer s3cre\r\n";
-    assert_eq!(scrape(&server, bad_token).0, "HTTP/1.0 401 Unauthorized");
-    let junk = "Authorization: Basic !!!\r\n";
-    assert_eq!(scrape(&server, junk).0, "HTTP/1.0 401 Unauthorized");
+    for headers in ["", alice, "authorization: Bearer s3cret\r\n"] {
+        let (status, body) = scrape(&server, headers);
+        assert_eq!(status, "HTTP/1.0 401 Unauthorized", "{headers}");
+        assert!(body.contains("--metrics-auth-file"), "{body}");
+    }
 
     let open = TestServer::with_options(ServerOptions {
         metrics_port: Some(free_port()),
@@ -204,7 +186,7 @@ fn the_metrics_port_serves_a_few_scrapes_at_once_and_closes_the_rest() {
     );
     drop(idle);
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while try_scrape(&server, "").map_or(true, |(status, _)| status != "HTTP/1.0 200 OK") {
+    while common::scrape(&server, "").map_or(true, |(status, _)| status != "HTTP/1.0 200 OK") {
         assert!(std::time::Instant::now() < deadline, "the slots came back");
         std::thread::sleep(Duration::from_millis(50));
     }

@@ -27,7 +27,7 @@ fn pylibmc_installed() -> bool {
 }
 
 fn pylibmc(server: &TestServer, credentials: &[&str]) {
-    let (ok, output) = run_tool(
+    let run = run_tool(
         Command::new("python3")
             .arg(py_script("pylibmc_client.py"))
             .arg(server.memcached.port().to_string())
@@ -35,8 +35,8 @@ fn pylibmc(server: &TestServer, credentials: &[&str]) {
         Duration::from_secs(120),
     );
     assert!(
-        ok && output.contains("ok"),
-        "pylibmc_client.py failed:\n{output}"
+        run.ok && run.stdout.contains("ok"),
+        "pylibmc_client.py failed:\n{run}"
     );
 }
 

@@ -11,12 +11,15 @@ use common::{TestServer, py_script, require_python_modules, run_tool};
 fn pymemcache_and_redis_py_round_trip() {
     require_python_modules(&[("pymemcache", "pymemcache"), ("redis", "redis")]);
     let server = TestServer::start();
-    let (ok, output) = run_tool(
+    let run = run_tool(
         Command::new("python3").arg(py_script("clients.py")).args([
             server.memcached.port().to_string(),
             server.resp.port().to_string(),
         ]),
         Duration::from_secs(120),
     );
-    assert!(ok && output.contains("ok"), "clients.py failed:\n{output}");
+    assert!(
+        run.ok && run.stdout.contains("ok"),
+        "clients.py failed:\n{run}"
+    );
 }

@@ -272,12 +272,12 @@ assert text.get("b") == b"from binary"
 assert text.get("n") == b"42"
 print("ok")
 "#;
-    let (ok, output) = run_tool(
+    let run = run_tool(
         Command::new("python3").args(["-c", script, &path.display().to_string()]),
         Duration::from_secs(60),
     );
     assert!(
-        ok && output.contains("ok"),
-        "clients over the socket:\n{output}"
+        run.ok && run.stdout.contains("ok"),
+        "clients over the socket:\n{run}"
     );
 }

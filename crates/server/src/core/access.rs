@@ -1,10 +1,10 @@
-//! One access policy for every port. A password (`--requirepass`, the user `default`'s, as
-//! Redis) and a user file (`--auth-file`, memcached's `user:password` lines) are two
-//! sources of the same users: a memcached client logs in with memcached's ascii handshake
-//! (text) or SASL PLAIN or CRAM-MD5 (binary), a RESP client with `AUTH`/`HELLO … AUTH`,
-//! a metrics scraper with HTTP Basic (or a bearer token, the `default` user's password),
-//! and each accepts every user. Either source set protects all three; neither set leaves
-//! all three open.
+//! One access policy for both data ports. A password (`--requirepass`, the user
+//! `default`'s, as Redis) and a user file (`--auth-file`, memcached's `user:password`
+//! lines) are two sources of the same users: a memcached client logs in with memcached's
+//! ascii handshake (text) or SASL PLAIN or CRAM-MD5 (binary), a RESP client with
+//! `AUTH`/`HELLO … AUTH`, and each accepts every user. Either source set protects both;
+//! neither set leaves both open. The metrics port's scrapers are a policy of their own,
+//! of a user file only (`--metrics-auth-file`).
 
 use std::fmt;
 use std::path::{Path, PathBuf};

@@ -1,6 +1,16 @@
-//! Passwords kept out of logs and compared in constant time.
+//! Passwords kept out of logs and compared in constant time, and the logins a
+//! connection gets wrong.
 
 use std::fmt;
+use std::time::Duration;
+
+use super::stats::Counters;
+
+/// Failed logins one connection may make: the reply to the last one is its last.
+pub const MAX_FAILED_LOGINS: u32 = 5;
+/// How long the reply to a connection's first failed login waits; each further failure's
+/// waits twice as long as the one before (100, 200, 400, 800, 1600 ms).
+const FIRST_FAILURE_DELAY: Duration = Duration::from_millis(100);
 
 /// A required password (`--requirepass`); never empty.
 #[derive(Clone, PartialEq, Eq)]
@@ -41,9 +51,71 @@ impl fmt::Debug for Password {
     }
 }
 
+/// One connection's logins: each failure delays its own reply, longer every time, and
+/// the connection closes after [`MAX_FAILED_LOGINS`], so that guessing a password costs
+/// seconds per guess rather than a round trip. The delay is served by the connection's
+/// task (`take_delay`), never by blocking its thread, which serves other connections too.
+#[derive(Debug, Default)]
+pub struct Logins {
+    failures: u32,
+    /// The wait owed before the replies appended so far are written.
+    delay: Option<Duration>,
+}
+
+impl Logins {
+    /// Counts a login attempt in `auth_cmds`, and a refused one in `auth_errors` too
+    /// (memcached's names) and against this connection. True when the connection must
+    /// close after this reply: it has made its last allowed failure.
+    pub fn attempted(&mut self, granted: bool, counters: &Counters) -> bool {
+        Counters::bump(&counters.auth_cmds);
+        if granted {
+            return false;
+        }
+        Counters::bump(&counters.auth_errors);
+        self.failures += 1;
+        // The longest wait is the last allowed failure's.
+        let doublings = self.failures.min(MAX_FAILED_LOGINS) - 1;
+        self.delay = Some(FIRST_FAILURE_DELAY * (1 << doublings));
+        self.failures >= MAX_FAILED_LOGINS
+    }
+
+    /// Whether replies wait for a delay not yet served: nothing more is executed until then.
+    pub fn owes_delay(&self) -> bool {
+        self.delay.is_some()
+    }
+
+    /// The delay owed, once.
+    pub fn take_delay(&mut self) -> Option<Duration> {
+        self.delay.take()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_failed_login_waits_twice_as_long_and_the_fifth_closes() {
+        let counters = Counters::default();
+        let mut logins = Logins::default();
+        assert!(!logins.attempted(true, &counters));
+        assert_eq!(logins.take_delay(), None, "a login is answered at once");
+        let mut delays = Vec::new();
+        let mut closing = Vec::new();
+        for _ in 0..MAX_FAILED_LOGINS {
+            closing.push(logins.attempted(false, &counters));
+            assert!(logins.owes_delay());
+            delays.push(logins.take_delay().unwrap().as_millis());
+            assert!(!logins.owes_delay());
+        }
+        assert_eq!(delays, [100, 200, 400, 800, 1600]);
+        assert_eq!(closing, [false, false, false, false, true]);
+        let count = |name| {
+            let snapshot = counters.snapshot();
+            snapshot.into_iter().find(|(n, _)| *n == name).unwrap().1
+        };
+        assert_eq!((count("auth_cmds"), count("auth_errors")), (6, 5));
+    }
 
     #[test]
     fn passwords_match_exactly_and_stay_out_of_logs() {

@@ -16,8 +16,8 @@ use tokio::sync::Notify;
 use zipcache::ZipCache;
 
 pub use options::{
-    DEFAULT_UNIX_SOCKET_MODE, FIRST_REQUEST_TIMEOUT, REQUEST_LINE_MAX, Runtime, ServerOptions,
-    TlsFiles,
+    AUTH_TIMEOUT, DEFAULT_UNIX_SOCKET_MODE, FIRST_REQUEST_TIMEOUT, REQUEST_LINE_MAX, Runtime,
+    ServerOptions, TlsFiles,
 };
 
 use access::AccessPolicy;
@@ -57,8 +57,10 @@ pub struct Core {
     pub counters: Counters,
     pub info: ServerInfo,
     pub max_value: usize,
-    /// Who may use the server, on every port.
+    /// Who may use the server, on the data ports.
     pub access: AccessPolicy,
+    /// Who may scrape `/metrics`: only the users of `--metrics-auth-file`.
+    pub metrics_access: AccessPolicy,
     pub started: Instant,
     /// False answers memcached's `flush_all` and RESP's `FLUSHALL` with a refusal.
     pub flush_all_enabled: bool,
@@ -75,6 +77,7 @@ impl Core {
             info,
             max_value: options.max_value_size,
             access: AccessPolicy::new(options.requirepass.clone(), options.users.clone()),
+            metrics_access: AccessPolicy::new(None, options.metrics_users.clone()),
             started: Instant::now(),
             flush_all_enabled: options.flush_all_enabled,
             shutdown_enabled: options.shutdown_enabled,

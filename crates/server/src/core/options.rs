@@ -10,6 +10,8 @@ use super::auth::Password;
 
 /// How long a new connection may take to send its first complete request.
 pub const FIRST_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a new connection may take to log in, when the access policy requires it.
+pub const AUTH_TIMEOUT: Duration = Duration::from_secs(10);
 /// Room a request may take beyond the largest value: memcached's longest retrieval line
 /// (a `get` of many keys).
 pub const REQUEST_LINE_MAX: usize = 256 * 1024;
@@ -58,7 +60,7 @@ pub struct ServerOptions {
     /// The `default` user's password: clients of every port must log in first (see
     /// [`AccessPolicy`]).
     pub requirepass: Option<Password>,
-    /// Both protocol ports speak TLS (the metrics port stays plain HTTP).
+    /// Every TCP port speaks TLS: both protocol ports and the metrics port.
     pub tls: Option<TlsFiles>,
     /// Most keys one `KEYS` examines.
     pub keys_limit: usize,
@@ -88,6 +90,13 @@ pub struct ServerOptions {
     /// Connections that have not completed a request this long after they opened are
     /// closed and counted in `first_request_kicks`; `None` = never.
     pub first_request_timeout: Option<Duration>,
+    /// Connections that have not logged in this long after they opened are closed,
+    /// whatever they sent, and counted in `auth_timeout_kicks`; only while the access
+    /// policy requires a login. `None` = never.
+    pub auth_timeout: Option<Duration>,
+    /// The only users who may scrape `/metrics` (`--metrics-auth-file`); without them,
+    /// no one may when the data ports require a login.
+    pub metrics_users: Option<Arc<Credentials>>,
 }
 
 impl ServerOptions {
@@ -134,6 +143,8 @@ impl Default for ServerOptions {
             max_request_size: None,
             max_clients_memory: None,
             first_request_timeout: Some(FIRST_REQUEST_TIMEOUT),
+            auth_timeout: Some(AUTH_TIMEOUT),
+            metrics_users: None,
         }
     }
 }

@@ -63,6 +63,7 @@ counters! {
     idle_kicks: reset,
     write_timeouts: reset,
     first_request_kicks: reset,
+    auth_timeout_kicks: reset,
     request_size_kicks: reset,
     buffer_budget_kicks: reset,
     bytes_read: reset,

@@ -18,11 +18,12 @@ const TOKEN_MAX: usize = 16384;
 pub enum Attempt {
     NeedMore,
     Close,
-    /// `len` bytes were consumed and get `reply`; `granted` when it is `STORED`.
+    /// `len` bytes were consumed and get `reply`; `login` says whether they were a user
+    /// and password checked (`Some`), and whether those logged in.
     Answered {
         reply: &'static str,
         len: usize,
-        granted: bool,
+        login: Option<bool>,
     },
 }
 
@@ -39,10 +40,11 @@ pub fn attempt(input: &[u8], access: &AccessPolicy) -> Attempt {
         return Attempt::Close;
     }
     let line_len = newline + 1;
+    // Refused before any password is checked: memcached counts no login then.
     let refuse = |reply, len| Attempt::Answered {
         reply,
         len,
-        granted: false,
+        login: None,
     };
     let tokens = super::parse::line_tokens(input, newline);
     let size = tokens
@@ -67,14 +69,15 @@ pub fn attempt(input: &[u8], access: &AccessPolicy) -> Attempt {
     let Some(space) = token.iter().position(|&b| b == b' ') else {
         return refuse("CLIENT_ERROR bad authentication token format", len);
     };
-    if access.admits(&token[..space], &token[space + 1..]) {
-        Attempt::Answered {
-            reply: "STORED",
-            len,
-            granted: true,
-        }
-    } else {
-        refuse("CLIENT_ERROR authentication failure", len)
+    let granted = access.admits(&token[..space], &token[space + 1..]);
+    Attempt::Answered {
+        reply: if granted {
+            "STORED"
+        } else {
+            "CLIENT_ERROR authentication failure"
+        },
+        len,
+        login: Some(granted),
     }
 }
 
@@ -90,9 +93,14 @@ mod tests {
         AccessPolicy::new(None, Some(Arc::new(file)))
     }
 
+    /// The reply to a request refused before any password was checked.
     fn reply(input: &[u8]) -> (&'static str, usize) {
         match attempt(input, &users()) {
-            Attempt::Answered { reply, len, .. } => (reply, len),
+            Attempt::Answered {
+                reply,
+                len,
+                login: None,
+            } => (reply, len),
             other => panic!("{other:?}"),
         }
     }
@@ -104,12 +112,16 @@ mod tests {
             Attempt::Answered {
                 reply: "STORED",
                 len: 24,
-                granted: true
+                login: Some(true)
             }
         );
         assert_eq!(
-            reply(b"set foo 0 0 7\r\nfoo bab\r\n"),
-            ("CLIENT_ERROR authentication failure", 24)
+            attempt(b"set foo 0 0 7\r\nfoo bab\r\n", &users()),
+            Attempt::Answered {
+                reply: "CLIENT_ERROR authentication failure",
+                len: 24,
+                login: Some(false)
+            }
         );
         assert_eq!(
             reply(b"set foo 0 0 2\r\nhi\r\n"),

@@ -25,6 +25,7 @@ use zipcache::{AccessState, Item, PutOptions, Update};
 
 use crate::core::Core;
 use crate::core::ServerOptions;
+use crate::core::auth::Logins;
 use crate::core::stats::Counters;
 use crate::transport::connection::{Session, Step};
 use crate::transport::output::Output;
@@ -266,6 +267,8 @@ pub struct MemcacheSession {
     authenticated: bool,
     /// A binary connection's SASL exchange in progress.
     sasl: binary::sasl::Exchange,
+    /// Logins tried, over either protocol.
+    logins: Logins,
     /// A metadump or mgdump being sent, and the length of its request line: the line
     /// stays at the front of the input until the dump's last line is out.
     dump: Option<(crawler::Dump, usize)>,
@@ -301,6 +304,7 @@ impl MemcacheSession {
             swallow: 0,
             authenticated,
             sasl: binary::sasl::Exchange::default(),
+            logins: Logins::default(),
             dump: None,
             retrieval: None,
             id,
@@ -336,17 +340,16 @@ impl MemcacheSession {
                 self.close_reason = CloseReason::Error;
                 Step::Close
             }
-            auth::Attempt::Answered {
-                reply,
-                len,
-                granted,
-            } => {
-                Counters::bump(&self.shared.core.counters.auth_cmds);
-                if !granted {
-                    Counters::bump(&self.shared.core.counters.auth_errors);
-                }
-                self.authenticated = granted;
+            auth::Attempt::Answered { reply, len, login } => {
                 line(out, reply);
+                let Some(granted) = login else {
+                    return Step::Consumed(len);
+                };
+                self.authenticated = granted;
+                if self.logins.attempted(granted, &self.shared.core.counters) {
+                    self.close_reason = CloseReason::Error;
+                    return Step::Close;
+                }
                 Step::Consumed(len)
             }
         }
@@ -434,6 +437,14 @@ impl Session for MemcacheSession {
 
     fn take_over(&mut self) -> Option<Watcher> {
         self.watcher.take()
+    }
+
+    fn authenticated(&self) -> bool {
+        self.authenticated
+    }
+
+    fn logins(&mut self) -> Option<&mut Logins> {
+        Some(&mut self.logins)
     }
 
     fn too_large(&mut self, out: &mut Output) {

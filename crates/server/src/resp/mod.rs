@@ -9,6 +9,7 @@ use std::io::Write as _;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use crate::core::auth::Logins;
 use crate::core::stats::Counters;
 use crate::core::{Core, ServerOptions};
 use crate::transport::connection::{Session, Step};
@@ -64,6 +65,7 @@ pub struct Client {
     resp3: bool,
     /// True from the start when the access policy requires no login.
     authenticated: bool,
+    logins: Logins,
 }
 
 /// One RESP connection.
@@ -86,6 +88,7 @@ impl RespSession {
             name: None,
             resp3: false,
             authenticated: !shared.core.access.required(),
+            logins: Logins::default(),
         };
         RespSession {
             shared,
@@ -177,6 +180,14 @@ impl Session for RespSession {
             resp3: self.client.resp3,
         };
         out.error(parse::REQUEST_TOO_LARGE);
+    }
+
+    fn authenticated(&self) -> bool {
+        self.client.authenticated
+    }
+
+    fn logins(&mut self) -> Option<&mut Logins> {
+        Some(&mut self.client.logins)
     }
 }
 

@@ -19,6 +19,7 @@ use super::Transport;
 use super::buffer_budget::ConnectionBuffers;
 use super::output::Output;
 use super::prefetch::{Prefetch, ReadAhead};
+use crate::core::auth::Logins;
 use crate::core::stats::Counters;
 
 /// A byte stream a connection is served over.
@@ -96,6 +97,17 @@ pub trait Session {
     /// Appends the error reply for a request larger than `max_request_size`, after
     /// which the connection is closed.
     fn too_large(&mut self, out: &mut Output);
+
+    /// Whether the client has logged in, or needs not: a connection that has not within
+    /// `auth_timeout` of opening is closed.
+    fn authenticated(&self) -> bool {
+        true
+    }
+
+    /// The session's logins, whose failures delay their replies (`None`: it has none).
+    fn logins(&mut self) -> Option<&mut Logins> {
+        None
+    }
 }
 
 /// What runs a connection a session handed over (memcached's log watcher: lines streamed
@@ -180,7 +192,8 @@ pub fn process<S: Session>(
                 return (pos, Processed::Await);
             }
         }
-        if !out.within_budget() {
+        // A failed login's reply is written, after its delay, before anything runs next.
+        if !out.within_budget() || session.logins().is_some_and(|l| l.owes_delay()) {
             return (pos, Processed::Flush);
         }
     }
@@ -270,22 +283,41 @@ enum Kick {
     Idle,
     /// No complete request within `first_request_timeout` of opening (slowloris).
     FirstRequest,
+    /// Not logged in within `auth_timeout` of opening, whatever it sent.
+    Auth,
+}
+
+/// What a connection has done so far that its deadlines depend on.
+#[derive(Clone, Copy, Default)]
+struct Progress {
+    /// A request was executed (refused ones count).
+    completed: bool,
+    /// The client logged in, or needs not. A later failed login does not revoke this: the
+    /// auth timeout is for connections that never log in.
+    logged_in: bool,
 }
 
 /// When the wait for a connection's next bytes ends, and why.
 fn read_deadline(
     transport: &Transport,
     opened: Instant,
-    completed: bool,
+    progress: Progress,
 ) -> Option<(Instant, Kick)> {
     let idle = transport
         .idle_timeout
         .map(|timeout| (Instant::now() + timeout, Kick::Idle));
     let first = transport
         .first_request_timeout
-        .filter(|_| !completed)
+        .filter(|_| !progress.completed)
         .map(|timeout| (opened + timeout, Kick::FirstRequest));
-    idle.into_iter().chain(first).min_by_key(|(at, _)| *at)
+    let auth = transport
+        .auth_timeout
+        .filter(|_| !progress.logged_in)
+        .map(|timeout| (opened + timeout, Kick::Auth));
+    [idle, first, auth]
+        .into_iter()
+        .flatten()
+        .min_by_key(|(at, _)| *at)
 }
 
 /// Buffers are allocated per read, not per connection: an idle connection holds no
@@ -296,8 +328,10 @@ fn read_deadline(
 ///
 /// A connection that sends nothing for `transport.idle_timeout` is closed (`idle_kicks`),
 /// as is one that has not completed a request `transport.first_request_timeout` after it
-/// opened (`first_request_kicks`), and one whose request grows past
-/// `transport.max_request_size` (`request_size_kicks`, after the session's error reply).
+/// opened (`first_request_kicks`), one that has not logged in
+/// `transport.auth_timeout` after it opened (`auth_timeout_kicks`), and one whose request
+/// grows past `transport.max_request_size` (`request_size_kicks`, after the session's
+/// error reply). A failed login's reply waits for its delay (`Logins`) in this task.
 ///
 /// `connections_here` counts the connections the serving thread serves, this one included
 /// (`after_neighbours`).
@@ -319,9 +353,10 @@ pub async fn serve<T: Stream, S: Session>(
     let mut reads = Prefetch::default();
     let mut out = Output::default();
     let opened = Instant::now();
-    let mut completed = false;
+    let mut progress = Progress::default();
     loop {
-        let deadline = read_deadline(transport, opened, completed);
+        progress.logged_in |= session.authenticated();
+        let deadline = read_deadline(transport, opened, progress);
         let read = async {
             stream.readable().await?;
             input.reserve_read(transport.max_request_size);
@@ -341,6 +376,7 @@ pub async fn serve<T: Stream, S: Session>(
             None => {
                 Counters::bump(match deadline {
                     Some((_, Kick::FirstRequest)) => &counters.first_request_kicks,
+                    Some((_, Kick::Auth)) => &counters.auth_timeout_kicks,
                     _ => &counters.idle_kicks,
                 });
                 return;
@@ -353,6 +389,13 @@ pub async fn serve<T: Stream, S: Session>(
             let (consumed, processed) =
                 process(&mut session, &input.bytes[pos..], &mut out, &mut reads);
             pos += consumed;
+            if let Some(delay) = session.logins().and_then(Logins::take_delay) {
+                // Nothing is read meanwhile: the connection holds no more than it did.
+                tokio::select! {
+                    () = tokio::time::sleep(delay) => {}
+                    _ = shutdown.changed() => return,
+                }
+            }
             let reply_len = out.reply_len();
             if reply_len > 0 {
                 // Replies waiting for a slow reader count against the budget for all
@@ -406,7 +449,7 @@ pub async fn serve<T: Stream, S: Session>(
                 Processed::HangUp => return,
             }
         }
-        completed |= pos > 0;
+        progress.completed |= pos > 0;
         input.consume(pos);
         if input.bytes.len() > transport.max_request_size {
             Counters::bump(&counters.request_size_kicks);

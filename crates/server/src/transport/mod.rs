@@ -63,6 +63,8 @@ pub struct Transport {
     pub idle_timeout: Option<Duration>,
     pub write_timeout: Option<Duration>,
     pub first_request_timeout: Option<Duration>,
+    /// `None` when no login is required (`ServerOptions::auth_timeout`).
+    pub auth_timeout: Option<Duration>,
     /// True until shutdown begins (memcached's `accepting_conns`).
     pub accepting: AtomicBool,
 }
@@ -70,6 +72,7 @@ pub struct Transport {
 impl Transport {
     pub fn new(core: Arc<Core>, tls: Option<Tls>, options: &ServerOptions) -> Transport {
         let dram_capacity = core.cache.config().dram_capacity;
+        let auth_timeout = options.auth_timeout.filter(|_| core.access.required());
         Transport {
             core,
             tls,
@@ -78,6 +81,7 @@ impl Transport {
             idle_timeout: options.idle_timeout,
             write_timeout: options.write_timeout,
             first_request_timeout: options.first_request_timeout,
+            auth_timeout,
             accepting: AtomicBool::new(true),
         }
     }

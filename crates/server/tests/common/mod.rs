@@ -2,6 +2,8 @@
 //! external tools found or failed loudly, and child processes stopped by PID.
 #![allow(dead_code)] // each test binary uses its own subset
 
+pub mod certificates;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::os::unix::net::UnixStream;
@@ -107,8 +109,24 @@ impl Drop for ChildGuard {
     }
 }
 
-/// Runs a tool to completion with a time limit; returns (success, stdout + stderr).
-pub fn run_tool(command: &mut Command, limit: Duration) -> (bool, String) {
+/// What a tool run to completion printed, and whether it succeeded.
+pub struct ToolRun {
+    pub ok: bool,
+    /// What is parsed: tools print warnings (npm about an unknown `.npmrc` key, redis-cli
+    /// about `-a`) on stderr, and those must not leak into their answer.
+    pub stdout: String,
+    /// For error messages, and for what a tool reports only there (a refused login).
+    pub stderr: String,
+}
+
+impl std::fmt::Display for ToolRun {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "stdout:\n{}\nstderr:\n{}", self.stdout, self.stderr)
+    }
+}
+
+/// Runs a tool to completion with a time limit.
+pub fn run_tool(command: &mut Command, limit: Duration) -> ToolRun {
     let mut child = command
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -138,14 +156,19 @@ pub fn run_tool(command: &mut Command, limit: Duration) -> (bool, String) {
         }
         std::thread::sleep(Duration::from_millis(20));
     };
-    let output = format!(
-        "{}{}",
-        out_reader.join().unwrap_or_default(),
-        err_reader.join().unwrap_or_default()
-    );
+    let stdout = out_reader.join().unwrap_or_default();
+    let stderr = err_reader.join().unwrap_or_default();
     match status {
-        Some(status) => (status.success(), output),
-        None => (false, format!("timed out after {limit:?}\n{output}")),
+        Some(status) => ToolRun {
+            ok: status.success(),
+            stdout,
+            stderr,
+        },
+        None => ToolRun {
+            ok: false,
+            stdout,
+            stderr: format!("timed out after {limit:?}\n{stderr}"),
+        },
     }
 }
 
@@ -311,4 +334,26 @@ pub fn hash_hex(mut state: u64, mut hex: String, len: usize) -> String {
         ));
     }
     hex
+}
+
+/// `GET /metrics` over `stream` with these extra header lines: the status line and the
+/// body.
+pub fn scrape_over<S: Read + Write>(
+    mut stream: S,
+    headers: &str,
+) -> std::io::Result<(String, String)> {
+    write!(stream, "GET /metrics HTTP/1.0\r\n{headers}\r\n")?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response)?;
+    let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
+    let status = head.lines().next().unwrap_or_default().to_string();
+    Ok((status, body.to_string()))
+}
+
+/// `GET /metrics` over plain HTTP to `server`'s metrics port.
+pub fn scrape(server: &TestServer, headers: &str) -> std::io::Result<(String, String)> {
+    let addr = server.handle().metrics_addr.expect("metrics port");
+    let stream = TcpStream::connect(addr)?;
+    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+    scrape_over(stream, headers)
 }

@@ -107,7 +107,7 @@ impl MemcacheSession {
         Step::Close
     }
 
-    /// Runs `request`; false closes the connection (QUIT).
+    /// Runs `request`; false closes the connection (QUIT, the last failed login allowed).
     fn execute_binary(
         &mut self,
         request: &Request<'_>,
@@ -207,12 +207,12 @@ impl MemcacheSession {
             Command::SaslAuth { mechanism, data } if shared.core.access.required() => {
                 self.authenticated = false;
                 let outcome = self.sasl.start(&shared.core.access, mechanism, data);
-                self.sasl_reply(outcome, &mut reply);
+                return self.sasl_reply(outcome, &mut reply);
             }
             Command::SaslStep { data } if shared.core.access.required() => {
                 self.authenticated = false;
                 let outcome = self.sasl.step(&shared.core.access, data);
-                self.sasl_reply(outcome, &mut reply);
+                return self.sasl_reply(outcome, &mut reply);
             }
             // As memcached without SASL.
             Command::SaslListMechs | Command::SaslAuth { .. } | Command::SaslStep { .. } => {
@@ -223,12 +223,13 @@ impl MemcacheSession {
     }
 
     /// Answers a SASL command as memcached does, counting what it counts: a login and a
-    /// refusal in `auth_cmds`, a refusal in `auth_errors`, a challenge in neither.
-    fn sasl_reply(&mut self, outcome: sasl::Outcome, reply: &mut Reply<'_>) {
+    /// refusal in `auth_cmds`, a refusal in `auth_errors`, a challenge in neither. False
+    /// after the last refusal a connection is allowed (`Logins`): it closes.
+    fn sasl_reply(&mut self, outcome: sasl::Outcome, reply: &mut Reply<'_>) -> bool {
         let counters = &self.shared.core.counters;
         match outcome {
             sasl::Outcome::Authenticated => {
-                Counters::bump(&counters.auth_cmds);
+                self.logins.attempted(true, counters);
                 self.authenticated = true;
                 reply.success(0, &[], &[], b"Authenticated");
             }
@@ -242,11 +243,14 @@ impl MemcacheSession {
                 &challenge,
             ),
             sasl::Outcome::Failed => {
-                Counters::bump(&counters.auth_cmds);
-                Counters::bump(&counters.auth_errors);
                 reply.error(Status::AuthError);
+                if self.logins.attempted(false, counters) {
+                    self.close_reason = CloseReason::Error;
+                    return false;
+                }
             }
         }
+        true
     }
 }
 

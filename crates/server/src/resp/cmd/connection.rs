@@ -171,10 +171,10 @@ impl ConnectionCommand<'_> {
             }
             ConnectionCommand::Hello { resp3, auth, name } => {
                 if let Some((user, password)) = auth {
-                    if !shared.core.access.admits(user, password) {
-                        return Err(WRONGPASS.into());
+                    let flow = log_in(shared, client, out, user, password)?;
+                    if !matches!(flow, Flow::Continue) {
+                        return Ok(flow);
                     }
-                    client.authenticated = true;
                 }
                 if !client.authenticated {
                     return Err(ErrorReply::from(
@@ -193,18 +193,37 @@ impl ConnectionCommand<'_> {
                 if user.is_none() && !shared.core.access.required() {
                     return Err("ERR AUTH <password> called without any password configured for the default user. Are you sure your configuration is correct?".into());
                 }
-                if !shared
-                    .core
-                    .access
-                    .admits(user.unwrap_or(DEFAULT_USER), password)
-                {
-                    return Err(WRONGPASS.into());
+                let flow = log_in(shared, client, out, user.unwrap_or(DEFAULT_USER), password)?;
+                if matches!(flow, Flow::Continue) {
+                    out.simple("OK");
                 }
-                client.authenticated = true;
-                out.simple("OK");
+                return Ok(flow);
             }
         }
         Ok(Flow::Continue)
+    }
+}
+
+/// AUTH and HELLO's AUTH: `Continue` once `user` logged in with `password`. A refusal
+/// is `WRONGPASS`, counted against the connection (its reply delayed: `Logins`); the last
+/// one allowed is written here and closes the connection.
+fn log_in(
+    shared: &Resp,
+    client: &mut Client,
+    out: &mut Reply,
+    user: &[u8],
+    password: &[u8],
+) -> Result<Flow> {
+    let granted = shared.core.access.admits(user, password);
+    let closing = client.logins.attempted(granted, &shared.core.counters);
+    if granted {
+        client.authenticated = true;
+        Ok(Flow::Continue)
+    } else if closing {
+        out.error(WRONGPASS);
+        Ok(Flow::Close)
+    } else {
+        Err(WRONGPASS.into())
     }
 }
 

@@ -297,6 +297,12 @@ fn info(shared: &Resp, sections: &[&[u8]]) -> String {
                 "first_request_kicks",
                 counter("first_request_kicks").to_string(),
             ),
+            (
+                "auth_timeout_kicks",
+                counter("auth_timeout_kicks").to_string(),
+            ),
+            // Redis 7's name for refused AUTH and HELLO AUTH.
+            ("acl_access_denied_auth", counter("auth_errors").to_string()),
         ]),
     );
     section("Zipcache", engine_metrics(&engine));
