@@ -199,7 +199,7 @@ impl ZipCache {
                 let small_blocks = total - large_blocks;
                 let on_device = run_epoch::read(device.as_ref());
                 let host_compression = device.compression().by_host();
-                let settings = SsdSettings {
+                let mut settings = SsdSettings {
                     subpages: config.superleaf_size / BLOCK,
                     fill_threshold: config.fill_threshold,
                     blocks: small_blocks,
@@ -209,6 +209,7 @@ impl ZipCache {
                         .training_settings()
                         .filter(|_| host_compression && config.ssd_dictionaries)
                         .map(block_training),
+                    loaded_dictionaries: false,
                 };
                 let (memory, clock) = (&memory, &config.clock);
                 // may do I/O: the block dictionaries' files are read
@@ -220,6 +221,7 @@ impl ZipCache {
                     }),
                     memory.clone(),
                 ));
+                settings.loaded_dictionaries = dictionaries.any_live();
                 // Only an index saved by the run that last wrote to the device describes
                 // what the device holds.
                 let saved = persist.as_ref().zip(on_device);
