@@ -109,6 +109,10 @@ pub enum Update {
         value: Vec<u8>,
         options: PutOptions,
     },
+    /// Keep the value, and store it with `options`' expiry, flags, CAS and access state
+    /// (a touch). A large object's value is neither read for it nor written again: only
+    /// its BT_LO index entry changes.
+    SetMeta(PutOptions),
     Delete,
 }
 

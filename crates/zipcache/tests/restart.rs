@@ -297,3 +297,40 @@ fn a_damaged_or_missing_block_dictionary_means_misses_never_wrong_bytes() {
     let s = cache.stats();
     assert!(hits < live && s.checksum_failures > 0, "{hits} hits: {s:?}");
 }
+
+/// Blocks packed with block dictionaries are read after a warm restart whose settings
+/// train none (`ssd_dictionaries` or `dictionaries` off, or a budget below the one that
+/// trains them): every dictionary a block names is loaded for reading. New blocks are
+/// packed with LZ4 alone, and the files stay while blocks name them, for the next start.
+#[test]
+fn a_restart_that_trains_no_dictionary_still_reads_the_blocks_packed_with_one() {
+    let live = (0..20_000).filter(|&i| expected(i).is_some()).count();
+    type TurnOff = fn(&mut Config);
+    let untrained: [(&str, TurnOff); 3] = [
+        ("ssd_dictionaries=false", |c| c.ssd_dictionaries = false),
+        ("dictionaries=false", |c| c.dictionaries = false),
+        ("a budget below 8 MiB", |c| {
+            (c.dictionary_samples, c.dictionary_size) = (0, 0);
+        }),
+    ];
+    for (setting, turn_off) in untrained {
+        let dir = TempDir::new("dictionary-off", DeviceCompression::Host);
+        let cache = ZipCache::open(with_dictionaries(&dir)).unwrap();
+        populate(&cache);
+        cache.settle().unwrap();
+        cache.close().unwrap();
+        assert!(!dictionary_files(&dir).is_empty(), "{setting}");
+
+        let mut off = with_dictionaries(&dir);
+        turn_off(&mut off);
+        for round in 0..2 {
+            let cache = ZipCache::open(off.clone()).unwrap();
+            assert!(cache.warm_started(), "{setting}");
+            let hits = check_never_stale(&cache);
+            let s = cache.stats();
+            assert_eq!(hits, live, "{setting}, start {round}: {s:?}");
+            assert_eq!(s.checksum_failures, 0, "{setting}");
+            cache.close().unwrap();
+        }
+    }
+}

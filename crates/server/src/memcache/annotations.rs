@@ -155,7 +155,9 @@ impl Annotations {
             let entry = current.map(|item| entry_of(item.clone(), annotation.as_ref()));
             let (write, result) = f(entry.as_ref());
             left = match (&write.update, &entry, write.marks) {
-                (Update::Put { .. }, _, marks) => Some((None, marks.unwrap_or_default())),
+                (Update::Put { .. } | Update::SetMeta(_), _, marks) => {
+                    Some((None, marks.unwrap_or_default()))
+                }
                 (Update::Keep, Some(entry), Some(marks)) if entry.marks != marks => {
                     Some((Some(entry.item.cas), marks))
                 }

@@ -249,10 +249,7 @@ impl GetWrites {
                         // The read before this one marked the access (unless `u`):
                         // the rewrite keeps the state as it is.
                         Some(expiry) => (
-                            with_access(
-                                expiry.store(item.value.clone(), item.flags, Some(item.cas)),
-                                item.access,
-                            ),
+                            with_access(expiry.set_meta(item.flags, item.cas), item.access),
                             entry.clone().redated(expiry),
                         ),
                         None => (Update::Keep, entry.clone()),

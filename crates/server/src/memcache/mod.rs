@@ -169,6 +169,15 @@ impl Expiry {
         }
     }
 
+    /// The update giving an item this expiry, `flags` and CAS `cas` (kept: a touch) and
+    /// leaving its value as it is, unread and unwritten if large (a past expiry deletes).
+    fn set_meta(self, flags: u32, cas: u64) -> Update {
+        match self.put_options(flags, Some(cas)) {
+            Some(options) => Update::SetMeta(options),
+            None => Update::Delete,
+        }
+    }
+
     /// `store`'s options for a put; `None` where it deletes (a past expiry). A plain
     /// `set` takes them alone, without a copy of its value for an `Update`.
     fn put_options(self, flags: u32, cas: Option<u64>) -> Option<PutOptions> {
@@ -191,6 +200,7 @@ fn with_access(update: Update, access: Option<AccessState>) -> Update {
             value,
             options: PutOptions { access, ..options },
         },
+        Update::SetMeta(options) => Update::SetMeta(PutOptions { access, ..options }),
         other => other,
     }
 }

@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use zipcache::{GetOptions, Item, Update};
+use zipcache::{AccessState, GetOptions, Item, ItemInfo, Update};
 
 use super::annotations::{Entry, Marks, Write};
 use super::events;
@@ -59,7 +59,7 @@ pub fn execute(shared: &Memcached, conn: u64, request: Request<'_>, out: &mut Ve
             noreply,
         } => {
             Counters::bump(&shared.core.counters.cmd_touch);
-            let reply = match touch(shared, key, exptime) {
+            let reply = match touch_metadata(shared, key, exptime) {
                 Ok(Some(_)) => "TOUCHED".to_string(),
                 Ok(None) => "NOT_FOUND".to_string(),
                 Err(e) => engine_error(&e),
@@ -123,12 +123,14 @@ fn reply_unless(noreply: bool, reply: &str, out: &mut Vec<u8>) {
     }
 }
 
-/// Re-dates `key` (touch, gat/gats) and returns the item as it now is: a new expiry, the
-/// same CAS (as memcached's touch, which changes the expiry in place), fetched and
-/// accessed now (memcached counts a touch as a fetch).
+/// Re-dates `key` (gat/gats) and returns the item as it now is, its value read for the
+/// reply: a new expiry, the same CAS (as memcached's touch, which changes the expiry in
+/// place), fetched and accessed now (memcached counts a touch as a fetch). The value is
+/// not written again.
 pub fn touch(shared: &Memcached, key: &[u8], exptime: i64) -> zipcache::Result<Option<Entry>> {
     let now = shared.core.cache.now_ms();
     let expiry = Expiry::from_exptime(exptime, now);
+    // may do I/O: a large object's extent is read (for the reply), not written
     let (entry, _) =
         shared
             .annotations
@@ -136,10 +138,7 @@ pub fn touch(shared: &Memcached, key: &[u8], exptime: i64) -> zipcache::Result<O
                 None => (Update::Keep.into(), None),
                 Some(Entry { item, marks }) => (
                     Write::marked(
-                        with_access(
-                            expiry.store(item.value.clone(), item.flags, Some(item.cas)),
-                            after_read(false, item.access, now),
-                        ),
+                        redate(expiry, item.flags, item.cas, item.access, now),
                         *marks,
                     ),
                     Some(Entry {
@@ -148,13 +147,47 @@ pub fn touch(shared: &Memcached, key: &[u8], exptime: i64) -> zipcache::Result<O
                     }),
                 ),
             })?;
-    let counters = &shared.core.counters;
-    Counters::hit_or_miss_of(
-        &counters.touch_hits,
-        &counters.touch_misses,
-        entry.is_some(),
-    );
+    count_touch(shared, entry.is_some());
     Ok(entry.map(|entry| entry.redated(expiry)))
+}
+
+/// `touch` for the commands that answer without the value (memcached's touch, binary
+/// TOUCH): the item's metadata as it now is. A large object's value is neither read nor
+/// written; the CAS is kept, so any annotation of the item still names it.
+pub fn touch_metadata(
+    shared: &Memcached,
+    key: &[u8],
+    exptime: i64,
+) -> zipcache::Result<Option<ItemInfo>> {
+    let now = shared.core.cache.now_ms();
+    let expiry = Expiry::from_exptime(exptime, now);
+    // may do I/O: one SSD block, for a small object only the SSD tier holds
+    let (info, _) = shared
+        .core
+        .cache
+        .update_meta(key, |current| match current {
+            None => (Update::Keep, None),
+            Some(info) => (
+                redate(expiry, info.flags, info.cas, info.access, now),
+                Some(ItemInfo {
+                    expires_at_ms: expiry.expires_at_ms(),
+                    ..*info
+                }),
+            ),
+        })?;
+    count_touch(shared, info.is_some());
+    Ok(info)
+}
+
+/// What a touch does to an item: `expiry`, its flags and CAS kept, fetched and accessed
+/// `now`.
+fn redate(expiry: Expiry, flags: u32, cas: u64, access: Option<AccessState>, now: u64) -> Update {
+    with_access(expiry.set_meta(flags, cas), after_read(false, access, now))
+}
+
+fn count_touch(shared: &Memcached, hit: bool) {
+    let counters = &shared.core.counters;
+    Counters::hit_or_miss_of(&counters.touch_hits, &counters.touch_misses, hit);
 }
 
 /// A get / gets / gat / gats at the front of the input, from its next key on: its reply
@@ -422,6 +455,22 @@ fn apply_store(
                 .delete(key)
                 .map(|_| (StoreOutcome::Stored { size: data.len() }, None)),
         };
+    }
+    // An add asks only whether the key is there: a large object's extent is not read.
+    // Under a fresh CAS it is a plain write, which no annotation names.
+    if mode == StoreMode::Add && cas.is_none() {
+        // may do I/O: one SSD block, for a small object only the SSD tier holds; the
+        // extent of a large value added
+        return shared.core.cache.update_meta(key, |current| {
+            *previous = current.map(|info| info.value_len);
+            match current {
+                Some(_) => (Update::Keep, StoreOutcome::NotStored),
+                None => (
+                    expiry.store(data.to_vec(), flags, None),
+                    StoreOutcome::Stored { size: data.len() },
+                ),
+            }
+        });
     }
     shared
         .annotations

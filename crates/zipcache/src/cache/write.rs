@@ -7,10 +7,11 @@ use std::time::Duration;
 
 use super::get::item_of;
 use super::{Inner, ZipCache};
+use crate::dram::Stored;
 use crate::dram::{Lookup, Reclaimed};
 use crate::large_objects::LargeObjects;
 use crate::record::{ASSIGN_CAS, Meta};
-use crate::{AccessState, Error, Item, PutOptions, Result, Update};
+use crate::{AccessState, Error, Item, ItemInfo, PutOptions, Result, Update};
 
 impl ZipCache {
     pub fn put(&self, key: &[u8], value: &[u8], ttl: Option<Duration>) -> Result<()> {
@@ -71,67 +72,51 @@ impl ZipCache {
 
     /// Atomic read-modify-write of one key: `f` sees the live item (if any) and decides.
     /// No other write to `key` happens between the read and the write. Returns `f`'s
-    /// result and, for a put, the new CAS version.
+    /// result and, for a put or a metadata change, the item's CAS version then.
     pub fn update<R>(
         &self,
         key: &[u8],
         f: impl FnOnce(Option<&Item>) -> (Update, R),
     ) -> Result<(R, Option<u64>)> {
-        let inner = &self.inner;
-        inner.check_key(key)?;
-        let now = inner.now();
-        let outcome = inner.dram.modify(key, now, |current, cas| {
-            // The leaf stays locked while BT_LO and the SSD are read, so no write slips in.
-            // What a racing flush_all is erasing below must not come back as a new value.
-            let epoch = inner.flush_epoch.load(Ordering::SeqCst);
-            let below = |item: Option<Item>| item.filter(|_| inner.lower_tiers_current(epoch));
-            let current = match current {
-                Lookup::Found(value, meta, access) => Some(Item {
-                    access,
-                    ..item_of(value, &meta)
-                }),
-                Lookup::Expired => None,
-                Lookup::Deleted => below(inner.large_get(key, now)),
-                Lookup::Absent => below(inner.large_get(key, now).or_else(|| {
-                    let hit = inner.ssd.as_ref().and_then(|ssd| ssd.get(key, now));
-                    hit.map(|hit| item_of(hit.value, &hit.meta))
-                })),
-            };
-            let (update, result) = f(current.as_ref());
-            match update {
-                Update::Keep => (None, Ok((result, None))),
-                Update::Delete if current.is_none() => (None, Ok((result, None))),
-                Update::Delete => {
-                    if let Some(lo) = &inner.large {
-                        lo.remove(key);
-                    }
-                    (Some(None), Ok((result, None)))
-                }
-                Update::Put { value, options } => {
-                    match inner.check_value(&value).and_then(|()| inner.check_room()) {
-                        Err(e) => (None, Err(e)),
-                        Ok(()) => {
-                            let meta = inner.meta(&options).assigning(cas);
-                            let change = match inner.large_for(key, &value) {
-                                Some(lo) => {
-                                    lo.put(key, &value, meta);
-                                    None
-                                }
-                                None => {
-                                    if let Some(lo) = &inner.large {
-                                        lo.remove(key);
-                                    }
-                                    Some((value, meta, options.access))
-                                }
-                            };
-                            (Some(change), Ok((result, Some(meta.cas))))
-                        }
-                    }
-                }
-            }
-        });
-        inner.relieve_pressure();
+        // may do I/O: a large object's whole extent, or one SSD block
+        let outcome = self
+            .inner
+            .read_modify_write(key, ValueRead::Whole, |found| {
+                f(found.map(|found| &found.item))
+            });
+        self.inner.relieve_pressure();
         outcome
+    }
+
+    /// `update` for a closure that needs no value: it sees the item's metadata and
+    /// length. A large object's extent is not read, and an `Update::SetMeta` of it
+    /// changes its BT_LO index entry alone: no device I/O (a touch of a 1 MiB object
+    /// writes nothing to the device).
+    pub fn update_meta<R>(
+        &self,
+        key: &[u8],
+        f: impl FnOnce(Option<&ItemInfo>) -> (Update, R),
+    ) -> Result<(R, Option<u64>)> {
+        // may do I/O: one SSD block, for a small object only the SSD tier holds
+        let outcome = self
+            .inner
+            .read_modify_write(key, ValueRead::UnlessLarge, |found| {
+                f(found.map(Found::info).as_ref())
+            });
+        self.inner.relieve_pressure();
+        outcome
+    }
+
+    /// The metadata and length of `key`'s live item, for existence and length checks:
+    /// a large object's extent is not read; its access state stays as it was.
+    pub fn info(&self, key: &[u8]) -> Result<Option<ItemInfo>> {
+        // may do I/O: one SSD block, for a small object only the SSD tier holds
+        let (info, _) = self
+            .inner
+            .read_modify_write(key, ValueRead::UnlessLarge, |found| {
+                (Update::Keep, found.map(Found::info))
+            })?;
+        Ok(info)
     }
 
     /// Drops the expired objects DRAM still holds (they count as resident until their
@@ -168,7 +153,153 @@ impl ZipCache {
     }
 }
 
+/// What a read-modify-write leaves in DRAM (`DramTier::modify`): nothing, a tombstone,
+/// or an object.
+type DramChange = Option<Option<Stored>>;
+
+/// Whether a read-modify-write reads a large object's value from its extent.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum ValueRead {
+    Whole,
+    /// Its index entry alone: the closure needs no value.
+    UnlessLarge,
+}
+
+/// A live object as a read-modify-write finds it under its DRAM leaf's lock.
+struct Found {
+    /// Without its value if it is large and was not read (`ValueRead::UnlessLarge`).
+    item: Item,
+    value_len: usize,
+    /// Held in BT_LO: a metadata change rewrites its index entry alone.
+    large: bool,
+}
+
+impl Found {
+    fn small(item: Item) -> Found {
+        Found {
+            value_len: item.value.len(),
+            item,
+            large: false,
+        }
+    }
+
+    fn info(&self) -> ItemInfo {
+        ItemInfo {
+            value_len: self.value_len,
+            flags: self.item.flags,
+            cas: self.item.cas,
+            expires_at_ms: self.item.expires_at_ms,
+            access: self.item.access,
+        }
+    }
+}
+
 impl Inner {
+    /// `update`'s work, with a large object's value read as `read` says: the tiers are
+    /// asked under `key`'s DRAM leaf lock, then `f` decides and its write is made.
+    fn read_modify_write<R>(
+        &self,
+        key: &[u8],
+        read: ValueRead,
+        f: impl FnOnce(Option<&Found>) -> (Update, R),
+    ) -> Result<(R, Option<u64>)> {
+        self.check_key(key)?;
+        let now = self.now();
+        self.dram.modify(key, now, |current, cas| {
+            // The leaf stays locked while BT_LO and the SSD are read, so no write slips in.
+            // What a racing flush_all is erasing below must not come back as a new value.
+            let epoch = self.flush_epoch.load(Ordering::SeqCst);
+            let below = |found: Option<Found>| found.filter(|_| self.lower_tiers_current(epoch));
+            let current = match current {
+                Lookup::Found(value, meta, access) => Some(Found::small(Item {
+                    access,
+                    ..item_of(value, &meta)
+                })),
+                Lookup::Expired => None,
+                Lookup::Deleted => below(self.large_found(key, now, read)),
+                Lookup::Absent => below(self.large_found(key, now, read).or_else(|| {
+                    // may do I/O: one 4 KiB read
+                    let hit = self.ssd.as_ref().and_then(|ssd| ssd.get(key, now));
+                    hit.map(|hit| Found::small(item_of(hit.value, &hit.meta)))
+                })),
+            };
+            let (update, result) = f(current.as_ref());
+            match (update, current) {
+                (Update::Keep, _) | (Update::Delete | Update::SetMeta(_), None) => {
+                    (None, Ok((result, None)))
+                }
+                (Update::Delete, Some(_)) => {
+                    if let Some(lo) = &self.large {
+                        lo.remove(key);
+                    }
+                    (Some(None), Ok((result, None)))
+                }
+                (Update::SetMeta(options), Some(found)) if found.large => {
+                    let meta = self.meta(&options).assigning(cas);
+                    let lo = self.large.as_ref().expect("a large object is in BT_LO");
+                    lo.set_meta(key, meta);
+                    // A new version given out is recorded, so that it is never given
+                    // again, as for a large put (a DRAM tombstone); a kept one needs none.
+                    let change = (meta.cas == cas).then_some(None);
+                    (change, Ok((result, Some(meta.cas))))
+                }
+                (Update::SetMeta(options), Some(found)) => {
+                    self.put_in_modify(key, found.item.value, options, cas, result)
+                }
+                (Update::Put { value, options }, _) => {
+                    self.put_in_modify(key, value, options, cas, result)
+                }
+            }
+        })
+    }
+
+    /// `key`'s large object, read whole or (`UnlessLarge`) as BT_LO's index describes it.
+    fn large_found(&self, key: &[u8], now: u64, read: ValueRead) -> Option<Found> {
+        if read == ValueRead::Whole {
+            // may do I/O: the whole extent
+            let item = self.large_get(key, now)?;
+            return Some(Found {
+                large: true,
+                ..Found::small(item)
+            });
+        }
+        let entry = self.large.as_ref()?.entry(key, now)?;
+        Some(Found {
+            item: item_of(Vec::new(), &entry.meta),
+            value_len: entry.value_len,
+            large: true,
+        })
+    }
+
+    /// The DRAM change (and answer) of a read-modify-write that puts `value`: into BT_LO
+    /// behind a DRAM tombstone if large (may do I/O: the extent), else into DRAM.
+    fn put_in_modify<R>(
+        &self,
+        key: &[u8],
+        value: Vec<u8>,
+        options: PutOptions,
+        cas: u64,
+        result: R,
+    ) -> (DramChange, Result<(R, Option<u64>)>) {
+        if let Err(e) = self.check_value(&value).and_then(|()| self.check_room()) {
+            return (None, Err(e));
+        }
+        let meta = self.meta(&options).assigning(cas);
+        let change = match self.large_for(key, &value) {
+            Some(lo) => {
+                lo.put(key, &value, meta);
+                None
+            }
+            None => {
+                if let Some(lo) = &self.large {
+                    lo.remove(key);
+                }
+                Some((value, meta, options.access))
+            }
+        };
+        (Some(change), Ok((result, Some(meta.cas))))
+    }
+
     /// With `evictions` off, a write is refused while the budget is full (counted in
     /// `refused_writes`): nothing is evicted to make room.
     fn check_room(&self) -> Result<()> {

@@ -59,6 +59,15 @@ struct Extent {
     meta: Meta,
 }
 
+impl Extent {
+    fn entry(&self) -> LargeEntry {
+        LargeEntry {
+            meta: self.meta,
+            value_len: self.value_len as usize,
+        }
+    }
+}
+
 struct LoState {
     range: KeyRange,
     entries: Vec<(Arc<[u8]>, Extent)>,
@@ -163,6 +172,30 @@ impl LargeObjects {
                 .ok()
                 .map(|i| st.entries[i].1)
         })
+    }
+
+    /// What BT_LO's index says of `key`'s live large object: no extent is read.
+    pub fn entry(&self, key: &[u8], now_ms: u64) -> Option<LargeEntry> {
+        self.lookup(key)
+            .filter(|extent| !extent.meta.expired(now_ms))
+            .map(|extent| extent.entry())
+    }
+
+    /// Gives `key`'s large object the metadata `meta` (a touch) in its index entry
+    /// alone: the value stays in its extent, unread and unwritten (the extent's header
+    /// holds no metadata; a clean close saves the entry's). False if BT_LO holds no
+    /// entry for `key`.
+    pub fn set_meta(&self, key: &[u8], meta: Meta) -> bool {
+        self.tree
+            .with_arc_leaf_locked::<Exclusive, _>(key, |_, mut st| {
+                match st.entries.binary_search_by(|(k, _)| k.as_ref().cmp(key)) {
+                    Ok(i) => {
+                        st.entries[i].1.meta = meta;
+                        true
+                    }
+                    Err(_) => false,
+                }
+            })
     }
 
     /// Points BT_LO at `extent` for `key`; returns the extent it replaced, for the caller

@@ -51,13 +51,7 @@ impl LargeObjects {
                         std::ops::RangeBounds::contains(&range, k.as_ref())
                             && !extent.meta.expired(now_ms)
                     })
-                    .map(|(k, extent)| {
-                        let entry = LargeEntry {
-                            meta: extent.meta,
-                            value_len: extent.value_len as usize,
-                        };
-                        (k.to_vec(), entry)
-                    })
+                    .map(|(k, extent)| (k.to_vec(), extent.entry()))
                     .collect();
                 (entries, st.range.high.clone())
             })

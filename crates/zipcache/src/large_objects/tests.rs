@@ -562,3 +562,83 @@ fn a_dead_extents_trim_never_erases_the_extent_that_reused_its_blocks() {
         "the extent that reused a dead one's block was erased by its trim"
     );
 }
+
+/// An engine over a 64 MiB SSD file in `dir`, with room in DRAM for all the test writes.
+fn engine(dir: &std::path::Path) -> crate::ZipCache {
+    let config = crate::Config {
+        dram_capacity: 16 << 20,
+        ssd: Some(crate::SsdConfig {
+            path: dir.join("ssd.bin"),
+            size: 64 << 20,
+            direct_io: false,
+            device_compression: DeviceCompression::Host,
+            logical_to_physical: 4.0,
+        }),
+        ..crate::Config::default()
+    };
+    crate::ZipCache::open(config).unwrap()
+}
+
+/// A touch of a large object (`update_meta` with `Update::SetMeta`) changes its BT_LO
+/// index entry alone: nothing is written to the device, no extent read; nor does a
+/// length or existence check (`info`) read one. The new expiry and flags are served, the
+/// value unchanged, and they survive a clean restart (the index file saves them).
+#[test]
+fn a_touch_of_a_large_object_writes_and_reads_nothing_and_survives_a_restart() {
+    let dir = std::env::temp_dir().join(format!("zc-lo-touch-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let cache = engine(&dir);
+    let big = noise(300 << 10);
+    let options = crate::PutOptions {
+        assign_cas: true,
+        ..crate::PutOptions::default()
+    };
+    let cas = cache.put_with(b"big", &big, options).unwrap();
+    cache.settle().unwrap();
+    let before = cache.stats();
+    let expires = cache.now_ms() + 3_600_000;
+    let (seen, kept) = cache
+        .update_meta(b"big", |info| {
+            let info = *info.expect("the large object is there");
+            let touched = crate::PutOptions {
+                expires_at_ms: Some(expires),
+                flags: 9,
+                cas: Some(info.cas),
+                ..crate::PutOptions::default()
+            };
+            (crate::Update::SetMeta(touched), info)
+        })
+        .unwrap();
+    assert_eq!((seen.value_len, seen.cas, seen.flags), (big.len(), cas, 0));
+    assert_eq!(kept, Some(cas), "a touch keeps the CAS");
+    for _ in 0..100 {
+        let info = cache.info(b"big").unwrap().expect("still there");
+        assert_eq!(info.value_len, big.len());
+        assert_eq!((info.flags, info.expires_at_ms), (9, Some(expires)));
+    }
+    assert_eq!(cache.info(b"nothing").unwrap(), None);
+    cache.settle().unwrap();
+    let after = cache.stats();
+    assert_eq!(after.v_host, before.v_host, "device bytes written");
+    assert_eq!(
+        after.ssd_device_reads, before.ssd_device_reads,
+        "device reads"
+    );
+
+    let served_touched = |cache: &crate::ZipCache| {
+        let item = cache.get_item(b"big", crate::GetOptions::default());
+        let item = item.unwrap().expect("served");
+        assert!(item.value == big);
+        let meta = (item.flags, item.cas, item.expires_at_ms);
+        assert_eq!(meta, (9, cas, Some(expires)));
+    };
+    served_touched(&cache);
+    cache.close().unwrap();
+
+    let cache = engine(&dir);
+    assert!(cache.warm_started());
+    served_touched(&cache);
+    drop(cache);
+    std::fs::remove_dir_all(&dir).unwrap();
+}

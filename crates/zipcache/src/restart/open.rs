@@ -77,6 +77,10 @@ pub(crate) fn open_tiers(
         }),
         memory.clone(),
     ));
+    let settings = SsdSettings {
+        loaded_dictionaries: dictionaries.any_live(),
+        ..settings
+    };
     // may do I/O: the superblock and the index files are read
     let saved = read_saved(
         config,
@@ -146,6 +150,7 @@ fn ssd_settings(config: &Config, device: &dyn BlockDevice, layout: Layout) -> Ss
             .training_settings()
             .filter(|_| host_compression && config.ssd_dictionaries)
             .map(block_training),
+        loaded_dictionaries: false,
     }
 }
 

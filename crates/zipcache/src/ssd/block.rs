@@ -70,7 +70,7 @@ impl Stored {
         let Packing::Host(current) = packing else {
             return Some(Stored::raw(raw, count, base));
         };
-        let with = current.map(|c| (c.id, &*c.dictionary));
+        let with = current.map(|c| (c.id, c.dictionary.zstd()));
         Some(match host_compression::pack(&raw, with, spent_ns) {
             Some((bytes, packing)) => Stored {
                 bytes,
@@ -177,7 +177,7 @@ pub fn open<'a>(
     let payload = match PACKING.get(block) {
         RAW => stored,
         packing if VERSION.get(block) == FORMAT_VERSION => {
-            host_compression::unpack(packing, stored, dictionaries, scratch)?
+            host_compression::unpack(packing, stored, |id| dictionaries.get(id), scratch)?
         }
         _ => return None,
     };

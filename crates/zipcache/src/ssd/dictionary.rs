@@ -89,15 +89,9 @@ impl BlockDictionary {
         }))
     }
 
-    /// Appends `raw` compressed with this dictionary (a zstd frame with its checksum).
-    pub fn compress(&self, raw: &[u8], out: &mut Vec<u8>) -> Option<usize> {
-        self.zstd.compress(raw, out)
-    }
-
-    /// The `len` bytes a frame of this dictionary holds; `None` if it does not decode to
-    /// exactly that with a good checksum.
-    pub fn decompress(&self, frame: &[u8], len: usize) -> Option<Vec<u8>> {
-        self.zstd.decompress(frame, len)
+    /// Its prepared zstd form, which blocks are packed with (`host_compression::pack`).
+    pub fn zstd(&self) -> &Dictionary {
+        &self.zstd
     }
 }
 
@@ -133,7 +127,8 @@ impl Kind for BlockDictionary {
         for (i, record) in held_out.iter().enumerate() {
             block.extend_from_slice(record);
             if block.len() >= JUDGED_BLOCK || i + 1 == held_out.len() {
-                let packed = host_compression::pack(&block, dictionary.map(|d| (1, d)), &spent);
+                let packed =
+                    host_compression::pack(&block, dictionary.map(|d| (1, d.zstd())), &spent);
                 cost += packed.map_or(block.len(), |(bytes, _)| bytes.len());
                 block.clear();
             }
@@ -232,9 +227,10 @@ pub struct BlockDictionaries {
 }
 
 impl BlockDictionaries {
-    /// Block dictionaries trained with `training` (`None`: never, blocks are packed with
-    /// LZ4 alone), persisted in `files` if given, which are loaded now (with training):
-    /// every intact one goes into the table, named by no block yet (may do I/O).
+    /// Block dictionaries trained with `training` (`None`: never, new blocks are packed
+    /// with LZ4 alone), persisted in `files` if given, which are loaded now whatever
+    /// `training` says, since blocks a previous run wrote may name them: every intact one
+    /// goes into the table, named by no block yet (may do I/O).
     pub fn open(
         training: Option<TrainingSettings>,
         files: Option<DictionaryFiles>,
@@ -244,9 +240,7 @@ impl BlockDictionaries {
             live: Default::default(),
             current: 0,
         };
-        // Without training blocks are packed with LZ4 alone, and not counted by
-        // dictionary: blocks that name one read as misses.
-        if let Some(files) = files.as_ref().filter(|_| training.is_some()) {
+        if let Some(files) = &files {
             for slot in 1..=LIVE as u8 {
                 let Some((id, raw)) = files.read(slot) else {
                     continue;
@@ -268,20 +262,29 @@ impl BlockDictionaries {
     }
 
     /// After the tier counted the blocks it holds (`count`): dictionaries no block names
-    /// leave, but for the one most blocks name, which stays current (may do I/O).
+    /// leave, but for the one most blocks name, which stays current when dictionaries are
+    /// trained (without training none is current: new blocks are packed with LZ4 alone,
+    /// and the loaded ones stay only while blocks name them) (may do I/O).
     pub fn settle_after_open(&self) {
         let mut table = self.table.write();
-        let kept = (1..=LIVE as u8)
-            .filter_map(|slot| table.slot(slot).map(|live| (live.blocks, live.id, slot)))
-            .max()
-            .map_or(0, |(_, _, slot)| slot);
-        table.current = kept;
-        if let (Some(trainer), Some(live)) = (&self.trainer, table.slot(kept)) {
-            trainer.make_current(Some(live.dictionary.clone()));
+        if let Some(trainer) = &self.trainer {
+            let kept = (1..=LIVE as u8)
+                .filter_map(|slot| table.slot(slot).map(|live| (live.blocks, live.id, slot)))
+                .max()
+                .map_or(0, |(_, _, slot)| slot);
+            table.current = kept;
+            if let Some(live) = table.slot(kept) {
+                trainer.make_current(Some(live.dictionary.clone()));
+            }
         }
         for slot in 1..=LIVE as u8 {
             self.drop_if_unused(&mut table, slot);
         }
+    }
+
+    /// Whether the table holds any dictionary (one loaded at open, or adopted since).
+    pub fn any_live(&self) -> bool {
+        self.table.read().live.iter().any(Option::is_some)
     }
 
     /// Objects the flusher is about to write: offered to the trainer's reservoir as
@@ -358,15 +361,16 @@ impl BlockDictionaries {
         })
     }
 
-    /// The live dictionary of id `id`, for a block that names it.
-    pub fn get(&self, id: u32) -> Option<Arc<BlockDictionary>> {
+    /// The prepared zstd form of the live dictionary of id `id`, for a block that names
+    /// it (`host_compression::unpack`).
+    pub fn get(&self, id: u32) -> Option<Arc<Dictionary>> {
         let table = self.table.read();
         table
             .live
             .iter()
             .flatten()
             .find(|live| live.id == id)
-            .map(|live| live.dictionary.clone())
+            .map(|live| live.dictionary.zstd.clone())
     }
 
     /// The slot of the live dictionary of id `id` (a block of a loaded index), 0 if none.
@@ -446,9 +450,13 @@ mod tests {
     use super::super::{SsdSettings, SsdTier};
     use super::*;
     use crate::config::SystemClock;
+    use crate::dictionary::page::tests::text_records;
     use crate::dictionary::page::text_record;
     use crate::eviction::EvictionSink;
+    use crate::format::block::PACKED_ZSTD;
+    use crate::format::packing::{DICTIONARY, RAW_LEN, RAW_MAX, ZSTD_FRAME};
     use crate::restart::dir::FsDir;
+    use host_compression::{pack, unpack};
 
     fn key(i: u32) -> Vec<u8> {
         format!("{i:016}").into_bytes()
@@ -633,5 +641,126 @@ mod tests {
         assert!(trainer.counters.trained.load(Ordering::Relaxed) >= 1);
         dictionaries.adopt();
         assert!(dictionaries.current().is_none());
+    }
+
+    /// A dictionary trained on text records like the ones packed below, not those.
+    fn trained_on_records(seed: u64) -> Arc<BlockDictionary> {
+        let samples: Vec<Vec<u8>> = (0..2000u64)
+            .map(|i| text_records(seed ^ (i << 20), 1))
+            .collect();
+        let samples: Vec<&[u8]> = samples.iter().map(|s| &s[..]).collect();
+        let raw = train_from_samples(&samples, 32 << 10).expect("trains");
+        BlockDictionary::prepare(&raw, Arc::new(Memory::default())).expect("prepares")
+    }
+
+    /// A table whose current dictionary is `dictionary`.
+    fn holding(dictionary: &Arc<BlockDictionary>) -> BlockDictionaries {
+        let training = TrainingSettings {
+            samples: 64,
+            dictionary_size: 16 << 10,
+        };
+        let dictionaries = BlockDictionaries::open(Some(training), None, Arc::default());
+        dictionaries.make_candidate(dictionary.clone());
+        dictionaries.adopt();
+        assert!(dictionaries.current().is_some());
+        dictionaries
+    }
+
+    /// How `unpack` finds the dictionary a block names: in `table`.
+    fn by_id(table: &BlockDictionaries) -> impl FnOnce(u32) -> Option<Arc<Dictionary>> + '_ {
+        move |id| table.get(id)
+    }
+
+    /// Text records packed with zstd and a trained dictionary: smaller than LZ4, named by
+    /// the dictionary's id, and read back only with that very dictionary.
+    #[test]
+    fn zstd_with_a_dictionary_round_trips_and_only_with_it() {
+        let spent = AtomicU64::new(0);
+        let raw = text_records(0x5151, 70);
+        let dictionary = trained_on_records(1);
+        let (lz4, _) = pack(&raw, None, &spent).unwrap();
+        let (packed, packing) = pack(&raw, Some((1, dictionary.zstd())), &spent).unwrap();
+        assert_eq!(packing, PACKED_ZSTD);
+        assert_eq!(DICTIONARY.get(&packed), 1);
+        let mut scratch = Vec::new();
+        assert!(
+            packed.len() * 10 < lz4.len() * 9,
+            "{} with the dictionary, {} LZ4",
+            packed.len(),
+            lz4.len()
+        );
+        let with = holding(&dictionary);
+        let id = with.current().unwrap().id;
+        let (packed, _) = pack(&raw, Some((id, dictionary.zstd())), &spent).unwrap();
+        assert_eq!(
+            unpack(packing, &packed, by_id(&with), &mut scratch),
+            Some(&raw[..])
+        );
+        // No dictionary by that id, or another one under its id: refused.
+        let none = BlockDictionaries::open(None, None, Arc::default());
+        assert_eq!(unpack(packing, &packed, by_id(&none), &mut scratch), None);
+        let impostor = holding(&trained_on_records(2));
+        let impostor_by_id = |_| impostor.get(impostor.current()?.id);
+        assert_eq!(unpack(packing, &packed, impostor_by_id, &mut scratch), None);
+        // A frame cut short or damaged, a raw length that lies: refused.
+        let mut damaged = packed.clone();
+        let last = damaged.len() - 3;
+        damaged[last] ^= 0x20;
+        assert_eq!(unpack(packing, &damaged, by_id(&with), &mut scratch), None);
+        for cut in [0, 1, ZSTD_FRAME, packed.len() - 1] {
+            assert_eq!(
+                unpack(packing, &packed[..cut], by_id(&with), &mut scratch),
+                None
+            );
+        }
+        let mut lying = packed.clone();
+        RAW_LEN.set(&mut lying, raw.len() as u16 - 1);
+        assert_eq!(unpack(packing, &lying, by_id(&with), &mut scratch), None);
+    }
+
+    #[test]
+    fn what_packing_cannot_shrink_or_describe_is_not_packed() {
+        let spent = AtomicU64::new(0);
+        let dictionary = trained_on_records(3);
+        for with in [None, Some((1, dictionary.zstd()))] {
+            assert!(pack(&noise(0x2545_F491, 2000), with, &spent).is_none());
+            assert!(pack(&vec![0u8; RAW_MAX + 1], with, &spent).is_none());
+            assert!(pack(&vec![0u8; RAW_MAX], with, &spent).is_some());
+        }
+    }
+
+    /// A restart whose settings train no dictionary (`training` `None`) still loads the
+    /// files, so that blocks naming them read; none becomes current, and once no block
+    /// names one, it and its file go.
+    #[test]
+    fn dictionaries_are_loaded_without_training_and_leave_when_unnamed() {
+        let path = std::env::temp_dir().join(format!("zc-block-dict-off-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&path);
+        std::fs::create_dir_all(&path).unwrap();
+        let files = || DictionaryFiles {
+            dir: Arc::new(FsDir::new(&path)),
+            prefix: "ssd.dict-".into(),
+        };
+        let ssd = tier(Some(files()));
+        let dictionary = trained(1);
+        ssd.dictionaries.make_candidate(dictionary.clone());
+        absorb(&ssd, 0..400, 0);
+        let id = ssd.dictionaries.current().unwrap().id;
+
+        let untrained = BlockDictionaries::open(None, Some(files()), Arc::default());
+        assert!(untrained.any_live());
+        assert!(untrained.get(id).is_some(), "loaded for reading");
+        let slot = untrained.slot_of(id);
+        untrained.count(0, slot);
+        untrained.settle_after_open();
+        assert!(
+            untrained.current().is_none(),
+            "no training: LZ4 for new blocks"
+        );
+        assert!(untrained.get(id).is_some(), "a block names it");
+        untrained.count(slot, 0);
+        assert!(untrained.get(id).is_none(), "no block names it any more");
+        assert!(files().read(slot).is_none(), "its file went with it");
+        std::fs::remove_dir_all(&path).unwrap();
     }
 }

@@ -7,11 +7,15 @@
 //! (u32 LE) and one zstd frame compressed with it, whose checksum refuses a frame
 //! decoded with any other dictionary. Packing happens in the flusher (merges, splits); a
 //! GET only unpacks the one block it read.
+//!
+//! Codecs only: which dictionary a block is packed with, and which one an id names, is
+//! the block dictionaries' business (`ssd/dictionary.rs`), which packs through here.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
-use super::dictionary::{BlockDictionaries, BlockDictionary};
+use crate::dictionary::Dictionary;
 use crate::format::block::{PACKED, PACKED_ZSTD};
 use crate::format::packing::{DICTIONARY, LZ4_BLOCK, RAW_LEN, RAW_MAX, ZSTD_FRAME};
 
@@ -20,7 +24,7 @@ use crate::format::packing::{DICTIONARY, LZ4_BLOCK, RAW_LEN, RAW_MAX, ZSTD_FRAME
 /// it is longer than [`RAW_MAX`]. Adds the time spent to `spent_ns`.
 pub fn pack(
     raw: &[u8],
-    dictionary: Option<(u32, &BlockDictionary)>,
+    dictionary: Option<(u32, &Dictionary)>,
     spent_ns: &AtomicU64,
 ) -> Option<(Vec<u8>, u8)> {
     if raw.len() > RAW_MAX {
@@ -42,12 +46,12 @@ pub fn pack(
 }
 
 /// The raw records of a payload of packing `packing`, unpacked into `scratch`; `None`
-/// unless it decodes to exactly the length it claims (with, for zstd, the dictionary it
-/// names, known to `dictionaries`, and the frame's checksum good).
+/// unless it decodes to exactly the length it claims (with, for zstd, the dictionary of
+/// the id it names, as `dictionary_of` gives it, and the frame's checksum good).
 pub fn unpack<'s>(
     packing: u8,
     packed: &[u8],
-    dictionaries: &BlockDictionaries,
+    dictionary_of: impl FnOnce(u32) -> Option<Arc<Dictionary>>,
     scratch: &'s mut Vec<u8>,
 ) -> Option<&'s [u8]> {
     let raw_len = usize::from(RAW_LEN.get(packed.get(..RAW_LEN.end())?));
@@ -59,7 +63,7 @@ pub fn unpack<'s>(
         }
         PACKED_ZSTD => {
             let (header, frame) = packed.split_at_checked(ZSTD_FRAME)?;
-            let dictionary = dictionaries.get(DICTIONARY.get(header))?;
+            let dictionary = dictionary_of(DICTIONARY.get(header))?;
             *scratch = dictionary.decompress(frame, raw_len)?;
             Some(&scratch[..])
         }
@@ -85,38 +89,11 @@ pub fn decompress_exactly(block: &[u8], raw: &mut [u8]) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-
     use super::*;
-    use crate::dictionary::page::tests::text_records;
-    use crate::dictionary::training::train_from_samples;
-    use crate::memory::Memory;
 
-    fn none() -> BlockDictionaries {
-        BlockDictionaries::open(None, None, Arc::default())
-    }
-
-    /// A dictionary trained on text records like the ones packed below, not those.
-    fn trained(seed: u64) -> Arc<BlockDictionary> {
-        let samples: Vec<Vec<u8>> = (0..2000u64)
-            .map(|i| text_records(seed ^ (i << 20), 1))
-            .collect();
-        let samples: Vec<&[u8]> = samples.iter().map(|s| &s[..]).collect();
-        let raw = train_from_samples(&samples, 32 << 10).expect("trains");
-        BlockDictionary::prepare(&raw, Arc::new(Memory::default())).expect("prepares")
-    }
-
-    /// A table whose current dictionary is `dictionary`.
-    fn holding(dictionary: &Arc<BlockDictionary>) -> BlockDictionaries {
-        let training = crate::dictionary::training::TrainingSettings {
-            samples: 64,
-            dictionary_size: 16 << 10,
-        };
-        let dictionaries = BlockDictionaries::open(Some(training), None, Arc::default());
-        dictionaries.make_candidate(dictionary.clone());
-        dictionaries.adopt();
-        assert!(dictionaries.current().is_some());
-        dictionaries
+    /// No block dictionary known by any id.
+    fn none(_: u32) -> Option<Arc<Dictionary>> {
+        None
     }
 
     #[test]
@@ -127,73 +104,8 @@ mod tests {
         assert_eq!(packing, PACKED);
         assert!(packed.len() < raw.len() / 4);
         let mut scratch = Vec::new();
-        assert_eq!(
-            unpack(packing, &packed, &none(), &mut scratch),
-            Some(&raw[..])
-        );
+        assert_eq!(unpack(packing, &packed, none, &mut scratch), Some(&raw[..]));
         assert!(spent.load(Ordering::Relaxed) > 0);
-    }
-
-    /// Text records packed with zstd and a trained dictionary: smaller than LZ4, named by
-    /// the dictionary's id, and read back only with that very dictionary.
-    #[test]
-    fn zstd_with_a_dictionary_round_trips_and_only_with_it() {
-        let spent = AtomicU64::new(0);
-        let raw = text_records(0x5151, 70);
-        let dictionary = trained(1);
-        let (lz4, _) = pack(&raw, None, &spent).unwrap();
-        let (packed, packing) = pack(&raw, Some((1, &dictionary)), &spent).unwrap();
-        assert_eq!(packing, PACKED_ZSTD);
-        assert_eq!(DICTIONARY.get(&packed), 1);
-        let mut scratch = Vec::new();
-        assert!(
-            packed.len() * 10 < lz4.len() * 9,
-            "{} with the dictionary, {} LZ4",
-            packed.len(),
-            lz4.len()
-        );
-        let with = holding(&dictionary);
-        let id = with.current().unwrap().id;
-        let (packed, _) = pack(&raw, Some((id, &dictionary)), &spent).unwrap();
-        assert_eq!(
-            unpack(packing, &packed, &with, &mut scratch),
-            Some(&raw[..])
-        );
-        // No dictionary by that id, or another one under its id: refused.
-        assert_eq!(unpack(packing, &packed, &none(), &mut scratch), None);
-        let impostor = holding(&trained(2));
-        assert_eq!(unpack(packing, &packed, &impostor, &mut scratch), None);
-        // A frame cut short or damaged, a raw length that lies: refused.
-        let mut damaged = packed.clone();
-        let last = damaged.len() - 3;
-        damaged[last] ^= 0x20;
-        assert_eq!(unpack(packing, &damaged, &with, &mut scratch), None);
-        for cut in [0, 1, ZSTD_FRAME, packed.len() - 1] {
-            assert_eq!(unpack(packing, &packed[..cut], &with, &mut scratch), None);
-        }
-        let mut lying = packed.clone();
-        RAW_LEN.set(&mut lying, raw.len() as u16 - 1);
-        assert_eq!(unpack(packing, &lying, &with, &mut scratch), None);
-    }
-
-    #[test]
-    fn what_packing_cannot_shrink_or_describe_is_not_packed() {
-        let spent = AtomicU64::new(0);
-        let mut state = 0x2545_F491_4F6C_DD1Du64;
-        let noise: Vec<u8> = (0..2000)
-            .map(|_| {
-                state ^= state << 13;
-                state ^= state >> 7;
-                state ^= state << 17;
-                (state >> 24) as u8
-            })
-            .collect();
-        let dictionary = trained(3);
-        for with in [None, Some((1, &*dictionary))] {
-            assert!(pack(&noise, with, &spent).is_none());
-            assert!(pack(&vec![0u8; RAW_MAX + 1], with, &spent).is_none());
-            assert!(pack(&vec![0u8; RAW_MAX], with, &spent).is_some());
-        }
     }
 
     /// A packed payload that lies about its raw length, or is cut short, is refused.
@@ -207,16 +119,16 @@ mod tests {
             let mut lying = packed.clone();
             lying[..2].copy_from_slice(&(claimed as u16).to_le_bytes());
             assert!(
-                unpack(packing, &lying, &none(), &mut scratch).is_none(),
+                unpack(packing, &lying, none, &mut scratch).is_none(),
                 "claimed {claimed}"
             );
         }
         for cut in [0, 1, 2, packed.len() / 2, packed.len() - 1] {
             assert!(
-                unpack(packing, &packed[..cut], &none(), &mut scratch).is_none(),
+                unpack(packing, &packed[..cut], none, &mut scratch).is_none(),
                 "cut at {cut}"
             );
         }
-        assert!(unpack(3, &packed, &none(), &mut scratch).is_none());
+        assert!(unpack(3, &packed, none, &mut scratch).is_none());
     }
 }

@@ -102,7 +102,8 @@ struct SlState {
     /// Objects in each sub-page; 0 means the block holds nothing (and is not read).
     counts: Box<[u16]>,
     /// The slot of the block dictionary each sub-page's block was packed with
-    /// (`dictionary.rs`); 0 for none. Empty (no allocation) without block dictionaries.
+    /// (`dictionary.rs`); 0 for none. Empty (no allocation) where no block may name one
+    /// (`SsdSettings::dictionary_slots`).
     dictionaries: Box<[u8]>,
     /// Each sub-page's presence filter (`presence.rs`): a GET whose key it rules out
     /// reads nothing. `None` when the setting is off.
@@ -156,6 +157,11 @@ pub struct SsdSettings {
     /// With `host_compression`: train block dictionaries this way and pack with zstd and
     /// them where they pay (`dictionary.rs`); `None`, LZ4 alone.
     pub dictionaries: Option<TrainingSettings>,
+    /// With `host_compression`: block dictionaries a previous run wrote were loaded, so
+    /// blocks may name them even if none is trained now; each descriptor then remembers
+    /// which dictionary its blocks were packed with, so that a dictionary stays while
+    /// blocks name it.
+    pub loaded_dictionaries: bool,
 }
 
 impl SsdSettings {
@@ -190,10 +196,10 @@ impl SsdSettings {
         }
     }
 
-    /// A new descriptor's dictionary slots, each 0: one a sub-page if blocks may be packed
-    /// with a dictionary, none otherwise.
+    /// A new descriptor's dictionary slots, each 0: one a sub-page if blocks may name a
+    /// dictionary (one is trained, or was loaded), none otherwise.
     fn dictionary_slots(&self) -> Box<[u8]> {
-        let on = self.host_compression && self.dictionaries.is_some();
+        let on = self.host_compression && (self.dictionaries.is_some() || self.loaded_dictionaries);
         vec![0; if on { self.subpages } else { 0 }].into_boxed_slice()
     }
 

@@ -20,6 +20,7 @@ pub(super) fn settings(slots: u64) -> SsdSettings {
         presence_filters: true,
         host_compression: false,
         dictionaries: None,
+        loaded_dictionaries: false,
     }
 }
 

@@ -55,6 +55,11 @@ pub(crate) enum Op {
     Append {
         key: u16,
     },
+    /// A metadata change alone (`update_meta`): a new expiry and flags, the CAS kept.
+    Touch {
+        key: u16,
+        ttl_ms: Option<u64>,
+    },
     Scan {
         start: u16,
         end: u16,
@@ -151,6 +156,8 @@ fn op_strategy(keys: u16) -> impl Strategy<Value = Op> {
         6 => (0..keys).prop_map(|key| Op::Get { key }),
         2 => (0..keys).prop_map(|key| Op::Delete { key }),
         1 => (0..keys).prop_map(|key| Op::Append { key }),
+        1 => (0..keys, proptest::option::weighted(0.5, 1u64..5000))
+            .prop_map(|(key, ttl_ms)| Op::Touch { key, ttl_ms }),
         1 => (0..keys, 0..keys, 1usize..50, scan_view()).prop_map(|(start, end, limit, view)| Op::Scan { start, end, limit, view }),
         1 => (1u64..3000).prop_map(|ms| Op::Advance { ms }),
         1 => Just(Op::Maintain),
@@ -473,6 +480,48 @@ impl Harness {
                         let cas = cas.unwrap();
                         assert!(client_cas.is_none_or(|chosen| chosen == cas));
                         self.model.insert(k, Item { value, cas, ..old });
+                    }
+                    None => assert!(self.live(&k).is_none() || self.evicted()),
+                }
+            }
+            Op::Touch { key, ttl_ms } => {
+                let k = key_of(key);
+                let expires_at_ms = ttl_ms.map(|t| self.clock.now_ms() + t);
+                let (seen, cas) = self
+                    .cache
+                    .update_meta(&k, |cur| match cur {
+                        Some(info) => {
+                            let options = PutOptions {
+                                expires_at_ms,
+                                flags: info.flags + 1,
+                                cas: Some(info.cas),
+                                ..PutOptions::default()
+                            };
+                            (Update::SetMeta(options), Some(*info))
+                        }
+                        None => (Update::Keep, None),
+                    })
+                    .unwrap();
+                match seen {
+                    Some(seen) => {
+                        let want = self.live(&k).cloned();
+                        let want = want.expect("touch found a key the model has not");
+                        let want_info = ItemInfo {
+                            value_len: want.value.len(),
+                            flags: want.flags,
+                            cas: want.cas,
+                            expires_at_ms: want.expires_at_ms,
+                            access: seen.access,
+                        };
+                        assert_eq!(seen, want_info, "touch saw wrong metadata for {key}");
+                        assert_eq!(cas, Some(want.cas), "a touch keeps the CAS");
+                        self.written(&k);
+                        let touched = Item {
+                            flags: want.flags + 1,
+                            expires_at_ms,
+                            ..want
+                        };
+                        self.model.insert(k, touched);
                     }
                     None => assert!(self.live(&k).is_none() || self.evicted()),
                 }

@@ -10,7 +10,6 @@ pub mod sasl;
 
 use zipcache::Update;
 
-use super::annotations::Entry;
 use super::parse::StoreMode;
 use super::text::{self, Counted, Counting, FlushRefused, StoreOutcome, Storing};
 use super::watch::CloseReason;
@@ -135,9 +134,9 @@ impl MemcacheSession {
             } => get(&mut cx, key, with_key, touch, &mut reply),
             Command::Touch { key, exptime } => {
                 Counters::bump(&shared.core.counters.cmd_touch);
-                match text::touch(shared, key, i64::from(exptime)) {
-                    Ok(Some(Entry { item, .. })) => {
-                        reply.success(item.cas, &item.flags.to_be_bytes(), &[], &[]);
+                match text::touch_metadata(shared, key, i64::from(exptime)) {
+                    Ok(Some(info)) => {
+                        reply.success(info.cas, &info.flags.to_be_bytes(), &[], &[]);
                     }
                     Ok(None) => reply.error(Status::KeyNotFound),
                     Err(e) => reply.engine_error(&e),

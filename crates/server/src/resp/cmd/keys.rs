@@ -7,7 +7,7 @@ use std::ops::Bound;
 
 use zipcache::ZipCache;
 
-use super::{Args, Command, NO_TOUCH, NOT_INTEGER, Result, SYNTAX, Spec, integer, spec};
+use super::{Args, Command, NOT_INTEGER, Result, SYNTAX, Spec, integer, spec};
 use crate::resp::Resp;
 use crate::resp::{Reply, glob};
 use crate::transport::output::OUTPUT_BUDGET;
@@ -202,12 +202,14 @@ impl KeyCommand<'_> {
             KeyCommand::Exists { keys } => {
                 let mut found = 0;
                 for key in keys {
-                    found += cache.get_item(key, NO_TOUCH)?.is_some() as i64;
+                    // may do I/O: one SSD block for a small object; no large extent
+                    found += cache.info(key)?.is_some() as i64;
                 }
                 out.integer(found);
             }
             KeyCommand::Type { key } => {
-                let found = cache.get_item(key, NO_TOUCH)?.is_some();
+                // may do I/O: one SSD block for a small object; no large extent
+                let found = cache.info(key)?.is_some();
                 out.simple(if found { "string" } else { "none" });
             }
             KeyCommand::Scan {

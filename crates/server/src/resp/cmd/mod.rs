@@ -433,15 +433,12 @@ pub fn rewrite(item: Option<&Item>, value: Vec<u8>) -> Update {
 /// `item` as it is, access state included, expiring at `at` instead (EXPIRE, PERSIST,
 /// GETEX).
 pub fn redate(item: &Item, at: Option<u64>) -> Update {
-    Update::Put {
-        value: item.value.clone(),
-        options: PutOptions {
-            expires_at_ms: at,
-            flags: item.flags,
-            access: item.access,
-            ..PutOptions::default()
-        },
-    }
+    Update::SetMeta(PutOptions {
+        expires_at_ms: at,
+        flags: item.flags,
+        access: item.access,
+        ..PutOptions::default()
+    })
 }
 
 #[cfg(test)]

@@ -8,8 +8,8 @@ use std::sync::Arc;
 use zipcache::{GetOptions, Item, Update};
 
 use super::{
-    Args, Command, ErrorReply, Flow, NO_TOUCH, NOT_INTEGER, NewExpiry, Result, SYNTAX, Spec,
-    expiry_ms, integer, invalid_expire, rewrite, spec, store,
+    Args, Command, ErrorReply, Flow, NOT_INTEGER, NewExpiry, Result, SYNTAX, Spec, expiry_ms,
+    integer, invalid_expire, rewrite, spec, store,
 };
 use crate::core::stats::Counters;
 use crate::resp::Resp;
@@ -435,7 +435,8 @@ impl StringCommand<'_> {
             } => set(shared, key, value, options, out)?,
             StringCommand::SetNx { key, value } => {
                 Counters::bump(&shared.core.counters.cmd_set);
-                let (stored, _) = cache.update(key, |current| match current {
+                // may do I/O: one SSD block for a small object; no large extent
+                let (stored, _) = cache.update_meta(key, |current| match current {
                     Some(_) => (Update::Keep, false),
                     None => (store(value.to_vec(), None, 0), true),
                 })?;
@@ -482,7 +483,8 @@ impl StringCommand<'_> {
                 out.integer(len as i64);
             }
             StringCommand::Strlen { key } => {
-                out.integer(cache.get(key)?.map_or(0, |v| v.len() as i64));
+                // may do I/O: one SSD block for a small object; no large extent
+                out.integer(cache.info(key)?.map_or(0, |i| i.value_len as i64));
             }
             StringCommand::MGet { keys } => {
                 // The values follow as the socket drains (`MultiGet`).
@@ -493,7 +495,7 @@ impl StringCommand<'_> {
                 // MSETNX checks, then writes: atomic per key, not across its keys.
                 if only_new {
                     for pair in pairs.chunks_exact(2) {
-                        if cache.get_item(pair[0], NO_TOUCH)?.is_some() {
+                        if cache.info(pair[0])?.is_some() {
                             out.integer(0);
                             return Ok(Flow::Continue);
                         }
@@ -639,7 +641,7 @@ fn substring(value: &[u8], start: i64, end: i64) -> &[u8] {
 /// SETRANGE: overwrites from `offset`, zero-padding a shorter value; the new length.
 fn setrange(shared: &Resp, key: &[u8], offset: usize, value: &[u8]) -> Result<usize> {
     if value.is_empty() {
-        return Ok(shared.core.cache.get(key)?.map_or(0, |v| v.len()));
+        return Ok(shared.core.cache.info(key)?.map_or(0, |i| i.value_len));
     }
     let end = offset
         .checked_add(value.len())
