@@ -2,8 +2,9 @@
 //! `zipcache serve` (64 MiB DRAM + a 1 GiB SSD file by default), runs well-behaved clients
 //! (look-aside GET/SET, half memcached, half RESP, every value derived from its key and
 //! checked) beside hostile ones (amplified multi-gets, a 200,000-key `MGET`, slowloris
-//! partial requests, oversized declared lengths, connection churn), samples the server's
-//! RSS once a second, and writes `rss.csv`, `rss.png` and `summary.json`.
+//! partial requests, oversized declared lengths, connection churn, large-value readers
+//! that never read their replies), samples the server's RSS once a second, and writes
+//! `rss.csv`, `rss.png` and `summary.json`.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -46,6 +47,12 @@ pub struct HostileArgs {
     /// Keys of the hostile `MGET`.
     #[arg(long, default_value_t = 200_000)]
     pub mget_keys: usize,
+    /// 1 MiB values `big0`… that each large-value reader asks for in one `get`.
+    #[arg(long, default_value_t = 64)]
+    pub large_values: usize,
+    /// Connections of each large-value reader (each `get big0 … bigN` never read).
+    #[arg(long, default_value_t = 50)]
+    pub large_readers: usize,
     /// The server's `--dram`.
     #[arg(long, default_value = "64MiB")]
     pub dram: String,
@@ -320,14 +327,18 @@ pub fn hostile(args: &HostileArgs) -> Result<Summary, String> {
     Ok(summary)
 }
 
-/// Stores every well-behaved key and the 1 MiB value `big`, pipelined.
+/// Stores every well-behaved key, the 1 MiB value `big` and the large-value readers'
+/// 1 MiB values, pipelined.
 async fn fill(addr: &str, args: &HostileArgs) -> Result<(), String> {
     let err = |e: std::io::Error| format!("fill: {e}");
     let mut conn = BufReader::new(TcpStream::connect(addr).await.map_err(err)?);
-    let big = value_of(b"big", 1 << 20);
-    let mut request = format!("set big 0 0 {}\r\n", big.len()).into_bytes();
-    request.extend_from_slice(&big);
-    request.extend_from_slice(b"\r\n");
+    let mut request = Vec::new();
+    for key in std::iter::once("big".to_string()).chain((0..args.large_values).map(large_key)) {
+        let big = value_of(key.as_bytes(), 1 << 20);
+        request.extend_from_slice(format!("set {key} 0 0 {} noreply\r\n", big.len()).as_bytes());
+        request.extend_from_slice(&big);
+        request.extend_from_slice(b"\r\n");
+    }
     for batch in (0..args.keys).collect::<Vec<_>>().chunks(2000) {
         for &i in batch {
             let key = key_name(i);
@@ -352,6 +363,10 @@ async fn fill(addr: &str, args: &HostileArgs) -> Result<(), String> {
 
 fn key_name(i: usize) -> String {
     format!("k:{i:08}")
+}
+
+fn large_key(i: usize) -> String {
+    format!("big{i}")
 }
 
 /// (seconds since start, RSS) once a second for `duration`; `None` once the process is
@@ -558,12 +573,13 @@ type Attack = fn(
     Arc<AtomicBool>,
 ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
 
-const ATTACKS: [Attack; 5] = [
+const ATTACKS: [Attack; 6] = [
     |a, args, t, s| Box::pin(amplified(a, args, t, s)),
     |a, args, t, s| Box::pin(huge_mget(a, args, t, s)),
     |a, args, t, s| Box::pin(slowloris(a, args, t, s)),
     |a, args, t, s| Box::pin(oversized(a, args, t, s)),
     |a, args, t, s| Box::pin(churn(a, args, t, s)),
+    |a, args, t, s| Box::pin(large_readers(a, args, t, s)),
 ];
 
 /// Sends `request` on a new connection and reads what comes back until the server is
@@ -683,5 +699,34 @@ async fn churn((mc, _): Addrs, _: HostileArgs, tally: Arc<Tally>, stop: Arc<Atom
         }
         tally.hostile.fetch_add(1, Ordering::Relaxed);
         tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+/// `--large-readers` connections each sending `get big0 … bigN` (every large value once)
+/// and reading nothing: every value is a BT_LO extent the server reads into a buffer of
+/// its own. Held 5 s, then all closed and opened again.
+async fn large_readers(
+    (mc, _): Addrs,
+    args: HostileArgs,
+    tally: Arc<Tally>,
+    stop: Arc<AtomicBool>,
+) {
+    let keys: Vec<String> = (0..args.large_values).map(large_key).collect();
+    let request = format!("get {}\r\n", keys.join(" ")).into_bytes();
+    while !stop.load(Ordering::Relaxed) {
+        let mut held = Vec::with_capacity(args.large_readers);
+        for _ in 0..args.large_readers {
+            if let Ok(Ok(mut stream)) =
+                timeout(Duration::from_secs(2), TcpStream::connect(&mc)).await
+                && timeout(Duration::from_secs(2), stream.write_all(&request))
+                    .await
+                    .is_ok_and(|sent| sent.is_ok())
+            {
+                held.push(stream);
+                tally.hostile.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        drop(held);
     }
 }

@@ -6,17 +6,22 @@
 //!   stays within the attack's stated bound above the baseline measured just before it,
 //!   and under 256 MiB overall;
 //! * a well-behaved client on the same server (memcached and RESP connections, values
-//!   derived from their keys) gets only correct answers, each within 1 s, meanwhile;
+//!   derived from their keys) gets only correct answers meanwhile, each within 1 s or,
+//!   on a machine busy enough that its requests were slow before the attack, within a
+//!   multiple of its slowest request then;
 //! * SIGTERM still stops the server cleanly (exit 0, the index files written) and the next
 //!   start is warm (every key stored before the attack reads back).
 //!
 //! The controls (same harness, no amplification) show that the bounds leave room for
-//! honest traffic.
+//! honest traffic. One server is under attack at a time ([`Attacked`]): the tests of this
+//! file run in parallel threads, and attacks beside each other would measure each
+//! other's load (a well-behaved SET took 5.5 s on a busy machine that way).
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
-use std::sync::Arc;
+use std::ops::Deref;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
@@ -40,8 +45,11 @@ const PER_CONNECTION: u64 = 2 * MIB;
 /// (`control_*` tests pass within `PER_CONNECTION + SLACK`).
 const SLACK: u64 = 6 * MIB;
 /// Every request of the well-behaved client must be answered within this (generous: the
-/// machine is shared and noisy; the issue's p99 target is 100 ms).
+/// machine is shared and noisy; the issue's p99 target is 100 ms)...
 const REQUEST_LATENCY: Duration = Duration::from_secs(1);
+/// ... or within this many times its slowest request before the attack, where that is
+/// longer: on a machine busy with other work every request is slower, attack or not.
+const LATENCY_OVER_BASELINE: u32 = 20;
 /// Keys stored before every attack and read back after the restart.
 const WARM_KEYS: usize = 200;
 const WARM_VALUE: usize = 300;
@@ -55,14 +63,35 @@ fn warm_key(i: usize) -> String {
 // ---------------------------------------------------------------------------------------
 // The server process and its RSS.
 
+/// Taken by every test for its whole run, so that one server is under attack at a time.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+/// A server for one test, which holds [`ONE_AT_A_TIME`] until it ends.
+struct Attacked {
+    server: Server,
+    _alone: MutexGuard<'static, ()>,
+}
+
+impl Deref for Attacked {
+    type Target = Server;
+
+    fn deref(&self) -> &Server {
+        &self.server
+    }
+}
+
 /// `zipcache serve` on free loopback ports with a fresh data dir `name`, `dram` of
 /// DRAM and an SSD tier.
-fn start(name: &str, dram: &str) -> Server {
+fn start(name: &str, dram: &str) -> Attacked {
     start_with(name, dram, &[])
 }
 
 /// As [`start`], with `extra` flags.
-fn start_with(name: &str, dram: &str, extra: &[&str]) -> Server {
+fn start_with(name: &str, dram: &str, extra: &[&str]) -> Attacked {
+    // A test that failed leaves the lock poisoned; the next one still runs alone.
+    let alone = ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
     let dir = test_dir("adversarial", name);
     let args: Vec<String> = [
         "--listen",
@@ -93,7 +122,10 @@ fn start_with(name: &str, dram: &str, extra: &[&str]) -> Server {
     .chain(extra)
     .map(|s| s.to_string())
     .collect();
-    Server::spawn(dir, args)
+    Attacked {
+        server: Server::spawn(dir, args),
+        _alone: alone,
+    }
 }
 
 /// SIGTERM stops the server with exit 0 and the warm-restart index files; the next
@@ -318,8 +350,40 @@ fn store_warm_keys(server: &Server) {
 #[derive(Default)]
 struct Behaviour {
     requests: u64,
-    slowest: Duration,
+    /// Every correct answer: when its request started, what it was, and how long it took.
+    answered: Vec<(Instant, String, Duration)>,
     failures: Vec<String>,
+}
+
+impl Behaviour {
+    /// The slowest answer to a request started before `at`.
+    fn slowest_before(&self, at: Instant) -> Duration {
+        self.answered
+            .iter()
+            .filter(|(started, ..)| *started < at)
+            .map(|(.., took)| *took)
+            .max()
+            .unwrap_or_default()
+    }
+
+    /// The slowest answer to a request started from `at` on.
+    fn slowest_from(&self, at: Instant) -> Duration {
+        self.answered
+            .iter()
+            .filter(|(started, ..)| *started >= at)
+            .map(|(.., took)| *took)
+            .max()
+            .unwrap_or_default()
+    }
+
+    /// The answers to requests started from `at` on that took longer than `limit`.
+    fn slower_from(&self, at: Instant, limit: Duration) -> Vec<String> {
+        self.answered
+            .iter()
+            .filter(|(started, _, took)| *started >= at && *took > limit)
+            .map(|(_, what, took)| format!("{what} took {took:?}"))
+            .collect()
+    }
 }
 
 /// Connections of a well-behaved client: two memcached, two RESP (so that, with the
@@ -355,7 +419,7 @@ impl WellBehaved {
         for thread in self.threads {
             let one = thread.join().expect("well-behaved client");
             all.requests += one.requests;
-            all.slowest = all.slowest.max(one.slowest);
+            all.answered.extend(one.answered);
             all.failures.extend(one.failures);
         }
         all
@@ -399,12 +463,11 @@ fn behave(id: usize, addr: SocketAddr, resp: bool, stop: &AtomicBool) -> Behavio
             };
             let took = started.elapsed();
             seen.requests += 1;
-            seen.slowest = seen.slowest.max(took);
             match outcome {
-                Ok(true) if took <= REQUEST_LATENCY => {}
-                Ok(true) => seen
-                    .failures
-                    .push(format!("client {id}: {what} {fresh} took {took:?}")),
+                Ok(true) => {
+                    let request = format!("client {id}: {what} {fresh}");
+                    seen.answered.push((started, request, took));
+                }
                 Ok(false) => seen
                     .failures
                     .push(format!("client {id}: {what} {fresh}: WRONG answer")),
@@ -435,31 +498,43 @@ struct Bound {
 /// client, then checks the bound, the client's answers and (after) a clean stop and a
 /// warm restart. The attack returns an error for a wrong reply it saw or a reply that
 /// never came (never for being disconnected: a server may close an abusive connection).
-fn under_attack(server: Server, bound: Bound, attack: impl FnOnce(&Server) -> Result<(), String>) {
-    store_warm_keys(&server);
-    let good = WellBehaved::start(&server);
+fn under_attack(
+    attacked: Attacked,
+    bound: Bound,
+    attack: impl FnOnce(&Server) -> Result<(), String>,
+) {
+    let server = &attacked.server;
+    store_warm_keys(server);
+    let good = WellBehaved::start(server);
     // The baseline includes the well-behaved client's own traffic and whatever the fill
     // left to merge.
     thread::sleep(Duration::from_millis(500));
     let baseline = server.rss();
-    let sampler = RssSampler::start(&server);
+    let sampler = RssSampler::start(server);
     let started = Instant::now();
-    let attacked = attack(&server);
+    let attack_result = attack(server);
     let attack_time = started.elapsed();
     // The well-behaved client runs a little past the attack: a stall it caused shows.
     thread::sleep(Duration::from_millis(300));
-    let behaviour = good.finish();
+    let mut behaviour = good.finish();
     let (peak, killed) = sampler.finish();
+    let slowest_before = behaviour.slowest_before(started);
+    let latency = REQUEST_LATENCY.max(slowest_before * LATENCY_OVER_BASELINE);
+    behaviour
+        .failures
+        .extend(behaviour.slower_from(started, latency));
     eprintln!(
         "baseline RSS {:.1} MiB, peak {:.1} MiB (+{:.1} MiB; bound +{:.1} MiB: {}); attack {attack_time:?}; \
-         well-behaved: {} requests, slowest {:?}, {} failures",
+         well-behaved: {} requests, slowest {:?} before the attack (latency bound {latency:?}), \
+         slowest {:?} during it, {} failures",
         baseline as f64 / MIB as f64,
         peak as f64 / MIB as f64,
         peak.saturating_sub(baseline) as f64 / MIB as f64,
         bound.above_baseline as f64 / MIB as f64,
         bound.why,
         behaviour.requests,
-        behaviour.slowest,
+        slowest_before,
+        behaviour.slowest_from(started),
         behaviour.failures.len(),
     );
     assert!(
@@ -468,7 +543,7 @@ fn under_attack(server: Server, bound: Bound, attack: impl FnOnce(&Server) -> Re
         RUNAWAY_RSS / MIB,
         baseline / MIB
     );
-    if let Err(e) = attacked {
+    if let Err(e) = attack_result {
         panic!("the attacker's request failed: {e}");
     }
     assert!(
@@ -496,7 +571,7 @@ fn under_attack(server: Server, bound: Bound, attack: impl FnOnce(&Server) -> Re
         peak as f64 / MIB as f64,
         OVERALL_RSS / MIB
     );
-    stop_cleanly_and_restart_warm(server);
+    stop_cleanly_and_restart_warm(attacked.server);
 }
 
 /// One connection's output, whatever the request names.
@@ -901,4 +976,96 @@ fn pipeline_that_is_never_read() {
         Ok(())
     });
     drop(stuck);
+}
+
+/// The budget for all connections' buffers the large-value readers run against.
+const CLIENTS_MEMORY: u64 = 64 * MIB;
+/// 1 MiB values, each stored as a large object (BT_LO: one extent on the SSD).
+const LARGE_VALUES: usize = 64;
+/// Connections each asking for every large value once and reading nothing.
+const LARGE_READERS: usize = 100;
+/// Readers that read their whole reply at the end, whichever the server kept.
+const READERS_CHECKED: usize = 4;
+
+fn large_key(i: usize) -> String {
+    format!("big{i}")
+}
+
+/// Every read of a large value allocates its whole extent, and a connection reads ahead
+/// the GETs it has been sent: 100 connections each sending `get big0 … big63` (64 MiB of
+/// values) without reading held 4.8 GB against a 128 MiB `max_clients_memory` before the
+/// reads in flight and their answers were charged to it. The bound is the issue's: what
+/// the connections' buffers may hold, and 64 MiB besides.
+#[test]
+fn connections_reading_large_values_ahead_without_reading_replies() {
+    let server = start_with(
+        "large-readers",
+        DRAM,
+        &["--max-clients-memory", &CLIENTS_MEMORY.to_string()],
+    );
+    let mut conn = Conn::open(server.memcached).expect("connect");
+    let values: Vec<Vec<u8>> = (0..LARGE_VALUES)
+        .map(|i| {
+            let key = large_key(i);
+            let value = value_of(key.as_bytes(), MIB as usize);
+            assert_eq!(conn.mc_set(&key, &value).expect("set"), "STORED");
+            value
+        })
+        .collect();
+    drop(conn);
+    let bound = Bound {
+        above_baseline: CLIENTS_MEMORY + 64 * MIB,
+        why: "max_clients_memory + 64 MiB: reads in flight and their answers charged to it",
+    };
+    under_attack(server, bound, |server| {
+        let keys: Vec<String> = (0..LARGE_VALUES).map(large_key).collect();
+        let request = format!("get {}\r\n", keys.join(" "));
+        let before = server.rss();
+        let mut readers: Vec<Conn> = (0..LARGE_READERS)
+            .filter_map(|_| {
+                let mut conn = Conn::open(server.memcached).ok()?;
+                conn.send(request.as_bytes()).ok()?;
+                Some(conn)
+            })
+            .collect();
+        if readers.len() < LARGE_READERS {
+            return Err(format!("only {} readers connected", readers.len()));
+        }
+        // The server reads ahead for all of them meanwhile.
+        thread::sleep(Duration::from_secs(3));
+        // What a reader the server kept is answered must be right, in order; a cache may
+        // forget a value (BT_LO drops the oldest extents when its log is full).
+        for mut conn in readers.drain(..READERS_CHECKED) {
+            tolerate_disconnect((|| {
+                let mut expected = keys.iter().zip(&values);
+                loop {
+                    let line = conn.line()?;
+                    if line == "END" {
+                        return Ok(());
+                    }
+                    let named = line.split(' ').nth(1).unwrap_or_default();
+                    let Some((key, value)) = expected.find(|(key, _)| *key == named) else {
+                        return Err(invalid(format!("{line:?} out of order")));
+                    };
+                    if conn.mc_value(&line, key)? != *value {
+                        return Err(invalid(format!("a WRONG value for {key}")));
+                    }
+                }
+            })())?;
+        }
+        drop(readers);
+        // Once they are gone, what they held is freed: RSS comes back near where it was.
+        let settled = Instant::now() + Duration::from_secs(20);
+        while server.rss() > before + 16 * MIB {
+            if Instant::now() > settled {
+                return Err(format!(
+                    "RSS {} MiB 20 s after the readers left, {} MiB before them",
+                    server.rss() / MIB,
+                    before / MIB
+                ));
+            }
+            thread::sleep(Duration::from_millis(100));
+        }
+        Ok(())
+    });
 }

@@ -62,6 +62,12 @@ impl AlignedBuf {
         buf
     }
 
+    /// The bytes the buffer holds in memory: its blocks and the spare block that aligns
+    /// them.
+    pub fn allocated(&self) -> usize {
+        self.storage.capacity()
+    }
+
     /// Number of 4 KiB blocks in the buffer.
     pub fn blocks(&self) -> usize {
         self.len / BLOCK_SIZE

@@ -16,7 +16,8 @@ pub struct AsyncGet(State);
 
 enum State {
     Ready(Option<Result<Option<Item>>>),
-    Reading(Reading),
+    /// The read, and the bytes of the device buffer it holds until it completes.
+    Reading(Reading, usize),
 }
 
 impl AsyncGet {
@@ -26,15 +27,26 @@ impl AsyncGet {
 
     pub(crate) fn reading(
         read: impl Future<Output = Result<Option<Item>>> + Send + 'static,
+        buffer_bytes: usize,
     ) -> AsyncGet {
-        AsyncGet(State::Reading(Box::pin(read)))
+        AsyncGet(State::Reading(Box::pin(read), buffer_bytes))
+    }
+
+    /// The bytes the GET's device buffer holds while its read is in flight (a BT_LO
+    /// extent's whole length, or one SSD block), allocation included; 0 once ready. A
+    /// server charges them to the connection that started the read before it awaits it.
+    pub fn buffer_bytes(&self) -> usize {
+        match self.0 {
+            State::Ready(_) => 0,
+            State::Reading(_, bytes) => bytes,
+        }
     }
 
     /// The answer if it needs no waiting (DRAM, BT_LO, or a miss known without a read).
     pub fn take_ready(&mut self) -> Option<Result<Option<Item>>> {
         match &mut self.0 {
             State::Ready(answer) => answer.take(),
-            State::Reading(_) => None,
+            State::Reading(..) => None,
         }
     }
 }
@@ -47,7 +59,7 @@ impl Future for AsyncGet {
             State::Ready(answer) => {
                 Poll::Ready(answer.take().expect("AsyncGet polled after completion"))
             }
-            State::Reading(read) => read.as_mut().poll(cx),
+            State::Reading(read, _) => read.as_mut().poll(cx),
         }
     }
 }
@@ -56,7 +68,7 @@ impl fmt::Debug for AsyncGet {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self.0 {
             State::Ready(_) => "AsyncGet::Ready",
-            State::Reading(_) => "AsyncGet::Reading",
+            State::Reading(..) => "AsyncGet::Reading",
         })
     }
 }

@@ -1,7 +1,9 @@
 //! One budget for the bytes every connection buffers, input and output together (Redis
 //! 7's `maxmemory-clients`): each connection charges what it holds to its
 //! [`ConnectionBuffers`]; when the total passes the budget, the connection holding the
-//! most is told to close, whichever connection's charge passed it.
+//! most is told to close, whichever connection's charge passed it. What a connection may
+//! do without, its SSD reads ahead of the request at the front, waits while the budget
+//! is spent ([`ConnectionBuffers::budget_spent`]).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -122,6 +124,11 @@ impl ConnectionBuffers {
         }
     }
 
+    /// Every connection together holds the whole budget or more.
+    pub fn budget_spent(&self) -> bool {
+        self.budget.buffered() >= self.budget.limit
+    }
+
     /// The budget chose this connection to close.
     pub fn is_closed(&self) -> bool {
         self.held.closed.load(Ordering::Relaxed)
@@ -186,6 +193,21 @@ mod tests {
         third.charge(500);
         assert!(second.is_closed(), "600 + 500 do not");
         assert!(!third.is_closed());
+    }
+
+    #[test]
+    fn the_budget_is_spent_once_the_connections_hold_it_all() {
+        let budget = BufferBudget::new(1000);
+        let one = budget.register();
+        let other = budget.register();
+        one.charge(600);
+        assert!(!other.budget_spent());
+        other.charge(399);
+        assert!(!one.budget_spent() && !other.budget_spent());
+        other.charge(1);
+        assert!(one.budget_spent() && other.budget_spent());
+        one.release(1);
+        assert!(!other.budget_spent());
     }
 
     #[test]

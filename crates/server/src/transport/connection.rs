@@ -6,6 +6,7 @@
 
 use std::future::Future;
 use std::io;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
@@ -14,6 +15,7 @@ use tokio::net::{TcpStream, UnixStream};
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_rustls::server::TlsStream;
+use zipcache::Item;
 
 use super::Transport;
 use super::buffer_budget::ConnectionBuffers;
@@ -276,6 +278,36 @@ impl Input<'_> {
     }
 }
 
+/// The reply buffer, charged to the connection's share of the budget for all
+/// connections' buffers: what a reply holds while it is written, and the capacity kept
+/// between the writes of one burst of requests; a connection waiting for input holds none.
+struct Reply<'a> {
+    out: Output,
+    buffers: &'a ConnectionBuffers,
+    charged: usize,
+}
+
+impl Reply<'_> {
+    /// Charges what the reply holds besides `shared` (charged where it is held).
+    fn charge(&mut self, shared: Option<&Arc<Item>>) {
+        let held = self.out.held_besides(shared);
+        self.buffers.recharge(self.charged, held);
+        self.charged = held;
+    }
+
+    /// The reply went out: its buffer is kept for the next, charged.
+    fn written(&mut self) {
+        self.out.clear();
+        self.charge(None);
+    }
+
+    /// Frees the buffer, before waiting for input.
+    fn free(&mut self) {
+        self.out.free();
+        self.charge(None);
+    }
+}
+
 /// Why a connection waiting for its next bytes was closed.
 #[derive(Clone, Copy)]
 enum Kick {
@@ -323,7 +355,8 @@ fn read_deadline(
 /// Buffers are allocated per read, not per connection: an idle connection holds no
 /// buffer at all, so thousands of open connections do not eat into the memory the cache
 /// is accounted for (32 KiB each would be 32 MiB per 1000 connections). What a
-/// connection buffers is charged to `transport.buffers`, which closes the biggest
+/// connection holds — its input, its reply, and its SSD reads in flight with their
+/// answers (`Prefetch`) — is charged to `transport.buffers`, which closes the biggest
 /// connection when all of them hold too much (`buffer_budget_kicks`).
 ///
 /// A connection that sends nothing for `transport.idle_timeout` is closed (`idle_kicks`),
@@ -343,15 +376,19 @@ pub async fn serve<T: Stream, S: Session>(
     connections_here: &AtomicUsize,
 ) {
     let counters = &transport.core.counters;
-    let buffers = transport.buffers.register();
+    let buffers = Arc::new(transport.buffers.register());
     // Holds only an incomplete request between reads.
     let mut input = Input {
         bytes: Vec::new(),
         buffers: &buffers,
         charged: 0,
     };
-    let mut reads = Prefetch::default();
-    let mut out = Output::default();
+    let mut reads = Prefetch::new(buffers.clone());
+    let mut reply = Reply {
+        out: Output::default(),
+        buffers: &buffers,
+        charged: 0,
+    };
     let opened = Instant::now();
     let mut progress = Progress::default();
     loop {
@@ -386,8 +423,12 @@ pub async fn serve<T: Stream, S: Session>(
         }
         let mut pos = 0;
         loop {
-            let (consumed, processed) =
-                process(&mut session, &input.bytes[pos..], &mut out, &mut reads);
+            let (consumed, processed) = process(
+                &mut session,
+                &input.bytes[pos..],
+                &mut reply.out,
+                &mut reads,
+            );
             pos += consumed;
             if let Some(delay) = session.logins().and_then(Logins::take_delay) {
                 // Nothing is read meanwhile: the connection holds no more than it did.
@@ -396,14 +437,14 @@ pub async fn serve<T: Stream, S: Session>(
                     _ = shutdown.changed() => return,
                 }
             }
-            let reply_len = out.reply_len();
+            let reply_len = reply.out.reply_len();
             if reply_len > 0 {
                 // Replies waiting for a slow reader count against the budget for all
                 // connections' buffers, as the input does.
-                let charged = out.held();
-                buffers.charge(charged);
+                reply.charge(reads.held_item());
                 // Large values are written from the items the reply references, not
                 // copied. TLS writes sit in rustls until flushed; for TCP the flush is free.
+                let out = &reply.out;
                 let write = async {
                     after_neighbours(connections_here).await;
                     for part in out.parts() {
@@ -416,7 +457,6 @@ pub async fn serve<T: Stream, S: Session>(
                     written = until(deadline, write) => written,
                     () = buffers.closed() => Some(Err(io::ErrorKind::OutOfMemory.into())),
                 };
-                buffers.release(charged);
                 match written {
                     Some(Ok(())) => {}
                     Some(Err(_)) if buffers.is_closed() => {
@@ -431,7 +471,7 @@ pub async fn serve<T: Stream, S: Session>(
                     }
                 }
                 Counters::add(&counters.bytes_written, reply_len);
-                out.clear();
+                reply.written();
             }
             if let Some(takeover) = session.take_over() {
                 return takeover.run(stream, shutdown).await;
@@ -439,9 +479,20 @@ pub async fn serve<T: Stream, S: Session>(
             match processed {
                 Processed::Flush => continue,
                 // Replies so far are written; this connection's thread serves others
-                // until the oldest of its reads completes.
-                Processed::Await => reads.settle().await,
-                Processed::NeedMore => break,
+                // until the oldest of its reads completes, or the budget closes it.
+                Processed::Await => {
+                    tokio::select! {
+                        () = reads.settle() => {}
+                        () = buffers.closed() => {
+                            Counters::bump(&counters.buffer_budget_kicks);
+                            return;
+                        }
+                    }
+                }
+                Processed::NeedMore => {
+                    reply.free();
+                    break;
+                }
                 Processed::Close => {
                     linger(stream).await;
                     return;
@@ -453,9 +504,9 @@ pub async fn serve<T: Stream, S: Session>(
         input.consume(pos);
         if input.bytes.len() > transport.max_request_size {
             Counters::bump(&counters.request_size_kicks);
-            out.clear();
-            session.too_large(&mut out);
-            if stream.write_all(&out[..]).await.is_ok() && stream.flush().await.is_ok() {
+            reply.out.clear();
+            session.too_large(&mut reply.out);
+            if stream.write_all(&reply.out[..]).await.is_ok() && stream.flush().await.is_ok() {
                 linger(stream).await;
             }
             return;

@@ -68,9 +68,16 @@ impl Output {
         self.bytes.len() + self.value_bytes
     }
 
-    /// What the reply holds in memory: its buffer and the values it references.
-    pub fn held(&self) -> usize {
-        self.bytes.capacity() + self.value_bytes
+    /// What the reply holds in memory: its buffer and the values it references, but for
+    /// `shared`, which the connection holds and charges anyway (its read-ahead's hit).
+    pub fn held_besides(&self, shared: Option<&Arc<Item>>) -> usize {
+        let shared_bytes: usize = self
+            .values
+            .iter()
+            .filter(|(_, item)| shared.is_some_and(|shared| Arc::ptr_eq(item, shared)))
+            .map(|(_, item)| item.value.len())
+            .sum();
+        self.bytes.capacity() + self.value_bytes - shared_bytes
     }
 
     /// The reply as the slices to write in order: its bytes with the values it references
@@ -87,11 +94,18 @@ impl Output {
         parts
     }
 
-    /// Empties the reply once written, keeping its buffer.
+    /// Empties the reply once written, keeping its buffer for the next (`Output::free`
+    /// lets it go).
     pub fn clear(&mut self) {
         self.bytes.clear();
         self.values.clear();
         self.value_bytes = 0;
+    }
+
+    /// Empties the reply and frees its buffer: a connection waiting for input holds none,
+    /// however large its last reply was.
+    pub fn free(&mut self) {
+        *self = Output::default();
     }
 }
 
@@ -99,19 +113,20 @@ impl Output {
 mod tests {
     use super::*;
 
+    fn item(len: usize) -> Arc<Item> {
+        Arc::new(Item {
+            value: vec![b'v'; len],
+            flags: 0,
+            cas: 0,
+            expires_at_ms: None,
+            access: None,
+        })
+    }
+
     /// A large value goes into the reply by reference, a small one is copied; the reply's
     /// parts put it back in place.
     #[test]
     fn large_values_are_referenced_not_copied() {
-        let item = |len| {
-            Arc::new(Item {
-                value: vec![b'v'; len],
-                flags: 0,
-                cas: 0,
-                expires_at_ms: None,
-                access: None,
-            })
-        };
         let (big, small) = (item(SHARED_VALUE_MIN), item(10));
         let mut out = Output::default();
         out.extend_from_slice(b"a");
@@ -129,5 +144,31 @@ mod tests {
         out.clear();
         assert_eq!(out.reply_len(), 0);
         assert_eq!(out.parts().concat(), b"");
+    }
+
+    /// What a reply holds counts its buffer's capacity and the values it references, but
+    /// not the one the connection charges already; freed, it holds nothing.
+    #[test]
+    fn a_reply_holds_its_capacity_and_values_until_freed() {
+        let (held, other) = (item(SHARED_VALUE_MIN), item(2 * SHARED_VALUE_MIN));
+        let mut out = Output::default();
+        out.extend_from_slice(&[b'x'; 100_000]);
+        out.append_value(&held);
+        out.append_value(&other);
+        let capacity = out.bytes.capacity();
+        assert!(capacity >= 100_000);
+        assert_eq!(out.held_besides(None), capacity + 3 * SHARED_VALUE_MIN);
+        assert_eq!(
+            out.held_besides(Some(&held)),
+            capacity + 2 * SHARED_VALUE_MIN
+        );
+        out.clear();
+        assert_eq!(
+            out.held_besides(None),
+            capacity,
+            "a written reply keeps its buffer"
+        );
+        out.free();
+        assert_eq!(out.held_besides(None), 0);
     }
 }

@@ -19,6 +19,14 @@
 //! not when the pipeline's last read is; the requests behind are walked once
 //! ([`Prefetch::walk_once`]), not at every await.
 //!
+//! Memory: every byte a `Prefetch` holds is charged to its connection's share of the
+//! budget for all connections' buffers ([`ConnectionBuffers`]) as it is taken: the buffer
+//! of each read in flight (a BT_LO read holds its whole extent) from the moment it starts,
+//! then its decoded answer, and the hit held. A read-ahead stops once the reads and
+//! answers hold [`MAX_HELD_BYTES`] or the budget for all connections is spent: the
+//! request then waits until earlier replies drain (back-pressure, not an error), and the
+//! front request's next key is still read, one at a time however large.
+//!
 //! Owner: each connection task holds its `Prefetch` and hands it to every request it runs
 //! (`Session::step`'s `reads`), synchronously: no other connection's request can run in
 //! between, so no answer crosses connections. An answer is taken by the GET that uses it;
@@ -36,13 +44,18 @@ use std::task::{Context, Poll, Waker};
 use foldhash::fast::RandomState;
 use zipcache::{AsyncGet, GetOptions, Item, ZipCache};
 
+use super::buffer_budget::ConnectionBuffers;
+
 /// SSD reads one connection may have in flight: a request naming more keys runs as far
 /// as its answers allow, awaits, and resumes (`Step::Partial`).
 const MAX_READS: usize = 64;
-/// Answers one connection may hold, and their bytes (keys and values): an answer may be
-/// a 1 MiB item. The front request's next key is always read, so it can always progress.
+/// Answers one connection may hold, and the bytes its reads in flight and answers may
+/// hold (read buffers, keys and values) before it stops reading ahead: one read may hold a
+/// 1 MiB item's extent. A read starts while they are under this, and is charged as it
+/// starts, so they pass it by one read at most. The front request's next key is always
+/// read, so it can always progress.
 const MAX_ANSWERS: usize = 1024;
-const MAX_ANSWER_BYTES: usize = 1 << 20;
+const MAX_HELD_BYTES: usize = 1 << 20;
 /// Keys past the answered ones a request's admission looks at, starting their reads: it
 /// bounds the work of each step of a request naming many keys.
 const LOOK_AHEAD: usize = MAX_READS;
@@ -56,26 +69,31 @@ enum Fetch {
     Answered(Answer),
 }
 
-/// The bytes an answer holds.
-fn answer_bytes(key: &[u8], answer: &Answer) -> usize {
-    key.len()
-        + answer
-            .as_ref()
-            .ok()
-            .and_then(Option::as_ref)
-            .map_or(0, |i| i.value.len())
+/// What a GET started weighs: the bytes it holds (its key, and its read's buffer while in
+/// flight, then its answer's value), and whether it is an answer.
+fn weigh(key: &[u8], fetch: &Fetch) -> (usize, bool) {
+    match fetch {
+        Fetch::Reading(read) => (key.len() + read.buffer_bytes(), false),
+        Fetch::Answered(answer) => {
+            let value = answer.as_ref().ok().and_then(Option::as_ref);
+            (key.len() + value.map_or(0, |i| i.value.len()), true)
+        }
+    }
 }
 
 /// The GETs started for the requests at the front of one connection's input.
-#[derive(Default)]
 pub struct Prefetch {
+    /// The connection's share of the budget for all connections' buffers: what this
+    /// holds is charged to it.
+    buffers: Arc<ConnectionBuffers>,
     /// Every GET started and not yet taken, by key, then by how it reads (a key is read
     /// at most twice: plainly and as a peek).
     fetches: HashMap<Vec<u8>, Vec<(GetOptions, Fetch)>, RandomState>,
     /// The GETs in flight, in the order they started (the front request's first).
     reading: VecDeque<Get>,
     answers: usize,
-    answer_bytes: usize,
+    /// The bytes the GETs in `fetches` hold ([`weigh`]), charged to `buffers`.
+    held_bytes: usize,
     /// The GETs the request at the front was admitted with (`admit`): what it leaves of
     /// them is dropped once it ends ([`request_done`]), however it ends.
     front: Vec<Get>,
@@ -83,11 +101,46 @@ pub struct Prefetch {
     /// the front lies within them, walking again would only find what was started.
     walked: usize,
     /// The last hit a GET took ([`Prefetch::get_shared`]): the same GET repeated answers
-    /// from it.
+    /// from it. Its value is charged to `buffers` too.
     held: Option<(Get, Arc<Item>)>,
 }
 
+/// The bytes of the hit held.
+fn hit_bytes(held: &Option<(Get, Arc<Item>)>) -> usize {
+    held.as_ref().map_or(0, |(_, item)| item.value.len())
+}
+
+/// Sessions driven without a connection (`fuzzing`, tests) charge a budget of their own,
+/// unlimited.
+impl Default for Prefetch {
+    fn default() -> Prefetch {
+        let budget = super::buffer_budget::BufferBudget::new(usize::MAX);
+        Prefetch::new(Arc::new(budget.register()))
+    }
+}
+
+impl Drop for Prefetch {
+    fn drop(&mut self) {
+        self.buffers
+            .release(self.held_bytes + hit_bytes(&self.held));
+    }
+}
+
 impl Prefetch {
+    /// Nothing started yet; what it will hold is charged to `buffers`.
+    pub fn new(buffers: Arc<ConnectionBuffers>) -> Prefetch {
+        Prefetch {
+            buffers,
+            fetches: HashMap::default(),
+            reading: VecDeque::new(),
+            answers: 0,
+            held_bytes: 0,
+            front: Vec::new(),
+            walked: 0,
+            held: None,
+        }
+    }
+
     /// Awaits the oldest read in flight (the front request's come first), then moves every
     /// read that has completed meanwhile to the ready answers: the connection then runs
     /// as far as its answers allow and writes those replies while later reads are still
@@ -112,9 +165,37 @@ impl Prefetch {
         }
     }
 
-    /// Drops every answer and read in flight (a dropped read completes unobserved).
+    /// Drops every answer and read in flight (a dropped read completes unobserved), and
+    /// the hit held; their charges go with them (`Drop`).
     pub fn clear(&mut self) {
-        *self = Prefetch::default();
+        *self = Prefetch::new(self.buffers.clone());
+    }
+
+    /// The hit held, whose value is charged here: a reply that references it as well
+    /// holds no more ([`super::output::Output::held_besides`]).
+    pub fn held_item(&self) -> Option<&Arc<Item>> {
+        self.held.as_ref().map(|(_, item)| item)
+    }
+
+    /// Holds `hit` (or none) in place of the hit held, charging the difference.
+    fn hold_hit(&mut self, hit: Option<(Get, Arc<Item>)>) {
+        self.buffers
+            .recharge(hit_bytes(&self.held), hit_bytes(&hit));
+        self.held = hit;
+    }
+
+    /// Counts a GET started or answered ([`weigh`]), and charges what it holds.
+    fn hold(&mut self, (bytes, answer): (usize, bool)) {
+        self.held_bytes += bytes;
+        self.buffers.charge(bytes);
+        self.answers += usize::from(answer);
+    }
+
+    /// Counts out a GET answered, taken or dropped, and releases what it held.
+    fn let_go(&mut self, (bytes, answer): (usize, bool)) {
+        self.held_bytes -= bytes;
+        self.buffers.release(bytes);
+        self.answers -= usize::from(answer);
     }
 
     fn fetch_mut(&mut self, key: &[u8], options: GetOptions) -> Option<&mut Fetch> {
@@ -132,20 +213,25 @@ impl Prefetch {
         matches!(self.fetch(key, options), Some(Fetch::Answered(_)))
     }
 
-    /// Records the answer of a read in flight (its place in `reading` is the caller's).
+    /// Records the answer of a read in flight (its place in `reading` is the caller's):
+    /// its read buffer's charge becomes its value's.
     fn answer(&mut self, key: &[u8], options: GetOptions, answer: Answer) {
-        self.answers += 1;
-        self.answer_bytes += answer_bytes(key, &answer);
+        let answered = Fetch::Answered(answer);
+        let weight = weigh(key, &answered);
         if let Some(fetch) = self.fetch_mut(key, options) {
-            *fetch = Fetch::Answered(answer);
+            let reading = std::mem::replace(fetch, answered);
+            self.let_go(weigh(key, &reading));
+            self.hold(weight);
         }
     }
 
-    /// No room for another read or answer.
+    /// No room for another read or answer: this connection's share is spent, or every
+    /// connection's together.
     fn full(&self) -> bool {
         self.reading.len() >= MAX_READS
             || self.answers >= MAX_ANSWERS
-            || self.answer_bytes >= MAX_ANSWER_BYTES
+            || self.held_bytes >= MAX_HELD_BYTES
+            || self.buffers.budget_spent()
     }
 
     /// Starts a GET of `key` (as `options` say).
@@ -153,16 +239,13 @@ impl Prefetch {
         // may do I/O: an SSD read goes in flight
         let mut read = cache.get_item_async(key, options);
         let fetch = match read.take_ready() {
-            Some(answer) => {
-                self.answers += 1;
-                self.answer_bytes += answer_bytes(key, &answer);
-                Fetch::Answered(answer)
-            }
+            Some(answer) => Fetch::Answered(answer),
             None => {
                 self.reading.push_back((key.to_vec(), options));
                 Fetch::Reading(read)
             }
         };
+        self.hold(weigh(key, &fetch));
         self.fetches
             .entry(key.to_vec())
             .or_default()
@@ -226,14 +309,14 @@ impl Prefetch {
         let at = fetches
             .iter()
             .position(|(o, f)| *o == options && matches!(f, Fetch::Answered(_)))?;
-        let (_, Fetch::Answered(answer)) = fetches.swap_remove(at) else {
-            unreachable!("the position of an answer");
-        };
+        let (_, answered) = fetches.swap_remove(at);
         if fetches.is_empty() {
             self.fetches.remove(key);
         }
-        self.answers -= 1;
-        self.answer_bytes -= answer_bytes(key, &answer);
+        self.let_go(weigh(key, &answered));
+        let Fetch::Answered(answer) = answered else {
+            unreachable!("the position of an answer");
+        };
         Some(answer)
     }
 
@@ -242,13 +325,9 @@ impl Prefetch {
         let mut dropped_a_read = false;
         for key in keys {
             for (_, fetch) in self.fetches.remove(key).unwrap_or_default() {
-                match fetch {
-                    Fetch::Answered(answer) => {
-                        self.answers -= 1;
-                        self.answer_bytes -= answer_bytes(key, &answer);
-                    }
-                    Fetch::Reading(_) => dropped_a_read = true,
-                }
+                let (bytes, answer) = weigh(key, &fetch);
+                self.let_go((bytes, answer));
+                dropped_a_read |= !answer;
             }
         }
         if dropped_a_read {
@@ -306,7 +385,7 @@ impl Prefetch {
                 if let Some(((held, _), _)) = &self.held
                     && keys.contains(&&held[..])
                 {
-                    self.held = None;
+                    self.hold_hit(None);
                 }
                 usize::MAX
             }
@@ -357,7 +436,7 @@ impl Prefetch {
         // may do I/O: a synchronous SSD read when nothing was prefetched
         let item = self.get_item(cache, key, options)?.map(Arc::new);
         if let Some(item) = item.as_ref().filter(|_| cache.has_ssd_tier()) {
-            self.held = Some(((key.to_vec(), options), item.clone()));
+            self.hold_hit(Some(((key.to_vec(), options), item.clone())));
         }
         Ok(item)
     }
@@ -410,7 +489,15 @@ impl ReadAhead<'_> {
 mod tests {
     use zipcache::Config;
 
+    use super::super::buffer_budget::BufferBudget;
     use super::*;
+
+    fn futures_lite_block_on<F: Future>(future: F) -> F::Output {
+        tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap()
+            .block_on(future)
+    }
 
     /// The walk past pipelined requests: reads start, changes are remembered, and it stops
     /// at a read of a changed key or at a barrier.
@@ -434,6 +521,74 @@ mod tests {
             reads: &mut reads,
         };
         assert!(!walk.pass(&cache, &Access::Barrier));
+    }
+
+    /// An engine whose large values sit in BT_LO extents on an SSD file in `dir`.
+    fn with_large_values(dir: &std::path::Path, values: usize, len: usize) -> ZipCache {
+        let _ = std::fs::remove_dir_all(dir);
+        std::fs::create_dir_all(dir).unwrap();
+        let cache = ZipCache::open(Config {
+            dram_capacity: 4 << 20,
+            ssd: Some(zipcache::SsdConfig {
+                path: dir.join("ssd.bin"),
+                size: 64 << 20,
+                direct_io: false,
+                device_compression: zipcache::config::DeviceCompression::None,
+                logical_to_physical: 1.0,
+            }),
+            ..Config::default()
+        })
+        .unwrap();
+        for i in 0..values {
+            cache
+                .put(format!("big{i}").as_bytes(), &vec![b'v'; len], None)
+                .unwrap();
+        }
+        cache
+    }
+
+    /// Each read's whole-extent buffer is charged to the connection as it starts, then its
+    /// answer; a read-ahead stops once they hold its share, or once every connection's
+    /// buffers hold the budget; whatever it held is released when it is dropped. (Reads of
+    /// large values used to go in flight 64 at a time, none of them charged.)
+    #[test]
+    fn reads_ahead_are_charged_and_stop_when_the_share_is_spent() {
+        const LEN: usize = 256 << 10;
+        let dir = std::env::temp_dir().join(format!("zipcache-prefetch-{}", std::process::id()));
+        let cache = with_large_values(&dir, 8, LEN);
+        let keys: Vec<Vec<u8>> = (0..8).map(|i| format!("big{i}").into_bytes()).collect();
+        let keys: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
+        let plain = GetOptions::default();
+
+        let budget = BufferBudget::new(64 << 20);
+        let mut reads = Prefetch::new(Arc::new(budget.register()));
+        reads.start(&cache, &keys, plain, true);
+        let started = reads.reading.len();
+        // Each read holds more than the value (its extent's header, whole blocks).
+        assert_eq!(started, MAX_HELD_BYTES.div_ceil(LEN), "four, not all eight");
+        assert_eq!(budget.buffered(), reads.held_bytes);
+        assert!(reads.held_bytes >= started * LEN);
+        assert!(reads.held_bytes < MAX_HELD_BYTES + LEN + (16 << 10));
+        // Answered, the charge is the values'.
+        while !reads.reading.is_empty() {
+            futures_lite_block_on(reads.settle());
+        }
+        assert_eq!(reads.answers, started);
+        assert_eq!(budget.buffered(), started * (LEN + b"big0".len()));
+        drop(reads);
+        assert_eq!(budget.buffered(), 0);
+
+        // Every connection together at the budget: the front's first key only.
+        let budget = BufferBudget::new(1 << 20);
+        let others = budget.register();
+        others.charge(1 << 20);
+        let mut reads = Prefetch::new(Arc::new(budget.register()));
+        reads.start(&cache, &keys, plain, true);
+        assert_eq!(reads.reading.len(), 1);
+        reads.clear();
+        assert_eq!(budget.buffered(), 1 << 20, "cleared, it holds nothing");
+        drop(cache);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     /// A change drops the answers of its own keys only, a barrier all of them.

@@ -47,18 +47,22 @@ impl ZipCache {
             Err(answer) => return AsyncGet::ready(Ok(answer)),
         };
         let counted = reading.is_in_flight().then(|| ReadInFlight::new(inner));
+        let buffer_bytes = reading.buffer_bytes();
         let (inner, key) = (self.inner.clone(), key.to_vec());
-        AsyncGet::reading(async move {
-            let _counted_until_answered_or_dropped = counted;
-            loop {
-                let next = inner.complete(&key, reading, now, options).await;
-                // may do I/O: the next read (the SSD tier's, or the key's extent again)
-                reading = match inner.submit(&key, next, now, options) {
-                    Ok(reading) => reading,
-                    Err(answer) => return Ok(answer),
-                };
-            }
-        })
+        AsyncGet::reading(
+            async move {
+                let _counted_until_answered_or_dropped = counted;
+                loop {
+                    let next = inner.complete(&key, reading, now, options).await;
+                    // may do I/O: the next read (the SSD tier's, or the key's extent again)
+                    reading = match inner.submit(&key, next, now, options) {
+                        Ok(reading) => reading,
+                        Err(answer) => return Ok(answer),
+                    };
+                }
+            },
+            buffer_bytes,
+        )
     }
 
     /// Whether a GET may have to read the SSD tier: without one, `get_item` never waits
@@ -81,17 +85,19 @@ enum Next {
     Ssd { epoch: u64 },
 }
 
-/// A GET's device read, submitted (`Inner::submit`).
+/// A GET's device read, submitted (`Inner::submit`), with the bytes its buffer holds.
 enum Reading {
     Extent {
         read: LoRead,
         then_ssd: bool,
         extent: ReadFuture,
+        buffer_bytes: usize,
     },
     Ssd {
         read: PlannedRead,
         epoch: u64,
         block: ReadFuture,
+        buffer_bytes: usize,
     },
 }
 
@@ -100,6 +106,14 @@ impl Reading {
         match self {
             Reading::Extent { extent: read, .. } | Reading::Ssd { block: read, .. } => {
                 read.is_in_flight()
+            }
+        }
+    }
+
+    fn buffer_bytes(&self) -> usize {
+        match self {
+            Reading::Extent { buffer_bytes, .. } | Reading::Ssd { buffer_bytes, .. } => {
+                *buffer_bytes
             }
         }
     }
@@ -209,13 +223,14 @@ impl Inner {
             Next::Answer(item) => Err(item),
             Next::Extent { read, then_ssd } => {
                 let lo = self.large.as_ref().expect("an extent read follows BT_LO");
-                let extent = self
-                    .ops
-                    .read_in_flight(lo.device(), read.lba(), read.buffer());
+                let buffer = read.buffer();
+                let buffer_bytes = buffer.allocated();
+                let extent = self.ops.read_in_flight(lo.device(), read.lba(), buffer);
                 Ok(Reading::Extent {
                     read,
                     then_ssd,
                     extent,
+                    buffer_bytes,
                 })
             }
             Next::Ssd { epoch } => {
@@ -223,10 +238,15 @@ impl Inner {
                 let Some(read) = ssd.plan_get(key) else {
                     return Err(self.ssd_answer(key, None, epoch, now, options));
                 };
-                let block = self
-                    .ops
-                    .read_in_flight(ssd.device(), read.lba, AlignedBuf::zeroed(1));
-                Ok(Reading::Ssd { read, epoch, block })
+                let buffer = AlignedBuf::zeroed(1);
+                let buffer_bytes = buffer.allocated();
+                let block = self.ops.read_in_flight(ssd.device(), read.lba, buffer);
+                Ok(Reading::Ssd {
+                    read,
+                    epoch,
+                    block,
+                    buffer_bytes,
+                })
             }
         }
     }
@@ -238,13 +258,16 @@ impl Inner {
                 read,
                 then_ssd,
                 extent,
+                ..
             } => {
                 let (result, buf) = extent.await;
                 let lo = self.large.as_ref().expect("an extent read follows BT_LO");
                 let found = lo.finish_get(read, key, result.is_ok().then_some(&buf[..]));
                 self.after_extent(key, found, then_ssd, now, options)
             }
-            Reading::Ssd { read, epoch, block } => {
+            Reading::Ssd {
+                read, epoch, block, ..
+            } => {
                 let ssd = self.ssd.as_ref().expect("an SSD read follows the SSD tier");
                 let hit = finish_ssd_async(ssd, &self.ops, key, read, block, now).await;
                 Next::Answer(self.ssd_answer(key, hit, epoch, now, options))

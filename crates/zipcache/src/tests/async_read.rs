@@ -86,6 +86,27 @@ fn a_get_counts_in_flight_until_answered_or_dropped() {
     assert_eq!(in_flight(&h), 0);
 }
 
+/// A GET with its read in flight says how many bytes its buffer holds (a server charges
+/// them to the connection); one answered at once holds none.
+#[test]
+fn a_get_in_flight_reports_its_buffer() {
+    let (mut h, device) = harness(false);
+    h.put_all(0..3_000, 64);
+    evict_to_ssd(&h);
+    let reading = h.cache.get_item_async(&key_of(5), GetOptions::default());
+    assert_eq!(device.in_flight(), 1);
+    let block = zipcache_device::BLOCK_SIZE;
+    // One block, and the spare block that aligns it.
+    assert_eq!(reading.buffer_bytes(), 2 * block);
+    assert!(complete(&device, reading).is_some());
+    h.put_all(3_000..3_001, 64);
+    let mut ready = h
+        .cache
+        .get_item_async(&key_of(3_000), GetOptions::default());
+    assert_eq!(ready.buffer_bytes(), 0, "a DRAM hit");
+    assert!(ready.take_ready().is_some());
+}
+
 #[test]
 fn a_read_overtaken_by_a_rewrite_never_installs_the_older_value() {
     let (mut h, device) = harness(false);
