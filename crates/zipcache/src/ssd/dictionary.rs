@@ -513,19 +513,29 @@ mod tests {
         assert_eq!(ssd.counters.checksum_failures.load(Ordering::Relaxed), 0);
     }
 
+    /// An empty directory of this test process's own, for dictionary files.
+    fn scratch_dir(name: &str) -> std::path::PathBuf {
+        let path = std::env::temp_dir().join(format!("{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&path);
+        std::fs::create_dir_all(&path).unwrap();
+        path
+    }
+
+    fn files_in(path: &std::path::Path) -> DictionaryFiles {
+        DictionaryFiles {
+            dir: Arc::new(FsDir::new(path)),
+            prefix: "ssd.dict-".into(),
+        }
+    }
+
     /// Two dictionaries adopted one after the other while blocks are written: blocks of
     /// the first still read after the second is current, both live while blocks name
     /// them, both files on disk; when no block names the first any more, it and its file
     /// go, and a restart's open finds the second alone.
     #[test]
     fn a_dictionary_retrained_during_writes_leaves_older_blocks_readable() {
-        let path = std::env::temp_dir().join(format!("zc-block-dict-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&path);
-        std::fs::create_dir_all(&path).unwrap();
-        let files = || DictionaryFiles {
-            dir: Arc::new(FsDir::new(&path)),
-            prefix: "ssd.dict-".into(),
-        };
+        let path = scratch_dir("zc-block-dict");
+        let files = || files_in(&path);
         let ssd = tier(Some(files()));
         absorb(&ssd, 0..400, 0);
         assert!(ssd.dictionaries.live().is_empty(), "LZ4 until a dictionary");
@@ -734,13 +744,8 @@ mod tests {
     /// names one, it and its file go.
     #[test]
     fn dictionaries_are_loaded_without_training_and_leave_when_unnamed() {
-        let path = std::env::temp_dir().join(format!("zc-block-dict-off-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&path);
-        std::fs::create_dir_all(&path).unwrap();
-        let files = || DictionaryFiles {
-            dir: Arc::new(FsDir::new(&path)),
-            prefix: "ssd.dict-".into(),
-        };
+        let path = scratch_dir("zc-block-dict-off");
+        let files = || files_in(&path);
         let ssd = tier(Some(files()));
         let dictionary = trained(1);
         ssd.dictionaries.make_candidate(dictionary.clone());
