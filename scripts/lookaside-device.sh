@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 11's look-aside at the 1:16 point through `zipcache serve`, with the block device
+# The look-aside run at the 1:16 point through `zipcache serve`, with the block device
 # and the CPUs sampled once a second (/proc/diskstats, /proc/stat) while the bench runs:
 # device reads and writes per second, their mean latency, the mean queue depth, CPU idle
 # and I/O wait, then each server thread's CPU time. Peers named in TARGETS run in the same

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# RSS of `zipcache serve` against its DRAM budget (issue 10): fill a DRAM-only server
+# RSS of `zipcache serve` against its DRAM budget: fill a DRAM-only server
 # through the memcached protocol, read its RSS, churn it for DURATION seconds (sets,
 # overwrites with other value sizes, deletes, gets), read its RSS again, stop it.
 # Budget: RSS <= 1.05 x DRAM + 24 MiB. A bench, not a test: CI does not run it.

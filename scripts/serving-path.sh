@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 23's serving-path figures, DRAM only, peers in the same run (docs/RESULTS.md,
+# The serving-path figures, DRAM only, peers in the same run (docs/RESULTS.md,
 # "The serving path measured honestly"). Every figure is the median of RUNS runs, the
 # servers taking turns within each run so they share the machine's noise:
 #

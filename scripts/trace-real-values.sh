@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Hit ratio on real key traces with real-data values (issue 21: "hit ratio on each cache2k
-# trace with real-data values, equal DRAM ≥ memcached with 3× the DRAM"). Each trace is
+# Hit ratio on real key traces with real-data values (the hit ratio on each cache2k
+# trace with real-data values, at equal DRAM and against memcached with 3× the DRAM). Each trace is
 # replayed look-aside, sequentially (one client, one request in flight, no backend wait:
 # each request sees every earlier one, as in a cache simulator), every key's value a JSON
 # document of the bench's real-data source (`--values json`; a key's document is derived

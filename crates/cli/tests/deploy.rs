@@ -123,6 +123,11 @@ fn the_off_loopback_config_starts_with_auth_and_tls() {
     let dir = test_dir("deploy", "config");
     certificate(&openssl, &dir);
     std::fs::write(dir.join("users"), "app:a long random password\n").expect("users");
+    std::fs::write(
+        dir.join("metrics-users"),
+        "prometheus:another long password\n",
+    )
+    .expect("metrics users");
     let config = deploy_block("toml");
     assert!(config.contains(CREDENTIALS), "the config reads credentials");
     let path = dir.join("zipcache.toml");
@@ -149,6 +154,7 @@ fn the_off_loopback_config_starts_with_auth_and_tls() {
         "tls              off",
         "requirepass      off",
         "auth-file        off",
+        "no one (the data ports require a login",
     ] {
         assert!(!banner.contains(off), "the config left {off:?}:\n{banner}");
     }
