@@ -156,3 +156,50 @@ fn a_touched_large_object_expires_when_told_and_keeps_its_cas() {
     assert_eq!(client.ask("touch big 0\r\n", 1), ["NOT_FOUND"]);
     server.stop();
 }
+
+/// A memcached append or prepend of a large value reads the current value ahead of it,
+/// in flight off the serving thread, and does not read it again on the thread; a read of
+/// the same key pipelined right behind it sees the new value, never the one read for the
+/// rewrite. A RESP APPEND (whose strings carry no version to check a read-ahead against)
+/// reads it as it runs; the GET behind it sees the new value too.
+#[test]
+fn appends_to_a_large_value_read_it_in_flight_and_reads_behind_see_the_result() {
+    let (server, _dir) = server("large-append");
+    let mut client = Client::connect(server.memcached);
+    let mut resp = Client::connect(server.resp);
+    let mut want = value(7)[..VALUE_LEN - 64].to_string();
+    set(&mut client, "big", &want);
+    let in_flight = server.cache.stats().ssd_async_reads;
+
+    client.send(b"append big 0 0 3\r\nabc\r\nget big\r\n");
+    assert_eq!(client.line(), "STORED");
+    want.push_str("abc");
+    assert_eq!(client.line(), format!("VALUE big 0 {}", want.len()));
+    assert!(
+        client.line() == want,
+        "the get behind the append saw another value"
+    );
+    assert_eq!(client.line(), "END");
+
+    client.send(b"ms big 3 MP\r\nxyz\r\nmg big v\r\n");
+    assert_eq!(client.line(), "HD");
+    want.insert_str(0, "xyz");
+    assert_eq!(client.line(), format!("VA {}", want.len()));
+    assert!(
+        client.line() == want,
+        "the mg behind the prepend saw another value"
+    );
+
+    resp.send(b"*3\r\n$6\r\nAPPEND\r\n$3\r\nbig\r\n$2\r\n!!\r\n*2\r\n$3\r\nGET\r\n$3\r\nbig\r\n");
+    want.push_str("!!");
+    assert_eq!(resp.line(), format!(":{}", want.len()));
+    assert_eq!(resp.line(), format!("${}", want.len()));
+    assert!(
+        resp.line() == want,
+        "the GET behind the APPEND saw another value"
+    );
+
+    // Each memcached rewrite's read and each read behind a rewrite went in flight: five.
+    assert_eq!(server.cache.stats().ssd_async_reads - in_flight, 5);
+    expect_value(&mut client, "big", &want);
+}

@@ -148,10 +148,24 @@ impl Annotations {
         key: &[u8],
         f: impl FnOnce(Option<&Entry>) -> (Write, R),
     ) -> zipcache::Result<(R, Option<u64>)> {
+        self.update_read_before(cache, key, None, f)
+    }
+
+    /// [`Annotations::update`] with the value the caller read before
+    /// ([`ZipCache::update_read_before`]): an append of a large value reads no extent.
+    pub fn update_read_before<R>(
+        &self,
+        cache: &ZipCache,
+        key: &[u8],
+        before: Option<&Item>,
+        f: impl FnOnce(Option<&Entry>) -> (Write, R),
+    ) -> zipcache::Result<(R, Option<u64>)> {
         let mut shard = self.shard(key);
         let annotation = shard.get(key).copied();
         let mut left = None;
-        let (result, new_version) = cache.update(key, |current| {
+        // may do I/O: a large object's extent unless `before` is its version, or one
+        // SSD block
+        let (result, new_version) = cache.update_read_before(key, before, |current| {
             let entry = current.map(|item| entry_of(item.clone(), annotation.as_ref()));
             let (write, result) = f(entry.as_ref());
             left = match (&write.update, &entry, write.marks) {

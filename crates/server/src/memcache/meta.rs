@@ -5,7 +5,7 @@ use zipcache::{AccessState, GetOptions, Item, Update};
 use super::annotations::{Entry, Marks, Write};
 use super::events;
 use super::parse::{Meta, MetaKind, StoreMode};
-use super::text::{StoreOutcome, Storing, apply_delta, count_arith, store_item};
+use super::text::{StoreOutcome, Storing, apply_delta, count_arith, read_before, store_item};
 use super::{
     Expiry, Memcached, NON_NUMERIC, RequestContext, after_read, engine_error, line, ttl_seconds,
     with_access,
@@ -23,7 +23,7 @@ pub fn execute(cx: RequestContext<'_>, meta: &Meta<'_>, out: &mut Vec<u8>) {
         }
         MetaKind::Debug => debug(cx, meta, out),
         MetaKind::Get => get(cx, meta, out),
-        MetaKind::Set => set(shared, cx.conn, meta, out),
+        MetaKind::Set => set(cx, meta, out),
         MetaKind::Delete => delete(shared, meta, out),
         MetaKind::Arith => arith(shared, meta, out),
     };
@@ -334,7 +334,8 @@ fn get(cx: RequestContext<'_>, meta: &Meta<'_>, out: &mut Vec<u8>) -> Result<(),
     Ok(())
 }
 
-fn set(shared: &Memcached, conn: u64, meta: &Meta<'_>, out: &mut Vec<u8>) -> Result<(), String> {
+fn set(cx: RequestContext<'_>, meta: &Meta<'_>, out: &mut Vec<u8>) -> Result<(), String> {
+    let (shared, conn) = (cx.shared, cx.conn);
     Counters::bump(&shared.core.counters.cmd_set);
     let flags = numeric::<u32>(meta, b'F')?.unwrap_or(0);
     let exptime = numeric::<i64>(meta, b'T')?.unwrap_or(0);
@@ -357,6 +358,7 @@ fn set(shared: &Memcached, conn: u64, meta: &Meta<'_>, out: &mut Vec<u8>) -> Res
     let invalidate = meta.has(b'I');
     // Append/prepend with N creates the item when it is missing.
     let vivify = numeric::<i64>(meta, b'N')?;
+    let before = read_before(cx.reads, mode, &meta.key);
     let store = |mode, expiry| {
         let storing = Storing {
             mode,
@@ -366,6 +368,7 @@ fn set(shared: &Memcached, conn: u64, meta: &Meta<'_>, out: &mut Vec<u8>) -> Res
             cas: client_cas,
             allow_stale: invalidate,
             compare,
+            before: before.as_ref(),
         };
         store_item(shared, conn, &meta.key, &storing).map_err(|e| engine_error(&e))
     };

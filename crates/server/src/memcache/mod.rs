@@ -544,7 +544,7 @@ impl MemcacheSession {
                     line(out, reply);
                 }
             }
-            other => text::execute(&self.shared, self.id, other, out),
+            other => text::execute(self.context(reads), other, out),
         }
         true
     }

@@ -37,6 +37,17 @@ pub enum StoreMode {
     Cas(u64),
 }
 
+impl StoreMode {
+    /// What a store of `key` does, for the answers read ahead: an append or a prepend
+    /// builds on the current value, which is read first (off the serving thread).
+    pub fn access(self, key: &[u8]) -> Access<'_> {
+        match self {
+            StoreMode::Append | StoreMode::Prepend => Access::Rewrites(key),
+            _ => Access::Changes(vec![key]),
+        }
+    }
+}
+
 #[derive(Debug, PartialEq)]
 pub enum Request<'a> {
     /// get / gets / gat / gats.
@@ -119,10 +130,14 @@ impl Request<'_> {
                     Access::Reads(vec![&meta.key[..]], meta.get_options())
                 }
                 MetaKind::Noop => Access::Changes(Vec::new()),
+                // `ms … MA` / `MP`: an append or a prepend.
+                MetaKind::Set if matches!(meta.token(b'M'), Some(b"A" | b"a" | b"P" | b"p")) => {
+                    Access::Rewrites(&meta.key[..])
+                }
                 _ => Access::Changes(vec![&meta.key[..]]),
             },
-            Request::Store { key, .. }
-            | Request::Arith { key, .. }
+            Request::Store { key, mode, .. } => mode.access(key),
+            Request::Arith { key, .. }
             | Request::Delete { key, .. }
             | Request::Touch { key, .. } => Access::Changes(vec![key]),
             Request::TooLarge { key, .. } => Access::Changes(vec![&key[..]]),

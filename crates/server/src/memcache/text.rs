@@ -19,10 +19,11 @@ use super::{
 };
 use crate::core::stats::{Counters, engine_metrics};
 use crate::transport::output::Output;
-use crate::transport::prefetch::Access;
+use crate::transport::prefetch::{Access, Prefetch};
 
-/// Executes `request`, of connection `conn`.
-pub fn execute(shared: &Memcached, conn: u64, request: Request<'_>, out: &mut Vec<u8>) {
+/// Executes `request`, of connection `cx.conn`.
+pub fn execute(cx: RequestContext<'_>, request: Request<'_>, out: &mut Vec<u8>) {
+    let (shared, conn) = (cx.shared, cx.conn);
     match request {
         Request::Store {
             mode,
@@ -33,7 +34,18 @@ pub fn execute(shared: &Memcached, conn: u64, request: Request<'_>, out: &mut Ve
             noreply,
         } => {
             Counters::bump(&shared.core.counters.cmd_set);
-            let reply = store(shared, conn, mode, key, flags, exptime, data);
+            let before = read_before(cx.reads, mode, key);
+            let storing = Storing {
+                mode,
+                flags,
+                expiry: Expiry::from_exptime(exptime, shared.core.cache.now_ms()),
+                data,
+                cas: None,
+                allow_stale: false,
+                compare: None,
+                before: before.as_ref(),
+            };
+            let reply = store(shared, conn, key, &storing);
             reply_unless(noreply, &reply, out);
         }
         Request::Arith {
@@ -380,6 +392,18 @@ pub struct Storing<'a> {
     pub allow_stale: bool,
     /// The CAS an append or prepend must find (`ms MA C`).
     pub compare: Option<u64>,
+    /// An append's or prepend's current value, read ahead of it off the serving thread
+    /// ([`Prefetch::rewritten_value`]): a large one is not read again.
+    pub before: Option<&'a Item>,
+}
+
+/// An append's or prepend's current value, read ahead of it ([`Access::Rewrites`]); none
+/// for other stores.
+pub fn read_before(reads: &mut Prefetch, mode: StoreMode, key: &[u8]) -> Option<Item> {
+    match mode {
+        StoreMode::Append | StoreMode::Prepend => reads.rewritten_value(key),
+        _ => None,
+    }
 }
 
 /// Runs a storage command atomically; returns the outcome and the CAS clients now see.
@@ -436,6 +460,7 @@ fn apply_store(
         cas,
         allow_stale,
         compare,
+        before,
     } = storing;
     // The common case needs no read: a plain write, under a fresh CAS that no annotation
     // names. A CAS the client chose may repeat an annotated one, so the table must see it.
@@ -474,7 +499,7 @@ fn apply_store(
     }
     shared
         .annotations
-        .update(&shared.core.cache, key, |current| {
+        .update_read_before(&shared.core.cache, key, before, |current| {
             *previous = current.map(|entry| entry.item.value.len());
             match (mode, current) {
                 (StoreMode::Set, _) | (StoreMode::Add, None) => (
@@ -541,25 +566,9 @@ fn apply_store(
         })
 }
 
-fn store(
-    shared: &Memcached,
-    conn: u64,
-    mode: StoreMode,
-    key: &[u8],
-    flags: u32,
-    exptime: i64,
-    data: &[u8],
-) -> String {
-    let storing = Storing {
-        mode,
-        flags,
-        expiry: Expiry::from_exptime(exptime, shared.core.cache.now_ms()),
-        data,
-        cas: None,
-        allow_stale: false,
-        compare: None,
-    };
-    match store_item(shared, conn, key, &storing) {
+/// The reply line of a text-protocol store.
+fn store(shared: &Memcached, conn: u64, key: &[u8], storing: &Storing<'_>) -> String {
+    match store_item(shared, conn, key, storing) {
         Ok((StoreOutcome::Stored { .. }, _)) => "STORED".into(),
         Ok((StoreOutcome::NotStored, _)) => "NOT_STORED".into(),
         Ok((StoreOutcome::Exists, _)) => "EXISTS".into(),

@@ -97,6 +97,9 @@ pub struct Prefetch {
     /// The GETs the request at the front was admitted with (`admit`): what it leaves of
     /// them is dropped once it ends ([`request_done`]), however it ends.
     front: Vec<Get>,
+    /// The key the request at the front rewrites from its current value
+    /// ([`Access::Rewrites`]): a walk behind it starts no read of that key.
+    front_rewrites: Option<Vec<u8>>,
     /// Bytes of input, from the front request on, that the last read-ahead walked: while
     /// the front lies within them, walking again would only find what was started.
     walked: usize,
@@ -136,6 +139,7 @@ impl Prefetch {
             answers: 0,
             held_bytes: 0,
             front: Vec::new(),
+            front_rewrites: None,
             walked: 0,
             held: None,
         }
@@ -303,6 +307,14 @@ impl Prefetch {
         (held == key && *o == options).then(|| item.clone())
     }
 
+    /// The current value of the key the front request rewrites ([`Access::Rewrites`]),
+    /// read ahead of it off the serving thread; `None` where none was read (no SSD tier,
+    /// or it failed): the engine then reads what it needs itself.
+    pub fn rewritten_value(&mut self, key: &[u8]) -> Option<Item> {
+        let answer = self.take(key, REWRITE_READ)?;
+        answer.ok().flatten()
+    }
+
     /// Takes the answer of a GET, if one is ready.
     fn take(&mut self, key: &[u8], options: GetOptions) -> Option<Answer> {
         let fetches = self.fetches.get_mut(key)?;
@@ -347,8 +359,10 @@ impl Prefetch {
         if self.walked > 0 {
             return;
         }
+        let mut changed = HashSet::default();
+        changed.extend(self.front_rewrites.clone());
         let mut ahead = ReadAhead {
-            changed: HashSet::default(),
+            changed,
             reads: self,
         };
         let walked = walk(&mut ahead);
@@ -361,6 +375,7 @@ impl Prefetch {
     /// the front moves on past it. Every request ends here (`connection::process`), so
     /// no early return of its own can leave an answer behind.
     pub fn request_done(&mut self, len: usize) {
+        self.front_rewrites = None;
         let front = std::mem::take(&mut self.front);
         self.forget(front.iter().map(|(key, _)| &key[..]));
         self.walked = self.walked.saturating_sub(len);
@@ -380,6 +395,18 @@ impl Prefetch {
         }
         match access() {
             Access::Reads(keys, options) => self.start(cache, &keys, options, true),
+            Access::Rewrites(key) => {
+                // The hit held may be the value being rewritten: it goes now, as for any
+                // change; the value is read as a peek, which this request alone takes.
+                if self.held.as_ref().is_some_and(|((held, _), _)| held == key) {
+                    self.hold_hit(None);
+                }
+                self.front_rewrites = Some(key.to_vec());
+                match self.start(cache, &[key], REWRITE_READ, true) {
+                    0 => 0,
+                    _ => usize::MAX,
+                }
+            }
             Access::Changes(keys) => {
                 self.forget(keys.iter().copied());
                 if let Some(((held, _), _)) = &self.held
@@ -450,9 +477,16 @@ pub enum Access<'k> {
     Reads(Vec<&'k [u8]>, GetOptions),
     /// May change these keys (maybe none: `mn`, an error reply) and no other.
     Changes(Vec<&'k [u8]>),
+    /// Rewrites this key from its current value (an append, a prepend): the value is read
+    /// first, off the serving thread, for this request alone; later reads of the key wait
+    /// for it, as behind any change.
+    Rewrites(&'k [u8]),
     /// Anything else (a flush, `stats`, an operator command): what it touches is unknown.
     Barrier,
 }
+
+/// How a rewrite's value is read: a peek, which marks nothing fetched.
+const REWRITE_READ: GetOptions = GetOptions { peek: true };
 
 /// The requests pipelined behind one that awaits the SSD, walked in order while their
 /// reads start (`Session::read_ahead`, within [`Prefetch::walk_once`]).
@@ -480,6 +514,10 @@ impl ReadAhead<'_> {
                 self.changed.extend(keys.iter().map(|key| key.to_vec()));
                 true
             }
+            Access::Rewrites(key) => {
+                self.changed.insert(key.to_vec());
+                true
+            }
             Access::Barrier => false,
         }
     }
@@ -497,6 +535,31 @@ mod tests {
             .build()
             .unwrap()
             .block_on(future)
+    }
+
+    /// A rewrite at the front (an append awaiting its value) changes its key: the walk
+    /// behind it starts no read of that key, which would answer a later GET with the
+    /// value from before the rewrite; reads of other keys start.
+    #[test]
+    fn a_walk_behind_a_rewrite_starts_no_read_of_its_key() {
+        let cache = ZipCache::open(Config::default()).unwrap();
+        let plain = GetOptions::default();
+        let mut reads = Prefetch::default();
+        reads.front_rewrites = Some(b"k".to_vec());
+        reads.walk_once(|walk| {
+            assert!(walk.pass(&cache, &Access::Reads(vec![b"other"], plain)));
+            assert!(!walk.pass(&cache, &Access::Reads(vec![b"k"], plain)));
+            0
+        });
+        assert!(reads.fetch(b"other", plain).is_some());
+        assert!(reads.fetch(b"k", plain).is_none());
+        // Walked past, a rewrite is a change of its key.
+        let mut walk = ReadAhead {
+            changed: HashSet::default(),
+            reads: &mut reads,
+        };
+        assert!(walk.pass(&cache, &Access::Rewrites(b"j")));
+        assert!(!walk.pass(&cache, &Access::Reads(vec![b"j"], plain)));
     }
 
     /// The walk past pipelined requests: reads start, changes are remembered, and it stops

@@ -79,11 +79,26 @@ impl ZipCache {
         f: impl FnOnce(Option<&Item>) -> (Update, R),
     ) -> Result<(R, Option<u64>)> {
         // may do I/O: a large object's whole extent, or one SSD block
+        self.update_read_before(key, None, f)
+    }
+
+    /// [`ZipCache::update`] with the value the caller already read (`before`, from
+    /// `get_item_async` off its thread): a large object whose BT_LO entry still names
+    /// that version (CAS, flags, expiry, length) is not read again; any other is read as
+    /// `update` reads it. An append of a large value then reads no extent on the caller's
+    /// thread.
+    pub fn update_read_before<R>(
+        &self,
+        key: &[u8],
+        before: Option<&Item>,
+        f: impl FnOnce(Option<&Item>) -> (Update, R),
+    ) -> Result<(R, Option<u64>)> {
+        let read = before.map_or(ValueRead::Whole, ValueRead::ReadBefore);
+        // may do I/O: a large object's whole extent unless `before` is its version, or
+        // one SSD block
         let outcome = self
             .inner
-            .read_modify_write(key, ValueRead::Whole, |found| {
-                f(found.map(|found| &found.item))
-            });
+            .read_modify_write(key, read, |found| f(found.map(|found| &found.item)));
         self.inner.relieve_pressure();
         outcome
     }
@@ -159,10 +174,13 @@ type DramChange = Option<Option<Stored>>;
 
 /// Whether a read-modify-write reads a large object's value from its extent.
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum ValueRead {
+enum ValueRead<'a> {
     Whole,
     /// Its index entry alone: the closure needs no value.
     UnlessLarge,
+    /// The value the caller read before (off its thread): used, without reading the
+    /// extent again, if BT_LO's entry still describes that very version; else `Whole`.
+    ReadBefore(&'a Item),
 }
 
 /// A live object as a read-modify-write finds it under its DRAM leaf's lock.
@@ -200,7 +218,7 @@ impl Inner {
     fn read_modify_write<R>(
         &self,
         key: &[u8],
-        read: ValueRead,
+        read: ValueRead<'_>,
         f: impl FnOnce(Option<&Found>) -> (Update, R),
     ) -> Result<(R, Option<u64>)> {
         self.check_key(key)?;
@@ -254,8 +272,30 @@ impl Inner {
     }
 
     /// `key`'s large object, read whole or (`UnlessLarge`) as BT_LO's index describes it.
-    fn large_found(&self, key: &[u8], now: u64, read: ValueRead) -> Option<Found> {
-        if read == ValueRead::Whole {
+    fn large_found(&self, key: &[u8], now: u64, read: ValueRead<'_>) -> Option<Found> {
+        if let ValueRead::ReadBefore(before) = read {
+            let entry = self.large.as_ref()?.entry(key, now)?;
+            let same = item_of(Vec::new(), &entry.meta);
+            // Only an assigned CAS names one version: a CAS the client chose may name two,
+            // and 0 (none asked for) names them all.
+            let unchanged = !entry.meta.client_cas
+                && entry.meta.cas != 0
+                && entry.value_len == before.value.len()
+                && (same.cas, same.flags, same.expires_at_ms)
+                    == (before.cas, before.flags, before.expires_at_ms);
+            if unchanged {
+                self.ops.large_hits.incr();
+                return Some(Found {
+                    item: Item {
+                        access: None,
+                        ..before.clone()
+                    },
+                    value_len: entry.value_len,
+                    large: true,
+                });
+            }
+        }
+        if read != ValueRead::UnlessLarge {
             // may do I/O: the whole extent
             let item = self.large_get(key, now)?;
             return Some(Found {

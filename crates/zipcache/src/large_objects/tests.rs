@@ -642,3 +642,64 @@ fn a_touch_of_a_large_object_writes_and_reads_nothing_and_survives_a_restart() {
     drop(cache);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// `update_read_before` with the value read before: the current version is not read
+/// again; a version written since (even of the same length, flags and expiry) is read
+/// afresh, so an append never builds on an overwritten value — nor on one whose version
+/// no CAS names (written without one).
+#[test]
+fn an_append_uses_the_value_read_before_only_while_it_is_current() {
+    let dir = std::env::temp_dir().join(format!("zc-lo-read-before-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let cache = engine(&dir);
+    let versioned = crate::PutOptions {
+        assign_cas: true,
+        ..crate::PutOptions::default()
+    };
+    let append = |cache: &crate::ZipCache, before: Option<&crate::Item>| {
+        cache
+            .update_read_before(b"big", before, |current| {
+                let value = [&current.expect("there").value[..], b"!"].concat();
+                (
+                    crate::Update::Put {
+                        value,
+                        options: versioned,
+                    },
+                    (),
+                )
+            })
+            .unwrap();
+    };
+    let read = |cache: &crate::ZipCache| {
+        let item = cache.get_item(b"big", crate::GetOptions { peek: true });
+        item.unwrap().expect("stored")
+    };
+    let first = noise(300 << 10);
+    cache.put_with(b"big", &first, versioned).unwrap();
+    let before = read(&cache);
+    cache.settle().unwrap();
+    let reads_before = cache.stats().ssd_device_reads;
+    append(&cache, Some(&before));
+    cache.settle().unwrap();
+    assert_eq!(cache.stats().ssd_device_reads, reads_before, "read again");
+    let appended = [&first[..], b"!"].concat();
+    assert!(cache.get(b"big").unwrap().expect("appended") == appended);
+
+    // Overwritten after the read, by a value of the same length, flags and expiry: the
+    // stale copy is not used, whether the new version has a CAS or none.
+    for options in [versioned, crate::PutOptions::default()] {
+        let stale = read(&cache);
+        let mut overwritten = stale.value.clone();
+        overwritten[0] ^= 1;
+        cache.put_with(b"big", &overwritten, options).unwrap();
+        append(&cache, Some(&stale));
+        let want = [&overwritten[..], b"!"].concat();
+        assert!(
+            cache.get(b"big").unwrap().expect("appended") == want,
+            "stale base"
+        );
+    }
+    drop(cache);
+    let _ = std::fs::remove_dir_all(&dir);
+}

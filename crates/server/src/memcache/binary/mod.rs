@@ -148,7 +148,7 @@ impl MemcacheSession {
                 flags,
                 exptime,
                 value,
-            } => store(&cx, mode, key, flags, exptime, value, &mut reply),
+            } => store(&mut cx, mode, key, flags, exptime, value, &mut reply),
             Command::TooLarge { key, mode } => {
                 Counters::bump(&shared.core.counters.store_too_large);
                 // memcached unlinks the old value of a refused set, never leaving it stale.
@@ -359,7 +359,7 @@ fn get(
 }
 
 fn store(
-    cx: &RequestContext<'_>,
+    cx: &mut RequestContext<'_>,
     mode: StoreMode,
     key: &[u8],
     flags: u32,
@@ -375,6 +375,7 @@ fn store(
         _ if cas != 0 => (StoreMode::Cas(cas), None),
         _ => (mode, None),
     };
+    let before = text::read_before(cx.reads, mode, key);
     let storing = Storing {
         mode,
         flags,
@@ -383,6 +384,7 @@ fn store(
         cas: None,
         allow_stale: false,
         compare,
+        before: before.as_ref(),
     };
     match text::store_item(cx.shared, cx.conn, key, &storing) {
         Ok((StoreOutcome::Stored { .. }, cas)) => reply.success(cas.unwrap_or(0), &[], &[], &[]),

@@ -248,9 +248,9 @@ impl Command<'_> {
             Command::Get {
                 key, touch: None, ..
             } => Access::Reads(vec![key], GetOptions::default()),
+            Command::Store { key, mode, .. } => mode.access(key),
             Command::Get { key, .. }
             | Command::Touch { key, .. }
-            | Command::Store { key, .. }
             | Command::TooLarge { key, .. }
             | Command::Delete { key }
             | Command::Arith { key, .. } => Access::Changes(vec![key]),

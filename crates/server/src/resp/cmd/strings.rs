@@ -472,6 +472,8 @@ impl StringCommand<'_> {
                 out.maybe_bulk(value.as_deref());
             }
             StringCommand::Append { key, suffix } => {
+                // may do I/O: a large value's whole extent (RESP's strings carry no version
+                // that a value read ahead could be checked against), or one SSD block
                 let (len, _) = cache.update(key, |current| {
                     let value = match current {
                         Some(item) => [&item.value[..], suffix].concat(),
