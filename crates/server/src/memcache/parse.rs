@@ -702,7 +702,6 @@ mod tests {
         access(b"mg a v T30\r\n", Access::Changes(vec![b"a"]));
         for write in [
             &b"set a 0 0 1\r\nx\r\n"[..],
-            b"append a 0 0 1\r\nx\r\n",
             b"cas a 0 0 1 5\r\nx\r\n",
             b"incr a 1\r\n",
             b"delete a\r\n",
@@ -713,6 +712,15 @@ mod tests {
             b"me a\r\n",
         ] {
             access(write, Access::Changes(vec![b"a"]));
+        }
+        // Writes built on the current value, read first.
+        for rewrite in [
+            &b"append a 0 0 1\r\nx\r\n"[..],
+            b"prepend a 0 0 1\r\nx\r\n",
+            b"ms a 1 MA\r\nx\r\n",
+            b"ms a 1 MP\r\nx\r\n",
+        ] {
+            access(rewrite, Access::Rewrites(b"a"));
         }
         access(b"mn\r\n", Access::Changes(Vec::new()));
         access(b"bogus\r\n", Access::Changes(Vec::new()));
