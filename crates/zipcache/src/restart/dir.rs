@@ -4,7 +4,7 @@
 //!
 //! What survives a power cut is only what was synced: a file's bytes after
 //! [`IndexDir::sync_file`], a name created, renamed or removed after
-//! [`IndexDir::sync_dir`]. The callers (`sealed_file`, `ZipCache::open`) are written
+//! [`IndexDir::sync_dir`]. The callers (`sealed_file`, `restart::open`) are written
 //! against exactly that.
 
 use std::fs::{File, OpenOptions};
