@@ -157,7 +157,7 @@ impl Annotations {
         &self,
         cache: &ZipCache,
         key: &[u8],
-        before: Option<&Item>,
+        before: Option<Item>,
         f: impl FnOnce(Option<&Entry>) -> (Write, R),
     ) -> zipcache::Result<(R, Option<u64>)> {
         let mut shard = self.shard(key);

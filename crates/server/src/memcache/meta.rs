@@ -358,8 +358,7 @@ fn set(cx: RequestContext<'_>, meta: &Meta<'_>, out: &mut Vec<u8>) -> Result<(),
     let invalidate = meta.has(b'I');
     // Append/prepend with N creates the item when it is missing.
     let vivify = numeric::<i64>(meta, b'N')?;
-    let before = read_before(cx.reads, mode, &meta.key);
-    let store = |mode, expiry| {
+    let store = |mode, expiry, before| {
         let storing = Storing {
             mode,
             flags,
@@ -368,15 +367,15 @@ fn set(cx: RequestContext<'_>, meta: &Meta<'_>, out: &mut Vec<u8>) -> Result<(),
             cas: client_cas,
             allow_stale: invalidate,
             compare,
-            before: before.as_ref(),
         };
-        store_item(shared, conn, &meta.key, &storing).map_err(|e| engine_error(&e))
+        store_item(shared, conn, &meta.key, &storing, before).map_err(|e| engine_error(&e))
     };
-    let (mut outcome, mut cas) = store(mode, expiry)?;
+    let before = read_before(cx.reads, mode, &meta.key);
+    let (mut outcome, mut cas) = store(mode, expiry, before)?;
     if let (StoreOutcome::NotStored, Some(exptime), StoreMode::Append | StoreMode::Prepend) =
         (outcome, vivify, mode)
     {
-        (outcome, cas) = store(StoreMode::Add, Expiry::from_exptime(exptime, now))?;
+        (outcome, cas) = store(StoreMode::Add, Expiry::from_exptime(exptime, now), None)?;
     }
     let (code, size) = match outcome {
         StoreOutcome::Stored { size } => ("HD", Some(size)),

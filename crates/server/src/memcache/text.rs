@@ -43,9 +43,8 @@ pub fn execute(cx: RequestContext<'_>, request: Request<'_>, out: &mut Vec<u8>) 
                 cas: None,
                 allow_stale: false,
                 compare: None,
-                before: before.as_ref(),
             };
-            let reply = store(shared, conn, key, &storing);
+            let reply = store(shared, conn, key, &storing, before);
             reply_unless(noreply, &reply, out);
         }
         Request::Arith {
@@ -392,9 +391,6 @@ pub struct Storing<'a> {
     pub allow_stale: bool,
     /// The CAS an append or prepend must find (`ms MA C`).
     pub compare: Option<u64>,
-    /// An append's or prepend's current value, read ahead of it off the serving thread
-    /// ([`Prefetch::rewritten_value`]): a large one is not read again.
-    pub before: Option<&'a Item>,
 }
 
 /// An append's or prepend's current value, read ahead of it ([`Access::Rewrites`]); none
@@ -407,15 +403,18 @@ pub fn read_before(reads: &mut Prefetch, mode: StoreMode, key: &[u8]) -> Option<
 }
 
 /// Runs a storage command atomically; returns the outcome and the CAS clients now see.
-/// Counts it in `total_items` and, for a compare-and-swap, in `cas_*`.
+/// Counts it in `total_items` and, for a compare-and-swap, in `cas_*`. `before`: an
+/// append's or prepend's current value, read ahead of it off the serving thread
+/// ([`read_before`]), which a large value then is not read again for.
 pub fn store_item(
     shared: &Memcached,
     conn: u64,
     key: &[u8],
     storing: &Storing<'_>,
+    before: Option<Item>,
 ) -> zipcache::Result<(StoreOutcome, Option<u64>)> {
     let mut previous = None;
-    let stored = apply_store(shared, key, storing, &mut previous);
+    let stored = apply_store(shared, key, storing, before, &mut previous);
     if let Ok((outcome, _)) = &stored {
         events::log_fetch(shared, conn, key, previous);
         let size = storing.data.len();
@@ -450,6 +449,7 @@ fn apply_store(
     shared: &Memcached,
     key: &[u8],
     storing: &Storing<'_>,
+    before: Option<Item>,
     previous: &mut Option<usize>,
 ) -> zipcache::Result<(StoreOutcome, Option<u64>)> {
     let &Storing {
@@ -460,7 +460,6 @@ fn apply_store(
         cas,
         allow_stale,
         compare,
-        before,
     } = storing;
     // The common case needs no read: a plain write, under a fresh CAS that no annotation
     // names. A CAS the client chose may repeat an annotated one, so the table must see it.
@@ -567,8 +566,14 @@ fn apply_store(
 }
 
 /// The reply line of a text-protocol store.
-fn store(shared: &Memcached, conn: u64, key: &[u8], storing: &Storing<'_>) -> String {
-    match store_item(shared, conn, key, storing) {
+fn store(
+    shared: &Memcached,
+    conn: u64,
+    key: &[u8],
+    storing: &Storing<'_>,
+    before: Option<Item>,
+) -> String {
+    match store_item(shared, conn, key, storing, before) {
         Ok((StoreOutcome::Stored { .. }, _)) => "STORED".into(),
         Ok((StoreOutcome::NotStored, _)) => "NOT_STORED".into(),
         Ok((StoreOutcome::Exists, _)) => "EXISTS".into(),

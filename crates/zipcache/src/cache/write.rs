@@ -9,7 +9,7 @@ use super::get::item_of;
 use super::{Inner, ZipCache};
 use crate::dram::Stored;
 use crate::dram::{Lookup, Reclaimed};
-use crate::large_objects::LargeObjects;
+use crate::large_objects::{LargeEntry, LargeObjects};
 use crate::record::{ASSIGN_CAS, Meta};
 use crate::{AccessState, Error, Item, ItemInfo, PutOptions, Result, Update};
 
@@ -90,7 +90,7 @@ impl ZipCache {
     pub fn update_read_before<R>(
         &self,
         key: &[u8],
-        before: Option<&Item>,
+        before: Option<Item>,
         f: impl FnOnce(Option<&Item>) -> (Update, R),
     ) -> Result<(R, Option<u64>)> {
         let read = before.map_or(ValueRead::Whole, ValueRead::ReadBefore);
@@ -173,14 +173,13 @@ impl ZipCache {
 type DramChange = Option<Option<Stored>>;
 
 /// Whether a read-modify-write reads a large object's value from its extent.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum ValueRead<'a> {
+enum ValueRead {
     Whole,
     /// Its index entry alone: the closure needs no value.
     UnlessLarge,
     /// The value the caller read before (off its thread): used, without reading the
     /// extent again, if BT_LO's entry still describes that very version; else `Whole`.
-    ReadBefore(&'a Item),
+    ReadBefore(Item),
 }
 
 /// A live object as a read-modify-write finds it under its DRAM leaf's lock.
@@ -218,7 +217,7 @@ impl Inner {
     fn read_modify_write<R>(
         &self,
         key: &[u8],
-        read: ValueRead<'_>,
+        read: ValueRead,
         f: impl FnOnce(Option<&Found>) -> (Update, R),
     ) -> Result<(R, Option<u64>)> {
         self.check_key(key)?;
@@ -272,42 +271,40 @@ impl Inner {
     }
 
     /// `key`'s large object, read whole or (`UnlessLarge`) as BT_LO's index describes it.
-    fn large_found(&self, key: &[u8], now: u64, read: ValueRead<'_>) -> Option<Found> {
+    fn large_found(&self, key: &[u8], now: u64, read: ValueRead) -> Option<Found> {
         if let ValueRead::ReadBefore(before) = read {
-            let entry = self.large.as_ref()?.entry(key, now)?;
-            let same = item_of(Vec::new(), &entry.meta);
+            let LargeEntry { meta, value_len } = self.large.as_ref()?.entry(key, now)?;
             // Only an assigned CAS names one version: a CAS the client chose may name two,
             // and 0 (none asked for) names them all.
-            let unchanged = !entry.meta.client_cas
-                && entry.meta.cas != 0
-                && entry.value_len == before.value.len()
-                && (same.cas, same.flags, same.expires_at_ms)
+            let unchanged = !meta.client_cas
+                && meta.cas != 0
+                && value_len == before.value.len()
+                && (meta.cas, meta.flags, meta.expires_at_ms)
                     == (before.cas, before.flags, before.expires_at_ms);
             if unchanged {
                 self.ops.large_hits.incr();
                 return Some(Found {
                     item: Item {
                         access: None,
-                        ..before.clone()
+                        ..before
                     },
-                    value_len: entry.value_len,
+                    value_len,
                     large: true,
                 });
             }
-        }
-        if read != ValueRead::UnlessLarge {
-            // may do I/O: the whole extent
-            let item = self.large_get(key, now)?;
+        } else if let ValueRead::UnlessLarge = read {
+            let entry = self.large.as_ref()?.entry(key, now)?;
             return Some(Found {
+                item: item_of(Vec::new(), &entry.meta),
+                value_len: entry.value_len,
                 large: true,
-                ..Found::small(item)
             });
         }
-        let entry = self.large.as_ref()?.entry(key, now)?;
+        // may do I/O: the whole extent
+        let item = self.large_get(key, now)?;
         Some(Found {
-            item: item_of(Vec::new(), &entry.meta),
-            value_len: entry.value_len,
             large: true,
+            ..Found::small(item)
         })
     }
 

@@ -657,7 +657,7 @@ fn an_append_uses_the_value_read_before_only_while_it_is_current() {
         assign_cas: true,
         ..crate::PutOptions::default()
     };
-    let append = |cache: &crate::ZipCache, before: Option<&crate::Item>| {
+    let append = |cache: &crate::ZipCache, before: Option<crate::Item>| {
         cache
             .update_read_before(b"big", before, |current| {
                 let value = [&current.expect("there").value[..], b"!"].concat();
@@ -680,7 +680,7 @@ fn an_append_uses_the_value_read_before_only_while_it_is_current() {
     let before = read(&cache);
     cache.settle().unwrap();
     let reads_before = cache.stats().ssd_device_reads;
-    append(&cache, Some(&before));
+    append(&cache, Some(before));
     cache.settle().unwrap();
     assert_eq!(cache.stats().ssd_device_reads, reads_before, "read again");
     let appended = [&first[..], b"!"].concat();
@@ -693,7 +693,7 @@ fn an_append_uses_the_value_read_before_only_while_it_is_current() {
         let mut overwritten = stale.value.clone();
         overwritten[0] ^= 1;
         cache.put_with(b"big", &overwritten, options).unwrap();
-        append(&cache, Some(&stale));
+        append(&cache, Some(stale));
         let want = [&overwritten[..], b"!"].concat();
         assert!(
             cache.get(b"big").unwrap().expect("appended") == want,

@@ -384,9 +384,8 @@ fn store(
         cas: None,
         allow_stale: false,
         compare,
-        before: before.as_ref(),
     };
-    match text::store_item(cx.shared, cx.conn, key, &storing) {
+    match text::store_item(cx.shared, cx.conn, key, &storing, before) {
         Ok((StoreOutcome::Stored { .. }, cas)) => reply.success(cas.unwrap_or(0), &[], &[], &[]),
         Ok((StoreOutcome::Exists, _)) => reply.error(Status::KeyExists),
         Ok((StoreOutcome::NotFound, _)) => reply.error(Status::KeyNotFound),
