@@ -107,6 +107,16 @@ pub struct Config {
     /// bytes per DRAM object (a 12-byte stamp and its share of the tables beside the
     /// leaves' pages), which a leaf's dense page otherwise avoids.
     pub track_access: bool,
+    /// Where the crash journal lives (`restart/shadow.rs`, `restart/journal.rs`): a
+    /// directory in tmpfs, so it survives the process (kill -9, an OOM kill, a panic) and
+    /// not a reboot. With an SSD tier, a restart after a crash then keeps the flash tier
+    /// warm, never serving a version that was overwritten, deleted or flushed before the
+    /// crash. `None` (`crash_journal=off`): a crash restarts cold.
+    pub crash_journal: Option<PathBuf>,
+    /// Bytes of the journal's shadow table (8 per fingerprint of a key whose newest state
+    /// is in DRAM only), charged to `dram_capacity`; 0: 1/16 of `dram_capacity`, at
+    /// least 16 KiB. A table that fills up makes the next crash restart cold.
+    pub crash_journal_bytes: u64,
     /// Compress medium objects with zstd dictionaries trained in the background on recent
     /// values (true); false keeps LZ4 alone for every medium object.
     pub dictionaries: bool,
@@ -159,6 +169,8 @@ impl Default for Config {
             ssd_dictionaries: false,
             rss_limit: 0,
             track_access: false,
+            crash_journal: Some(PathBuf::from("/dev/shm")),
+            crash_journal_bytes: 0,
             dictionaries: true,
             dictionary_size: 0,
             dictionary_samples: 0,
@@ -237,6 +249,8 @@ impl Config {
         "ssd_presence_filters",
         "ssd_dictionaries",
         "track_access",
+        "crash_journal",
+        "crash_journal_bytes",
         "dictionaries",
         "dictionary_size",
         "dictionary_samples",
@@ -265,6 +279,13 @@ impl Config {
             "flush_wait_ms" => self.flush_wait_ms = parse_usize(name, value)? as u64,
             "rss_limit" => self.rss_limit = parse_size(value)?,
             "track_access" => self.track_access = parse_bool(name, value)?,
+            "crash_journal" => {
+                self.crash_journal = match value.trim() {
+                    "off" | "" => None,
+                    dir => Some(PathBuf::from(dir)),
+                }
+            }
+            "crash_journal_bytes" => self.crash_journal_bytes = parse_size(value)?,
             "dictionaries" => self.dictionaries = parse_bool(name, value)?,
             "dictionary_size" => self.dictionary_size = parse_usize(name, value)?,
             "dictionary_samples" => self.dictionary_samples = parse_usize(name, value)?,
@@ -411,6 +432,15 @@ impl Config {
     /// reservoir of one sample per 32 KiB of budget (at most 2,048 of at most 1 KiB) and
     /// a dictionary of 1/256 of the budget (32 to 112 KiB), none below [`MIN_BUDGET`];
     /// either set, dictionaries at any budget. `None` with `dictionaries` off.
+    /// Buckets of the crash journal's shadow table (64 bytes each).
+    pub(crate) fn shadow_buckets(&self) -> usize {
+        let bytes = match self.crash_journal_bytes {
+            0 => (self.dram_capacity / 16).max(16 << 10),
+            set => set,
+        };
+        (bytes / 64).max(1) as usize
+    }
+
     pub(crate) fn training_settings(&self) -> Option<TrainingSettings> {
         let budget = self.dram_capacity;
         let chosen = self.dictionary_samples != 0 || self.dictionary_size != 0;

@@ -175,6 +175,26 @@ pub struct Stats {
     pub ssd_compress_seconds: f64,
     pub checksum_failures: u64,
     pub io_errors: u64,
+    /// How this open kept the flash tier: `clean` (a clean close's indexes), `crash` (a
+    /// crashed run's journal), `cold` (nothing trusted: trimmed and empty); empty without
+    /// an SSD tier.
+    pub recovery_kind: &'static str,
+    /// BT_SSD objects the open kept.
+    pub recovery_objects: u64,
+    /// Keys whose flash versions the open kept hidden as possibly stale (a crash lost
+    /// their newer state, or a clean close carried them over).
+    pub recovery_shadowed_keys: u64,
+    /// Milliseconds from the start of the open to the tiers' being ready.
+    pub recovery_ms: f64,
+    /// Flash versions found by GETs and scans but not served: hidden as possibly stale.
+    pub ssd_hidden_versions: u64,
+    /// Bytes of the crash journal's shadow table (in `dram_index_bytes`).
+    pub crash_journal_bytes: u64,
+    /// Keys the shadow table holds now: their newest state is in DRAM only.
+    pub crash_journal_keys: u64,
+    /// The journal no longer names every such key (its table filled up, or tmpfs
+    /// refused a write): a crash now restarts cold.
+    pub crash_journal_incomplete: bool,
 }
 
 /// `num / den`, or `None` when nothing was counted.

@@ -32,7 +32,8 @@ use crate::promotion::{self, PromotionFilter};
 use crate::restart;
 use crate::restart::dir::DataLock;
 use crate::restart::files::{Persist, sibling};
-use crate::restart::open::open_tiers;
+use crate::restart::open::{Recovery, RecoveryKind, open_tiers};
+use crate::restart::shadow::Shadow;
 use crate::rss_governor::RssGovernor;
 use crate::ssd::SsdTier;
 use crate::{Config, Error, Result};
@@ -71,7 +72,10 @@ pub(crate) struct Inner {
     persist: Option<Persist>,
     /// The run epoch written to the device at open (`restart::epoch`); 0 without a device.
     epoch: u64,
-    warm_start: bool,
+    /// How the open kept the flash tier.
+    recovery: Recovery,
+    /// Keys whose flash versions must not be served (`restart/shadow.rs`); with an SSD.
+    shadow: Option<Arc<Shadow>>,
     /// Held while the engine lives: one engine per SSD file.
     _lock: Option<DataLock>,
     ops: OpCounters,
@@ -138,7 +142,10 @@ impl ZipCache {
                 )?))
             }
         };
-        let persist = config.ssd.as_ref().map(|ssd| Persist::beside(&ssd.path));
+        let persist = config
+            .ssd
+            .as_ref()
+            .map(|ssd| Persist::beside(&ssd.path, config.crash_journal.as_deref()));
         Self::start(config, device, persist, lock)
     }
 
@@ -146,7 +153,10 @@ impl ZipCache {
     /// With `config.ssd` set, its index files live beside that path (not locked: the
     /// caller owns the device).
     pub fn open_on(config: Config, device: Option<Arc<dyn BlockDevice>>) -> Result<ZipCache> {
-        let persist = config.ssd.as_ref().map(|ssd| Persist::beside(&ssd.path));
+        let persist = config
+            .ssd
+            .as_ref()
+            .map(|ssd| Persist::beside(&ssd.path, config.crash_journal.as_deref()));
         Self::start(config, device, persist, None)
     }
 
@@ -165,18 +175,23 @@ impl ZipCache {
             ));
         }
         let memory = Arc::new(Memory::default());
-        let dram = DramTier::new(
-            dram_settings(&config, device.is_some()),
-            memory.clone(),
-            config.bypass_r,
-        );
         let tiers = match device {
             None => None,
             // may do I/O: the restart protocol's steps (`restart::open`)
             Some(device) => Some(open_tiers(&config, device, persist.as_ref(), &memory)?),
         };
-        let warm_start = tiers.as_ref().is_some_and(|t| t.warm);
+        let dram = DramTier::new(
+            dram_settings(&config, tiers.is_some()),
+            memory.clone(),
+            config.bypass_r,
+        );
+        let dram = match &tiers {
+            Some(t) => dram.with_shadow(t.shadow.clone()),
+            None => dram,
+        };
+        let recovery = tiers.as_ref().map(|t| t.recovery).unwrap_or_default();
         let epoch = tiers.as_ref().map_or(0, |t| t.epoch);
+        let shadow = tiers.as_ref().map(|t| t.shadow.clone());
         let (ssd, large) = tiers.map(|t| (t.ssd, t.large)).unzip();
         let promotion = (ssd.is_some() && config.promotion == Promotion::SecondHit)
             .then(|| promotion_filter(&config, &memory));
@@ -192,7 +207,8 @@ impl ZipCache {
             large,
             persist,
             epoch,
-            warm_start,
+            recovery,
+            shadow,
             _lock: lock,
             ops: OpCounters::default(),
             shutdown: AtomicBool::new(false),
@@ -245,17 +261,25 @@ impl ZipCache {
             inner.dram.evict_all(Some(ssd), now);
             ssd.device().drain()?;
             ssd.device().flush()?;
-            if let (Some(p), Some(large)) = (&inner.persist, &inner.large) {
+            if let (Some(p), Some(large), Some(shadow)) =
+                (&inner.persist, &inner.large, &inner.shadow)
+            {
                 // may do I/O: the indexes written and made durable
-                restart::close::save_indexes(p, inner.epoch, ssd, large)?;
+                restart::close::save_indexes(p, inner.epoch, ssd, large, shadow)?;
             }
         }
         Ok(())
     }
 
-    /// Whether this open found a clean shutdown's index and kept the SSD tier.
+    /// Whether this open kept the SSD tier: a clean shutdown's indexes, or a crashed
+    /// run's journal.
     pub fn warm_started(&self) -> bool {
-        self.inner.warm_start
+        self.inner.recovery.kind != RecoveryKind::Cold
+    }
+
+    /// How this open kept the flash tier (`stats` reports it too).
+    pub fn recovery(&self) -> Recovery {
+        self.inner.recovery
     }
 
     /// Merges every write buffer and waits until the device has accounted every write so
@@ -283,8 +307,16 @@ impl ZipCache {
 }
 
 impl Drop for ZipCache {
+    /// Stops the background threads. An engine dropped without `close` (and not by a
+    /// panic unwinding) was let go on purpose: its crash journal goes, and the next open
+    /// is cold, as it always was. A panic keeps the journal, like any crash.
     fn drop(&mut self) {
         self.stop();
+        if !std::thread::panicking()
+            && let Some(journal) = self.inner.persist.as_ref().and_then(|p| p.journal.as_ref())
+        {
+            journal.remove();
+        }
     }
 }
 

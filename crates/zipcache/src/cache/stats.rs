@@ -6,6 +6,7 @@ use std::time::Instant;
 
 use super::{Inner, ZipCache};
 use crate::Stats;
+use crate::restart::shadow::INCOMPLETE;
 use crate::stats::ratio;
 
 impl ZipCache {
@@ -91,6 +92,7 @@ impl Inner {
                     / 1e9,
                 checksum_failures: c.checksum_failures.load(Ordering::Relaxed),
                 io_errors: c.io_errors.load(Ordering::Relaxed),
+                ssd_hidden_versions: c.hidden.load(Ordering::Relaxed),
                 ..Stats::default()
             }
         });
@@ -176,6 +178,19 @@ impl Inner {
             ssd_reads_in_flight: self.ops.ssd_reads_in_flight.load(Ordering::Relaxed),
             dram_clean_objects: dram_clean,
             bypass_threshold: self.dram.bypass.threshold(),
+            recovery_kind: match &self.ssd {
+                Some(_) => self.recovery.kind.name(),
+                None => "",
+            },
+            recovery_objects: self.recovery.objects,
+            recovery_shadowed_keys: self.recovery.shadowed,
+            recovery_ms: self.recovery.micros as f64 / 1e3,
+            crash_journal_bytes: self.shadow.as_ref().map_or(0, |s| s.bytes()),
+            crash_journal_keys: self.shadow.as_ref().map_or(0, |s| s.len()),
+            crash_journal_incomplete: self
+                .shadow
+                .as_ref()
+                .is_some_and(|s| s.flags() & INCOMPLETE != 0),
             ..ssd
         }
     }

@@ -11,6 +11,7 @@ use crate::dram::Stored;
 use crate::dram::{Lookup, Reclaimed};
 use crate::large_objects::{LargeEntry, LargeObjects};
 use crate::record::{ASSIGN_CAS, Meta};
+use crate::restart::shadow::FLUSHING;
 use crate::{AccessState, Error, Item, ItemInfo, PutOptions, Result, Update};
 
 impl ZipCache {
@@ -155,8 +156,19 @@ impl ZipCache {
     pub fn flush_all(&self) -> Result<()> {
         let inner = &self.inner;
         let _one_at_a_time = inner.flushing.lock();
+        // A crash from here until the tiers are empty restarts cold: the journal cannot
+        // say which flash versions the flush had erased.
+        if let Some(shadow) = &inner.shadow {
+            shadow.set_flag(FLUSHING, true);
+        }
         inner.flush_epoch.fetch_add(1, Ordering::SeqCst);
         inner.dram.evict_all(None, inner.now());
+        // Before the SSD tier is emptied: a key written meanwhile and evicted after the
+        // clear leaves its newest version on flash, and one written after this keeps
+        // its mark.
+        if let Some(shadow) = &inner.shadow {
+            shadow.reset();
+        }
         if let Some(ssd) = &inner.ssd {
             ssd.clear();
         }
@@ -164,6 +176,9 @@ impl ZipCache {
             lo.clear();
         }
         inner.flush_epoch.fetch_add(1, Ordering::SeqCst);
+        if let Some(shadow) = &inner.shadow {
+            shadow.set_flag(FLUSHING, false);
+        }
         Ok(())
     }
 }

@@ -65,6 +65,7 @@ use crate::dictionary::training::TrainingSettings;
 use crate::eviction::EvictionListener;
 use crate::memory::Memory;
 use crate::record::{ASSIGN_CAS, Meta, Payload, Record, blob_dictionary, decode_blob};
+use crate::restart::shadow::Shadow;
 use crate::subpage_hash::dram_subpage;
 use access::{AccessClock, fingerprint};
 #[cfg(test)]
@@ -148,6 +149,9 @@ pub struct DramCounters {
 }
 
 pub struct DramTier {
+    /// With an SSD tier: every write marks its key here before it can be seen, so a
+    /// crash cannot bring back the key's older flash version (`restart/shadow.rs`).
+    shadow: Option<Arc<Shadow>>,
     tree: BTree<LeafId>,
     leaves: Slots<DramLeaf>,
     layout: PackedLayout,
@@ -221,6 +225,7 @@ impl DramTier {
             .map(|training| Arc::new(Dictionaries::new(training, memory.clone())));
         memory.change_index(tree.node_bytes() as i64 + slots_bytes + reads.bytes());
         DramTier {
+            shadow: None,
             tree,
             leaves,
             layout,
@@ -237,6 +242,14 @@ impl DramTier {
             eviction_listener: RwLock::new(None),
             cas_floor: AtomicU64::new(settings.cas_origin),
             cas_high: AtomicU64::new(settings.cas_origin),
+        }
+    }
+
+    /// The tier marking every write in `shadow` (`append_locked`).
+    pub(crate) fn with_shadow(self, shadow: Arc<Shadow>) -> Self {
+        DramTier {
+            shadow: Some(shadow),
+            ..self
         }
     }
 
@@ -519,6 +532,10 @@ impl DramTier {
         access: Option<AccessState>,
         now_ms: u64,
     ) {
+        // A clean copy (a promotion) is the flash version itself: nothing to hide.
+        if let Some(shadow) = self.shadow.as_ref().filter(|_| !record.meta.clean) {
+            shadow.mark(record.key);
+        }
         leaf.touch();
         if !leaf.has(WRITTEN) {
             leaf.set(WRITTEN, true);

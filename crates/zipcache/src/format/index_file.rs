@@ -66,11 +66,14 @@ pub mod ssd {
     pub const COUNT: U32 = U32(NEXT_SLOT.end());
     pub const HEADER: usize = COUNT.end();
 
-    /// Version 4 since block dictionaries (format 6): an index of 3 is not loaded (a
-    /// cold start).
+    /// After the descriptors: the count (u32) of the fingerprints (u64 each) of keys
+    /// whose flash versions stay hidden (`restart/shadow.rs`), then those.
+    ///
+    /// Version 5 since the crash journal (format 7): an index of 4 is not loaded (a cold
+    /// start).
     pub const FILE: IndexKind = IndexKind {
         magic: magic(*b"ZCIX"),
-        version: 4,
+        version: 5,
         header: HEADER,
     };
 }
@@ -134,7 +137,7 @@ mod tests {
         let header = ssd::FILE.header(0x0102_0304_0506_0708);
         assert_eq!(
             &header[..16],
-            b"ZCIX\x04\0\0\0\x08\x07\x06\x05\x04\x03\x02\x01"
+            b"ZCIX\x05\0\0\0\x08\x07\x06\x05\x04\x03\x02\x01"
         );
         assert!(ssd::FILE.is_current(&header, 0x0102_0304_0506_0708));
         assert!(!ssd::FILE.is_current(&header, 7), "another run's");

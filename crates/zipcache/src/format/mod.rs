@@ -23,9 +23,11 @@ pub mod buffer;
 pub mod dictionary_file;
 pub mod extent;
 pub mod index_file;
+pub mod journal;
 pub mod packing;
 pub mod page;
 pub mod record;
+pub mod shadow;
 pub mod superblock;
 
 macro_rules! le_field {

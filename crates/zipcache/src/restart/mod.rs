@@ -12,5 +12,7 @@ pub(crate) mod close;
 pub(crate) mod dir;
 pub(crate) mod epoch;
 pub(crate) mod files;
+pub(crate) mod journal;
 pub(crate) mod open;
 pub(crate) mod sealed_file;
+pub(crate) mod shadow;

@@ -4,6 +4,8 @@
 //! the tiers the saved indexes describe or trim the device and start them empty.
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
 
 use zipcache_device::BlockDevice;
 
@@ -12,9 +14,11 @@ use crate::Result;
 use crate::large_objects::LargeObjects;
 use crate::memory::Memory;
 use crate::restart::epoch;
-use crate::restart::files::Persist;
+use crate::restart::files::{JournalFiles, Persist};
+use crate::restart::journal::DescriptorLog;
+use crate::restart::shadow::{Identity, SLOTS, Shadow, boot_id};
 use crate::ssd::dictionary::{BlockDictionaries, DictionaryFiles, block_training};
-use crate::ssd::{SsdSettings, SsdTier};
+use crate::ssd::{Opening, SsdSettings, SsdTier};
 
 /// The device's block: one SSD sub-page.
 const BLOCK: usize = zipcache_device::BLOCK_SIZE;
@@ -27,8 +31,44 @@ pub(crate) struct Tiers {
     pub(crate) large: LargeObjects,
     /// This run's epoch, on the device now.
     pub(crate) epoch: u64,
-    /// The SSD tier is the one the last clean close saved.
-    pub(crate) warm: bool,
+    /// Which keys' flash versions are hidden; DRAM writes mark it.
+    pub(crate) shadow: Arc<Shadow>,
+    /// How the flash tier was kept.
+    pub(crate) recovery: Recovery,
+}
+
+/// How an open kept the flash tier, for `stats`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Recovery {
+    pub kind: RecoveryKind,
+    /// Objects the recovered BT_SSD descriptors count.
+    pub objects: u64,
+    /// Fingerprints of keys whose flash versions stay hidden (possibly stale).
+    pub shadowed: u64,
+    /// Time from the start of the open to the tiers' being ready.
+    pub micros: u64,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum RecoveryKind {
+    /// The last run closed cleanly: its saved indexes.
+    Clean,
+    /// The last run died: its crash journal.
+    Crash,
+    /// Nothing could be trusted (a first start, a power cut, a reboot, a journal that
+    /// filled up): trimmed and empty.
+    #[default]
+    Cold,
+}
+
+impl RecoveryKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            RecoveryKind::Clean => "clean",
+            RecoveryKind::Crash => "crash",
+            RecoveryKind::Cold => "cold",
+        }
+    }
 }
 
 /// How the device is split: the last block is the superblock; of the rest, BT_SSD's
@@ -50,22 +90,24 @@ impl Layout {
     }
 }
 
-/// What the last run saved that still describes the device: both indexes, loaded, if
-/// their epoch is the device's.
+/// What the last run left that still describes the device: BT_SSD from its clean
+/// close's indexes or from its crash journal, with the fingerprints it kept shadowed,
+/// and BT_LO (clean closes only).
 struct Saved {
     on_device: Option<u64>,
-    ssd: Option<SsdTier>,
+    ssd: Option<(SsdTier, Vec<u64>, RecoveryKind)>,
     large: Option<LargeObjects>,
 }
 
 /// Opens the SSD tier and the large-object log on `device`: warm where the last run
-/// closed cleanly, cold (trimmed) otherwise.
+/// closed cleanly or left a crash journal of this boot, cold (trimmed) otherwise.
 pub(crate) fn open_tiers(
     config: &Config,
     device: Arc<dyn BlockDevice>,
     persist: Option<&Persist>,
     memory: &Arc<Memory>,
 ) -> Result<Tiers> {
+    let started = Instant::now();
     let layout = Layout::of(device.as_ref());
     let settings = ssd_settings(config, device.as_ref(), layout);
     // may do I/O: the block dictionaries' files are read
@@ -81,35 +123,34 @@ pub(crate) fn open_tiers(
         loaded_dictionaries: dictionaries.any_live(),
         ..settings
     };
-    // may do I/O: the superblock and the index files are read
-    let saved = read_saved(
-        config,
-        &device,
-        persist,
+    let opening = || Opening {
+        device: device.clone(),
         settings,
-        layout,
-        memory,
-        &dictionaries,
-    );
+        memory: memory.clone(),
+        clock: config.clock.clone(),
+        dictionaries: dictionaries.clone(),
+    };
+    let journal = persist.and_then(|p| p.journal.as_ref());
+    // may do I/O: the superblock, the index files and the crash journal are read
+    let saved = read_saved(persist, journal, &device, layout, opening);
     // may do I/O: the indexes removed, the new epoch written and flushed
     let epoch = begin_run(device.as_ref(), persist, saved.on_device)?;
-    let warm = saved.ssd.is_some();
-    let ssd = match saved.ssd {
-        Some(ssd) => ssd,
+    let (mut ssd, carried, kind) = match saved.ssd {
+        Some(kept) => kept,
         None => {
             // Nothing the device holds can be trusted (a crash may have left values that
             // were deleted or overwritten in DRAM): start cold, and trim so the old
             // blocks free their space.
             // may do I/O: the super-leaf slots trimmed
             device.trim(0, layout.small_blocks)?;
-            let clock = config.clock.clone();
-            SsdTier::with_dictionaries(
+            let cold = SsdTier::with_dictionaries(
                 device.clone(),
                 settings,
                 memory.clone(),
-                clock,
+                config.clock.clone(),
                 dictionaries.clone(),
-            )
+            );
+            (cold, Vec::new(), RecoveryKind::Cold)
         }
     };
     // may do I/O: dictionaries no block names lose their files
@@ -118,24 +159,63 @@ pub(crate) fn open_tiers(
         Some(large) => large,
         None => {
             // Without its index the region's extents cannot be told live from dead:
-            // forget them. Safe, because every large PUT also left a DRAM tombstone that
-            // the clean close wrote to BT_SSD.
+            // forget them. Safe, because every large PUT also left a DRAM tombstone
+            // that shadowed the key until it reached BT_SSD.
             // may do I/O: the large-object log trimmed
             device.trim(layout.small_blocks, layout.large_blocks)?;
             LargeObjects::new(
-                device,
+                device.clone(),
                 layout.small_blocks,
                 layout.large_blocks,
                 memory.clone(),
             )
         }
     };
+    // may do I/O: this run's journal written to tmpfs before any write is taken
+    let shadow = start_journal(config, journal, &device, epoch, &carried)?;
+    memory.change_index(shadow.bytes() as i64);
+    ssd.start_journal(shadow.clone(), journal.map(|j| j.log.as_path()), epoch)?;
+    let recovery = Recovery {
+        kind,
+        objects: ssd.counters.objects.load(Ordering::Relaxed).max(0) as u64,
+        shadowed: carried.len() as u64,
+        micros: started.elapsed().as_micros() as u64,
+    };
     Ok(Tiers {
         ssd,
         large,
         epoch,
-        warm,
+        shadow,
+        recovery,
     })
+}
+
+/// This run's shadow table, holding `carried`: in the journal's file when crash
+/// recovery is on, else in memory.
+fn start_journal(
+    config: &Config,
+    journal: Option<&JournalFiles>,
+    device: &Arc<dyn BlockDevice>,
+    epoch: u64,
+    carried: &[u64],
+) -> Result<Arc<Shadow>> {
+    // Room for what was carried over twice: those must never be lost.
+    let buckets = config.shadow_buckets().max(2 * carried.len() / SLOTS + 1);
+    let identity = journal.zip(boot_id()).map(|(files, boot_id)| {
+        (
+            files,
+            Identity {
+                boot_id,
+                epoch,
+                device_blocks: device.block_count(),
+            },
+        )
+    });
+    let shadow = match identity {
+        Some((files, identity)) => Shadow::create(&files.shadow, identity, buckets, carried)?,
+        None => Shadow::in_memory(buckets, carried),
+    };
+    Ok(Arc::new(shadow))
 }
 
 fn ssd_settings(config: &Config, device: &dyn BlockDevice, layout: Layout) -> SsdSettings {
@@ -154,17 +234,17 @@ fn ssd_settings(config: &Config, device: &dyn BlockDevice, layout: Layout) -> Ss
     }
 }
 
-/// The superblock's epoch, and the indexes the last clean close saved if they name it:
-/// only an index saved by the run that last wrote to the device describes what the
-/// device holds. BT_LO's is used only beside BT_SSD's.
+/// The superblock's epoch, and what of the tiers the last run left that describes the
+/// device: the indexes its clean close saved if they name that epoch (only an index
+/// saved by the run that last wrote to the device describes what the device holds), else
+/// its crash journal if this boot wrote it for that epoch and it names every shadowed key.
+/// BT_LO's index is used only beside BT_SSD's clean one.
 fn read_saved(
-    config: &Config,
-    device: &Arc<dyn BlockDevice>,
     persist: Option<&Persist>,
-    settings: SsdSettings,
+    journal: Option<&JournalFiles>,
+    device: &Arc<dyn BlockDevice>,
     layout: Layout,
-    memory: &Arc<Memory>,
-    dictionaries: &Arc<BlockDictionaries>,
+    opening: impl Fn() -> Opening,
 ) -> Saved {
     let on_device = epoch::read(device.as_ref());
     let Some((persist, epoch)) = persist.zip(on_device) else {
@@ -174,27 +254,36 @@ fn read_saved(
             large: None,
         };
     };
-    let ssd = SsdTier::load(
-        persist.file(&persist.ssd_index, epoch),
-        device.clone(),
-        settings,
-        memory.clone(),
-        config.clock.clone(),
-        dictionaries.clone(),
-    );
-    let large = ssd.as_ref().and_then(|_| {
-        LargeObjects::load(
+    if let Some((ssd, shadowed)) = SsdTier::load(persist.file(&persist.ssd_index, epoch), opening())
+    {
+        let large = LargeObjects::load(
             persist.file(&persist.lo_index, epoch),
             device.clone(),
             layout.small_blocks,
             layout.large_blocks,
-            memory.clone(),
-        )
+            opening().memory,
+        );
+        return Saved {
+            on_device,
+            ssd: Some((ssd, shadowed, RecoveryKind::Clean)),
+            large,
+        };
+    }
+    let ssd = journal.zip(boot_id()).and_then(|(files, boot_id)| {
+        let identity = Identity {
+            boot_id,
+            epoch,
+            device_blocks: device.block_count(),
+        };
+        let shadowed = Shadow::recover(&files.shadow, identity)?;
+        let replay = DescriptorLog::replay(&files.log, epoch)?;
+        let ssd = SsdTier::recover(&replay, epoch, opening())?;
+        Some((ssd, shadowed, RecoveryKind::Crash))
     });
     Saved {
         on_device,
         ssd,
-        large,
+        large: None,
     }
 }
 

@@ -118,6 +118,7 @@ impl SsdTier {
             .merge_blocks
             .fetch_add(written, Ordering::Relaxed);
         st.version += 1;
+        self.log_upsert(w, st);
     }
 
     /// Rebuilds an over-full super-leaf as two or more, each within `T`.
@@ -154,12 +155,14 @@ impl SsdTier {
         st.range.high = fences.first().cloned().or_else(|| old_high.clone());
         self.rewrite(w, st, &objs[chunks[0].0..chunks[0].1]);
         st.version += 1;
+        self.log_upsert(w, st);
         let new_leaves = chunks.iter().enumerate().skip(1).map(|(i, &(start, end))| {
             let mut nst = self.settings.empty_state(KeyRange::new(
                 fences[i - 1].clone(),
                 fences.get(i).cloned().or_else(|| old_high.clone()),
             ));
             self.rewrite(w, &mut nst, &objs[start..end]);
+            self.log_upsert(w, &nst);
             (nst.range.low.clone(), SuperLeaf::new(nst))
         });
         // may do I/O: each new super-leaf is written (`rewrite`) just before it is published
@@ -330,6 +333,10 @@ impl EvictionSink for SsdTier {
             self.merge_into(&mut w, &mut st, &dirty[i..end.max(i + 1)], now_ms);
             i = end.max(i + 1);
         }
+        // may do I/O: the descriptor log appended (tmpfs), before any key leaves the
+        // shadow table
+        self.publish(&mut w);
+        self.written_down(&dirty);
         true
     }
 
@@ -349,6 +356,7 @@ impl EvictionSink for SsdTier {
         for (leaf_low, leaf) in doomed {
             self.evict_superleaf_for_room(&mut w, &leaf_low, &leaf);
         }
+        self.publish(&mut w);
     }
 
     /// From the low fence of the super-leaf holding `low` to the high fence of the one

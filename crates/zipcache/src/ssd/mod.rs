@@ -36,6 +36,7 @@ pub(crate) mod dictionary;
 pub(crate) mod host_compression;
 mod index_file;
 mod io;
+mod journal;
 pub(crate) mod leaf_page;
 mod merge;
 mod presence;
@@ -62,6 +63,7 @@ use crate::record::{Meta, Payload};
 use crate::subpage_hash::ssd_subpage;
 use block::Owner;
 use dictionary::BlockDictionaries;
+pub(crate) use index_file::Opening;
 use leaf_page::Geometry;
 use reclaim::Writer;
 
@@ -235,6 +237,9 @@ pub struct SsdCounters {
     pub objects: AtomicI64,
     pub superleaves: AtomicI64,
     pub occupied: AtomicI64,
+    /// Flash versions found but not served: the shadow table hid them (a newer state was
+    /// in DRAM, or a crash lost one).
+    pub hidden: AtomicU64,
     /// Time the flusher spent packing blocks (`device_compression=host`), in nanoseconds
     /// of the packing calls.
     pub compress_ns: AtomicU64,
@@ -253,6 +258,8 @@ pub struct SsdTier {
     clock: Arc<dyn Clock>,
     /// The dictionaries blocks are packed with (`device_compression=host`).
     dictionaries: Arc<BlockDictionaries>,
+    /// The crash journal this tier writes (`journal.rs`); `None` until the open starts it.
+    journal: Option<journal::Journaling>,
     pub counters: SsdCounters,
 }
 
@@ -309,10 +316,12 @@ impl SsdTier {
                 free_slots: Vec::new(),
                 next_slot: 0,
                 hand: Fence::from(&[][..]),
+                log: Vec::new(),
             }),
             memory,
             clock,
             dictionaries,
+            journal: None,
             counters: SsdCounters::default(),
         };
         tier.counters.superleaves.store(1, Ordering::Relaxed);
@@ -433,7 +442,9 @@ impl SsdTier {
                 .fetch_add(1, Ordering::Relaxed);
             return Finished::Done(None);
         };
-        let Some((value, meta)) = found.filter(|(_, meta)| !meta.expired(now_ms)) else {
+        let Some((value, meta)) =
+            found.filter(|(_, meta)| !meta.expired(now_ms) && !self.hidden(key))
+        else {
             return Finished::Done(None);
         };
         read.proof.leaf.referenced.store(true, Ordering::Relaxed);
@@ -474,6 +485,7 @@ impl SsdTier {
                     .filter(|(k, (_, meta))| {
                         std::ops::RangeBounds::contains(&range, k.as_slice())
                             && !meta.expired(now_ms)
+                            && !self.hidden(k)
                     })
                     .map(|(k, v)| (k, Some(v)))
                     .collect();

@@ -19,6 +19,8 @@ pub(super) struct Writer {
     pub(super) next_slot: u32,
     /// Low fence of the super-leaf the CLOCK hand points at.
     pub(super) hand: Fence,
+    /// Descriptor log records of this turn, appended at its end (`journal.rs`).
+    pub(super) log: Vec<u8>,
 }
 
 impl SsdTier {
@@ -133,11 +135,13 @@ impl SsdTier {
             let mut st = leaf.state.write();
             st.slot?;
             release(&mut st, w);
+            self.log_upsert(w, &st);
             return Some(released);
         }
         let delta = self
             .tree
             .retire(low, leaf, |l| &l.state, |st| release(st, w))?;
+        self.log_remove(w, low);
         self.counters.superleaves.fetch_sub(1, Ordering::Relaxed);
         self.memory
             .change_index(delta - self.settings.descriptor_bytes() as i64);
@@ -148,7 +152,9 @@ impl SsdTier {
     /// false if none can go.
     pub fn give_up_one(&self) -> bool {
         let mut w = self.writer.lock();
-        self.tree.leaf_count() > 1 && self.evict_one(&mut w)
+        let evicted = self.tree.leaf_count() > 1 && self.evict_one(&mut w);
+        self.publish(&mut w);
+        evicted
     }
 
     /// Forgets every object (memcached `flush_all`).
@@ -164,6 +170,7 @@ impl SsdTier {
         }
         let (low, first) = self.tree.find(&[]);
         self.evict_superleaf(&mut w, &low, &first);
+        self.publish(&mut w);
     }
 }
 

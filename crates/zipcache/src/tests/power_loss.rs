@@ -351,6 +351,7 @@ fn lives(seed: u64, count: usize) -> (usize, usize, usize) {
             ssd_index: "ssd.index".into(),
             lo_index: "ssd.lo-index".into(),
             dictionaries: "ssd.dict-".into(),
+            journal: None,
         };
         let device_dyn: Arc<dyn BlockDevice> = device.clone();
         if let Ok(cache) = ZipCache::start(config, Some(device_dyn), Some(persist), None) {

@@ -1,0 +1,437 @@
+//! The shadow table: which keys' flash versions must not be served after a crash
+//! (`docs/FORMAT.md`, "The crash journal").
+//!
+//! A key is *shadowed* from the moment a DRAM write, delete or touch of it is made
+//! (`DramTier::append_locked`, under the key's leaf lock, before the write can be seen
+//! or acknowledged) until its leaf's eviction has written that state down
+//! (`SsdTier::absorb`, still under the DRAM leaf's lock, after the device writes and the
+//! descriptor log): in between, DRAM holds a newer state than flash, and a crash would
+//! lose it. The table holds a 64-bit fingerprint of each shadowed key in a shared
+//! mapping of a file in tmpfs, so every mark is in the kernel's page cache the moment
+//! it is made — it survives `kill -9`, an OOM kill or a panic at no system call, and it
+//! does not survive a reboot, which is exactly when the device's state can no longer be
+//! trusted without a clean close.
+//!
+//! Layout: 8-byte buckets of [`SLOTS`] fingerprints each (one cache line); a key may
+//! sit in either of two buckets chosen by its fingerprint (two-choice hashing fills the
+//! table past 90 % before a key finds both full). A key found in both is impossible: a
+//! mark first looks in both. An empty slot is 0. No tombstones: a clear empties the
+//! slot, and every look reads both whole buckets. A key that finds both buckets full is
+//! not recorded: the table says so ([`INCOMPLETE`]) and the next open after a crash
+//! starts cold.
+//!
+//! Thread: marks run on writers' threads, clears on the flusher's, reads on GETs';
+//! the fingerprint's owner is whoever holds the key's DRAM leaf lock, so two marks or a
+//! mark and a clear of one key never race.
+
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use memmap2::MmapMut;
+use xxhash_rust::xxh3::xxh3_64_with_seed;
+
+use crate::format::shadow::{
+    BOOT_ID, BUCKETS, DEVICE_BLOCKS, EPOCH, FLAGS, HEADER_WORDS, MAGIC_WORD, SHADOW_MAGIC,
+};
+
+/// Fingerprints a bucket holds: 64 bytes, one cache line.
+pub(crate) const SLOTS: usize = 8;
+/// Set in the header's flags when a key found no room: the table no longer names every
+/// shadowed key, so a crash must start cold.
+pub(crate) const INCOMPLETE: u64 = 1;
+/// Set while `flush_all` empties the tiers: a crash in between must start cold.
+pub(crate) const FLUSHING: u64 = 2;
+
+const SEED: u64 = 0x5a1b_cace_5ad0_0001;
+
+/// A key's fingerprint: never 0 (an empty slot).
+pub(crate) fn fingerprint(key: &[u8]) -> u64 {
+    xxh3_64_with_seed(key, SEED).max(1)
+}
+
+/// Who wrote a shadow table: it is trusted only by the same boot, for the device run
+/// that wrote it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Identity {
+    pub(crate) boot_id: [u8; 16],
+    pub(crate) epoch: u64,
+    pub(crate) device_blocks: u64,
+}
+
+/// The kernel's id of this boot (`/proc/sys/kernel/random/boot_id`), or `None` where
+/// it cannot be read: then no journal is trusted, as after a reboot.
+pub(crate) fn boot_id() -> Option<[u8; 16]> {
+    let text = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").ok()?;
+    let hex: String = text.trim().chars().filter(|c| *c != '-').collect();
+    if hex.len() != 32 {
+        return None;
+    }
+    let mut id = [0u8; 16];
+    for (i, byte) in id.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok()?;
+    }
+    Some(id)
+}
+
+/// Where the table's words live.
+enum Backing {
+    /// A file in tmpfs, shared: what survives the process.
+    File(MmapMut),
+    /// This process's memory (no journal): the table still hides the flash versions a
+    /// clean index carried over.
+    Memory(Box<[AtomicU64]>),
+}
+
+pub(crate) struct Shadow {
+    backing: Backing,
+    buckets: usize,
+    /// Fingerprints held now (this process's count, for `stats`).
+    held: AtomicU64,
+}
+
+impl Shadow {
+    /// A table in this process's memory alone, holding `carried`.
+    pub(crate) fn in_memory(buckets: usize, carried: &[u64]) -> Shadow {
+        let words = HEADER_WORDS + buckets.max(1) * SLOTS;
+        let shadow = Shadow {
+            backing: Backing::Memory((0..words).map(|_| AtomicU64::new(0)).collect()),
+            buckets: buckets.max(1),
+            held: AtomicU64::new(0),
+        };
+        for &tag in carried {
+            shadow.mark_fingerprint(tag);
+        }
+        shadow
+    }
+
+    /// Creates the table for a new run at `path` (replacing any there atomically: written
+    /// beside it, then renamed), holding `carried`, the fingerprints an earlier run left
+    /// shadowed.
+    pub(crate) fn create(
+        path: &Path,
+        identity: Identity,
+        buckets: usize,
+        carried: &[u64],
+    ) -> std::io::Result<Shadow> {
+        let buckets = buckets.max(1);
+        let temporary = path.with_extension("new");
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&temporary)?;
+        file.set_len(((HEADER_WORDS + buckets * SLOTS) * 8) as u64)?;
+        // SAFETY: the file is this process's own, just created at its full length, and
+        // nothing truncates it while the mapping lives (the engine's data lock keeps a
+        // second engine away; the path is derived from the locked SSD file). Its words
+        // are only ever touched as atomics (`words`).
+        let map = unsafe { MmapMut::map_mut(&file)? };
+        let shadow = Shadow {
+            backing: Backing::File(map),
+            buckets,
+            held: AtomicU64::new(0),
+        };
+        let words = shadow.words();
+        words[BOOT_ID].store(
+            u64::from_le_bytes(identity.boot_id[..8].try_into().unwrap()),
+            Ordering::Relaxed,
+        );
+        words[BOOT_ID + 1].store(
+            u64::from_le_bytes(identity.boot_id[8..].try_into().unwrap()),
+            Ordering::Relaxed,
+        );
+        words[EPOCH].store(identity.epoch, Ordering::Relaxed);
+        words[DEVICE_BLOCKS].store(identity.device_blocks, Ordering::Relaxed);
+        words[BUCKETS].store(buckets as u64, Ordering::Relaxed);
+        for &tag in carried {
+            shadow.mark_fingerprint(tag);
+        }
+        // The magic last: a table cut short by a crash before the rename is never read,
+        // and one cut after it is whole.
+        words[MAGIC_WORD].store(SHADOW_MAGIC, Ordering::Release);
+        std::fs::rename(&temporary, path)?;
+        Ok(shadow)
+    }
+
+    /// The fingerprints a crashed run's table at `path` holds, if it was written by
+    /// `expected` (this boot, the device's run) and still names every shadowed key;
+    /// `None` otherwise (then the flash tier cannot be trusted: cold).
+    pub(crate) fn recover(path: &Path, expected: Identity) -> Option<Vec<u64>> {
+        let bytes = std::fs::read(path).ok()?;
+        let word = |i: usize| -> Option<u64> {
+            Some(u64::from_le_bytes(
+                bytes.get(i * 8..i * 8 + 8)?.try_into().ok()?,
+            ))
+        };
+        let mut boot_id = [0u8; 16];
+        boot_id[..8].copy_from_slice(&word(BOOT_ID)?.to_le_bytes());
+        boot_id[8..].copy_from_slice(&word(BOOT_ID + 1)?.to_le_bytes());
+        let found = Identity {
+            boot_id,
+            epoch: word(EPOCH)?,
+            device_blocks: word(DEVICE_BLOCKS)?,
+        };
+        let buckets = usize::try_from(word(BUCKETS)?).ok()?;
+        let intact = word(MAGIC_WORD)? == SHADOW_MAGIC
+            && found == expected
+            && word(FLAGS)? & (INCOMPLETE | FLUSHING) == 0
+            && bytes.len() == (HEADER_WORDS + buckets.checked_mul(SLOTS)?) * 8;
+        if !intact {
+            return None;
+        }
+        let tags = (HEADER_WORDS..bytes.len() / 8)
+            .filter_map(word)
+            .filter(|&tag| tag != 0)
+            .collect();
+        Some(tags)
+    }
+
+    fn words(&self) -> &[AtomicU64] {
+        match &self.backing {
+            Backing::Memory(words) => words,
+            Backing::File(map) => {
+                // SAFETY: the mapping is page-aligned and a whole number of 8-byte words
+                // long (`create` sized the file so); it lives as long as `self`, and every
+                // access to it after `create` goes through these atomics, so no `&mut`
+                // to its bytes exists alongside. Exercised by every test that opens an
+                // engine on a file (`restart::shadow::tests`, `tests/crash.rs`).
+                unsafe {
+                    std::slice::from_raw_parts(map.as_ptr().cast::<AtomicU64>(), map.len() / 8)
+                }
+            }
+        }
+    }
+
+    fn bucket(&self, i: usize) -> &[AtomicU64] {
+        let start = HEADER_WORDS + i * SLOTS;
+        &self.words()[start..start + SLOTS]
+    }
+
+    fn homes(&self, tag: u64) -> [usize; 2] {
+        let n = self.buckets as u64;
+        [
+            ((tag as u32) as u64 % n) as usize,
+            ((tag >> 32) % n) as usize,
+        ]
+    }
+
+    /// Records that `key`'s flash version, if any, is older than DRAM's state of it.
+    /// Called under the key's DRAM leaf lock, before the write is visible.
+    pub(crate) fn mark(&self, key: &[u8]) {
+        self.mark_fingerprint(fingerprint(key));
+    }
+
+    fn mark_fingerprint(&self, tag: u64) {
+        let homes = self.homes(tag);
+        if homes.iter().any(|&b| {
+            self.bucket(b)
+                .iter()
+                .any(|s| s.load(Ordering::Acquire) == tag)
+        }) {
+            return;
+        }
+        // The emptier bucket first: two-choice hashing keeps both close to even.
+        let free = |b: usize| {
+            self.bucket(b)
+                .iter()
+                .filter(|s| s.load(Ordering::Relaxed) == 0)
+                .count()
+        };
+        let order = if free(homes[1]) > free(homes[0]) {
+            [homes[1], homes[0]]
+        } else {
+            homes
+        };
+        for b in order {
+            for slot in self.bucket(b) {
+                // Another key may take the slot first: try the next.
+                if slot
+                    .compare_exchange(0, tag, Ordering::AcqRel, Ordering::Relaxed)
+                    .is_ok()
+                {
+                    self.held.fetch_add(1, Ordering::Relaxed);
+                    return;
+                }
+            }
+        }
+        self.words()[FLAGS].fetch_or(INCOMPLETE, Ordering::AcqRel);
+    }
+
+    /// `key`'s state is on flash now: its fingerprint goes. Called under the key's DRAM
+    /// leaf lock, after the device writes and the descriptor log that carry it.
+    pub(crate) fn clear(&self, key: &[u8]) {
+        let tag = fingerprint(key);
+        for b in self.homes(tag) {
+            for slot in self.bucket(b) {
+                if slot
+                    .compare_exchange(tag, 0, Ordering::AcqRel, Ordering::Relaxed)
+                    .is_ok()
+                {
+                    self.held.fetch_sub(1, Ordering::Relaxed);
+                }
+            }
+        }
+    }
+
+    /// Whether `key` may have a newer state than its flash version (or none at all).
+    pub(crate) fn contains(&self, key: &[u8]) -> bool {
+        let tag = fingerprint(key);
+        self.homes(tag).iter().any(|&b| {
+            self.bucket(b)
+                .iter()
+                .any(|s| s.load(Ordering::Acquire) == tag)
+        })
+    }
+
+    /// Every fingerprint held (for the clean close's index, and a new run's table).
+    pub(crate) fn fingerprints(&self) -> Vec<u64> {
+        self.words()[HEADER_WORDS..]
+            .iter()
+            .map(|s| s.load(Ordering::Acquire))
+            .filter(|&tag| tag != 0)
+            .collect()
+    }
+
+    /// Empties the table (`flush_all`, with [`FLUSHING`] set around it).
+    pub(crate) fn reset(&self) {
+        for slot in &self.words()[HEADER_WORDS..] {
+            if slot.swap(0, Ordering::AcqRel) != 0 {
+                self.held.fetch_sub(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    pub(crate) fn set_flag(&self, flag: u64, on: bool) {
+        let flags = &self.words()[FLAGS];
+        match on {
+            true => flags.fetch_or(flag, Ordering::AcqRel),
+            false => flags.fetch_and(!flag, Ordering::AcqRel),
+        };
+    }
+
+    pub(crate) fn flags(&self) -> u64 {
+        self.words()[FLAGS].load(Ordering::Acquire)
+    }
+
+    /// Fingerprints held now.
+    pub(crate) fn len(&self) -> u64 {
+        self.held.load(Ordering::Relaxed)
+    }
+
+    /// Bytes of memory the table takes (charged to the DRAM budget).
+    pub(crate) fn bytes(&self) -> u64 {
+        (self.words().len() * 8) as u64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashSet;
+
+    use super::*;
+
+    fn identity(epoch: u64) -> Identity {
+        Identity {
+            boot_id: [7; 16],
+            epoch,
+            device_blocks: 1024,
+        }
+    }
+
+    fn key(i: u32) -> Vec<u8> {
+        format!("key-{i}").into_bytes()
+    }
+
+    #[test]
+    fn marks_and_clears_are_exact_and_survive_in_the_file() {
+        let dir = std::env::temp_dir().join(format!("zc-shadow-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("t.shadow");
+        let shadow = Shadow::create(&path, identity(5), 1024, &[]).unwrap();
+        for i in 0..4000 {
+            shadow.mark(&key(i));
+        }
+        for i in (0..4000).step_by(2) {
+            shadow.clear(&key(i));
+        }
+        for i in 0..4000 {
+            assert_eq!(shadow.contains(&key(i)), i % 2 == 1, "key {i}");
+        }
+        // What another process would find after this one died: the file alone.
+        let held: HashSet<u64> = Shadow::recover(&path, identity(5))
+            .unwrap()
+            .into_iter()
+            .collect();
+        let expected: HashSet<u64> = (1..4000).step_by(2).map(|i| fingerprint(&key(i))).collect();
+        assert_eq!(held, expected);
+        assert!(
+            Shadow::recover(&path, identity(6)).is_none(),
+            "another run's table"
+        );
+        let other_boot = Identity {
+            boot_id: [8; 16],
+            ..identity(5)
+        };
+        assert!(
+            Shadow::recover(&path, other_boot).is_none(),
+            "another boot's table"
+        );
+        shadow.set_flag(FLUSHING, true);
+        assert!(
+            Shadow::recover(&path, identity(5)).is_none(),
+            "cut during a flush"
+        );
+        shadow.set_flag(FLUSHING, false);
+        // A new run carries the fingerprints over.
+        let next = Shadow::create(
+            &path,
+            identity(6),
+            1024,
+            &held.iter().copied().collect::<Vec<_>>(),
+        )
+        .unwrap();
+        assert!(next.contains(&key(1)) && !next.contains(&key(2)));
+        drop((shadow, next));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_full_table_says_so_and_is_not_trusted() {
+        let shadow = Shadow::in_memory(4, &[]);
+        for i in 0..(4 * SLOTS as u32) {
+            shadow.mark(&key(i));
+        }
+        assert_ne!(
+            shadow.flags() & INCOMPLETE,
+            0,
+            "32 keys in 32 slots by two choices: some must miss"
+        );
+        let fitting = (0..(4 * SLOTS as u32))
+            .filter(|&i| shadow.contains(&key(i)))
+            .count();
+        assert!(fitting >= 20, "two choices fill most slots: {fitting}");
+    }
+
+    #[test]
+    fn concurrent_marks_of_different_keys_all_land() {
+        let shadow = Shadow::in_memory(1 << 12, &[]);
+        std::thread::scope(|s| {
+            for t in 0..4u32 {
+                let shadow = &shadow;
+                s.spawn(move || {
+                    for i in 0..5000 {
+                        shadow.mark(&key(t * 10_000 + i));
+                    }
+                });
+            }
+        });
+        assert_eq!(shadow.flags() & INCOMPLETE, 0);
+        for t in 0..4u32 {
+            for i in 0..5000 {
+                assert!(shadow.contains(&key(t * 10_000 + i)));
+            }
+        }
+        assert_eq!(shadow.fingerprints().len(), 20_000);
+    }
+}
