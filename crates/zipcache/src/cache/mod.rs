@@ -298,6 +298,16 @@ impl ZipCache {
         Ok(())
     }
 
+    /// Ends the engine as a process crash would: the background threads stop where
+    /// they are between two steps, nothing is written down or saved, and the crash
+    /// journal stays (for the power-loss model, which kills no process).
+    #[cfg(test)]
+    pub(crate) fn crash(self) {
+        self.stop();
+        // No `Drop`: it would retire the journal. The engine's memory goes with the test.
+        std::mem::forget(self);
+    }
+
     fn stop(&self) {
         self.inner.shutdown.store(true, Ordering::Release);
         for worker in self.workers.lock().drain(..) {

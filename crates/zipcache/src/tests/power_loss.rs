@@ -11,6 +11,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::io;
+use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 
@@ -22,7 +23,8 @@ use zipcache_device::{BLOCK_SIZE, BlockDevice, DeviceCompression, DeviceStats};
 use super::model::SMALL_DICTIONARIES;
 use crate::dictionary::tests::documents;
 use crate::restart::dir::IndexDir;
-use crate::restart::files::Persist;
+use crate::restart::files::{JournalFiles, Persist};
+use crate::restart::open::RecoveryKind;
 use crate::{Config, ZipCache};
 
 /// Operations left before the power goes; at 0 every mutation fails.
@@ -66,12 +68,13 @@ struct CrashDevice {
 
 impl CrashDevice {
     /// The device as it comes back after the power went: durable blocks, and a random
-    /// part of what was written since the last flush, in order.
-    fn after_crash(&self, rng: &mut StdRng, power: PowerSwitch) -> CrashDevice {
+    /// part of what was written since the last flush, in order. After a process crash
+    /// (`keep_all`) the kernel and the drive still hold every write that completed.
+    fn after_crash(&self, rng: &mut StdRng, power: PowerSwitch, keep_all: bool) -> CrashDevice {
         let st = self.state.lock();
         let mut durable = st.durable.clone();
         for (lba, block) in &st.pending {
-            if rng.random_bool(0.5) {
+            if keep_all || rng.random_bool(0.5) {
                 match block {
                     Some(b) => durable.insert(*lba, b.clone()),
                     None => durable.remove(lba),
@@ -179,18 +182,18 @@ struct CrashDir {
 impl CrashDir {
     /// The directory after a power cut: synced names (or, as a file system may also
     /// leave them, the unsynced ones), each file with its synced bytes or, at random,
-    /// what was written since.
-    fn after_crash(&self, rng: &mut StdRng, power: PowerSwitch) -> CrashDir {
+    /// what was written since. After a process crash (`keep_all`): every name and byte.
+    fn after_crash(&self, rng: &mut StdRng, power: PowerSwitch, keep_all: bool) -> CrashDir {
         let st = self.state.lock();
-        let names = match rng.random_bool(0.5) {
-            true => st.synced_names.clone(),
-            false => st.names.clone(),
+        let names = match keep_all || rng.random_bool(0.5) {
+            false => st.synced_names.clone(),
+            true => st.names.clone(),
         };
         let inodes = st
             .inodes
             .iter()
             .map(|(&n, inode)| {
-                let survives = match (&inode.synced, rng.random_bool(0.5)) {
+                let survives = match (&inode.synced, !keep_all && rng.random_bool(0.5)) {
                     (Some(synced), true) => synced.clone(),
                     (None, true) => Vec::new(),
                     (_, false) => inode.bytes.clone(),
@@ -301,9 +304,11 @@ fn value(k: u16, version: u64, rng: &mut StdRng) -> Vec<u8> {
 const KEYS: u16 = 400;
 
 /// Lives of one engine on one device and directory, each ended by a power cut (after a
-/// clean close, or in the middle of anything). Returns the restarts checked, how many
-/// of them were warm, and how many lives compressed with a dictionary they trained.
-fn lives(seed: u64, count: usize) -> (usize, usize, usize) {
+/// clean close, or in the middle of anything) or by a process crash (the crash journal
+/// and every completed write kept). Returns the restarts checked, how many of them were
+/// warm, how many warm from the crash journal, and how many lives compressed with a
+/// dictionary they trained.
+fn lives(seed: u64, count: usize) -> (usize, usize, usize, usize) {
     let mut rng = StdRng::seed_from_u64(seed);
     let mut power = PowerSwitch::new(i64::MAX);
     let mut device = Arc::new(CrashDevice {
@@ -320,8 +325,15 @@ fn lives(seed: u64, count: usize) -> (usize, usize, usize) {
     // The newest acknowledged version of each key (`None`: deleted or flushed).
     let mut model: BTreeMap<u16, Option<Vec<u8>>> = BTreeMap::new();
     let mut version = 0;
-    let (mut checked, mut warm, mut with_dictionaries) = (0, 0, 0);
+    let (mut checked, mut warm, mut crash_warm, mut with_dictionaries) = (0, 0, 0, 0);
     let mut last_life = String::from("none");
+    let mut process_crash = false;
+    // The crash journal's directory: tmpfs, which a process crash keeps and a power cut
+    // empties.
+    let journal_dir =
+        std::env::temp_dir().join(format!("zipcache-power-loss-{}-{seed}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&journal_dir);
+    std::fs::create_dir_all(&journal_dir).unwrap();
     for life in 0..count {
         // Where the power goes: during the workload, the close or the next open.
         power.0.store(
@@ -351,7 +363,7 @@ fn lives(seed: u64, count: usize) -> (usize, usize, usize) {
             ssd_index: "ssd.index".into(),
             lo_index: "ssd.lo-index".into(),
             dictionaries: "ssd.dict-".into(),
-            journal: None,
+            journal: Some(JournalFiles::for_ssd(&journal_dir, Path::new("ssd"))),
         };
         let device_dyn: Arc<dyn BlockDevice> = device.clone();
         if let Ok(cache) = ZipCache::start(config, Some(device_dyn), Some(persist), None) {
@@ -386,6 +398,7 @@ fn lives(seed: u64, count: usize) -> (usize, usize, usize) {
             }
             checked += 1;
             warm += usize::from(cache.warm_started());
+            crash_warm += usize::from(cache.recovery().kind == RecoveryKind::Crash);
             for _ in 0..rng.random_range(20..600) {
                 let k = rng.random_range(0..KEYS);
                 match rng.random_range(0..100) {
@@ -409,23 +422,37 @@ fn lives(seed: u64, count: usize) -> (usize, usize, usize) {
                 }
             }
             with_dictionaries += usize::from(cache.stats().dictionaries_swapped > 0);
-            last_life = if rng.random_bool(0.7) {
-                format!(
+            // How the life ends: a clean close, or the process crashes (the switch, if it
+            // went off, marks the moment: nothing after it reached the device or the
+            // directory), or it is dropped; and then the power goes, or not.
+            process_crash = false;
+            last_life = match rng.random_range(0..10) {
+                0..6 => format!(
                     "close {:?}, power cut: {}",
                     cache.close().err(),
                     power.is_off()
-                )
-            } else {
-                format!("no close, power cut: {}", power.is_off())
+                ),
+                6..9 => {
+                    process_crash = rng.random_bool(0.7);
+                    cache.crash();
+                    format!("process crash, power cut after: {}", !process_crash)
+                }
+                _ => format!("dropped, power cut: {}", power.is_off()),
             };
         } else {
             last_life = "open failed".into();
         }
         power = PowerSwitch::new(i64::MAX);
-        device = Arc::new(device.after_crash(&mut rng, power.clone()));
-        dir = Arc::new(dir.after_crash(&mut rng, power.clone()));
+        device = Arc::new(device.after_crash(&mut rng, power.clone(), process_crash));
+        dir = Arc::new(dir.after_crash(&mut rng, power.clone(), process_crash));
+        if !process_crash {
+            // The power went: tmpfs with it.
+            let _ = std::fs::remove_dir_all(&journal_dir);
+            std::fs::create_dir_all(&journal_dir).unwrap();
+        }
     }
-    (checked, warm, with_dictionaries)
+    let _ = std::fs::remove_dir_all(&journal_dir);
+    (checked, warm, crash_warm, with_dictionaries)
 }
 
 #[test]
@@ -439,12 +466,14 @@ fn no_power_cut_ever_brings_back_a_stale_or_deleted_value() {
         .ok()
         .and_then(|s| s.parse::<u64>().ok());
     let start = std::time::Instant::now();
-    let (mut seeds, mut restarts, mut warm, mut with_dictionaries) = (0u64, 0, 0, 0);
+    let (mut seeds, mut restarts, mut warm, mut crash_warm, mut with_dictionaries) =
+        (0u64, 0, 0, 0, 0);
     loop {
         let seed = only.unwrap_or(0x5eed_0000 + seeds);
-        let (checked, warm_ones, dictionary_lives) = lives(seed, 8);
+        let (checked, warm_ones, crash_warm_ones, dictionary_lives) = lives(seed, 8);
         restarts += checked;
         warm += warm_ones;
+        crash_warm += crash_warm_ones;
         with_dictionaries += dictionary_lives;
         seeds += 1;
         let done = match budget {
@@ -456,13 +485,15 @@ fn no_power_cut_ever_brings_back_a_stale_or_deleted_value() {
         }
     }
     eprintln!(
-        "power loss: {seeds} seeds, {restarts} restarts checked ({warm} warm), \
-         {with_dictionaries} lives with a trained dictionary, in {:?}",
+        "power loss: {seeds} seeds, {restarts} restarts checked ({warm} warm, \
+         {crash_warm} of them from the crash journal), {with_dictionaries} lives with a \
+         trained dictionary, in {:?}",
         start.elapsed()
     );
     assert!(
-        warm > 0,
-        "no restart was warm: the test would prove nothing"
+        warm > crash_warm && (crash_warm > 0 || only.is_some()),
+        "no restart was warm after a clean close, or none after a crash: the test would \
+         prove nothing"
     );
     assert!(
         with_dictionaries > 0 || only.is_some(),
