@@ -188,6 +188,9 @@ pub struct Stats {
     pub recovery_ms: f64,
     /// Flash versions found by GETs and scans but not served: hidden as possibly stale.
     pub ssd_hidden_versions: u64,
+    /// This run keeps a crash journal in tmpfs (`crash_journal` set, and tmpfs had
+    /// room for it): a crash restarts warm.
+    pub crash_journal_on: bool,
     /// Bytes of the crash journal's shadow table (in `dram_index_bytes`).
     pub crash_journal_bytes: u64,
     /// Keys the shadow table holds now: their newest state is in DRAM only.

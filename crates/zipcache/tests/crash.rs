@@ -387,3 +387,27 @@ fn no_kill_ever_brings_back_a_value_overwritten_deleted_expired_or_flushed() {
         warm.0
     );
 }
+
+/// Where tmpfs cannot take the journal (here: a directory that does not exist), the
+/// engine opens without one and says so; where it can, the journal is on.
+#[test]
+fn an_engine_opens_without_a_journal_where_tmpfs_refuses_it() {
+    let dir = std::env::temp_dir().join(format!("zipcache-crash-off-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("journal")).unwrap();
+    let refused = Config {
+        crash_journal: Some(dir.join("missing").join("journal")),
+        ..config(&dir)
+    };
+    let cache = ZipCache::open(refused).unwrap();
+    cache.put(b"k", b"v", None).unwrap();
+    assert!(!cache.stats().crash_journal_on);
+    cache.close().unwrap();
+    let cache = ZipCache::open(config(&dir)).unwrap();
+    let stats = cache.stats();
+    assert!(stats.crash_journal_on, "{stats:?}");
+    assert_eq!(stats.recovery_kind, "clean");
+    assert_eq!(cache.get(b"k").unwrap().as_deref(), Some(&b"v"[..]));
+    drop(cache);
+    let _ = std::fs::remove_dir_all(&dir);
+}

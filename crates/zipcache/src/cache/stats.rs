@@ -185,6 +185,7 @@ impl Inner {
             recovery_objects: self.recovery.objects,
             recovery_shadowed_keys: self.recovery.shadowed,
             recovery_ms: self.recovery.micros as f64 / 1e3,
+            crash_journal_on: self.recovery.journal,
             crash_journal_bytes: self.shadow.as_ref().map_or(0, |s| s.bytes()),
             crash_journal_keys: self.shadow.as_ref().map_or(0, |s| s.len()),
             crash_journal_incomplete: self

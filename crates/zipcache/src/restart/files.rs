@@ -83,3 +83,11 @@ pub(crate) fn sibling(ssd: &Path, extension: &str) -> std::path::PathBuf {
     name.push(extension);
     name.into()
 }
+
+/// `<path>.new`: where a file of the crash journal is made before it is renamed over
+/// `path`.
+pub(crate) fn beside(path: &Path) -> PathBuf {
+    let mut name = path.as_os_str().to_owned();
+    name.push(".new");
+    name.into()
+}

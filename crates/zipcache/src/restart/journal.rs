@@ -21,6 +21,7 @@ use std::path::{Path, PathBuf};
 use parking_lot::Mutex;
 
 use crate::format::journal::{CHECKPOINT_CRC, CHECKPOINT_LEN, EPOCH, HEADER, JOURNAL, VERSION};
+use crate::restart::files::beside;
 
 /// A checkpoint is due once the records since the last one pass this many bytes, or the
 /// checkpoint's own size if larger: replay stays within twice a checkpoint's work.
@@ -141,7 +142,7 @@ fn write_checkpoint(path: &Path, epoch: u64, checkpoint: &[u8]) -> std::io::Resu
     EPOCH.set(&mut header, epoch);
     CHECKPOINT_LEN.set(&mut header, checkpoint.len() as u64);
     CHECKPOINT_CRC.set(&mut header, crc32c::crc32c(checkpoint));
-    let temporary = path.with_extension("new");
+    let temporary = beside(path);
     let mut file = std::fs::OpenOptions::new()
         .write(true)
         .create(true)

@@ -16,7 +16,7 @@ use crate::memory::Memory;
 use crate::restart::epoch;
 use crate::restart::files::{JournalFiles, Persist};
 use crate::restart::journal::DescriptorLog;
-use crate::restart::shadow::{Identity, SLOTS, Shadow, boot_id};
+use crate::restart::shadow::{INCOMPLETE, Identity, SLOTS, Shadow, boot_id};
 use crate::ssd::dictionary::{BlockDictionaries, DictionaryFiles, block_training};
 use crate::ssd::{Opening, SsdSettings, SsdTier};
 
@@ -41,6 +41,8 @@ pub(crate) struct Tiers {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Recovery {
     pub kind: RecoveryKind,
+    /// This run keeps a crash journal (on, and tmpfs took it): a crash restarts warm.
+    pub journal: bool,
     /// Objects the recovered BT_SSD descriptors count.
     pub objects: u64,
     /// Fingerprints of keys whose flash versions stay hidden (possibly stale).
@@ -172,11 +174,26 @@ pub(crate) fn open_tiers(
         }
     };
     // may do I/O: this run's journal written to tmpfs before any write is taken
-    let shadow = start_journal(config, journal, &device, epoch, &carried)?;
+    // may do I/O: this run's journal written to tmpfs before any write is taken; where
+    // tmpfs refuses it (full, missing), the run goes on without one: a crash is cold
+    let (shadow, journal) = match start_journal(config, journal, &device, epoch, &carried) {
+        Ok(shadow) => (shadow, journal),
+        Err(_) => (
+            Arc::new(Shadow::in_memory(config.shadow_buckets(), &carried)),
+            None,
+        ),
+    };
     memory.change_index(shadow.bytes() as i64);
-    ssd.start_journal(shadow.clone(), journal.map(|j| j.log.as_path()), epoch)?;
+    let logged = match ssd.start_journal(shadow.clone(), journal.map(|j| j.log.as_path()), epoch) {
+        Ok(()) => journal.is_some(),
+        Err(_) => {
+            shadow.set_flag(INCOMPLETE, true);
+            false
+        }
+    };
     let recovery = Recovery {
         kind,
+        journal: logged,
         objects: ssd.counters.objects.load(Ordering::Relaxed).max(0) as u64,
         shadowed: carried.len() as u64,
         micros: started.elapsed().as_micros() as u64,

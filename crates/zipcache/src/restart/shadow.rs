@@ -24,6 +24,7 @@
 //! the fingerprint's owner is whoever holds the key's DRAM leaf lock, so two marks or a
 //! mark and a clear of one key never race.
 
+use std::io::Write;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -33,6 +34,7 @@ use xxhash_rust::xxh3::xxh3_64_with_seed;
 use crate::format::shadow::{
     BOOT_ID, BUCKETS, DEVICE_BLOCKS, EPOCH, FLAGS, HEADER_WORDS, MAGIC_WORD, SHADOW_MAGIC,
 };
+use crate::restart::files::beside;
 
 /// Fingerprints a bucket holds: 64 bytes, one cache line.
 pub(crate) const SLOTS: usize = 8;
@@ -114,14 +116,24 @@ impl Shadow {
         carried: &[u64],
     ) -> std::io::Result<Shadow> {
         let buckets = buckets.max(1);
-        let temporary = path.with_extension("new");
-        let file = std::fs::OpenOptions::new()
+        let temporary = beside(path);
+        let mut file = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
             .create(true)
             .truncate(true)
             .open(&temporary)?;
-        file.set_len(((HEADER_WORDS + buckets * SLOTS) * 8) as u64)?;
+        // Written whole, not only sized: tmpfs allocates a page when it is first written,
+        // and a store into the mapping that finds tmpfs full would kill the process
+        // (SIGBUS). Written here, a full tmpfs is an error the open reports instead.
+        let len = (HEADER_WORDS + buckets * SLOTS) * 8;
+        let zeros = vec![0u8; len.min(1 << 20)];
+        let mut left = len;
+        while left > 0 {
+            let n = left.min(zeros.len());
+            file.write_all(&zeros[..n])?;
+            left -= n;
+        }
         // SAFETY: the file is this process's own, just created at its full length, and
         // nothing truncates it while the mapping lives (the engine's data lock keeps a
         // second engine away; the path is derived from the locked SSD file). Its words
