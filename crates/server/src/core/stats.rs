@@ -120,13 +120,18 @@ impl Counters {
 }
 
 /// Every field of the engine's `Stats`, under its own name (SPEC §4 names are the
-/// interface), as text. Fields a tier cannot report (`None`) are left out.
+/// interface), as text: numbers as they are, flags as 1 or 0, names (`recovery_kind`)
+/// unquoted. Fields a tier cannot report (`None`) are left out.
 pub fn engine_metrics(stats: &zipcache::Stats) -> Vec<(String, String)> {
     match serde_json::to_value(stats) {
         Ok(serde_json::Value::Object(fields)) => fields
             .into_iter()
-            .filter(|(_, v)| !v.is_null())
-            .map(|(k, v)| (k, v.to_string()))
+            .filter_map(|(k, v)| match v {
+                serde_json::Value::Null => None,
+                serde_json::Value::Bool(on) => Some((k, u8::from(on).to_string())),
+                serde_json::Value::String(name) => Some((k, name)),
+                other => Some((k, other.to_string())),
+            })
             .collect(),
         _ => Vec::new(),
     }
@@ -140,9 +145,12 @@ pub fn prometheus(counters: &Counters, stats: &zipcache::Stats) -> String {
         .into_iter()
         .map(|(k, v)| (k.to_string(), v.to_string()));
     for (name, value) in counter_lines.chain(engine_metrics(stats)) {
-        text.push_str(&format!(
-            "# TYPE zipcache_{name} gauge\nzipcache_{name} {value}\n"
-        ));
+        // A sample is a number: a name (`recovery_kind clean`) goes in a label.
+        let sample = match value.parse::<f64>() {
+            Ok(_) => format!("zipcache_{name} {value}"),
+            Err(_) => format!("zipcache_{name}{{value=\"{value}\"}} 1"),
+        };
+        text.push_str(&format!("# TYPE zipcache_{name} gauge\n{sample}\n"));
     }
     text
 }
@@ -150,6 +158,33 @@ pub fn prometheus(counters: &Counters, stats: &zipcache::Stats) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Prometheus takes only numbers as samples: the engine's flags are 1 or 0, and its
+    /// names (the recovery kind) are labels; memcached's `stats` shows them unquoted.
+    #[test]
+    fn flags_and_names_become_numbers_and_labels() {
+        let engine = zipcache::Stats {
+            recovery_kind: "crash",
+            crash_journal_on: true,
+            ..zipcache::Stats::default()
+        };
+        let text = prometheus(&Counters::default(), &engine);
+        assert!(text.contains("zipcache_crash_journal_on 1\n"), "{text}");
+        assert!(
+            text.contains("zipcache_crash_journal_incomplete 0\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("zipcache_recovery_kind{value=\"crash\"} 1\n"),
+            "{text}"
+        );
+        for line in text.lines().filter(|l| !l.starts_with('#')) {
+            let sample = line.rsplit(' ').next().unwrap();
+            assert!(sample.parse::<f64>().is_ok(), "not a number: {line}");
+        }
+        let fields = engine_metrics(&engine);
+        assert!(fields.contains(&("recovery_kind".to_string(), "crash".to_string())));
+    }
 
     #[test]
     fn reset_zeroes_counts_keeps_gauges_and_restarts_engine_counts() {
