@@ -179,7 +179,10 @@ pub(crate) fn open_tiers(
     let (shadow, journal) = match start_journal(config, journal, &device, epoch, &carried) {
         Ok(shadow) => (shadow, journal),
         Err(_) => (
-            Arc::new(Shadow::in_memory(config.shadow_buckets(), &carried)),
+            Arc::new(Shadow::in_memory(
+                shadow_buckets(config, &carried),
+                &carried,
+            )),
             None,
         ),
     };
@@ -216,8 +219,7 @@ fn start_journal(
     epoch: u64,
     carried: &[u64],
 ) -> Result<Arc<Shadow>> {
-    // Room for what was carried over twice: those must never be lost.
-    let buckets = config.shadow_buckets().max(2 * carried.len() / SLOTS + 1);
+    let buckets = shadow_buckets(config, carried);
     let identity = journal.zip(boot_id()).map(|(files, boot_id)| {
         (
             files,
@@ -233,6 +235,12 @@ fn start_journal(
         None => Shadow::in_memory(buckets, carried),
     };
     Ok(Arc::new(shadow))
+}
+
+/// The run's shadow table size: the setting's, with room for what was carried over
+/// twice (those must never be lost: they would come back after a clean close).
+fn shadow_buckets(config: &Config, carried: &[u64]) -> usize {
+    config.shadow_buckets().max(2 * carried.len() / SLOTS + 1)
 }
 
 fn ssd_settings(config: &Config, device: &dyn BlockDevice, layout: Layout) -> SsdSettings {
