@@ -391,6 +391,9 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
         .map_err(|e| format!("cannot serve: {e}"))?;
     let cache =
         Arc::new(ZipCache::open(config).map_err(|e| format!("cannot open the cache: {e}"))?);
+    if let Some(report) = core::stats::recovery_report(&cache.stats()) {
+        println!("{report}");
+    }
     let handle = match server::serve(bound, cache.clone()) {
         // The server holds the engine now; shutdown hands it back to be closed.
         Ok(handle) => {

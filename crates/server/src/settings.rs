@@ -537,11 +537,20 @@ impl Settings {
         let set_or_off = |on: bool| if on { "set" } else { "off" };
         let port = |port: Option<u16>| port.map_or("off".to_string(), |p| p.to_string());
         let options = self.server_options(config.max_value_size);
+        let crash_journal = match (&config.ssd, &config.crash_journal) {
+            (None, _) => "off (DRAM only)".to_string(),
+            (Some(_), None) => "off: a crash restarts cold".to_string(),
+            (Some(_), Some(dir)) => format!(
+                "{} (shadow table {} bytes of the dram budget): a crash restarts warm",
+                dir.display(),
+                config.crash_journal_table_bytes()
+            ),
+        };
         let unix_socket = self.unix_socket.as_ref().map_or("off".to_string(), |path| {
             format!("{} (mode {:04o})", path.display(), self.unix_socket_mode)
         });
         format!(
-            "zipcache serve settings:\n  listen           {}\n  memcached-port   {}\n  resp-port        {}\n  unix-socket      {unix_socket}\n  dram             {} bytes\n  data-dir         {}\n  ssd              {ssd}\n  max-connections  {}\n  threads          {} ({} runtime)\n  metrics          {metrics}\n  tls              {tls}\n  requirepass      {}\n  auth-file        {}\n  auth-timeout     {}\n  keys-limit       {}\n  flush_all        {}\n  lru_crawler      {}\n  idle-timeout     {}\n  write-timeout    {}\n  input limits     max-request-size {} bytes, max-clients-memory {} bytes, first-request-timeout {}\n  shutdown command {}\n  engine: leaf_size={} subpages={} superleaf_size={} fill_threshold={} write_buffer={} bypass_r={} bypass_max_fraction={} tiny_max={} medium_max={} max_key_size={} max_value_size={} background_threads={} promotion={:?} rss_limit={} track_access={} evictions={}",
+            "zipcache serve settings:\n  listen           {}\n  memcached-port   {}\n  resp-port        {}\n  unix-socket      {unix_socket}\n  dram             {} bytes\n  data-dir         {}\n  ssd              {ssd}\n  crash journal    {crash_journal}\n  max-connections  {}\n  threads          {} ({} runtime)\n  metrics          {metrics}\n  tls              {tls}\n  requirepass      {}\n  auth-file        {}\n  auth-timeout     {}\n  keys-limit       {}\n  flush_all        {}\n  lru_crawler      {}\n  idle-timeout     {}\n  write-timeout    {}\n  input limits     max-request-size {} bytes, max-clients-memory {} bytes, first-request-timeout {}\n  shutdown command {}\n  engine: leaf_size={} subpages={} superleaf_size={} fill_threshold={} write_buffer={} bypass_r={} bypass_max_fraction={} tiny_max={} medium_max={} max_key_size={} max_value_size={} background_threads={} promotion={:?} rss_limit={} track_access={} evictions={}",
             self.listen,
             port(self.memcached_port),
             port(self.resp_port),
@@ -1036,5 +1045,44 @@ mod tests {
         };
         assert!(Settings::resolve(args).unwrap().engine_config().is_err());
         std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    /// The banner says where the crash journal lives and what its table costs, or that
+    /// a crash restarts cold.
+    #[test]
+    fn the_banner_names_the_crash_journal() {
+        let banner = |ssd: &str, set: &[&str]| {
+            let (ssd_size, ssd) = match ssd {
+                "none" => (None, Some("none".to_string())),
+                size => (Some(size.to_string()), None),
+            };
+            let s = Settings::resolve(ServeArgs {
+                dram: Some("64MiB".into()),
+                ssd_size,
+                ssd,
+                set: set.iter().map(|v| v.to_string()).collect(),
+                ..ServeArgs::default()
+            })
+            .unwrap();
+            s.describe(&s.engine_config().unwrap())
+        };
+        let on = banner("1GiB", &[]);
+        // 64 MiB / 16 of table, and its 64-byte header.
+        assert!(
+            on.contains(
+                "\n  crash journal    /dev/shm (shadow table 4194368 bytes of the dram budget): a crash restarts warm\n"
+            ),
+            "{on}"
+        );
+        let off = banner("1GiB", &["crash_journal=off"]);
+        assert!(
+            off.contains("\n  crash journal    off: a crash restarts cold\n"),
+            "{off}"
+        );
+        let dram_only = banner("none", &[]);
+        assert!(
+            dram_only.contains("\n  crash journal    off (DRAM only)\n"),
+            "{dram_only}"
+        );
     }
 }

@@ -441,6 +441,14 @@ impl Config {
         (bytes / 64).max(1) as usize
     }
 
+    /// Bytes the crash journal's shadow table takes with these settings (a restart that
+    /// carries many hidden keys over may make it larger): for the start-up banner.
+    pub fn crash_journal_table_bytes(&self) -> u64 {
+        ((crate::format::shadow::HEADER_WORDS
+            + self.shadow_buckets() * crate::restart::shadow::SLOTS)
+            * 8) as u64
+    }
+
     pub(crate) fn training_settings(&self) -> Option<TrainingSettings> {
         let budget = self.dram_capacity;
         let chosen = self.dictionary_samples != 0 || self.dictionary_size != 0;
