@@ -196,8 +196,14 @@ pub struct Stats {
     /// Keys the shadow table holds now: their newest state is in DRAM only.
     pub crash_journal_keys: u64,
     /// The journal no longer names every such key (its table filled up, or tmpfs
-    /// refused a write): a crash now restarts cold.
+    /// refused a write): a crash now restarts cold. A full table heals once DRAM has
+    /// written enough down for every dirty key to fit again.
     pub crash_journal_incomplete: bool,
+    /// Marks that found the shadow table full (each left it incomplete until a heal):
+    /// many mean `crash_journal_bytes` is too small for the objects DRAM holds.
+    pub crash_journal_overflows: u64,
+    /// Times a full shadow table healed.
+    pub crash_journal_heals: u64,
 }
 
 /// `num / den`, or `None` when nothing was counted.

@@ -108,12 +108,17 @@ fn child(dir: &Path) {
     // Versions grow across runs: the seed's high bits start this run's.
     let mut version = seed << 24;
     let mut done = 0u64;
+    // A flush promised for later (memcached's `flush_all <delay>`) runs this many
+    // operations after its promise.
+    let mut promised_flush_at = None;
     while ops.is_none_or(|n| done < n) {
         let i = rng.random_range(0..KEYS);
         version += 1;
-        // Rare: the whole cache forgets.
+        // Rare: the whole cache forgets, now or later.
         let op = match rng.random_range(0..60_000) {
+            _ if promised_flush_at == Some(done) => 99,
             0 => 99,
+            1..3 if promised_flush_at.is_none() => 100,
             _ => rng.random_range(0..99),
         };
         // Begun: from here the operation may or may not have happened.
@@ -122,7 +127,8 @@ fn child(dir: &Path) {
             70..85 => format!("@begin delete {i}"),
             85..93 => format!("@begin expire {i}"),
             93..99 => format!("@begin touch {i}"),
-            _ => "@begin flush".to_string(),
+            99 => "@begin flush".to_string(),
+            _ => "@begin promise".to_string(),
         };
         writeln!(out, "{line}").unwrap();
         out.flush().unwrap();
@@ -141,11 +147,24 @@ fn child(dir: &Path) {
                 let later = cache.now_ms() + 3_600_000;
                 set_expiry(&cache, i, Some(later));
             }
-            _ => cache.flush_all().unwrap(),
+            99 => {
+                cache.flush_all().unwrap();
+                promised_flush_at = None;
+            }
+            _ => {
+                cache.promise_flush();
+                promised_flush_at = Some(done + 2_000);
+            }
         }
         writeln!(out, "@ack").unwrap();
         out.flush().unwrap();
         done += 1;
+    }
+    // As the server's stop does: a promised flush runs before the close.
+    if promised_flush_at.is_some() {
+        writeln!(out, "@begin flush").unwrap();
+        cache.flush_all().unwrap();
+        writeln!(out, "@ack").unwrap();
     }
     cache.close().unwrap();
     writeln!(out, "@closed").unwrap();
@@ -180,6 +199,10 @@ struct Known {
 struct Model {
     keys: HashMap<u32, Known>,
     begun: Option<Vec<String>>,
+    /// A flush promised and not yet run: what each key held at the promise. A kill
+    /// before it runs must not bring any of those back (the promise dies with the
+    /// process; its time may have come by the restart).
+    promised: Option<HashMap<u32, Option<u64>>>,
 }
 
 impl Model {
@@ -189,6 +212,14 @@ impl Model {
 
     fn ack(&mut self) {
         let words = self.begun.take().expect("an ack follows a begin");
+        match words[0].as_str() {
+            "promise" => {
+                let held = self.keys.iter().map(|(&k, known)| (k, known.now));
+                self.promised = Some(held.collect());
+            }
+            "flush" => self.promised = None,
+            _ => {}
+        }
         for (i, after) in Self::effect(&words, &self.keys) {
             self.keys.entry(i).or_default().now = after;
         }
@@ -200,7 +231,7 @@ impl Model {
         match words[0].as_str() {
             "put" => vec![(i(), Some(words[2].parse().unwrap()))],
             "delete" | "expire" => vec![(i(), None)],
-            "touch" => vec![],
+            "touch" | "promise" => vec![],
             "flush" => keys.keys().map(|&k| (k, None)).collect(),
             other => panic!("unknown operation {other}"),
         }
@@ -211,6 +242,17 @@ impl Model {
         if let Some(words) = self.begun.take() {
             for (i, after) in Self::effect(&words, &self.keys) {
                 self.keys.entry(i).or_default().maybe = Some(after);
+            }
+        }
+        // Versions are never reused: a key that still holds what it held at the
+        // promise was not written since, and is to be gone.
+        for (i, held) in self.promised.take().unwrap_or_default() {
+            let known = self.keys.entry(i).or_default();
+            if known.now == held {
+                known.now = None;
+            }
+            if known.maybe == Some(held) {
+                known.maybe = None;
             }
         }
     }
@@ -255,6 +297,7 @@ fn no_kill_ever_brings_back_a_value_overwritten_deleted_expired_or_flushed() {
     let mut model = Model {
         keys: HashMap::new(),
         begun: None,
+        promised: None,
     };
     let mut warm = (0u64, 0u64); // keys the model held at a crash restart, and served
     let mut kinds: HashMap<String, u32> = HashMap::new();

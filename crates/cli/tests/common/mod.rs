@@ -110,6 +110,14 @@ impl Server {
         unsafe { libc::kill(self.pid() as libc::pid_t, signal) };
     }
 
+    /// SIGKILL, as the OOM killer sends it; the exit status.
+    pub fn kill(&mut self) -> ExitStatus {
+        self.signal(libc::SIGKILL);
+        let status = self.child.wait().expect("wait");
+        self.exited = true;
+        status
+    }
+
     /// SIGTERM; the exit status, or a failure if the server is still running after
     /// `STOP_LIMIT` (then it is killed).
     pub fn stop(&mut self) -> ExitStatus {

@@ -709,6 +709,8 @@ pub fn flush_all(shared: &Memcached, delay: i64) -> Result<(), FlushRefused> {
     let Expiry::At(at) = Expiry::from_exptime(delay, now) else {
         return shared.core.cache.flush_all().map_err(FlushRefused::Engine);
     };
+    // Until it runs, a crash restarts the flash tier cold: the promise dies with us.
+    shared.core.cache.promise_flush();
     let (cache, fired) = (shared.core.cache.clone(), Arc::new(AtomicBool::new(false)));
     let fires = fired.clone();
     let flush = tokio::spawn(async move {

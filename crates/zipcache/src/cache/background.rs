@@ -1,6 +1,6 @@
 //! The background threads' loops: the merge threads (`zipcache-bg-<i>`: write-buffer
-//! merges; the first also frees retired leaves and runs the bypass pass and the RSS
-//! governor's tick) and the flusher (`zipcache-flusher`: eviction down to the low
+//! merges; the first also frees retired leaves and runs the bypass pass, the RSS
+//! governor's tick and the crash journal's heal) and the flusher (`zipcache-flusher`: eviction down to the low
 //! watermark, the only thread that writes evicted objects to the SSD).
 
 use std::sync::atomic::Ordering;
@@ -24,6 +24,9 @@ const DEFRAG_PERIOD: Duration = Duration::from_secs(1);
 /// full buffer waits about this long for its merge), and when nothing was queued.
 const MERGE_PERIOD_BUSY: Duration = Duration::from_millis(1);
 const MERGE_PERIOD_IDLE: Duration = Duration::from_millis(10);
+/// How often the housekeeper looks whether an overflowed shadow table can heal
+/// (`heal_shadow`).
+const HEAL_PERIOD: Duration = Duration::from_secs(1);
 /// Merges between two looks at the housekeeping clocks.
 const MERGES_PER_ROUND: usize = 256;
 
@@ -33,6 +36,7 @@ impl Inner {
         let mut last_bypass = Instant::now();
         let mut last_rss = Instant::now();
         let mut last_defrag = Instant::now();
+        let mut last_heal = Instant::now();
         while !self.shutdown.load(Ordering::Acquire) {
             let mut merged = 0;
             while merged < MERGES_PER_ROUND
@@ -54,6 +58,10 @@ impl Inner {
             if housekeeper && self.governor.is_some() && last_defrag.elapsed() >= DEFRAG_PERIOD {
                 last_defrag = Instant::now();
                 self.dram.defragment(crate::dram::SPARSE_PERCENT);
+            }
+            if housekeeper && last_heal.elapsed() >= HEAL_PERIOD {
+                last_heal = Instant::now();
+                self.heal_shadow();
             }
             let period = if merged > 0 {
                 MERGE_PERIOD_BUSY
@@ -81,6 +89,26 @@ impl Inner {
                     .1
                     .wait_for(&mut idle, Duration::from_millis(10));
             }
+        }
+    }
+
+    /// A shadow table that overflowed (a crash would restart cold) is trusted again once
+    /// every key DRAM holds dirty is in it: when there is room for them all, they are
+    /// marked again (`DramTier::remark_dirty`), and the table heals unless a mark found no
+    /// room meanwhile.
+    fn heal_shadow(&self) {
+        let Some(shadow) = &self.shadow else { return };
+        let Some(seen) = shadow.overflowed() else {
+            return;
+        };
+        let tally = self.dram.tally(self.now());
+        let dirty = (tally.objects.max(0) as u64).saturating_sub(tally.clean);
+        // Within three quarters of the table: two-choice buckets fill unevenly past that.
+        if (shadow.len() + dirty) * 4 > shadow.capacity() * 3 {
+            return;
+        }
+        if self.dram.remark_dirty(self.now()) {
+            shadow.heal(seen);
         }
     }
 

@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use super::{Inner, ZipCache};
 use crate::Stats;
-use crate::restart::shadow::INCOMPLETE;
+use crate::restart::shadow::{INCOMPLETE, UNLOGGED};
 use crate::stats::ratio;
 
 impl ZipCache {
@@ -191,7 +191,9 @@ impl Inner {
             crash_journal_incomplete: self
                 .shadow
                 .as_ref()
-                .is_some_and(|s| s.flags() & INCOMPLETE != 0),
+                .is_some_and(|s| s.flags() & (INCOMPLETE | UNLOGGED) != 0),
+            crash_journal_overflows: self.shadow.as_ref().map_or(0, |s| s.overflows()),
+            crash_journal_heals: self.shadow.as_ref().map_or(0, |s| s.heals()),
             ..ssd
         }
     }

@@ -181,6 +181,18 @@ impl ZipCache {
         }
         Ok(())
     }
+
+    /// A [`flush_all`](Self::flush_all) promised for later (memcached's `flush_all
+    /// <delay>`): until one runs, a crash restarts cold, since the promise dies with the
+    /// process and the flash tier holds what it was to erase. After a running flush
+    /// ends, so that its end does not withdraw the promise.
+    pub fn promise_flush(&self) {
+        let inner = &self.inner;
+        let _after_a_running_flush = inner.flushing.lock();
+        if let Some(shadow) = &inner.shadow {
+            shadow.set_flag(FLUSHING, true);
+        }
+    }
 }
 
 /// What a read-modify-write leaves in DRAM (`DramTier::modify`): nothing, a tombstone,

@@ -24,7 +24,8 @@
 //! (setting `track_access`); [`page`] the page format;
 //! [`merge`] buffer merges and splits; [`share`] a full leaf sharing with its
 //! neighbour before it splits; [`eviction`] CLOCK and group eviction; [`hot`]
-//! compression bypassing; [`cas`] CAS versions; [`tally`] object counts for `stats`.
+//! compression bypassing; [`cas`] CAS versions; [`tally`] object counts for `stats`;
+//! [`remark`] marking dirty keys again for the crash journal.
 
 mod access;
 mod block;
@@ -42,6 +43,7 @@ pub(crate) mod packed_page;
 mod page;
 mod patch;
 mod reclaim;
+mod remark;
 mod share;
 mod slots;
 mod tally;

@@ -16,7 +16,7 @@ use crate::memory::Memory;
 use crate::restart::epoch;
 use crate::restart::files::{JournalFiles, Persist};
 use crate::restart::journal::DescriptorLog;
-use crate::restart::shadow::{INCOMPLETE, Identity, SLOTS, Shadow, boot_id};
+use crate::restart::shadow::{Identity, SLOTS, Shadow, UNLOGGED, boot_id};
 use crate::ssd::dictionary::{BlockDictionaries, DictionaryFiles, block_training};
 use crate::ssd::{Opening, SsdSettings, SsdTier};
 
@@ -190,7 +190,7 @@ pub(crate) fn open_tiers(
     let logged = match ssd.start_journal(shadow.clone(), journal.map(|j| j.log.as_path()), epoch) {
         Ok(()) => journal.is_some(),
         Err(_) => {
-            shadow.set_flag(INCOMPLETE, true);
+            shadow.set_flag(UNLOGGED, true);
             false
         }
     };

@@ -17,8 +17,11 @@
 //! table past 90 % before a key finds both full). A key found in both is impossible: a
 //! mark first looks in both. An empty slot is 0. No tombstones: a clear empties the
 //! slot, and every look reads both whole buckets. A key that finds both buckets full is
-//! not recorded: the table says so ([`INCOMPLETE`]) and the next open after a crash
-//! starts cold.
+//! not recorded: the table says so ([`INCOMPLETE`]), and a crash while it says so
+//! restarts cold. The state heals: once the table has room again, the housekeeper marks
+//! every dirty DRAM object's key again (`DramTier::remark_dirty`), and if no mark failed
+//! meanwhile the flag goes (`heal`). A burst of new keys that overflows the table costs a
+//! crash-warm restart only until DRAM has written it down.
 //!
 //! Thread: marks run on writers' threads, clears on the flusher's, reads on GETs';
 //! the fingerprint's owner is whoever holds the key's DRAM leaf lock, so two marks or a
@@ -27,6 +30,8 @@
 use std::io::Write;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
+
+use parking_lot::Mutex;
 
 use memmap2::MmapMut;
 use xxhash_rust::xxh3::xxh3_64_with_seed;
@@ -39,10 +44,16 @@ use crate::restart::files::beside;
 /// Fingerprints a bucket holds: 64 bytes, one cache line.
 pub(crate) const SLOTS: usize = 8;
 /// Set in the header's flags when a key found no room: the table no longer names every
-/// shadowed key, so a crash must start cold.
+/// shadowed key, so a crash must start cold; cleared by `heal`.
 pub(crate) const INCOMPLETE: u64 = 1;
-/// Set while `flush_all` empties the tiers: a crash in between must start cold.
+/// Set while `flush_all` empties the tiers, and from a flush promised for later until
+/// it runs: a crash in between must start cold.
 pub(crate) const FLUSHING: u64 = 2;
+/// Set when BT_SSD's descriptor log could not be written: it no longer describes the
+/// tier, so a crash must start cold, for the rest of the run.
+pub(crate) const UNLOGGED: u64 = 4;
+/// The flags under which a crashed run's table is not trusted.
+pub(crate) const UNTRUSTED: u64 = INCOMPLETE | FLUSHING | UNLOGGED;
 
 const SEED: u64 = 0x5a1b_cace_5ad0_0001;
 
@@ -89,6 +100,11 @@ pub(crate) struct Shadow {
     buckets: usize,
     /// Fingerprints held now (this process's count, for `stats`).
     held: AtomicU64,
+    /// Marks that found no room, ever: [`INCOMPLETE`] is set and cleared under this
+    /// lock, so a heal cannot clear it over a failure it did not see.
+    overflows: Mutex<u64>,
+    /// Times [`INCOMPLETE`] was cleared by `heal`.
+    heals: AtomicU64,
 }
 
 impl Shadow {
@@ -99,6 +115,8 @@ impl Shadow {
             backing: Backing::Memory((0..words).map(|_| AtomicU64::new(0)).collect()),
             buckets: buckets.max(1),
             held: AtomicU64::new(0),
+            overflows: Mutex::new(0),
+            heals: AtomicU64::new(0),
         };
         for &tag in carried {
             shadow.mark_fingerprint(tag);
@@ -143,6 +161,8 @@ impl Shadow {
             backing: Backing::File(map),
             buckets,
             held: AtomicU64::new(0),
+            overflows: Mutex::new(0),
+            heals: AtomicU64::new(0),
         };
         let words = shadow.words();
         words[BOOT_ID].store(
@@ -187,7 +207,7 @@ impl Shadow {
         let buckets = usize::try_from(word(BUCKETS)?).ok()?;
         let intact = word(MAGIC_WORD)? == SHADOW_MAGIC
             && found == expected
-            && word(FLAGS)? & (INCOMPLETE | FLUSHING) == 0
+            && word(FLAGS)? & UNTRUSTED == 0
             && bytes.len() == (HEADER_WORDS + buckets.checked_mul(SLOTS)?) * 8;
         if !intact {
             return None;
@@ -228,20 +248,21 @@ impl Shadow {
         ]
     }
 
-    /// Records that `key`'s flash version, if any, is older than DRAM's state of it.
-    /// Called under the key's DRAM leaf lock, before the write is visible.
-    pub(crate) fn mark(&self, key: &[u8]) {
-        self.mark_fingerprint(fingerprint(key));
+    /// Records that `key`'s flash version, if any, is older than DRAM's state of it;
+    /// false if it found no room (the table is then [`INCOMPLETE`]). Called under the
+    /// key's DRAM leaf lock, before the write is visible.
+    pub(crate) fn mark(&self, key: &[u8]) -> bool {
+        self.mark_fingerprint(fingerprint(key))
     }
 
-    fn mark_fingerprint(&self, tag: u64) {
+    fn mark_fingerprint(&self, tag: u64) -> bool {
         let homes = self.homes(tag);
         if homes.iter().any(|&b| {
             self.bucket(b)
                 .iter()
                 .any(|s| s.load(Ordering::Acquire) == tag)
         }) {
-            return;
+            return true;
         }
         // The emptier bucket first: two-choice hashing keeps both close to even.
         let free = |b: usize| {
@@ -263,11 +284,49 @@ impl Shadow {
                     .is_ok()
                 {
                     self.held.fetch_add(1, Ordering::Relaxed);
-                    return;
+                    return true;
                 }
             }
         }
-        self.words()[FLAGS].fetch_or(INCOMPLETE, Ordering::AcqRel);
+        let mut overflows = self.overflows.lock();
+        *overflows += 1;
+        self.set_flag(INCOMPLETE, true);
+        false
+    }
+
+    /// While the table is [`INCOMPLETE`], the count of marks that found no room so far;
+    /// `heal` takes it back.
+    pub(crate) fn overflowed(&self) -> Option<u64> {
+        let overflows = self.overflows.lock();
+        (self.flags() & INCOMPLETE != 0).then_some(*overflows)
+    }
+
+    /// Clears [`INCOMPLETE`] after every dirty DRAM object's key was marked again, unless
+    /// a mark found no room since `overflowed` said `seen`: true if it did.
+    pub(crate) fn heal(&self, seen: u64) -> bool {
+        let overflows = self.overflows.lock();
+        let healed = *overflows == seen;
+        if healed {
+            self.set_flag(INCOMPLETE, false);
+            self.heals.fetch_add(1, Ordering::Relaxed);
+        }
+        drop(overflows);
+        healed
+    }
+
+    /// Marks that found no room, ever.
+    pub(crate) fn overflows(&self) -> u64 {
+        *self.overflows.lock()
+    }
+
+    /// Times the table healed (`heal`).
+    pub(crate) fn heals(&self) -> u64 {
+        self.heals.load(Ordering::Relaxed)
+    }
+
+    /// Fingerprints the table can hold.
+    pub(crate) fn capacity(&self) -> u64 {
+        (self.buckets * SLOTS) as u64
     }
 
     /// `key`'s state is on flash now: its fingerprint goes. Called under the key's DRAM

@@ -16,7 +16,7 @@ use super::{SlState, SsdTier};
 use crate::eviction::EvictedObject;
 use crate::format::journal::{REMOVE, UPSERT};
 use crate::restart::journal::{DescriptorLog, frame};
-use crate::restart::shadow::{INCOMPLETE, Shadow};
+use crate::restart::shadow::{Shadow, UNLOGGED};
 
 /// The journal a tier writes to: the shadow table always (it may hide flash versions a
 /// restart carried over), the descriptor log where crash recovery is on.
@@ -91,7 +91,7 @@ impl SsdTier {
         });
         w.log.clear();
         if written.is_err() {
-            journal.shadow.set_flag(INCOMPLETE, true);
+            journal.shadow.set_flag(UNLOGGED, true);
         }
     }
 

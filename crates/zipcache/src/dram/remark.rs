@@ -1,0 +1,108 @@
+//! Marking every dirty object's key again, so that a shadow table which overflowed
+//! (`restart/shadow.rs`, `INCOMPLETE`) can be trusted once more (`Shadow::heal`).
+//!
+//! Thread: the housekeeper's (`cache/background.rs`). The walk goes through the key space
+//! in order, one leaf at a time, locked shared, so no write or eviction of the leaf runs
+//! while its keys are marked. A key never leaves its place in the key space: whatever
+//! leaf holds it later (a split, a share), the walk either passed it — and marked it
+//! under the lock — or reaches it still. Every write after the walk passed a key marks it
+//! itself (`append_locked`), or finds no room, which `Shadow::heal` then sees.
+
+use super::DramTier;
+
+impl DramTier {
+    /// Marks the key of every object not known to be on flash as it is (a value written
+    /// here, a tombstone, an expired value), leaf by leaf in key order; false as soon as
+    /// one finds no room in the table. True without a table.
+    pub(crate) fn remark_dirty(&self, now_ms: u64) -> bool {
+        let Some(shadow) = &self.shadow else {
+            return true;
+        };
+        let mut cursor = Vec::new();
+        loop {
+            let (marked, next) = self.read_leaf(&cursor, |leaf, st| {
+                let marked = self
+                    .entries(leaf, st, now_ms, None)
+                    .iter()
+                    .filter(|(_, version)| version.as_ref().is_none_or(|(_, meta)| !meta.clean))
+                    .all(|(key, _)| shadow.mark(key));
+                // The leaf's high fence cannot move while it is locked.
+                (marked, self.tree.next_leaf(&cursor).map(|(next, _)| next))
+            });
+            match (marked, next) {
+                (false, _) => return false,
+                (true, Some(next)) => cursor = next.to_vec(),
+                (true, None) => return true,
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::super::test_support::{key, settings, tier_with};
+    use crate::record::Meta;
+    use crate::restart::shadow::{INCOMPLETE, Shadow};
+
+    /// Values written here and tombstones are dirty; a third of the values are clean
+    /// copies (promotions), and every seventh key is deleted after.
+    fn fill(dram: &super::DramTier) {
+        let clean = Meta {
+            clean: true,
+            ..Meta::default()
+        };
+        for i in 0..300u32 {
+            let meta = if i % 3 == 0 { clean } else { Meta::default() };
+            dram.put_with(&key(i), Some(b"value"), meta, None, 0, |_| ());
+        }
+        for i in (0..300u32).step_by(7) {
+            dram.put_with(&key(i), None, Meta::default(), None, 0, |_| ());
+        }
+    }
+
+    /// A table too small for a fill overflows, and marking again cannot heal it; nor
+    /// can a heal clear a mark's failure it did not see.
+    #[test]
+    fn a_table_without_room_stays_incomplete() {
+        let (dram, _) = tier_with(settings(256));
+        let shadow = Arc::new(Shadow::in_memory(4, &[]));
+        let dram = dram.with_shadow(shadow.clone());
+        fill(&dram);
+        let seen = shadow
+            .overflowed()
+            .expect("200 dirty keys in 32 slots overflow");
+        assert!(
+            !dram.remark_dirty(0),
+            "the table still has no room for them"
+        );
+        let now = shadow.overflowed().unwrap();
+        assert!(now > seen, "the walk's marks found no room either");
+        assert!(!shadow.heal(seen));
+        assert_ne!(shadow.flags() & INCOMPLETE, 0);
+    }
+
+    /// Emptied (as the evictions that write keys down empty it) and marked again, the
+    /// table names every dirty key and none of the clean copies, and heals.
+    #[test]
+    fn marking_again_names_every_dirty_key_and_heals_the_table() {
+        let (dram, _) = tier_with(settings(256));
+        let shadow = Arc::new(Shadow::in_memory(1 << 8, &[]));
+        let dram = dram.with_shadow(shadow.clone());
+        fill(&dram);
+        for i in 0..300u32 {
+            shadow.clear(&key(i));
+        }
+        shadow.set_flag(INCOMPLETE, true);
+        let seen = shadow.overflowed().unwrap();
+        assert!(dram.remark_dirty(0));
+        for i in 0..300u32 {
+            let dirty = i % 3 != 0 || i % 7 == 0;
+            assert_eq!(shadow.contains(&key(i)), dirty, "key {i}");
+        }
+        assert!(shadow.heal(seen));
+        assert_eq!(shadow.overflowed(), None);
+        assert_eq!(shadow.heals(), 1);
+    }
+}
