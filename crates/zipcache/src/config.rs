@@ -428,10 +428,6 @@ impl Config {
 }
 
 impl Config {
-    /// The dictionaries' training settings this configuration asks for: with `dictionary_samples` and `dictionary_size` 0, a
-    /// reservoir of one sample per 32 KiB of budget (at most 2,048 of at most 1 KiB) and
-    /// a dictionary of 1/256 of the budget (32 to 112 KiB), none below [`MIN_BUDGET`];
-    /// either set, dictionaries at any budget. `None` with `dictionaries` off.
     /// Buckets of the crash journal's shadow table (64 bytes each).
     pub(crate) fn shadow_buckets(&self) -> usize {
         let bytes = match self.crash_journal_bytes {
@@ -449,6 +445,10 @@ impl Config {
             * 8) as u64
     }
 
+    /// The dictionaries' training settings this configuration asks for: with `dictionary_samples` and `dictionary_size` 0, a
+    /// reservoir of one sample per 32 KiB of budget (at most 2,048 of at most 1 KiB) and
+    /// a dictionary of 1/256 of the budget (32 to 112 KiB), none below [`MIN_BUDGET`];
+    /// either set, dictionaries at any budget. `None` with `dictionaries` off.
     pub(crate) fn training_settings(&self) -> Option<TrainingSettings> {
         let budget = self.dram_capacity;
         let chosen = self.dictionary_samples != 0 || self.dictionary_size != 0;

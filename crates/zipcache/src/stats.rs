@@ -179,7 +179,7 @@ pub struct Stats {
     /// crashed run's journal), `cold` (nothing trusted: trimmed and empty); empty without
     /// an SSD tier.
     pub recovery_kind: &'static str,
-    /// BT_SSD objects the open kept.
+    /// Objects the open kept: BT_SSD's and BT_LO's.
     pub recovery_objects: u64,
     /// Keys whose flash versions the open kept hidden as possibly stale (a crash lost
     /// their newer state, or a clean close carried them over).

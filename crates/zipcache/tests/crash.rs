@@ -46,6 +46,9 @@ fn config(dir: &Path) -> Config {
     }
 }
 
+/// Values longer than this go to BT_LO (the default `medium_max`).
+const LARGE: usize = 2048;
+
 fn key(i: u32) -> Vec<u8> {
     format!("key-{i:06}").into_bytes()
 }
@@ -300,6 +303,7 @@ fn no_kill_ever_brings_back_a_value_overwritten_deleted_expired_or_flushed() {
         promised: None,
     };
     let mut warm = (0u64, 0u64); // keys the model held at a crash restart, and served
+    let mut warm_large = (0u64, 0u64); // the same of large objects (BT_LO)
     let mut kinds: HashMap<String, u32> = HashMap::new();
     let mut last_was_crash = false;
     for round in 0..=rounds {
@@ -323,8 +327,8 @@ fn no_kill_ever_brings_back_a_value_overwritten_deleted_expired_or_flushed() {
             .unwrap();
         let pid = child.id();
         let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        let mut held = 0u64;
-        let mut served = 0u64;
+        let (mut held, mut served) = (0u64, 0u64);
+        let (mut large_held, mut large_served) = (0u64, 0u64);
         for line in lines.by_ref() {
             let line = line.unwrap();
             let words: Vec<String> = line.split_whitespace().map(String::from).collect();
@@ -340,9 +344,13 @@ fn no_kill_ever_brings_back_a_value_overwritten_deleted_expired_or_flushed() {
                         "garbage" => panic!("round {round}: key {i} read bytes of no version"),
                         v => Some(v.parse().unwrap()),
                     };
-                    if model.keys.get(&i).is_some_and(|k| k.now.is_some()) {
+                    if let Some(version) = model.keys.get(&i).and_then(|k| k.now) {
                         held += 1;
                         served += u64::from(read.is_some());
+                        if value(i, version).len() > LARGE {
+                            large_held += 1;
+                            large_served += u64::from(read.is_some());
+                        }
                     }
                     if let Err(e) = model.check(i, read) {
                         let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
@@ -356,6 +364,8 @@ fn no_kill_ever_brings_back_a_value_overwritten_deleted_expired_or_flushed() {
         if last_was_crash {
             warm.0 += held;
             warm.1 += served;
+            warm_large.0 += large_held;
+            warm_large.1 += large_served;
         }
         if round == rounds {
             let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
@@ -416,8 +426,14 @@ fn no_kill_ever_brings_back_a_value_overwritten_deleted_expired_or_flushed() {
     }
     let _ = std::fs::remove_dir_all(&dir);
     eprintln!(
-        "recoveries {kinds:?}; after crashes {} of {} keys held were served",
-        warm.1, warm.0
+        "recoveries {kinds:?}; after crashes {} of {} keys held were served, {} of {} large",
+        warm.1, warm.0, warm_large.1, warm_large.0
+    );
+    assert!(
+        warm_large.1 > 0,
+        "after crashes {} of {} large objects held were served: BT_LO must come back too",
+        warm_large.1,
+        warm_large.0
     );
     assert!(
         kinds.get("crash").copied().unwrap_or(0) > 0,

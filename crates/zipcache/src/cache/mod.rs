@@ -185,9 +185,10 @@ impl ZipCache {
             memory.clone(),
             config.bypass_r,
         );
+        // Marks serve only crash recovery: without a journal a crash is cold anyway.
         let dram = match &tiers {
-            Some(t) => dram.with_shadow(t.shadow.clone()),
-            None => dram,
+            Some(t) if t.recovery.journal => dram.with_shadow(t.shadow.clone()),
+            _ => dram,
         };
         let recovery = tiers.as_ref().map(|t| t.recovery).unwrap_or_default();
         let epoch = tiers.as_ref().map_or(0, |t| t.epoch);

@@ -27,3 +27,20 @@ pub const UPSERT: u8 = 1;
 pub const REMOVE: u8 = 2;
 
 const _: () = assert!(HEADER == 28);
+
+/// The kinds of BT_LO's log's records (`large_objects/journal.rs`), in a file of the
+/// same layout whose checkpoint is a large-object index file's body.
+pub mod large {
+    /// An extent written and pointed at: the log's head after it (u64), then the extent
+    /// as the index file encodes one.
+    pub const PUT: u8 = 1;
+    /// A key's extent gone, if it is still the one of this sequence number: key length
+    /// (u16), key, sequence (u64).
+    pub const REMOVE: u8 = 2;
+    /// A key's extent's metadata changed (a touch), if it is still the one of this
+    /// sequence number: key length (u16), key, sequence (u64), metadata as the index file
+    /// encodes it.
+    pub const META: u8 = 3;
+    /// Every extent gone, the head back at the region's start (`flush_all`).
+    pub const CLEAR: u8 = 4;
+}

@@ -18,10 +18,15 @@
 //! Modules by job: this one holds BT_LO, the index (`lookup`, `insert`, `remove_if`);
 //! [`read`] the GET (`plan_get`, `finish_get`) and scan; [`write`] the PUT into the log
 //! and removal; [`reclaim`] the log's FIFO drops, trims and `clear`; [`index_file`] saving
-//! and loading BT_LO across a clean restart; [`extent`] an extent's bytes on the device.
+//! and loading BT_LO across a clean restart; [`journal`] the crash journal's log of its
+//! changes and the recovery from it; [`extent`] an extent's bytes on the device.
+//!
+//! Every change to BT_LO holds the log's lock (`LargeObjects::log`) and is journaled
+//! before it is made.
 
 mod extent;
 mod index_file;
+mod journal;
 mod read;
 mod reclaim;
 #[cfg(test)]
@@ -110,6 +115,8 @@ pub struct LargeObjects {
     memory: Arc<Memory>,
     /// `device_compression=host`: values are stored LZ4-compressed where that shrinks them.
     host_compression: bool,
+    /// With crash recovery on: every change is logged before it is made.
+    journal: Option<journal::LoJournal>,
     pub counters: LoCounters,
 }
 
@@ -140,6 +147,7 @@ impl LargeObjects {
                 next_seq: 1,
             }),
             memory,
+            journal: None,
             counters: LoCounters::default(),
         };
         lo.memory.change_index(lo.tree.node_bytes() as i64);
@@ -183,9 +191,14 @@ impl LargeObjects {
 
     /// Gives `key`'s large object the metadata `meta` (a touch) in its index entry
     /// alone: the value stays in its extent, unread and unwritten (the extent's header
-    /// holds no metadata; a clean close saves the entry's). False if BT_LO holds no
-    /// entry for `key`.
+    /// holds no metadata; a clean close saves the entry's, the crash journal logs it).
+    /// False if BT_LO holds no entry for `key`.
     pub fn set_meta(&self, key: &[u8], meta: Meta) -> bool {
+        let log = self.log.lock();
+        let Some(extent) = self.lookup(key) else {
+            return false;
+        };
+        self.log_meta(&log, key, extent.seq, &meta);
         self.tree
             .with_arc_leaf_locked::<Exclusive, _>(key, |_, mut st| {
                 match st.entries.binary_search_by(|(k, _)| k.as_ref().cmp(key)) {

@@ -13,7 +13,7 @@ impl LargeObjects {
         let Some((first, len, key, seq)) = log.extents.pop_front() else {
             return false;
         };
-        self.drop_oldest(&key, seq, first, len);
+        self.drop_oldest(&log, &key, seq, first, len);
         true
     }
 
@@ -21,7 +21,12 @@ impl LargeObjects {
     /// the log by the caller, which still holds the log's lock: if BT_LO still points at
     /// it, it leaves BT_LO and its blocks are trimmed before anyone can reuse them. A dead
     /// extent was trimmed when it died.
-    pub(super) fn drop_oldest(&self, key: &[u8], seq: u64, first: u64, len: u32) {
+    pub(super) fn drop_oldest(&self, log: &Log, key: &[u8], seq: u64, first: u64, len: u32) {
+        if self.lookup(key).is_none_or(|e| e.seq != seq) {
+            return;
+        }
+        // may do I/O: the crash journal's record (tmpfs)
+        self.log_remove(log, key, seq);
         if self.remove_if(key, |e| e.seq == seq).is_some() {
             self.counters.dropped.fetch_add(1, Ordering::Relaxed);
             let _ = self.device.trim(self.start + first, u64::from(len));
@@ -46,6 +51,8 @@ impl LargeObjects {
     /// Forgets every large object and trims the region.
     pub fn clear(&self) {
         let mut log = self.log.lock();
+        // may do I/O: the crash journal's record (tmpfs)
+        self.log_clear(&log);
         while let Some((_, _, key, seq)) = log.extents.pop_front() {
             self.remove_if(&key, |e| e.seq == seq);
         }

@@ -35,7 +35,7 @@ impl LargeObjects {
                 .is_some_and(|&(first, ..)| first >= skipped)
             {
                 let (first, len, old_key, old_seq) = log.extents.pop_front().expect("front exists");
-                self.drop_oldest(&old_key, old_seq, first, len);
+                self.drop_oldest(&log, &old_key, old_seq, first, len);
             }
             log.head = 0;
         }
@@ -47,7 +47,7 @@ impl LargeObjects {
                 break;
             }
             let (first, len, old_key, old_seq) = log.extents.pop_front().expect("front exists");
-            self.drop_oldest(&old_key, old_seq, first, len);
+            self.drop_oldest(&log, &old_key, old_seq, first, len);
         }
         let seq = log.next_seq;
         log.next_seq += 1;
@@ -72,6 +72,8 @@ impl LargeObjects {
         let key: Arc<[u8]> = Arc::from(key);
         log.extents
             .push_back((from, blocks as u32, key.clone(), seq));
+        // may do I/O: the crash journal's record (tmpfs)
+        self.log_put(&log, to, &key, &extent);
         // Into BT_LO before the log's lock goes, so that the log never wraps onto an
         // extent the index does not know yet; the extent it replaces is trimmed while the
         // log still owns its blocks (`trim_if_owned`).
@@ -101,7 +103,10 @@ impl LargeObjects {
         // objects queue neither on the log nor on BT_LO's one leaf for nothing.
         self.lookup(key)?;
         let log = self.log.lock();
-        let removed = self.remove_if(key, |_| true)?;
+        let seq = self.lookup(key)?.seq;
+        // may do I/O: the crash journal's record (tmpfs)
+        self.log_remove(&log, key, seq);
+        let removed = self.remove_if(key, |e| e.seq == seq)?;
         self.trim_if_owned(&log, &removed);
         Some(removed.meta)
     }

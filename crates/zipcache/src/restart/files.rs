@@ -9,15 +9,17 @@ use xxhash_rust::xxh3::xxh3_64;
 use crate::restart::dir::{FsDir, IndexDir};
 use crate::restart::sealed_file::IndexFile;
 
-/// The crash journal's two files (`shadow.rs`, `journal.rs`), in the journal's
-/// directory (tmpfs), named after the SSD file they describe.
+/// The crash journal's files (`shadow.rs`; BT_SSD's and BT_LO's logs, `journal.rs`),
+/// in the journal's directory (tmpfs), named after the SSD file they describe.
 pub(crate) struct JournalFiles {
     pub(crate) shadow: PathBuf,
     pub(crate) log: PathBuf,
+    pub(crate) lo_log: PathBuf,
 }
 
 impl JournalFiles {
-    /// `<dir>/zipcache-<hash of the SSD file's absolute path>.shadow` and `.ssd-log`.
+    /// `<dir>/zipcache-<hash of the SSD file's absolute path>.shadow`, `.ssd-log` and
+    /// `.lo-log`.
     pub(crate) fn for_ssd(dir: &Path, ssd: &Path) -> JournalFiles {
         let absolute = ssd
             .parent()
@@ -32,13 +34,15 @@ impl JournalFiles {
         JournalFiles {
             shadow: dir.join(format!("{name}.shadow")),
             log: dir.join(format!("{name}.ssd-log")),
+            lo_log: dir.join(format!("{name}.lo-log")),
         }
     }
 
-    /// Removes both files: a clean close's indexes describe the tier now.
+    /// Removes the files: a clean close's indexes describe the tiers now.
     pub(crate) fn remove(&self) {
         let _ = std::fs::remove_file(&self.shadow);
         let _ = std::fs::remove_file(&self.log);
+        let _ = std::fs::remove_file(&self.lo_log);
     }
 }
 

@@ -24,8 +24,9 @@ use crate::format::journal::{CHECKPOINT_CRC, CHECKPOINT_LEN, EPOCH, HEADER, JOUR
 use crate::restart::files::beside;
 
 /// A checkpoint is due once the records since the last one pass this many bytes, or the
-/// checkpoint's own size if larger: replay stays within twice a checkpoint's work.
-const CHECKPOINT_AFTER: u64 = 4 << 20;
+/// checkpoint's own size if larger: replay stays within twice a checkpoint's work. Unit
+/// tests checkpoint every 16 KiB, so that their logs cross many checkpoints.
+const CHECKPOINT_AFTER: u64 = if cfg!(test) { 16 << 10 } else { 4 << 20 };
 
 pub(crate) struct DescriptorLog {
     path: PathBuf,

@@ -43,7 +43,7 @@ pub struct Recovery {
     pub kind: RecoveryKind,
     /// This run keeps a crash journal (on, and tmpfs took it): a crash restarts warm.
     pub journal: bool,
-    /// Objects the recovered BT_SSD descriptors count.
+    /// Objects the recovered BT_SSD descriptors count, and BT_LO's.
     pub objects: u64,
     /// Fingerprints of keys whose flash versions stay hidden (possibly stale).
     pub shadowed: u64,
@@ -157,7 +157,7 @@ pub(crate) fn open_tiers(
     };
     // may do I/O: dictionaries no block names lose their files
     dictionaries.settle_after_open();
-    let large = match saved.large {
+    let mut large = match saved.large {
         Some(large) => large,
         None => {
             // Without its index the region's extents cannot be told live from dead:
@@ -173,21 +173,26 @@ pub(crate) fn open_tiers(
             )
         }
     };
-    // may do I/O: this run's journal written to tmpfs before any write is taken
+    // Without the boot's id no journal could ever be trusted: none is kept.
+    let journal = journal.filter(|_| boot_id().is_some());
     // may do I/O: this run's journal written to tmpfs before any write is taken; where
     // tmpfs refuses it (full, missing), the run goes on without one: a crash is cold
     let (shadow, journal) = match start_journal(config, journal, &device, epoch, &carried) {
         Ok(shadow) => (shadow, journal),
         Err(_) => (
-            Arc::new(Shadow::in_memory(
-                shadow_buckets(config, &carried),
-                &carried,
-            )),
+            Arc::new(Shadow::in_memory(carried_buckets(&carried), &carried)),
             None,
         ),
     };
     memory.change_index(shadow.bytes() as i64);
-    let logged = match ssd.start_journal(shadow.clone(), journal.map(|j| j.log.as_path()), epoch) {
+    // may do I/O: both logs' checkpoints written to tmpfs
+    let started_logs = ssd
+        .start_journal(shadow.clone(), journal.map(|j| j.log.as_path()), epoch)
+        .and_then(|()| match journal {
+            Some(files) => large.start_journal(&files.lo_log, epoch, shadow.clone()),
+            None => Ok(()),
+        });
+    let logged = match started_logs {
         Ok(()) => journal.is_some(),
         Err(_) => {
             shadow.set_flag(UNLOGGED, true);
@@ -197,7 +202,7 @@ pub(crate) fn open_tiers(
     let recovery = Recovery {
         kind,
         journal: logged,
-        objects: ssd.counters.objects.load(Ordering::Relaxed).max(0) as u64,
+        objects: ssd.counters.objects.load(Ordering::Relaxed).max(0) as u64 + large.len(),
         shadowed: carried.len() as u64,
         micros: started.elapsed().as_micros() as u64,
     };
@@ -219,7 +224,6 @@ fn start_journal(
     epoch: u64,
     carried: &[u64],
 ) -> Result<Arc<Shadow>> {
-    let buckets = shadow_buckets(config, carried);
     let identity = journal.zip(boot_id()).map(|(files, boot_id)| {
         (
             files,
@@ -231,16 +235,21 @@ fn start_journal(
         )
     });
     let shadow = match identity {
-        Some((files, identity)) => Shadow::create(&files.shadow, identity, buckets, carried)?,
-        None => Shadow::in_memory(buckets, carried),
+        Some((files, identity)) => {
+            let buckets = config.shadow_buckets().max(carried_buckets(carried));
+            Shadow::create(&files.shadow, identity, buckets, carried)?
+        }
+        // No crash recovery: DRAM marks nothing, and the table only hides what a clean
+        // index carried over until it is written again.
+        None => Shadow::in_memory(carried_buckets(carried), carried),
     };
     Ok(Arc::new(shadow))
 }
 
-/// The run's shadow table size: the setting's, with room for what was carried over
-/// twice (those must never be lost: they would come back after a clean close).
-fn shadow_buckets(config: &Config, carried: &[u64]) -> usize {
-    config.shadow_buckets().max(2 * carried.len() / SLOTS + 1)
+/// Buckets with room for what was carried over twice (those must never be lost: they
+/// would come back after a clean close); the journal's table is at least this large.
+fn carried_buckets(carried: &[u64]) -> usize {
+    2 * carried.len() / SLOTS + 1
 }
 
 fn ssd_settings(config: &Config, device: &dyn BlockDevice, layout: Layout) -> SsdSettings {
@@ -305,10 +314,22 @@ fn read_saved(
         let ssd = SsdTier::recover(&replay, epoch, opening())?;
         Some((ssd, shadowed, RecoveryKind::Crash))
     });
+    // BT_LO's log only beside BT_SSD's: the table that vouches for one vouches for both.
+    let large = journal.filter(|_| ssd.is_some()).and_then(|files| {
+        let replay = DescriptorLog::replay(&files.lo_log, epoch)?;
+        LargeObjects::recover(
+            &replay,
+            epoch,
+            device.clone(),
+            layout.small_blocks,
+            layout.large_blocks,
+            opening().memory,
+        )
+    });
     Saved {
         on_device,
         ssd,
-        large: None,
+        large,
     }
 }
 
