@@ -535,7 +535,9 @@ impl DramTier {
         now_ms: u64,
     ) {
         // A clean copy (a promotion) is the flash version itself: nothing to hide.
-        if let Some(shadow) = self.shadow.as_ref().filter(|_| !record.meta.clean) {
+        if let Some(shadow) = self.shadow.as_ref().filter(|_| !record.meta.clean)
+            && shadow.wants_marks()
+        {
             shadow.mark(record.key);
         }
         leaf.touch();
