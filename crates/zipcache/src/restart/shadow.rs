@@ -282,10 +282,12 @@ impl Shadow {
         };
         for b in order {
             for slot in self.bucket(b) {
-                // Another key may take the slot first: try the next.
-                if slot
-                    .compare_exchange(0, tag, Ordering::AcqRel, Ordering::Relaxed)
-                    .is_ok()
+                // Another key may take the slot first: try the next. Read before the
+                // locked exchange, which costs as much when it fails.
+                if slot.load(Ordering::Relaxed) == 0
+                    && slot
+                        .compare_exchange(0, tag, Ordering::AcqRel, Ordering::Relaxed)
+                        .is_ok()
                 {
                     self.held.fetch_add(1, Ordering::Relaxed);
                     return true;
@@ -357,9 +359,10 @@ impl Shadow {
         let tag = fingerprint(key);
         for b in self.homes(tag) {
             for slot in self.bucket(b) {
-                if slot
-                    .compare_exchange(tag, 0, Ordering::AcqRel, Ordering::Relaxed)
-                    .is_ok()
+                if slot.load(Ordering::Relaxed) == tag
+                    && slot
+                        .compare_exchange(tag, 0, Ordering::AcqRel, Ordering::Relaxed)
+                        .is_ok()
                 {
                     self.held.fetch_sub(1, Ordering::Relaxed);
                 }
