@@ -9,7 +9,7 @@
 //!
 //! `ZIPCACHE_CRASH_ROUNDS` sets the number of kills (default 12).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -206,15 +206,57 @@ struct Model {
     /// before it runs must not bring any of those back (the promise dies with the
     /// process; its time may have come by the restart).
     promised: Option<HashMap<u32, Option<u64>>>,
+    /// The round under way, and each key's last events and the whole cache's (flushes,
+    /// promises, kills), for the report of a failure.
+    round: u32,
+    history: HashMap<u32, VecDeque<String>>,
+    events: VecDeque<String>,
 }
 
+/// Events kept per key, and for the whole cache.
+const HISTORY: usize = 16;
+
 impl Model {
+    fn new() -> Model {
+        Model {
+            keys: HashMap::new(),
+            begun: None,
+            promised: None,
+            round: 0,
+            history: HashMap::new(),
+            events: VecDeque::new(),
+        }
+    }
+
+    fn note(&mut self, key: Option<u32>, event: String) {
+        let event = format!("round {}: {event}", self.round);
+        let list = match key {
+            Some(i) => self.history.entry(i).or_default(),
+            None => &mut self.events,
+        };
+        if list.len() == HISTORY {
+            list.pop_front();
+        }
+        list.push_back(event);
+    }
+
+    /// What the model saw of key `i` and of the whole cache lately.
+    fn story(&self, i: u32) -> String {
+        format!(
+            "key {i}: {:?}; the cache: {:?}",
+            self.history.get(&i),
+            self.events
+        )
+    }
+
     fn begin(&mut self, words: Vec<String>) {
         self.begun = Some(words);
     }
 
     fn ack(&mut self) {
         let words = self.begun.take().expect("an ack follows a begin");
+        let key = words.get(1).and_then(|w| w.parse().ok());
+        self.note(key, format!("acked {}", words.join(" ")));
         match words[0].as_str() {
             "promise" => {
                 let held = self.keys.iter().map(|(&k, known)| (k, known.now));
@@ -242,7 +284,11 @@ impl Model {
 
     /// At the kill: the operation under way may have happened.
     fn killed(&mut self) {
+        let pending = self.promised.is_some();
+        self.note(None, format!("ended; a promise pending: {pending}"));
         if let Some(words) = self.begun.take() {
+            let key = words.get(1).and_then(|w| w.parse().ok());
+            self.note(key, format!("in flight at the end: {}", words.join(" ")));
             for (i, after) in Self::effect(&words, &self.keys) {
                 self.keys.entry(i).or_default().maybe = Some(after);
             }
@@ -263,6 +309,9 @@ impl Model {
     /// Checks one read after the restart; afterwards the key holds what was read.
     fn check(&mut self, i: u32, read: Option<u64>) -> Result<(), String> {
         let known = self.keys.get(&i).copied().unwrap_or_default();
+        if read != known.now {
+            self.note(Some(i), format!("read {read:?}, model {known:?}"));
+        }
         let allowed = read.is_none() || read == known.now || known.maybe == Some(read);
         self.keys.insert(
             i,
@@ -273,7 +322,10 @@ impl Model {
         );
         match allowed {
             true => Ok(()),
-            false => Err(format!("key {i} read version {read:?}; model {known:?}")),
+            false => Err(format!(
+                "key {i} read version {read:?}; model {known:?}; {}",
+                self.story(i)
+            )),
         }
     }
 }
@@ -297,16 +349,13 @@ fn no_kill_ever_brings_back_a_value_overwritten_deleted_expired_or_flushed() {
         .unwrap_or_else(rand::random);
     eprintln!("seed {seed} (ZIPCACHE_CRASH_SEED), {rounds} rounds");
     let mut rng = StdRng::seed_from_u64(seed);
-    let mut model = Model {
-        keys: HashMap::new(),
-        begun: None,
-        promised: None,
-    };
+    let mut model = Model::new();
     let mut warm = (0u64, 0u64); // keys the model held at a crash restart, and served
     let mut warm_large = (0u64, 0u64); // the same of large objects (BT_LO)
     let mut kinds: HashMap<String, u32> = HashMap::new();
     let mut last_was_crash = false;
     for round in 0..=rounds {
+        model.round = round;
         let clean_close = round < rounds && rng.random_range(0..5) == 0;
         let mut child = Command::new(std::env::current_exe().unwrap())
             .args([
@@ -335,6 +384,7 @@ fn no_kill_ever_brings_back_a_value_overwritten_deleted_expired_or_flushed() {
             match words.first().map(String::as_str) {
                 Some("@recovery") => {
                     eprintln!("round {round}: {line}");
+                    model.note(None, line.clone());
                     *kinds.entry(words[1].clone()).or_default() += 1
                 }
                 Some("@read") => {
