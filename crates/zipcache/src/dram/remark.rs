@@ -13,7 +13,7 @@ use super::DramTier;
 impl DramTier {
     /// Marks the key of every object not known to be on flash as it is (a value written
     /// here, a tombstone, an expired value), leaf by leaf in key order; false as soon as
-    /// one finds no room in the table. True without a table.
+    /// one finds no room in the table, or a leaf lost its page. True without a table.
     pub(crate) fn remark_dirty(&self, now_ms: u64) -> bool {
         let Some(shadow) = &self.shadow else {
             return true;
@@ -21,11 +21,14 @@ impl DramTier {
         let mut cursor = Vec::new();
         loop {
             let (marked, next) = self.read_leaf(&cursor, |leaf, st| {
-                let marked = self
-                    .entries(leaf, st, now_ms, None)
-                    .iter()
-                    .filter(|(_, version)| version.as_ref().is_none_or(|(_, meta)| !meta.clean))
-                    .all(|(key, _)| shadow.mark(key));
+                // A leaf whose page was damaged no longer knows its keys: no heal until
+                // its eviction has dropped the flash versions of its range (`forget`).
+                let marked = !leaf.lost()
+                    && self
+                        .entries(leaf, st, now_ms, None)
+                        .iter()
+                        .filter(|(_, version)| version.as_ref().is_none_or(|(_, meta)| !meta.clean))
+                        .all(|(key, _)| shadow.mark(key));
                 // The leaf's high fence cannot move while it is locked.
                 (marked, self.tree.next_leaf(&cursor).map(|(next, _)| next))
             });
@@ -42,6 +45,7 @@ impl DramTier {
 mod tests {
     use std::sync::Arc;
 
+    use super::super::leaf::LOST;
     use super::super::test_support::{key, settings, tier_with};
     use crate::record::Meta;
     use crate::restart::shadow::{INCOMPLETE, Shadow};
@@ -104,6 +108,21 @@ mod tests {
         assert!(shadow.heal(seen));
         assert_eq!(shadow.overflowed(), None);
         assert_eq!(shadow.heals(), 1);
+    }
+
+    /// A leaf that lost its page cannot say which keys DRAM held newer than flash: the
+    /// table does not heal while it is there.
+    #[test]
+    fn a_leaf_that_lost_its_page_keeps_the_table_incomplete() {
+        let (dram, _) = tier_with(settings(256));
+        let shadow = Arc::new(Shadow::in_memory(1 << 8, &[]));
+        let dram = dram.with_shadow(shadow.clone());
+        fill(&dram);
+        dram.write_leaf(&key(0), |_, leaf, _| {
+            leaf.set(LOST, true);
+        });
+        shadow.set_flag(INCOMPLETE, true);
+        assert!(!dram.remark_dirty(0));
     }
 
     /// While the table is incomplete writes mark nothing, unless a heal's walk is under
