@@ -107,13 +107,9 @@ impl Inner {
         if (shadow.len() + dirty) * 4 > shadow.capacity() * 3 {
             return;
         }
-        // Writes skipped their marks while the table was incomplete: from here they mark
-        // again, and the walk marks what they skipped.
-        shadow.begin_heal();
         if self.dram.remark_dirty(self.now()) {
             shadow.heal(seen);
         }
-        shadow.end_heal();
     }
 
     /// The DRAM use the flusher evicts down to.

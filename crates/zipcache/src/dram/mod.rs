@@ -535,9 +535,7 @@ impl DramTier {
         now_ms: u64,
     ) {
         // A clean copy (a promotion) is the flash version itself: nothing to hide.
-        if let Some(shadow) = self.shadow.as_ref().filter(|_| !record.meta.clean)
-            && shadow.wants_marks()
-        {
+        if let Some(shadow) = self.shadow.as_ref().filter(|_| !record.meta.clean) {
             shadow.mark(record.key);
         }
         leaf.touch();

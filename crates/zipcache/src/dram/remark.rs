@@ -124,27 +124,4 @@ mod tests {
         shadow.set_flag(INCOMPLETE, true);
         assert!(!dram.remark_dirty(0));
     }
-
-    /// While the table is incomplete writes mark nothing, unless a heal's walk is under
-    /// way; once healed they mark again.
-    #[test]
-    fn an_incomplete_table_takes_marks_only_while_it_heals() {
-        let (dram, _) = tier_with(settings(256));
-        let shadow = Arc::new(Shadow::in_memory(1 << 8, &[]));
-        let dram = dram.with_shadow(shadow.clone());
-        let put = |i: u32| dram.put_with(&key(i), Some(b"value"), Meta::default(), None, 0, |_| ());
-        shadow.set_flag(INCOMPLETE, true);
-        put(1);
-        assert!(!shadow.contains(&key(1)), "a crash is cold anyway");
-        shadow.begin_heal();
-        put(2);
-        assert!(shadow.contains(&key(2)), "written while the walk runs");
-        let seen = shadow.overflowed().unwrap();
-        assert!(dram.remark_dirty(0));
-        assert!(shadow.heal(seen));
-        shadow.end_heal();
-        assert!(shadow.contains(&key(1)), "the walk marked what was skipped");
-        put(3);
-        assert!(shadow.contains(&key(3)));
-    }
 }

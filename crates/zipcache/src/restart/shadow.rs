@@ -29,7 +29,7 @@
 
 use std::io::Write;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 
@@ -105,8 +105,6 @@ pub(crate) struct Shadow {
     overflows: Mutex<u64>,
     /// Times [`INCOMPLETE`] was cleared by `heal`.
     heals: AtomicU64,
-    /// A heal's walk is under way (`begin_heal`): writes mark again.
-    healing: AtomicBool,
 }
 
 impl Shadow {
@@ -119,7 +117,6 @@ impl Shadow {
             held: AtomicU64::new(0),
             overflows: Mutex::new(0),
             heals: AtomicU64::new(0),
-            healing: AtomicBool::new(false),
         };
         for &tag in carried {
             shadow.mark_fingerprint(tag);
@@ -166,7 +163,6 @@ impl Shadow {
             held: AtomicU64::new(0),
             overflows: Mutex::new(0),
             heals: AtomicU64::new(0),
-            healing: AtomicBool::new(false),
         };
         let words = shadow.words();
         words[BOOT_ID].store(
@@ -298,24 +294,6 @@ impl Shadow {
         *overflows += 1;
         self.set_flag(INCOMPLETE, true);
         false
-    }
-
-    /// Whether a write should mark its key: not while the table is [`INCOMPLETE`] (a
-    /// crash is cold anyway, and a heal marks every dirty key again), except during a
-    /// heal's walk — a key written after the walk passed it must be in the table when
-    /// the walk ends. Read under the key's DRAM leaf lock, which the walk takes too.
-    pub(crate) fn wants_marks(&self) -> bool {
-        self.flags() & INCOMPLETE == 0 || self.healing.load(Ordering::SeqCst)
-    }
-
-    /// A heal's walk begins: from now on writes mark again.
-    pub(crate) fn begin_heal(&self) {
-        self.healing.store(true, Ordering::SeqCst);
-    }
-
-    /// The walk is over (healed or not).
-    pub(crate) fn end_heal(&self) {
-        self.healing.store(false, Ordering::SeqCst);
     }
 
     /// While the table is [`INCOMPLETE`], the count of marks that found no room so far;
