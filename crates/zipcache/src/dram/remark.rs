@@ -110,6 +110,35 @@ mod tests {
         assert_eq!(shadow.heals(), 1);
     }
 
+    /// A medium value promoted as a clean copy, then ended by an expire (a write of the
+    /// same value with a past expiry): the expired version is dirty, and its key is
+    /// marked again — in the write buffer and after the merge into the page.
+    #[test]
+    fn an_expired_medium_value_over_its_clean_copy_is_marked_again() {
+        let (dram, _) = tier_with(settings(4096));
+        let shadow = Arc::new(Shadow::in_memory(1 << 8, &[]));
+        let dram = dram.with_shadow(shadow.clone());
+        let value = vec![b'm'; 600];
+        let clean = Meta {
+            clean: true,
+            ..Meta::default()
+        };
+        let expired = Meta {
+            expires_at_ms: Some(500),
+            ..Meta::default()
+        };
+        for merged in [false, true] {
+            dram.put_with(&key(1), Some(&value), clean, None, 0, |_| ());
+            dram.put_with(&key(1), Some(&value), expired, None, 1_000, |_| ());
+            if merged {
+                dram.merge_all(1_000);
+            }
+            shadow.clear(&key(1));
+            assert!(dram.remark_dirty(1_000));
+            assert!(shadow.contains(&key(1)), "merged: {merged}");
+        }
+    }
+
     /// A leaf that lost its page cannot say which keys DRAM held newer than flash: the
     /// table does not heal while it is there.
     #[test]
