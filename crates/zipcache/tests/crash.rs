@@ -7,7 +7,9 @@
 //! a value overwritten, deleted, expired or flushed before the kill never. The tier must
 //! also come back warm: most keys the model holds must be served.
 //!
-//! `ZIPCACHE_CRASH_ROUNDS` sets the number of kills (default 12).
+//! `ZIPCACHE_CRASH_ROUNDS` sets the number of kills (default 12). With
+//! `ZIPCACHE_CRASH_KEEP` set, the files as each of the last two children found them are
+//! kept (`<dir>.round-N`), so that a failure's state can be opened again and examined.
 
 use std::collections::{HashMap, VecDeque};
 use std::io::{BufRead, BufReader, Write};
@@ -105,6 +107,19 @@ fn child(dir: &Path) {
     }
     writeln!(out, "@ready").unwrap();
     out.flush().unwrap();
+    // The parent says go on, or first asks where the tiers hold a key it found wrong.
+    for line in std::io::stdin().lines() {
+        let line = line.unwrap();
+        let Some(i) = line.strip_prefix("explain ") else {
+            break;
+        };
+        let explained = cache.explain(&key(i.parse().unwrap()));
+        for part in explained.lines() {
+            writeln!(out, "@explain {part}").unwrap();
+        }
+        writeln!(out, "@explained").unwrap();
+        out.flush().unwrap();
+    }
     let seed: u64 = std::env::var(CHILD_SEED).unwrap().parse().unwrap();
     let ops: Option<u64> = std::env::var(CHILD_OPS).ok().and_then(|n| n.parse().ok());
     let mut rng = StdRng::seed_from_u64(seed);
@@ -354,8 +369,22 @@ fn no_kill_ever_brings_back_a_value_overwritten_deleted_expired_or_flushed() {
     let mut warm_large = (0u64, 0u64); // the same of large objects (BT_LO)
     let mut kinds: HashMap<String, u32> = HashMap::new();
     let mut last_was_crash = false;
+    let keep = std::env::var_os("ZIPCACHE_CRASH_KEEP").is_some();
+    let kept = |round: u32| dir.with_extension(format!("round-{round}"));
     for round in 0..=rounds {
         model.round = round;
+        if keep {
+            let status = Command::new("cp")
+                .args(["-a", "--sparse=always"])
+                .arg(&dir)
+                .arg(kept(round))
+                .status()
+                .unwrap();
+            assert!(status.success(), "cp of {}", dir.display());
+            if let Some(old) = round.checked_sub(2) {
+                let _ = std::fs::remove_dir_all(kept(old));
+            }
+        }
         let clean_close = round < rounds && rng.random_range(0..5) == 0;
         let mut child = Command::new(std::env::current_exe().unwrap())
             .args([
@@ -370,11 +399,13 @@ fn no_kill_ever_brings_back_a_value_overwritten_deleted_expired_or_flushed() {
                 (u64::from(round + 1) << 8 | rng.random_range(0..255)).to_string(),
             )
             .env(CHILD_OPS, if clean_close { "3000" } else { "" })
+            .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
             .unwrap();
         let pid = child.id();
+        let mut orders = child.stdin.take().unwrap();
         let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
         let (mut held, mut served) = (0u64, 0u64);
         let (mut large_held, mut large_served) = (0u64, 0u64);
@@ -403,11 +434,26 @@ fn no_kill_ever_brings_back_a_value_overwritten_deleted_expired_or_flushed() {
                         }
                     }
                     if let Err(e) = model.check(i, read) {
+                        writeln!(orders, "explain {i}").unwrap();
+                        let explained: Vec<String> = lines
+                            .by_ref()
+                            .map_while(Result::ok)
+                            .take_while(|line| line != "@explained")
+                            .filter_map(|line| line.strip_prefix("@explain ").map(String::from))
+                            .collect();
+                        let e = format!("{e}\nwhere the tiers hold it:\n{}", explained.join("\n"));
                         let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
-                        panic!("round {round} (seed {seed}): {e}");
+                        let files = match keep {
+                            true => format!("; the files it opened: {}", kept(round).display()),
+                            false => String::new(),
+                        };
+                        panic!("round {round} (seed {seed}): {e}{files}");
                     }
                 }
-                Some("@ready") => break,
+                Some("@ready") => {
+                    writeln!(orders, "go").unwrap();
+                    break;
+                }
                 _ => {}
             }
         }
@@ -475,6 +521,9 @@ fn no_kill_ever_brings_back_a_value_overwritten_deleted_expired_or_flushed() {
         last_was_crash = !closed;
     }
     let _ = std::fs::remove_dir_all(&dir);
+    for round in rounds.saturating_sub(1)..=rounds {
+        let _ = std::fs::remove_dir_all(kept(round));
+    }
     eprintln!(
         "recoveries {kinds:?}; after crashes {} of {} keys held were served, {} of {} large",
         warm.1, warm.0, warm_large.1, warm_large.0

@@ -65,6 +65,22 @@ impl ZipCache {
         )
     }
 
+    /// How each tier holds `key` now — DRAM's answer, BT_LO's entry, BT_SSD's super-leaf,
+    /// and every block of the device with a record of `key` —, for a test's report of a
+    /// wrong answer (may do I/O: the whole super-leaf region is read).
+    #[doc(hidden)]
+    pub fn explain(&self, key: &[u8]) -> String {
+        let inner = &self.inner;
+        let mut out = format!("DRAM: {:?}", inner.dram.get(key, inner.now(), true));
+        if let Some(lo) = &inner.large {
+            out = format!("{out}\n{}", lo.explain(key));
+        }
+        if let Some(ssd) = &inner.ssd {
+            out = format!("{out}\n{}", ssd.explain(key));
+        }
+        out
+    }
+
     /// Whether a GET may have to read the SSD tier: without one, `get_item` never waits
     /// for a device and `get_item_async` is always ready.
     pub fn has_ssd_tier(&self) -> bool {

@@ -189,6 +189,11 @@ impl LargeObjects {
             .map(|extent| extent.entry())
     }
 
+    /// `key`'s entry told in words, for a test's failure report (`ZipCache::explain`).
+    pub(crate) fn explain(&self, key: &[u8]) -> String {
+        format!("BT_LO: {:?}", self.lookup(key))
+    }
+
     /// Gives `key`'s large object the metadata `meta` (a touch) in its index entry
     /// alone: the value stays in its extent, unread and unwritten (the extent's header
     /// holds no metadata; a clean close saves the entry's, the crash journal logs it).

@@ -37,6 +37,10 @@ struct LogState {
     file: File,
     checkpoint_len: u64,
     appended: u64,
+    /// Where the last append began, among the records (none since the checkpoint):
+    /// unit tests cut the file there to crash just before it.
+    #[cfg(test)]
+    last_append: Option<u64>,
 }
 
 /// What a crashed run's log holds: its checkpoint and the records after it, in order.
@@ -56,6 +60,8 @@ impl DescriptorLog {
                 file,
                 checkpoint_len: checkpoint.len() as u64,
                 appended: 0,
+                #[cfg(test)]
+                last_append: None,
             }),
         })
     }
@@ -66,6 +72,10 @@ impl DescriptorLog {
             return Ok(());
         }
         let mut state = self.state.lock();
+        #[cfg(test)]
+        {
+            state.last_append = Some(state.appended);
+        }
         state.file.write_all(records)?;
         state.appended += records.len() as u64;
         Ok(())
@@ -85,8 +95,18 @@ impl DescriptorLog {
             file,
             checkpoint_len: checkpoint.len() as u64,
             appended: 0,
+            #[cfg(test)]
+            last_append: None,
         };
         Ok(())
+    }
+
+    /// The file's length before the last append, if one came after the checkpoint: a
+    /// crash just before that `write(2)` leaves the file this long.
+    #[cfg(test)]
+    pub(crate) fn len_before_last_append(&self) -> Option<u64> {
+        let state = self.state.lock();
+        Some(HEADER as u64 + state.checkpoint_len + state.last_append?)
     }
 
     /// The checkpoint and the whole records of the log at `path` if the run of `epoch`

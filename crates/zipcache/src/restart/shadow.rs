@@ -107,33 +107,53 @@ pub(crate) struct Shadow {
     heals: AtomicU64,
 }
 
+/// The fewest buckets, from `buckets` up by doubling, in which every fingerprint of
+/// `carried` finds room. Those name flash versions a crash left stale, and a table that
+/// lost one could heal (`heal` marks DRAM's keys again, not these) and then serve it.
+/// Marking is deterministic: the table built for real holds them all as the trial did.
+fn holding_all(buckets: usize, carried: &[u64]) -> usize {
+    let mut buckets = buckets.max(1);
+    loop {
+        let trial = Shadow::empty(buckets);
+        if carried.iter().all(|&tag| trial.mark_fingerprint(tag)) {
+            return buckets;
+        }
+        buckets *= 2;
+    }
+}
+
 impl Shadow {
-    /// A table in this process's memory alone, holding `carried`.
+    /// A table in this process's memory alone, holding `carried` (at least `buckets`
+    /// buckets; more if `carried` needs them).
     pub(crate) fn in_memory(buckets: usize, carried: &[u64]) -> Shadow {
-        let words = HEADER_WORDS + buckets.max(1) * SLOTS;
-        let shadow = Shadow {
-            backing: Backing::Memory((0..words).map(|_| AtomicU64::new(0)).collect()),
-            buckets: buckets.max(1),
-            held: AtomicU64::new(0),
-            overflows: Mutex::new(0),
-            heals: AtomicU64::new(0),
-        };
+        let shadow = Shadow::empty(holding_all(buckets, carried));
         for &tag in carried {
             shadow.mark_fingerprint(tag);
         }
         shadow
     }
 
+    fn empty(buckets: usize) -> Shadow {
+        let words = HEADER_WORDS + buckets * SLOTS;
+        Shadow {
+            backing: Backing::Memory((0..words).map(|_| AtomicU64::new(0)).collect()),
+            buckets,
+            held: AtomicU64::new(0),
+            overflows: Mutex::new(0),
+            heals: AtomicU64::new(0),
+        }
+    }
+
     /// Creates the table for a new run at `path` (replacing any there atomically: written
     /// beside it, then renamed), holding `carried`, the fingerprints an earlier run left
-    /// shadowed.
+    /// shadowed (at least `buckets` buckets; more if `carried` needs them).
     pub(crate) fn create(
         path: &Path,
         identity: Identity,
         buckets: usize,
         carried: &[u64],
     ) -> std::io::Result<Shadow> {
-        let buckets = buckets.max(1);
+        let buckets = holding_all(buckets, carried);
         let temporary = beside(path);
         let mut file = std::fs::OpenOptions::new()
             .read(true)
@@ -485,6 +505,23 @@ mod tests {
             .filter(|&i| shadow.contains(&key(i)))
             .count();
         assert!(fitting >= 20, "two choices fill most slots: {fitting}");
+    }
+
+    /// Fingerprints carried over from a crash name flash versions that must stay
+    /// hidden, and `heal` re-marks DRAM's keys only: a table too small for them grows
+    /// rather than lose one (it would heal, then serve the version).
+    #[test]
+    fn a_new_table_holds_every_carried_fingerprint_whatever_its_size() {
+        let carried: Vec<u64> = (0..100).map(|i| fingerprint(&key(i))).collect();
+        let dir = std::env::temp_dir().join(format!("zc-shadow-carry-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let in_file = Shadow::create(&dir.join("t.shadow"), identity(5), 2, &carried).unwrap();
+        for shadow in [Shadow::in_memory(2, &carried), in_file] {
+            assert_eq!(shadow.flags() & INCOMPLETE, 0);
+            assert_eq!(shadow.len(), 100);
+            assert!((0..100).all(|i| shadow.contains(&key(i))));
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -28,11 +28,12 @@
 //! sub-page's 4 KiB block (header, checks); [`host_compression`] the host's packing
 //! (`device_compression=host`: LZ4 for blocks and BT_LO's extents, zstd with a block
 //! dictionary for blocks); [`dictionary`] the block dictionaries, trained, persisted and
-//! counted; [`leaf_page`] where a
+//! counted; [`explain`] a key's place told in words, for a test's failure report; [`leaf_page`] where a
 //! super-leaf's records go (`Geometry`: `m` sub-pages, `g(key) mod m`, under-filling).
 
 mod block;
 pub(crate) mod dictionary;
+mod explain;
 pub(crate) mod host_compression;
 mod index_file;
 mod io;

@@ -67,6 +67,15 @@ impl SsdTier {
     }
 
     /// Evicts one super-leaf chosen by CLOCK: trims its blocks and frees its slot.
+    ///
+    /// The eviction reaches the descriptor log before the writer goes on: the freed slot
+    /// and the range the left neighbour takes over are written next (a split's new
+    /// super-leaf, merges of the widened range). Were those blocks written while the
+    /// log still named the evicted super-leaf, a crash would bring it back, reading
+    /// another super-leaf's blocks as its own (both born of a split, the same slot and
+    /// generation 0), or the neighbour would come back narrower, its blocks holding keys
+    /// of the range it had taken over — versions a later eviction could widen it over
+    /// again and serve, though newer ones were written since.
     pub(super) fn evict_one(&self, w: &mut Writer) -> bool {
         let budget = 2 * self.tree.leaf_count() + 2;
         for _ in 0..budget {
@@ -75,6 +84,8 @@ impl SsdTier {
                 continue;
             }
             if self.evict_superleaf_for_room(w, &low, &leaf) {
+                // may do I/O: a write(2) to tmpfs
+                self.publish(w);
                 return true;
             }
         }
