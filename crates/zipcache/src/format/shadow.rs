@@ -16,7 +16,9 @@ pub const EPOCH: usize = BOOT_ID + 2;
 pub const DEVICE_BLOCKS: usize = EPOCH + 1;
 /// Word 5: buckets in the table.
 pub const BUCKETS: usize = DEVICE_BLOCKS + 1;
-/// Word 6: flags (bit 0 overflowed: a key found no room; bit 1 a `flush_all` under way).
+/// Word 6: flags (bit 0 overflowed: a key found no room; bit 1 a `flush_all` under way or
+/// promised; bit 2 the descriptor log failed), and in bits 32–63 the count of marks that
+/// found no room (wrapping), moved with bit 0 in one step.
 pub const FLAGS: usize = BUCKETS + 1;
 /// Words 7: reserved, 0. The table starts after the header.
 pub const HEADER_WORDS: usize = FLAGS + 2;

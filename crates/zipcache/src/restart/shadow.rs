@@ -31,8 +31,6 @@ use std::io::Write;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use parking_lot::Mutex;
-
 use memmap2::MmapMut;
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
@@ -52,6 +50,9 @@ pub(crate) const FLUSHING: u64 = 2;
 /// Set when BT_SSD's descriptor log could not be written: it no longer describes the
 /// tier, so a crash must start cold, for the rest of the run.
 pub(crate) const UNLOGGED: u64 = 4;
+/// Added to the header's flags word by each mark that found no room (its high 32 bits
+/// count them, wrapping), together with [`INCOMPLETE`].
+const FAILED_MARK: u64 = 1 << 32;
 /// The flags under which a crashed run's table is not trusted.
 pub(crate) const UNTRUSTED: u64 = INCOMPLETE | FLUSHING | UNLOGGED;
 
@@ -100,9 +101,8 @@ pub(crate) struct Shadow {
     buckets: usize,
     /// Fingerprints held now (this process's count, for `stats`).
     held: AtomicU64,
-    /// Marks that found no room, ever: [`INCOMPLETE`] is set and cleared under this
-    /// lock, so a heal cannot clear it over a failure it did not see.
-    overflows: Mutex<u64>,
+    /// Marks that found no room, ever (for `stats`; the header counts them too).
+    overflows: AtomicU64,
     /// Times [`INCOMPLETE`] was cleared by `heal`.
     heals: AtomicU64,
 }
@@ -139,7 +139,7 @@ impl Shadow {
             backing: Backing::Memory((0..words).map(|_| AtomicU64::new(0)).collect()),
             buckets,
             held: AtomicU64::new(0),
-            overflows: Mutex::new(0),
+            overflows: AtomicU64::new(0),
             heals: AtomicU64::new(0),
         }
     }
@@ -181,7 +181,7 @@ impl Shadow {
             backing: Backing::File(map),
             buckets,
             held: AtomicU64::new(0),
-            overflows: Mutex::new(0),
+            overflows: AtomicU64::new(0),
             heals: AtomicU64::new(0),
         };
         let words = shadow.words();
@@ -277,26 +277,25 @@ impl Shadow {
 
     fn mark_fingerprint(&self, tag: u64) -> bool {
         let homes = self.homes(tag);
-        if homes.iter().any(|&b| {
-            self.bucket(b)
-                .iter()
-                .any(|s| s.load(Ordering::Acquire) == tag)
-        }) {
-            return true;
+        // One pass over both buckets: the fingerprint already there, or how much room
+        // each has.
+        let mut free = [0usize; 2];
+        for (room, &b) in free.iter_mut().zip(&homes) {
+            for slot in self.bucket(b) {
+                match slot.load(Ordering::Acquire) {
+                    held if held == tag => return true,
+                    0 => *room += 1,
+                    _ => {}
+                }
+            }
         }
         // The emptier bucket first: two-choice hashing keeps both close to even.
-        let free = |b: usize| {
-            self.bucket(b)
-                .iter()
-                .filter(|s| s.load(Ordering::Relaxed) == 0)
-                .count()
-        };
-        let order = if free(homes[1]) > free(homes[0]) {
+        let order = if free[1] > free[0] {
             [homes[1], homes[0]]
         } else {
             homes
         };
-        for b in order {
+        for b in order.into_iter().filter(|_| free != [0, 0]) {
             for slot in self.bucket(b) {
                 // Another key may take the slot first: try the next. Read before the
                 // locked exchange, which costs as much when it fails.
@@ -310,35 +309,43 @@ impl Shadow {
                 }
             }
         }
-        let mut overflows = self.overflows.lock();
-        *overflows += 1;
-        self.set_flag(INCOMPLETE, true);
+        self.overflows.fetch_add(1, Ordering::Relaxed);
+        // The flag and the count of marks that found no room move in one step: a heal
+        // that began before this failure then finds the word changed (`heal`).
+        let _ = self.words()[FLAGS].fetch_update(Ordering::AcqRel, Ordering::Acquire, |w| {
+            Some(w.wrapping_add(FAILED_MARK) | INCOMPLETE)
+        });
         false
     }
 
-    /// While the table is [`INCOMPLETE`], the count of marks that found no room so far;
-    /// `heal` takes it back.
+    /// While the table is [`INCOMPLETE`], the header's flags word as it is now; `heal`
+    /// takes it back.
     pub(crate) fn overflowed(&self) -> Option<u64> {
-        let overflows = self.overflows.lock();
-        (self.flags() & INCOMPLETE != 0).then_some(*overflows)
+        let word = self.words()[FLAGS].load(Ordering::Acquire);
+        (word & INCOMPLETE != 0).then_some(word)
     }
 
     /// Clears [`INCOMPLETE`] after every dirty DRAM object's key was marked again, unless
-    /// a mark found no room since `overflowed` said `seen`: true if it did.
+    /// the flags word moved since `overflowed` said `seen` — a mark that found no room
+    /// counts in it —: true if it did.
     pub(crate) fn heal(&self, seen: u64) -> bool {
-        let overflows = self.overflows.lock();
-        let healed = *overflows == seen;
+        let healed = self.words()[FLAGS]
+            .compare_exchange(
+                seen,
+                seen & !INCOMPLETE,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            )
+            .is_ok();
         if healed {
-            self.set_flag(INCOMPLETE, false);
             self.heals.fetch_add(1, Ordering::Relaxed);
         }
-        drop(overflows);
         healed
     }
 
     /// Marks that found no room, ever.
     pub(crate) fn overflows(&self) -> u64 {
-        *self.overflows.lock()
+        self.overflows.load(Ordering::Relaxed)
     }
 
     /// Times the table healed (`heal`).
