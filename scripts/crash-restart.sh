@@ -27,6 +27,8 @@
 # About 13 minutes on 2 cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=scripts/lib/memcached-port.sh
+source scripts/lib/memcached-port.sh
 
 OUT=${1:?usage: scripts/crash-restart.sh OUTDIR}
 mkdir -p "$OUT"
@@ -75,36 +77,6 @@ stop_pid() {
 free_port() {
     python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
 }
-
-wait_port() {
-    for _ in $(seq 300); do
-        ss -ltn | awk '{print $4}' | grep -q "127.0.0.1:$1\$" && return 0
-        sleep 0.1
-    done
-    echo "nothing listens on 127.0.0.1:$1" >&2
-    return 1
-}
-
-# `stats` of the memcached-protocol server on port $1, as NAME VALUE lines.
-stats() {
-    python3 - "$1" <<'PY'
-import socket, sys
-s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
-s.sendall(b"stats\r\n")
-buf = b""
-while not buf.endswith(b"END\r\n"):
-    chunk = s.recv(65536)
-    if not chunk:
-        break
-    buf += chunk
-for line in buf.decode().splitlines():
-    parts = line.split()
-    if len(parts) == 3 and parts[0] == "STAT":
-        print(parts[1], parts[2].strip('"'))
-PY
-}
-
-stat() { awk -v n="$2" '$1 == n {print $2}' <<<"$1"; }
 
 # A field of the first object of a bench JSON file: json FILE EXPR (python, `d` the object).
 json() {
@@ -195,7 +167,7 @@ if [[ $SKIP != *b* ]]; then
         --set flush_wait_ms=60000 --data-dir "$DATA/b")
     "${SERVE[@]}" >"$OUT/b-serve-1.log" 2>&1 &
     SPID=$!
-    wait_port "$PORT"
+    wait_port "$PORT" 30
     "$BIN" bench --target "zipcache://127.0.0.1:$PORT" --mode fill --keys "$B_KEYS" --value-size 100 \
         --server-pid "$SPID" --json "$OUT/b-fill.json" >"$OUT/b-fill.txt" 2>&1
     before=$(stats "$PORT")
@@ -285,7 +257,7 @@ if [[ $SKIP != *c* ]]; then
                 --threads 2 --set flush_wait_ms=60000 "${set[@]}" \
                 --data-dir "$DATA/c-srv" >"$OUT/c-serve-$config-$run.log" 2>&1 &
             SPID=$!
-            wait_port "$PORT"
+            wait_port "$PORT" 30
             j="$OUT/c-server-$config-$run.json"
             "$BIN" bench --target "zipcache://127.0.0.1:$PORT" --mode fill --keys "$C_SERVER_KEYS" \
                 --value-size "$C_VALUE_SIZE" --server-pid "$SPID" --json "$j" >"${j%.json}.txt" 2>&1

@@ -13,6 +13,8 @@
 # see RSS without the governor), NO_BUILD (0), BIN (target/release/zipcache), LOG_DIR.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=scripts/lib/memcached-port.sh
+source scripts/lib/memcached-port.sh
 
 DURATION=${DURATION:-600}
 DRAM_MIB=${DRAM_MIB:-64}
@@ -46,35 +48,6 @@ free_port() {
     done
 }
 
-wait_port() {
-    for _ in $(seq 100); do
-        ss -ltn | awk '{print $4}' | grep -q "127.0.0.1:$1\$" && return 0
-        sleep 0.1
-    done
-    echo "nothing listens on 127.0.0.1:$1" >&2
-    return 1
-}
-
-# `stats` of the memcached-protocol server on port $1, as NAME VALUE lines.
-stats() {
-    python3 - "$1" <<'PY'
-import socket, sys
-s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
-s.sendall(b"stats\r\n")
-buf = b""
-while not buf.endswith(b"END\r\n"):
-    chunk = s.recv(65536)
-    if not chunk:
-        break
-    buf += chunk
-for line in buf.decode().splitlines():
-    parts = line.split()
-    if len(parts) == 3 and parts[0] == "STAT":
-        print(parts[1], parts[2])
-PY
-}
-
-stat() { awk -v n="$2" '$1 == n {print $2}' <<<"$1"; }
 kib() { awk -v f="$2" '$1 == f":" {print $2}' "/proc/$1/status"; }
 
 ROWS=()
@@ -117,7 +90,7 @@ run() {
         exit 2 ;;
     esac
     SPID=$!
-    wait_port "$port"
+    wait_port "$port" 10
     local target="$scheme://127.0.0.1:$port"
     measure "$server" start "$port"
     echo "$server (pid $SPID, port $port): fill of $KEYS keys" >&2

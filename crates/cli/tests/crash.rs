@@ -5,18 +5,14 @@
 
 mod common;
 
-use std::collections::HashMap;
-use std::io::{BufRead, BufReader, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::{Server, test_dir};
+use common::{Conn, KEYS, Server, fill, served, small_dram_args, test_dir};
 
-/// The reproduction of the issue: 4 MiB of DRAM over 256 MiB of SSD, 200,000 keys.
-const KEYS: usize = 200_000;
 /// The key range the write-heavy load overwrites and deletes while the kill comes.
 const HOT_KEYS: u64 = 50_000;
 /// Share of the untouched keys a crash restart must serve.
@@ -25,30 +21,12 @@ const SERVED_AFTER_CRASH: f64 = 0.95;
 fn args(dir: &std::path::Path) -> Vec<String> {
     let journal = dir.join("journal");
     std::fs::create_dir_all(&journal).expect("journal dir");
-    [
-        "--memcached-port",
-        "0",
-        "--resp-port",
-        "0",
-        "--dram",
-        "4MiB",
-        "--ssd-size",
-        "256MiB",
-        "--threads",
-        "2",
-        // Writers wait for the flusher rather than drop: the test counts every key.
-        "--set",
-        "flush_wait_ms=60000",
-        "--set",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .chain([format!("crash_journal={}", journal.display())])
-    .collect()
-}
-
-fn value(i: usize) -> String {
-    format!("value-{i:08}-{}", "v".repeat(i % 40))
+    let mut args = small_dram_args();
+    args.extend([
+        "--set".to_string(),
+        format!("crash_journal={}", journal.display()),
+    ]);
+    args
 }
 
 /// Version `version` of hot key `key`: 40 B to about 600 B of hex (2:1 compressible),
@@ -65,88 +43,6 @@ fn hot_value(key: u64, version: u64) -> String {
         })
         .collect();
     format!("hot-{key}-{version}-{pad}")
-}
-
-struct Conn {
-    reader: BufReader<TcpStream>,
-    writer: TcpStream,
-}
-
-impl Conn {
-    fn open(addr: SocketAddr) -> Conn {
-        let writer = TcpStream::connect(addr).expect("connect");
-        writer
-            .set_read_timeout(Some(Duration::from_secs(60)))
-            .unwrap();
-        let reader = BufReader::new(writer.try_clone().unwrap());
-        Conn { reader, writer }
-    }
-
-    fn send(&mut self, bytes: &[u8]) -> std::io::Result<()> {
-        self.writer.write_all(bytes)
-    }
-
-    fn line(&mut self) -> std::io::Result<String> {
-        let mut line = String::new();
-        if self.reader.read_line(&mut line)? == 0 {
-            return Err(std::io::ErrorKind::UnexpectedEof.into());
-        }
-        Ok(line.trim_end().to_string())
-    }
-
-    fn reply(&mut self) -> String {
-        self.line().expect("reply")
-    }
-
-    /// The engine's figures from memcached's `stats`.
-    fn stats(&mut self) -> HashMap<String, String> {
-        self.send(b"stats\r\n").expect("send");
-        let mut stats = HashMap::new();
-        loop {
-            let line = self.reply();
-            if line == "END" {
-                return stats;
-            }
-            let mut fields = line.splitn(3, ' ').skip(1);
-            if let (Some(name), Some(value)) = (fields.next(), fields.next()) {
-                stats.insert(name.to_string(), value.to_string());
-            }
-        }
-    }
-}
-
-fn fill(conn: &mut Conn) {
-    for chunk in (0..KEYS).collect::<Vec<_>>().chunks(1000) {
-        let mut batch = String::new();
-        for &i in chunk {
-            let v = value(i);
-            batch.push_str(&format!("set key:{i} 0 0 {}\r\n{v}\r\n", v.len()));
-        }
-        conn.send(batch.as_bytes()).expect("send");
-        for &i in chunk {
-            assert_eq!(conn.reply(), "STORED", "key:{i}");
-        }
-    }
-}
-
-/// How many of the untouched keys the server serves; a wrong value fails.
-fn served(conn: &mut Conn) -> usize {
-    let mut served = 0;
-    for chunk in (0..KEYS).collect::<Vec<_>>().chunks(1000) {
-        let request: String = chunk.iter().map(|i| format!("mg key:{i} v\r\n")).collect();
-        conn.send(request.as_bytes()).expect("send");
-        for &i in chunk {
-            let header = conn.reply();
-            if header == "EN" {
-                continue;
-            }
-            let v = value(i);
-            assert_eq!(header, format!("VA {}", v.len()), "key:{i}");
-            assert_eq!(conn.reply(), v, "key:{i}");
-            served += 1;
-        }
-    }
-    served
 }
 
 /// One hot key's writes as the client knows them: the last acknowledged state (a
@@ -188,11 +84,11 @@ fn write_load(addr: SocketAddr, stop: Arc<AtomicBool>, seed: u64) -> Vec<HotKey>
         for &(key, op) in &ops {
             keys[key as usize].unacked.push(op);
         }
-        if conn.send(batch.as_bytes()).is_err() {
+        if conn.try_send(batch.as_bytes()).is_err() {
             return keys;
         }
         for &(key, op) in &ops {
-            let Ok(reply) = conn.line() else {
+            let Ok(reply) = conn.try_reply() else {
                 return keys;
             };
             let expected = if op.is_some() { "STORED" } else { "DELETED" };
@@ -215,7 +111,7 @@ fn check_hot(conn: &mut Conn, keys: &[HotKey]) -> usize {
     let mut served = 0;
     for chunk in (0..HOT_KEYS).collect::<Vec<_>>().chunks(1000) {
         let request: String = chunk.iter().map(|k| format!("mg hot:{k} v\r\n")).collect();
-        conn.send(request.as_bytes()).expect("send");
+        conn.send(request.as_bytes());
         for &k in chunk {
             let header = conn.reply();
             if header == "EN" {
@@ -362,7 +258,7 @@ fn a_delayed_flush_cut_short_by_a_kill_still_empties_the_cache() {
     healed(&mut conn);
     stop.store(true, Ordering::Relaxed);
     writer.join().expect("writer");
-    conn.send(b"flush_all 2\r\n").expect("send");
+    conn.send(b"flush_all 2\r\n");
     assert_eq!(conn.reply(), "OK");
     let promised = Instant::now() + Duration::from_secs(2);
     server.kill();

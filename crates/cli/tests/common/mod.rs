@@ -1,8 +1,11 @@
 //! Shared by the `zipcache` binary's tests: a `zipcache serve` process on ports it
-//! picks, stopped by its PID.
+//! picks, stopped by its PID; a memcached text-protocol connection to it; the fill of
+//! keys the restart and crash tests load it with.
 #![allow(dead_code)] // each test binary uses its own subset
 
-use std::net::SocketAddr;
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Write};
+use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::thread;
@@ -152,4 +155,126 @@ impl Drop for Server {
         }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// The reproduction of the report: 4 MiB of DRAM over 256 MiB of SSD
+/// (`small_dram_args`), 200,000 keys (`fill`).
+pub const KEYS: usize = 200_000;
+
+/// `zipcache serve` flags for the `KEYS` fill: ports picked, 4 MiB of DRAM over 256 MiB
+/// of SSD, two threads.
+pub fn small_dram_args() -> Vec<String> {
+    [
+        "--memcached-port",
+        "0",
+        "--resp-port",
+        "0",
+        "--dram",
+        "4MiB",
+        "--ssd-size",
+        "256MiB",
+        "--threads",
+        "2",
+        // Writers wait for the flusher rather than drop: the tests count every key.
+        "--set",
+        "flush_wait_ms=60000",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
+}
+
+/// The value `fill` stores at `key:{i}`.
+pub fn value(i: usize) -> String {
+    format!("value-{i:08}-{}", "v".repeat(i % 40))
+}
+
+/// A memcached text-protocol connection; replies wait up to 60 s.
+pub struct Conn {
+    reader: BufReader<TcpStream>,
+    writer: TcpStream,
+}
+
+impl Conn {
+    pub fn open(addr: SocketAddr) -> Conn {
+        let writer = TcpStream::connect(addr).expect("connect");
+        writer
+            .set_read_timeout(Some(Duration::from_secs(60)))
+            .unwrap();
+        let reader = BufReader::new(writer.try_clone().unwrap());
+        Conn { reader, writer }
+    }
+
+    pub fn send(&mut self, bytes: &[u8]) {
+        self.try_send(bytes).expect("send");
+    }
+
+    pub fn try_send(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        self.writer.write_all(bytes)
+    }
+
+    /// The next reply line, without its line end.
+    pub fn reply(&mut self) -> String {
+        self.try_reply().expect("reply")
+    }
+
+    /// The next reply line, or an error once the server has closed the connection.
+    pub fn try_reply(&mut self) -> std::io::Result<String> {
+        let mut line = String::new();
+        if self.reader.read_line(&mut line)? == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        Ok(line.trim_end().to_string())
+    }
+
+    /// The engine's figures from memcached's `stats`.
+    pub fn stats(&mut self) -> HashMap<String, String> {
+        self.send(b"stats\r\n");
+        let mut stats = HashMap::new();
+        loop {
+            let line = self.reply();
+            if line == "END" {
+                return stats;
+            }
+            let mut fields = line.splitn(3, ' ').skip(1);
+            if let (Some(name), Some(value)) = (fields.next(), fields.next()) {
+                stats.insert(name.to_string(), value.to_string());
+            }
+        }
+    }
+}
+
+/// Stores `key:0` to `key:{KEYS - 1}`, each with its `value`, in pipelined batches.
+pub fn fill(conn: &mut Conn) {
+    for chunk in (0..KEYS).collect::<Vec<_>>().chunks(1000) {
+        let mut batch = String::new();
+        for &i in chunk {
+            let v = value(i);
+            batch.push_str(&format!("set key:{i} 0 0 {}\r\n{v}\r\n", v.len()));
+        }
+        conn.send(batch.as_bytes());
+        for &i in chunk {
+            assert_eq!(conn.reply(), "STORED", "key:{i}");
+        }
+    }
+}
+
+/// How many of the `fill` keys the server serves; a key served with a wrong value fails.
+pub fn served(conn: &mut Conn) -> usize {
+    let mut served = 0;
+    for chunk in (0..KEYS).collect::<Vec<_>>().chunks(1000) {
+        let request: String = chunk.iter().map(|i| format!("mg key:{i} v\r\n")).collect();
+        conn.send(request.as_bytes());
+        for &i in chunk {
+            let header = conn.reply();
+            if header == "EN" {
+                continue;
+            }
+            let v = value(i);
+            assert_eq!(header, format!("VA {}", v.len()), "key:{i}");
+            assert_eq!(conn.reply(), v, "key:{i}");
+            served += 1;
+        }
+    }
+    served
 }
