@@ -274,6 +274,8 @@ impl Inner {
                 }
                 (Update::Delete, Some(_)) => {
                     if let Some(lo) = &self.large {
+                        // may write the crash journal: the key first, then BT_LO's log
+                        self.dram.mark_newer(key);
                         lo.remove(key);
                     }
                     (Some(None), Ok((result, None)))
@@ -349,6 +351,8 @@ impl Inner {
             return (None, Err(e));
         }
         let meta = self.meta(&options).assigning(cas);
+        // may write the crash journal: the key first, then BT_LO's log (`mark_newer`)
+        self.dram.mark_newer(key);
         let change = match self.large_for(key, &value) {
             Some(lo) => {
                 lo.put(key, &value, meta);

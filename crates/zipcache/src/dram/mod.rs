@@ -436,6 +436,11 @@ impl DramTier {
             } else {
                 0
             });
+            // BT_LO's change, which `alongside` logs, must find the key's older flash
+            // versions hidden already (a clean copy hides nothing: it is the flash version)
+            if !meta.clean {
+                self.mark_newer(key);
+            }
             let result = alongside(meta.cas);
             let record = match value {
                 Some(v) => Record {
@@ -469,6 +474,7 @@ impl DramTier {
     ) -> (Lookup, R) {
         self.write_leaf(key, |id, leaf, st| {
             let before = self.lookup_locked(leaf, st, key, now_ms, true);
+            self.mark_newer(key);
             let result = alongside(&before);
             // Without a lower tier a tombstone is only needed to hide a DRAM copy.
             if self.settings.keep_tombstones || before != Lookup::Absent {
@@ -521,6 +527,18 @@ impl DramTier {
             }
             result
         })
+    }
+
+    /// Records in the shadow table (`restart/shadow.rs`) that `key`'s flash versions, if
+    /// any, are older than what is about to be written. Called under the key's leaf lock
+    /// before a write changes BT_LO as well as DRAM (a large version logged in BT_LO, or
+    /// one dropped from it): were the process killed between the two, the BT_LO log
+    /// would replay a change while the older small version on flash stood unhidden, and
+    /// once the large version expired or left BT_LO, a GET would fall through to it.
+    pub(crate) fn mark_newer(&self, key: &[u8]) {
+        if let Some(shadow) = &self.shadow {
+            shadow.mark(key);
+        }
     }
 
     /// Appends a write to a locked leaf's buffer; a value's access state becomes

@@ -66,6 +66,31 @@ mod tests {
         }
     }
 
+    /// A write that changes BT_LO too (`alongside`: a large version logged, or one
+    /// dropped) finds its key marked already: a kill between BT_LO's log record and the
+    /// mark would leave the key's older small version on flash unhidden, served once
+    /// the large version expires or leaves BT_LO. A clean copy marks nothing.
+    #[test]
+    fn a_write_marks_its_key_before_bt_lo_hears_of_it() {
+        let (dram, _) = tier_with(settings(256));
+        let shadow = Arc::new(Shadow::in_memory(64, &[]));
+        let dram = dram.with_shadow(shadow.clone());
+        let large_put = dram.put_with(&key(1), None, Meta::default(), None, 0, |_| {
+            shadow.contains(&key(1))
+        });
+        let small_put = dram.put_with(&key(2), Some(b"v"), Meta::default(), None, 0, |_| {
+            shadow.contains(&key(2))
+        });
+        let (_, delete) = dram.delete(&key(3), 0, |_| shadow.contains(&key(3)));
+        assert_eq!((large_put, small_put, delete), (true, true, true));
+        let clean = Meta {
+            clean: true,
+            ..Meta::default()
+        };
+        dram.put_with(&key(4), Some(b"v"), clean, None, 0, |_| ());
+        assert!(!shadow.contains(&key(4)), "a promotion hides nothing");
+    }
+
     /// A table too small for a fill overflows, and marking again cannot heal it; nor
     /// can a heal clear a mark's failure it did not see.
     #[test]
