@@ -11,7 +11,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::io;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 
@@ -27,25 +27,56 @@ use crate::restart::files::{JournalFiles, Persist};
 use crate::restart::open::RecoveryKind;
 use crate::{Config, ZipCache};
 
-/// Operations left before the power goes; at 0 every mutation fails.
+/// Operations left before the power goes; at 0 every mutation fails. The moment it goes
+/// is also where a process crash ends the life: the crash journal's files (tmpfs, not
+/// behind the switch) are copied aside then (`journal_at_the_cut`), as a kill would
+/// leave them, before the engine goes on to react to the failures.
 #[derive(Clone)]
-struct PowerSwitch(Arc<AtomicI64>);
+struct PowerSwitch(Arc<AtomicI64>, Arc<PathBuf>);
 
 impl PowerSwitch {
-    fn new(ops: i64) -> PowerSwitch {
-        PowerSwitch(Arc::new(AtomicI64::new(ops)))
+    fn new(ops: i64, journal: &Path) -> PowerSwitch {
+        PowerSwitch(
+            Arc::new(AtomicI64::new(ops)),
+            Arc::new(journal.to_path_buf()),
+        )
     }
 
     fn spend(&self) -> io::Result<()> {
-        if self.0.fetch_sub(1, Ordering::SeqCst) > 0 {
-            Ok(())
-        } else {
-            Err(io::Error::other("power lost"))
+        match self.0.fetch_sub(1, Ordering::SeqCst) {
+            1.. => Ok(()),
+            0 => {
+                copy_journal(&self.1, &journal_at_the_cut(&self.1));
+                Err(io::Error::other("power lost"))
+            }
+            _ => Err(io::Error::other("power lost")),
         }
     }
 
     fn is_off(&self) -> bool {
         self.0.load(Ordering::SeqCst) <= 0
+    }
+}
+
+/// Where the journal's files are copied when the switch goes.
+fn journal_at_the_cut(journal: &Path) -> PathBuf {
+    journal.with_extension("at-the-cut")
+}
+
+/// Copies the journal's files from `from` into a fresh `to`: the shadow table first, so
+/// that a log append and the clears after it, racing the copy, are never seen as the
+/// clears without the append.
+fn copy_journal(from: &Path, to: &Path) {
+    let _ = std::fs::remove_dir_all(to);
+    std::fs::create_dir_all(to).unwrap();
+    let mut files: Vec<PathBuf> = std::fs::read_dir(from)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    files.sort_by_key(|f| f.extension().is_none_or(|e| e != "shadow"));
+    for file in files {
+        // A file renamed away meanwhile (a checkpoint replacing a log) is gone.
+        let _ = std::fs::copy(&file, to.join(file.file_name().unwrap()));
     }
 }
 
@@ -310,7 +341,13 @@ const KEYS: u16 = 400;
 /// dictionary they trained.
 fn lives(seed: u64, count: usize) -> (usize, usize, usize, usize) {
     let mut rng = StdRng::seed_from_u64(seed);
-    let mut power = PowerSwitch::new(i64::MAX);
+    // The crash journal's directory: tmpfs, which a process crash keeps and a power cut
+    // empties.
+    let journal_dir =
+        std::env::temp_dir().join(format!("zipcache-power-loss-{}-{seed}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&journal_dir);
+    std::fs::create_dir_all(&journal_dir).unwrap();
+    let mut power = PowerSwitch::new(i64::MAX, &journal_dir);
     let mut device = Arc::new(CrashDevice {
         blocks: 1_024,
         // Packed and raw blocks each with and without trained dictionaries (below).
@@ -328,12 +365,9 @@ fn lives(seed: u64, count: usize) -> (usize, usize, usize, usize) {
     let (mut checked, mut warm, mut crash_warm, mut with_dictionaries) = (0, 0, 0, 0);
     let mut last_life = String::from("none");
     let mut process_crash = false;
-    // The crash journal's directory: tmpfs, which a process crash keeps and a power cut
-    // empties.
-    let journal_dir =
-        std::env::temp_dir().join(format!("zipcache-power-loss-{}-{seed}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&journal_dir);
-    std::fs::create_dir_all(&journal_dir).unwrap();
+    // A put under way when a process crash cut the last life: its key, and the value it
+    // may hold after all.
+    let mut in_flight: Option<(u16, Option<Vec<u8>>)> = None;
     for life in 0..count {
         // Where the power goes: during the workload, the close or the next open.
         power.0.store(
@@ -383,7 +417,9 @@ fn lives(seed: u64, count: usize) -> (usize, usize, usize, usize) {
                         (String::from_utf8_lossy(&v[..end]).into_owned(), v.len())
                     })
                 };
-                if got.is_some() && got != *want {
+                // The write in flight when a process crash cut the life may have landed.
+                let landed = got.is_some() && in_flight.as_ref() == Some(&(k, got.clone()));
+                if got.is_some() && got != *want && !landed {
                     let after = cache.stats();
                     panic!(
                         "seed {seed} life {life}: key {k} served {:?}, newest is {:?} (warm start: \
@@ -396,29 +432,58 @@ fn lives(seed: u64, count: usize) -> (usize, usize, usize, usize) {
                     );
                 }
             }
+            if let Some((k, value)) = in_flight.take() {
+                let read = cache.get(&key(k)).unwrap();
+                if read.is_some() && read == value {
+                    model.insert(k, value);
+                }
+            }
             checked += 1;
             warm += usize::from(cache.warm_started());
             crash_warm += usize::from(cache.recovery().kind == RecoveryKind::Crash);
+            // What the clients were told when the switch went, and the write then in
+            // flight: a process crash ends the life there (`PowerSwitch`).
+            let mut at_the_cut = power.is_off().then(|| (model.clone(), None));
             for _ in 0..rng.random_range(20..600) {
                 let k = rng.random_range(0..KEYS);
-                match rng.random_range(0..100) {
+                let op = rng.random_range(0..100);
+                // What the model said before this operation, should the switch go during
+                // it: the key's entry, or the whole model before a flush.
+                let before = (at_the_cut.is_none() && op >= 99).then(|| model.clone());
+                let before_key = model.get(&k).cloned();
+                let written = match op {
                     0..70 => {
                         version += 1;
                         let v = value(k, version, &mut rng);
                         cache.put(&key(k), &v, None).unwrap();
-                        model.insert(k, Some(v));
+                        model.insert(k, Some(v.clone()));
+                        Some((k, Some(v)))
                     }
                     70..95 => {
                         cache.delete(&key(k)).unwrap();
                         model.insert(k, None);
+                        None
                     }
                     95..99 => {
                         let _ = cache.get(&key(k)).unwrap();
+                        None
                     }
                     _ => {
                         cache.flush_all().unwrap();
                         model.values_mut().for_each(|v| *v = None);
+                        None
                     }
+                };
+                if at_the_cut.is_none() && power.is_off() {
+                    let told = before.unwrap_or_else(|| {
+                        let mut told = model.clone();
+                        match before_key {
+                            Some(entry) => told.insert(k, entry),
+                            None => told.remove(&k),
+                        };
+                        told
+                    });
+                    at_the_cut = Some((told, written));
                 }
             }
             with_dictionaries += usize::from(cache.stats().dictionaries_swapped > 0);
@@ -434,6 +499,11 @@ fn lives(seed: u64, count: usize) -> (usize, usize, usize, usize) {
                 ),
                 6..9 => {
                     process_crash = rng.random_bool(0.7);
+                    if let Some((told, written)) = at_the_cut.filter(|_| process_crash) {
+                        // Killed when the switch went: nothing after was acknowledged.
+                        model = told;
+                        in_flight = written;
+                    }
                     cache.crash();
                     format!("process crash, power cut after: {}", !process_crash)
                 }
@@ -442,7 +512,13 @@ fn lives(seed: u64, count: usize) -> (usize, usize, usize, usize) {
         } else {
             last_life = "open failed".into();
         }
-        power = PowerSwitch::new(i64::MAX);
+        let cut = journal_at_the_cut(&journal_dir);
+        if process_crash && cut.exists() {
+            // The process died when the switch went: its journal as it was then.
+            copy_journal(&cut, &journal_dir);
+        }
+        let _ = std::fs::remove_dir_all(&cut);
+        power = PowerSwitch::new(i64::MAX, &journal_dir);
         device = Arc::new(device.after_crash(&mut rng, power.clone(), process_crash));
         dir = Arc::new(dir.after_crash(&mut rng, power.clone(), process_crash));
         if !process_crash {
