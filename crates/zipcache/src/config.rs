@@ -111,8 +111,7 @@ pub struct Config {
     /// directory in tmpfs, so it survives the process (kill -9, an OOM kill, a panic) and
     /// not a reboot. With an SSD tier, a restart after a crash then keeps the flash tier
     /// warm, never serving a version that was overwritten, deleted or flushed before the
-    /// crash. `None` (`crash_journal=off`, the default): a crash restarts cold. Off by
-    /// default while the kill model's stale reads (docs/RESULTS.md, R1) are open.
+    /// crash. `None` (`crash_journal=off`): a crash restarts cold.
     pub crash_journal: Option<PathBuf>,
     /// Bytes of the journal's shadow table (8 per fingerprint of a key whose newest state
     /// is in DRAM only), charged to `dram_capacity`; 0: 1/16 of `dram_capacity`, at
@@ -170,7 +169,7 @@ impl Default for Config {
             ssd_dictionaries: false,
             rss_limit: 0,
             track_access: false,
-            crash_journal: None,
+            crash_journal: Some(PathBuf::from("/dev/shm")),
             crash_journal_bytes: 0,
             dictionaries: true,
             dictionary_size: 0,
