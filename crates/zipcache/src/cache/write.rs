@@ -51,14 +51,19 @@ impl ZipCache {
         // with the lock held): once the lock is released, the tombstone may leave for
         // the SSD and erase the copy that says the key existed.
         let (before, (large, on_ssd)) = inner.dram.delete(key, now, |before| {
-            let removed = inner.large.as_ref().and_then(|lo| lo.remove(key));
-            let large = removed.filter(|meta| !meta.expired(now));
+            let held_large = inner.large.as_ref().and_then(|lo| lo.entry(key, now));
+            // may do I/O: one 4 KiB read; before the mark below, which hides the flash
+            // version
             let on_ssd = *before == Lookup::Absent
-                && large.is_none()
+                && held_large.is_none()
                 && inner
                     .ssd
                     .as_ref()
                     .is_some_and(|ssd| ssd.get(key, now).is_some());
+            // may write the crash journal: the key first, then BT_LO's log (`mark_newer`)
+            inner.dram.mark_newer(key);
+            let removed = inner.large.as_ref().and_then(|lo| lo.remove(key));
+            let large = removed.filter(|meta| !meta.expired(now));
             (large, on_ssd)
         });
         let existed = match before {

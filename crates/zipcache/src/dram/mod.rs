@@ -474,7 +474,6 @@ impl DramTier {
     ) -> (Lookup, R) {
         self.write_leaf(key, |id, leaf, st| {
             let before = self.lookup_locked(leaf, st, key, now_ms, true);
-            self.mark_newer(key);
             let result = alongside(&before);
             // Without a lower tier a tombstone is only needed to hide a DRAM copy.
             if self.settings.keep_tombstones || before != Lookup::Absent {
