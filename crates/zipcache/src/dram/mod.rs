@@ -437,8 +437,9 @@ impl DramTier {
                 0
             });
             // BT_LO's change, which `alongside` logs, must find the key's older flash
-            // versions hidden already (a clean copy hides nothing: it is the flash version)
-            if !meta.clean {
+            // versions hidden already (a clean copy hides nothing: it is the flash version;
+            // a tombstone always hides)
+            if !meta.clean || value.is_none() {
                 self.mark_newer(key);
             }
             let result = alongside(meta.cas);
@@ -458,7 +459,8 @@ impl DramTier {
                     }
                 }
             };
-            self.append_locked(id, leaf, st, &record, access, now_ms);
+            // Marked above, where it needs a mark.
+            self.append_marked(id, leaf, st, &record, access, now_ms);
             result
         })
     }
@@ -552,9 +554,22 @@ impl DramTier {
         now_ms: u64,
     ) {
         // A clean copy (a promotion) is the flash version itself: nothing to hide.
-        if let Some(shadow) = self.shadow.as_ref().filter(|_| !record.meta.clean) {
-            shadow.mark(record.key);
+        if !record.meta.clean {
+            self.mark_newer(record.key);
         }
+        self.append_marked(id, leaf, st, record, access, now_ms);
+    }
+
+    /// `append_locked` for a write whose key the caller has marked already.
+    fn append_marked(
+        &self,
+        id: LeafId,
+        leaf: &DramLeaf,
+        st: &mut LeafState,
+        record: &Record<'_>,
+        access: Option<AccessState>,
+        now_ms: u64,
+    ) {
         leaf.touch();
         if !leaf.has(WRITTEN) {
             leaf.set(WRITTEN, true);
