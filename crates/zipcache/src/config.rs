@@ -88,7 +88,9 @@ pub struct Config {
     /// nothing. Off by default: it costs 16 bytes of DRAM per sub-page, about one byte
     /// per SSD object with the default geometry and 64-byte values, which doubles the SSD
     /// index (0.91 → 1.85 B per object, docs/RESULTS.md) — at a large SSD-to-DRAM ratio,
-    /// DRAM taken from the objects. Worth it where many GETs miss both tiers.
+    /// DRAM taken from the objects. Worth it where many GETs miss both tiers, or where
+    /// many writes are of new keys: the crash journal marks only writes of keys a filter
+    /// does not rule out, so a fill of new keys no longer fills its table.
     pub ssd_presence_filters: bool,
     /// With `device_compression=host` and `dictionaries`: pack SSD blocks with zstd and a
     /// block dictionary trained on the records the flusher writes (`ssd/dictionary.rs`),
@@ -114,7 +116,8 @@ pub struct Config {
     /// crash. `None` (`crash_journal=off`): a crash restarts cold.
     pub crash_journal: Option<PathBuf>,
     /// Bytes of the journal's shadow table (8 per fingerprint of a key whose newest state
-    /// is in DRAM only), charged to `dram_capacity`; 0: 1/16 of `dram_capacity`, at
+    /// is in DRAM only and whose older version the SSD tier may hold), charged to
+    /// `dram_capacity`; 0: 1/16 of `dram_capacity`, at
     /// least 16 KiB. A table that fills up makes the next crash restart cold.
     pub crash_journal_bytes: u64,
     /// Compress medium objects with zstd dictionaries trained in the background on recent

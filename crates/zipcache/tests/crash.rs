@@ -29,8 +29,12 @@ const CHILD_DIR: &str = "ZIPCACHE_CRASH_CHILD_DIR";
 const CHILD_OPS: &str = "ZIPCACHE_CRASH_CHILD_OPS";
 const CHILD_SEED: &str = "ZIPCACHE_CRASH_CHILD_SEED";
 
-fn config(dir: &Path) -> Config {
+/// The engine every child runs; `presence_filters` for half the children (by seed): with
+/// them, writes of keys the SSD tier certainly does not hold are not marked in the crash
+/// journal.
+fn config(dir: &Path, presence_filters: bool) -> Config {
     Config {
+        ssd_presence_filters: presence_filters,
         dram_capacity: 512 << 10,
         superleaf_size: 16 << 10,
         ssd: Some(SsdConfig {
@@ -83,7 +87,8 @@ fn version_of(v: &[u8]) -> Option<(u32, u64)> {
 /// The child: reports what every key reads, then runs operations until killed (or
 /// closes cleanly after `CHILD_OPS` of them).
 fn child(dir: &Path) {
-    let cache = ZipCache::open(config(dir)).unwrap();
+    let seed: u64 = std::env::var(CHILD_SEED).unwrap().parse().unwrap();
+    let cache = ZipCache::open(config(dir, seed % 2 == 1)).unwrap();
     let out = std::io::stdout();
     let mut out = out.lock();
     let stats = cache.stats();
@@ -120,7 +125,6 @@ fn child(dir: &Path) {
         writeln!(out, "@explained").unwrap();
         out.flush().unwrap();
     }
-    let seed: u64 = std::env::var(CHILD_SEED).unwrap().parse().unwrap();
     let ops: Option<u64> = std::env::var(CHILD_OPS).ok().and_then(|n| n.parse().ok());
     let mut rng = StdRng::seed_from_u64(seed);
     // Versions grow across runs: the seed's high bits start this run's.
@@ -590,13 +594,13 @@ fn an_engine_opens_without_a_journal_where_tmpfs_refuses_it() {
     std::fs::create_dir_all(dir.join("journal")).unwrap();
     let refused = Config {
         crash_journal: Some(dir.join("missing").join("journal")),
-        ..config(&dir)
+        ..config(&dir, false)
     };
     let cache = ZipCache::open(refused).unwrap();
     cache.put(b"k", b"v", None).unwrap();
     assert!(!cache.stats().crash_journal_on);
     cache.close().unwrap();
-    let cache = ZipCache::open(config(&dir)).unwrap();
+    let cache = ZipCache::open(config(&dir, false)).unwrap();
     let stats = cache.stats();
     assert!(stats.crash_journal_on, "{stats:?}");
     assert_eq!(stats.recovery_kind, "clean");

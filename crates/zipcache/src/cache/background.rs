@@ -25,8 +25,10 @@ const DEFRAG_PERIOD: Duration = Duration::from_secs(1);
 const MERGE_PERIOD_BUSY: Duration = Duration::from_millis(1);
 const MERGE_PERIOD_IDLE: Duration = Duration::from_millis(10);
 /// How often the housekeeper looks whether an overflowed shadow table can heal
-/// (`heal_shadow`).
+/// (`heal_shadow`); each walk that found no room for every mark doubles the wait, up to
+/// [`HEAL_PERIOD_MAX`].
 const HEAL_PERIOD: Duration = Duration::from_secs(1);
+const HEAL_PERIOD_MAX: Duration = Duration::from_secs(32);
 /// Merges between two looks at the housekeeping clocks.
 const MERGES_PER_ROUND: usize = 256;
 
@@ -37,6 +39,7 @@ impl Inner {
         let mut last_rss = Instant::now();
         let mut last_defrag = Instant::now();
         let mut last_heal = Instant::now();
+        let mut heal_period = HEAL_PERIOD;
         while !self.shutdown.load(Ordering::Acquire) {
             let mut merged = 0;
             while merged < MERGES_PER_ROUND
@@ -59,9 +62,12 @@ impl Inner {
                 last_defrag = Instant::now();
                 self.dram.defragment(crate::dram::SPARSE_PERCENT);
             }
-            if housekeeper && last_heal.elapsed() >= HEAL_PERIOD {
+            if housekeeper && last_heal.elapsed() >= heal_period {
                 last_heal = Instant::now();
-                self.heal_shadow();
+                heal_period = match self.heal_shadow() {
+                    Healing::Futile => (heal_period * 2).min(HEAL_PERIOD_MAX),
+                    Healing::Done => HEAL_PERIOD,
+                };
             }
             let period = if merged > 0 {
                 MERGE_PERIOD_BUSY
@@ -93,22 +99,25 @@ impl Inner {
     }
 
     /// A shadow table that overflowed (a crash would restart cold) is trusted again once
-    /// every key DRAM holds dirty is in it: when there is room for them all, they are
-    /// marked again (`DramTier::remark_dirty`), and the table heals unless a mark found no
-    /// room meanwhile.
-    fn heal_shadow(&self) {
-        let Some(shadow) = &self.shadow else { return };
-        let Some(seen) = shadow.overflowed() else {
-            return;
+    /// every key it must name is in it: while it has room, DRAM's dirty keys that the SSD
+    /// may hold are marked again (`DramTier::remark_dirty`), and the table heals unless a
+    /// mark found no room meanwhile. How many of DRAM's dirty keys need a mark only the
+    /// walk finds out, so a walk that ran out of room makes the next look wait longer.
+    fn heal_shadow(&self) -> Healing {
+        let Some(shadow) = &self.shadow else {
+            return Healing::Done;
         };
-        let tally = self.dram.tally(self.now());
-        let dirty = (tally.objects.max(0) as u64).saturating_sub(tally.clean);
+        let Some(seen) = shadow.overflowed() else {
+            return Healing::Done;
+        };
         // Within three quarters of the table: two-choice buckets fill unevenly past that.
-        if (shadow.len() + dirty) * 4 > shadow.capacity() * 3 {
-            return;
+        if shadow.len() * 4 > shadow.capacity() * 3 {
+            return Healing::Futile;
         }
-        if self.dram.remark_dirty(self.now()) {
-            shadow.heal(seen);
+        if self.dram.remark_dirty(self.now()) && shadow.heal(seen) {
+            Healing::Done
+        } else {
+            Healing::Futile
         }
     }
 
@@ -116,4 +125,12 @@ impl Inner {
     pub(super) fn flusher_target(&self) -> i64 {
         (self.budget() as f64 * LOW_WATERMARK) as i64
     }
+}
+
+/// What a look at an overflowed shadow table did (`heal_shadow`).
+enum Healing {
+    /// Healed, or nothing to heal.
+    Done,
+    /// No room for every mark, or a mark failed during the walk.
+    Futile,
 }

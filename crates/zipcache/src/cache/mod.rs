@@ -75,7 +75,7 @@ pub(crate) struct Inner {
     /// How the open kept the flash tier.
     recovery: Recovery,
     /// Keys whose flash versions must not be served (`restart/shadow.rs`); with an SSD.
-    shadow: Option<Arc<Shadow>>,
+    pub(crate) shadow: Option<Arc<Shadow>>,
     /// Held while the engine lives: one engine per SSD file.
     _lock: Option<DataLock>,
     ops: OpCounters,
@@ -190,7 +190,9 @@ impl ZipCache {
         );
         // Marks serve only crash recovery: without a journal a crash is cold anyway.
         let dram = match &tiers {
-            Some(t) if t.recovery.journal => dram.with_shadow(t.shadow.clone()),
+            Some(t) if t.recovery.journal => {
+                dram.with_shadow(t.shadow.clone(), Arc::new(t.ssd.presence()))
+            }
             _ => dram,
         };
         let recovery = tiers.as_ref().map(|t| t.recovery).unwrap_or_default();

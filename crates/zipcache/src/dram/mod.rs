@@ -44,6 +44,7 @@ mod page;
 mod patch;
 mod reclaim;
 mod remark;
+use remark::Marking;
 mod share;
 mod slots;
 mod tally;
@@ -67,7 +68,7 @@ use crate::dictionary::training::TrainingSettings;
 use crate::eviction::EvictionListener;
 use crate::memory::Memory;
 use crate::record::{ASSIGN_CAS, Meta, Payload, Record, blob_dictionary, decode_blob};
-use crate::restart::shadow::Shadow;
+use crate::restart::shadow::{MayBeOnFlash, Shadow};
 use crate::subpage_hash::dram_subpage;
 use access::{AccessClock, fingerprint};
 #[cfg(test)]
@@ -151,9 +152,9 @@ pub struct DramCounters {
 }
 
 pub struct DramTier {
-    /// With an SSD tier: every write marks its key here before it can be seen, so a
-    /// crash cannot bring back the key's older flash version (`restart/shadow.rs`).
-    shadow: Option<Arc<Shadow>>,
+    /// With an SSD tier: every write of a key the SSD may hold marks it before it can be
+    /// seen, so a crash cannot bring back the key's older flash version (`remark.rs`).
+    marking: Option<Marking>,
     tree: BTree<LeafId>,
     leaves: Slots<DramLeaf>,
     layout: PackedLayout,
@@ -227,7 +228,7 @@ impl DramTier {
             .map(|training| Arc::new(Dictionaries::new(training, memory.clone())));
         memory.change_index(tree.node_bytes() as i64 + slots_bytes + reads.bytes());
         DramTier {
-            shadow: None,
+            marking: None,
             tree,
             leaves,
             layout,
@@ -247,10 +248,14 @@ impl DramTier {
         }
     }
 
-    /// The tier marking every write in `shadow` (`append_locked`).
-    pub(crate) fn with_shadow(self, shadow: Arc<Shadow>) -> Self {
+    /// The tier marking in `shadow` every write of a key `flash` may hold
+    /// (`append_locked`).
+    pub(crate) fn with_shadow(self, shadow: Arc<Shadow>, flash: Arc<dyn MayBeOnFlash>) -> Self {
         DramTier {
-            shadow: Some(shadow),
+            marking: Some(Marking {
+                table: shadow,
+                flash,
+            }),
             ..self
         }
     }
@@ -537,8 +542,8 @@ impl DramTier {
     /// would replay a change while the older small version on flash stood unhidden, and
     /// once the large version expired or left BT_LO, a GET would fall through to it.
     pub(crate) fn mark_newer(&self, key: &[u8]) {
-        if let Some(shadow) = &self.shadow {
-            shadow.mark(key);
+        if let Some(marking) = &self.marking {
+            marking.mark(key);
         }
     }
 

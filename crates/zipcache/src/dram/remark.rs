@@ -1,5 +1,7 @@
-//! Marking every dirty object's key again, so that a shadow table which overflowed
-//! (`restart/shadow.rs`, `INCOMPLETE`) can be trusted once more (`Shadow::heal`).
+//! The DRAM tier's marks in the crash journal's shadow table (`restart/shadow.rs`): a
+//! write marks its key if the SSD tier may hold it (`Marking`); and marking every dirty
+//! object's key again, so that a table which overflowed (`INCOMPLETE`) can be trusted
+//! once more (`Shadow::heal`).
 //!
 //! Thread: the housekeeper's (`cache/background.rs`). The walk goes through the key space
 //! in order, one leaf at a time, locked shared, so no write or eviction of the leaf runs
@@ -8,14 +10,34 @@
 //! under the lock — or reaches it still. Every write after the walk passed a key marks it
 //! itself (`append_locked`), or finds no room, which `Shadow::heal` then sees.
 
+use std::sync::Arc;
+
 use super::DramTier;
+use crate::restart::shadow::{MayBeOnFlash, Shadow};
+
+/// Where the DRAM tier marks its writes: `table`, for the keys `flash` may hold. A key
+/// the SSD tier certainly does not hold (new keys, most of a fill) has no flash version a
+/// crash could bring back, so its writes cost no mark, and the table holds only the keys
+/// whose older versions are on flash.
+pub(super) struct Marking {
+    pub(super) table: Arc<Shadow>,
+    pub(super) flash: Arc<dyn MayBeOnFlash>,
+}
+
+impl Marking {
+    /// Marks `key` if flash may hold it; false only if it needed a mark and found no room.
+    pub(super) fn mark(&self, key: &[u8]) -> bool {
+        !self.flash.may_be_on_flash(key) || self.table.mark(key)
+    }
+}
 
 impl DramTier {
     /// Marks the key of every object not known to be on flash as it is (a value written
-    /// here, a tombstone, an expired value), leaf by leaf in key order; false as soon as
+    /// here, a tombstone, an expired value) that the SSD tier may hold, leaf by leaf in
+    /// key order; false as soon as
     /// one finds no room in the table, or a leaf lost its page. True without a table.
     pub(crate) fn remark_dirty(&self, now_ms: u64) -> bool {
-        let Some(shadow) = &self.shadow else {
+        let Some(marking) = &self.marking else {
             return true;
         };
         let mut cursor = Vec::new();
@@ -28,7 +50,7 @@ impl DramTier {
                         .entries(leaf, st, now_ms, None)
                         .iter()
                         .filter(|(_, version)| version.as_ref().is_none_or(|(_, meta)| !meta.clean))
-                        .all(|(key, _)| shadow.mark(key));
+                        .all(|(key, _)| marking.mark(key));
                 // The leaf's high fence cannot move while it is locked.
                 (marked, self.tree.next_leaf(&cursor).map(|(next, _)| next))
             });
@@ -46,7 +68,8 @@ mod tests {
     use std::sync::Arc;
 
     use super::super::leaf::LOST;
-    use super::super::test_support::{key, settings, tier_with};
+    use super::super::test_support::{EveryKey, key, settings, tier_with};
+    use super::MayBeOnFlash;
     use crate::record::Meta;
     use crate::restart::shadow::{INCOMPLETE, Shadow};
 
@@ -75,7 +98,7 @@ mod tests {
     fn a_write_marks_its_key_before_bt_lo_hears_of_it() {
         let (dram, _) = tier_with(settings(256));
         let shadow = Arc::new(Shadow::in_memory(64, &[]));
-        let dram = dram.with_shadow(shadow.clone());
+        let dram = dram.with_shadow(shadow.clone(), Arc::new(EveryKey));
         let large_put = dram.put_with(&key(1), None, Meta::default(), None, 0, |_| {
             shadow.contains(&key(1))
         });
@@ -91,13 +114,43 @@ mod tests {
         assert!(!shadow.contains(&key(4)), "a promotion hides nothing");
     }
 
+    /// Flash holding the even keys only.
+    struct EvenKeys;
+
+    impl MayBeOnFlash for EvenKeys {
+        fn may_be_on_flash(&self, k: &[u8]) -> bool {
+            (0..300u32).step_by(2).any(|i| key(i) == k)
+        }
+    }
+
+    /// A write of a key the SSD tier certainly does not hold has no older flash version
+    /// to hide: it is not marked, not by the write nor by the walk that marks again;
+    /// every write of a key it may hold is.
+    #[test]
+    fn only_keys_flash_may_hold_are_marked() {
+        let (dram, _) = tier_with(settings(256));
+        let shadow = Arc::new(Shadow::in_memory(1 << 8, &[]));
+        let dram = dram.with_shadow(shadow.clone(), Arc::new(EvenKeys));
+        fill(&dram);
+        let marked = |i: u32| shadow.contains(&key(i));
+        let dirty = |i: u32| !i.is_multiple_of(3) || i.is_multiple_of(7);
+        for i in 0..300u32 {
+            assert_eq!(marked(i), i % 2 == 0 && dirty(i), "key {i}");
+        }
+        shadow.reset();
+        assert!(dram.remark_dirty(0));
+        for i in 0..300u32 {
+            assert_eq!(marked(i), i % 2 == 0 && dirty(i), "key {i}, marked again");
+        }
+    }
+
     /// A table too small for a fill overflows, and marking again cannot heal it; nor
     /// can a heal clear a mark's failure it did not see.
     #[test]
     fn a_table_without_room_stays_incomplete() {
         let (dram, _) = tier_with(settings(256));
         let shadow = Arc::new(Shadow::in_memory(4, &[]));
-        let dram = dram.with_shadow(shadow.clone());
+        let dram = dram.with_shadow(shadow.clone(), Arc::new(EveryKey));
         fill(&dram);
         let seen = shadow
             .overflowed()
@@ -118,7 +171,7 @@ mod tests {
     fn marking_again_names_every_dirty_key_and_heals_the_table() {
         let (dram, _) = tier_with(settings(256));
         let shadow = Arc::new(Shadow::in_memory(1 << 8, &[]));
-        let dram = dram.with_shadow(shadow.clone());
+        let dram = dram.with_shadow(shadow.clone(), Arc::new(EveryKey));
         fill(&dram);
         for i in 0..300u32 {
             shadow.clear(&key(i));
@@ -142,7 +195,7 @@ mod tests {
     fn an_expired_medium_value_over_its_clean_copy_is_marked_again() {
         let (dram, _) = tier_with(settings(4096));
         let shadow = Arc::new(Shadow::in_memory(1 << 8, &[]));
-        let dram = dram.with_shadow(shadow.clone());
+        let dram = dram.with_shadow(shadow.clone(), Arc::new(EveryKey));
         let value = vec![b'm'; 600];
         let clean = Meta {
             clean: true,
@@ -170,7 +223,7 @@ mod tests {
     fn a_leaf_that_lost_its_page_keeps_the_table_incomplete() {
         let (dram, _) = tier_with(settings(256));
         let shadow = Arc::new(Shadow::in_memory(1 << 8, &[]));
-        let dram = dram.with_shadow(shadow.clone());
+        let dram = dram.with_shadow(shadow.clone(), Arc::new(EveryKey));
         fill(&dram);
         dram.write_leaf(&key(0), |_, leaf, _| {
             leaf.set(LOST, true);

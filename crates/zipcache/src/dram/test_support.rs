@@ -11,6 +11,16 @@ use crate::dictionary::Dictionary;
 use crate::dictionary::page::PageDictionary;
 use crate::eviction::{EvictedObject, EvictionSink};
 use crate::memory::{Charge, Memory};
+use crate::restart::shadow::MayBeOnFlash;
+
+/// A flash tier that may hold every key: every write is marked.
+pub(super) struct EveryKey;
+
+impl MayBeOnFlash for EveryKey {
+    fn may_be_on_flash(&self, _key: &[u8]) -> bool {
+        true
+    }
+}
 
 /// Records every batch it is given; its span is a fixed range of keys.
 pub(super) struct RecordingSink {

@@ -63,6 +63,13 @@ pub(crate) fn fingerprint(key: &[u8]) -> u64 {
     xxh3_64_with_seed(key, SEED).max(1)
 }
 
+/// Whether the flash tier may hold a version of a key (`ssd/presence.rs`). A write of a
+/// key it certainly does not hold needs no mark: after a crash there is nothing on flash
+/// to hide, only a miss.
+pub(crate) trait MayBeOnFlash: Send + Sync {
+    fn may_be_on_flash(&self, key: &[u8]) -> bool;
+}
+
 /// Who wrote a shadow table: it is trusted only by the same boot, for the device run
 /// that wrote it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

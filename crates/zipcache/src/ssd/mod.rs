@@ -120,6 +120,14 @@ impl SlState {
     fn dictionary(&self, s: usize) -> u8 {
         self.dictionaries.get(s).copied().unwrap_or(0)
     }
+
+    /// Whether sub-page `s`'s presence filter says its block certainly does not hold
+    /// `key` (never without filters).
+    fn rules_out(&self, s: usize, key: &[u8]) -> bool {
+        self.filters
+            .as_ref()
+            .is_some_and(|filters| !presence::may_hold(filters[s], key))
+    }
 }
 
 impl Ranged for SlState {
@@ -248,7 +256,8 @@ pub struct SsdCounters {
 
 pub struct SsdTier {
     device: Arc<dyn BlockDevice>,
-    tree: BTree<Arc<SuperLeaf>>,
+    /// Shared with the DRAM tier's marks (`presence::FlashPresence`).
+    tree: Arc<BTree<Arc<SuperLeaf>>>,
     geometry: Geometry,
     settings: SsdSettings,
     max_slots: u32,
@@ -303,7 +312,7 @@ impl SsdTier {
             .min(PAYLOAD);
         let tier = SsdTier {
             device,
-            tree: BTree::new(first),
+            tree: Arc::new(BTree::new(first)),
             geometry: Geometry {
                 subpages: m,
                 subpage_size: PAYLOAD,
@@ -377,11 +386,7 @@ impl SsdTier {
             .with_arc_leaf_locked::<Shared, _>(key, |leaf, st| {
                 let subpage = self.geometry.subpage_of(key);
                 let slot = st.slot.filter(|_| st.counts[subpage] > 0)?;
-                if st
-                    .filters
-                    .as_ref()
-                    .is_some_and(|filters| !presence::may_hold(filters[subpage], key))
-                {
+                if st.rules_out(subpage, key) {
                     self.counters.filtered_gets.fetch_add(1, Ordering::Relaxed);
                     return None;
                 }

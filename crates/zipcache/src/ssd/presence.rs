@@ -12,7 +12,14 @@
 //! "maybe" for every key, until its sub-page is written again. A filter can only skip a
 //! read of a block that does not hold the key, so it can cost a read, never an answer.
 
+use std::sync::Arc;
+
 use xxhash_rust::xxh3::xxh3_64_with_seed;
+
+use super::leaf_page::Geometry;
+use super::{SsdTier, SuperLeaf};
+use crate::btree::{BTree, Shared};
+use crate::restart::shadow::MayBeOnFlash;
 
 /// Not part of the on-SSD format: filters live in DRAM only and are rebuilt, never loaded.
 const SEED: u64 = 0x5a1b_cace_0000_0b10;
@@ -46,6 +53,36 @@ pub(super) fn filter_of<'k>(keys: impl IntoIterator<Item = &'k [u8]>) -> u128 {
 pub(super) fn may_hold(filter: u128, key: &[u8]) -> bool {
     let bits = bits_of(key);
     filter & bits == bits
+}
+
+/// Which keys the tier may hold, asked without I/O: the super-leaf index and its
+/// filters. The DRAM tier asks it before it marks a write in the crash journal
+/// (`restart/shadow.rs`): a key the tier certainly does not hold has no flash version for
+/// the write to make older. It asks under the key's DRAM leaf lock, and only an eviction
+/// of that leaf, under the same lock, writes the key to the tier — so the answer holds
+/// until the lock is released. Once written, the key's filter says "maybe" for good.
+pub(crate) struct FlashPresence {
+    tree: Arc<BTree<Arc<SuperLeaf>>>,
+    geometry: Geometry,
+}
+
+impl SsdTier {
+    /// The tier's answer to which keys it may hold, for the DRAM tier's marks.
+    pub(crate) fn presence(&self) -> FlashPresence {
+        FlashPresence {
+            tree: self.tree.clone(),
+            geometry: self.geometry,
+        }
+    }
+}
+
+impl MayBeOnFlash for FlashPresence {
+    fn may_be_on_flash(&self, key: &[u8]) -> bool {
+        let subpage = self.geometry.subpage_of(key);
+        self.tree.with_arc_leaf_locked::<Shared, _>(key, |_, st| {
+            st.slot.is_some() && st.counts[subpage] > 0 && !st.rules_out(subpage, key)
+        })
+    }
 }
 
 #[cfg(test)]
@@ -99,6 +136,7 @@ mod tier_tests {
 
     use super::super::SsdSettings;
     use super::super::test_support::{absorb, key, settings, tier_on};
+    use crate::restart::shadow::MayBeOnFlash;
 
     /// Objects 0, 2, ..., 1198 in a tier with or without filters; the device reads that
     /// GETs of the odd keys (none held) cost, and the tier's DRAM index.
@@ -163,5 +201,35 @@ mod tier_tests {
             wasted < absent.len() as u64 / 5,
             "{wasted} reads for absent keys"
         );
+    }
+
+    /// What the DRAM tier's marks ask: an empty tier holds nothing; once written, every
+    /// key held may be there (with filters or without), and with filters most keys of
+    /// the same ranges that it does not hold are ruled out.
+    #[test]
+    fn flash_presence_answers_maybe_for_every_key_held() {
+        for presence_filters in [true, false] {
+            let device: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(4 * 64));
+            let settings = SsdSettings {
+                presence_filters,
+                ..settings(64)
+            };
+            let ssd = tier_on(device, settings);
+            let presence = ssd.presence();
+            assert!((0..1200).all(|i| !presence.may_be_on_flash(&key(i))));
+            let held: Vec<u32> = (0..600).map(|i| i * 2).collect();
+            for batch in held.chunks(40) {
+                absorb(&ssd, batch.iter().copied());
+            }
+            assert!(held.iter().all(|&i| presence.may_be_on_flash(&key(i))));
+            let maybe = (0..600)
+                .filter(|i| presence.may_be_on_flash(&key(i * 2 + 1)))
+                .count();
+            if presence_filters {
+                assert!(maybe < 120, "{maybe} of 600 absent keys");
+            } else {
+                assert!(maybe > 500, "{maybe} of 600 absent keys");
+            }
+        }
     }
 }

@@ -383,6 +383,8 @@ fn lives(seed: u64, count: usize) -> (usize, usize, usize, usize) {
             dram_capacity: 96 << 10,
             superleaf_size: [4 << 10, 16 << 10][seed as usize % 2],
             write_buffer: [0, 256][rng.random_range(0..2)],
+            // With filters, writes of keys flash certainly lacks are not marked.
+            ssd_presence_filters: seed / 8 % 2 == 1,
             ..Config::default()
         };
         // Every other seed with trained dictionaries, each life training its own again.
