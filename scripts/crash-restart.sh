@@ -23,7 +23,10 @@
 # Environment: RUNS (3), B_KEYS (7600000), B_JOURNAL_BYTES (24MiB: the default 8 MiB
 # fills up during this fill, so the restart would be cold), C_KEYS (2000000 in-process),
 # C_SERVER_KEYS (1000000), C_DRAM (32MiB), C_SSD (512MiB), C_VALUE_SIZE (64), SKIP (letters
-# of figures not to run, e.g. "ac"), NO_BUILD (0), BIN (target/release/zipcache), BASE_BIN.
+# of figures not to run, e.g. "ac"), NO_BUILD (0), BIN (target/release/zipcache), BASE_BIN,
+# C_SET (engine settings NAME=VALUE, space-separated, for every run of c, e.g.
+# "ssd_presence_filters=true"), C_VALUES (the bench's --values for c, e.g. json;
+# default: C_VALUE_SIZE bytes of synthetic values).
 # About 13 minutes on 2 cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -224,10 +227,15 @@ if [[ $SKIP != *c* ]]; then
     CONFIGS=(off on)
     [ -n "$BASE_BIN" ] && CONFIGS+=(base)
     CSV="$OUT/c-cost.csv"
-    echo "where,config,run,sets,cpu_seconds,cpu_us_per_set,host_bytes_written,ssd_objects,crash_journal_bytes,dram_bytes_per_ssd_object,crash_journal_incomplete,elapsed_s" >"$CSV"
+    echo "where,config,run,sets,cpu_seconds,cpu_us_per_set,host_bytes_written,ssd_objects,crash_journal_bytes,dram_bytes_per_ssd_object,crash_journal_incomplete,elapsed_s,crash_journal_keys" >"$CSV"
+    # The values of every fill: C_VALUES (a real-data source) or C_VALUE_SIZE synthetic bytes.
+    if [ -n "${C_VALUES:-}" ]; then VALUE_ARGS=(--values "$C_VALUES"); else VALUE_ARGS=(--value-size "$C_VALUE_SIZE"); fi
     # The binary of a configuration, and its `--set` arguments for run $2 (one a line).
     config_bin() { if [ "$1" = base ]; then echo "$BASE_BIN"; else echo "$BIN"; fi; }
     config_set() {
+        for setting in ${C_SET:-}; do
+            printf '%s\n' --set "$setting"
+        done
         case $1 in
             off) printf '%s\n' --set crash_journal=off ;;
             on) mkdir -p "$JOURNALS/c-$2" && printf '%s\n' --set "crash_journal=$JOURNALS/c-$2" ;;
@@ -240,11 +248,11 @@ if [[ $SKIP != *c* ]]; then
             bin=$(config_bin "$config")
             mapfile -t set < <(config_set "$config" "in-$run")
             j="$OUT/c-in-process-$config-$run.json"
-            "$bin" bench --target zipcache --mode fill --keys "$C_KEYS" --value-size "$C_VALUE_SIZE" \
+            "$bin" bench --target zipcache --mode fill --keys "$C_KEYS" "${VALUE_ARGS[@]}" \
                 --dram "$C_DRAM" --ssd-size "$C_SSD" --data-dir "$DATA/c" --set flush_wait_ms=60000 \
                 "${set[@]}" --json "$j" >"${j%.json}.txt" 2>&1
             rm -rf "${JOURNALS:?}/c-in-$run"
-            echo "in-process,$config,$run,$(json "$j" "d['ops']"),$(json "$j" "d['bench_cpu_seconds']"),$(json "$j" "round(d['bench_cpu_seconds'] * 1e6 / d['ops'], 3)"),$(json "$j" "d['host_bytes_written']"),$(json "$j" "d['engine_stats']['ssd_objects']"),$(json "$j" "d['engine_stats'].get('crash_journal_bytes', 0)"),$(json "$j" "round(d['engine_stats'].get('crash_journal_bytes', 0) / max(1, d['engine_stats']['ssd_objects']), 3)"),$(json "$j" "d['engine_stats'].get('crash_journal_incomplete', '')"),$(json "$j" "round(d['elapsed_s'], 1)")" >>"$CSV"
+            echo "in-process,$config,$run,$(json "$j" "d['ops']"),$(json "$j" "d['bench_cpu_seconds']"),$(json "$j" "round(d['bench_cpu_seconds'] * 1e6 / d['ops'], 3)"),$(json "$j" "d['host_bytes_written']"),$(json "$j" "d['engine_stats']['ssd_objects']"),$(json "$j" "d['engine_stats'].get('crash_journal_bytes', 0)"),$(json "$j" "round(d['engine_stats'].get('crash_journal_bytes', 0) / max(1, d['engine_stats']['ssd_objects']), 3)"),$(json "$j" "d['engine_stats'].get('crash_journal_incomplete', '')"),$(json "$j" "round(d['elapsed_s'], 1)"),$(json "$j" "d['engine_stats'].get('crash_journal_keys', 0)")" >>"$CSV"
         done
     done
     for run in $(seq "$RUNS"); do
@@ -260,28 +268,28 @@ if [[ $SKIP != *c* ]]; then
             wait_port "$PORT" 30
             j="$OUT/c-server-$config-$run.json"
             "$BIN" bench --target "zipcache://127.0.0.1:$PORT" --mode fill --keys "$C_SERVER_KEYS" \
-                --value-size "$C_VALUE_SIZE" --server-pid "$SPID" --json "$j" >"${j%.json}.txt" 2>&1
+                "${VALUE_ARGS[@]}" --server-pid "$SPID" --json "$j" >"${j%.json}.txt" 2>&1
             s=$(stats "$PORT")
             stop_pid KILL "$SPID"
             SPID=""
             rm -rf "$DATA/c-srv" "${JOURNALS:?}/c-srv-$run"
             cj=$(stat "$s" crash_journal_bytes)
             so=$(stat "$s" ssd_objects)
-            echo "server,$config,$run,$(json "$j" "d['ops']"),$(json "$j" "d['server_cpu_seconds']"),$(json "$j" "round(d['server_cpu_seconds'] * 1e6 / d['ops'], 3)"),$(json "$j" "d['host_bytes_written']"),$so,${cj:-0},$(awk -v a="${cj:-0}" -v b="$so" 'BEGIN {printf "%.3f", b ? a / b : 0}'),$(stat "$s" crash_journal_incomplete),$(json "$j" "round(d['elapsed_s'], 1)")" >>"$CSV"
+            echo "server,$config,$run,$(json "$j" "d['ops']"),$(json "$j" "d['server_cpu_seconds']"),$(json "$j" "round(d['server_cpu_seconds'] * 1e6 / d['ops'], 3)"),$(json "$j" "d['host_bytes_written']"),$so,${cj:-0},$(awk -v a="${cj:-0}" -v b="$so" 'BEGIN {printf "%.3f", b ? a / b : 0}'),$(stat "$s" crash_journal_incomplete),$(json "$j" "round(d['elapsed_s'], 1)"),$(stat "$s" crash_journal_keys)" >>"$CSV"
         done
     done
     {
         echo "## c. cost of the crash journal: off vs on (default size, tmpfs)${BASE_BIN:+ vs base (before the journal)}"
         echo
-        echo "Fill of $C_KEYS keys in-process (\`zipcache bench --target zipcache --mode fill --dram $C_DRAM --ssd-size $C_SSD --value-size $C_VALUE_SIZE --set flush_wait_ms=60000\`) and of $C_SERVER_KEYS keys through \`zipcache serve\` (same sizes, \`--threads 2\`); $RUNS runs of each, alternating; medians. CPU: the bench process's (in-process, clients included) or the server's."
+        echo "Fill of $C_KEYS keys in-process (\`zipcache bench --target zipcache --mode fill --dram $C_DRAM --ssd-size $C_SSD ${VALUE_ARGS[*]} --set flush_wait_ms=60000${C_SET:+ --set }${C_SET:-}\`) and of $C_SERVER_KEYS keys through \`zipcache serve\` (same sizes and settings, \`--threads 2\`); $RUNS runs of each, alternating; medians. CPU: the bench process's (in-process, clients included) or the server's."
         echo
-        echo "| where | config | CPU µs per SET | host bytes written | ssd_objects | crash_journal_bytes | DRAM B per SSD object | incomplete |"
-        echo "|---|---|---:|---:|---:|---:|---:|---|"
+        echo "| where | config | CPU µs per SET | host bytes written | ssd_objects | crash_journal_bytes | DRAM B per SSD object | keys marked at the end | incomplete |"
+        echo "|---|---|---:|---:|---:|---:|---:|---:|---|"
         for where in in-process server; do
             for config in "${CONFIGS[@]}"; do
                 col() { awk -F, -v w="$where" -v c="$config" -v k="$1" 'NR > 1 && $1 == w && $2 == c {print $k}' "$CSV" | median; }
                 inc=$(awk -F, -v w="$where" -v c="$config" 'NR > 1 && $1 == w && $2 == c {print $11}' "$CSV" | sort -u | tr '\n' ' ')
-                echo "| $where | $config | $(col 6) | $(col 7) | $(col 8) | $(col 9) | $(col 10) | $inc |"
+                echo "| $where | $config | $(col 6) | $(col 7) | $(col 8) | $(col 9) | $(col 10) | $(col 13) | $inc |"
             done
         done
         echo

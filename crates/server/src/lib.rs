@@ -27,6 +27,7 @@ use zipcache::ZipCache;
 
 pub use crate::core::access::Credentials;
 pub use crate::core::auth::Password;
+pub use crate::core::cluster::{Announce, ClusterMode};
 pub use crate::core::{Runtime, ServerOptions, TlsFiles};
 pub use server::{ServerHandle, start};
 pub use settings::{Port, ServeArgs, Settings};
@@ -149,7 +150,7 @@ pub mod fuzzing {
         chunk: usize,
     ) -> Vec<u8> {
         drive(
-            RespSession::new(Parts::detached(cache, options).resp),
+            RespSession::new(Parts::detached(cache, options).resp, None),
             input,
             chunk,
         )
@@ -259,7 +260,10 @@ pub mod fuzzing {
             check_span(rest, len, framed);
             let argv: Vec<&[u8]> = args.iter().map(|a| a.as_ref()).collect();
             if !argv.is_empty() {
-                let _ = Command::parse(&argv, authenticated, refused(flush_all_enabled), cache);
+                for cluster in [false, true] {
+                    let refused = refused(flush_all_enabled);
+                    let _ = Command::parse(&argv, authenticated, refused, cluster, cache);
+                }
             }
             rest = &rest[len..];
         }

@@ -39,7 +39,7 @@ pub(crate) fn memcache_session(cache: Arc<ZipCache>, options: &ServerOptions) ->
 
 /// A RESP session over `cache`, outside a listening server.
 pub(crate) fn resp_session(cache: Arc<ZipCache>, options: &ServerOptions) -> RespSession {
-    RespSession::new(Parts::detached(cache, options).resp)
+    RespSession::new(Parts::detached(cache, options).resp, None)
 }
 
 /// Runs `input` (read whole) through `session` as `serve` does, and returns every byte

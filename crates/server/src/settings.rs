@@ -11,6 +11,7 @@ use clap::ValueEnum;
 use crate::core::TlsFiles;
 use crate::core::access::Credentials;
 use crate::core::auth::Password;
+use crate::core::cluster::{Announce, ClusterMode};
 use crate::core::{
     AUTH_TIMEOUT, DEFAULT_UNIX_SOCKET_MODE, FIRST_REQUEST_TIMEOUT, Runtime, ServerOptions,
 };
@@ -140,6 +141,18 @@ pub struct ServeArgs {
     /// [default: 10; 0 = never].
     #[arg(long, value_name = "SECS")]
     pub auth_timeout: Option<u64>,
+    /// Redis Cluster on the RESP port: `emulated` (one node owning all 16384 slots, for
+    /// cluster-aware clients) [default: off].
+    #[arg(long, value_enum)]
+    pub cluster_mode: Option<ClusterMode>,
+    /// The IP address CLUSTER SLOTS/SHARDS/NODES name for this node [default: the one
+    /// the client reached].
+    #[arg(long, value_name = "IP")]
+    pub cluster_announce_ip: Option<IpAddr>,
+    /// The port CLUSTER SLOTS/SHARDS/NODES name for this node [default: the one the
+    /// client reached].
+    #[arg(long, value_name = "PORT")]
+    pub cluster_announce_port: Option<u16>,
 }
 
 /// A protocol's port: a number (0 picks a free one) or `off` (`"off"` in the config file).
@@ -242,6 +255,8 @@ pub struct Settings {
     pub first_request_timeout: u64,
     /// Seconds; 0 = never.
     pub auth_timeout: u64,
+    pub cluster_mode: ClusterMode,
+    pub cluster_announce: Announce,
 }
 
 /// The users of a `user:password` file named by the flag `name`, if one is.
@@ -395,6 +410,11 @@ impl Settings {
                 .auth_timeout
                 .or(file.auth_timeout)
                 .unwrap_or(AUTH_TIMEOUT.as_secs()),
+            cluster_mode: args.cluster_mode.or(file.cluster_mode).unwrap_or_default(),
+            cluster_announce: Announce {
+                ip: args.cluster_announce_ip.or(file.cluster_announce_ip),
+                port: args.cluster_announce_port.or(file.cluster_announce_port),
+            },
         })
     }
 
@@ -487,6 +507,8 @@ impl Settings {
             max_clients_memory: self.max_clients_memory.map(saturating_usize),
             first_request_timeout: seconds(self.first_request_timeout),
             auth_timeout: seconds(self.auth_timeout),
+            cluster_mode: self.cluster_mode,
+            cluster_announce: self.cluster_announce,
         }
     }
 
@@ -549,8 +571,17 @@ impl Settings {
         let unix_socket = self.unix_socket.as_ref().map_or("off".to_string(), |path| {
             format!("{} (mode {:04o})", path.display(), self.unix_socket_mode)
         });
+        let cluster = match (self.cluster_mode, self.cluster_announce) {
+            (ClusterMode::Off, _) => "off".to_string(),
+            (mode, Announce { ip, port }) => format!(
+                "{mode:?}, announcing {} port {}",
+                ip.map_or("the address reached".into(), |ip| ip.to_string()),
+                port.map_or("reached".into(), |p| p.to_string())
+            )
+            .to_lowercase(),
+        };
         format!(
-            "zipcache serve settings:\n  listen           {}\n  memcached-port   {}\n  resp-port        {}\n  unix-socket      {unix_socket}\n  dram             {} bytes\n  data-dir         {}\n  ssd              {ssd}\n  crash journal    {crash_journal}\n  max-connections  {}\n  threads          {} ({} runtime)\n  metrics          {metrics}\n  tls              {tls}\n  requirepass      {}\n  auth-file        {}\n  auth-timeout     {}\n  keys-limit       {}\n  flush_all        {}\n  lru_crawler      {}\n  idle-timeout     {}\n  write-timeout    {}\n  input limits     max-request-size {} bytes, max-clients-memory {} bytes, first-request-timeout {}\n  shutdown command {}\n  engine: leaf_size={} subpages={} superleaf_size={} fill_threshold={} write_buffer={} bypass_r={} bypass_max_fraction={} tiny_max={} medium_max={} max_key_size={} max_value_size={} background_threads={} promotion={:?} rss_limit={} track_access={} evictions={}",
+            "zipcache serve settings:\n  listen           {}\n  memcached-port   {}\n  resp-port        {}\n  unix-socket      {unix_socket}\n  dram             {} bytes\n  data-dir         {}\n  ssd              {ssd}\n  crash journal    {crash_journal}\n  max-connections  {}\n  threads          {} ({} runtime)\n  metrics          {metrics}\n  tls              {tls}\n  requirepass      {}\n  auth-file        {}\n  auth-timeout     {}\n  keys-limit       {}\n  flush_all        {}\n  lru_crawler      {}\n  idle-timeout     {}\n  write-timeout    {}\n  input limits     max-request-size {} bytes, max-clients-memory {} bytes, first-request-timeout {}\n  shutdown command {}\n  cluster-mode     {cluster}\n  engine: leaf_size={} subpages={} superleaf_size={} fill_threshold={} write_buffer={} bypass_r={} bypass_max_fraction={} tiny_max={} medium_max={} max_key_size={} max_value_size={} background_threads={} promotion={:?} rss_limit={} track_access={} evictions={}",
             self.listen,
             port(self.memcached_port),
             port(self.resp_port),

@@ -53,6 +53,26 @@ fn compare(
     flush: &str,
     sentinel: (&str, &str),
 ) {
+    compare_as(
+        cases,
+        (real, real_server),
+        ours,
+        flush,
+        sentinel,
+        |_, reply| reply,
+    );
+}
+
+/// `compare`, each side's replies first passed through `normalize` (given which side:
+/// `true` for the real server) — for what differs by nature, such as node ids and ports.
+fn compare_as(
+    cases: &[&str],
+    (real, real_server): (SocketAddr, &mut ChildGuard),
+    ours: SocketAddr,
+    flush: &str,
+    sentinel: (&str, &str),
+    normalize: impl Fn(bool, Vec<u8>) -> Vec<u8>,
+) {
     let mut talk = |addr: SocketAddr, script: &str| {
         let send = || {
             exchange(
@@ -88,8 +108,8 @@ fn compare(
     for case in cases {
         talk(real, flush);
         talk(ours, flush);
-        let expected = talk(real, case);
-        let got = talk(ours, case);
+        let expected = normalize(true, talk(real, case));
+        let got = normalize(false, talk(ours, case));
         if expected != got {
             mismatches.push(format!(
                 "{case:?}\n  real: {:?}\n  ours: {:?}",
@@ -166,6 +186,8 @@ fn memcached_replies_match_the_real_memcached() {
 }
 
 const RESP_CASES: &[&str] = &[
+    // Without cluster mode, as a plain Redis.
+    "CLUSTER INFO\r\nCLUSTER SLOTS\r\nCLUSTER KEYSLOT foo\r\nREADONLY\r\nREADWRITE\r\nASKING\r\nCLUSTER\r\nINFO cluster\r\nmget a b\r\n",
     "PING\r\nping hello\r\necho\r\nfoo a b\r\nget\r\nset k v\r\nget k\r\nset k v NX\r\nset k v2 XX GET\r\nset k v EX 0\r\nset k v EX x\r\nset k v FOO\r\nset k v EX 10 PX 10\r\nttl k\r\nset k v EX 100\r\nttl k\r\npersist k\r\nttl k\r\nttl nokey\r\n",
     "set n 10\r\nincr n\r\nincrby n 5\r\ndecrby n x\r\nincr k\r\nset big 9223372036854775807\r\nincr big\r\ndecr newkey\r\nmset a 1 b\r\nmset a 1 b 2\r\nmget a b zz\r\nexists a b zz\r\ndel a b zz\r\nexpire n 100\r\nexpire n 50 GT\r\nexpire n 200 GT\r\nttl n\r\nexpire n -1\r\nexists n\r\nselect 0\r\nselect x\r\n",
     "*1\r\n$4\r\nPING\r\n*2\r\n$3\r\nGET\r\n$1\r\nk\r\n",
@@ -307,4 +329,114 @@ fn resp_flush_refusal_matches_the_real_redis() {
         "DEL k\r\n",
         ("ECHO sentinel\r\n", "$8\r\nsentinel\r\n"),
     );
+}
+
+/// `--cluster-mode emulated` against a redis-server in cluster mode that owns every slot
+/// (`CLUSTER ADDSLOTSRANGE 0 16383`): the node id, its port and its cluster bus port (we
+/// have no bus: 0) are set aside, and HELLO's version and client id.
+const RESP_CLUSTER_CASES: &[&str] = &[
+    "CLUSTER INFO\r\nCLUSTER MYID\r\nCLUSTER SLOTS\r\nCLUSTER SHARDS\r\nCLUSTER NODES\r\nCLUSTER LINKS\r\n",
+    "CLUSTER KEYSLOT foo\r\nCLUSTER KEYSLOT {user1}.x\r\nCLUSTER KEYSLOT foo{}{bar}\r\nCLUSTER KEYSLOT foo{{bar}}zap\r\nCLUSTER KEYSLOT \"\"\r\n",
+    "CLUSTER\r\nCLUSTER BOGUS\r\nCLUSTER KEYSLOT\r\nCLUSTER KEYSLOT a b\r\nCLUSTER INFO x\r\nCLUSTER COUNTKEYSINSLOT 16384\r\nCLUSTER COUNTKEYSINSLOT -1\r\nCLUSTER COUNTKEYSINSLOT x\r\nCLUSTER GETKEYSINSLOT 1 -1\r\nCLUSTER GETKEYSINSLOT 16384 1\r\nCLUSTER GETKEYSINSLOT x 1\r\nCLUSTER GETKEYSINSLOT 1 x\r\n",
+    "SET foo bar\r\nCLUSTER COUNTKEYSINSLOT 12182\r\nCLUSTER GETKEYSINSLOT 12182 10\r\nCLUSTER GETKEYSINSLOT 12182 0\r\nSET {foo}2 x\r\nCLUSTER COUNTKEYSINSLOT 12182\r\nCLUSTER COUNTKEYSINSLOT 0\r\n",
+    // (GETKEYSINSLOT of several keys: Redis lists the newest first, we in key order.)
+    "MGET a b\r\nDEL a b\r\nUNLINK a b\r\nEXISTS a b\r\nMSET a 1 b 2\r\nMSETNX a 1 b 2\r\nMSET {t}a 1 {t}b 2\r\nMGET {t}a {t}b\r\nDEL {t}a {t}b\r\nMSET a 1 b\r\nMGET a\r\n",
+    "SELECT 0\r\nSELECT 1\r\nSELECT x\r\nREADONLY\r\nREADWRITE\r\nASKING\r\nREADONLY x\r\nINFO cluster\r\n",
+    "HELLO 3\r\nCLUSTER SLOTS\r\nCLUSTER SHARDS\r\nCLUSTER INFO\r\nCLUSTER NODES\r\nINFO cluster\r\n",
+];
+
+#[test]
+fn resp_cluster_replies_match_the_real_redis_cluster() {
+    let dir = std::env::temp_dir().join(format!("zipcache-cluster-diff-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let nodes = dir.join("nodes.conf");
+    let nodes = nodes.to_str().unwrap();
+    let (port, mut real) = real_redis(&[
+        "--cluster-enabled",
+        "yes",
+        "--cluster-config-file",
+        nodes,
+        "--cluster-announce-ip",
+        "127.0.0.1",
+    ]);
+    let real_addr: SocketAddr = ([127, 0, 0, 1], port).into();
+    let ask = |script: &str| exchange(real_addr, script.as_bytes(), b"ECHO s\r\n", b"$1\r\ns\r\n");
+    ask("CLUSTER ADDSLOTSRANGE 0 16383\r\n").unwrap();
+    let started = std::time::Instant::now();
+    while !String::from_utf8_lossy(&ask("CLUSTER INFO\r\n").unwrap()).contains("cluster_state:ok") {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "redis cluster never ok"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let ours = TestServer::with_options(ServerOptions {
+        cluster_mode: zipcache_server::ClusterMode::Emulated,
+        ..TestServer::options()
+    });
+    let ours_addr = ours.resp;
+    compare_as(
+        RESP_CLUSTER_CASES,
+        (real_addr, &mut real),
+        ours_addr,
+        "FLUSHALL\r\n",
+        ("ECHO sentinel\r\n", "$8\r\nsentinel\r\n"),
+        |real_side, reply| {
+            let port = if real_side { port } else { ours_addr.port() };
+            normalize_node(&reply, port)
+        },
+    );
+    drop(real);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A cluster reply with the node's id, port and bus port set aside, and HELLO's version
+/// and client id: replaced by `<id>`, `<port>`, `<bus>`, `<version>` and `<client>`, and
+/// the length of the bulk or verbatim string holding a CLUSTER NODES line by `<len>`.
+/// (The ports are ephemeral, above every slot number a case asks about.)
+fn normalize_node(reply: &[u8], port: u16) -> Vec<u8> {
+    let text = String::from_utf8_lossy(reply).into_owned();
+    let mut lines: Vec<String> = Vec::new();
+    for line in text.split("\r\n") {
+        let mut line: String = line
+            .split(' ')
+            .map(|word| {
+                // A verbatim string starts with its format.
+                let (format, id) = word.split_at(if word.starts_with("txt:") { 4 } else { 0 });
+                let hex = id.len() == 40 && id.bytes().all(|b| b.is_ascii_hexdigit());
+                if hex {
+                    format!("{format}<id>")
+                } else {
+                    word.to_string()
+                }
+            })
+            .collect::<Vec<_>>()
+            .join(" ");
+        if line == format!(":{port}") {
+            line = ":<port>".into();
+        }
+        if let Some(at) = line.find(&format!(":{port}@")) {
+            let bus = at + format!(":{port}@").len();
+            let end = line[bus..].find(' ').map_or(line.len(), |n| bus + n);
+            line.replace_range(at..end, ":<port>@<bus>");
+            if let Some(header) = lines.last_mut().filter(|h| h.starts_with(['$', '='])) {
+                header.replace_range(1.., "<len>");
+            }
+        }
+        if line == "$40" {
+            line = "$<idlen>".into();
+        }
+        lines.push(line);
+    }
+    let mut text = lines.join("\r\n");
+    for version in ["$6\r\n7.0.15\r\n", "$5\r\n7.0.0\r\n"] {
+        text = text.replace(version, "<version>\r\n");
+    }
+    if let Some(at) = text.find("$2\r\nid\r\n:") {
+        let start = at + "$2\r\nid\r\n:".len();
+        let digits = text[start..].find('\r').unwrap_or(0);
+        text.replace_range(start..start + digits, "<client>");
+    }
+    text.into_bytes()
 }

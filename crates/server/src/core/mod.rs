@@ -4,6 +4,7 @@
 
 pub mod access;
 pub mod auth;
+pub mod cluster;
 mod options;
 pub mod stats;
 
@@ -67,6 +68,8 @@ pub struct Core {
     pub shutdown_enabled: bool,
     /// A client's `shutdown`: whoever runs the server (`run`) waits on it as on a signal.
     pub shutdown_requested: Arc<Notify>,
+    /// This node of a Redis Cluster (`--cluster-mode`).
+    pub cluster: cluster::Cluster,
 }
 
 impl Core {
@@ -82,6 +85,7 @@ impl Core {
             flush_all_enabled: options.flush_all_enabled,
             shutdown_enabled: options.shutdown_enabled,
             shutdown_requested: Arc::new(Notify::new()),
+            cluster: cluster::Cluster::new(options.cluster_mode, options.cluster_announce),
         }
     }
 }

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use super::access::Credentials;
 use super::auth::Password;
+use super::cluster::{Announce, ClusterMode};
 
 /// How long a new connection may take to send its first complete request.
 pub const FIRST_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
@@ -97,6 +98,10 @@ pub struct ServerOptions {
     /// The only users who may scrape `/metrics` (`--metrics-auth-file`); without them,
     /// no one may when the data ports require a login.
     pub metrics_users: Option<Arc<Credentials>>,
+    /// How the RESP port takes part in a Redis Cluster (`core/cluster.rs`).
+    pub cluster_mode: ClusterMode,
+    /// The address `CLUSTER SLOTS` and the others name for this node, where set.
+    pub cluster_announce: Announce,
 }
 
 impl ServerOptions {
@@ -145,6 +150,8 @@ impl Default for ServerOptions {
             first_request_timeout: Some(FIRST_REQUEST_TIMEOUT),
             auth_timeout: Some(AUTH_TIMEOUT),
             metrics_users: None,
+            cluster_mode: ClusterMode::Off,
+            cluster_announce: Announce::default(),
         }
     }
 }

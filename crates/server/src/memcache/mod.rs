@@ -15,6 +15,7 @@ pub mod watch;
 
 pub use crawler::Crawler;
 
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -109,7 +110,7 @@ pub struct RequestContext<'a> {
 impl Protocol for Memcached {
     type Session = MemcacheSession;
 
-    fn open(self: Arc<Self>, peer: Peer) -> MemcacheSession {
+    fn open(self: Arc<Self>, peer: Peer, _local: Option<SocketAddr>) -> MemcacheSession {
         MemcacheSession::accepted(self, Some(peer))
     }
 

@@ -6,6 +6,7 @@ pub mod parse;
 
 use std::convert::Infallible;
 use std::io::Write as _;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -49,8 +50,8 @@ impl Resp {
 impl Protocol for Resp {
     type Session = RespSession;
 
-    fn open(self: Arc<Self>, _peer: Peer) -> RespSession {
-        RespSession::new(self)
+    fn open(self: Arc<Self>, _peer: Peer, local: Option<SocketAddr>) -> RespSession {
+        RespSession::new(self, local)
     }
 
     fn over_limit(&self) -> &'static [u8] {
@@ -66,6 +67,9 @@ pub struct Client {
     /// True from the start when the access policy requires no login.
     authenticated: bool,
     logins: Logins,
+    /// The address the client reached (`None` over the unix socket): what a cluster node
+    /// tells it to reach the node at (`core/cluster.rs`).
+    local: Option<SocketAddr>,
 }
 
 /// One RESP connection.
@@ -82,13 +86,14 @@ pub struct RespSession {
 }
 
 impl RespSession {
-    pub fn new(shared: Arc<Resp>) -> RespSession {
+    pub fn new(shared: Arc<Resp>, local: Option<SocketAddr>) -> RespSession {
         let client = Client {
             id: NEXT_CLIENT_ID.fetch_add(1, Ordering::Relaxed),
             name: None,
             resp3: false,
             authenticated: !shared.core.access.required(),
             logins: Logins::default(),
+            local,
         };
         RespSession {
             shared,
@@ -252,6 +257,20 @@ impl Reply<'_> {
 
     pub fn array(&mut self, len: usize) {
         self.header(b'*', len);
+    }
+
+    /// Text for a person to read (INFO, CLUSTER INFO and NODES): RESP3's verbatim string
+    /// of format `txt`, a bulk string in RESP2.
+    pub fn verbatim(&mut self, text: &[u8]) {
+        if self.resp3 {
+            self.buf.reserve(text.len() + 24);
+            self.header(b'=', text.len() + 4);
+            self.buf.extend_from_slice(b"txt:");
+            self.buf.extend_from_slice(text);
+            self.buf.extend_from_slice(b"\r\n");
+        } else {
+            self.bulk(text);
+        }
     }
 
     /// A map of `pairs` entries; RESP2 sends it as a flat array.

@@ -104,8 +104,9 @@ pub enum Peer {
 pub trait Protocol: Send + Sync + 'static {
     type Session: Session + Send + 'static;
 
-    /// The session of a connection accepted from `peer`.
-    fn open(self: Arc<Self>, peer: Peer) -> Self::Session;
+    /// The session of a connection accepted from `peer`, which reached this server at
+    /// `local` (`None` over the unix socket).
+    fn open(self: Arc<Self>, peer: Peer, local: Option<SocketAddr>) -> Self::Session;
 
     /// What a client over the connection limit is told before it is dropped.
     fn over_limit(&self) -> &'static [u8];
@@ -142,21 +143,22 @@ impl<P: Protocol> Sessions for P {
             // `stats conns` and memcached's connection events list no failed handshake.
             match (client, &transport.tls) {
                 (Client::Tcp(stream, peer), None) => {
-                    let session = self.open(Peer::Tcp(peer));
+                    let session = self.open(Peer::Tcp(peer), stream.local_addr().ok());
                     connection::serve(stream, session, &transport, stopped, here).await;
                 }
                 (Client::Tcp(stream, peer), Some(tls)) => {
+                    let local = stream.local_addr().ok();
                     let handshake = tls.acceptor().accept(stream);
                     let handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake);
                     if let Ok(Ok(stream)) = handshake.await {
-                        let session = self.open(Peer::Tcp(peer));
+                        let session = self.open(Peer::Tcp(peer), local);
                         connection::serve(stream, session, &transport, stopped, here).await;
                     }
                 }
                 // The socket file's mode says who may connect, and nothing leaves the
                 // host: no TLS there, as memcached and Redis serve theirs.
                 (Client::Unix(stream), _) => {
-                    let session = self.open(Peer::Unix);
+                    let session = self.open(Peer::Unix, None);
                     connection::serve(stream, session, &transport, stopped, here).await;
                 }
             }

@@ -1,8 +1,10 @@
 //! Connection commands: PING ECHO QUIT SELECT CLIENT (ID GETNAME SETNAME SETINFO) HELLO
-//! AUTH. Only these see the client's own state.
+//! AUTH. Only these see the client's own state (and CLUSTER, the address it reached).
 
 use super::server::REDIS_VERSION;
-use super::{Command, ErrorReply, Flow, NOT_INTEGER, Result, SYNTAX, Spec, integer, spec};
+use super::{
+    Command, ErrorReply, Flow, NOT_INTEGER, Result, SYNTAX, Spec, integer, spec, with_subcommands,
+};
 use crate::core::access::DEFAULT_USER;
 use crate::resp::Resp;
 use crate::resp::{Client, Reply};
@@ -30,11 +32,12 @@ pub const COMMANDS: &[Spec] = &[
         Ok(ConnectionCommand::Quit.into())
     }),
     spec("select", 2, |a| match integer(a.next()?) {
-        Some(0) => Ok(ConnectionCommand::Select.into()),
-        Some(_) => Err("ERR DB index is out of range".into()),
+        Some(db) => Ok(ConnectionCommand::Select { db }.into()),
         None => Err(NOT_INTEGER.into()),
     }),
-    spec("client", -2, |a| a.subcommand(CLIENT_SUBCOMMANDS)),
+    with_subcommands("client", -2, CLIENT_SUBCOMMANDS, |a| {
+        a.subcommand(CLIENT_SUBCOMMANDS)
+    }),
     spec("hello", -1, hello),
     spec("auth", -2, |a| {
         let (user, password) = match a.rest() {
@@ -84,7 +87,10 @@ pub enum ConnectionCommand<'a> {
         message: &'a [u8],
     },
     Quit,
-    Select,
+    /// Only database 0 exists.
+    Select {
+        db: i64,
+    },
     ClientId,
     ClientGetName,
     /// An empty name clears it.
@@ -162,7 +168,13 @@ impl ConnectionCommand<'_> {
                 out.simple("OK");
                 return Ok(Flow::Close);
             }
-            ConnectionCommand::Select | ConnectionCommand::ClientSetInfo => out.simple("OK"),
+            ConnectionCommand::Select { db: 0 } | ConnectionCommand::ClientSetInfo => {
+                out.simple("OK")
+            }
+            ConnectionCommand::Select { .. } if shared.core.cluster.enabled() => {
+                return Err("ERR SELECT is not allowed in cluster mode".into());
+            }
+            ConnectionCommand::Select { .. } => return Err("ERR DB index is out of range".into()),
             ConnectionCommand::ClientId => out.integer(client.id as i64),
             ConnectionCommand::ClientGetName => out.maybe_bulk(client.name.as_deref()),
             ConnectionCommand::ClientSetName { name } => {
@@ -187,7 +199,7 @@ impl ConnectionCommand<'_> {
                 client.resp3 = resp3.unwrap_or(client.resp3);
                 // The reply already speaks the protocol version just chosen.
                 out.resp3 = client.resp3;
-                hello_reply(client, out);
+                hello_reply(client, shared.core.cluster.enabled(), out);
             }
             ConnectionCommand::Auth { user, password } => {
                 if user.is_none() && !shared.core.access.required() {
@@ -227,7 +239,7 @@ fn log_in(
     }
 }
 
-fn hello_reply(client: &Client, out: &mut Reply) {
+fn hello_reply(client: &Client, cluster: bool, out: &mut Reply) {
     out.map(7);
     for (key, value) in [("server", "redis"), ("version", REDIS_VERSION)] {
         out.bulk(key.as_bytes());
@@ -237,7 +249,8 @@ fn hello_reply(client: &Client, out: &mut Reply) {
     out.integer(if client.resp3 { 3 } else { 2 });
     out.bulk(b"id");
     out.integer(client.id as i64);
-    for (key, value) in [("mode", "standalone"), ("role", "master")] {
+    let mode = if cluster { "cluster" } else { "standalone" };
+    for (key, value) in [("mode", mode), ("role", "master")] {
         out.bulk(key.as_bytes());
         out.bulk(value.as_bytes());
     }

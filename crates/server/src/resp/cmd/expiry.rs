@@ -4,22 +4,30 @@
 use zipcache::Update;
 
 use super::{
-    Args, Command, NO_TOUCH, NOT_INTEGER, Result, Spec, expiry_ms, integer, invalid_expire, redate,
-    spec,
+    Args, Command, NO_TOUCH, NOT_INTEGER, READS_ONE, Result, Spec, WRITES_ONE, expiry_ms, integer,
+    invalid_expire, keyed, redate,
 };
 use crate::resp::Reply;
 use crate::resp::Resp;
 
 pub const COMMANDS: &[Spec] = &[
-    spec("expire", -3, |a| expire(a, 1000, false, "expire")),
-    spec("pexpire", -3, |a| expire(a, 1, false, "pexpire")),
-    spec("expireat", -3, |a| expire(a, 1000, true, "expireat")),
-    spec("pexpireat", -3, |a| expire(a, 1, true, "pexpireat")),
-    spec("ttl", 2, |a| ttl(a, false, false)),
-    spec("pttl", 2, |a| ttl(a, true, false)),
-    spec("expiretime", 2, |a| ttl(a, false, true)),
-    spec("pexpiretime", 2, |a| ttl(a, true, true)),
-    spec("persist", 2, |a| {
+    keyed("expire", -3, WRITES_ONE, |a| {
+        expire(a, 1000, false, "expire")
+    }),
+    keyed("pexpire", -3, WRITES_ONE, |a| {
+        expire(a, 1, false, "pexpire")
+    }),
+    keyed("expireat", -3, WRITES_ONE, |a| {
+        expire(a, 1000, true, "expireat")
+    }),
+    keyed("pexpireat", -3, WRITES_ONE, |a| {
+        expire(a, 1, true, "pexpireat")
+    }),
+    keyed("ttl", 2, READS_ONE, |a| ttl(a, false, false)),
+    keyed("pttl", 2, READS_ONE, |a| ttl(a, true, false)),
+    keyed("expiretime", 2, READS_ONE, |a| ttl(a, false, true)),
+    keyed("pexpiretime", 2, READS_ONE, |a| ttl(a, true, true)),
+    keyed("persist", 2, WRITES_ONE, |a| {
         Ok(ExpiryCommand::Persist { key: a.next()? }.into())
     }),
 ];

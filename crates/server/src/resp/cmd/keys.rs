@@ -7,7 +7,10 @@ use std::ops::Bound;
 
 use zipcache::ZipCache;
 
-use super::{Args, Command, NOT_INTEGER, Result, SYNTAX, Spec, integer, spec};
+use super::{
+    Args, Command, NOT_INTEGER, READS_ALL, READS_ONE, Result, SYNTAX, Spec, WRITES_ALL, integer,
+    keyed, spec,
+};
 use crate::resp::Resp;
 use crate::resp::{Reply, glob};
 use crate::transport::output::OUTPUT_BUDGET;
@@ -23,20 +26,18 @@ const BATCH: usize = 64;
 const BULK_OVERHEAD: usize = 16;
 
 pub const COMMANDS: &[Spec] = &[
-    spec("del", -2, |a| {
+    keyed("del", -2, WRITES_ALL, |a| {
         Ok(KeyCommand::Delete { keys: a.rest() }.into())
     }),
-    spec("unlink", -2, |a| {
+    keyed("unlink", -2, WRITES_ALL, |a| {
         Ok(KeyCommand::Delete { keys: a.rest() }.into())
     }),
-    spec("exists", -2, |a| {
+    keyed("exists", -2, READS_ALL, |a| {
         Ok(KeyCommand::Exists { keys: a.rest() }.into())
     }),
-    spec(
-        "type",
-        2,
-        |a| Ok(KeyCommand::Type { key: a.next()? }.into()),
-    ),
+    keyed("type", 2, READS_ONE, |a| {
+        Ok(KeyCommand::Type { key: a.next()? }.into())
+    }),
     spec("scan", -2, scan),
     spec("keys", 2, |a| {
         Ok(KeyCommand::Keys { pattern: a.next()? }.into())
@@ -266,7 +267,7 @@ impl KeyCommand<'_> {
 /// Walks the keys of the live objects of the range from `start` to `end` in key order,
 /// at most `limit` of them, a batch at a time, until `visit` returns false: the last key
 /// walked if the walk stopped before the range's end (maybe at it), else `None`.
-fn walk(
+pub(super) fn walk(
     cache: &ZipCache,
     mut start: Bound<Vec<u8>>,
     end: Bound<&[u8]>,

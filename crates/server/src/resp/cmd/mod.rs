@@ -4,6 +4,7 @@
 //! Redis's order (so a bad request gets Redis's error), and only a complete typed
 //! [`Command`] runs against the engine.
 
+mod cluster;
 mod connection;
 mod expiry;
 mod keys;
@@ -74,6 +75,7 @@ pub enum Command<'a> {
     Expiry(expiry::ExpiryCommand<'a>),
     Server(server::ServerCommand<'a>),
     Connection(connection::ConnectionCommand<'a>),
+    Cluster(cluster::ClusterCommand<'a>),
 }
 
 type Parser = for<'a> fn(&mut Args<'a>) -> Result<Command<'a>>;
@@ -84,10 +86,97 @@ pub struct Spec {
     name: &'static str,
     arity: i32,
     parse: Parser,
+    /// Where its keys are, for COMMAND (cluster clients route by them); `None`: it names
+    /// no key.
+    keys: Option<KeyPositions>,
+    /// A command with subcommands: their table.
+    subcommands: &'static [Spec],
 }
 
+/// Where a command's keys are among its arguments, as COMMAND reports them: from `first`
+/// to `last` (negative: counted from the end), every `step`th; and whether it writes.
+#[derive(Clone, Copy)]
+pub struct KeyPositions {
+    first: i32,
+    last: i32,
+    step: i32,
+    writes: bool,
+}
+
+impl KeyPositions {
+    /// The keys among `argv` (the command's name first).
+    fn of<'a>(self, argv: &'a [&'a [u8]]) -> impl Iterator<Item = &'a [u8]> {
+        let argc = argv.len() as i32;
+        let last = if self.last < 0 {
+            argc + self.last
+        } else {
+            self.last
+        };
+        let step = self.step.max(1) as usize;
+        (self.first..=last)
+            .step_by(step)
+            .filter_map(move |i| argv.get(i as usize).copied())
+    }
+}
+
+/// Reads the key that is its first argument.
+pub const READS_ONE: KeyPositions = KeyPositions {
+    first: 1,
+    last: 1,
+    step: 1,
+    writes: false,
+};
+/// Writes the key that is its first argument.
+pub const WRITES_ONE: KeyPositions = KeyPositions {
+    writes: true,
+    ..READS_ONE
+};
+/// Reads every argument as a key.
+pub const READS_ALL: KeyPositions = KeyPositions {
+    last: -1,
+    ..READS_ONE
+};
+/// Writes every argument as a key.
+pub const WRITES_ALL: KeyPositions = KeyPositions {
+    writes: true,
+    ..READS_ALL
+};
+/// Writes key/value pairs.
+pub const WRITES_PAIRS: KeyPositions = KeyPositions {
+    step: 2,
+    ..WRITES_ALL
+};
+
+/// A command that names no key.
 pub const fn spec(name: &'static str, arity: i32, parse: Parser) -> Spec {
-    Spec { name, arity, parse }
+    Spec {
+        name,
+        arity,
+        parse,
+        keys: None,
+        subcommands: &[],
+    }
+}
+
+/// A command whose keys are at `keys`.
+pub const fn keyed(name: &'static str, arity: i32, keys: KeyPositions, parse: Parser) -> Spec {
+    Spec {
+        keys: Some(keys),
+        ..spec(name, arity, parse)
+    }
+}
+
+/// A command of subcommands (`CLIENT`, `CLUSTER`): `parse` dispatches into `table`.
+pub const fn with_subcommands(
+    name: &'static str,
+    arity: i32,
+    table: &'static [Spec],
+    parse: Parser,
+) -> Spec {
+    Spec {
+        subcommands: table,
+        ..spec(name, arity, parse)
+    }
 }
 
 impl Spec {
@@ -101,12 +190,13 @@ impl Spec {
     }
 }
 
-const FAMILIES: [&[Spec]; 5] = [
+const FAMILIES: [&[Spec]; 6] = [
     strings::COMMANDS,
     keys::COMMANDS,
     expiry::COMMANDS,
     server::COMMANDS,
     connection::COMMANDS,
+    cluster::COMMANDS,
 ];
 
 fn lookup<'t>(table: &'t [Spec], name: &[u8]) -> Option<&'t Spec> {
@@ -118,6 +208,60 @@ fn lookup<'t>(table: &'t [Spec], name: &[u8]) -> Option<&'t Spec> {
 /// Every command name we serve (COMMAND COUNT, the fuzz targets).
 pub fn names() -> impl Iterator<Item = &'static str> {
     FAMILIES.into_iter().flatten().map(|spec| spec.name)
+}
+
+/// COMMAND's reply: every command (`asked` `None`), or COMMAND INFO's — each name's entry,
+/// nil for a name not served.
+pub fn command_table(out: &mut Reply, asked: Option<&[&[u8]]>) {
+    match asked {
+        None => {
+            out.array(names().count());
+            for spec in FAMILIES.into_iter().flatten() {
+                command_entry(out, spec, spec.name);
+            }
+        }
+        Some(names) => {
+            out.array(names.len());
+            for name in names {
+                match FAMILIES.iter().find_map(|table| lookup(table, name)) {
+                    Some(spec) => command_entry(out, spec, spec.name),
+                    None => out.nil(),
+                }
+            }
+        }
+    }
+}
+
+/// One command as Redis 7's COMMAND describes it: name, arity, flags, first key, last key,
+/// step, ACL categories, tips, key specifications (none: the positions say it all) and
+/// subcommands, each described the same way as `command|subcommand`.
+fn command_entry(out: &mut Reply, spec: &Spec, name: &str) {
+    out.array(10);
+    out.bulk(name.as_bytes());
+    out.integer(i64::from(spec.arity));
+    let (first, last, step, flag) = match spec.keys {
+        Some(k) => (
+            k.first,
+            k.last,
+            k.step,
+            Some(if k.writes { "write" } else { "readonly" }),
+        ),
+        None => (0, 0, 0, None),
+    };
+    out.array(usize::from(flag.is_some()));
+    if let Some(flag) = flag {
+        out.simple(flag);
+    }
+    for n in [first, last, step] {
+        out.integer(i64::from(n));
+    }
+    for _ in 0..3 {
+        out.array(0);
+    }
+    out.array(spec.subcommands.len());
+    for sub in spec.subcommands {
+        command_entry(out, sub, &format!("{name}|{}", sub.name));
+    }
 }
 
 fn wrong_number(name: &str) -> ErrorReply {
@@ -142,14 +286,20 @@ pub fn execute(
     reads: &mut Prefetch,
 ) -> Flow {
     let refused = refused(shared.core.flush_all_enabled);
-    let outcome = Command::parse(argv, client.authenticated, refused, &shared.core.cache).and_then(
-        |command| {
-            if reads.admit(&shared.core.cache, || command.access()) == 0 {
-                return Ok(Flow::Await);
-            }
-            command.execute(shared, client, out, reads)
-        },
-    );
+    let cluster = shared.core.cluster.enabled();
+    let outcome = Command::parse(
+        argv,
+        client.authenticated,
+        refused,
+        cluster,
+        &shared.core.cache,
+    )
+    .and_then(|command| {
+        if reads.admit(&shared.core.cache, || command.access()) == 0 {
+            return Ok(Flow::Await);
+        }
+        command.execute(shared, client, out, reads)
+    });
     match outcome {
         Ok(flow) => flow,
         Err(ErrorReply(message)) => {
@@ -168,7 +318,14 @@ pub fn read_ahead(
     ahead: &mut ReadAhead<'_>,
 ) -> bool {
     let refused = refused(shared.core.flush_all_enabled);
-    match Command::parse(argv, client.authenticated, refused, &shared.core.cache) {
+    let cluster = shared.core.cluster.enabled();
+    match Command::parse(
+        argv,
+        client.authenticated,
+        refused,
+        cluster,
+        &shared.core.cache,
+    ) {
         Ok(command) => ahead.pass(&shared.core.cache, &command.access()),
         Err(_) => false,
     }
@@ -212,12 +369,14 @@ impl<'a> Command<'a> {
     }
 
     /// Name, arity, authentication, permission (`refused` names the commands this server
-    /// does not allow: a Redis ACL's `NOPERM`), then the command's own syntax, as Redis
-    /// checks them; arguments its parser left over are a syntax error.
+    /// does not allow: a Redis ACL's `NOPERM`), in `cluster` mode the slots of its keys
+    /// (`-CROSSSLOT`), then the command's own syntax, as Redis checks them; arguments its
+    /// parser left over are a syntax error.
     pub fn parse(
         argv: &'a [&'a [u8]],
         authenticated: bool,
         refused: &[&str],
+        cluster: bool,
         cache: &'a ZipCache,
     ) -> Result<Command<'a>> {
         let Some((name, _)) = argv.split_first() else {
@@ -239,6 +398,9 @@ impl<'a> Command<'a> {
                 spec.name
             )
             .into());
+        }
+        if cluster && let Some(keys) = spec.keys {
+            cluster::same_slot(keys.of(argv))?;
         }
         let mut args = Args {
             argv,
@@ -266,6 +428,7 @@ impl<'a> Command<'a> {
             Command::Expiry(command) => command.execute(shared, out)?,
             Command::Server(command) => command.execute(shared, out)?,
             Command::Connection(command) => return command.execute(shared, client, out),
+            Command::Cluster(command) => command.execute(shared, client, out)?,
         }
         Ok(Flow::Continue)
     }
@@ -466,6 +629,61 @@ mod tests {
         }
         for name in BEFORE_AUTH.iter().chain(&FLUSHES) {
             assert!(names.contains(name), "{name}");
+        }
+    }
+
+    /// The keys COMMAND's positions name are the ones each command's parser takes: a
+    /// cluster client routes by them, and the node checks their slots by them.
+    #[test]
+    fn key_positions_name_the_keys_the_parsers_take() {
+        let keys_of = |argv: &[&[u8]]| -> Vec<Vec<u8>> {
+            let spec = FAMILIES.iter().find_map(|t| lookup(t, argv[0])).unwrap();
+            spec.keys
+                .map(|k| k.of(argv).map(<[u8]>::to_vec).collect())
+                .unwrap_or_default()
+        };
+        let k = |s: &str| s.as_bytes().to_vec();
+        assert_eq!(keys_of(&[b"get", b"a"]), [k("a")]);
+        assert_eq!(keys_of(&[b"set", b"a", b"v", b"EX", b"10"]), [k("a")]);
+        assert_eq!(
+            keys_of(&[b"mget", b"a", b"b", b"c"]),
+            [k("a"), k("b"), k("c")]
+        );
+        assert_eq!(
+            keys_of(&[b"mset", b"a", b"1", b"b", b"2"]),
+            [k("a"), k("b")]
+        );
+        // An odd MSET still names its keys: the slot check comes before the arity of
+        // pairs, as in Redis.
+        assert_eq!(keys_of(&[b"mset", b"a", b"1", b"b"]), [k("a"), k("b")]);
+        assert_eq!(keys_of(&[b"del", b"a", b"b"]), [k("a"), k("b")]);
+        assert_eq!(keys_of(&[b"expire", b"a", b"10"]), [k("a")]);
+        assert!(keys_of(&[b"scan", b"0"]).is_empty());
+        assert!(keys_of(&[b"cluster", b"keyslot", b"a"]).is_empty());
+        // Every command that names keys says where they are.
+        let keyed = |name: &str| {
+            FAMILIES
+                .iter()
+                .find_map(|t| lookup(t, name.as_bytes()))
+                .unwrap()
+                .keys
+                .is_some()
+        };
+        for name in [
+            "get",
+            "set",
+            "getdel",
+            "incrbyfloat",
+            "setrange",
+            "msetnx",
+            "unlink",
+            "exists",
+            "type",
+            "ttl",
+            "persist",
+            "pexpireat",
+        ] {
+            assert!(keyed(name), "{name}");
         }
     }
 

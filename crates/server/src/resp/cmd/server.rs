@@ -1,6 +1,6 @@
 //! Server commands: INFO, COMMAND (COUNT DOCS INFO), CONFIG (GET RESETSTAT SET).
 
-use super::{Command, Result, Spec, names, spec};
+use super::{Command, Result, Spec, command_table, names, spec, with_subcommands};
 use crate::core::stats::engine_metrics;
 use crate::resp::Resp;
 use crate::resp::{Reply, glob};
@@ -12,26 +12,31 @@ pub const COMMANDS: &[Spec] = &[
     spec("info", -1, |a| {
         Ok(ServerCommand::Info { sections: a.rest() }.into())
     }),
-    spec("command", -1, |a| {
+    with_subcommands("command", -1, COMMAND_SUBCOMMANDS, |a| {
         if a.remaining() == 0 {
-            return Ok(ServerCommand::EmptyTable.into());
+            return Ok(ServerCommand::CommandTable { names: None }.into());
         }
         a.subcommand(COMMAND_SUBCOMMANDS)
     }),
-    spec("config", -2, |a| a.subcommand(CONFIG_SUBCOMMANDS)),
+    with_subcommands("config", -2, CONFIG_SUBCOMMANDS, |a| {
+        a.subcommand(CONFIG_SUBCOMMANDS)
+    }),
 ];
 
 const COMMAND_SUBCOMMANDS: &[Spec] = &[
     spec("count", 2, |_| Ok(ServerCommand::CommandCount.into())),
-    spec("docs", -2, any_names),
-    spec("info", -2, any_names),
+    // No documentation is served: whatever names are asked about, the table is empty.
+    spec("docs", -2, |a| {
+        a.rest();
+        Ok(ServerCommand::EmptyTable.into())
+    }),
+    spec("info", -2, |a| {
+        Ok(ServerCommand::CommandTable {
+            names: Some(a.rest()),
+        }
+        .into())
+    }),
 ];
-
-/// COMMAND DOCS / INFO [name…]: whatever names are asked about, the table is empty.
-fn any_names<'a>(args: &mut super::Args<'a>) -> Result<Command<'a>> {
-    args.rest();
-    Ok(ServerCommand::EmptyTable.into())
-}
 
 const CONFIG_SUBCOMMANDS: &[Spec] = &[
     spec("get", -3, |a| {
@@ -123,9 +128,14 @@ pub enum ServerCommand<'a> {
     Info {
         sections: &'a [&'a [u8]],
     },
-    /// COMMAND, COMMAND DOCS / INFO: clients only need an answer; an empty table makes
-    /// them fall back to plain behaviour.
+    /// COMMAND DOCS: clients only need an answer; an empty table makes them fall back
+    /// to plain behaviour.
     EmptyTable,
+    /// COMMAND (`None`: every command) and COMMAND INFO: names, arities and where the
+    /// keys are, which cluster clients route by.
+    CommandTable {
+        names: Option<&'a [&'a [u8]]>,
+    },
     CommandCount,
     ConfigGet {
         patterns: &'a [&'a [u8]],
@@ -146,8 +156,9 @@ impl<'a> From<ServerCommand<'a>> for Command<'a> {
 impl ServerCommand<'_> {
     pub fn execute(self, shared: &Resp, out: &mut Reply) -> Result<()> {
         match self {
-            ServerCommand::Info { sections } => out.bulk(info(shared, sections).as_bytes()),
+            ServerCommand::Info { sections } => out.verbatim(info(shared, sections).as_bytes()),
             ServerCommand::EmptyTable => out.array(0),
+            ServerCommand::CommandTable { names } => command_table(out, names),
             ServerCommand::CommandCount => out.integer(names().count() as i64),
             ServerCommand::ConfigGet { patterns } => {
                 let parameters = [
@@ -215,11 +226,14 @@ fn info(shared: &Resp, sections: &[&[u8]]) -> String {
     let mut text = String::new();
     let mut section = |title: &str, fields: Vec<(String, String)>| {
         if wanted(title) {
+            // As Redis: a blank line between sections, none after the last.
+            if !text.is_empty() {
+                text.push_str("\r\n");
+            }
             text.push_str(&format!("# {title}\r\n"));
             for (k, v) in fields {
                 text.push_str(&format!("{k}:{v}\r\n"));
             }
-            text.push_str("\r\n");
         }
     };
     let pairs = |list: &[(&str, String)]| -> Vec<(String, String)> {
@@ -232,7 +246,15 @@ fn info(shared: &Resp, sections: &[&[u8]]) -> String {
         pairs(&[
             ("redis_version", REDIS_VERSION.into()),
             ("zipcache_version", env!("CARGO_PKG_VERSION").into()),
-            ("redis_mode", "standalone".into()),
+            (
+                "redis_mode",
+                if shared.core.cluster.enabled() {
+                    "cluster"
+                } else {
+                    "standalone"
+                }
+                .into(),
+            ),
             ("process_id", std::process::id().to_string()),
             ("tcp_port", shared.core.info.resp_port.to_string()),
             (
@@ -304,6 +326,13 @@ fn info(shared: &Resp, sections: &[&[u8]]) -> String {
             // Redis 7's name for refused AUTH and HELLO AUTH.
             ("acl_access_denied_auth", counter("auth_errors").to_string()),
         ]),
+    );
+    section(
+        "Cluster",
+        pairs(&[(
+            "cluster_enabled",
+            u8::from(shared.core.cluster.enabled()).to_string(),
+        )]),
     );
     section("Zipcache", engine_metrics(&engine));
     section(

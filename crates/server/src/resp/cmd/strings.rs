@@ -8,8 +8,8 @@ use std::sync::Arc;
 use zipcache::{GetOptions, Item, Update};
 
 use super::{
-    Args, Command, ErrorReply, Flow, NOT_INTEGER, NewExpiry, Result, SYNTAX, Spec, expiry_ms,
-    integer, invalid_expire, rewrite, spec, store,
+    Args, Command, ErrorReply, Flow, NOT_INTEGER, NewExpiry, READS_ALL, READS_ONE, Result, SYNTAX,
+    Spec, WRITES_ONE, WRITES_PAIRS, expiry_ms, integer, invalid_expire, keyed, rewrite, store,
 };
 use crate::core::stats::Counters;
 use crate::resp::Resp;
@@ -21,10 +21,10 @@ const NOT_FLOAT: &str = "ERR value is not a valid float";
 const TOO_LONG: &str = "ERR string exceeds maximum allowed size (proto-max-bulk-len)";
 
 pub const COMMANDS: &[Spec] = &[
-    spec("get", 2, |a| {
+    keyed("get", 2, READS_ONE, |a| {
         Ok(StringCommand::Get { key: a.next()? }.into())
     }),
-    spec("set", -3, |a| {
+    keyed("set", -3, WRITES_ONE, |a| {
         let (key, value) = (a.next()?, a.next()?);
         let options = string_options(a, "set")?;
         Ok(StringCommand::Set {
@@ -34,13 +34,13 @@ pub const COMMANDS: &[Spec] = &[
         }
         .into())
     }),
-    spec("setnx", 3, |a| {
+    keyed("setnx", 3, WRITES_ONE, |a| {
         let (key, value) = (a.next()?, a.next()?);
         Ok(StringCommand::SetNx { key, value }.into())
     }),
-    spec("setex", 4, |a| set_expiring(a, 1000, "setex")),
-    spec("psetex", 4, |a| set_expiring(a, 1, "psetex")),
-    spec("getset", 3, |a| {
+    keyed("setex", 4, WRITES_ONE, |a| set_expiring(a, 1000, "setex")),
+    keyed("psetex", 4, WRITES_ONE, |a| set_expiring(a, 1, "psetex")),
+    keyed("getset", 3, WRITES_ONE, |a| {
         let (key, value) = (a.next()?, a.next()?);
         Ok(StringCommand::GetSet {
             key,
@@ -48,34 +48,34 @@ pub const COMMANDS: &[Spec] = &[
         }
         .into())
     }),
-    spec("getdel", 2, |a| {
+    keyed("getdel", 2, WRITES_ONE, |a| {
         let key = a.next()?;
         Ok(StringCommand::GetSet { key, value: None }.into())
     }),
-    spec("getex", -2, |a| {
+    keyed("getex", -2, WRITES_ONE, |a| {
         let key = a.next()?;
         let expiry = string_options(a, "getex")?.expiry;
         Ok(StringCommand::GetEx { key, expiry }.into())
     }),
-    spec("append", 3, |a| {
+    keyed("append", 3, WRITES_ONE, |a| {
         let (key, suffix) = (a.next()?, a.next()?);
         Ok(StringCommand::Append { key, suffix }.into())
     }),
-    spec("strlen", 2, |a| {
+    keyed("strlen", 2, READS_ONE, |a| {
         Ok(StringCommand::Strlen { key: a.next()? }.into())
     }),
-    spec("mget", -2, |a| {
+    keyed("mget", -2, READS_ALL, |a| {
         Ok(StringCommand::MGet { keys: a.rest() }.into())
     }),
-    spec("mset", -3, |a| mset(a, false)),
-    spec("msetnx", -3, |a| mset(a, true)),
-    spec("incr", 2, |a| incr_by(a.next()?, 1)),
-    spec("decr", 2, |a| incr_by(a.next()?, -1)),
-    spec("incrby", 3, |a| {
+    keyed("mset", -3, WRITES_PAIRS, |a| mset(a, false)),
+    keyed("msetnx", -3, WRITES_PAIRS, |a| mset(a, true)),
+    keyed("incr", 2, WRITES_ONE, |a| incr_by(a.next()?, 1)),
+    keyed("decr", 2, WRITES_ONE, |a| incr_by(a.next()?, -1)),
+    keyed("incrby", 3, WRITES_ONE, |a| {
         let key = a.next()?;
         incr_by(key, a.integer()?)
     }),
-    spec("decrby", 3, |a| {
+    keyed("decrby", 3, WRITES_ONE, |a| {
         let key = a.next()?;
         let delta = a.integer()?;
         incr_by(
@@ -83,17 +83,17 @@ pub const COMMANDS: &[Spec] = &[
             delta.checked_neg().ok_or("ERR decrement would overflow")?,
         )
     }),
-    spec("incrbyfloat", 3, |a| {
+    keyed("incrbyfloat", 3, WRITES_ONE, |a| {
         let key = a.next()?;
         let delta = float(a.next()?).ok_or(NOT_FLOAT)?;
         Ok(StringCommand::IncrByFloat { key, delta }.into())
     }),
-    spec("getrange", 4, |a| {
+    keyed("getrange", 4, READS_ONE, |a| {
         let key = a.next()?;
         let (start, end) = (a.integer()?, a.integer()?);
         Ok(StringCommand::GetRange { key, start, end }.into())
     }),
-    spec("setrange", 4, |a| {
+    keyed("setrange", 4, WRITES_ONE, |a| {
         let key = a.next()?;
         let offset = usize::try_from(a.integer()?).map_err(|_| "ERR offset is out of range")?;
         let value = a.next()?;

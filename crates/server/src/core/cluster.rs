@@ -1,0 +1,155 @@
+//! Redis Cluster as this node serves it (`--cluster-mode`): which of the 16,384 hash
+//! slots a key belongs to, the node's id, and the address it tells clients to reach it
+//! at. Protocol-neutral: RESP's `CLUSTER` commands and its redirections read it.
+//!
+//! `emulated`: one node owns every slot, so cluster-aware clients (redis-py
+//! `RedisCluster`, `redis-cli -c`, Jedis, lettuce, ioredis `Cluster`, go-redis) that an
+//! application built for a managed Redis Cluster can use ZipCache as it is. Multi-key
+//! commands still refuse keys of different slots (`-CROSSSLOT`), as every Redis Cluster
+//! node does, so that an application that passes here passes on a real fleet.
+
+use std::net::{IpAddr, SocketAddr};
+
+use crc::{CRC_16_XMODEM, Crc};
+
+/// Hash slots of a Redis Cluster.
+pub const SLOTS: u16 = 16_384;
+
+const CRC16: Crc<u16> = Crc::<u16>::new(&CRC_16_XMODEM);
+
+/// Redis's `keyHashSlot`: CRC16/XMODEM of the key, or of its hash tag — what lies between
+/// the first `{` and the first `}` after it, if that is not empty — modulo 16,384.
+pub fn key_slot(key: &[u8]) -> u16 {
+    let hashed = key
+        .iter()
+        .position(|&b| b == b'{')
+        .and_then(|open| {
+            let tag = &key[open + 1..];
+            let close = tag.iter().position(|&b| b == b'}')?;
+            (close > 0).then(|| &tag[..close])
+        })
+        .unwrap_or(key);
+    CRC16.checksum(hashed) % SLOTS
+}
+
+/// How the RESP port takes part in a Redis Cluster.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ClusterMode {
+    /// A plain Redis server: `CLUSTER` answers that cluster support is disabled.
+    #[default]
+    Off,
+    /// One node owning all 16,384 slots.
+    Emulated,
+}
+
+/// What `--cluster-announce-ip` and `--cluster-announce-port` set.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Announce {
+    pub ip: Option<IpAddr>,
+    pub port: Option<u16>,
+}
+
+/// This node of a cluster.
+#[derive(Debug)]
+pub struct Cluster {
+    pub mode: ClusterMode,
+    /// 40 hex digits, as Redis names its nodes.
+    pub id: String,
+    announce: Announce,
+}
+
+impl Cluster {
+    pub fn new(mode: ClusterMode, announce: Announce) -> Cluster {
+        Cluster {
+            mode,
+            id: new_node_id(),
+            announce,
+        }
+    }
+
+    pub fn enabled(&self) -> bool {
+        self.mode != ClusterMode::Off
+    }
+
+    /// The address a client is told to reach this node at: the announced one where set,
+    /// else the address and port the client's own connection reached (`local`), else
+    /// (a unix-socket client) the listening address and `resp_port`.
+    pub fn address(&self, local: Option<SocketAddr>, listen: IpAddr, resp_port: u16) -> SocketAddr {
+        let reached = local.unwrap_or(SocketAddr::new(listen, resp_port));
+        SocketAddr::new(
+            self.announce.ip.unwrap_or(reached.ip()),
+            self.announce.port.unwrap_or(reached.port()),
+        )
+    }
+}
+
+/// A fresh node id: 160 random bits in hex, as `redis-server` makes them.
+fn new_node_id() -> String {
+    use ring::rand::{SecureRandom, SystemRandom};
+    let mut bytes = [0u8; 20];
+    if SystemRandom::new().fill(&mut bytes).is_err() {
+        // No system randomness: the id still has to differ between nodes of one host.
+        let seed = std::process::id() as u128
+            ^ std::time::UNIX_EPOCH.elapsed().map_or(0, |d| d.as_nanos());
+        bytes[..16].copy_from_slice(&seed.to_le_bytes());
+    }
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Slots `redis-server` 7.0 answered to `CLUSTER KEYSLOT` (`CRATES.md`), hash tags
+    /// included: the first `{…}` counts only if it is not empty.
+    #[test]
+    fn slots_are_those_redis_computes() {
+        for (key, slot) in [
+            (&b"foo"[..], 12182),
+            (b"{user1}.x", 8106),
+            (b"user1", 8106),
+            (b"123456789", 12739),
+            (b"", 0),
+            (b"{}foo", 9500),
+            (b"foo{}{bar}", 8363),
+            (b"foo{{bar}}zap", 4015),
+            (b"{bar", 4015),
+            (b"foo{bar}{zap}", 5061),
+            (b"bar", 5061),
+        ] {
+            assert_eq!(key_slot(key), slot, "{}", String::from_utf8_lossy(key));
+        }
+    }
+
+    #[test]
+    fn node_ids_are_forty_hex_digits_and_differ() {
+        let (a, b) = (new_node_id(), new_node_id());
+        assert_eq!(a.len(), 40);
+        assert!(a.bytes().all(|c| c.is_ascii_hexdigit()));
+        assert_ne!(a, b);
+    }
+
+    #[test]
+    fn the_announced_address_wins_over_the_one_reached() {
+        let reached: SocketAddr = "10.0.0.7:7000".parse().unwrap();
+        let listen = IpAddr::from([0, 0, 0, 0]);
+        let plain = Cluster::new(ClusterMode::Emulated, Announce::default());
+        assert_eq!(plain.address(Some(reached), listen, 6379), reached);
+        assert_eq!(
+            plain.address(None, IpAddr::from([127, 0, 0, 1]), 6379),
+            "127.0.0.1:6379".parse().unwrap()
+        );
+        let announced = Cluster::new(
+            ClusterMode::Emulated,
+            Announce {
+                ip: Some(IpAddr::from([192, 0, 2, 1])),
+                port: Some(30001),
+            },
+        );
+        assert_eq!(
+            announced.address(Some(reached), listen, 6379),
+            "192.0.2.1:30001".parse().unwrap()
+        );
+    }
+}
