@@ -209,7 +209,11 @@ fn own_cpu() -> Option<f64> {
     crate::procfs::cpu_seconds(std::process::id())
 }
 
-/// Inserts keys `0..keys` once each (thread `t` takes a contiguous slice), then snapshots.
+/// Longest a fill waits for the cache's process to go idle before its figures are taken.
+const FILL_IDLE_LIMIT: Duration = Duration::from_secs(60);
+
+/// Inserts keys `0..keys` once each (thread `t` takes a contiguous slice), waits for the
+/// cache's process to go idle, then snapshots.
 pub fn fill(target: &dyn Target, w: &Workload, progress: &ProgressBar) -> Result<Run, String> {
     let before = target.snapshot()?;
     let cpu = own_cpu();
@@ -235,6 +239,11 @@ pub fn fill(target: &dyn Target, w: &Workload, progress: &ProgressBar) -> Result
             .try_for_each(|h| h.join().map_err(|_| "a fill thread panicked".to_string())?)
     })?;
     let elapsed = start.elapsed();
+    // CPU per SET counts what the fill left to do in the background (merges, evictions
+    // to flash), not only what its requests did before they were answered.
+    if let Some(pid) = target.cache_pid() {
+        crate::procfs::wait_idle(pid, FILL_IDLE_LIMIT);
+    }
     let bench_cpu_seconds = own_cpu().zip(cpu).map(|(a, b)| a - b);
     let after = target.snapshot()?;
     let probed_resident = if target.probe_resident() {

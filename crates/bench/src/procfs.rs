@@ -37,6 +37,25 @@ pub fn cpu_seconds(pid: u32) -> Option<f64> {
     Some((utime + stime) / clock_ticks())
 }
 
+/// Waits until process `pid` is idle — less than 1 % of a core over a quarter second —
+/// or `limit` has passed: the work a fill leaves behind it (merges, evictions to flash)
+/// then counts in its CPU time.
+pub fn wait_idle(pid: u32, limit: std::time::Duration) {
+    const STEP: std::time::Duration = std::time::Duration::from_millis(250);
+    let start = std::time::Instant::now();
+    let Some(mut last) = cpu_seconds(pid) else {
+        return;
+    };
+    while start.elapsed() < limit {
+        std::thread::sleep(STEP);
+        let Some(now) = cpu_seconds(pid) else { return };
+        if now - last < STEP.as_secs_f64() / 100.0 {
+            return;
+        }
+        last = now;
+    }
+}
+
 fn clock_ticks() -> f64 {
     // SAFETY: sysconf only reads a system constant.
     let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };

@@ -91,6 +91,11 @@ pub trait Target: Send + Sync {
     fn snapshot(&self) -> Result<Snapshot, String>;
     /// Whether the target has no SSD tier, so every hit is a DRAM hit.
     fn dram_only(&self) -> bool;
+    /// The process the cache runs in, whose CPU time a run counts: this one for the
+    /// in-process targets; a server's when its PID is known.
+    fn cache_pid(&self) -> Option<u32> {
+        Some(std::process::id())
+    }
     /// Counts resident keys among `0..keys` by probing, for targets that keep no count.
     fn probe_resident(&self) -> bool {
         false

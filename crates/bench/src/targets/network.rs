@@ -439,6 +439,10 @@ impl Target for NetTarget {
         self.dram_only
     }
 
+    fn cache_pid(&self) -> Option<u32> {
+        self.pid()
+    }
+
     fn close(self: Box<Self>) -> Result<(), String> {
         // Dropping `peer` stops the server by its PID.
         self.dropper.map_or(Ok(()), PageCacheDropper::stop)

@@ -7,10 +7,11 @@
 use std::net::SocketAddr;
 use std::ops::Bound;
 
-use super::keys::walk;
+use super::keys::{BULK_OVERHEAD, walk};
 use super::{Command, Result, Spec, spec, with_subcommands};
 use crate::core::cluster::{SLOTS, key_slot};
 use crate::resp::{Client, Reply, Resp};
+use crate::transport::output::OUTPUT_BUDGET;
 
 const DISABLED: &str = "ERR This instance has cluster support disabled";
 const CROSSSLOT: &str = "CROSSSLOT Keys in request don't hash to the same slot";
@@ -197,11 +198,14 @@ impl ClusterCommand<'_> {
                 out.integer(count);
             }
             ClusterCommand::GetKeysInSlot { slot, count } => {
-                let mut found = Vec::new();
+                // At most `count`, and fewer once the reply would pass the output budget
+                // (as SCAN): a resharding client asks again until the slot is empty.
+                let (mut found, mut bytes) = (Vec::new(), 0);
                 if count > 0 {
                     keys_in_slot(shared, slot, |key| {
+                        bytes += key.len() + BULK_OVERHEAD;
                         found.push(key.to_vec());
-                        found.len() < count
+                        found.len() < count && bytes < OUTPUT_BUDGET
                     })?;
                 }
                 out.array(found.len());
@@ -266,4 +270,67 @@ pub fn same_slot<'a>(mut keys: impl Iterator<Item = &'a [u8]>) -> Result<()> {
         return Err(CROSSSLOT.into());
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::core::ServerOptions;
+    use crate::core::cluster::{ClusterMode, key_slot};
+    use crate::fuzzing::resp_request;
+    use crate::serving_tests::{dram_engine, resp_session, serve_in_process};
+    use crate::transport::output::OUTPUT_BUDGET;
+
+    /// GETKEYSINSLOT of more keys than the output budget holds answers fewer, within
+    /// it; COUNTKEYSINSLOT counts them all; past `keys-limit` both refuse.
+    #[test]
+    fn keys_in_a_slot_are_listed_within_the_budget_and_the_keys_limit() {
+        let options = ServerOptions {
+            cluster_mode: ClusterMode::Emulated,
+            keys_limit: 5_000,
+            ..ServerOptions::default()
+        };
+        let key = |i: u32| format!("{{tag}}{i:0>200}").into_bytes();
+        let slot = key_slot(b"tag").to_string();
+        let mut input = Vec::new();
+        for i in 0..4_000 {
+            input.extend(resp_request(&[b"SET", &key(i), b"v"]));
+        }
+        input.extend(resp_request(&[
+            b"CLUSTER",
+            b"GETKEYSINSLOT",
+            slot.as_bytes(),
+            b"100000",
+        ]));
+        input.extend(resp_request(&[
+            b"CLUSTER",
+            b"COUNTKEYSINSLOT",
+            slot.as_bytes(),
+        ]));
+        let cache = dram_engine();
+        let (out, _) = serve_in_process(resp_session(cache.clone(), &options), &input);
+        let text = String::from_utf8_lossy(&out);
+        let listed = text.split("+OK\r\n").last().unwrap();
+        let (header, rest) = listed.split_once("\r\n").unwrap();
+        let n: usize = header.strip_prefix('*').unwrap().parse().unwrap();
+        assert!(n > 100 && n < 4_000, "{n} keys listed");
+        assert!(rest.len() <= OUTPUT_BUDGET + 300, "{} bytes", rest.len());
+        assert!(text.ends_with(":4000\r\n"), "{}", &text[text.len() - 40..]);
+
+        // Past the keys limit: refused, not a partial count.
+        let mut more = Vec::new();
+        for i in 4_000..6_000 {
+            more.extend(resp_request(&[b"SET", &key(i), b"v"]));
+        }
+        more.extend(resp_request(&[
+            b"CLUSTER",
+            b"COUNTKEYSINSLOT",
+            slot.as_bytes(),
+        ]));
+        let (out, _) = serve_in_process(resp_session(cache, &options), &more);
+        assert!(
+            String::from_utf8_lossy(&out).ends_with("(keys-limit)\r\n"),
+            "{}",
+            String::from_utf8_lossy(&out[out.len() - 100..])
+        );
+    }
 }

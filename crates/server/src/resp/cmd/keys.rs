@@ -23,7 +23,7 @@ const SCAN_MAX_COUNT: usize = 100_000;
 const BATCH: usize = 64;
 /// What a key costs in a reply besides its bytes (`$<len>\r\n…\r\n`), as the replies
 /// are kept within the output budget.
-const BULK_OVERHEAD: usize = 16;
+pub(super) const BULK_OVERHEAD: usize = 16;
 
 pub const COMMANDS: &[Spec] = &[
     keyed("del", -2, WRITES_ALL, |a| {
