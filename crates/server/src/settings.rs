@@ -509,6 +509,7 @@ impl Settings {
             auth_timeout: seconds(self.auth_timeout),
             cluster_mode: self.cluster_mode,
             cluster_announce: self.cluster_announce,
+            data_dir: Some(self.data_dir.clone()),
         }
     }
 

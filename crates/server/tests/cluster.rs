@@ -76,3 +76,28 @@ fn a_plain_server_says_cluster_support_is_disabled() {
     );
     assert!(run.stdout.contains("cluster support disabled"), "{run}");
 }
+
+/// A node restarted on its data directory is the same node: `CLUSTER MYID` answers the
+/// id kept there.
+#[test]
+fn a_restarted_node_keeps_its_id() {
+    let dir = std::env::temp_dir().join(format!("zipcache-cluster-id-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let myid = || {
+        let server = TestServer::with_options(ServerOptions {
+            cluster_mode: ClusterMode::Emulated,
+            data_dir: Some(dir.clone()),
+            ..TestServer::options()
+        });
+        let mut client = common::Client::connect(server.resp);
+        client.send(b"CLUSTER MYID\r\n");
+        let _length = client.line();
+        let id = client.line();
+        server.stop();
+        id
+    };
+    let first = myid();
+    assert_eq!(first.len(), 40, "{first:?}");
+    assert_eq!(myid(), first);
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -9,6 +9,7 @@
 //! node does, so that an application that passes here passes on a real fleet.
 
 use std::net::{IpAddr, SocketAddr};
+use std::path::Path;
 
 use crc::{CRC_16_XMODEM, Crc};
 
@@ -59,13 +60,26 @@ pub struct Cluster {
     announce: Announce,
 }
 
+/// The file in the data directory that keeps a cluster node's id across restarts.
+const NODE_ID_FILE: &str = "cluster-node-id";
+
 impl Cluster {
-    pub fn new(mode: ClusterMode, announce: Announce) -> Cluster {
-        Cluster {
-            mode,
-            id: new_node_id(),
-            announce,
-        }
+    /// This node; in a cluster mode its id is the one kept in `data_dir` (made and kept
+    /// there on the first start), as a Redis node keeps its id in `nodes.conf`: clients
+    /// and controllers know a node by it.
+    pub fn new(mode: ClusterMode, announce: Announce, data_dir: Option<&Path>) -> Cluster {
+        let id = match data_dir.filter(|_| mode != ClusterMode::Off) {
+            Some(dir) => kept_node_id(dir).unwrap_or_else(|e| {
+                let id = new_node_id();
+                eprintln!(
+                    "zipcache: cannot keep the cluster node id in {}: {e}; this run's id is {id}",
+                    dir.display()
+                );
+                id
+            }),
+            None => new_node_id(),
+        };
+        Cluster { mode, id, announce }
     }
 
     pub fn enabled(&self) -> bool {
@@ -81,6 +95,36 @@ impl Cluster {
             self.announce.ip.unwrap_or(reached.ip()),
             self.announce.port.unwrap_or(reached.port()),
         )
+    }
+}
+
+/// The id kept in `dir`, or a new one written there (to a temporary file, then renamed,
+/// so a crash never leaves half an id). A file that does not hold 40 hex digits is an
+/// error, not replaced: an operator's copy of another node's directory must not be
+/// silently renamed.
+fn kept_node_id(dir: &Path) -> std::io::Result<String> {
+    let path = dir.join(NODE_ID_FILE);
+    match std::fs::read_to_string(&path) {
+        Ok(text) => {
+            let id = text.trim();
+            if id.len() == 40 && id.bytes().all(|b| b.is_ascii_hexdigit()) {
+                Ok(id.to_ascii_lowercase())
+            } else {
+                Err(std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    format!("{} does not hold a node id (40 hex digits)", path.display()),
+                ))
+            }
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            std::fs::create_dir_all(dir)?;
+            let id = new_node_id();
+            let temporary = dir.join(format!("{NODE_ID_FILE}.new"));
+            std::fs::write(&temporary, format!("{id}\n"))?;
+            std::fs::rename(&temporary, &path)?;
+            Ok(id)
+        }
+        Err(e) => Err(e),
     }
 }
 
@@ -134,7 +178,7 @@ mod tests {
     fn the_announced_address_wins_over_the_one_reached() {
         let reached: SocketAddr = "10.0.0.7:7000".parse().unwrap();
         let listen = IpAddr::from([0, 0, 0, 0]);
-        let plain = Cluster::new(ClusterMode::Emulated, Announce::default());
+        let plain = Cluster::new(ClusterMode::Emulated, Announce::default(), None);
         assert_eq!(plain.address(Some(reached), listen, 6379), reached);
         assert_eq!(
             plain.address(None, IpAddr::from([127, 0, 0, 1]), 6379),
@@ -146,10 +190,41 @@ mod tests {
                 ip: Some(IpAddr::from([192, 0, 2, 1])),
                 port: Some(30001),
             },
+            None,
         );
         assert_eq!(
             announced.address(Some(reached), listen, 6379),
             "192.0.2.1:30001".parse().unwrap()
         );
+    }
+
+    /// A node keeps its id across restarts in its data directory; another directory is
+    /// another node; a damaged file is reported, not replaced; off, nothing is written.
+    #[test]
+    fn a_node_keeps_its_id_in_its_data_directory() {
+        let base = std::env::temp_dir().join(format!("zipcache-node-id-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&base);
+        let node = |dir: &str| {
+            Cluster::new(
+                ClusterMode::Emulated,
+                Announce::default(),
+                Some(&base.join(dir)),
+            )
+            .id
+        };
+        let first = node("a");
+        assert_eq!(node("a"), first, "the same directory, the same node");
+        assert_ne!(node("b"), first);
+        std::fs::create_dir_all(base.join("c")).unwrap();
+        std::fs::write(base.join("c").join(NODE_ID_FILE), "not an id").unwrap();
+        assert!(kept_node_id(&base.join("c")).is_err());
+        assert_eq!(
+            std::fs::read_to_string(base.join("c").join(NODE_ID_FILE)).unwrap(),
+            "not an id",
+            "left as it was"
+        );
+        Cluster::new(ClusterMode::Off, Announce::default(), Some(&base.join("d")));
+        assert!(!base.join("d").exists(), "off: nothing kept");
+        std::fs::remove_dir_all(&base).unwrap();
     }
 }

@@ -85,7 +85,11 @@ impl Core {
             flush_all_enabled: options.flush_all_enabled,
             shutdown_enabled: options.shutdown_enabled,
             shutdown_requested: Arc::new(Notify::new()),
-            cluster: cluster::Cluster::new(options.cluster_mode, options.cluster_announce),
+            cluster: cluster::Cluster::new(
+                options.cluster_mode,
+                options.cluster_announce,
+                options.data_dir.as_deref(),
+            ),
         }
     }
 }

@@ -102,6 +102,9 @@ pub struct ServerOptions {
     pub cluster_mode: ClusterMode,
     /// The address `CLUSTER SLOTS` and the others name for this node, where set.
     pub cluster_announce: Announce,
+    /// Where the server keeps what it persists of its own (a cluster node's id); `None`
+    /// keeps nothing.
+    pub data_dir: Option<PathBuf>,
 }
 
 impl ServerOptions {
@@ -152,6 +155,7 @@ impl Default for ServerOptions {
             metrics_users: None,
             cluster_mode: ClusterMode::Off,
             cluster_announce: Announce::default(),
+            data_dir: None,
         }
     }
 }
