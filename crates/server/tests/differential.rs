@@ -127,6 +127,9 @@ fn compare_as(
 }
 
 const MEMCACHED_CASES: &[&str] = &[
+    // ElastiCache's auto-discovery command: unknown to a plain memcached, and to us
+    // without a cluster mode.
+    "config get cluster\r\nconfig\r\nconfig get\r\n",
     "get\r\n",
     "get a b\r\n",
     "set k 0 0 2\r\nabXYget k\r\n",

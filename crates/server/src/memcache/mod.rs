@@ -104,14 +104,18 @@ pub struct RequestContext<'a> {
     pub shared: &'a Memcached,
     pub conn: u64,
     pub reads: &'a mut Prefetch,
+    /// The address the client reached (`None` over the unix socket or outside a server).
+    pub local: Option<SocketAddr>,
 }
 
 /// The memcached port.
 impl Protocol for Memcached {
     type Session = MemcacheSession;
 
-    fn open(self: Arc<Self>, peer: Peer, _local: Option<SocketAddr>) -> MemcacheSession {
-        MemcacheSession::accepted(self, Some(peer))
+    fn open(self: Arc<Self>, peer: Peer, local: Option<SocketAddr>) -> MemcacheSession {
+        let mut session = MemcacheSession::accepted(self, Some(peer));
+        session.local = local;
+        session
     }
 
     fn over_limit(&self) -> &'static [u8] {
@@ -272,6 +276,8 @@ const REQUEST_TOO_LARGE: &str = "SERVER_ERROR request exceeds max-request-size";
 /// One memcached connection.
 pub struct MemcacheSession {
     shared: Arc<Memcached>,
+    /// The address the client reached: what `config get cluster` names this node by.
+    local: Option<SocketAddr>,
     /// Bytes of a refused data block still to be discarded.
     swallow: usize,
     /// False until the client authenticates, when the server asks for it.
@@ -323,6 +329,7 @@ impl MemcacheSession {
             binary: None,
             close_reason: CloseReason::Normal,
             watcher: None,
+            local: None,
         }
     }
 
@@ -489,6 +496,7 @@ impl MemcacheSession {
             shared: &self.shared,
             conn: self.id,
             reads,
+            local: self.local,
         }
     }
 

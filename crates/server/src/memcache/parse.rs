@@ -89,6 +89,8 @@ pub enum Request<'a> {
     /// `watch [stream ...]`: the stream names as sent.
     Watch(Vec<&'a [u8]>),
     Version,
+    /// `config get cluster`: the fleet's nodes, as ElastiCache's auto-discovery answers.
+    ConfigGetCluster,
     Verbosity {
         noreply: bool,
     },
@@ -147,6 +149,7 @@ impl Request<'_> {
             | Request::StatsDetail(_)
             | Request::Watch(_)
             | Request::Version
+            | Request::ConfigGetCluster
             | Request::Verbosity { .. }
             | Request::Quit
             | Request::Crawler(_)
@@ -274,6 +277,7 @@ pub fn parse(input: &[u8], max_value: usize) -> Parsed<'_> {
         Some(b"stats") => stats(&tokens),
         Some(b"lru_crawler") => crawler_request(super::crawler::parse(&tokens)),
         Some(b"version") => Request::Version,
+        Some(b"config") if tokens[1..] == [&b"get"[..], b"cluster"] => Request::ConfigGetCluster,
         Some(b"watch") => Request::Watch(tokens[1..].to_vec()),
         Some(b"verbosity") if (2..=3).contains(&tokens.len()) => verbosity(&tokens),
         Some(b"quit") if tokens.len() == 1 => Request::Quit,

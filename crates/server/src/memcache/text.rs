@@ -101,6 +101,7 @@ pub fn execute(cx: RequestContext<'_>, request: Request<'_>, out: &mut Vec<u8>) 
         Request::Stats(section) => stats(shared, section, out),
         Request::StatsDetail(action) => stats_detail(shared, action, out),
         Request::Version => line(out, &format!("VERSION {VERSION}")),
+        Request::ConfigGetCluster => config_get_cluster(shared, cx.local, out),
         Request::Verbosity { noreply } => reply_unless(noreply, "OK", out),
         // The session handles these before dispatching here.
         Request::Retrieve { .. }
@@ -887,5 +888,57 @@ pub fn stats_detail(shared: &Memcached, action: Option<&[u8]>, out: &mut Vec<u8>
         }
         Some(b"dump") => shared.prefix_stats.dump(out),
         _ => line(out, "CLIENT_ERROR usage: stats detail on|off|dump"),
+    }
+}
+
+/// `config get cluster` in a cluster mode: ElastiCache's auto-discovery reply — a
+/// configuration version, then `host|ip|port` of every node on one line — so that
+/// auto-discovery clients find the fleet. In emulated mode the fleet is this node, at the
+/// address the client reached (or the announced IP) and its memcached port; the
+/// topology never changes, so its version is 1. Without a cluster mode, memcached's
+/// `ERROR` for a command it does not know.
+fn config_get_cluster(shared: &Memcached, local: Option<SocketAddr>, out: &mut Vec<u8>) {
+    let cluster = &shared.core.cluster;
+    if !cluster.enabled() {
+        return line(out, "ERROR");
+    }
+    let info = &shared.core.info;
+    let reached = local.unwrap_or(SocketAddr::new(info.listen, info.memcached_port));
+    let ip = cluster
+        .address(Some(reached), info.listen, info.memcached_port)
+        .ip();
+    let body = format!("1\n{ip}|{ip}|{}\n", reached.port());
+    line(out, &format!("CONFIG cluster 0 {}", body.len()));
+    out.extend_from_slice(body.as_bytes());
+    line(out, "");
+    line(out, "END");
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::core::ServerOptions;
+    use crate::core::cluster::ClusterMode;
+    use crate::serving_tests::{dram_engine, memcache_session, serve_in_process};
+
+    /// In a cluster mode, `config get cluster` answers as ElastiCache's auto-discovery:
+    /// a version line and this node's `host|ip|port`, the length counting both lines;
+    /// without one, memcached's `ERROR`.
+    #[test]
+    fn config_get_cluster_names_this_node_in_a_cluster_mode() {
+        let ask = |mode| {
+            let options = ServerOptions {
+                cluster_mode: mode,
+                ..ServerOptions::default()
+            };
+            let session = memcache_session(dram_engine(), &options);
+            let (out, _) = serve_in_process(session, b"config get cluster\r\n");
+            String::from_utf8(out).unwrap()
+        };
+        let body = "1\n127.0.0.1|127.0.0.1|0\n";
+        assert_eq!(
+            ask(ClusterMode::Emulated),
+            format!("CONFIG cluster 0 {}\r\n{body}\r\nEND\r\n", body.len())
+        );
+        assert_eq!(ask(ClusterMode::Off), "ERROR\r\n");
     }
 }

@@ -118,6 +118,7 @@ impl MemcacheSession {
             shared,
             conn: self.id,
             reads,
+            local: self.local,
         };
         let header = &request.header;
         // Successes of quiet commands are not answered; errors always are.
