@@ -8,6 +8,7 @@
 //! commands still refuse keys of different slots (`-CROSSSLOT`), as every Redis Cluster
 //! node does, so that an application that passes here passes on a real fleet.
 
+use std::io::Write;
 use std::net::{IpAddr, SocketAddr};
 use std::path::Path;
 
@@ -98,10 +99,10 @@ impl Cluster {
     }
 }
 
-/// The id kept in `dir`, or a new one written there (to a temporary file, then renamed,
-/// so a crash never leaves half an id). A file that does not hold 40 hex digits is an
-/// error, not replaced: an operator's copy of another node's directory must not be
-/// silently renamed.
+/// The id kept in `dir`, or a new one written there (to a temporary file, synced, then
+/// renamed, so a crash or a power cut never leaves half an id). A file that does not
+/// hold 40 hex digits is an error, not replaced: an operator's copy of another node's
+/// directory must not be silently renamed.
 fn kept_node_id(dir: &Path) -> std::io::Result<String> {
     let path = dir.join(NODE_ID_FILE);
     match std::fs::read_to_string(&path) {
@@ -120,7 +121,11 @@ fn kept_node_id(dir: &Path) -> std::io::Result<String> {
             std::fs::create_dir_all(dir)?;
             let id = new_node_id();
             let temporary = dir.join(format!("{NODE_ID_FILE}.new"));
-            std::fs::write(&temporary, format!("{id}\n"))?;
+            let mut file = std::fs::File::create(&temporary)?;
+            file.write_all(format!("{id}\n").as_bytes())?;
+            // On disk before the name: a power cut must not leave an empty id file, which
+            // every later start would refuse.
+            file.sync_all()?;
             std::fs::rename(&temporary, &path)?;
             Ok(id)
         }
