@@ -238,14 +238,17 @@ pub mod fuzzing {
     /// server with `flush_all` enabled or not: any outcome but a panic. Panics on a
     /// violation.
     pub fn check_resp_framing(
-        cache: &ZipCache,
+        cache: &Arc<ZipCache>,
         input: &[u8],
         authenticated: bool,
         flush_all_enabled: bool,
     ) {
         use std::borrow::Cow;
 
+        use crate::core::keyspace::Keyspace;
         use crate::resp::cmd::{Command, refused};
+
+        let cache = &Keyspace::new(cache.clone(), Arc::default());
         use crate::resp::parse::{Parsed, parse};
 
         // A request: its span and its arguments.

@@ -86,7 +86,10 @@ async fn respond<S: AsyncRead + AsyncWrite + Unpin>(mut stream: S, core: &Core) 
             refusal.to_string(),
         )
     } else if request.starts_with(b"GET /metrics ") {
-        ("200 OK", prometheus(&core.counters, &core.cache.stats()))
+        (
+            "200 OK",
+            prometheus(&core.counters, &core.keys.engine().stats()),
+        )
     } else {
         ("404 Not Found", "try /metrics\n".to_string())
     };

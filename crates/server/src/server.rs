@@ -93,7 +93,7 @@ impl ServerHandle {
         // dropped with whatever they held.
         self.running.stop();
         self.parts.memcached.stop();
-        self.parts.core.cache.clone()
+        self.parts.core.keys.engine().clone()
     }
 
     /// Notified when a client asks the server to stop (memcached's `shutdown`, with
@@ -162,7 +162,8 @@ pub fn serve(mut bound: Bound, cache: Arc<ZipCache>) -> io::Result<ServerHandle>
     let running = bound.serve(parts.transport.clone(), services)?;
     parts
         .core
-        .cache
+        .keys
+        .engine()
         .set_eviction_listener(parts.memcached.logger.clone());
     Ok(ServerHandle {
         memcached_addr,

@@ -11,8 +11,11 @@
 use std::io::Write;
 use std::net::{IpAddr, SocketAddr};
 use std::path::Path;
+use std::sync::Arc;
 
 use crc::{CRC_16_XMODEM, Crc};
+
+use super::keyspace::Generations;
 
 /// Hash slots of a Redis Cluster.
 pub const SLOTS: u16 = 16_384;
@@ -59,6 +62,7 @@ pub struct Cluster {
     /// 40 hex digits, as Redis names its nodes.
     pub id: String,
     announce: Announce,
+    generations: Arc<Generations>,
 }
 
 /// The file in the data directory that keeps a cluster node's id across restarts.
@@ -80,7 +84,17 @@ impl Cluster {
             }),
             None => new_node_id(),
         };
-        Cluster { mode, id, announce }
+        Cluster {
+            mode,
+            id,
+            announce,
+            generations: Arc::default(),
+        }
+    }
+
+    /// Each slot's generation, which the keyspace stores keys under.
+    pub fn generations(&self) -> Arc<Generations> {
+        self.generations.clone()
     }
 
     pub fn enabled(&self) -> bool {

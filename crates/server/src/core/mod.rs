@@ -5,6 +5,7 @@
 pub mod access;
 pub mod auth;
 pub mod cluster;
+pub mod keyspace;
 mod options;
 pub mod stats;
 
@@ -54,7 +55,8 @@ impl ServerInfo {
 
 /// What every connection of every protocol and thread shares.
 pub struct Core {
-    pub cache: Arc<ZipCache>,
+    /// The engine as clients' keys reach it; `keys.engine()` for what names no key.
+    pub keys: keyspace::Keyspace,
     pub counters: Counters,
     pub info: ServerInfo,
     pub max_value: usize,
@@ -74,8 +76,13 @@ pub struct Core {
 
 impl Core {
     pub fn new(cache: Arc<ZipCache>, info: ServerInfo, options: &ServerOptions) -> Core {
+        let cluster = cluster::Cluster::new(
+            options.cluster_mode,
+            options.cluster_announce,
+            options.data_dir.as_deref(),
+        );
         Core {
-            cache,
+            keys: keyspace::Keyspace::new(cache, cluster.generations()),
             counters: Counters::default(),
             info,
             max_value: options.max_value_size,
@@ -85,11 +92,7 @@ impl Core {
             flush_all_enabled: options.flush_all_enabled,
             shutdown_enabled: options.shutdown_enabled,
             shutdown_requested: Arc::new(Notify::new()),
-            cluster: cluster::Cluster::new(
-                options.cluster_mode,
-                options.cluster_announce,
-                options.data_dir.as_deref(),
-            ),
+            cluster,
         }
     }
 }

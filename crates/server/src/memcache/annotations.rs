@@ -24,8 +24,9 @@ use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
 use std::sync::{Mutex, MutexGuard};
 
-use zipcache::{GetOptions, Item, Update, ZipCache};
+use zipcache::{GetOptions, Item, Update};
 
+use crate::core::keyspace::Keyspace;
 use crate::transport::prefetch::Prefetch;
 
 const SHARDS: usize = 64;
@@ -129,7 +130,7 @@ impl Annotations {
     /// `reads` where it read the key ahead).
     pub fn get(
         &self,
-        cache: &ZipCache,
+        cache: &Keyspace,
         reads: &mut Prefetch,
         key: &[u8],
         options: GetOptions,
@@ -144,7 +145,7 @@ impl Annotations {
     /// a put, the new CAS.
     pub fn update<R>(
         &self,
-        cache: &ZipCache,
+        cache: &Keyspace,
         key: &[u8],
         f: impl FnOnce(Option<&Entry>) -> (Write, R),
     ) -> zipcache::Result<(R, Option<u64>)> {
@@ -155,7 +156,7 @@ impl Annotations {
     /// ([`ZipCache::update_read_before`]): an append of a large value reads no extent.
     pub fn update_read_before<R>(
         &self,
-        cache: &ZipCache,
+        cache: &Keyspace,
         key: &[u8],
         before: Option<Item>,
         f: impl FnOnce(Option<&Entry>) -> (Write, R),
@@ -194,7 +195,7 @@ impl Annotations {
         Ok((result, new_version))
     }
 
-    fn insert(&self, cache: &ZipCache, shard: &mut Shard, key: &[u8], annotation: Annotation) {
+    fn insert(&self, cache: &Keyspace, shard: &mut Shard, key: &[u8], annotation: Annotation) {
         if shard.len() >= SHARD_CAPACITY && !shard.contains_key(key) {
             let victim = shard.keys().next().cloned();
             if let Some((victim, dropped)) = victim.and_then(|k| shard.remove_entry(&k))
@@ -208,7 +209,7 @@ impl Annotations {
 }
 
 /// Deletes `key` if the engine still holds `version` of it.
-fn drop_version(cache: &ZipCache, key: &[u8], version: u64) {
+fn drop_version(cache: &Keyspace, key: &[u8], version: u64) {
     let _ = cache.update(key, |current| match current {
         Some(item) if item.cas == version => (Update::Delete, ()),
         _ => (Update::Keep, ()),
@@ -220,12 +221,13 @@ mod tests {
     use super::*;
     use zipcache::{Config, PutOptions};
 
-    fn cache() -> ZipCache {
-        ZipCache::open(Config {
+    fn cache() -> Keyspace {
+        let engine = zipcache::ZipCache::open(Config {
             dram_capacity: 16 << 20,
             ..Config::default()
         })
-        .unwrap()
+        .unwrap();
+        Keyspace::new(std::sync::Arc::new(engine), Default::default())
     }
 
     fn put(value: &[u8], cas: Option<u64>, marks: Marks) -> Write {

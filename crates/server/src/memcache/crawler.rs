@@ -20,6 +20,8 @@ use std::time::Duration;
 
 use zipcache::{ItemInfo, Reclaimed, ZipCache};
 
+use crate::core::keyspace::Keyspace;
+
 use super::engine_error;
 use super::line;
 use super::{BAD_FORMAT, base64_encode};
@@ -455,7 +457,7 @@ impl Lines {
 impl Dump {
     /// Appends lines until `out` passes the output budget or the dump ends, then the
     /// closing line; true once that is appended.
-    pub fn fill(&mut self, cache: &ZipCache, out: &mut Output) -> bool {
+    pub fn fill(&mut self, cache: &Keyspace, out: &mut Output) -> bool {
         while !self.done {
             if !out.within_budget() {
                 return false;
@@ -469,17 +471,20 @@ impl Dump {
             };
             let last = batch.len() < BATCH;
             let mut stopped = false;
-            for (key, info) in batch {
+            for (stored, info) in batch {
                 if !out.within_budget() {
                     // The next fill starts at this key.
                     stopped = true;
                     break;
                 }
-                if !self.lines.append(&key, &info, out) {
+                // Left-overs of a slot that moved are not dumped (`core/keyspace.rs`).
+                if let Some(key) = cache.client_key(&stored)
+                    && !self.lines.append(key, &info, out)
+                {
                     self.done = true;
                     break;
                 }
-                self.after = Some(key);
+                self.after = Some(stored);
             }
             self.done |= last && !stopped;
         }
@@ -488,14 +493,16 @@ impl Dump {
     }
 }
 
-/// The next `BATCH` live keys after `after` (from the start if `None`); fewer only at
-/// the end.
+/// The next `BATCH` live stored keys after `after` (from the start if `None`); fewer
+/// only at the end.
 fn scan_after(
-    cache: &ZipCache,
+    cache: &Keyspace,
     after: Option<&[u8]>,
 ) -> zipcache::Result<Vec<(Vec<u8>, ItemInfo)>> {
     let start = after.map_or(Bound::Unbounded, Bound::Excluded);
-    cache.scan_keys::<&[u8]>((start, Bound::Unbounded), BATCH)
+    cache
+        .engine()
+        .scan_keys::<&[u8]>((start, Bound::Unbounded), BATCH)
 }
 
 /// An absolute expiry in Unix seconds, or `never`.

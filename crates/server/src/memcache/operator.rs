@@ -43,7 +43,12 @@ fn memlimit_reply(shared: &Memcached, mebibytes: Option<u32>) -> &'static str {
         None => "ERROR",
         Some(m) if m < MEMLIMIT_MIN => "MEMLIMIT_TOO_SMALL cannot set maxbytes to less than 8m",
         Some(m) if m > MEMLIMIT_MAX => "MEMLIMIT_ADJUST_FAILED input value is megabytes not bytes",
-        Some(m) => match shared.core.cache.set_dram_capacity(u64::from(m) << 20) {
+        Some(m) => match shared
+            .core
+            .keys
+            .engine()
+            .set_dram_capacity(u64::from(m) << 20)
+        {
             Ok(()) => "OK",
             Err(_) => "MEMLIMIT_ADJUST_FAILED out of bounds or unable to adjust",
         },

@@ -19,6 +19,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{Notify, watch};
 
+use crate::core::keyspace;
 use crate::transport::Peer;
 use crate::transport::connection::{Stream, Takeover};
 
@@ -420,6 +421,8 @@ impl zipcache::EvictionListener for Logger {
 
     fn evicted(&self, key: &[u8], value_len: usize, expires_at_ms: Option<u64>, now_ms: u64) {
         let ttl = expires_at_ms.map_or(-1, |at| at.saturating_sub(now_ms).div_ceil(1000) as i64);
+        // The client's key: the engine evicts keys as stored (`core/keyspace.rs`).
+        let key = keyspace::parse(key).map_or(key, |(_, key)| key);
         self.log(Event::Eviction {
             key: key.into(),
             ttl,

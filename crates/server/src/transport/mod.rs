@@ -67,7 +67,7 @@ pub struct Transport {
 
 impl Transport {
     pub fn new(core: Arc<Core>, tls: Option<Tls>, options: &ServerOptions) -> Transport {
-        let dram_capacity = core.cache.config().dram_capacity;
+        let dram_capacity = core.keys.engine().config().dram_capacity;
         let auth_timeout = options.auth_timeout.filter(|_| core.access.required());
         Transport {
             core,

@@ -42,9 +42,10 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 
 use foldhash::fast::RandomState;
-use zipcache::{AsyncGet, GetOptions, Item, ZipCache};
+use zipcache::{AsyncGet, GetOptions, Item};
 
 use super::buffer_budget::ConnectionBuffers;
+use crate::core::keyspace::Keyspace;
 
 /// SSD reads one connection may have in flight: a request naming more keys runs as far
 /// as its answers allow, awaits, and resumes (`Step::Partial`).
@@ -239,7 +240,7 @@ impl Prefetch {
     }
 
     /// Starts a GET of `key` (as `options` say).
-    fn begin(&mut self, cache: &ZipCache, key: &[u8], options: GetOptions) {
+    fn begin(&mut self, cache: &Keyspace, key: &[u8], options: GetOptions) {
         // may do I/O: an SSD read goes in flight
         let mut read = cache.get_item_async(key, options);
         let fetch = match read.take_ready() {
@@ -263,7 +264,7 @@ impl Prefetch {
     /// when it ends), whose first key starts even past the caps.
     fn start(
         &mut self,
-        cache: &ZipCache,
+        cache: &Keyspace,
         keys: &[&[u8]],
         options: GetOptions,
         front: bool,
@@ -388,9 +389,9 @@ impl Prefetch {
     /// keys, a barrier every answer. Without an SSD tier, all at once, and the command
     /// reads as it runs: `access` is asked for only with an SSD tier, so DRAM-only a
     /// request's keys are not even collected.
-    pub fn admit<'k>(&mut self, cache: &ZipCache, access: impl FnOnce() -> Access<'k>) -> usize {
+    pub fn admit<'k>(&mut self, cache: &Keyspace, access: impl FnOnce() -> Access<'k>) -> usize {
         // DRAM-only, every GET answers at once: nothing to start, copy or keep.
-        if !cache.has_ssd_tier() {
+        if !cache.engine().has_ssd_tier() {
             return usize::MAX;
         }
         match access() {
@@ -429,7 +430,7 @@ impl Prefetch {
     /// answer.
     pub fn get_item(
         &mut self,
-        cache: &ZipCache,
+        cache: &Keyspace,
         key: &[u8],
         options: GetOptions,
     ) -> zipcache::Result<Option<Item>> {
@@ -453,7 +454,7 @@ impl Prefetch {
     /// held.
     pub fn get_shared(
         &mut self,
-        cache: &ZipCache,
+        cache: &Keyspace,
         key: &[u8],
         options: GetOptions,
     ) -> zipcache::Result<Option<Arc<Item>>> {
@@ -462,7 +463,7 @@ impl Prefetch {
         }
         // may do I/O: a synchronous SSD read when nothing was prefetched
         let item = self.get_item(cache, key, options)?.map(Arc::new);
-        if let Some(item) = item.as_ref().filter(|_| cache.has_ssd_tier()) {
+        if let Some(item) = item.as_ref().filter(|_| cache.engine().has_ssd_tier()) {
             self.hold_hit(Some(((key.to_vec(), options), item.clone())));
         }
         Ok(item)
@@ -501,7 +502,7 @@ impl ReadAhead<'_> {
     /// Walks past one request: starts its reads, or remembers what it changes. False
     /// where the walk stops (a barrier, a read of a key changed before it, or no room
     /// for more reads).
-    pub fn pass(&mut self, cache: &ZipCache, access: &Access<'_>) -> bool {
+    pub fn pass(&mut self, cache: &Keyspace, access: &Access<'_>) -> bool {
         match access {
             Access::Reads(keys, options) => {
                 if keys.iter().any(|key| self.changed.contains(*key)) {
@@ -542,7 +543,10 @@ mod tests {
     /// value from before the rewrite; reads of other keys start.
     #[test]
     fn a_walk_behind_a_rewrite_starts_no_read_of_its_key() {
-        let cache = ZipCache::open(Config::default()).unwrap();
+        let cache = Keyspace::new(
+            Arc::new(zipcache::ZipCache::open(Config::default()).unwrap()),
+            Default::default(),
+        );
         let plain = GetOptions::default();
         let mut reads = Prefetch::default();
         reads.front_rewrites = Some(b"k".to_vec());
@@ -566,7 +570,10 @@ mod tests {
     /// at a read of a changed key or at a barrier.
     #[test]
     fn a_read_ahead_walks_past_changes_of_other_keys_only() {
-        let cache = ZipCache::open(Config::default()).unwrap();
+        let cache = Keyspace::new(
+            Arc::new(zipcache::ZipCache::open(Config::default()).unwrap()),
+            Default::default(),
+        );
         let plain = GetOptions::default();
         let mut reads = Prefetch::default();
         let mut walk = ReadAhead {
@@ -587,10 +594,10 @@ mod tests {
     }
 
     /// An engine whose large values sit in BT_LO extents on an SSD file in `dir`.
-    fn with_large_values(dir: &std::path::Path, values: usize, len: usize) -> ZipCache {
+    fn with_large_values(dir: &std::path::Path, values: usize, len: usize) -> zipcache::ZipCache {
         let _ = std::fs::remove_dir_all(dir);
         std::fs::create_dir_all(dir).unwrap();
-        let cache = ZipCache::open(Config {
+        let cache = zipcache::ZipCache::open(Config {
             dram_capacity: 4 << 20,
             ssd: Some(zipcache::SsdConfig {
                 path: dir.join("ssd.bin"),
@@ -618,7 +625,10 @@ mod tests {
     fn reads_ahead_are_charged_and_stop_when_the_share_is_spent() {
         const LEN: usize = 256 << 10;
         let dir = std::env::temp_dir().join(format!("zipcache-prefetch-{}", std::process::id()));
-        let cache = with_large_values(&dir, 8, LEN);
+        let cache = Keyspace::new(
+            Arc::new(with_large_values(&dir, 8, LEN)),
+            Default::default(),
+        );
         let keys: Vec<Vec<u8>> = (0..8).map(|i| format!("big{i}").into_bytes()).collect();
         let keys: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
         let plain = GetOptions::default();
@@ -657,9 +667,12 @@ mod tests {
     /// A change drops the answers of its own keys only, a barrier all of them.
     #[test]
     fn a_change_forgets_only_its_keys() {
-        let cache = ZipCache::open(Config::default()).unwrap();
-        cache.put(b"a", b"1", None).unwrap();
-        cache.put(b"b", b"2", None).unwrap();
+        let cache = Keyspace::new(
+            Arc::new(zipcache::ZipCache::open(Config::default()).unwrap()),
+            Default::default(),
+        );
+        cache.engine().put(b"a", b"1", None).unwrap();
+        cache.engine().put(b"b", b"2", None).unwrap();
         let plain = GetOptions::default();
         let mut prefetch = Prefetch::default();
         assert_eq!(prefetch.start(&cache, &[b"a", b"b"], plain, false), 2);

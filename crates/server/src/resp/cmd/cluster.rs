@@ -7,7 +7,7 @@
 use std::net::SocketAddr;
 use std::ops::Bound;
 
-use super::keys::{BULK_OVERHEAD, walk};
+use super::keys::BULK_OVERHEAD;
 use super::{Command, Result, Spec, spec, with_subcommands};
 use crate::core::cluster::{SLOTS, key_slot};
 use crate::resp::{Client, Reply, Resp};
@@ -232,26 +232,17 @@ fn node_entry(out: &mut Reply, ip: &str, me: SocketAddr, id: &str) {
 /// keys rather than hold the connection's thread for the whole cache.
 fn keys_in_slot(shared: &Resp, slot: u16, mut visit: impl FnMut(&[u8]) -> bool) -> Result<()> {
     let limit = shared.keys_limit;
-    let mut examined = 0usize;
-    let mut stopped = false;
-    walk(
-        &shared.core.cache,
+    let mut satisfied = false;
+    let stopped = shared.core.keys.walk(
         Bound::Unbounded,
         Bound::Unbounded,
         limit.saturating_add(1),
-        |key| {
-            examined += 1;
-            if examined > limit {
-                return false;
-            }
-            if key_slot(key) == slot && !visit(key) {
-                stopped = true;
-                return false;
-            }
-            true
+        |key, _| {
+            satisfied = key_slot(key) == slot && !visit(key);
+            !satisfied
         },
     )?;
-    if examined > limit && !stopped {
+    if stopped.is_some() && !satisfied {
         return Err(format!(
             "ERR the slot's keys would take examining more than {limit} keys (keys-limit)"
         )

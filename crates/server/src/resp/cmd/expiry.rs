@@ -126,8 +126,8 @@ fn ttl<'a>(args: &mut Args<'a>, millis: bool, absolute: bool) -> Result<Command<
 
 impl ExpiryCommand<'_> {
     pub fn execute(self, shared: &Resp, out: &mut Reply) -> Result<()> {
-        let cache = &shared.core.cache;
-        let now = cache.now_ms();
+        let cache = &shared.core.keys;
+        let now = cache.engine().now_ms();
         match self {
             ExpiryCommand::Expire {
                 key,

@@ -5,12 +5,11 @@
 
 use std::ops::Bound;
 
-use zipcache::ZipCache;
-
 use super::{
     Args, Command, NOT_INTEGER, READS_ALL, READS_ONE, Result, SYNTAX, Spec, WRITES_ALL, integer,
     keyed, spec,
 };
+use crate::core::keyspace::Keyspace;
 use crate::resp::Resp;
 use crate::resp::{Reply, glob};
 use crate::transport::output::OUTPUT_BUDGET;
@@ -21,6 +20,9 @@ const RANGE_MAX_LIMIT: usize = 100_000;
 const SCAN_MAX_COUNT: usize = 100_000;
 /// Objects SCAN, KEYS and ZCRANGE ask the engine for at a time.
 const BATCH: usize = 64;
+/// ZCRANGE once a slot has moved (`core/keyspace.rs`).
+const UNORDERED: &str =
+    "ERR ZCRANGE is not served once a slot of this node has moved: key order is lost";
 /// What a key costs in a reply besides its bytes (`$<len>\r\n…\r\n`), as the replies
 /// are kept within the output budget.
 pub(super) const BULK_OVERHEAD: usize = 16;
@@ -191,7 +193,7 @@ fn prefix_range(pattern: &[u8]) -> (Bound<Vec<u8>>, Bound<Vec<u8>>) {
 
 impl KeyCommand<'_> {
     pub fn execute(self, shared: &Resp, out: &mut Reply) -> Result<()> {
-        let cache = &shared.core.cache;
+        let cache = &shared.core.keys;
         match self {
             KeyCommand::Delete { keys } => {
                 let mut deleted = 0;
@@ -223,7 +225,7 @@ impl KeyCommand<'_> {
                 // COUNT is a hint: the reply stops at the output budget, and the cursor
                 // says where.
                 let (mut keys, mut bytes) = (Vec::new(), 0);
-                let stopped = walk(cache, start, Bound::Unbounded, count, |key| {
+                let stopped = cache.walk(start, Bound::Unbounded, count, |key, _| {
                     if strings_only && pattern.is_none_or(|p| glob::matches(p, key)) {
                         bytes += key.len() + BULK_OVERHEAD;
                         keys.push(key.to_vec());
@@ -254,9 +256,9 @@ impl KeyCommand<'_> {
                     out.bulk(value);
                 }
             }
-            KeyCommand::DbSize => out.integer(cache.stats().objects_resident as i64),
+            KeyCommand::DbSize => out.integer(cache.engine().stats().objects_resident as i64),
             KeyCommand::Flush => {
-                cache.flush_all()?;
+                cache.engine().flush_all()?;
                 out.simple("OK");
             }
         }
@@ -264,62 +266,38 @@ impl KeyCommand<'_> {
     }
 }
 
-/// Walks the keys of the live objects of the range from `start` to `end` in key order,
-/// at most `limit` of them, a batch at a time, until `visit` returns false: the last key
-/// walked if the walk stopped before the range's end (maybe at it), else `None`.
-pub(super) fn walk(
-    cache: &ZipCache,
-    mut start: Bound<Vec<u8>>,
-    end: Bound<&[u8]>,
-    limit: usize,
-    mut visit: impl FnMut(&[u8]) -> bool,
-) -> Result<Option<Vec<u8>>> {
-    let mut walked = 0;
-    while walked < limit {
-        let wanted = BATCH.min(limit - walked);
-        let from = start.as_ref().map(Vec::as_slice);
-        let batch = cache.scan_keys::<&[u8]>((from, end), wanted)?;
-        let full = batch.len() == wanted;
-        for (key, _) in &batch {
-            walked += 1;
-            if !visit(key) || walked == limit {
-                return Ok(Some(key.clone()));
-            }
-        }
-        match batch.into_iter().last() {
-            Some((key, _)) if full => start = Bound::Excluded(key),
-            _ => return Ok(None),
-        }
-    }
-    Ok(None)
-}
-
 /// ZCRANGE's key/value pairs from `start` to `end`, at most `limit`, and fewer once the
 /// reply passes the output budget (the client goes on after the last key). Each batch
 /// asks the engine for what is left of the budget, so the pairs held are at most the
 /// budget and one object.
 fn pairs(
-    cache: &ZipCache,
+    cache: &Keyspace,
     start: Bound<&[u8]>,
     end: Bound<&[u8]>,
     limit: usize,
 ) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+    // Ranges of client keys are ranges of stored keys only while no slot has moved.
+    let (Some(mut from), Some(end)) = (cache.stored_bound(start), cache.stored_bound(end)) else {
+        return Err(UNORDERED.into());
+    };
     let (mut pairs, mut bytes) = (Vec::new(), 0);
-    let mut from = start.map(<[u8]>::to_vec);
     while pairs.len() < limit && bytes < OUTPUT_BUDGET {
         let (wanted, left) = (BATCH.min(limit - pairs.len()), OUTPUT_BUDGET - bytes);
-        let range = (from.as_ref().map(Vec::as_slice), end);
+        let range = (
+            from.as_ref().map(Vec::as_slice),
+            end.as_ref().map(Vec::as_slice),
+        );
         // may do I/O: reads the values of large objects
-        let batch = cache.scan_bytes::<&[u8]>(range, wanted, left)?;
+        let batch = cache.engine().scan_bytes::<&[u8]>(range, wanted, left)?;
         let found = batch.len();
         let mut batch_bytes = 0;
-        for (key, item) in batch {
-            batch_bytes += key.len() + item.value.len();
-            bytes += key.len() + item.value.len() + 2 * BULK_OVERHEAD;
-            pairs.push((key, item.value));
-        }
-        if let Some((key, _)) = pairs.last() {
-            from = Bound::Excluded(key.clone());
+        for (stored, item) in batch {
+            batch_bytes += stored.len() + item.value.len();
+            if let Some(key) = cache.client_key(&stored) {
+                bytes += key.len() + item.value.len() + 2 * BULK_OVERHEAD;
+                pairs.push((key.to_vec(), item.value));
+            }
+            from = Bound::Excluded(stored);
         }
         if found < wanted && batch_bytes < left {
             // The range ended.
@@ -334,15 +312,22 @@ fn pairs(
 /// reply would pass the output budget: SCAN walks any number of keys in bounded replies.
 fn keys(shared: &Resp, pattern: &[u8]) -> Result<Vec<Vec<u8>>> {
     let limit = shared.keys_limit;
+    let keys = &shared.core.keys;
     let (start, end) = prefix_range(pattern);
-    let (mut examined, mut found, mut bytes) = (0, Vec::new(), 0);
-    walk(
-        &shared.core.cache,
+    // Once a slot has moved, stored keys of one prefix no longer lie together.
+    let (start, end) = match (
+        keys.stored_bound(start.as_ref().map(Vec::as_slice)),
+        keys.stored_bound(end.as_ref().map(Vec::as_slice)),
+    ) {
+        (Some(start), Some(end)) => (start, end),
+        _ => (Bound::Unbounded, Bound::Unbounded),
+    };
+    let (mut found, mut bytes) = (Vec::new(), 0);
+    let stopped = keys.walk(
         start,
         end.as_ref().map(Vec::as_slice),
         limit.saturating_add(1),
-        |key| {
-            examined += 1;
+        |key, _| {
             if glob::matches(pattern, key) {
                 bytes += key.len() + BULK_OVERHEAD;
                 found.push(key.to_vec());
@@ -350,7 +335,8 @@ fn keys(shared: &Resp, pattern: &[u8]) -> Result<Vec<Vec<u8>>> {
             bytes <= OUTPUT_BUDGET
         },
     )?;
-    if examined > limit {
+    // Stopped, and not by the budget: the walk reached `limit + 1` keys.
+    if stopped.is_some() && bytes <= OUTPUT_BUDGET {
         return Err(format!(
             "ERR KEYS would examine more than {limit} keys (keys-limit); use SCAN"
         )

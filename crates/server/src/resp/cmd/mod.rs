@@ -13,9 +13,10 @@ pub(crate) mod strings;
 
 use std::borrow::Cow;
 
-use zipcache::{GetOptions, Item, PutOptions, Update, ZipCache};
+use zipcache::{GetOptions, Item, PutOptions, Update};
 
 use super::{Client, Reply};
+use crate::core::keyspace::Keyspace;
 use crate::resp::Resp;
 use crate::transport::prefetch::{Access, Prefetch, ReadAhead};
 
@@ -292,10 +293,10 @@ pub fn execute(
         client.authenticated,
         refused,
         cluster,
-        &shared.core.cache,
+        &shared.core.keys,
     )
     .and_then(|command| {
-        if reads.admit(&shared.core.cache, || command.access()) == 0 {
+        if reads.admit(&shared.core.keys, || command.access()) == 0 {
             return Ok(Flow::Await);
         }
         command.execute(shared, client, out, reads)
@@ -324,9 +325,9 @@ pub fn read_ahead(
         client.authenticated,
         refused,
         cluster,
-        &shared.core.cache,
+        &shared.core.keys,
     ) {
-        Ok(command) => ahead.pass(&shared.core.cache, &command.access()),
+        Ok(command) => ahead.pass(&shared.core.keys, &command.access()),
         Err(_) => false,
     }
 }
@@ -377,7 +378,7 @@ impl<'a> Command<'a> {
         authenticated: bool,
         refused: &[&str],
         cluster: bool,
-        cache: &'a ZipCache,
+        cache: &'a Keyspace,
     ) -> Result<Command<'a>> {
         let Some((name, _)) = argv.split_first() else {
             return Err(unknown_command(argv));
@@ -461,7 +462,7 @@ pub struct Args<'a> {
     pos: usize,
     /// For errors: `get`, or `client|setname` for a subcommand.
     name: Cow<'static, str>,
-    cache: &'a ZipCache,
+    cache: &'a Keyspace,
 }
 
 impl<'a> Args<'a> {
@@ -500,7 +501,7 @@ impl<'a> Args<'a> {
 
     /// The engine clock in milliseconds, for expiries given relative to now.
     pub fn now_ms(&self) -> i64 {
-        i64::try_from(self.cache.now_ms()).unwrap_or(i64::MAX)
+        i64::try_from(self.cache.engine().now_ms()).unwrap_or(i64::MAX)
     }
 
     /// Parses a subcommand (`CLIENT SETNAME …`) from its own table: an unknown one is

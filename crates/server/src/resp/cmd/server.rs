@@ -166,7 +166,7 @@ impl ServerCommand<'_> {
                     ("appendonly", "no".to_string()),
                     (
                         "maxmemory",
-                        shared.core.cache.stats().dram_capacity.to_string(),
+                        shared.core.keys.engine().stats().dram_capacity.to_string(),
                     ),
                     ("maxmemory-policy", "allkeys-lru".to_string()),
                     ("maxclients", shared.core.info.max_connections.to_string()),
@@ -194,7 +194,8 @@ impl ServerCommand<'_> {
                     // may evict: DRAM-only, down to the new budget before the reply
                     shared
                         .core
-                        .cache
+                        .keys
+                        .engine()
                         .set_dram_capacity(bytes)
                         .map_err(|e| set_failed(b"maxmemory", &e.to_string()))?;
                 }
@@ -215,7 +216,7 @@ fn info(shared: &Resp, sections: &[&[u8]]) -> String {
                     || s.eq_ignore_ascii_case(b"default")
             })
     };
-    let engine = shared.core.cache.stats();
+    let engine = shared.core.keys.engine().stats();
     let counters = shared.core.counters.snapshot();
     let counter = |name: &str| {
         counters

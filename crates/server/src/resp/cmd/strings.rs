@@ -377,7 +377,7 @@ impl MultiGet {
         resume: &mut Option<MultiGet>,
     ) -> Step {
         let (window, after) = self.window(input);
-        let admitted = reads.admit(&shared.core.cache, || {
+        let admitted = reads.admit(&shared.core.keys, || {
             let keys = window.iter().map(|(_, key)| key.as_ref()).collect();
             Access::Reads(keys, GetOptions::default())
         });
@@ -393,7 +393,7 @@ impl MultiGet {
             }
             Counters::bump(&shared.core.counters.cmd_get);
             // may do I/O: a synchronous SSD read when nothing was prefetched
-            match reads.get_shared(&shared.core.cache, key, GetOptions::default()) {
+            match reads.get_shared(&shared.core.keys, key, GetOptions::default()) {
                 Ok(item) => {
                     shared.core.counters.hit_or_miss(item.is_some());
                     item_bulk(out, item.as_ref());
@@ -420,7 +420,7 @@ impl MultiGet {
 
 impl StringCommand<'_> {
     pub fn execute(self, shared: &Resp, out: &mut Reply, reads: &mut Prefetch) -> Result<Flow> {
-        let cache = &shared.core.cache;
+        let cache = &shared.core.keys;
         match self {
             StringCommand::Get { key } => {
                 Counters::bump(&shared.core.counters.cmd_get);
@@ -562,11 +562,11 @@ fn set(
             expires_at_ms: options.expiry.resolve(None),
             ..Default::default()
         };
-        shared.core.cache.put_with(key, value, options)?;
+        shared.core.keys.put_with(key, value, options)?;
         out.simple("OK");
         return Ok(());
     }
-    let ((stored, old), _) = shared.core.cache.update(key, |current| {
+    let ((stored, old), _) = shared.core.keys.update(key, |current| {
         let allowed = match options.condition {
             Condition::Always => true,
             Condition::IfMissing => current.is_none(),
@@ -589,8 +589,8 @@ fn set(
 
 /// GETEX with an option: the value, re-dated (an expiry already past deletes the key).
 fn getex(shared: &Resp, key: &[u8], expiry: NewExpiry) -> Result<Option<Vec<u8>>> {
-    let now = shared.core.cache.now_ms();
-    let (value, _) = shared.core.cache.update(key, |current| {
+    let now = shared.core.keys.engine().now_ms();
+    let (value, _) = shared.core.keys.update(key, |current| {
         let Some(item) = current else {
             return (Update::Keep, None);
         };
@@ -611,7 +611,7 @@ fn counter<T: ToString>(
     key: &[u8],
     next: impl FnOnce(Option<&[u8]>) -> Result<T>,
 ) -> Result<T> {
-    let (result, _) = shared.core.cache.update(key, |current| {
+    let (result, _) = shared.core.keys.update(key, |current| {
         match next(current.map(|i| i.value.as_slice())) {
             Ok(value) => (rewrite(current, value.to_string().into_bytes()), Ok(value)),
             Err(error) => (Update::Keep, Err(error)),
@@ -643,13 +643,13 @@ fn substring(value: &[u8], start: i64, end: i64) -> &[u8] {
 /// SETRANGE: overwrites from `offset`, zero-padding a shorter value; the new length.
 fn setrange(shared: &Resp, key: &[u8], offset: usize, value: &[u8]) -> Result<usize> {
     if value.is_empty() {
-        return Ok(shared.core.cache.info(key)?.map_or(0, |i| i.value_len));
+        return Ok(shared.core.keys.info(key)?.map_or(0, |i| i.value_len));
     }
     let end = offset
         .checked_add(value.len())
         .filter(|&end| end <= shared.core.max_value)
         .ok_or(TOO_LONG)?;
-    let (len, _) = shared.core.cache.update(key, |current| {
+    let (len, _) = shared.core.keys.update(key, |current| {
         let mut new = current.map_or_else(Vec::new, |i| i.value.clone());
         if new.len() < end {
             new.resize(end, 0);
