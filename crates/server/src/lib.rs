@@ -27,7 +27,7 @@ use zipcache::ZipCache;
 
 pub use crate::core::access::Credentials;
 pub use crate::core::auth::Password;
-pub use crate::core::cluster::{Announce, ClusterMode};
+pub use crate::core::cluster::{Announce, ClusterMode, key_slot};
 pub use crate::core::{Runtime, ServerOptions, TlsFiles};
 pub use server::{ServerHandle, start};
 pub use settings::{Port, ServeArgs, Settings};
@@ -249,6 +249,14 @@ pub mod fuzzing {
         use crate::resp::cmd::{Command, refused};
 
         let cache = &Keyspace::new(cache.clone(), Arc::default());
+        let emulated = crate::core::cluster::Cluster::new(
+            &crate::core::ServerOptions {
+                cluster_mode: crate::core::cluster::ClusterMode::Emulated,
+                ..Default::default()
+            },
+            "127.0.0.1:6379".parse().unwrap(),
+            cache.engine(),
+        );
         use crate::resp::parse::{Parsed, parse};
 
         // A request: its span and its arguments.
@@ -263,7 +271,7 @@ pub mod fuzzing {
             check_span(rest, len, framed);
             let argv: Vec<&[u8]> = args.iter().map(|a| a.as_ref()).collect();
             if !argv.is_empty() {
-                for cluster in [false, true] {
+                for cluster in [None, Some(&emulated)] {
                     let refused = refused(flush_all_enabled);
                     let _ = Command::parse(&argv, authenticated, refused, cluster, cache);
                 }

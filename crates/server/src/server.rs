@@ -56,6 +56,7 @@ impl Parts {
         let metrics = self.core.metrics_access.reload_users();
         let mut said: Vec<String> = (self.core.access.reload_users().into_iter())
             .chain(metrics.map(|said| format!("metrics {said}")))
+            .chain(self.core.cluster.reload_config())
             .collect();
         match self.transport.refresh_certs() {
             Ok(false) => {}
@@ -93,6 +94,7 @@ impl ServerHandle {
         // dropped with whatever they held.
         self.running.stop();
         self.parts.memcached.stop();
+        self.parts.core.cluster.stop_sweeping();
         self.parts.core.keys.engine().clone()
     }
 

@@ -142,9 +142,14 @@ pub struct ServeArgs {
     #[arg(long, value_name = "SECS")]
     pub auth_timeout: Option<u64>,
     /// Redis Cluster on the RESP port: `emulated` (one node owning all 16384 slots, for
-    /// cluster-aware clients) [default: off].
+    /// cluster-aware clients) or `on` (a node of a fleet whose topology is pushed with
+    /// CLUSTERX SETNODES or read from --cluster-config) [default: off].
     #[arg(long, value_enum)]
     pub cluster_mode: Option<ClusterMode>,
+    /// With `--cluster-mode on`: a file of the fleet's topology — a `version N` line,
+    /// then one CLUSTERX SETNODES line per node — read at start and on SIGHUP.
+    #[arg(long, value_name = "FILE")]
+    pub cluster_config: Option<PathBuf>,
     /// The IP address CLUSTER SLOTS/SHARDS/NODES name for this node [default: the one
     /// the client reached].
     #[arg(long, value_name = "IP")]
@@ -256,6 +261,7 @@ pub struct Settings {
     /// Seconds; 0 = never.
     pub auth_timeout: u64,
     pub cluster_mode: ClusterMode,
+    pub cluster_config: Option<PathBuf>,
     pub cluster_announce: Announce,
 }
 
@@ -282,6 +288,11 @@ impl Settings {
             None => ServeArgs::default(),
         };
         let runtime = args.runtime.or(file.runtime).unwrap_or(Runtime::PerCore);
+        let cluster_mode = args.cluster_mode.or(file.cluster_mode).unwrap_or_default();
+        let cluster_config = args.cluster_config.or(file.cluster_config);
+        if cluster_config.is_some() && cluster_mode != ClusterMode::On {
+            return Err("--cluster-config needs --cluster-mode on".into());
+        }
         // A size on the command line overrides `ssd = "none"` in the file and vice versa.
         let ssd_none = match (&args.ssd, &args.ssd_size) {
             (Some(_), _) => true,
@@ -410,7 +421,8 @@ impl Settings {
                 .auth_timeout
                 .or(file.auth_timeout)
                 .unwrap_or(AUTH_TIMEOUT.as_secs()),
-            cluster_mode: args.cluster_mode.or(file.cluster_mode).unwrap_or_default(),
+            cluster_mode,
+            cluster_config,
             cluster_announce: Announce {
                 ip: args.cluster_announce_ip.or(file.cluster_announce_ip),
                 port: args.cluster_announce_port.or(file.cluster_announce_port),
@@ -508,6 +520,7 @@ impl Settings {
             first_request_timeout: seconds(self.first_request_timeout),
             auth_timeout: seconds(self.auth_timeout),
             cluster_mode: self.cluster_mode,
+            cluster_config: self.cluster_config.clone(),
             cluster_announce: self.cluster_announce,
             data_dir: Some(self.data_dir.clone()),
         }

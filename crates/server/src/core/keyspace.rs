@@ -22,7 +22,7 @@
 use std::borrow::Cow;
 use std::ops::Bound;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
 use zipcache::{AsyncGet, GetOptions, Item, ItemInfo, PutOptions, Result, Update, ZipCache};
 
@@ -38,6 +38,8 @@ pub struct Generations {
     slots: Box<[AtomicU32]>,
     /// Any slot above generation 0: keys need their slot computed.
     moved: AtomicBool,
+    /// Bumps so far: what was read before a change may be of a slot that moved.
+    changes: AtomicU64,
 }
 
 impl Default for Generations {
@@ -45,6 +47,7 @@ impl Default for Generations {
         Generations {
             slots: (0..SLOTS).map(|_| AtomicU32::new(0)).collect(),
             moved: AtomicBool::new(false),
+            changes: AtomicU64::new(0),
         }
     }
 }
@@ -58,6 +61,7 @@ impl Generations {
     pub fn bump(&self, slot: u16) {
         self.moved.store(true, Ordering::Release);
         self.slots[usize::from(slot)].fetch_add(1, Ordering::AcqRel);
+        self.changes.fetch_add(1, Ordering::AcqRel);
     }
 
     pub fn set(&self, slot: u16, generation: u32) {
@@ -152,6 +156,22 @@ impl Keyspace {
     pub fn client_key<'s>(&self, stored: &'s [u8]) -> Option<&'s [u8]> {
         let (generation, key) = parse(stored)?;
         (generation == self.generations.of_key(key)).then_some(key)
+    }
+
+    /// A stored key no client key names any more: of an older generation than its
+    /// slot's (or bytes `stored` never makes). What the sweep deletes.
+    pub fn left_over(&self, stored: &[u8]) -> bool {
+        parse(stored).is_none_or(|(generation, key)| generation < self.generations.of_key(key))
+    }
+
+    /// How many times a slot's generation moved: answers read before a change may be
+    /// of a slot that moved (`transport/prefetch.rs`).
+    pub fn changes(&self) -> u64 {
+        self.generations.changes.load(Ordering::Acquire)
+    }
+
+    pub fn generations(&self) -> Arc<Generations> {
+        self.generations.clone()
     }
 
     /// Whether key ranges keep their order when stored (every generation is 0).

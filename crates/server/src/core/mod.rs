@@ -8,6 +8,8 @@ pub mod cluster;
 pub mod keyspace;
 mod options;
 pub mod stats;
+mod sweep;
+pub mod topology;
 
 use std::net::IpAddr;
 use std::path::PathBuf;
@@ -77,12 +79,14 @@ pub struct Core {
 impl Core {
     pub fn new(cache: Arc<ZipCache>, info: ServerInfo, options: &ServerOptions) -> Core {
         let cluster = cluster::Cluster::new(
-            options.cluster_mode,
-            options.cluster_announce,
-            options.data_dir.as_deref(),
+            options,
+            std::net::SocketAddr::new(info.listen, info.resp_port),
+            &cache,
         );
+        let keys = keyspace::Keyspace::new(cache, cluster.generations());
+        cluster.start_sweeping(&keys);
         Core {
-            keys: keyspace::Keyspace::new(cache, cluster.generations()),
+            keys,
             counters: Counters::default(),
             info,
             max_value: options.max_value_size,

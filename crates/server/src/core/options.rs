@@ -100,6 +100,8 @@ pub struct ServerOptions {
     pub metrics_users: Option<Arc<Credentials>>,
     /// How the RESP port takes part in a Redis Cluster (`core/cluster.rs`).
     pub cluster_mode: ClusterMode,
+    /// With `on`: the topology file read at start and on SIGHUP (`--cluster-config`).
+    pub cluster_config: Option<PathBuf>,
     /// The address `CLUSTER SLOTS` and the others name for this node, where set.
     pub cluster_announce: Announce,
     /// Where the server keeps what it persists of its own (a cluster node's id); `None`
@@ -154,6 +156,7 @@ impl Default for ServerOptions {
             auth_timeout: Some(AUTH_TIMEOUT),
             metrics_users: None,
             cluster_mode: ClusterMode::Off,
+            cluster_config: None,
             cluster_announce: Announce::default(),
             data_dir: None,
         }

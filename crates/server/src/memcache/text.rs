@@ -17,7 +17,9 @@ use super::{
     Expiry, Memcached, NON_NUMERIC, PendingFlush, RequestContext, after_read, engine_error, line,
     parse_counter, with_access,
 };
+use crate::core::cluster::ClusterMode;
 use crate::core::stats::{Counters, engine_metrics};
+use crate::core::topology::Role;
 use crate::transport::output::Output;
 use crate::transport::prefetch::{Access, Prefetch};
 
@@ -900,8 +902,11 @@ pub fn stats_detail(shared: &Memcached, action: Option<&[u8]>, out: &mut Vec<u8>
 /// configuration version, then `host|ip|port` of every node on one line — so that
 /// auto-discovery clients find the fleet. In emulated mode the fleet is this node, at the
 /// address the client reached (or the announced IP) and its memcached port; the
-/// topology never changes, so its version is 1. Without a cluster mode, memcached's
-/// `ERROR` for a command it does not know.
+/// topology never changes, so its version is 1. With `on`, the topology's version and
+/// its masters, each at its RESP port shifted as this node's memcached port is from its
+/// RESP port (a fleet runs its ports alike); until a topology is pushed, this node
+/// alone at version 0. Without a cluster mode, memcached's `ERROR` for a command it
+/// does not know.
 fn config_get_cluster(shared: &Memcached, local: Option<SocketAddr>, out: &mut Vec<u8>) {
     let cluster = &shared.core.cluster;
     if !cluster.enabled() {
@@ -912,7 +917,28 @@ fn config_get_cluster(shared: &Memcached, local: Option<SocketAddr>, out: &mut V
     let ip = cluster
         .address(Some(reached), info.listen, info.memcached_port)
         .ip();
-    let body = format!("1\n{ip}|{ip}|{}\n", reached.port());
+    let this_node = || format!("{ip}|{ip}|{}", reached.port());
+    let (version, nodes) = match cluster.mode {
+        ClusterMode::On => {
+            let state = cluster.state();
+            match &state.topology {
+                Some(topology) => {
+                    let shift = i32::from(info.memcached_port) - i32::from(info.resp_port);
+                    let nodes: Vec<String> = (topology.nodes.iter())
+                        .filter(|n| n.role == Role::Master)
+                        .map(|n| {
+                            let port = i32::from(n.port) + shift;
+                            format!("{}|{}|{port}", n.host, n.host)
+                        })
+                        .collect();
+                    (topology.version, nodes.join(" "))
+                }
+                None => (0, this_node()),
+            }
+        }
+        _ => (1, this_node()),
+    };
+    let body = format!("{version}\n{nodes}\n");
     line(out, &format!("CONFIG cluster 0 {}", body.len()));
     out.extend_from_slice(body.as_bytes());
     line(out, "");

@@ -107,6 +107,9 @@ pub struct Prefetch {
     /// The last hit a GET took ([`Prefetch::get_shared`]): the same GET repeated answers
     /// from it. Its value is charged to `buffers` too.
     held: Option<(Get, Arc<Item>)>,
+    /// The keyspace's generations when the answers held were read
+    /// ([`Keyspace::changes`]).
+    generations_seen: u64,
 }
 
 /// The bytes of the hit held.
@@ -143,6 +146,7 @@ impl Prefetch {
             front_rewrites: None,
             walked: 0,
             held: None,
+            generations_seen: 0,
         }
     }
 
@@ -173,7 +177,20 @@ impl Prefetch {
     /// Drops every answer and read in flight (a dropped read completes unobserved), and
     /// the hit held; their charges go with them (`Drop`).
     pub fn clear(&mut self) {
+        let seen = self.generations_seen;
         *self = Prefetch::new(self.buffers.clone());
+        self.generations_seen = seen;
+    }
+
+    /// Drops every answer if a slot's generation moved since they were read: a slot
+    /// that went away and came back must not be answered from before
+    /// (`core/keyspace.rs`).
+    fn follow_generations(&mut self, cache: &Keyspace) {
+        let now = cache.changes();
+        if now != self.generations_seen {
+            self.clear();
+            self.generations_seen = now;
+        }
     }
 
     /// The hit held, whose value is charged here: a reply that references it as well
@@ -390,6 +407,7 @@ impl Prefetch {
     /// reads as it runs: `access` is asked for only with an SSD tier, so DRAM-only a
     /// request's keys are not even collected.
     pub fn admit<'k>(&mut self, cache: &Keyspace, access: impl FnOnce() -> Access<'k>) -> usize {
+        self.follow_generations(cache);
         // DRAM-only, every GET answers at once: nothing to start, copy or keep.
         if !cache.engine().has_ssd_tier() {
             return usize::MAX;
@@ -434,6 +452,7 @@ impl Prefetch {
         key: &[u8],
         options: GetOptions,
     ) -> zipcache::Result<Option<Item>> {
+        self.follow_generations(cache);
         if let Some(item) = self.held_hit(key, options) {
             return Ok(Some(Item::clone(&item)));
         }
@@ -503,6 +522,7 @@ impl ReadAhead<'_> {
     /// where the walk stops (a barrier, a read of a key changed before it, or no room
     /// for more reads).
     pub fn pass(&mut self, cache: &Keyspace, access: &Access<'_>) -> bool {
+        self.reads.follow_generations(cache);
         match access {
             Access::Reads(keys, options) => {
                 if keys.iter().any(|key| self.changed.contains(*key)) {

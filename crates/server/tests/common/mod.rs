@@ -60,6 +60,11 @@ impl TestServer {
         TestServer::serving(cache, TestServer::options())
     }
 
+    /// A server of these options over an engine the test configured.
+    pub fn on_with(cache: Arc<ZipCache>, options: ServerOptions) -> TestServer {
+        TestServer::serving(cache, options)
+    }
+
     fn serving(cache: Arc<ZipCache>, options: ServerOptions) -> TestServer {
         let handle = start(cache.clone(), options).expect("start the server");
         TestServer {

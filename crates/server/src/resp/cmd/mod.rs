@@ -16,6 +16,7 @@ use std::borrow::Cow;
 use zipcache::{GetOptions, Item, PutOptions, Update};
 
 use super::{Client, Reply};
+use crate::core::cluster::{Cluster, Route};
 use crate::core::keyspace::Keyspace;
 use crate::resp::Resp;
 use crate::transport::prefetch::{Access, Prefetch, ReadAhead};
@@ -287,7 +288,11 @@ pub fn execute(
     reads: &mut Prefetch,
 ) -> Flow {
     let refused = refused(shared.core.flush_all_enabled);
-    let cluster = shared.core.cluster.enabled();
+    let cluster = shared
+        .core
+        .cluster
+        .enabled()
+        .then_some(&shared.core.cluster);
     let outcome = Command::parse(
         argv,
         client.authenticated,
@@ -295,7 +300,8 @@ pub fn execute(
         cluster,
         &shared.core.keys,
     )
-    .and_then(|command| {
+    // The route is held until the command has run (`Route`): a topology change waits.
+    .and_then(|(command, _route)| {
         if reads.admit(&shared.core.keys, || command.access()) == 0 {
             return Ok(Flow::Await);
         }
@@ -319,7 +325,11 @@ pub fn read_ahead(
     ahead: &mut ReadAhead<'_>,
 ) -> bool {
     let refused = refused(shared.core.flush_all_enabled);
-    let cluster = shared.core.cluster.enabled();
+    let cluster = shared
+        .core
+        .cluster
+        .enabled()
+        .then_some(&shared.core.cluster);
     match Command::parse(
         argv,
         client.authenticated,
@@ -327,7 +337,7 @@ pub fn read_ahead(
         cluster,
         &shared.core.keys,
     ) {
-        Ok(command) => ahead.pass(&shared.core.keys, &command.access()),
+        Ok((command, _route)) => ahead.pass(&shared.core.keys, &command.access()),
         Err(_) => false,
     }
 }
@@ -370,16 +380,18 @@ impl<'a> Command<'a> {
     }
 
     /// Name, arity, authentication, permission (`refused` names the commands this server
-    /// does not allow: a Redis ACL's `NOPERM`), in `cluster` mode the slots of its keys
-    /// (`-CROSSSLOT`), then the command's own syntax, as Redis checks them; arguments its
-    /// parser left over are a syntax error.
-    pub fn parse(
+    /// does not allow: a Redis ACL's `NOPERM`), in a `cluster` mode the slot of its keys
+    /// (`-CROSSSLOT`) and whether this node serves it (`-MOVED`, `-CLUSTERDOWN`), then
+    /// the command's own syntax, as Redis checks them; arguments its parser left over
+    /// are a syntax error. With the command, the route its keys were checked on, to be
+    /// held while it runs (a keyless command holds none: CLUSTERX changes the topology).
+    pub fn parse<'c>(
         argv: &'a [&'a [u8]],
         authenticated: bool,
         refused: &[&str],
-        cluster: bool,
+        cluster: Option<&'c Cluster>,
         cache: &'a Keyspace,
-    ) -> Result<Command<'a>> {
+    ) -> Result<(Command<'a>, Route<'c>)> {
         let Some((name, _)) = argv.split_first() else {
             return Err(unknown_command(argv));
         };
@@ -400,8 +412,13 @@ impl<'a> Command<'a> {
             )
             .into());
         }
-        if cluster && let Some(keys) = spec.keys {
-            cluster::same_slot(keys.of(argv))?;
+        let mut route = Route::Here;
+        if let Some(cluster) = cluster
+            && let Some(keys) = spec.keys
+            && let Some(slot) = cluster::same_slot(keys.of(argv))?
+        {
+            route = cluster.route();
+            route.check(slot).map_err(cluster::redirect)?;
         }
         let mut args = Args {
             argv,
@@ -413,7 +430,7 @@ impl<'a> Command<'a> {
         if args.remaining() > 0 {
             return Err(SYNTAX.into());
         }
-        Ok(command)
+        Ok((command, route))
     }
 
     fn execute(

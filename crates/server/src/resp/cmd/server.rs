@@ -328,13 +328,26 @@ fn info(shared: &Resp, sections: &[&[u8]]) -> String {
             ("acl_access_denied_auth", counter("auth_errors").to_string()),
         ]),
     );
+    // No replicas: every node is a master of its slots (kvrocks-controller reads
+    // `role`).
     section(
-        "Cluster",
-        pairs(&[(
-            "cluster_enabled",
-            u8::from(shared.core.cluster.enabled()).to_string(),
-        )]),
+        "Replication",
+        pairs(&[("role", "master".into()), ("connected_slaves", "0".into())]),
     );
+    let cluster = &shared.core.cluster;
+    let mut cluster_lines = vec![("cluster_enabled", u8::from(cluster.enabled()).to_string())];
+    if cluster.mode == crate::core::cluster::ClusterMode::On {
+        // The keys of slots that moved away or back, dropped by the sweep, and whether
+        // one is under way (`core/sweep.rs`).
+        let (dropped, sweeping) = cluster.swept();
+        cluster_lines.push((
+            "cluster_topology_version",
+            cluster.state().version().to_string(),
+        ));
+        cluster_lines.push(("cluster_slot_keys_dropped", dropped.to_string()));
+        cluster_lines.push(("cluster_slot_sweep_running", u8::from(sweeping).to_string()));
+    }
+    section("Cluster", pairs(&cluster_lines));
     section("Zipcache", engine_metrics(&engine));
     section(
         "Keyspace",
