@@ -15,8 +15,9 @@ $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
 if ! command -v npm >/dev/null; then
     $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm >/dev/null
 fi
-# memjs, the binary-protocol client of tests/binary_clients.rs (found through `npm root -g`).
-$SUDO npm install --global --silent memjs
+# memjs, the binary-protocol client of tests/binary_clients.rs, and ioredis, the cluster
+# client of tests/cluster_fleet.rs (found through `npm root -g`).
+$SUDO npm install --global --silent memjs ioredis
 # Python clients for the client tests; vega_datasets is the real-data value source.
 # pylibmc is built against libmemcached-dev: its wheel bundles a Cyrus SASL that finds
 # none of the system's mechanisms, so its SASL logins fail.

@@ -41,8 +41,10 @@ pub struct BenchArgs {
     #[command(subcommand)]
     pub command: Option<BenchCommand>,
     /// Comma-separated: zipcache, foyer (LZ4 on its disk; foyer-zstd, foyer-none: its other
-    /// compressions), segcache, memcached, memcached-ext, redis, zipcache-serve (started by
-    /// the bench), or zipcache://H:P, memcached://H:P, redis://H:P (already running).
+    /// compressions), segcache, memcached, memcached-ext, redis, zipcache-serve,
+    /// zipcache-cluster (three `--cluster-mode on` nodes, the budget each), zipcache-node
+    /// (one of them owning every slot) (started by the bench), or zipcache://H:P, memcached://H:P, redis://H:P, cluster://H:P[+H:P…] (a
+    /// Redis Cluster's seed nodes) (already running).
     #[arg(long, default_value = "zipcache")]
     pub target: String,
     /// Write the results as a JSON array, one object per target.

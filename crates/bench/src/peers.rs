@@ -175,16 +175,52 @@ pub fn zipcache_serve(
     dir: &Path,
     threads: usize,
 ) -> Result<Peer, String> {
+    zipcache_server(dram, ssd, settings, dir, threads, Serve::Memcached)
+}
+
+/// How `zipcache_server` serves: memcached only, or RESP only as a node of a Redis
+/// Cluster whose topology is pushed to it (`--cluster-mode on`).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Serve {
+    Memcached,
+    ClusterNode,
+}
+
+/// `zipcache serve` (this executable's) with the budget: a node of a Redis Cluster
+/// (`--cluster-mode on`, RESP only), its topology still to be pushed.
+pub fn zipcache_cluster_node(
+    dram: u64,
+    ssd: Option<u64>,
+    settings: &[(String, String)],
+    dir: &Path,
+    threads: usize,
+) -> Result<Peer, String> {
+    zipcache_server(dram, ssd, settings, dir, threads, Serve::ClusterNode)
+}
+
+fn zipcache_server(
+    dram: u64,
+    ssd: Option<u64>,
+    settings: &[(String, String)],
+    dir: &Path,
+    threads: usize,
+    serve: Serve,
+) -> Result<Peer, String> {
     let exe = std::env::current_exe().map_err(|e| format!("this executable: {e}"))?;
     let port = free_port()?;
+    let port_text = port.to_string();
+    let (memcached_port, resp_port) = match serve {
+        Serve::Memcached => (port_text.as_str(), "off"),
+        Serve::ClusterNode => ("off", port_text.as_str()),
+    };
     let mut args: Vec<String> = vec![
         "serve".into(),
         "--listen".into(),
         "127.0.0.1".into(),
         "--memcached-port".into(),
-        port.to_string(),
+        memcached_port.into(),
         "--resp-port".into(),
-        "off".into(),
+        resp_port.into(),
         "--dram".into(),
         dram.to_string(),
         "--data-dir".into(),
@@ -198,6 +234,9 @@ pub fn zipcache_serve(
     }
     for (name, value) in settings {
         args.extend(["--set".into(), format!("{name}={value}")]);
+    }
+    if serve == Serve::ClusterNode {
+        args.extend(["--cluster-mode".into(), "on".into()]);
     }
     start(
         &exe.display().to_string(),

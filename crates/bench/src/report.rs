@@ -224,9 +224,15 @@ pub fn table(results: &[TargetResult]) -> String {
     let rows: Vec<Vec<String>> = results
         .iter()
         .map(|r| {
+            // A cluster target has the DRAM budget on each of its nodes.
+            let nodes = r
+                .held
+                .objects_per_node
+                .as_ref()
+                .map_or(1, |n| n.len().max(1));
             let per_mib = r
                 .objects_resident
-                .zip(Some(r.workload.dram))
+                .zip(Some(r.workload.dram * nodes as u64))
                 .map(|(o, d)| o as f64 / (d as f64 / (1 << 20) as f64));
             vec![
                 r.target.clone(),
@@ -279,6 +285,17 @@ pub fn table(results: &[TargetResult]) -> String {
     for row in rows {
         out.push_str(&line(row));
         out.push('\n');
+    }
+    for r in results {
+        if let Some(per_node) = &r.held.objects_per_node {
+            let listed: Vec<String> = per_node.iter().map(u64::to_string).collect();
+            out.push_str(&format!(
+                "{}: objects per node {} (the fleet's: {})\n",
+                r.target,
+                listed.join(" "),
+                per_node.iter().sum::<u64>()
+            ));
+        }
     }
     out
 }

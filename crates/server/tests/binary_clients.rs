@@ -11,25 +11,8 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{TestServer, require_tool, run_tool};
+use common::{TestServer, run_tool};
 use zipcache_server::{Credentials, Password, ServerOptions};
-
-/// Where `npm install -g memjs` (the test script) put memjs, checked to be there.
-fn node_path() -> String {
-    require_tool("node", "nodejs");
-    require_tool("npm", "npm");
-    let npm = run_tool(
-        Command::new("npm").args(["root", "-g"]),
-        Duration::from_secs(60),
-    );
-    assert!(npm.ok, "npm root -g failed: {npm}");
-    let root = npm.stdout.trim().to_string();
-    assert!(
-        Path::new(&root).join("memjs").is_dir(),
-        "memjs is not installed in {root} (`npm root -g`): npm install -g memjs (the project's test script does)"
-    );
-    root
-}
 
 fn script() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/js/memjs_client.js")
@@ -38,7 +21,7 @@ fn script() -> PathBuf {
 fn memjs(server: &TestServer, credentials: &[&str]) {
     let node = run_tool(
         Command::new("node")
-            .env("NODE_PATH", node_path())
+            .env("NODE_PATH", common::node_modules("memjs"))
             .arg(script())
             .arg(server.memcached.port().to_string())
             .args(credentials),

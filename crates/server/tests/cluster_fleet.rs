@@ -481,6 +481,28 @@ fn a_fleet_from_a_file_reloads_it() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// ioredis's `Cluster` (npm) sets and reads every key through a pushed fleet.
+#[test]
+fn ioredis_cluster_client_uses_the_fleet() {
+    let node_path = common::node_modules("ioredis");
+    let fleet = Fleet::start(3, "ioredis");
+    fleet.push(&even_split(3), 1, &[0, 1, 2]);
+    let script =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/js/ioredis_cluster.js");
+    let run = run_tool(
+        Command::new("node")
+            .env("NODE_PATH", node_path)
+            .arg(script)
+            .args((0..3).map(|i| fleet.addr(i).port().to_string())),
+        Duration::from_secs(120),
+    );
+    assert!(
+        run.ok && run.stdout.contains("ok"),
+        "ioredis_cluster.js failed:\n{run}"
+    );
+    fleet.stop();
+}
+
 /// A slot moves from node 0 to node 1 and back while a client writes the key on node
 /// 1: node 0 must not serve what it held before — nor after a warm restart in between,
 /// nor when it missed the version that moved the slot away. Its left-overs are swept.
@@ -559,6 +581,99 @@ fn a_slot_that_moves_away_and_back_never_serves_its_old_value() {
         std::thread::sleep(Duration::from_millis(50));
     }
     fleet.stop();
+}
+
+/// A node restarted on its SSD tier — the engine closed and opened again on the same
+/// files — keeps its id, its slots and the values its flash holds; the same node with
+/// its topology file lost starts empty (its generations cannot be trusted) and
+/// unconfigured.
+#[test]
+fn a_restarted_node_keeps_its_id_slots_and_flash_data() {
+    let dir = std::env::temp_dir().join(format!("zipcache-fleet-flash-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = zipcache::Config {
+        dram_capacity: 4 << 20,
+        ssd: Some(zipcache::SsdConfig {
+            path: dir.join("ssd.bin"),
+            size: 64 << 20,
+            direct_io: false,
+            device_compression: zipcache::config::DeviceCompression::Emulate,
+            logical_to_physical: 4.0,
+        }),
+        ..zipcache::Config::default()
+    };
+    let options = ServerOptions {
+        cluster_mode: ClusterMode::On,
+        data_dir: Some(dir.join("node")),
+        ..TestServer::options()
+    };
+    let start = || {
+        let engine = Arc::new(ZipCache::open(config.clone()).unwrap());
+        (TestServer::on_with(engine.clone(), options.clone()), engine)
+    };
+    let stop = |server: TestServer, engine: Arc<ZipCache>| {
+        server.stop();
+        Arc::try_unwrap(engine)
+            .ok()
+            .expect("the server let go")
+            .close()
+            .unwrap();
+    };
+    let (server, engine) = start();
+    let mut conn = Conn::open(server.resp);
+    let lines = setnodes_lines(&[server.resp.port()], &[vec![(0, 16383)]]);
+    assert_eq!(
+        conn.call(&[b"CLUSTERX", b"SETNODES", lines.as_bytes(), b"7"]),
+        Reply::Simple("OK".into())
+    );
+    let value = vec![b'v'; 2000];
+    for i in 0..3_000 {
+        let key = format!("k{i}");
+        assert_eq!(
+            conn.call(&[b"SET", key.as_bytes(), &value]),
+            Reply::Simple("OK".into())
+        );
+    }
+    drop(conn);
+    stop(server, engine);
+
+    let (server, engine) = start();
+    assert!(engine.warm_started());
+    let mut conn = Conn::open(server.resp);
+    assert_eq!(
+        conn.call(&[b"CLUSTERX", b"VERSION"]),
+        Reply::Bulk(Some(b"7".to_vec()))
+    );
+    assert_eq!(
+        conn.call(&[b"CLUSTER", b"MYID"]),
+        Reply::Bulk(Some(controller_id(0).into_bytes()))
+    );
+    let served = (0..3_000)
+        .filter(|i| {
+            conn.call(&[b"GET", format!("k{i}").as_bytes()]) == Reply::Bulk(Some(value.clone()))
+        })
+        .count();
+    assert!(served > 2_900, "{served} of 3000 served after the restart");
+    drop(conn);
+    stop(server, engine);
+
+    std::fs::remove_file(dir.join("node").join("cluster-topology")).unwrap();
+    let (server, engine) = start();
+    let mut conn = Conn::open(server.resp);
+    assert_eq!(
+        conn.call(&[b"CLUSTERX", b"VERSION"]),
+        Reply::Bulk(Some(b"-1".to_vec()))
+    );
+    conn.call(&[b"CLUSTERX", b"SETNODES", lines.as_bytes(), b"8"]);
+    assert_eq!(
+        conn.call(&[b"GET", b"k1"]),
+        Reply::Bulk(None),
+        "forgotten, not served"
+    );
+    drop(conn);
+    stop(server, engine);
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// A cluster client of this test: the slot map read from CLUSTER SLOTS, a `-MOVED`
@@ -676,4 +791,186 @@ fn resharding_under_load_serves_no_wrong_value() {
         "{reads} reads, {misses} misses"
     );
     Arc::try_unwrap(fleet).ok().unwrap().stop();
+}
+
+/// `reply` with every node's id, port and bus port, the epochs, the ping and pong
+/// times, and the cluster bus's message counts set aside, and the entries of the
+/// replies whose order Redis leaves to its node table (CLUSTER SLOTS, SHARDS, NODES)
+/// sorted: what is left is the reply's shape and the facts a client reads.
+fn canonical(reply: Reply, ports: &[u16]) -> Reply {
+    let word = |w: &str| -> String {
+        if w.len() == 40 && w.bytes().all(|b| b.is_ascii_alphanumeric()) {
+            return "<id>".into();
+        }
+        for (i, port) in ports.iter().enumerate() {
+            let (node, bus) = (format!("127.0.0.1:{port}"), format!("127.0.0.1:{port}@"));
+            if w == node || w.starts_with(&bus) {
+                return format!("<node{i}>");
+            }
+            if w == port.to_string() {
+                return format!("<port{i}>");
+            }
+        }
+        w.to_string()
+    };
+    match reply {
+        Reply::Bulk(Some(text)) => {
+            let text = String::from_utf8_lossy(&text).into_owned();
+            if text.contains(" connected") {
+                // CLUSTER NODES: id addr flags master ping pong epoch link slots…
+                let mut lines: Vec<String> = text
+                    .lines()
+                    .map(|line| {
+                        let mut fields: Vec<String> = line.split(' ').map(word).collect();
+                        for i in [4, 5, 6] {
+                            fields[i] = "<n>".into();
+                        }
+                        fields.join(" ")
+                    })
+                    .collect();
+                lines.sort();
+                return Reply::Bulk(Some(lines.join("\n").into_bytes()));
+            }
+            // CLUSTER INFO: the bus's message counts (Redis lists one per kind of message
+            // it exchanged; a fleet without a bus exchanges none) left out.
+            let lines: Vec<String> = text
+                .split("\r\n")
+                .filter(|line| !line.starts_with("cluster_stats_messages"))
+                .map(|line| match line.split_once(':') {
+                    Some((name, _)) if name.contains("epoch") => format!("{name}:<n>"),
+                    _ => line.to_string(),
+                })
+                .collect();
+            Reply::Bulk(Some(word(&lines.join("\r\n")).into_bytes()))
+        }
+        Reply::Bulk(None) => Reply::Bulk(None),
+        Reply::Error(e) => Reply::Error(e.split(' ').map(word).collect::<Vec<_>>().join(" ")),
+        Reply::Integer(n) if ports.contains(&(n as u16)) => {
+            let i = ports.iter().position(|&p| p == n as u16).unwrap();
+            Reply::Simple(format!("<port{i}>"))
+        }
+        Reply::Array(items) => {
+            let mut items: Vec<Reply> = items.into_iter().map(|r| canonical(r, ports)).collect();
+            let sortable = items.len() > 1
+                && items
+                    .iter()
+                    .all(|r| matches!(r, Reply::Array(a) if a.len() >= 3));
+            if sortable {
+                items.sort_by_key(|r| format!("{r:?}"));
+            }
+            Reply::Array(items)
+        }
+        other => other,
+    }
+}
+
+/// Three real `redis-server --cluster-enabled yes` made a fleet by `redis-cli --cluster
+/// create`, and three ZipCache nodes pushed the same slots: the cluster replies a client
+/// reads compare equal, ids, ports and epochs aside.
+#[test]
+fn cluster_replies_match_a_real_redis_cluster_fleet() {
+    let redis = require_tool("redis-server", "redis-server");
+    let cli = require_tool("redis-cli", "redis-tools");
+    let dir = std::env::temp_dir().join(format!("zipcache-real-fleet-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let ports: Vec<u16> = (0..3).map(|_| common::free_port()).collect();
+    let _real: Vec<common::ChildGuard> = ports
+        .iter()
+        .map(|port| {
+            let conf = dir.join(format!("nodes-{port}.conf"));
+            let child = Command::new(&redis)
+                .args([
+                    "--port",
+                    &port.to_string(),
+                    "--bind",
+                    "127.0.0.1",
+                    "--save",
+                    "",
+                ])
+                .args(["--appendonly", "no", "--cluster-enabled", "yes"])
+                .arg("--cluster-config-file")
+                .arg(&conf)
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .expect("start redis-server");
+            common::wait_for_port(*port, Duration::from_secs(10));
+            common::ChildGuard(child)
+        })
+        .collect();
+    let mut create = Command::new(&cli);
+    create.arg("--cluster").arg("create");
+    for port in &ports {
+        create.arg(format!("127.0.0.1:{port}"));
+    }
+    let run = run_tool(
+        create.args(["--cluster-replicas", "0", "--cluster-yes"]),
+        Duration::from_secs(60),
+    );
+    assert!(run.ok, "redis-cli --cluster create: {run}");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    for &port in &ports {
+        let mut conn = Conn::open(([127, 0, 0, 1], port).into());
+        while !conn
+            .call(&[b"CLUSTER", b"INFO"])
+            .text()
+            .contains("cluster_state:ok")
+        {
+            assert!(Instant::now() < deadline, "the real fleet never became ok");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+    // redis-cli's split of 16384 slots over three masters.
+    let split = vec![vec![(0, 5460)], vec![(5461, 10922)], vec![(10923, 16383)]];
+    let fleet = Fleet::start(3, "real");
+    fleet.push(&split, 1, &[0, 1, 2]);
+    let ours: Vec<u16> = (0..3).map(|i| fleet.addr(i).port()).collect();
+    // The real fleet's node `i` is the one owning the i-th range, as ours.
+    let mut theirs = Vec::new();
+    for (first, _) in split.iter().map(|r| r[0]) {
+        let probe = (0..)
+            .map(|n| format!("probe{n}"))
+            .find(|k| key_slot(k.as_bytes()) == first)
+            .unwrap();
+        let mut conn = Conn::open(([127, 0, 0, 1], ports[0]).into());
+        theirs.push(match conn.call(&[b"GET", probe.as_bytes()]) {
+            Reply::Error(e) => e.rsplit(':').next().unwrap().parse::<u16>().unwrap(),
+            _ => ports[0],
+        });
+    }
+    let key_on_2 = (0..)
+        .map(|n| format!("k{n}"))
+        .find(|k| key_slot(k.as_bytes()) > 10923)
+        .unwrap();
+    let requests: Vec<Vec<&[u8]>> = vec![
+        vec![b"CLUSTER", b"SLOTS"],
+        vec![b"CLUSTER", b"SHARDS"],
+        vec![b"CLUSTER", b"NODES"],
+        vec![b"CLUSTER", b"INFO"],
+        vec![b"CLUSTER", b"MYID"],
+        vec![b"CLUSTER", b"KEYSLOT", key_on_2.as_bytes()],
+        vec![b"GET", key_on_2.as_bytes()],
+        vec![b"SET", key_on_2.as_bytes(), b"v"],
+        vec![b"MGET", b"a", b"b"],
+        vec![b"DEL", b"{t}a", b"{t}b", b"x"],
+        vec![b"READONLY"],
+        vec![b"READWRITE"],
+        vec![b"ASKING"],
+    ];
+    for node in 0..2 {
+        let mut real = Conn::open(([127, 0, 0, 1], theirs[node]).into());
+        let mut zipcache = Conn::open(fleet.addr(node));
+        for request in &requests {
+            let want = canonical(real.call(request), &theirs);
+            let got = canonical(zipcache.call(request), &ours);
+            let asked: Vec<String> = request
+                .iter()
+                .map(|a| String::from_utf8_lossy(a).into())
+                .collect();
+            assert_eq!(got, want, "node {node}: {asked:?}");
+        }
+    }
+    fleet.stop();
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -4,6 +4,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+pub mod cluster;
 pub mod foyer;
 pub mod network;
 pub mod segcache;
@@ -82,6 +83,8 @@ pub struct Holdings {
     /// Every figure of the in-process zipcache engine's `stats()`, for what the columns
     /// leave out (e.g. where its SSD writes come from).
     pub engine_stats: Option<serde_json::Value>,
+    /// A cluster target's objects on each node, in the order of its slot map.
+    pub objects_per_node: Option<Vec<u64>>,
 }
 
 /// A cache under test.
@@ -141,12 +144,20 @@ pub const MANAGED: &[&str] = &[
     "memcached-ext",
     "redis",
     "zipcache-serve",
+    "zipcache-cluster",
+    "zipcache-node",
 ];
 
-/// Opens target `spec`: a name of [`MANAGED`] or `zipcache://`, `memcached://`, `redis://H:P`.
+/// Opens target `spec`: a name of [`MANAGED`] or `zipcache://`, `memcached://`, `redis://H:P`,
+/// or `cluster://H:P[+H:P…]` (a Redis Cluster's seed nodes).
 pub fn open(spec: &str, budget: &Budget) -> Result<Box<dyn Target>, String> {
     use network::{NetTarget, Protocol};
     if let Some((scheme, addr)) = spec.split_once("://") {
+        if scheme == "cluster" {
+            return Ok(Box::new(cluster::ClusterTarget::remote(
+                spec, addr, budget,
+            )?));
+        }
         let protocol = match scheme {
             "zipcache" | "memcached" => Protocol::Memcached,
             "redis" => Protocol::Resp,
@@ -160,11 +171,14 @@ pub fn open(spec: &str, budget: &Budget) -> Result<Box<dyn Target>, String> {
             Ok(Box::new(foyer::FoyerTarget::open(spec, budget)?))
         }
         "segcache" => Ok(Box::new(segcache::SegTarget::open(budget)?)),
+        "zipcache-cluster" | "zipcache-node" => {
+            Ok(Box::new(cluster::ClusterTarget::spawn(spec, budget)?))
+        }
         "memcached" | "memcached-ext" | "redis" | "zipcache-serve" | network::NOCACHE => {
             Ok(Box::new(NetTarget::spawn(spec, budget)?))
         }
         _ => Err(format!(
-            "unknown target {spec:?}; known: {}, or memcached://H:P, redis://H:P, zipcache://H:P",
+            "unknown target {spec:?}; known: {}, or memcached://H:P, redis://H:P, zipcache://H:P, cluster://H:P[+H:P…]",
             MANAGED.join(", ")
         )),
     }

@@ -16,23 +16,33 @@ use crate::procfs;
 /// Longest a server may take to answer before the run fails rather than hangs.
 const IO_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// A whole RESP reply ([`Conn::call`]).
+#[derive(Debug, PartialEq)]
+pub(super) enum Value {
+    Simple(String),
+    Error(String),
+    Integer(i64),
+    Bulk(Option<Vec<u8>>),
+    Array(Vec<Value>),
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Protocol {
     Memcached,
     Resp,
 }
 
-struct Conn {
+pub(super) struct Conn {
     reader: BufReader<TcpStream>,
     writer: BufWriter<TcpStream>,
 }
 
-fn io_err(e: std::io::Error) -> String {
+pub(super) fn io_err(e: std::io::Error) -> String {
     format!("connection: {e}")
 }
 
 impl Conn {
-    fn open(addr: SocketAddr) -> Result<Conn, String> {
+    pub(super) fn open(addr: SocketAddr) -> Result<Conn, String> {
         let stream = TcpStream::connect_timeout(&addr, IO_TIMEOUT)
             .map_err(|e| format!("connect {addr}: {e}"))?;
         stream.set_nodelay(true).map_err(io_err)?;
@@ -44,7 +54,7 @@ impl Conn {
         })
     }
 
-    fn line(&mut self) -> Result<String, String> {
+    pub(super) fn line(&mut self) -> Result<String, String> {
         let mut line = String::new();
         let n = self.reader.read_line(&mut line).map_err(io_err)?;
         if n == 0 {
@@ -62,12 +72,51 @@ impl Conn {
         Ok(data)
     }
 
+    /// A RESP command and its whole reply, arrays included (CLUSTER SLOTS, CLUSTERX).
+    pub(super) fn call(&mut self, args: &[&[u8]]) -> Result<Value, String> {
+        resp_command(&mut self.writer, args).map_err(io_err)?;
+        self.writer.flush().map_err(io_err)?;
+        self.value()
+    }
+
+    fn value(&mut self) -> Result<Value, String> {
+        let line = self.line()?;
+        let (kind, rest) = line.split_at_checked(1).ok_or("an empty reply line")?;
+        let number = || {
+            rest.parse::<i64>()
+                .map_err(|_| format!("bad reply {line:?}"))
+        };
+        Ok(match kind {
+            "+" => Value::Simple(rest.into()),
+            "-" => Value::Error(rest.into()),
+            ":" => Value::Integer(number()?),
+            "$" => match number()? {
+                n if n < 0 => Value::Bulk(None),
+                n => Value::Bulk(Some(self.payload(n as usize)?)),
+            },
+            "*" => {
+                let n = number()?.max(0);
+                Value::Array((0..n).map(|_| self.value()).collect::<Result<_, _>>()?)
+            }
+            _ => return Err(format!("unexpected reply {line:?}")),
+        })
+    }
+
+    /// Sends what `send` buffered.
+    pub(super) fn flush(&mut self) -> Result<(), String> {
+        self.writer.flush().map_err(io_err)
+    }
+
     /// Writes `request`; false if the protocol has no such command (nothing is sent).
-    fn send(&mut self, protocol: Protocol, request: &Request) -> Result<bool, String> {
+    pub(super) fn send(&mut self, protocol: Protocol, request: &Request) -> Result<bool, String> {
         encode(&mut self.writer, protocol, request).map_err(io_err)
     }
 
-    fn receive(&mut self, protocol: Protocol, request: &Request) -> Result<Reply, String> {
+    pub(super) fn receive(
+        &mut self,
+        protocol: Protocol,
+        request: &Request,
+    ) -> Result<Reply, String> {
         match protocol {
             Protocol::Memcached => self.receive_memcached(request),
             Protocol::Resp => self.receive_resp(request),
@@ -114,7 +163,7 @@ impl Conn {
     }
 
     /// `stats` (memcached) or `INFO` + `DBSIZE` (redis) as name → value.
-    fn stats(&mut self, protocol: Protocol) -> Result<HashMap<String, String>, String> {
+    pub(super) fn stats(&mut self, protocol: Protocol) -> Result<HashMap<String, String>, String> {
         let mut stats = HashMap::new();
         match protocol {
             Protocol::Memcached => {
@@ -184,7 +233,7 @@ fn encode(w: &mut impl Write, protocol: Protocol, request: &Request) -> std::io:
     Ok(true)
 }
 
-fn resp_command(w: &mut impl Write, args: &[&[u8]]) -> std::io::Result<()> {
+pub(super) fn resp_command(w: &mut impl Write, args: &[&[u8]]) -> std::io::Result<()> {
     write!(w, "*{}\r\n", args.len())?;
     for arg in args {
         write!(w, "${}\r\n", arg.len())?;
@@ -356,7 +405,11 @@ fn ratio_stat(stats: &HashMap<String, String>, name: &str) -> Option<f64> {
 /// What a server's `stats` (memcached) or `INFO` + `DBSIZE` (RESP) says, as a snapshot.
 /// RSS comes from /proc when the server's PID is known (`pid`), else from what the server
 /// reports of itself.
-fn snapshot_of(protocol: Protocol, stats: &HashMap<String, String>, pid: Option<u32>) -> Snapshot {
+pub(super) fn snapshot_of(
+    protocol: Protocol,
+    stats: &HashMap<String, String>,
+    pid: Option<u32>,
+) -> Snapshot {
     let mut snap = Snapshot {
         server_cpu_seconds: pid.and_then(procfs::cpu_seconds),
         held: Holdings {

@@ -242,6 +242,7 @@ impl Target for ZipTarget {
                 ssd_flash_bytes: s.ssd_flash_bytes,
                 rss_bytes: procfs::own_rss(self.own_rss),
                 engine_stats: Some(engine_stats),
+                objects_per_node: None,
             },
         })
     }

@@ -362,3 +362,21 @@ pub fn scrape(server: &TestServer, headers: &str) -> std::io::Result<(String, St
     stream.set_read_timeout(Some(Duration::from_secs(10)))?;
     scrape_over(stream, headers)
 }
+
+/// Where `npm install -g MODULE` (the test script) put node modules, checked to hold
+/// `module`: the `NODE_PATH` of a node client.
+pub fn node_modules(module: &str) -> String {
+    require_tool("node", "nodejs");
+    require_tool("npm", "npm");
+    let npm = run_tool(
+        Command::new("npm").args(["root", "-g"]),
+        Duration::from_secs(60),
+    );
+    assert!(npm.ok, "npm root -g failed: {npm}");
+    let root = npm.stdout.trim().to_string();
+    assert!(
+        Path::new(&root).join(module).is_dir(),
+        "{module} is not installed in {root} (`npm root -g`): npm install -g {module} (the project's test script does)"
+    );
+    root
+}
