@@ -351,6 +351,28 @@ fn a_fleet_pushed_as_the_controller_pushes_it_serves_cluster_clients() {
     let check = cli(&["--cluster", "check", &format!("127.0.0.1:{}", ports[0])]);
     assert!(check.contains("All 16384 slots covered"), "{check}");
 
+    // redis-benchmark reads the fleet from one node and spreads its load over all three.
+    let benchmark = require_tool("redis-benchmark", "redis-tools");
+    let run = run_tool(
+        Command::new(benchmark)
+            .args(["--cluster", "-h", "127.0.0.1", "-p", &ports[1]])
+            .args([
+                "-t", "set,get", "-n", "20000", "-P", "8", "-r", "5000", "-q",
+            ]),
+        Duration::from_secs(120),
+    );
+    let results = run.stdout.replace('\r', "\n");
+    assert!(run.ok, "redis-benchmark --cluster: {run}");
+    for op in ["SET:", "GET:"] {
+        assert!(
+            results
+                .lines()
+                .any(|l| l.starts_with(op) && l.contains("requests per second")),
+            "{op} {results}"
+        );
+    }
+    assert!(results.contains("Cluster has 3 master nodes"), "{results}");
+
     // memcached's auto-discovery lists the fleet at the topology's version.
     let mut memcached = common::Client::connect(fleet.nodes[0].memcached);
     let reply = memcached.ask("config get cluster\r\n", 5);
