@@ -585,7 +585,7 @@ impl Settings {
         let unix_socket = self.unix_socket.as_ref().map_or("off".to_string(), |path| {
             format!("{} (mode {:04o})", path.display(), self.unix_socket_mode)
         });
-        let cluster = match (self.cluster_mode, self.cluster_announce) {
+        let mut cluster = match (self.cluster_mode, self.cluster_announce) {
             (ClusterMode::Off, _) => "off".to_string(),
             (mode, Announce { ip, port }) => format!(
                 "{mode:?}, announcing {} port {}",
@@ -594,6 +594,9 @@ impl Settings {
             )
             .to_lowercase(),
         };
+        if let Some(path) = &self.cluster_config {
+            cluster.push_str(&format!(", topology from {}", path.display()));
+        }
         format!(
             "zipcache serve settings:\n  listen           {}\n  memcached-port   {}\n  resp-port        {}\n  unix-socket      {unix_socket}\n  dram             {} bytes\n  data-dir         {}\n  ssd              {ssd}\n  crash journal    {crash_journal}\n  max-connections  {}\n  threads          {} ({} runtime)\n  metrics          {metrics}\n  tls              {tls}\n  requirepass      {}\n  auth-file        {}\n  auth-timeout     {}\n  keys-limit       {}\n  flush_all        {}\n  lru_crawler      {}\n  idle-timeout     {}\n  write-timeout    {}\n  input limits     max-request-size {} bytes, max-clients-memory {} bytes, first-request-timeout {}\n  shutdown command {}\n  cluster-mode     {cluster}\n  engine: leaf_size={} subpages={} superleaf_size={} fill_threshold={} write_buffer={} bypass_r={} bypass_max_fraction={} tiny_max={} medium_max={} max_key_size={} max_value_size={} background_threads={} promotion={:?} rss_limit={} track_access={} evictions={}",
             self.listen,

@@ -400,18 +400,17 @@ impl Cluster {
         change: Change,
     ) -> Result<(), String> {
         let id = id.unwrap_or_else(|| self.myself(&state.id, &topology));
-        let mut bumped = Vec::new();
-        for slot in 0..SLOTS {
-            let was = state.owns(slot);
-            let now = topology.owned_by(slot, &id);
-            if was != now || (now && change == Change::Unknown) {
-                bumped.push(slot);
-            }
-        }
+        let bumps: Vec<bool> = (0..SLOTS)
+            .map(|slot| {
+                let was = state.owns(slot);
+                let now = topology.owned_by(slot, &id);
+                was != now || (now && change == Change::Unknown)
+            })
+            .collect();
         let generations: Vec<(u16, u32)> = (0..SLOTS)
             .map(|slot| {
                 let g = self.generations.of(slot);
-                (slot, if bumped.contains(&slot) { g + 1 } else { g })
+                (slot, g + u32::from(bumps[usize::from(slot)]))
             })
             .collect();
         if id != state.id {
@@ -421,6 +420,7 @@ impl Cluster {
             keep_topology(dir, &topology, &generations)
                 .map_err(|e| format!("ERR cannot keep the topology in {}: {e}", dir.display()))?;
         }
+        let bumped: Vec<u16> = (0..SLOTS).filter(|&s| bumps[usize::from(s)]).collect();
         for &slot in &bumped {
             self.generations.bump(slot);
         }
