@@ -1005,4 +1005,141 @@ mod tests {
         assert_eq!(cluster.route().check(1).map_err(|_| ()), Err(()));
         std::fs::remove_dir_all(&dir).unwrap();
     }
+
+    /// The node against a model of what it may serve (`BTreeMap`), through writes, reads,
+    /// pushed topologies (the next version, skipped versions, FORCE), `CLUSTERX MIGRATE` and
+    /// restarts on the same data directory and engine: a read may miss, never return a value
+    /// other than the last one written while this node owned the key's slot without a break.
+    mod model {
+        use std::collections::BTreeMap;
+
+        use proptest::prelude::*;
+        use zipcache::{GetOptions, PutOptions};
+
+        use super::*;
+
+        #[derive(Clone, Debug)]
+        enum Op {
+            Put(usize, u32),
+            Get(usize),
+            /// A topology giving this node the slots of the tags whose bit is set, pushed as
+            /// the next version, after `skip` versions, or with FORCE.
+            Push {
+                mine: u8,
+                skip: u8,
+                force: bool,
+            },
+            /// `CLUSTERX MIGRATE` of one tag's slot to the other node.
+            Migrate(usize),
+            Restart,
+        }
+
+        const TAGS: [&str; 5] = ["a", "b", "c", "d", "e"];
+
+        fn key(k: usize) -> Vec<u8> {
+            format!("{{{}}}key{}", TAGS[k % TAGS.len()], k / TAGS.len()).into_bytes()
+        }
+
+        fn ops() -> impl Strategy<Value = Vec<Op>> {
+            let op = prop_oneof![
+                4 => (0..15usize, any::<u32>()).prop_map(|(k, v)| Op::Put(k, v)),
+                4 => (0..15usize).prop_map(Op::Get),
+                2 => (any::<u8>(), 0..3u8, prop::bool::weighted(0.1))
+                    .prop_map(|(mine, skip, force)| Op::Push { mine, skip, force }),
+                1 => (0..TAGS.len()).prop_map(Op::Migrate),
+                1 => Just(Op::Restart),
+            ];
+            prop::collection::vec(op, 1..120)
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+            #[test]
+            fn a_node_never_serves_what_another_may_have_overwritten(ops in ops()) {
+                let dir = scratch(&format!("cluster-model-{}", rand_suffix()));
+                let engine = engine();
+                let mut cluster = node(ClusterMode::On, Some(&dir), &engine);
+                let mut keys = Keyspace::new(engine.clone(), cluster.generations());
+                let mut model: BTreeMap<usize, u32> = BTreeMap::new();
+                let mut version = 0i64;
+                let slot_of = |k: usize| key_slot(&key(k));
+                for op in ops {
+                    match op {
+                        Op::Put(k, v) => {
+                            let route = cluster.route();
+                            if route.check(slot_of(k)).is_ok() {
+                                keys.put_with(&key(k), &v.to_le_bytes(), PutOptions::default()).unwrap();
+                                model.insert(k, v);
+                            }
+                        }
+                        Op::Get(k) => {
+                            let route = cluster.route();
+                            if route.check(slot_of(k)).is_ok() {
+                                let got = keys.get_item(&key(k), GetOptions::default()).unwrap();
+                                if let Some(item) = got {
+                                    let value = u32::from_le_bytes(item.value[..4].try_into().unwrap());
+                                    prop_assert_eq!(Some(&value), model.get(&k), "key {}", k);
+                                }
+                            }
+                        }
+                        Op::Push { mine, skip, force } => {
+                            let owned: Vec<bool> = (0..TAGS.len()).map(|t| (mine >> t) & 1 == 1).collect();
+                            version += 1 + i64::from(skip);
+                            let text = fleet_of_tags(&owned);
+                            let before: Vec<bool> = (0..TAGS.len())
+                                .map(|t| cluster.route().check(slot_of(t)).is_ok())
+                                .collect();
+                            cluster.set_nodes(&text, version, force).unwrap();
+                            // A slot lost here: what the node held of it may be overwritten
+                            // elsewhere from now on.
+                            for t in 0..TAGS.len() {
+                                if before[t] && !owned[t] {
+                                    model.retain(|&k, _| k % TAGS.len() != t);
+                                }
+                            }
+                        }
+                        Op::Migrate(t) => {
+                            if cluster.migrate((slot_of(t), slot_of(t)), &id('b')).is_ok() {
+                                model.retain(|&k, _| k % TAGS.len() != t);
+                            }
+                        }
+                        Op::Restart => {
+                            drop(keys);
+                            drop(cluster);
+                            cluster = node(ClusterMode::On, Some(&dir), &engine);
+                            keys = Keyspace::new(engine.clone(), cluster.generations());
+                        }
+                    }
+                }
+                drop(keys);
+                drop(cluster);
+                let _ = std::fs::remove_dir_all(&dir);
+            }
+        }
+
+        /// Two masters on 127.0.0.1: `a` (this node, port 7000) owning the slots of the tags
+        /// marked, `b` the rest.
+        fn fleet_of_tags(owned: &[bool]) -> String {
+            let slots = |mine: bool| -> String {
+                (0..TAGS.len())
+                    .filter(|&t| owned[t] == mine)
+                    .map(|t| key_slot(&key(t)).to_string())
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            };
+            format!(
+                "{} 127.0.0.1 7000 master - {}\n{} 127.0.0.1 7001 master - {}\n",
+                id('a'),
+                slots(true),
+                id('b'),
+                slots(false)
+            )
+        }
+
+        fn rand_suffix() -> u64 {
+            use std::sync::atomic::{AtomicU64, Ordering};
+            static NEXT: AtomicU64 = AtomicU64::new(0);
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        }
+    }
 }
