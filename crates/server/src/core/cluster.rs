@@ -413,12 +413,15 @@ impl Cluster {
                 (slot, g + u32::from(bumps[usize::from(slot)]))
             })
             .collect();
-        if id != state.id {
-            self.keep_id(&id)?;
-        }
+        // The topology first: should the id then fail to be kept, the next start finds
+        // the old id with generations bumped for the new one's slots — what it held of
+        // them forgotten, never served.
         if let Some(dir) = &self.dir {
             keep_topology(dir, &topology, &generations)
                 .map_err(|e| format!("ERR cannot keep the topology in {}: {e}", dir.display()))?;
+        }
+        if id != state.id {
+            self.keep_id(&id)?;
         }
         let bumped: Vec<u16> = (0..SLOTS).filter(|&s| bumps[usize::from(s)]).collect();
         for &slot in &bumped {
