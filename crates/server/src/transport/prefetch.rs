@@ -703,4 +703,21 @@ mod tests {
         prefetch.clear();
         assert!(!prefetch.answered(b"a", plain));
     }
+
+    /// An answer read before a slot's generation moved is not given: the slot may have
+    /// gone away and come back, and the value read then be one another node overwrote.
+    #[test]
+    fn answers_read_before_a_generation_moved_are_dropped() {
+        let generations = Arc::new(crate::core::keyspace::Generations::default());
+        let engine = Arc::new(zipcache::ZipCache::open(Config::default()).unwrap());
+        let cache = Keyspace::new(engine, generations.clone());
+        let options = zipcache::PutOptions::default();
+        cache.put_with(b"k", b"old", options).unwrap();
+        let plain = GetOptions::default();
+        let mut prefetch = Prefetch::default();
+        assert_eq!(prefetch.start(&cache, &[b"k"], plain, true), 1);
+        generations.bump(crate::core::cluster::key_slot(b"k"));
+        let got = prefetch.get_item(&cache, b"k", plain).unwrap();
+        assert_eq!(got, None, "read again under the new generation: a miss");
+    }
 }
