@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use zipcache_server::key_slot;
 
-use super::network::{Conn, Protocol, Value, snapshot_of};
+use super::network::{Conn, Protocol, Value, pipelined, snapshot_of};
 use super::{Budget, Client, Reply, Request, Snapshot, Target};
 use crate::peers::{self, Peer};
 
@@ -274,27 +274,13 @@ impl Client for ClusterClient {
                 queues[node][conn].push(i);
             }
         }
-        let mut sent = vec![false; requests.len()];
-        for (node, conns) in self.conns.iter_mut().enumerate() {
-            for (c, conn) in conns.iter_mut().enumerate() {
-                for &i in &queues[node][c] {
-                    sent[i] = conn.send(Protocol::Resp, &requests[i])?;
-                }
-                conn.flush()?;
-            }
-        }
-        let mut answers: Vec<Option<(Reply, Duration)>> = vec![None; requests.len()];
-        for (node, conns) in self.conns.iter_mut().enumerate() {
-            for (c, conn) in conns.iter_mut().enumerate() {
-                for &i in &queues[node][c] {
-                    answers[i] = Some(if sent[i] {
-                        (conn.receive(Protocol::Resp, &requests[i])?, start.elapsed())
-                    } else {
-                        (Reply::Unsupported, Duration::ZERO)
-                    });
-                }
-            }
-        }
+        let lanes = self
+            .conns
+            .iter_mut()
+            .zip(queues)
+            .flat_map(|(conns, queues)| conns.iter_mut().zip(queues))
+            .collect();
+        let mut answers = pipelined(lanes, Protocol::Resp, requests, start)?;
         for (i, answer) in answers.iter_mut().enumerate() {
             if let Some((reply @ Reply::Error(_), at)) = answer {
                 *reply = self.redirected(&requests[i], reply.clone())?;

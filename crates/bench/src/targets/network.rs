@@ -243,6 +243,36 @@ pub(super) fn resp_command(w: &mut impl Write, args: &[&[u8]]) -> std::io::Resul
     Ok(())
 }
 
+/// Sends each connection its requests (indexes into `requests`, in order) pipelined,
+/// flushes them all, then reads each connection's replies back in the same order: every
+/// request's reply with the time from `start` until it was known (`Unsupported`, at once,
+/// for one its protocol has no command for).
+pub(super) fn pipelined(
+    mut lanes: Vec<(&mut Conn, Vec<usize>)>,
+    protocol: Protocol,
+    requests: &[Request],
+    start: Instant,
+) -> Result<Vec<Option<(Reply, Duration)>>, String> {
+    let mut sent = vec![false; requests.len()];
+    for (conn, lane) in &mut lanes {
+        for &i in lane.iter() {
+            sent[i] = conn.send(protocol, &requests[i])?;
+        }
+        conn.flush()?;
+    }
+    let mut answers: Vec<Option<(Reply, Duration)>> = vec![None; requests.len()];
+    for (conn, lane) in &mut lanes {
+        for &i in lane.iter() {
+            answers[i] = Some(if sent[i] {
+                (conn.receive(protocol, &requests[i])?, start.elapsed())
+            } else {
+                (Reply::Unsupported, Duration::ZERO)
+            });
+        }
+    }
+    Ok(answers)
+}
+
 /// A bench thread's connections; a batch is spread over them round-robin and pipelined.
 struct NetClient {
     protocol: Protocol,
@@ -258,23 +288,13 @@ impl Client for NetClient {
     ) -> Result<(), String> {
         let start = Instant::now();
         let n = self.conns.len();
-        let mut sent = vec![false; requests.len()];
-        for (i, request) in requests.iter().enumerate() {
-            sent[i] = self.conns[i % n].send(self.protocol, request)?;
-        }
-        for conn in &mut self.conns {
-            conn.writer.flush().map_err(io_err)?;
-        }
-        let mut answers: Vec<Option<(Reply, Duration)>> = vec![None; requests.len()];
-        for (c, conn) in self.conns.iter_mut().enumerate() {
-            for i in (c..requests.len()).step_by(n) {
-                answers[i] = Some(if sent[i] {
-                    (conn.receive(self.protocol, &requests[i])?, start.elapsed())
-                } else {
-                    (Reply::Unsupported, Duration::ZERO)
-                });
-            }
-        }
+        let lanes = self
+            .conns
+            .iter_mut()
+            .enumerate()
+            .map(|(c, conn)| (conn, (c..requests.len()).step_by(n).collect()))
+            .collect();
+        let answers = pipelined(lanes, self.protocol, requests, start)?;
         replies.extend(answers.into_iter().flatten());
         Ok(())
     }
