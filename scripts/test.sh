@@ -22,7 +22,16 @@ $SUDO npm install --global --silent memjs ioredis
 # pylibmc is built against libmemcached-dev: its wheel bundles a Cyrus SASL that finds
 # none of the system's mechanisms, so its SASL logins fail.
 python3 -m pip install --quiet --disable-pip-version-check --no-binary pylibmc \
-    pymemcache redis vega_datasets pylibmc
+    pymemcache "redis>=6.2" vega_datasets pylibmc pytest packaging
+# redis-py's own test suite (its source release, of the version installed): its hash
+# tests run against our server (tests/hashes.rs).
+REDIS_PY=$(python3 -c 'import redis; print(redis.__version__)')
+if [ ! -d "target/test-deps/redis-$REDIS_PY/tests" ]; then
+    mkdir -p target/test-deps
+    python3 -m pip download --quiet --disable-pip-version-check --no-deps \
+        --no-binary :all: "redis==$REDIS_PY" -d target/test-deps
+    tar xzf "target/test-deps/redis-$REDIS_PY.tar.gz" -C target/test-deps
+fi
 
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings

@@ -23,6 +23,7 @@ pub mod peers;
 pub mod plot;
 pub mod procfs;
 pub mod report;
+pub mod sessions;
 pub mod sweep;
 pub mod targets;
 pub mod trace;
@@ -60,6 +61,8 @@ pub enum BenchCommand {
     Sweep(sweep::SweepArgs),
     /// Start `zipcache serve` and run well-behaved clients beside hostile ones (issue 20).
     Hostile(hostile::HostileArgs),
+    /// Web sessions as Redis hashes in ZipCache and redis-server, same DRAM (issue 34).
+    Sessions(sessions::SessionsArgs),
 }
 
 /// What the look-aside loop does, or whether to fill once.
@@ -585,6 +588,7 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
     match args.command {
         Some(BenchCommand::Sweep(sweep_args)) => return sweep::run(&sweep_args),
         Some(BenchCommand::Hostile(hostile_args)) => return hostile::run(&hostile_args),
+        Some(BenchCommand::Sessions(sessions_args)) => return sessions::run(&sessions_args),
         None => {}
     }
     let (results, failures) = run_all(&args.target, &args.params);

@@ -178,11 +178,23 @@ pub fn zipcache_serve(
     zipcache_server(dram, ssd, settings, dir, threads, Serve::Memcached)
 }
 
-/// How `zipcache_server` serves: memcached only, or RESP only as a node of a Redis
-/// Cluster whose topology is pushed to it (`--cluster-mode on`).
+/// `zipcache serve` (this executable's) with the budget, speaking RESP only.
+pub fn zipcache_resp(
+    dram: u64,
+    ssd: Option<u64>,
+    settings: &[(String, String)],
+    dir: &Path,
+    threads: usize,
+) -> Result<Peer, String> {
+    zipcache_server(dram, ssd, settings, dir, threads, Serve::Resp)
+}
+
+/// How `zipcache_server` serves: memcached only, RESP only, or RESP only as a node of a
+/// Redis Cluster whose topology is pushed to it (`--cluster-mode on`).
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Serve {
     Memcached,
+    Resp,
     ClusterNode,
 }
 
@@ -211,7 +223,7 @@ fn zipcache_server(
     let port_text = port.to_string();
     let (memcached_port, resp_port) = match serve {
         Serve::Memcached => (port_text.as_str(), "off"),
-        Serve::ClusterNode => ("off", port_text.as_str()),
+        Serve::Resp | Serve::ClusterNode => ("off", port_text.as_str()),
     };
     let mut args: Vec<String> = vec![
         "serve".into(),

@@ -199,8 +199,10 @@ fn an_mget_of_200_000_keys_answers_in_linear_time() {
 #[test]
 fn scans_stay_within_the_budget() {
     let cache = new_hybrid_engine();
+    // One server's connections, one after another: a cursor is the server's.
+    let server = Parts::detached(cache.clone(), &options()).resp;
     let request = |args: &[&[u8]]| {
-        let session = resp_session(cache.clone(), &options());
+        let session = RespSession::new(server.clone(), None);
         serve_in_process(session, &resp_request(args))
     };
     let (mut cursor, mut listed) = (b"0".to_vec(), 0);

@@ -206,7 +206,9 @@ fn resp_command_errors_match_redis_and_keep_the_connection() {
             &["EXPIRE", "k", "soon"],
             "-ERR value is not an integer or out of range",
         ),
-        (&["SCAN", "not-hex"], "-ERR invalid cursor"),
+        (&["SCAN", "not-a-number"], "-ERR invalid cursor"),
+        (&["SCAN", "12345"], "-ERR invalid cursor"),
+        (&["HSCAN", "h", "-1"], "-ERR invalid cursor"),
         (&["SCAN", "0", "COUNT", "0"], "-ERR syntax error"),
         (&["SCAN", "0", "BOGUS", "1"], "-ERR syntax error"),
         (

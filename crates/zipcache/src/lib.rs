@@ -48,6 +48,9 @@ pub struct Item {
     /// `track_access`, for objects held in DRAM); `None` when tracking is off or the
     /// engine does not know: the answer came from the SSD tier or BT_LO, or from a write.
     pub access: Option<AccessState>,
+    /// The value is a collection's header, not a string's bytes (stored with
+    /// [`PutOptions::collection`]).
+    pub collection: bool,
 }
 
 /// What `scan_keys` reports of a stored object: everything [`Item`] holds but the value.
@@ -59,6 +62,8 @@ pub struct ItemInfo {
     pub cas: u64,
     pub expires_at_ms: Option<u64>,
     pub access: Option<AccessState>,
+    /// The value is a collection's header ([`Item::collection`]).
+    pub collection: bool,
 }
 
 /// memcached's per-item access metadata (its `h`, `l` and `me`'s `fetch=`, `la=`), kept
@@ -98,6 +103,13 @@ pub struct PutOptions {
     /// write: not fetched, accessed now. A rewrite that only re-dates the object (a
     /// touch) passes the state memcached leaves: fetched and accessed now, or as it was.
     pub access: Option<AccessState>,
+    /// The value is a collection's header (a Redis hash's), not a string's bytes: string
+    /// commands see the key as holding another type. Kept with the object on every tier
+    /// and reported as [`Item::collection`]. Only a small or medium object can be one: a
+    /// put whose key and value together pass `medium_max` (which would make a large
+    /// object, whose BT_LO entry has no room for the mark) is refused with
+    /// [`Error::ValueTooLarge`], whether or not there is an SSD tier.
+    pub collection: bool,
 }
 
 /// What an `update` closure decides to do with the key it was shown.
@@ -111,7 +123,8 @@ pub enum Update {
     },
     /// Keep the value, and store it with `options`' expiry, flags, CAS and access state
     /// (a touch). A large object's value is neither read for it nor written again: only
-    /// its BT_LO index entry changes.
+    /// its BT_LO index entry changes. `options.collection` is ignored: a touch never
+    /// changes an object's type, so the stored object keeps its collection mark.
     SetMeta(PutOptions),
     Delete,
 }

@@ -21,7 +21,7 @@ use std::cell::RefCell;
 use crate::dictionary::Dictionary;
 use crate::format::blob::{BITS, BLOB_CODEC, BLOB_DICTIONARY, BLOB_LZ4, BLOB_RAW, DICTIONARY_ID};
 use crate::format::record::{
-    CLEAN, CLIENT_CAS, HAS_CAS, HAS_EXPIRY, HAS_FLAGS, MAX_METADATA, MEDIUM_POINTER,
+    CLEAN, CLIENT_CAS, COLLECTION, HAS_CAS, HAS_EXPIRY, HAS_FLAGS, MAX_METADATA, MEDIUM_POINTER,
     PAYLOAD_INLINE, PAYLOAD_MASK, PAYLOAD_MEDIUM, PAYLOAD_TOMBSTONE, RECORD_HEADER,
 };
 /// A decoded length a blob of `stored` bytes may claim: LZ4 and zstd expand at most
@@ -84,6 +84,9 @@ pub struct Meta {
     /// `cas` was chosen by the client (memcached meta `E`), not assigned: it may be any
     /// number, so the engine's version ordering leaves it out (`ordered_cas`).
     pub client_cas: bool,
+    /// The value is a collection's header (a Redis hash's), not a string's bytes
+    /// (`PutOptions::collection`). Never set on a large object: BT_LO does not keep it.
+    pub collection: bool,
 }
 
 impl Meta {
@@ -103,6 +106,9 @@ impl Meta {
         }
         if self.clean {
             bits |= CLEAN;
+        }
+        if self.collection {
+            bits |= COLLECTION;
         }
         bits
     }
@@ -152,6 +158,7 @@ impl Meta {
             },
             clean: bits & CLEAN != 0,
             client_cas: bits & CLIENT_CAS != 0 && bits & HAS_CAS != 0,
+            collection: bits & COLLECTION != 0,
         })
     }
 
@@ -431,7 +438,7 @@ pub fn blob_header(blob: &[u8]) -> Option<(Meta, usize)> {
 /// bytes alone (a merge asks of every blob it keeps).
 pub fn blob_dictionary(blob: &[u8]) -> Option<u8> {
     match blob.get(BITS)? & BLOB_CODEC {
-        BLOB_LZ4 => Some(0),
+        BLOB_LZ4 | BLOB_RAW => Some(0),
         BLOB_DICTIONARY => blob.get(DICTIONARY_ID).copied().filter(|&id| id != 0),
         _ => None,
     }
@@ -443,7 +450,7 @@ pub fn blob_dictionary(blob: &[u8]) -> Option<u8> {
 pub fn decode_blob(blob: &[u8], dictionary: Option<&Dictionary>) -> Option<(Vec<u8>, Meta)> {
     let (bits, id, meta, len, start) = parse_blob_header(blob)?;
     let data = &blob[start..];
-    if bits & BLOB_RAW != 0 {
+    if bits & BLOB_CODEC == BLOB_RAW {
         return (data.len() == len).then(|| (data.to_vec(), meta));
     }
     if !plausible(len, data.len()) {
@@ -543,8 +550,8 @@ mod tests {
         ]
     }
 
-    /// Metadata with each field present or absent, values at varint boundaries, and CAS
-    /// versions at, near and below the run's base.
+    /// Metadata with each field present or absent, values at varint boundaries, CAS
+    /// versions at, near and below the run's base, and a collection's header or a string.
     fn boundary_meta(base: u64) -> impl Strategy<Value = Meta> {
         let number = prop_oneof![
             Just(1u64),
@@ -574,15 +581,19 @@ mod tests {
             cas,
             any::<bool>(),
             any::<bool>(),
+            any::<bool>(),
         )
-            .prop_map(|(expires_at_ms, flags, cas, clean, client)| Meta {
-                expires_at_ms,
-                flags,
-                cas,
-                clean,
-                // Only a version can be the client's.
-                client_cas: client && cas != 0,
-            })
+            .prop_map(
+                |(expires_at_ms, flags, cas, clean, client, collection)| Meta {
+                    expires_at_ms,
+                    flags,
+                    cas,
+                    clean,
+                    // Only a version can be the client's.
+                    client_cas: client && cas != 0,
+                    collection,
+                },
+            )
     }
 
     /// Every field, byte by byte: this is the format of DRAM pages, write buffers and SSD
@@ -595,6 +606,7 @@ mod tests {
             cas: 1_000_130,
             clean: true,
             client_cas: false,
+            collection: false,
         };
         let rec = Record {
             key: b"ab",
@@ -673,6 +685,60 @@ mod tests {
         assert_eq!(buf[..3], [1, 0b1001_0010, b'c']);
         let (back, _) = Record::parse(&buf).expect("decodes");
         assert_eq!((back.meta, back.meta.ordered_cas()), (chosen, 0));
+
+        // A collection's header: bit 6, beside the others.
+        let mut buf = Vec::new();
+        let header = Meta {
+            cas: 300,
+            client_cas: true,
+            collection: true,
+            ..Meta::default()
+        };
+        Record {
+            key: b"h",
+            payload: Payload::Inline(b"v"),
+            meta: header,
+        }
+        .encode(&mut buf);
+        assert_eq!(buf, [1, 0b1101_0000, 1, b'h', 0xac, 0x02, b'v']);
+        let (back, _) = Record::parse(&buf).expect("decodes");
+        assert_eq!(back.meta, header);
+        let string = Meta {
+            collection: false,
+            ..header
+        };
+        buf[1] &= !COLLECTION;
+        assert_eq!(Record::parse(&buf).expect("decodes").0.meta, string);
+    }
+
+    /// A medium object's blob carries the bit in its first byte as a record's kind does,
+    /// whichever way the value is stored; the codec stays in bits 0-1.
+    #[test]
+    fn a_blob_keeps_the_collection_bit_apart_from_its_codec() {
+        let header = Meta {
+            collection: true,
+            ..Meta::default()
+        };
+        let compressible = vec![b'x'; 600];
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let incompressible: Vec<u8> = (0..600)
+            .map(|_| {
+                state = state
+                    .wrapping_mul(6_364_136_223_846_793_005)
+                    .wrapping_add(1_442_695_040_888_963_407);
+                (state >> 56) as u8
+            })
+            .collect();
+        for (value, codec) in [(&compressible, BLOB_LZ4), (&incompressible, BLOB_RAW)] {
+            for meta in [header, Meta::default()] {
+                let blob = encode_blob(value, &meta, None);
+                assert_eq!(blob[BITS] & BLOB_CODEC, codec);
+                assert_eq!(blob[BITS] & COLLECTION != 0, meta.collection);
+                assert_eq!(blob_dictionary(&blob), Some(0));
+                assert_eq!(decode_blob(&blob, None), Some((value.clone(), meta)));
+                assert_eq!(blob_header(&blob), Some((meta, value.len())));
+            }
+        }
     }
 
     #[test]

@@ -18,7 +18,7 @@ const IO_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// A whole RESP reply ([`Conn::call`]).
 #[derive(Debug, PartialEq)]
-pub(super) enum Value {
+pub(crate) enum Value {
     Simple(String),
     Error(String),
     Integer(i64),
@@ -32,7 +32,7 @@ pub enum Protocol {
     Resp,
 }
 
-pub(super) struct Conn {
+pub(crate) struct Conn {
     reader: BufReader<TcpStream>,
     writer: BufWriter<TcpStream>,
 }
@@ -42,7 +42,7 @@ pub(super) fn io_err(e: std::io::Error) -> String {
 }
 
 impl Conn {
-    pub(super) fn open(addr: SocketAddr) -> Result<Conn, String> {
+    pub(crate) fn open(addr: SocketAddr) -> Result<Conn, String> {
         let stream = TcpStream::connect_timeout(&addr, IO_TIMEOUT)
             .map_err(|e| format!("connect {addr}: {e}"))?;
         stream.set_nodelay(true).map_err(io_err)?;
@@ -73,13 +73,19 @@ impl Conn {
     }
 
     /// A RESP command and its whole reply, arrays included (CLUSTER SLOTS, CLUSTERX).
-    pub(super) fn call(&mut self, args: &[&[u8]]) -> Result<Value, String> {
+    pub(crate) fn call(&mut self, args: &[&[u8]]) -> Result<Value, String> {
         resp_command(&mut self.writer, args).map_err(io_err)?;
         self.writer.flush().map_err(io_err)?;
         self.value()
     }
 
-    fn value(&mut self) -> Result<Value, String> {
+    /// Buffers a RESP command, unsent until [`flush`](Self::flush) (a pipeline).
+    pub(crate) fn command(&mut self, args: &[&[u8]]) -> Result<(), String> {
+        resp_command(&mut self.writer, args).map_err(io_err)
+    }
+
+    /// The next whole RESP reply.
+    pub(crate) fn value(&mut self) -> Result<Value, String> {
         let line = self.line()?;
         let (kind, rest) = line.split_at_checked(1).ok_or("an empty reply line")?;
         let number = || {
@@ -103,7 +109,7 @@ impl Conn {
     }
 
     /// Sends what `send` buffered.
-    pub(super) fn flush(&mut self) -> Result<(), String> {
+    pub(crate) fn flush(&mut self) -> Result<(), String> {
         self.writer.flush().map_err(io_err)
     }
 

@@ -9,15 +9,23 @@
 //! dropped by a background sweep (`core/cluster.rs`).
 //!
 //! ```text
-//! generation 0, key not starting with 0x00:   key                     (as it was)
+//! generation 0, key not starting with 0x00 or 0x01:   key             (as it was)
 //! otherwise:                                  0x00 ‖ LEB128(generation) ‖ key
+//! a collection's element (a hash's field):    0x01 ‖ …                (core/hashes.rs)
 //! ```
 //!
 //! A node whose slots never moved stores keys as they are, and a key starting with 0x00
-//! is stored escaped, so that no client key can name another's stored form. The escape
-//! keeps the order of keys while every generation is 0 (escaped keys sorted first, as
-//! they would be), which ZCRANGE's ranges need; once a slot has moved, only walks of the
-//! whole keyspace stay meaningful.
+//! or 0x01 is stored escaped, so that no client key can name another's stored form nor
+//! an element. The escape keeps the order of keys while every generation is 0 (escaped
+//! keys sorted first, as they would be; elements lie between them and the others and
+//! are no client's key), which ZCRANGE's ranges need; once a slot has moved, only walks
+//! of the whole keyspace stay meaningful.
+//!
+//! A collection's header (a hash's, `core/hashes.rs`) is stored at its client's key with
+//! the engine's `collection` bit. The RESP port sees it (its string commands answer
+//! `WRONGTYPE`); the memcached ports use the view [`Keyspace::strings_only`], to which
+//! a key holding a hash is absent: no memcached command reads or rewrites a header's
+//! bytes as a value.
 
 use std::borrow::Cow;
 use std::ops::Bound;
@@ -29,6 +37,18 @@ use zipcache::{AsyncGet, GetOptions, Item, ItemInfo, PutOptions, Result, Update,
 use super::cluster::{SLOTS, key_slot};
 
 const ESCAPE: u8 = 0x00;
+/// The first byte of every collection element's stored key (`core/hashes.rs`).
+pub const ELEMENT: u8 = 0x01;
+
+/// Whether a client's key is stored escaped at generation 0.
+fn needs_escape(key: &[u8]) -> bool {
+    matches!(key.first(), Some(&(ESCAPE | ELEMENT)))
+}
+
+/// Whether a stored key is a collection's element rather than a client's key.
+pub fn is_element(stored: &[u8]) -> bool {
+    stored.first() == Some(&ELEMENT)
+}
 
 /// Each slot's generation. Bumped only by the cluster's topology changes, under its
 /// write lock: a RESP command that checked its slot holds the read lock until it ends,
@@ -87,7 +107,7 @@ impl Generations {
 
 /// `key` as stored under `generation`.
 pub fn stored(key: &[u8], generation: u32) -> Cow<'_, [u8]> {
-    if generation == 0 && key.first() != Some(&ESCAPE) {
+    if generation == 0 && !needs_escape(key) {
         return Cow::Borrowed(key);
     }
     let mut out = Vec::with_capacity(key.len() + 6);
@@ -106,8 +126,12 @@ pub fn stored(key: &[u8], generation: u32) -> Cow<'_, [u8]> {
     Cow::Owned(out)
 }
 
-/// The generation and client key of a stored key; `None` for bytes `stored` never makes.
+/// The generation and client key of a stored key; `None` for bytes `stored` never makes
+/// (elements among them).
 pub fn parse(stored: &[u8]) -> Option<(u32, &[u8])> {
+    if is_element(stored) {
+        return None;
+    }
     let Some((&ESCAPE, rest)) = stored.split_first() else {
         return Some((0, stored));
     };
@@ -119,8 +143,7 @@ pub fn parse(stored: &[u8]) -> Option<(u32, &[u8])> {
         generation |= u32::from(byte & 0x7f).checked_shl(7 * i as u32)?;
         if byte & 0x80 == 0 {
             let key = &rest[i + 1..];
-            let canonical =
-                (generation != 0 || key.first() == Some(&ESCAPE)) && (i == 0 || byte != 0);
+            let canonical = (generation != 0 || needs_escape(key)) && (i == 0 || byte != 0);
             return canonical.then_some((generation, key));
         }
     }
@@ -131,6 +154,8 @@ pub fn parse(stored: &[u8]) -> Option<(u32, &[u8])> {
 pub struct Keyspace {
     engine: Arc<ZipCache>,
     generations: Arc<Generations>,
+    /// A collection's header reads as absent (the memcached ports' view).
+    strings_only: bool,
 }
 
 impl Keyspace {
@@ -138,7 +163,26 @@ impl Keyspace {
         Keyspace {
             engine,
             generations,
+            strings_only: false,
         }
+    }
+
+    /// The same keys, with every collection (a hash) absent: what a memcached client
+    /// reads, rewrites or lists is a string's value or nothing.
+    pub fn strings_only(&self) -> Keyspace {
+        Keyspace {
+            strings_only: true,
+            ..Keyspace::new(self.engine.clone(), self.generations.clone())
+        }
+    }
+
+    /// What this view shows of an object the engine found.
+    pub fn visible(&self, item: Option<Item>) -> Option<Item> {
+        item.filter(|i| !(self.strings_only && i.collection))
+    }
+
+    fn visible_info<'i>(&self, info: Option<&'i ItemInfo>) -> Option<&'i ItemInfo> {
+        info.filter(|i| !(self.strings_only && i.collection))
     }
 
     /// The engine itself, for what names no key (stats, flushes, sizing).
@@ -158,10 +202,19 @@ impl Keyspace {
         (generation == self.generations.of_key(key)).then_some(key)
     }
 
+    /// The client's key of a stored object a listing of this view shows: of its slot's
+    /// current generation, and no collection in the strings-only view.
+    pub fn listed<'s>(&self, stored: &'s [u8], info: &ItemInfo) -> Option<&'s [u8]> {
+        self.visible_info(Some(info))?;
+        self.client_key(stored)
+    }
+
     /// A stored key no client key names any more: of an older generation than its
     /// slot's (or bytes `stored` never makes). What the sweep deletes.
     pub fn left_over(&self, stored: &[u8]) -> bool {
-        parse(stored).is_none_or(|(generation, key)| generation < self.generations.of_key(key))
+        !is_element(stored)
+            && parse(stored)
+                .is_none_or(|(generation, key)| generation < self.generations.of_key(key))
     }
 
     /// How many times a slot's generation moved: answers read before a change may be
@@ -179,16 +232,14 @@ impl Keyspace {
         !self.generations.moved()
     }
 
-    pub fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
-        // may do I/O: one SSD block, or a large object's extent
-        self.engine.get(&self.stored(key))
-    }
-
     pub fn get_item(&self, key: &[u8], options: GetOptions) -> Result<Option<Item>> {
         // may do I/O: one SSD block, or a large object's extent
-        self.engine.get_item(&self.stored(key), options)
+        let item = self.engine.get_item(&self.stored(key), options)?;
+        Ok(self.visible(item))
     }
 
+    /// A GET that may complete later: its answer is seen through [`visible`](Self::visible)
+    /// by whoever takes it (`transport/prefetch.rs`).
     pub fn get_item_async(&self, key: &[u8], options: GetOptions) -> AsyncGet {
         self.engine.get_item_async(&self.stored(key), options)
     }
@@ -209,7 +260,12 @@ impl Keyspace {
         f: impl FnOnce(Option<&Item>) -> (Update, R),
     ) -> Result<(R, Option<u64>)> {
         // may do I/O: a large object's whole extent, or one SSD block; may evict
-        self.engine.update(&self.stored(key), f)
+        self.engine
+            .update(&self.stored(key), |current| f(self.visible_ref(current)))
+    }
+
+    fn visible_ref<'i>(&self, item: Option<&'i Item>) -> Option<&'i Item> {
+        item.filter(|i| !(self.strings_only && i.collection))
     }
 
     pub fn update_read_before<R>(
@@ -219,7 +275,10 @@ impl Keyspace {
         f: impl FnOnce(Option<&Item>) -> (Update, R),
     ) -> Result<(R, Option<u64>)> {
         // may do I/O: a large object's extent unless `before` is its version; may evict
-        self.engine.update_read_before(&self.stored(key), before, f)
+        self.engine
+            .update_read_before(&self.stored(key), before, |current| {
+                f(self.visible_ref(current))
+            })
     }
 
     pub fn update_meta<R>(
@@ -228,12 +287,14 @@ impl Keyspace {
         f: impl FnOnce(Option<&ItemInfo>) -> (Update, R),
     ) -> Result<(R, Option<u64>)> {
         // may do I/O: one SSD block; may evict
-        self.engine.update_meta(&self.stored(key), f)
+        self.engine
+            .update_meta(&self.stored(key), |current| f(self.visible_info(current)))
     }
 
     pub fn info(&self, key: &[u8]) -> Result<Option<ItemInfo>> {
         // may do I/O: one SSD block
-        self.engine.info(&self.stored(key))
+        let info = self.engine.info(&self.stored(key))?;
+        Ok(self.visible_info(info.as_ref()).copied())
     }
 
     /// A client's key as a bound of stored keys, while stored order is client order
@@ -252,9 +313,10 @@ impl Keyspace {
     /// Hands the live client keys whose stored forms lie from `start` to `end` to
     /// `visit`, in stored order, with their metadata, a batch at a time, until `visit`
     /// returns false; at most `limit` stored keys are examined (left-overs of moved
-    /// slots count but are not handed out). Returns the last stored key examined if the
-    /// walk stopped before the range's end (maybe at it), else `None`: a walk goes on
-    /// after it.
+    /// slots, and collections in the strings-only view, count but are not handed out;
+    /// elements are stepped over uncounted, as they lie together). Returns the last
+    /// stored key examined if the walk stopped before the range's end (maybe at it),
+    /// else `None`: a walk goes on after it.
     pub fn walk(
         &self,
         mut start: Bound<Vec<u8>>,
@@ -268,14 +330,20 @@ impl Keyspace {
             let from = start.as_ref().map(Vec::as_slice);
             let batch = self.engine.scan_keys::<&[u8]>((from, end), wanted)?;
             let full = batch.len() == wanted;
+            let mut past_elements = false;
             for (stored, info) in &batch {
+                if is_element(stored) {
+                    past_elements = true;
+                    break;
+                }
                 walked += 1;
-                let go_on = self.client_key(stored).is_none_or(|key| visit(key, info));
+                let go_on = self.listed(stored, info).is_none_or(|key| visit(key, info));
                 if !go_on || walked == limit {
                     return Ok(Some(stored.clone()));
                 }
             }
             match batch.into_iter().last() {
+                _ if past_elements => start = Bound::Included(vec![ELEMENT + 1]),
                 Some((stored, _)) if full => start = Bound::Excluded(stored),
                 _ => return Ok(None),
             }

@@ -5,6 +5,8 @@
 pub mod access;
 pub mod auth;
 pub mod cluster;
+pub mod cursors;
+pub mod hashes;
 pub mod keyspace;
 mod options;
 pub mod stats;
@@ -59,6 +61,12 @@ impl ServerInfo {
 pub struct Core {
     /// The engine as clients' keys reach it; `keys.engine()` for what names no key.
     pub keys: keyspace::Keyspace,
+    /// The same keys as the memcached ports see them: a hash is absent.
+    pub strings: keyspace::Keyspace,
+    /// The RESP port's hashes: their ids and locks.
+    pub hashes: hashes::Hashes,
+    /// Where each SCAN and HSCAN cursor handed out stands.
+    pub cursors: cursors::Cursors,
     pub counters: Counters,
     pub info: ServerInfo,
     pub max_value: usize,
@@ -86,7 +94,10 @@ impl Core {
         let keys = keyspace::Keyspace::new(cache, cluster.generations());
         cluster.start_sweeping(&keys);
         Core {
+            strings: keys.strings_only(),
+            cursors: cursors::Cursors::new(keys.engine().run_epoch()),
             keys,
+            hashes: hashes::Hashes::default(),
             counters: Counters::default(),
             info,
             max_value: options.max_value_size,

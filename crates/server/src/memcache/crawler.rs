@@ -477,8 +477,9 @@ impl Dump {
                     stopped = true;
                     break;
                 }
-                // Left-overs of a slot that moved are not dumped (`core/keyspace.rs`).
-                if let Some(key) = cache.client_key(&stored)
+                // Left-overs of a slot that moved, and hashes, are not dumped
+                // (`core/keyspace.rs`).
+                if let Some(key) = cache.listed(&stored, &info)
                     && !self.lines.append(key, &info, out)
                 {
                     self.done = true;

@@ -36,7 +36,7 @@ pub fn wants_previous(shared: &Memcached) -> bool {
 /// The value stored under `key` now, without marking it fetched, for `log_fetch`.
 pub fn peek_size(shared: &Memcached, key: &[u8]) -> Option<usize> {
     let peek = GetOptions { peek: true };
-    let found = shared.core.keys.get_item(key, peek).ok().flatten();
+    let found = shared.core.strings.get_item(key, peek).ok().flatten();
     found.map(|item: Item| item.value.len())
 }
 
@@ -57,7 +57,7 @@ pub fn stored(
     }
     let ttl = match expiry {
         Expiry::At(at) => at
-            .saturating_sub(shared.core.keys.engine().now_ms())
+            .saturating_sub(shared.core.strings.engine().now_ms())
             .div_ceil(1000),
         Expiry::Never | Expiry::Past => 0,
     };
@@ -96,14 +96,15 @@ pub fn deleted(shared: &Memcached, key: &[u8], command: &'static str, size: usiz
 /// logs in the same atomic update.
 pub fn delete(shared: &Memcached, key: &[u8]) -> zipcache::Result<bool> {
     if !wants_deletions(shared) {
-        return shared.core.keys.delete(key);
+        return shared.core.strings.delete(key);
     }
-    let (size, _) = shared
-        .annotations
-        .update(&shared.core.keys, key, |current| match current {
-            None => (Update::Keep.into(), None),
-            Some(entry) => (Update::Delete.into(), Some(entry.item.value.len())),
-        })?;
+    let (size, _) =
+        shared
+            .annotations
+            .update(&shared.core.strings, key, |current| match current {
+                None => (Update::Keep.into(), None),
+                Some(entry) => (Update::Delete.into(), Some(entry.item.value.len())),
+            })?;
     if let Some(size) = size {
         deleted(shared, key, "delete", size);
     }

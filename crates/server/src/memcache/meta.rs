@@ -204,7 +204,7 @@ impl GetWrites {
     fn fetch(&self, shared: &Memcached, key: &[u8]) -> Result<Option<Fetched>, String> {
         let (fetched, cas) = shared
             .annotations
-            .update(&shared.core.keys, key, |current| match current {
+            .update(&shared.core.strings, key, |current| match current {
                 None => match self.vivify {
                     // An empty placeholder; this client wins the right to fill it.
                     Some(expiry) => {
@@ -225,11 +225,12 @@ impl GetWrites {
                             expires_at_ms: expiry.expires_at_ms(),
                             access: shared
                                 .core
-                                .keys
+                                .strings
                                 .engine()
                                 .config()
                                 .track_access
                                 .then_some(created),
+                            collection: false,
                         };
                         let fetched = Fetched {
                             entry: Entry { item, marks },
@@ -281,7 +282,7 @@ impl GetWrites {
 fn get(cx: RequestContext<'_>, meta: &Meta<'_>, out: &mut Vec<u8>) -> Result<(), String> {
     let shared = cx.shared;
     Counters::bump(&shared.core.counters.cmd_get);
-    let now = shared.core.keys.engine().now_ms();
+    let now = shared.core.strings.engine().now_ms();
     let expiry = |letter| -> Result<Option<Expiry>, String> {
         Ok(numeric::<i64>(meta, letter)?.map(|t| Expiry::from_exptime(t, now)))
     };
@@ -297,7 +298,12 @@ fn get(cx: RequestContext<'_>, meta: &Meta<'_>, out: &mut Vec<u8>) -> Result<(),
     // A plain read unless this request may write: touch, vivify, or win a token.
     let found = shared
         .annotations
-        .get(&shared.core.keys, cx.reads, &meta.key, meta.get_options())
+        .get(
+            &shared.core.strings,
+            cx.reads,
+            &meta.key,
+            meta.get_options(),
+        )
         .map_err(|e| engine_error(&e))?;
     let must_write = writes.touch.is_some()
         || match &found {
@@ -355,7 +361,7 @@ fn set(cx: RequestContext<'_>, meta: &Meta<'_>, out: &mut Vec<u8>) -> Result<(),
         Some(b"R" | b"r") => StoreMode::Replace,
         Some(_) => return Err("CLIENT_ERROR invalid mode for ms M token".into()),
     };
-    let now = shared.core.keys.engine().now_ms();
+    let now = shared.core.strings.engine().now_ms();
     let expiry = Expiry::from_exptime(exptime, now);
     let mode = match (mode, compare) {
         (StoreMode::Set | StoreMode::Replace, Some(unique)) => StoreMode::Cas(unique),
@@ -400,6 +406,7 @@ fn set(cx: RequestContext<'_>, meta: &Meta<'_>, out: &mut Vec<u8>) -> Result<(),
         cas: cas.unwrap_or(0),
         expires_at_ms: None,
         access: None,
+        collection: false,
     });
     // memcached reports `c0` when nothing was stored.
     status(
@@ -419,13 +426,13 @@ fn delete(shared: &Memcached, meta: &Meta<'_>, out: &mut Vec<u8>) -> Result<(), 
     let compare = numeric::<u64>(meta, b'C')?;
     let client_cas = numeric::<u64>(meta, b'E')?;
     let new_flags = numeric::<u32>(meta, b'F')?.unwrap_or(0);
-    let now = shared.core.keys.engine().now_ms();
+    let now = shared.core.strings.engine().now_ms();
     let new_expiry = numeric::<i64>(meta, b'T')?.map(|t| Expiry::from_exptime(t, now));
     let (invalidate, empty) = (meta.has(b'I'), meta.has(b'x'));
     let mut removed = None;
     let (code, _) = shared
         .annotations
-        .update(&shared.core.keys, &meta.key, |current| match current {
+        .update(&shared.core.strings, &meta.key, |current| match current {
             None => (Update::Keep.into(), "NF"),
             Some(entry) if compare.is_some_and(|c| c != entry.item.cas) => {
                 (Update::Keep.into(), "EX")
@@ -479,7 +486,7 @@ fn arith(shared: &Memcached, meta: &Meta<'_>, out: &mut Vec<u8>) -> Result<(), S
     let touch_exptime = numeric::<i64>(meta, b'T')?;
     let compare = numeric::<u64>(meta, b'C')?;
     let client_cas = numeric::<u64>(meta, b'E')?;
-    let now = shared.core.keys.engine().now_ms();
+    let now = shared.core.strings.engine().now_ms();
 
     enum Outcome {
         Missing,
@@ -490,7 +497,7 @@ fn arith(shared: &Memcached, meta: &Meta<'_>, out: &mut Vec<u8>) -> Result<(), S
     let mut existed = false;
     let (outcome, cas) = shared
         .annotations
-        .update(&shared.core.keys, &meta.key, |current| {
+        .update(&shared.core.strings, &meta.key, |current| {
             existed = current.is_some();
             match (current, vivify) {
                 (None, None) => (Update::Keep.into(), Outcome::Missing),
@@ -503,6 +510,7 @@ fn arith(shared: &Memcached, meta: &Meta<'_>, out: &mut Vec<u8>) -> Result<(), S
                         cas: 0,
                         expires_at_ms: expiry.expires_at_ms(),
                         access: None,
+                        collection: false,
                     };
                     let update = expiry.store(value, 0, client_cas);
                     (update.into(), Outcome::Done(item))
@@ -522,6 +530,7 @@ fn arith(shared: &Memcached, meta: &Meta<'_>, out: &mut Vec<u8>) -> Result<(), S
                             cas: 0,
                             expires_at_ms: expiry.expires_at_ms(),
                             access: None,
+                            collection: false,
                         };
                         let update = expiry.store(value, item.flags, client_cas);
                         (update.into(), Outcome::Done(new))
@@ -562,7 +571,7 @@ fn debug(cx: RequestContext<'_>, meta: &Meta<'_>, out: &mut Vec<u8>) -> Result<(
     let Some(Entry { item, .. }) = shared
         .annotations
         .get(
-            &shared.core.keys,
+            &shared.core.strings,
             cx.reads,
             &meta.key,
             GetOptions { peek: true },
@@ -574,7 +583,7 @@ fn debug(cx: RequestContext<'_>, meta: &Meta<'_>, out: &mut Vec<u8>) -> Result<(
     };
     out.extend_from_slice(b"ME ");
     out.extend_from_slice(meta.key_token);
-    let now = shared.core.keys.engine().now_ms();
+    let now = shared.core.strings.engine().now_ms();
     // `la=` and `fetch=` only where the engine knows them (setting `track_access`): a
     // made-up value would be a wrong answer.
     let (last_access, fetch) = match item.access {

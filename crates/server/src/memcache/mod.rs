@@ -91,7 +91,7 @@ impl Memcached {
         if let Some(PendingFlush { timer, fired }) = pending {
             timer.abort();
             if !fired.load(Ordering::Acquire) {
-                let _ = self.core.keys.engine().flush_all();
+                let _ = self.core.strings.engine().flush_all();
             }
         }
     }
@@ -193,6 +193,7 @@ impl Expiry {
             cas,
             // A new write: not fetched, accessed now.
             access: None,
+            collection: false,
         })
     }
 }
@@ -410,7 +411,7 @@ impl Session for MemcacheSession {
             return self.authenticate(input, out);
         }
         if let Some((dump, len)) = &mut self.dump {
-            if !dump.fill(&self.shared.core.keys, out) {
+            if !dump.fill(&self.shared.core.strings, out) {
                 return Step::Partial;
             }
             let len = *len;
@@ -438,7 +439,7 @@ impl Session for MemcacheSession {
             return self.retrieve(retrieval, input, out, reads);
         }
         // Every other request, refused or swallowed ones too, is admitted here.
-        if reads.admit(&self.shared.core.keys, || request.access()) == 0 {
+        if reads.admit(&self.shared.core.strings, || request.access()) == 0 {
             return Step::Await(len);
         }
         // The skipped bytes hold no requests, so replying before they arrive keeps
@@ -482,7 +483,7 @@ impl Session for MemcacheSession {
         }
         match parse::parse(input, self.shared.core.max_value) {
             Parsed::Request { request, len } => ahead
-                .pass(&self.shared.core.keys, &request.access())
+                .pass(&self.shared.core.strings, &request.access())
                 .then_some(len),
             _ => None,
         }
@@ -544,7 +545,7 @@ impl MemcacheSession {
                 meta::execute(self.context(reads), &meta, out)
             }
             Request::Crawler(command) => {
-                let (cache, crawler) = (self.shared.core.keys.engine(), &self.shared.crawler);
+                let (cache, crawler) = (self.shared.core.strings.engine(), &self.shared.crawler);
                 self.dump = crawler::execute(cache, crawler, command, out).map(|dump| (dump, len));
             }
             Request::Error { reply, noreply } => {

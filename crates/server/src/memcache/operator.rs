@@ -45,7 +45,7 @@ fn memlimit_reply(shared: &Memcached, mebibytes: Option<u32>) -> &'static str {
         Some(m) if m > MEMLIMIT_MAX => "MEMLIMIT_ADJUST_FAILED input value is megabytes not bytes",
         Some(m) => match shared
             .core
-            .keys
+            .strings
             .engine()
             .set_dram_capacity(u64::from(m) << 20)
         {

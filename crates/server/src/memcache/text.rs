@@ -40,7 +40,7 @@ pub fn execute(cx: RequestContext<'_>, request: Request<'_>, out: &mut Vec<u8>) 
             let storing = Storing {
                 mode,
                 flags,
-                expiry: Expiry::from_exptime(exptime, shared.core.keys.engine().now_ms()),
+                expiry: Expiry::from_exptime(exptime, shared.core.strings.engine().now_ms()),
                 data,
                 cas: None,
                 allow_stale: false,
@@ -87,7 +87,7 @@ pub fn execute(cx: RequestContext<'_>, request: Request<'_>, out: &mut Vec<u8>) 
             Counters::bump(&shared.core.counters.store_too_large);
             // memcached unlinks the old value so a failed set never leaves it stale.
             if drop_old {
-                let _ = shared.core.keys.delete(&key);
+                let _ = shared.core.strings.delete(&key);
             }
             reply_unless(noreply, TOO_LARGE, out);
         }
@@ -142,13 +142,13 @@ fn reply_unless(noreply: bool, reply: &str, out: &mut Vec<u8>) {
 /// place), fetched and accessed now (memcached counts a touch as a fetch). The value is
 /// not written again.
 pub fn touch(shared: &Memcached, key: &[u8], exptime: i64) -> zipcache::Result<Option<Entry>> {
-    let now = shared.core.keys.engine().now_ms();
+    let now = shared.core.strings.engine().now_ms();
     let expiry = Expiry::from_exptime(exptime, now);
     // may do I/O: a large object's extent is read (for the reply), not written
     let (entry, _) =
         shared
             .annotations
-            .update(&shared.core.keys, key, |current| match current {
+            .update(&shared.core.strings, key, |current| match current {
                 None => (Update::Keep.into(), None),
                 Some(Entry { item, marks }) => (
                     Write::marked(
@@ -173,19 +173,22 @@ pub fn touch_metadata(
     key: &[u8],
     exptime: i64,
 ) -> zipcache::Result<Option<ItemInfo>> {
-    let now = shared.core.keys.engine().now_ms();
+    let now = shared.core.strings.engine().now_ms();
     let expiry = Expiry::from_exptime(exptime, now);
     // may do I/O: one SSD block, for a small object only the SSD tier holds
-    let (info, _) = shared.core.keys.update_meta(key, |current| match current {
-        None => (Update::Keep, None),
-        Some(info) => (
-            redate(expiry, info.flags, info.cas, info.access, now),
-            Some(ItemInfo {
-                expires_at_ms: expiry.expires_at_ms(),
-                ..*info
-            }),
-        ),
-    })?;
+    let (info, _) = shared
+        .core
+        .strings
+        .update_meta(key, |current| match current {
+            None => (Update::Keep, None),
+            Some(info) => (
+                redate(expiry, info.flags, info.cas, info.access, now),
+                Some(ItemInfo {
+                    expires_at_ms: expiry.expires_at_ms(),
+                    ..*info
+                }),
+            ),
+        })?;
     count_touch(shared, info.is_some());
     Ok(info)
 }
@@ -251,7 +254,7 @@ impl Retrieval {
         out: &mut Output,
     ) -> Result<Option<Self>, ()> {
         let keys = tokens_from(request_line(input, self.len), self.at);
-        let admitted = cx.reads.admit(&cx.shared.core.keys, || {
+        let admitted = cx.reads.admit(&cx.shared.core.strings, || {
             let window = keys
                 .clone()
                 .take(ADMITTED_KEYS)
@@ -343,7 +346,7 @@ pub fn fetch(
         // named again.
         None => cx
             .reads
-            .get_shared(&shared.core.keys, key, GetOptions::default())?,
+            .get_shared(&shared.core.strings, key, GetOptions::default())?,
     };
     events::fetched(
         shared,
@@ -470,12 +473,12 @@ fn apply_store(
         return match expiry.put_options(flags, None) {
             Some(options) => shared
                 .core
-                .keys
+                .strings
                 .put_with(key, data, options)
                 .map(|cas| (StoreOutcome::Stored { size: data.len() }, Some(cas))),
             None => shared
                 .core
-                .keys
+                .strings
                 .delete(key)
                 .map(|_| (StoreOutcome::Stored { size: data.len() }, None)),
         };
@@ -485,7 +488,7 @@ fn apply_store(
     if mode == StoreMode::Add && cas.is_none() {
         // may do I/O: one SSD block, for a small object only the SSD tier holds; the
         // extent of a large value added
-        return shared.core.keys.update_meta(key, |current| {
+        return shared.core.strings.update_meta(key, |current| {
             *previous = current.map(|info| info.value_len);
             match current {
                 Some(_) => (Update::Keep, StoreOutcome::NotStored),
@@ -498,7 +501,7 @@ fn apply_store(
     }
     shared
         .annotations
-        .update_read_before(&shared.core.keys, key, before, |current| {
+        .update_read_before(&shared.core.strings, key, before, |current| {
             *previous = current.map(|entry| entry.item.value.len());
             match (mode, current) {
                 (StoreMode::Set, _) | (StoreMode::Add, None) => (
@@ -640,7 +643,7 @@ pub fn count(
     let mut existed = false;
     let result = shared
         .annotations
-        .update(&shared.core.keys, key, |current| match current {
+        .update(&shared.core.strings, key, |current| match current {
             None => match counting.create {
                 None => (Update::Keep.into(), Counted::Missing),
                 Some((initial, expiry)) => (
@@ -705,19 +708,19 @@ pub fn flush_all(shared: &Memcached, delay: i64) -> Result<(), FlushRefused> {
     if let Some(replaced) = pending.take() {
         replaced.timer.abort();
     }
-    let now = shared.core.keys.engine().now_ms();
+    let now = shared.core.strings.engine().now_ms();
     let Expiry::At(at) = Expiry::from_exptime(delay, now) else {
         return shared
             .core
-            .keys
+            .strings
             .engine()
             .flush_all()
             .map_err(FlushRefused::Engine);
     };
     // Until it runs, a crash restarts the flash tier cold: the promise dies with us.
-    shared.core.keys.engine().promise_flush();
+    shared.core.strings.engine().promise_flush();
     let (cache, fired) = (
-        shared.core.keys.engine().clone(),
+        shared.core.strings.engine().clone(),
         Arc::new(AtomicBool::new(false)),
     );
     let fires = fired.clone();
@@ -742,13 +745,13 @@ fn yes_no(on: bool) -> &'static str {
 }
 
 pub fn stats(shared: &Memcached, section: Option<&[u8]>, out: &mut Vec<u8>) {
-    let engine = shared.core.keys.engine().stats();
+    let engine = shared.core.strings.engine().stats();
     let counters = &shared.core.counters;
     match section {
         None => {
             stat(out, "pid", std::process::id());
             stat(out, "uptime", shared.core.started.elapsed().as_secs());
-            stat(out, "time", shared.core.keys.engine().now_ms() / 1000);
+            stat(out, "time", shared.core.strings.engine().now_ms() / 1000);
             stat(out, "version", env!("CARGO_PKG_VERSION"));
             stat(out, "pointer_size", usize::BITS);
             stat(out, "max_connections", shared.core.info.max_connections);
@@ -794,7 +797,7 @@ pub fn stats(shared: &Memcached, section: Option<&[u8]>, out: &mut Vec<u8>) {
             stat(out, "maxbytes", engine.dram_capacity);
             stat(out, "tcpport", shared.core.info.memcached_port);
             stat(out, "interface", shared.core.info.listen);
-            let evictions = shared.core.keys.engine().config().evictions;
+            let evictions = shared.core.strings.engine().config().evictions;
             stat(out, "evictions", if evictions { "on" } else { "off" });
             let info = &shared.core.info;
             let domain_socket = info.unix_socket.as_ref();

@@ -120,6 +120,7 @@ mod tests {
             cas: 0,
             expires_at_ms: None,
             access: None,
+            collection: false,
         })
     }
 

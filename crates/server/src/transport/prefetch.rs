@@ -457,7 +457,7 @@ impl Prefetch {
             return Ok(Some(Item::clone(&item)));
         }
         match self.take(key, options) {
-            Some(answer) => answer,
+            Some(answer) => answer.map(|item| cache.visible(item)),
             // may do I/O: a synchronous SSD read when nothing was prefetched
             None => cache.get_item(key, options),
         }

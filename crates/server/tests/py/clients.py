@@ -81,6 +81,14 @@ def resp():
     keys = list(r.scan_iter(match="a*", count=37))
     assert keys == sorted(keys) and len(keys) == 300, len(keys)
     assert sorted(r.scan_iter(match="a29?")) == [b"a29%d" % i for i in range(10)]
+    # Cursors are numbers to redis-py (`int()`), whatever the keys they stand for.
+    r.mset({"user:zz-%03d" % i: str(i) for i in range(300)})
+    keys = list(r.scan_iter(match="user:*", count=37))
+    assert len(keys) == 300 and len(set(keys)) == 300, len(keys)
+    r.hset("big-hash", mapping={"field:xy-%03d" % i: str(i) for i in range(300)})
+    fields = dict(r.hscan_iter("big-hash", count=29))
+    assert fields == {b"field:xy-%03d" % i: b"%d" % i for i in range(300)}, len(fields)
+    assert r.hscan("big-hash", 0, count=5)[0] != 0
     # Key-range command.
     flat = r.execute_command("ZCRANGE", "a010", "a013")
     assert flat == [b"a010", b"10", b"a011", b"11", b"a012", b"12"], flat

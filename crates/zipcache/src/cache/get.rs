@@ -201,6 +201,7 @@ pub(super) fn item_of(value: Vec<u8>, meta: &Meta) -> Item {
         cas: meta.cas,
         expires_at_ms: meta.expires_at_ms,
         access: None,
+        collection: meta.collection,
     }
 }
 

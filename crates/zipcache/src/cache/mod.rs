@@ -247,6 +247,14 @@ impl ZipCache {
         *self.inner.dram.eviction_listener.write() = Some(listener);
     }
 
+    /// This run's epoch (`restart::epoch`): no other run whose objects the device may
+    /// still hold had it, so a run can name things its objects outlive by it (a hash's
+    /// id, `zipcache-server`'s `core/hashes.rs`). 0 without an SSD tier, whose objects
+    /// end with the run.
+    pub fn run_epoch(&self) -> u64 {
+        self.inner.epoch
+    }
+
     /// The engine clock, Unix milliseconds; expiries are absolute times on it.
     pub fn now_ms(&self) -> u64 {
         self.inner.config.clock.now_ms()

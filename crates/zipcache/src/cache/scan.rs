@@ -101,6 +101,7 @@ impl ZipCache {
                 cas: meta.cas,
                 expires_at_ms: meta.expires_at_ms,
                 access,
+                collection: meta.collection,
             };
             out.push((key, info));
             if out.len() == limit {
@@ -318,6 +319,7 @@ mod tests {
                     cas: item.cas,
                     expires_at_ms: item.expires_at_ms,
                     access: item.access,
+                    collection: item.collection,
                 };
                 (key.clone(), info)
             })

@@ -33,6 +33,7 @@ impl ZipCache {
         let inner = &self.inner;
         inner.check_key(key)?;
         inner.check_value(value)?;
+        inner.check_collection(key, value, options.collection)?;
         inner.check_room()?;
         inner.ops.puts.incr();
         let meta = inner.meta(&options);
@@ -239,6 +240,7 @@ impl Found {
             cas: self.item.cas,
             expires_at_ms: self.item.expires_at_ms,
             access: self.item.access,
+            collection: self.item.collection,
         }
     }
 }
@@ -285,7 +287,13 @@ impl Inner {
                     }
                     (Some(None), Ok((result, None)))
                 }
+                // A touch keeps the object's type: its collection mark, whatever the
+                // options say (a large object has none).
                 (Update::SetMeta(options), Some(found)) if found.large => {
+                    let options = PutOptions {
+                        collection: false,
+                        ..options
+                    };
                     let meta = self.meta(&options).assigning(cas);
                     let lo = self.large.as_ref().expect("a large object is in BT_LO");
                     lo.set_meta(key, meta);
@@ -295,6 +303,10 @@ impl Inner {
                     (change, Ok((result, Some(meta.cas))))
                 }
                 (Update::SetMeta(options), Some(found)) => {
+                    let options = PutOptions {
+                        collection: found.item.collection,
+                        ..options
+                    };
                     self.put_in_modify(key, found.item.value, options, cas, result)
                 }
                 (Update::Put { value, options }, _) => {
@@ -320,6 +332,7 @@ impl Inner {
                 return Some(Found {
                     item: Item {
                         access: None,
+                        collection: false,
                         ..before
                     },
                     value_len,
@@ -352,7 +365,11 @@ impl Inner {
         cas: u64,
         result: R,
     ) -> (DramChange, Result<(R, Option<u64>)>) {
-        if let Err(e) = self.check_value(&value).and_then(|()| self.check_room()) {
+        let checked = self
+            .check_value(&value)
+            .and_then(|()| self.check_collection(key, &value, options.collection))
+            .and_then(|()| self.check_room());
+        if let Err(e) = checked {
             return (None, Err(e));
         }
         let meta = self.meta(&options).assigning(cas);
@@ -393,6 +410,19 @@ impl Inner {
         Ok(())
     }
 
+    /// A collection's header must not make a large object: BT_LO keeps no collection
+    /// mark. Refused whether or not there is an SSD tier, so that the limit a client
+    /// meets does not depend on it.
+    fn check_collection(&self, key: &[u8], value: &[u8], collection: bool) -> Result<()> {
+        if collection && key.len() + value.len() > self.config.medium_max {
+            return Err(Error::ValueTooLarge {
+                len: value.len(),
+                max: self.config.medium_max.saturating_sub(key.len()),
+            });
+        }
+        Ok(())
+    }
+
     fn meta(&self, options: &PutOptions) -> Meta {
         // A version the write names is kept as it is (memcached meta `E`); otherwise the
         // DRAM tier gives one, under the key's leaf lock.
@@ -408,6 +438,7 @@ impl Inner {
             cas,
             clean: false,
             client_cas,
+            collection: options.collection,
         }
     }
 

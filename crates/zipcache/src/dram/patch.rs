@@ -322,7 +322,17 @@ mod tests {
                 client_cas: true,
                 ..meta
             },
-            5 | 6 => Meta { cas: 0, ..meta },
+            5 => Meta { cas: 0, ..meta },
+            // A collection's header (kind bit 6), with a version and without.
+            6 => Meta {
+                collection: true,
+                ..meta
+            },
+            7 => Meta {
+                cas: 0,
+                collection: true,
+                ..meta
+            },
             _ => meta,
         }
     }
@@ -333,10 +343,11 @@ mod tests {
         /// Where a patch applies, its page is the one the whole merge builds, byte for
         /// byte; where the whole merge splits the leaf, no patch applies. Pages and
         /// writes of every kind a patch declines: expiring values, versions below the
-        /// base or below the top, clean copies, clients' versions, values too large.
+        /// base or below the top, clean copies, clients' versions, values too large; and
+        /// collections' headers, which it patches in and copies with their mark.
         #[test]
         fn a_patched_page_is_the_page_the_whole_merge_builds(
-            merged in proptest::collection::vec((0u32..24, 0u8..6, 0u8..8), 1..30),
+            merged in proptest::collection::vec((0u32..24, 0u8..6, 0u8..10), 1..30),
             written in proptest::collection::vec((0u32..24, 0u8..6, 0u8..20), 1..8),
         ) {
             let (dram, _) = tier_with(settings(1 << 16));
@@ -445,6 +456,54 @@ mod tests {
         dram.put_with(a, Some(b"new"), meta(9, 1_003), None, 0, |_| ());
         let patched = dram.read_leaf(a, |leaf, st| dram.patched(leaf, st).is_some());
         assert!(!patched);
+    }
+
+    /// Collections' headers are patched in, replaced and copied with their mark (record
+    /// kind bit 6): a header made a string loses it, a string made a header gains it.
+    #[test]
+    fn headers_keep_their_mark_through_a_patch() {
+        let (dram, _) = tier_with(settings(1 << 16));
+        let mut cas = 1_000;
+        let mut put = |i: u32, kind: u8| {
+            cas += 1;
+            dram.put_with(&key(i), Some(&value(1)), meta(kind, cas), None, 0, |_| ());
+        };
+        // Even keys headers, odd ones strings.
+        for i in 0..40 {
+            put(i, if i % 2 == 0 { 6 } else { 9 });
+        }
+        dram.merge_all(0);
+        // Two overwritten each way, and two new keys of each type.
+        for (i, kind) in [
+            (2, 9),
+            (4, 9),
+            (3, 6),
+            (5, 7),
+            (40, 6),
+            (41, 9),
+            (42, 9),
+            (43, 7),
+        ] {
+            put(i, kind);
+        }
+        let patched = dram.read_leaf(&key(0), |leaf, st| dram.patched(leaf, st).is_some());
+        assert!(patched);
+        let merges = dram.counters.merges.load(Ordering::Relaxed);
+        dram.merge_all(0);
+        assert_eq!(dram.counters.merges.load(Ordering::Relaxed), merges + 1);
+        for i in 0..44 {
+            let want = match i {
+                2 | 4 | 41 | 42 => false,
+                3 | 5 | 40 | 43 => true,
+                i => i % 2 == 0,
+            };
+            match dram.get(&key(i), 0, true) {
+                super::super::Lookup::Found(v, meta, _) => {
+                    assert_eq!((v, meta.collection), (value(1), want), "key {i}");
+                }
+                other => panic!("key {i}: {other:?}"),
+            }
+        }
     }
 
     /// Overwrites and new keys with values that never expire patch the page; the

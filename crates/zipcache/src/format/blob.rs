@@ -4,8 +4,8 @@
 //! ```text
 //! blob := bits:u8 [dictionary_id:u8] [expires_at_ms:varint] [flags:varint] [cas:varint]
 //!         value_len:varint data
-//! bits := the record kind's metadata bits; bits 0-1 the codec (0 LZ4, 1 zstd with the
-//!         dictionary named next), bit 6 stored as is
+//! bits := the record kind's metadata bits (bit 6 a collection's header among them);
+//!         bits 0-1 the codec (0 LZ4, 1 zstd with the dictionary named next, 2 stored as is)
 //! ```
 
 /// The first byte: the codec and the record kind's metadata bits.
@@ -13,12 +13,13 @@ pub const BITS: usize = 0;
 /// With [`BLOB_DICTIONARY`]: the dictionary's id (1..=255).
 pub const DICTIONARY_ID: usize = BITS + 1;
 
-/// In [`BITS`]: the value is stored as is because neither LZ4 nor the dictionary would
-/// shrink it.
-pub const BLOB_RAW: u8 = 1 << 6;
 /// In [`BITS`], where a record has its payload bits: how the value is compressed.
 pub const BLOB_CODEC: u8 = 0b11;
 /// LZ4 alone (dictionary id 0, no id byte).
 pub const BLOB_LZ4: u8 = 0;
 /// zstd with a trained dictionary, whose id follows the first byte.
 pub const BLOB_DICTIONARY: u8 = 1;
+/// The value is stored as is (dictionary id 0, no id byte) because neither LZ4 nor the
+/// dictionary would shrink it. (It was bit 6 until the record kind took that bit for a
+/// collection's header; blobs never leave DRAM, so no stored format changed.)
+pub const BLOB_RAW: u8 = 2;

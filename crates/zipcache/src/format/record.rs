@@ -6,7 +6,8 @@
 //!           [expires_at_ms:varint] [flags:varint] [cas - base:varint] [value | blob_slot:u16le]
 //! kind   := bits 0-1 payload (0 inline value, 1 medium pointer, 2 tombstone)
 //!           bit 2 has expiry, bit 3 has flags, bit 4 has cas, bit 5 clean,
-//!           bit 7 the client chose the cas (memcached meta `E`)
+//!           bit 6 the value is a collection's header, bit 7 the client chose the cas
+//!           (memcached meta `E`)
 //! ```
 //! A zero `key_len` ends a run of records. Only the first two bytes stand at fixed
 //! offsets; what follows is varints and the key, so their places are found by reading.
@@ -24,6 +25,9 @@ pub const HAS_FLAGS: u8 = 1 << 3;
 pub const HAS_CAS: u8 = 1 << 4;
 /// DRAM only; written as 0 on the SSD.
 pub const CLEAN: u8 = 1 << 5;
+/// The value is a collection's header (a Redis hash's), not a string's bytes. Records
+/// written before the bit was given this meaning have it 0 (it was free): strings.
+pub const COLLECTION: u8 = 1 << 6;
 /// With [`HAS_CAS`]: the client chose the version.
 pub const CLIENT_CAS: u8 = 1 << 7;
 

@@ -136,6 +136,8 @@ pub(super) fn decode_meta(f: &mut Fields<'_>) -> Option<Meta> {
         cas,
         clean: false,
         client_cas,
+        // BT_LO keeps no collection mark: the engine refuses a large collection header.
+        collection: false,
     })
 }
 

@@ -264,6 +264,13 @@ impl Harness {
         key.is_multiple_of(3).then_some(u64::MAX - self.version)
     }
 
+    /// Every fifth key's writes store a collection's header (`PutOptions::collection`)
+    /// where the object is not large (a large one is refused): the model holds the mark,
+    /// so every read and scan checks that it was kept, on whichever tier the object is.
+    fn collection(&self, key: u16, key_len: usize, value_len: usize) -> bool {
+        key % 5 == 1 && key_len + value_len <= self.cache.config().medium_max
+    }
+
     fn live(&self, key: &[u8]) -> Option<&Item> {
         let now = self.clock.now_ms();
         self.model
@@ -381,12 +388,14 @@ impl Harness {
                 let value = value_of(key, len, self.version);
                 let expires_at_ms = ttl_ms.map(|t| self.clock.now_ms() + t);
                 let client_cas = self.client_cas(key);
+                let collection = self.collection(key, k.len(), value.len());
                 let options = PutOptions {
                     expires_at_ms,
                     flags: key as u32,
                     assign_cas: key % 2 == 0,
                     cas: client_cas,
                     access: None,
+                    collection,
                 };
                 let cas = self.cache.put_with(&k, &value, options).unwrap();
                 assert!(client_cas.is_none_or(|chosen| chosen == cas));
@@ -399,6 +408,7 @@ impl Harness {
                         cas,
                         expires_at_ms,
                         access: None,
+                        collection,
                     },
                 );
             }
@@ -443,6 +453,11 @@ impl Harness {
                 let k = key_of(key);
                 self.version += 1;
                 let client_cas = self.client_cas(key);
+                // A header grown past `medium_max` is put as a string (a large one would
+                // be refused).
+                let (key_len, medium_max) = (k.len(), self.cache.config().medium_max);
+                let collection =
+                    move |item: &Item| item.collection && key_len + item.value.len() < medium_max;
                 let (appended, cas) = self
                     .cache
                     .update(&k, |cur| match cur {
@@ -455,6 +470,7 @@ impl Harness {
                                 assign_cas: true,
                                 cas: client_cas,
                                 access: None,
+                                collection: collection(item),
                             };
                             (Update::Put { value, options }, Some(item.clone()))
                         }
@@ -475,11 +491,18 @@ impl Harness {
                         );
                         self.check_access(&k, access, true);
                         self.written(&k);
+                        let collection = collection(&old);
                         let mut value = old.value;
                         value.push(b'+');
                         let cas = cas.unwrap();
                         assert!(client_cas.is_none_or(|chosen| chosen == cas));
-                        self.model.insert(k, Item { value, cas, ..old });
+                        let appended = Item {
+                            value,
+                            cas,
+                            collection,
+                            ..old
+                        };
+                        self.model.insert(k, appended);
                     }
                     None => assert!(self.live(&k).is_none() || self.evicted()),
                 }
@@ -491,10 +514,12 @@ impl Harness {
                     .cache
                     .update_meta(&k, |cur| match cur {
                         Some(info) => {
+                            // The opposite mark, which a touch ignores: it keeps the type.
                             let options = PutOptions {
                                 expires_at_ms,
                                 flags: info.flags + 1,
                                 cas: Some(info.cas),
+                                collection: !info.collection,
                                 ..PutOptions::default()
                             };
                             (Update::SetMeta(options), Some(*info))
@@ -512,6 +537,7 @@ impl Harness {
                             cas: want.cas,
                             expires_at_ms: want.expires_at_ms,
                             access: seen.access,
+                            collection: want.collection,
                         };
                         assert_eq!(seen, want_info, "touch saw wrong metadata for {key}");
                         assert_eq!(cas, Some(want.cas), "a touch keeps the CAS");
@@ -548,6 +574,7 @@ impl Harness {
                     cas: item.cas,
                     expires_at_ms: item.expires_at_ms,
                     access: item.access,
+                    collection: item.collection,
                 };
                 match view {
                     ScanView::Values => {
@@ -1025,6 +1052,7 @@ fn a_client_cas_is_stored_as_the_objects_cas() {
             cas: 5,
             expires_at_ms: None,
             access: None,
+            collection: false,
         }
     );
     let assign = PutOptions {

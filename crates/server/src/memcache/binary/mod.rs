@@ -67,7 +67,7 @@ impl MemcacheSession {
                 swallow,
             } => (request, len, swallow),
         };
-        if reads.admit(&self.shared.core.keys, || request.command.access()) == 0 {
+        if reads.admit(&self.shared.core.strings, || request.command.access()) == 0 {
             return Step::Await(len);
         }
         self.count_request();
@@ -95,7 +95,7 @@ impl MemcacheSession {
                 len,
                 swallow: 0,
             } => ahead
-                .pass(&self.shared.core.keys, &request.command.access())
+                .pass(&self.shared.core.strings, &request.command.access())
                 .then_some(len),
             _ => None,
         }
@@ -154,7 +154,7 @@ impl MemcacheSession {
                 Counters::bump(&shared.core.counters.store_too_large);
                 // memcached unlinks the old value of a refused set, never leaving it stale.
                 if mode == StoreMode::Set {
-                    let _ = shared.core.keys.delete(key);
+                    let _ = shared.core.strings.delete(key);
                 }
                 reply.error(Status::TooLarge);
             }
@@ -168,7 +168,7 @@ impl MemcacheSession {
             } => {
                 let counting = Counting {
                     create: (exptime != NO_CREATE).then(|| {
-                        let now = shared.core.keys.engine().now_ms();
+                        let now = shared.core.strings.engine().now_ms();
                         (initial, Expiry::from_exptime(i64::from(exptime), now))
                     }),
                     compare: (header.cas != 0).then_some(header.cas),
@@ -380,7 +380,7 @@ fn store(
     let storing = Storing {
         mode,
         flags,
-        expiry: Expiry::from_exptime(i64::from(exptime), cx.shared.core.keys.engine().now_ms()),
+        expiry: Expiry::from_exptime(i64::from(exptime), cx.shared.core.strings.engine().now_ms()),
         data: value,
         cas: None,
         allow_stale: false,
@@ -406,7 +406,7 @@ fn delete(shared: &Memcached, key: &[u8], cas: u64, reply: &mut Reply<'_>) {
     } else {
         shared
             .annotations
-            .update(&shared.core.keys, key, |current| match current {
+            .update(&shared.core.strings, key, |current| match current {
                 None => (Update::Keep.into(), None),
                 Some(entry) if entry.item.cas != cas => (Update::Keep.into(), Some(false)),
                 Some(_) => (Update::Delete.into(), Some(true)),

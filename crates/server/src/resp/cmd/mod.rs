@@ -7,6 +7,7 @@
 mod cluster;
 mod connection;
 mod expiry;
+mod hashes;
 mod keys;
 mod server;
 pub(crate) mod strings;
@@ -78,6 +79,7 @@ pub enum Command<'a> {
     Server(server::ServerCommand<'a>),
     Connection(connection::ConnectionCommand<'a>),
     Cluster(cluster::ClusterCommand<'a>),
+    Hashes(hashes::HashCommand<'a>),
 }
 
 type Parser = for<'a> fn(&mut Args<'a>) -> Result<Command<'a>>;
@@ -192,8 +194,9 @@ impl Spec {
     }
 }
 
-const FAMILIES: [&[Spec]; 6] = [
+const FAMILIES: [&[Spec]; 7] = [
     strings::COMMANDS,
+    hashes::COMMANDS,
     keys::COMMANDS,
     expiry::COMMANDS,
     server::COMMANDS,
@@ -447,6 +450,7 @@ impl<'a> Command<'a> {
             Command::Server(command) => command.execute(shared, out)?,
             Command::Connection(command) => return command.execute(shared, client, out),
             Command::Cluster(command) => command.execute(shared, client, out)?,
+            Command::Hashes(command) => command.execute(shared, out)?,
         }
         Ok(Flow::Continue)
     }
@@ -492,6 +496,11 @@ impl<'a> Args<'a> {
             .ok_or_else(|| wrong_number(&self.name))?;
         self.pos += 1;
         Ok(arg)
+    }
+
+    /// The next argument, not consumed; `None` at the end.
+    pub fn peek(&self) -> Option<&'a [u8]> {
+        self.argv.get(self.pos).copied()
     }
 
     /// The next argument as a Redis integer.

@@ -1,4 +1,4 @@
-//! Server commands: INFO, COMMAND (COUNT DOCS INFO), CONFIG (GET RESETSTAT SET).
+//! Server commands: INFO, COMMAND (COUNT DOCS INFO), CONFIG (GET RESETSTAT SET), TIME.
 
 use super::{Command, Result, Spec, command_table, names, spec, with_subcommands};
 use crate::core::stats::engine_metrics;
@@ -21,6 +21,7 @@ pub const COMMANDS: &[Spec] = &[
     with_subcommands("config", -2, CONFIG_SUBCOMMANDS, |a| {
         a.subcommand(CONFIG_SUBCOMMANDS)
     }),
+    spec("time", 1, |_| Ok(ServerCommand::Time.into())),
 ];
 
 const COMMAND_SUBCOMMANDS: &[Spec] = &[
@@ -125,6 +126,9 @@ fn memory_value(text: &[u8]) -> Option<u64> {
 }
 
 pub enum ServerCommand<'a> {
+    /// The engine's clock (expiries are times on it), as Redis's seconds and
+    /// microseconds.
+    Time,
     Info {
         sections: &'a [&'a [u8]],
     },
@@ -158,6 +162,12 @@ impl ServerCommand<'_> {
         match self {
             ServerCommand::Info { sections } => out.verbatim(info(shared, sections).as_bytes()),
             ServerCommand::EmptyTable => out.array(0),
+            ServerCommand::Time => {
+                let ms = shared.core.keys.engine().now_ms();
+                out.array(2);
+                out.bulk((ms / 1000).to_string().as_bytes());
+                out.bulk(((ms % 1000) * 1000).to_string().as_bytes());
+            }
             ServerCommand::CommandTable { names } => command_table(out, names),
             ServerCommand::CommandCount => out.integer(names().count() as i64),
             ServerCommand::ConfigGet { patterns } => {
@@ -256,6 +266,7 @@ fn info(shared: &Resp, sections: &[&[u8]]) -> String {
                 }
                 .into(),
             ),
+            ("arch_bits", (usize::BITS).to_string()),
             ("process_id", std::process::id().to_string()),
             ("tcp_port", shared.core.info.resp_port.to_string()),
             (

@@ -11,13 +11,14 @@ use super::{
     Args, Command, ErrorReply, Flow, NOT_INTEGER, NewExpiry, READS_ALL, READS_ONE, Result, SYNTAX,
     Spec, WRITES_ONE, WRITES_PAIRS, expiry_ms, integer, invalid_expire, keyed, rewrite, store,
 };
+use crate::core::hashes::WRONGTYPE;
 use crate::core::stats::Counters;
 use crate::resp::Resp;
 use crate::resp::{Reply, parse};
 use crate::transport::connection::Step;
 use crate::transport::prefetch::{Access, Prefetch};
 
-const NOT_FLOAT: &str = "ERR value is not a valid float";
+pub(super) const NOT_FLOAT: &str = "ERR value is not a valid float";
 const TOO_LONG: &str = "ERR string exceeds maximum allowed size (proto-max-bulk-len)";
 
 pub const COMMANDS: &[Spec] = &[
@@ -271,7 +272,7 @@ fn incr_by(key: &[u8], delta: i64) -> Result<Command<'_>> {
 }
 
 /// A float as Redis's `string2ld` takes it: no spaces, not NaN.
-fn float(text: &[u8]) -> Option<f64> {
+pub(super) fn float(text: &[u8]) -> Option<f64> {
     let value: f64 = std::str::from_utf8(text).ok()?.parse().ok()?;
     (!value.is_nan()).then_some(value)
 }
@@ -279,7 +280,7 @@ fn float(text: &[u8]) -> Option<f64> {
 /// INCRBYFLOAT's result as text. Redis adds in `long double` and prints 17 decimals with
 /// the trailing zeros cut; in `f64`, rounding to 15 significant digits first gives the
 /// same text for ordinary decimals (0.1 + 0.2 is "0.3", not "0.30000000000000004").
-fn float_text(value: f64) -> String {
+pub(super) fn float_text(value: f64) -> String {
     let rounded: f64 = format!("{value:.14e}").parse().unwrap_or(value);
     let shortest = rounded.to_string();
     let decimals = shortest.split_once('.').map_or(0, |(_, d)| d.len());
@@ -395,6 +396,8 @@ impl MultiGet {
             // may do I/O: a synchronous SSD read when nothing was prefetched
             match reads.get_shared(&shared.core.keys, key, GetOptions::default()) {
                 Ok(item) => {
+                    // As Redis: a key of another type is nil in an MGET.
+                    let item = item.filter(|i| !i.collection);
                     shared.core.counters.hit_or_miss(item.is_some());
                     item_bulk(out, item.as_ref());
                 }
@@ -425,6 +428,7 @@ impl StringCommand<'_> {
             StringCommand::Get { key } => {
                 Counters::bump(&shared.core.counters.cmd_get);
                 let item = reads.get_shared(cache, key, GetOptions::default())?;
+                string(item.as_deref())?;
                 shared.core.counters.hit_or_miss(item.is_some());
                 item_bulk(out, item.as_ref());
             }
@@ -453,18 +457,23 @@ impl StringCommand<'_> {
             }
             StringCommand::GetSet { key, value } => {
                 let (old, _) = cache.update(key, |current| {
+                    let Ok(current) = string(current) else {
+                        return (Update::Keep, Err(WRONGTYPE));
+                    };
                     let update = match value {
                         Some(value) => store(value.to_vec(), None, 0),
                         None => Update::Delete,
                     };
-                    (update, current.map(|i| i.value.clone()))
+                    (update, Ok(current.map(|i| i.value.clone())))
                 })?;
-                out.maybe_bulk(old.as_deref());
+                out.maybe_bulk(old?.as_deref());
             }
             StringCommand::GetEx { key, expiry } => {
                 Counters::bump(&shared.core.counters.cmd_get);
                 let value = if expiry == NewExpiry::Keep {
-                    cache.get(key)?
+                    let item = cache.get_item(key, GetOptions::default())?;
+                    string(item.as_ref())?;
+                    item.map(|i| i.value)
                 } else {
                     getex(shared, key, expiry)?
                 };
@@ -475,18 +484,21 @@ impl StringCommand<'_> {
                 // may do I/O: a large value's whole extent (RESP's strings carry no version
                 // that a value read ahead could be checked against), or one SSD block
                 let (len, _) = cache.update(key, |current| {
+                    let Ok(current) = string(current) else {
+                        return (Update::Keep, Err(WRONGTYPE));
+                    };
                     let value = match current {
                         Some(item) => [&item.value[..], suffix].concat(),
                         None => suffix.to_vec(),
                     };
                     let len = value.len();
-                    (rewrite(current, value), len)
+                    (rewrite(current, value), Ok(len))
                 })?;
-                out.integer(len as i64);
+                out.integer(len? as i64);
             }
             StringCommand::Strlen { key } => {
                 // may do I/O: one SSD block for a small object; no large extent
-                out.integer(cache.info(key)?.map_or(0, |i| i.value_len as i64));
+                out.integer(string_info(cache.info(key)?)?.map_or(0, |i| i.value_len as i64));
             }
             StringCommand::MGet { keys } => {
                 // The values follow as the socket drains (`MultiGet`).
@@ -538,8 +550,9 @@ impl StringCommand<'_> {
                 out.bulk(text.as_bytes());
             }
             StringCommand::GetRange { key, start, end } => {
-                let value = cache.get(key)?.unwrap_or_default();
-                out.bulk(substring(&value, start, end));
+                let item = cache.get_item(key, GetOptions::default())?;
+                let value = string(item.as_ref())?.map_or(&[][..], |i| &i.value);
+                out.bulk(substring(value, start, end));
             }
             StringCommand::SetRange { key, offset, value } => {
                 out.integer(setrange(shared, key, offset, value)? as i64);
@@ -566,7 +579,10 @@ fn set(
         out.simple("OK");
         return Ok(());
     }
-    let ((stored, old), _) = shared.core.keys.update(key, |current| {
+    let (outcome, _) = shared.core.keys.update(key, |current| {
+        if options.get && string(current).is_err() {
+            return (Update::Keep, Err(WRONGTYPE));
+        }
         let allowed = match options.condition {
             Condition::Always => true,
             Condition::IfMissing => current.is_none(),
@@ -574,11 +590,12 @@ fn set(
         };
         let old = current.map(|i| i.value.clone());
         if !allowed {
-            return (Update::Keep, (false, old));
+            return (Update::Keep, Ok((false, old)));
         }
         let at = options.expiry.resolve(current);
-        (store(value.to_vec(), at, 0), (true, old))
+        (store(value.to_vec(), at, 0), Ok((true, old)))
     })?;
+    let (stored, old) = outcome?;
     match (options.get, stored) {
         (true, _) => out.maybe_bulk(old.as_deref()),
         (false, true) => out.simple("OK"),
@@ -592,16 +609,19 @@ fn getex(shared: &Resp, key: &[u8], expiry: NewExpiry) -> Result<Option<Vec<u8>>
     let now = shared.core.keys.engine().now_ms();
     let (value, _) = shared.core.keys.update(key, |current| {
         let Some(item) = current else {
-            return (Update::Keep, None);
+            return (Update::Keep, Ok(None));
         };
+        if item.collection {
+            return (Update::Keep, Err(WRONGTYPE));
+        }
         let update = match expiry.resolve(current) {
             Some(at) if at <= now => Update::Delete,
             at if at == item.expires_at_ms => Update::Keep,
             at => super::redate(item, at),
         };
-        (update, Some(item.value.clone()))
+        (update, Ok(Some(item.value.clone())))
     })?;
-    Ok(value)
+    Ok(value?)
 }
 
 /// INCRBY / INCRBYFLOAT: `next` turns the old value (if any) into the new one, stored as
@@ -612,12 +632,30 @@ fn counter<T: ToString>(
     next: impl FnOnce(Option<&[u8]>) -> Result<T>,
 ) -> Result<T> {
     let (result, _) = shared.core.keys.update(key, |current| {
+        let Ok(current) = string(current) else {
+            return (Update::Keep, Err(WRONGTYPE.into()));
+        };
         match next(current.map(|i| i.value.as_slice())) {
             Ok(value) => (rewrite(current, value.to_string().into_bytes()), Ok(value)),
             Err(error) => (Update::Keep, Err(error)),
         }
     })?;
     result
+}
+
+/// What a string command sees of a key: a hash is the wrong type.
+fn string(item: Option<&Item>) -> Result<Option<&Item>> {
+    match item {
+        Some(item) if item.collection => Err(WRONGTYPE.into()),
+        other => Ok(other),
+    }
+}
+
+fn string_info(info: Option<zipcache::ItemInfo>) -> Result<Option<zipcache::ItemInfo>> {
+    match info {
+        Some(info) if info.collection => Err(WRONGTYPE.into()),
+        other => Ok(other),
+    }
 }
 
 /// GETRANGE's bytes `start..=end`, negative indexes counting from the end, as Redis.
@@ -643,22 +681,25 @@ fn substring(value: &[u8], start: i64, end: i64) -> &[u8] {
 /// SETRANGE: overwrites from `offset`, zero-padding a shorter value; the new length.
 fn setrange(shared: &Resp, key: &[u8], offset: usize, value: &[u8]) -> Result<usize> {
     if value.is_empty() {
-        return Ok(shared.core.keys.info(key)?.map_or(0, |i| i.value_len));
+        return Ok(string_info(shared.core.keys.info(key)?)?.map_or(0, |i| i.value_len));
     }
     let end = offset
         .checked_add(value.len())
         .filter(|&end| end <= shared.core.max_value)
         .ok_or(TOO_LONG)?;
     let (len, _) = shared.core.keys.update(key, |current| {
+        let Ok(current) = string(current) else {
+            return (Update::Keep, Err(WRONGTYPE));
+        };
         let mut new = current.map_or_else(Vec::new, |i| i.value.clone());
         if new.len() < end {
             new.resize(end, 0);
         }
         new[offset..end].copy_from_slice(value);
         let len = new.len();
-        (rewrite(current, new), len)
+        (rewrite(current, new), Ok(len))
     })?;
-    Ok(len)
+    Ok(len?)
 }
 
 #[cfg(test)]

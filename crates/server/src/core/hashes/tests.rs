@@ -1,0 +1,310 @@
+use std::sync::Arc;
+
+use super::format::element_key;
+use super::*;
+
+fn keyspace(dram: u64) -> Keyspace {
+    let engine = zipcache::ZipCache::open(zipcache::Config {
+        dram_capacity: dram,
+        ..zipcache::Config::default()
+    })
+    .unwrap();
+    Keyspace::new(Arc::new(engine), Arc::default())
+}
+
+fn pairs(list: &[(&str, &str)]) -> Vec<(Vec<u8>, Vec<u8>)> {
+    list.iter()
+        .map(|(f, v)| (f.as_bytes().to_vec(), v.as_bytes().to_vec()))
+        .collect()
+}
+
+/// The layout of the hash at `key`.
+fn layout(hashes: &Hashes, keys: &Keyspace, key: &[u8]) -> Layout {
+    hashes.header(keys, key).unwrap().unwrap().layout
+}
+
+fn elements_header(hashes: &Hashes, keys: &Keyspace, key: &[u8]) -> Header {
+    match layout(hashes, keys, key) {
+        Layout::Elements(header) => header,
+        packed => panic!("a packed hash: {packed:?}"),
+    }
+}
+
+/// A hash grown past the packed limits: `n` fields `f000`… of value `v`.
+fn grown(hashes: &Hashes, keys: &Keyspace, key: &[u8], n: usize) {
+    let names: Vec<Vec<u8>> = (0..n).map(|i| format!("f{i:03}").into_bytes()).collect();
+    let args: Vec<&[u8]> = names.iter().flat_map(|n| [n.as_slice(), b"v"]).collect();
+    hashes.set(keys, key, &args, false).unwrap();
+}
+
+/// Every command on a small hash (packed) and on one grown past the packed limits
+/// (elements) answers the same.
+#[test]
+fn a_hash_is_set_read_counted_and_deleted_in_either_layout() {
+    for extra in [0, 200] {
+        let keys = keyspace(8 << 20);
+        let hashes = Hashes::default();
+        grown(&hashes, &keys, b"h", extra);
+        let expected_layout_is_packed = extra == 0;
+        let set = |p: &[&[u8]]| hashes.set(&keys, b"h", p, false).unwrap();
+        assert_eq!(set(&[b"b", b"2", b"a", b"1"]), 2);
+        assert_eq!(set(&[b"a", b"one", b"c", b"3", b"c", b"three"]), 1);
+        assert_eq!(
+            matches!(layout(&hashes, &keys, b"h"), Layout::Packed(_)),
+            expected_layout_is_packed
+        );
+        assert_eq!(hashes.set(&keys, b"h", &[b"a", b"x"], true).unwrap(), 0);
+        assert_eq!(hashes.set(&keys, b"h", &[b"d", b"4"], true).unwrap(), 1);
+        assert_eq!(hashes.len(&keys, b"h").unwrap(), 4 + extra as u64);
+        let all = hashes.all(&keys, b"h", Part::Both, 1 << 20).unwrap();
+        assert_eq!(
+            all[..4],
+            pairs(&[("a", "one"), ("b", "2"), ("c", "three"), ("d", "4")])
+        );
+        assert_eq!(
+            hashes.get(&keys, b"h", &[b"a", b"zz"]).unwrap(),
+            Some(vec![Some(b"one".to_vec()), None])
+        );
+        assert_eq!(hashes.get(&keys, b"nope", &[b"a"]).unwrap(), None);
+        assert_eq!(
+            hashes
+                .delete_fields(&keys, b"h", &[b"a", b"a", b"zz"])
+                .unwrap(),
+            1
+        );
+        assert_eq!(hashes.len(&keys, b"h").unwrap(), 3 + extra as u64);
+        // A string is the wrong type, and a hash is to the string view absent.
+        keys.put_with(b"s", b"v", PutOptions::default()).unwrap();
+        assert!(matches!(
+            hashes.set(&keys, b"s", &[b"a", b"1"], false),
+            Err(HashError::WrongType)
+        ));
+        assert_eq!(
+            keys.strings_only()
+                .get_item(b"h", GetOptions::default())
+                .unwrap(),
+            None
+        );
+        assert!(
+            keys.get_item(b"h", GetOptions::default())
+                .unwrap()
+                .unwrap()
+                .collection
+        );
+        // DEL takes the header and every element.
+        assert!(hashes.delete_key(&keys, b"h").unwrap());
+        assert!(!hashes.delete_key(&keys, b"h").unwrap());
+        assert!(hashes.delete_key(&keys, b"s").unwrap());
+        let left = keys.engine().scan_keys::<&[u8]>(.., 100).unwrap();
+        assert!(left.is_empty(), "{left:?}");
+    }
+}
+
+#[test]
+fn the_last_field_deleted_deletes_the_hash() {
+    let keys = keyspace(8 << 20);
+    let hashes = Hashes::default();
+    hashes
+        .set(&keys, b"h", &[b"a", b"1", b"b", b"2"], false)
+        .unwrap();
+    assert_eq!(hashes.delete_fields(&keys, b"h", &[b"b", b"a"]).unwrap(), 2);
+    assert_eq!(keys.info(b"h").unwrap(), None);
+}
+
+#[test]
+fn a_hash_grows_from_packed_to_elements_at_either_limit() {
+    let keys = keyspace(8 << 20);
+    let hashes = Hashes::default();
+    grown(&hashes, &keys, b"many", PACKED_MAX_FIELDS);
+    assert!(matches!(layout(&hashes, &keys, b"many"), Layout::Packed(_)));
+    hashes
+        .set(&keys, b"many", &[b"one-more", b"v"], false)
+        .unwrap();
+    assert_eq!(
+        elements_header(&hashes, &keys, b"many").elements,
+        PACKED_MAX_FIELDS as u64 + 1
+    );
+    let long = vec![b'x'; PACKED_MAX_BYTES];
+    hashes.set(&keys, b"big", &[b"a", b"small"], false).unwrap();
+    assert!(matches!(layout(&hashes, &keys, b"big"), Layout::Packed(_)));
+    hashes.set(&keys, b"big", &[b"b", &long], false).unwrap();
+    assert_eq!(elements_header(&hashes, &keys, b"big").elements, 2);
+    assert_eq!(
+        hashes.all(&keys, b"big", Part::Both, 1 << 20).unwrap(),
+        vec![(b"a".to_vec(), b"small".to_vec()), (b"b".to_vec(), long)]
+    );
+}
+
+#[test]
+fn a_hash_replaced_by_a_string_and_made_again_never_shows_old_fields() {
+    for extra in [0, 200] {
+        let keys = keyspace(8 << 20);
+        let hashes = Hashes::default();
+        grown(&hashes, &keys, b"h", extra);
+        hashes.set(&keys, b"h", &[b"old", b"1"], false).unwrap();
+        keys.put_with(b"h", b"string", PutOptions::default())
+            .unwrap();
+        keys.delete(b"h").unwrap();
+        hashes.set(&keys, b"h", &[b"new", b"2"], false).unwrap();
+        assert_eq!(
+            hashes.all(&keys, b"h", Part::Both, 1 << 20).unwrap(),
+            pairs(&[("new", "2")])
+        );
+        assert_eq!(
+            hashes.get(&keys, b"h", &[b"old"]).unwrap(),
+            Some(vec![None])
+        );
+        assert_eq!(hashes.len(&keys, b"h").unwrap(), 1);
+    }
+}
+
+/// A hash that lost an element (dropped by eviction) reads as gone, never as fewer
+/// fields.
+#[test]
+fn a_partial_hash_reads_as_gone_and_is_dropped() {
+    let keys = keyspace(8 << 20);
+    let hashes = Hashes::default();
+    grown(&hashes, &keys, b"h", 200);
+    let header = elements_header(&hashes, &keys, b"h");
+    keys.engine()
+        .delete(&element_key(header.id, b"f100"))
+        .unwrap();
+    assert_eq!(
+        hashes.get(&keys, b"h", &[b"f000"]).unwrap(),
+        Some(vec![Some(b"v".to_vec())])
+    );
+    assert_eq!(hashes.len(&keys, b"h").unwrap(), 0);
+    assert_eq!(keys.info(b"h").unwrap(), None);
+    assert!(
+        keys.engine()
+            .scan_keys::<&[u8]>(.., 1000)
+            .unwrap()
+            .is_empty()
+    );
+    grown(&hashes, &keys, b"h", 200);
+    let header = elements_header(&hashes, &keys, b"h");
+    keys.engine()
+        .delete(&element_key(header.id, b"f000"))
+        .unwrap();
+    assert!(
+        hashes
+            .all(&keys, b"h", Part::Both, 1 << 20)
+            .unwrap()
+            .is_empty()
+    );
+    assert_eq!(keys.info(b"h").unwrap(), None);
+    grown(&hashes, &keys, b"h", 200);
+    let header = elements_header(&hashes, &keys, b"h");
+    keys.engine()
+        .delete(&element_key(header.id, b"f199"))
+        .unwrap();
+    let (found, next) = hashes
+        .scan(&keys, b"h", None, 10, Part::Both, 1 << 20)
+        .unwrap();
+    assert!(
+        found.is_empty() && next.is_none(),
+        "HSCAN of a partial hash"
+    );
+}
+
+#[test]
+fn expired_fields_are_never_served_and_leave_the_count() {
+    for extra in [0, 200] {
+        let keys = keyspace(8 << 20);
+        let hashes = Hashes::default();
+        grown(&hashes, &keys, b"h", extra);
+        hashes
+            .set(&keys, b"h", &[b"a", b"1", b"b", b"2"], false)
+            .unwrap();
+        let soon = keys.engine().now_ms() + 50;
+        let codes = hashes
+            .expire_fields(&keys, b"h", &[b"b", b"zz"], soon, ExpiryCondition::Always)
+            .unwrap();
+        assert_eq!(codes, [1, NO_FIELD]);
+        assert_eq!(hashes.len(&keys, b"h").unwrap(), 2 + extra as u64);
+        std::thread::sleep(std::time::Duration::from_millis(80));
+        assert_eq!(hashes.get(&keys, b"h", &[b"b"]).unwrap(), Some(vec![None]));
+        assert_eq!(hashes.len(&keys, b"h").unwrap(), 1 + extra as u64);
+        assert_eq!(
+            hashes.all(&keys, b"h", Part::Both, 1 << 20).unwrap()[0],
+            pairs(&[("a", "1")])[0]
+        );
+        if extra > 0 {
+            assert_eq!(elements_header(&hashes, &keys, b"h").volatile, 0);
+        }
+        assert_eq!(hashes.set(&keys, b"h", &[b"b", b"new"], false).unwrap(), 1);
+        assert_eq!(hashes.len(&keys, b"h").unwrap(), 2 + extra as u64);
+        // A time already past deletes the field at once.
+        let now = keys.engine().now_ms();
+        let codes = hashes
+            .expire_fields(&keys, b"h", &[b"b"], now, ExpiryCondition::Always)
+            .unwrap();
+        assert_eq!(codes, [2]);
+        assert_eq!(hashes.get(&keys, b"h", &[b"b"]).unwrap(), Some(vec![None]));
+    }
+}
+
+#[test]
+fn increments_keep_the_field_and_errors_change_nothing() {
+    let keys = keyspace(8 << 20);
+    let hashes = Hashes::default();
+    let add = |field: &[u8], n: i64| {
+        hashes
+            .update_field(&keys, b"h", field, |old| {
+                let old: i64 = match old {
+                    None => 0,
+                    Some(text) => std::str::from_utf8(text)
+                        .ok()
+                        .and_then(|t| t.parse().ok())
+                        .ok_or("not an integer")?,
+                };
+                Ok::<_, &str>((old + n).to_string().into_bytes())
+            })
+            .unwrap()
+    };
+    assert_eq!(add(b"n", 5), Ok(b"5".to_vec()));
+    assert_eq!(add(b"n", -2), Ok(b"3".to_vec()));
+    hashes.set(&keys, b"h", &[b"t", b"text"], false).unwrap();
+    assert_eq!(add(b"t", 1), Err("not an integer"));
+    assert_eq!(hashes.len(&keys, b"h").unwrap(), 2);
+}
+
+#[test]
+fn fields_too_long_for_an_element_key_are_refused_before_any_write() {
+    let keys = keyspace(8 << 20);
+    let hashes = Hashes::default();
+    let long = vec![b'f'; Hashes::max_field(&keys) + 1];
+    assert!(matches!(
+        hashes.set(&keys, b"h", &[b"a", b"1", &long, b"2"], false),
+        Err(HashError::FieldTooLong { .. })
+    ));
+    assert_eq!(keys.info(b"h").unwrap(), None);
+    let longest = vec![b'f'; Hashes::max_field(&keys)];
+    assert_eq!(
+        hashes.set(&keys, b"h", &[&longest, b"1"], false).unwrap(),
+        1
+    );
+}
+
+#[test]
+fn scans_of_either_layout_go_on_where_they_stopped() {
+    for n in [20, 300] {
+        let keys = keyspace(8 << 20);
+        let hashes = Hashes::default();
+        grown(&hashes, &keys, b"h", n);
+        let (mut seen, mut after) = (Vec::new(), None);
+        loop {
+            let (found, next) = hashes
+                .scan(&keys, b"h", after.as_deref(), 7, Part::Fields, 1 << 20)
+                .unwrap();
+            assert!(found.len() <= 7);
+            seen.extend(found.into_iter().map(|(f, _)| f));
+            match next {
+                Some(field) => after = Some(field),
+                None => break,
+            }
+        }
+        let want: Vec<Vec<u8>> = (0..n).map(|i| format!("f{i:03}").into_bytes()).collect();
+        assert_eq!(seen, want);
+    }
+}

@@ -1,0 +1,124 @@
+#!/usr/bin/env bash
+# Web sessions as Redis hashes (issue 34; docs/SERVER.md "Hashes"): the figures of
+# RESULTS.md's sessions rows, written to OUTDIR/summary.md. A bench, not a test: CI does
+# not run it (tests/hashes.rs and tests/differential.rs are the tests).
+#
+#   a. sessions held: `zipcache bench sessions` — each server started with the same DRAM
+#      budget (redis-server `--maxmemory`, ZipCache `--dram`), SESSIONS sessions of 12
+#      fields written by pipelined HSET + EXPIRE, every one read back by HGETALL and
+#      compared with what was written (whole, gone or wrong) — RUNS runs; then ZipCache
+#      with an SSD tier of SSD behind the same DRAM (sessions per MiB of flash);
+#   b. redis-benchmark -t hset -P 16 (one hash of up to 100,000 fields: a large hash) and
+#      HGETALL of one 12-field session, -P 16, against ZipCache and redis-server.
+#
+#   scripts/sessions.sh OUTDIR
+#
+# Environment: RUNS (3), DRAM (64MiB), SESSIONS (700000), SSD (1GiB), SSD_SESSIONS
+# (3000000), BENCH_N (400000), SKIP (letters of parts not to run), NO_BUILD (0), BIN
+# (target/release/zipcache). About 10 minutes on 2 cores.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+# shellcheck source=scripts/lib/memcached-port.sh
+source scripts/lib/memcached-port.sh
+
+OUT=${1:?usage: scripts/sessions.sh OUTDIR}
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+RUNS=${RUNS:-3}
+DRAM=${DRAM:-64MiB}
+SESSIONS=${SESSIONS:-700000}
+SSD=${SSD:-1GiB}
+SSD_SESSIONS=${SSD_SESSIONS:-3000000}
+BENCH_N=${BENCH_N:-400000}
+BIN=${BIN:-target/release/zipcache}
+[ "${NO_BUILD:-0}" = 1 ] || cargo build --release -q -p zipcache-cli
+BIN=$(realpath "$BIN")
+PIDS=()
+trap 'for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done' EXIT
+
+summary="$OUT/summary.md"
+{
+    echo "# Sessions as hashes ($(date -u '+%F %H:%M'), $(nproc) cores, $(git rev-parse --short HEAD), load $(cut -d' ' -f1-3 /proc/loadavg))"
+    echo
+} >"$summary"
+
+skip() { [[ "${SKIP:-}" == *"$1"* ]]; }
+
+# a. Sessions held, DRAM only, then through the SSD tier.
+skip a || {
+for run in $(seq "$RUNS"); do
+    "$BIN" bench sessions --sessions "$SESSIONS" --dram "$DRAM" --out "$OUT/dram-$run" \
+        >"$OUT/dram-$run.txt"
+done
+"$BIN" bench sessions --sessions "$SSD_SESSIONS" --dram "$DRAM" --ssd "$SSD" \
+    --targets zipcache --out "$OUT/ssd" >"$OUT/ssd.txt"
+python3 - "$OUT" "$RUNS" >>"$summary" <<'PY'
+import json, statistics, sys
+out, runs = sys.argv[1], int(sys.argv[2])
+rows = [json.load(open(f"{out}/dram-{r}/sessions.json")) for r in range(1, runs + 1)]
+def med(target, field):
+    return statistics.median(next(t for t in run if t["target"] == target)[field] for run in rows)
+def all_(target, field):
+    return " · ".join(f'{next(t for t in run if t["target"] == target)[field]:,.0f}' for run in rows)
+print("| | ZipCache | redis-server | ratio (medians) |")
+print("|---|---|---|---|")
+for field, name in [("whole", "sessions held whole"), ("hset_per_second", "HSET + EXPIRE per s"),
+                    ("hgetall_per_second", "HGETALL per s")]:
+    z, r = med("zipcache", field), med("redis", field)
+    print(f"| {name} | {all_('zipcache', field)} | {all_('redis', field)} | {z / r:.2f}x |")
+for field, name in [("server_cpu_us_per_write", "server CPU per session written, µs"),
+                    ("server_cpu_us_per_read", "server CPU per HGETALL, µs")]:
+    z, r = med("zipcache", field), med("redis", field)
+    print(f"| {name} | {z:.2f} | {r:.2f} | {z / r:.2f}x |")
+wrong = sum(t["wrong"] for run in rows for t in run)
+written = rows[0][0]["written"]
+print(f"\n{written:,} sessions written per run; wrong or partial sessions read back: {wrong}.")
+ssd = json.load(open(f"{out}/ssd/sessions.json"))[0]
+redis_per_mib = med("redis", "whole_per_dram_mib")
+print(f"\nThrough the SSD tier ({ssd['ssd_bytes'] / 2**20:.0f} MiB of flash behind "
+      f"{ssd['dram_bytes'] / 2**20:.0f} MiB of DRAM, {ssd['written']:,} sessions): "
+      f"{ssd['whole']:,} held whole, {ssd['wrong']} wrong; "
+      f"{ssd['whole_per_ssd_mib']:,.0f} per MiB of flash against Redis's "
+      f"{redis_per_mib:,.0f} per MiB of DRAM.\n")
+PY
+}
+
+# b. redis-benchmark HSET (one large hash) and HGETALL (one session).
+skip b && { cat "$summary"; exit 0; }
+start() { # $1: name, $2: port
+    case $1 in
+        zipcache)
+            rm -rf "$OUT/rb-zipcache"
+            "$BIN" serve --listen 127.0.0.1 --memcached-port off --resp-port "$2" --ssd none \
+                --dram "$DRAM" --data-dir "$OUT/rb-zipcache" >"$OUT/rb-zipcache.log" 2>&1 &
+            ;;
+        redis)
+            redis-server --port "$2" --bind 127.0.0.1 --maxmemory "$DRAM" \
+                --maxmemory-policy allkeys-lru --save '' --appendonly no >"$OUT/rb-redis.log" 2>&1 &
+            ;;
+    esac
+    PIDS+=($!)
+    wait_port "$2" 20
+}
+{
+    echo "redis-benchmark -n $BENCH_N -P 16, requests per second:"
+    echo
+    echo "| | HSET (-t hset -r 100000: one hash) | HGETALL of a 12-field session |"
+    echo "|---|---|---|"
+} >>"$summary"
+port=7721
+for target in zipcache redis; do
+    start "$target" "$port"
+    hset=$(redis-benchmark -h 127.0.0.1 -p "$port" -t hset -n "$BENCH_N" -P 16 -q -r 100000 \
+        2>&1 | tr '\r' '\n' | awk '/requests per second/ {print $2}' | tail -1)
+    fields=()
+    for f in $(seq 12); do fields+=("sessionAttr:field$f" "value-$f-$(printf '%032d' "$f")"); done
+    redis-cli -p "$port" HSET session:1 "${fields[@]}" >/dev/null
+    hgetall=$(redis-benchmark -h 127.0.0.1 -p "$port" -n "$BENCH_N" -P 16 -q \
+        HGETALL session:1 2>&1 | tr '\r' '\n' | awk '/requests per second/ {print $2}' | tail -1)
+    echo "| $target | $hset | $hgetall |" >>"$summary"
+    kill "${PIDS[-1]}"
+    unset 'PIDS[-1]'
+    port=$((port + 1))
+done
+cat "$summary"
