@@ -88,7 +88,7 @@ fn size_arg(text: &str) -> Result<u64, String> {
     zipcache::parse_size(text).map_err(|e| e.to_string())
 }
 
-fn setting_arg(text: &str) -> Result<(String, String), String> {
+pub(crate) fn setting_arg(text: &str) -> Result<(String, String), String> {
     let (name, value) = text
         .split_once('=')
         .ok_or_else(|| format!("--set takes NAME=VALUE, not {text:?}"))?;

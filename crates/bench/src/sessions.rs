@@ -42,6 +42,9 @@ pub struct SessionsArgs {
     /// Where the servers' files and `sessions.json` go.
     #[arg(long, default_value = "bench-sessions")]
     pub out: PathBuf,
+    /// An engine setting for ZipCache (`NAME=VALUE`, as `zipcache serve --set`); repeatable.
+    #[arg(long = "set", value_parser = crate::setting_arg)]
+    pub settings: Vec<(String, String)>,
 }
 
 /// One server's figures.
@@ -225,7 +228,10 @@ pub fn run(args: &SessionsArgs) -> Result<(), String> {
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
         let (peer, ssd) = match target {
-            "zipcache" => (peers::zipcache_resp(dram, ssd, &[], &dir, 2)?, ssd),
+            "zipcache" => (
+                peers::zipcache_resp(dram, ssd, &args.settings, &dir, 2)?,
+                ssd,
+            ),
             "redis" => (peers::redis(dram, &dir)?, None),
             other => {
                 return Err(format!(
