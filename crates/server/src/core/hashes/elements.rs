@@ -77,8 +77,8 @@ pub(super) fn delete(keys: &Keyspace, id: HashId, field: &[u8]) -> Result<Field>
 }
 
 /// The elements of hash `id` after field `after`, in field order: at most `limit`
-/// examined, and none past the one that takes the live ones' bytes (as `part` keeps
-/// them) past `budget`.
+/// examined, and none past the one that takes the bytes held — the live ones' as `part`
+/// keeps them, the dead ones' names — past `budget`.
 pub(super) fn walk(
     keys: &Keyspace,
     id: HashId,
@@ -113,7 +113,11 @@ pub(super) fn walk(
                     bytes += part.bytes(&name, &value) + 2 * REPLY_OVERHEAD;
                     walked.live.push(part.keep(name.clone(), value));
                 }
-                Field::Dead { .. } => walked.dead.push(name.clone()),
+                Field::Dead { .. } => {
+                    // Held until deleted: counted as a reply's bytes are, to bound them.
+                    bytes += name.len() + REPLY_OVERHEAD;
+                    walked.dead.push(name.clone());
+                }
                 Field::Absent => continue,
             }
             walked.elements += 1;

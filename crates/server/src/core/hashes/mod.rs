@@ -58,6 +58,8 @@ const PACKED_MAX_FIELDS: usize = 128;
 const PACKED_MAX_BYTES: usize = 1536;
 /// What a field costs in a reply besides its bytes (`$<len>\r\n…\r\n`).
 const REPLY_OVERHEAD: usize = 16;
+/// Fields HLEN holds at a time while it counts a large hash's live ones.
+const LEN_PAGE: usize = 1024;
 
 pub const WRONGTYPE: &str = "WRONGTYPE Operation against a key holding the wrong kind of value";
 /// Redis's reply for a field that does not exist (HTTL, HEXPIRE, HPERSIST).
@@ -873,29 +875,47 @@ impl Hashes {
     }
 
     /// HLEN: the fields holding a value; 0 if the key holds no hash, or if the hash was
-    /// partial (then it is dropped). An elements hash without expiring fields has its
-    /// keys counted, no value read.
+    /// partial (then it is dropped). A large hash without expiring fields has its keys
+    /// counted, no value read; with some, its live fields are counted a page at a time.
     pub fn len(&self, keys: &Keyspace, key: &[u8]) -> Result<u64> {
-        {
-            let _locked = self.lock(key);
-            match self.header(keys, key)? {
-                None => return Ok(0),
-                Some(Read {
-                    layout: Layout::Elements(header),
-                    ..
-                }) if header.volatile == 0 => {
-                    if elements::whole(keys, header)? {
-                        return Ok(header.elements);
-                    }
-                    self.drop_partial(keys, key, header)?;
-                    return Ok(0);
-                }
-                Some(_) => {}
+        let _locked = self.lock(key);
+        let Some(read) = self.header(keys, key)? else {
+            return Ok(0);
+        };
+        let header = match read.layout {
+            Layout::Packed(fields) => {
+                let now_ms = keys.engine().now_ms();
+                let live = fields
+                    .iter()
+                    .filter(|f| f.expires_at_ms.is_none_or(|at| at > now_ms))
+                    .count();
+                return Ok(live as u64);
+            }
+            Layout::Elements(header) => header,
+        };
+        if !elements::whole(keys, header)? {
+            self.drop_partial(keys, key, header)?;
+            return Ok(0);
+        }
+        if header.volatile == 0 {
+            return Ok(header.elements);
+        }
+        let (mut live, mut after) = (0, None);
+        loop {
+            let page = elements::walk(
+                keys,
+                header.id,
+                after.as_deref(),
+                LEN_PAGE,
+                usize::MAX,
+                Part::Fields,
+            )?;
+            live += page.live.len() as u64;
+            match page.next {
+                Some(next) => after = Some(next),
+                None => return Ok(live),
             }
         }
-        // Some field may have expired: the live ones are counted by their values.
-        let live = self.all(keys, key, Part::Fields, usize::MAX)?;
-        Ok(live.len() as u64)
     }
 
     /// The live fields of the hash at `key` after `after`, `limit` fields examined at
@@ -918,24 +938,26 @@ impl Hashes {
                 return Ok((Vec::new(), None));
             };
             match read.layout {
-                Layout::Packed(fields) => {
+                Layout::Packed(mut fields) => {
                     let now_ms = keys.engine().now_ms();
                     let (mut live, mut dead, mut bytes) = (Vec::new(), Vec::new(), 0);
                     let mut next = None;
                     let from =
                         fields.partition_point(|f| after.is_some_and(|a| f.name.as_slice() <= a));
-                    for (examined, field) in fields[from..].iter().enumerate() {
-                        if examined == limit || bytes > budget {
-                            next = Some(fields[from + examined - 1].name.clone());
+                    for at in from..fields.len() {
+                        if at - from == limit || bytes > budget {
+                            next = Some(fields[at - 1].name.clone());
                             break;
                         }
-                        match Field::at(&field.value, field.expires_at_ms, now_ms) {
-                            Field::Live { value, .. } => {
-                                bytes += part.bytes(&field.name, &value) + 2 * REPLY_OVERHEAD;
-                                live.push(part.keep(field.name.clone(), value));
-                            }
-                            _ => dead.push(field.name.clone()),
+                        let field = &mut fields[at];
+                        if field.expires_at_ms.is_some_and(|t| t <= now_ms) {
+                            dead.push(field.name.clone());
+                            continue;
                         }
+                        // The value moves into the reply; the name stays for `next`.
+                        let value = std::mem::take(&mut field.value);
+                        bytes += part.bytes(&field.name, &value) + 2 * REPLY_OVERHEAD;
+                        live.push(part.keep(field.name.clone(), value));
                     }
                     (live, dead, next)
                 }

@@ -343,12 +343,10 @@ fn expiry_option(args: &mut Args<'_>, command: &str, keep: &[u8]) -> Result<Opti
 /// `amount` units from now (or from the epoch) in ms, within what Redis takes for a
 /// field's expiry; `None` for a negative amount or one past it.
 fn at_ms(amount: i64, unit_ms: i64, absolute: bool, now: i64) -> Option<u64> {
-    if amount < 0 || amount > MAX_FIELD_EXPIRY_MS / unit_ms {
-        return None;
-    }
-    let base = if absolute { 0 } else { now };
-    let ms = amount * unit_ms;
-    (ms <= MAX_FIELD_EXPIRY_MS - base).then_some((ms + base) as u64)
+    let at = super::expiry_ms(amount, unit_ms, absolute, now).filter(|_| amount >= 0)?;
+    u64::try_from(at)
+        .ok()
+        .filter(|&at| at <= MAX_FIELD_EXPIRY_MS as u64)
 }
 
 /// `HEXPIRE key time [NX|XX|GT|LT] FIELDS numfields field…`, checked as Redis 7.4 does.
@@ -695,5 +693,27 @@ fn random_reply(out: &mut Reply, fields: &[(Vec<u8>, Vec<u8>)], count: Option<i6
         if values {
             out.bulk(value);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Field expiries as Redis 7.4 bounds them: not negative, not past 2^46 − 1 ms,
+    /// relative ones from now.
+    #[test]
+    fn field_expiries_stay_within_redis_bounds() {
+        let now = 1_764_000_000_000;
+        assert_eq!(at_ms(10, 1000, false, now), Some(now as u64 + 10_000));
+        assert_eq!(at_ms(7, 1, true, now), Some(7));
+        assert_eq!(at_ms(-1, 1, true, now), None);
+        assert_eq!(
+            at_ms(MAX_FIELD_EXPIRY_MS, 1, true, now),
+            Some(MAX_FIELD_EXPIRY_MS as u64)
+        );
+        assert_eq!(at_ms(MAX_FIELD_EXPIRY_MS + 1, 1, true, now), None);
+        assert_eq!(at_ms(MAX_FIELD_EXPIRY_MS, 1, false, now), None);
+        assert_eq!(at_ms(i64::MAX, 1000, false, now), None);
     }
 }
