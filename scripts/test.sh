@@ -22,7 +22,7 @@ $SUDO npm install --global --silent memjs ioredis
 # pylibmc is built against libmemcached-dev: its wheel bundles a Cyrus SASL that finds
 # none of the system's mechanisms, so its SASL logins fail.
 python3 -m pip install --quiet --disable-pip-version-check --no-binary pylibmc \
-    pymemcache "redis>=6.2" vega_datasets pylibmc pytest packaging
+    pymemcache redis==8.1.0 vega_datasets pylibmc pytest packaging
 # redis-py's own test suite (its source release, of the version installed): its hash
 # tests run against our server (tests/hashes.rs).
 REDIS_PY=$(python3 -c 'import redis; print(redis.__version__)')
