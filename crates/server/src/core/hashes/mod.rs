@@ -40,6 +40,7 @@ mod model_tests;
 #[cfg(test)]
 mod tests;
 
+use std::collections::{BTreeMap, HashMap};
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -173,11 +174,18 @@ struct Named {
 pub struct Edit {
     now_ms: u64,
     fields: Vec<Named>,
+    /// Where each name is in `fields`: a command may name a great many.
+    index: HashMap<Vec<u8>, usize, foldhash::fast::RandomState>,
 }
 
 impl Edit {
     fn position(&self, name: &[u8]) -> Option<usize> {
-        self.fields.iter().position(|f| f.name == name)
+        self.index.get(name).copied()
+    }
+
+    fn add(&mut self, named: Named) {
+        self.index.insert(named.name.clone(), self.fields.len());
+        self.fields.push(named);
     }
 
     fn get(&self, name: &[u8]) -> &Field {
@@ -460,6 +468,7 @@ impl Hashes {
             let mut edit = Edit {
                 now_ms,
                 fields: Vec::with_capacity(names.len()),
+                index: HashMap::with_capacity_and_hasher(names.len(), Default::default()),
             };
             for &name in names {
                 if edit.position(name).is_some() {
@@ -473,7 +482,7 @@ impl Hashes {
                     }
                     _ => Field::Absent,
                 };
-                edit.fields.push(Named {
+                edit.add(Named {
                     name: name.to_vec(),
                     after: found.clone(),
                     before: found,
@@ -553,44 +562,35 @@ impl Hashes {
         &self,
         keys: &Keyspace,
         key: &[u8],
-        mut fields: Vec<Packed>,
+        fields: Vec<Packed>,
         changes: Vec<(Vec<u8>, Field, Field)>,
         now_ms: u64,
     ) -> Result<Option<Vec<u8>>> {
-        fields.retain(|f| f.expires_at_ms.is_none_or(|at| at > now_ms));
+        // By name: a command may name a great many fields, each found in log time.
+        let mut by_name: BTreeMap<Vec<u8>, Packed> = fields
+            .into_iter()
+            .filter(|f| f.expires_at_ms.is_none_or(|at| at > now_ms))
+            .map(|f| (f.name.clone(), f))
+            .collect();
         for (name, _, after) in changes {
-            let at = fields.binary_search_by(|f| f.name.as_slice().cmp(&name));
-            match (after, at) {
-                (
-                    Field::Live {
+            match after {
+                Field::Live {
+                    value,
+                    expires_at_ms,
+                } => {
+                    let packed = Packed {
+                        name: name.clone(),
                         value,
                         expires_at_ms,
-                    },
-                    Ok(at),
-                ) => {
-                    fields[at].value = value;
-                    fields[at].expires_at_ms = expires_at_ms;
+                    };
+                    by_name.insert(name, packed);
                 }
-                (
-                    Field::Live {
-                        value,
-                        expires_at_ms,
-                    },
-                    Err(at),
-                ) => fields.insert(
-                    at,
-                    Packed {
-                        name,
-                        value,
-                        expires_at_ms,
-                    },
-                ),
-                (_, Ok(at)) => {
-                    fields.remove(at);
+                _ => {
+                    by_name.remove(&name);
                 }
-                (_, Err(_)) => {}
             }
         }
+        let fields: Vec<Packed> = by_name.into_values().collect();
         if fields.is_empty() {
             return Ok(None);
         }

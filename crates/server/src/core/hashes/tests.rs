@@ -308,3 +308,25 @@ fn scans_of_either_layout_go_on_where_they_stopped() {
         assert_eq!(seen, want);
     }
 }
+
+/// A command may name a great many fields (one HSET of 100,000, one HDEL of them all, a
+/// field named twice among them): each is found by name, never by a walk of the others.
+#[test]
+fn a_command_of_a_great_many_fields_counts_each_once() {
+    let keys = keyspace(64 << 20);
+    let hashes = Hashes::default();
+    let names: Vec<Vec<u8>> = (0..100_000)
+        .map(|i| format!("field:{i:06}").into_bytes())
+        .collect();
+    let mut args: Vec<&[u8]> = names.iter().flat_map(|n| [n.as_slice(), b"v"]).collect();
+    args.extend([names[7].as_slice(), b"again"]);
+    assert_eq!(hashes.set(&keys, b"h", &args, false).unwrap(), 100_000);
+    assert_eq!(hashes.len(&keys, b"h").unwrap(), 100_000);
+    assert_eq!(
+        hashes.get(&keys, b"h", &[&names[7]]).unwrap(),
+        Some(vec![Some(b"again".to_vec())])
+    );
+    let all: Vec<&[u8]> = names.iter().map(Vec::as_slice).collect();
+    assert_eq!(hashes.delete_fields(&keys, b"h", &all).unwrap(), 100_000);
+    assert_eq!(keys.info(b"h").unwrap(), None);
+}
