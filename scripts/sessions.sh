@@ -10,7 +10,9 @@
 #   b. redis-benchmark -t hset -P 16 (one hash of up to 100,000 fields: a large hash) and
 #      HGETALL of one 12-field session, -P 16, against ZipCache and redis-server;
 #   c. ZipCache with an SSD tier of SSD behind the same DRAM, SSD_SESSIONS sessions
-#      (sessions per MiB of flash).
+#      (sessions per MiB of flash);
+#   d. real records as hashes (`--values records`: vega_datasets' rows, a field per
+#      column), RECORDS written into each server, as part a.
 #
 #   scripts/sessions.sh OUTDIR
 #
@@ -18,7 +20,7 @@
 # for the flusher than have it drop sessions unwritten when a fill outruns the disk.
 #
 # Environment: RUNS (3), DRAM_MIB (64), SESSIONS (700000), SSD (1GiB), SSD_SESSIONS
-# (3000000), BENCH_N (400000), SKIP (letters of parts not to run), NO_BUILD (0), BIN
+# (3000000), RECORDS (2500000), BENCH_N (400000), SKIP (letters of parts not to run), NO_BUILD (0), BIN
 # (target/release/zipcache). About 15 minutes on 2 cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -34,6 +36,7 @@ DRAM=${DRAM_MIB}MiB
 SESSIONS=${SESSIONS:-700000}
 SSD=${SSD:-1GiB}
 SSD_SESSIONS=${SSD_SESSIONS:-3000000}
+RECORDS=${RECORDS:-2500000}
 BENCH_N=${BENCH_N:-400000}
 BIN=${BIN:-target/release/zipcache}
 [ "${NO_BUILD:-0}" = 1 ] || cargo build --release -q -p zipcache-cli
@@ -91,6 +94,22 @@ print(f"Through the SSD tier ({ssd['ssd_bytes'] / 2**20:.0f} MiB of flash behind
       f"{ssd['dram_bytes'] / 2**20:.0f} MiB of DRAM, {ssd['written']:,} sessions): "
       f"{ssd['whole']:,} held whole, {ssd['wrong']} wrong; "
       f"{ssd['whole_per_ssd_mib']:,.0f} per MiB of flash.\n")
+PY
+}
+
+# d. Real records as hashes.
+skip d || {
+"$BIN" bench sessions --values records --sessions "$RECORDS" --dram "$DRAM" \
+    --out "$OUT/records" >"$OUT/records.txt"
+python3 - "$OUT" >>"$summary" <<'PY'
+import json, sys
+rows = {t["target"]: t for t in json.load(open(f"{sys.argv[1]}/records/sessions.json"))}
+z, r = rows["zipcache"], rows["redis"]
+print(f"Real records as hashes ({z['written']:,} written, {z['session_bytes']:.0f} B of fields "
+      f"each): ZipCache {z['whole']:,} whole, Redis {r['whole']:,} "
+      f"({z['whole'] / r['whole']:.2f}x); wrong: {z['wrong'] + r['wrong']}; HSET "
+      f"{z['hset_per_second'] / r['hset_per_second']:.2f}x, HGETALL "
+      f"{z['hgetall_per_second'] / r['hgetall_per_second']:.2f}x.\n")
 PY
 }
 

@@ -6,6 +6,8 @@
 //! is filled with `--sessions` sessions by pipelined HSET + EXPIRE, then every session is
 //! read back by HGETALL and compared with what was written: held whole, gone, or wrong
 //! (a session with a field missing, added or changed — which must never happen).
+//! `--values records` writes real rows instead (`vega_datasets`' tables, a hash per row,
+//! a field per column), as an object cache keeps them.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -45,12 +47,82 @@ pub struct SessionsArgs {
     /// An engine setting for ZipCache (`NAME=VALUE`, as `zipcache serve --set`); repeatable.
     #[arg(long = "set", value_parser = crate::setting_arg)]
     pub settings: Vec<(String, String)>,
+    /// What the hashes hold: web `sessions` (synthetic, below), or real `records` — the
+    /// rows of `vega_datasets`' tables (airports, cars, stocks, …), one hash per row, a
+    /// field per column, as an object cache keeps them.
+    #[arg(long, value_enum, default_value = "sessions")]
+    pub values: HashValues,
+}
+
+/// What `zipcache bench sessions` writes into its hashes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum HashValues {
+    Sessions,
+    Records,
+}
+
+/// A hash's fields and their values.
+type Fields = Vec<(Vec<u8>, Vec<u8>)>;
+
+/// The hashes a run writes: hash `i`'s key and fields, the same on every call.
+enum Source {
+    Sessions,
+    /// Each table's name and its rows' columns.
+    Records(Vec<(String, Vec<Fields>)>),
+}
+
+impl Source {
+    fn load(values: HashValues) -> Result<Source, String> {
+        if values == HashValues::Sessions {
+            return Ok(Source::Sessions);
+        }
+        let documents = crate::values::Documents::load()?;
+        let tables = documents
+            .tables()
+            .map(|(name, records)| {
+                let rows = records.iter().filter_map(|r| columns(r)).collect();
+                (name.to_string(), rows)
+            })
+            .collect();
+        Ok(Source::Records(tables))
+    }
+
+    fn hash(&self, i: u64) -> Session {
+        let Source::Records(tables) = self else {
+            return session(i);
+        };
+        let (name, rows) = &tables[(i % tables.len() as u64) as usize];
+        let row = &rows[(crate::values::mix64(i) % rows.len() as u64) as usize];
+        (format!("object:{name}:{i}").into_bytes(), row.clone())
+    }
+}
+
+/// A JSON object's members as a hash's fields: strings as they are, the rest as JSON.
+fn columns(record: &[u8]) -> Option<Fields> {
+    let serde_json::Value::Object(members) = serde_json::from_slice(record).ok()? else {
+        return None;
+    };
+    let mut fields: Fields = members
+        .into_iter()
+        .map(|(name, value)| {
+            let text = match value {
+                serde_json::Value::String(text) => text,
+                other => other.to_string(),
+            };
+            (name.into_bytes(), text.into_bytes())
+        })
+        .collect();
+    fields.sort();
+    fields.dedup_by(|a, b| a.0 == b.0);
+    (!fields.is_empty()).then_some(fields)
 }
 
 /// One server's figures.
 #[derive(Debug, Serialize)]
 pub struct SessionsResult {
     pub target: String,
+    pub values: HashValues,
     pub dram_bytes: u64,
     pub ssd_bytes: Option<u64>,
     pub written: u64,
@@ -129,7 +201,7 @@ const DOMAINS: [&str; 4] = [
 ];
 
 /// A session: its key, and its fields and their values.
-pub type Session = (Vec<u8>, Vec<(Vec<u8>, Vec<u8>)>);
+pub type Session = (Vec<u8>, Fields);
 
 /// Session `i`, the same on every call.
 pub fn session(i: u64) -> Session {
@@ -222,6 +294,7 @@ pub fn run(args: &SessionsArgs) -> Result<(), String> {
         size => Some(zipcache::parse_size(size).map_err(|e| e.to_string())?),
     };
     std::fs::create_dir_all(&args.out).map_err(|e| format!("{}: {e}", args.out.display()))?;
+    let source = Source::load(args.values)?;
     let mut results = Vec::new();
     for target in args.targets.split(',').map(str::trim) {
         let dir = args.out.join(target);
@@ -240,7 +313,7 @@ pub fn run(args: &SessionsArgs) -> Result<(), String> {
             }
         };
         eprintln!("sessions: {target} ...");
-        let result = measure(target, &peer, dram, ssd, args)?;
+        let result = measure(target, &peer, dram, ssd, &source, args)?;
         println!(
             "{:<10} {:>9} whole of {:>9} ({:.2} per DRAM MiB), {} gone, {} wrong; HSET+EXPIRE {:.0}/s, HGETALL {:.0}/s",
             result.target,
@@ -274,6 +347,7 @@ fn measure(
     peer: &Peer,
     dram: u64,
     ssd: Option<u64>,
+    source: &Source,
     args: &SessionsArgs,
 ) -> Result<SessionsResult, String> {
     let mut conn = Conn::open(peer.addr)?;
@@ -288,7 +362,7 @@ fn measure(
         let end = (i + pipeline).min(args.sessions);
         let mut replies = 0;
         for id in i..end {
-            let (key, fields) = session(id);
+            let (key, fields) = source.hash(id);
             session_bytes += fields
                 .iter()
                 .map(|(f, v)| (f.len() + v.len()) as u64)
@@ -323,7 +397,7 @@ fn measure(
     let mut i = 0;
     while i < args.sessions {
         let end = (i + pipeline).min(args.sessions);
-        let keys: Vec<Vec<u8>> = (i..end).map(|id| session(id).0).collect();
+        let keys: Vec<Vec<u8>> = (i..end).map(|id| source.hash(id).0).collect();
         for key in &keys {
             conn.command(&[b"HGETALL", key])?;
         }
@@ -344,7 +418,7 @@ fn measure(
                     _ => None,
                 })
                 .collect();
-            let want: BTreeMap<Vec<u8>, Vec<u8>> = session(id).1.into_iter().collect();
+            let want: BTreeMap<Vec<u8>, Vec<u8>> = source.hash(id).1.into_iter().collect();
             if got == want {
                 whole += 1;
             } else {
@@ -359,6 +433,7 @@ fn measure(
     let mib = |bytes: u64| bytes as f64 / (1 << 20) as f64;
     Ok(SessionsResult {
         target: target.into(),
+        values: args.values,
         dram_bytes: dram,
         ssd_bytes: ssd,
         written: args.sessions,
@@ -400,6 +475,23 @@ mod tests {
             })
             .sum();
         let mean = bytes / 1000;
+        let row = columns(br#"{"name":"Ann Arbor","lat":42.2,"iata":"ARB","tags":[1]}"#);
+        let text = |f: &[(&str, &str)]| -> Fields {
+            f.iter()
+                .map(|(n, v)| (n.as_bytes().to_vec(), v.as_bytes().to_vec()))
+                .collect()
+        };
+        assert_eq!(
+            row,
+            Some(text(&[
+                ("iata", "ARB"),
+                ("lat", "42.2"),
+                ("name", "Ann Arbor"),
+                ("tags", "[1]")
+            ]))
+        );
+        assert_eq!(columns(b"[1,2]"), None);
+        assert_eq!(columns(b"{}"), None);
         assert!(
             (450..=650).contains(&mean),
             "{mean} bytes of fields per session"

@@ -421,6 +421,13 @@ impl Documents {
         Ok(Documents { tables })
     }
 
+    /// Every table's name and its records (JSON objects).
+    pub fn tables(&self) -> impl Iterator<Item = (&str, &[Vec<u8>])> {
+        self.tables
+            .iter()
+            .map(|(name, records)| (name.as_str(), records.as_slice()))
+    }
+
     /// The document that `pick` (a hash of the key) chooses: records while they fit in
     /// `len` bytes, and while it is shorter than [`MIN_DOCUMENT`] (at least one).
     fn document(&self, pick: u64, len: usize) -> Vec<u8> {
