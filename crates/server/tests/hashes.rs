@@ -121,6 +121,17 @@ fn limits_have_clear_errors_and_change_nothing() {
         "{refused}"
     );
     assert_eq!(resp(&mut redis, &["HGETALL", "h"]), "*2|$1|a|$1|1");
+    // A field named over and over cannot make the server hold its value as many times:
+    // past the reply budget the read is refused, and HGETDEL then deletes nothing.
+    let big = "b".repeat(1400);
+    assert_eq!(resp(&mut redis, &["HSET", "big", "f", &big]), ":1");
+    let mut many = vec!["HMGET", "big"];
+    many.extend(std::iter::repeat_n("f", 1000));
+    assert!(resp(&mut redis, &many).starts_with("-ERR hash reply would pass"));
+    let mut many = vec!["HGETDEL", "big", "FIELDS", "1000"];
+    many.extend(std::iter::repeat_n("f", 1000));
+    assert!(resp(&mut redis, &many).starts_with("-ERR hash reply would pass"));
+    assert_eq!(resp(&mut redis, &["HSTRLEN", "big", "f"]), ":1400");
     // A value that fits an element but not a packed hash makes the hash grow.
     let grown = "g".repeat(1800);
     assert_eq!(resp(&mut redis, &["HSET", "h", "g", &grown]), ":1");

@@ -420,6 +420,10 @@ impl zipcache::EvictionListener for Logger {
     }
 
     fn evicted(&self, key: &[u8], value_len: usize, expires_at_ms: Option<u64>, now_ms: u64) {
+        // A large hash's field objects are no memcached client's keys.
+        if keyspace::is_element(key) {
+            return;
+        }
         let ttl = expires_at_ms.map_or(-1, |at| at.saturating_sub(now_ms).div_ceil(1000) as i64);
         // The client's key: the engine evicts keys as stored (`core/keyspace.rs`).
         let key = keyspace::parse(key).map_or(key, |(_, key)| key);

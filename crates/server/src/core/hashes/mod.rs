@@ -211,6 +211,21 @@ impl Edit {
     }
 }
 
+/// The values of `fields` as `edit` shows them, in order; `None` past `budget` bytes.
+fn values(edit: &Edit, fields: &[&[u8]], budget: usize) -> Option<Vec<Option<Vec<u8>>>> {
+    let mut bytes = 0usize;
+    let mut values = Vec::with_capacity(fields.len());
+    for field in fields {
+        let value = edit.get(field).value();
+        bytes += value.map_or(0, <[u8]>::len) + REPLY_OVERHEAD;
+        if bytes > budget {
+            return None;
+        }
+        values.push(value.map(<[u8]>::to_vec));
+    }
+    Some(values)
+}
+
 /// HSETEX's condition on the fields it names.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Exists {
@@ -683,36 +698,38 @@ impl Hashes {
     }
 
     /// HGET / HMGET / HEXISTS / HSTRLEN: the values of `fields`; `None` if the key holds
-    /// no hash.
+    /// no hash. Values past `budget` bytes together are refused (a field may be named
+    /// any number of times).
     pub fn get(
         &self,
         keys: &Keyspace,
         key: &[u8],
         fields: &[&[u8]],
+        budget: usize,
     ) -> Result<Option<Vec<Option<Vec<u8>>>>> {
-        self.edit(keys, key, fields, false, |edit| {
-            fields
-                .iter()
-                .map(|f| edit.get(f).value().map(<[u8]>::to_vec))
-                .collect()
-        })
+        let values = self.edit(keys, key, fields, false, |edit| {
+            values(edit, fields, budget)
+        })?;
+        values
+            .map(|v| v.ok_or(HashError::TooLarge { budget }))
+            .transpose()
     }
 
     /// HGETEX / HGETDEL: the values of `fields`, then each field that holds one changed
-    /// as `change` says.
+    /// as `change` says. Values past `budget` bytes together are refused, and then
+    /// nothing changes.
     pub fn get_and_change(
         &self,
         keys: &Keyspace,
         key: &[u8],
         fields: &[&[u8]],
         change: Option<FieldChange>,
+        budget: usize,
     ) -> Result<Vec<Option<Vec<u8>>>> {
         let values = self.edit(keys, key, fields, false, |edit| {
-            let mut values = Vec::with_capacity(fields.len());
+            let values = values(edit, fields, budget)?;
             for &field in fields {
-                let found = edit.get(field).clone();
-                values.push(found.value().map(<[u8]>::to_vec));
-                let changed = match (change, found) {
+                let changed = match (change, edit.get(field).clone()) {
                     (Some(FieldChange::Delete), Field::Live { .. }) => Field::Absent,
                     (Some(FieldChange::Expire(expiry)), live @ Field::Live { .. }) => {
                         let at = expiry.resolve(&live);
@@ -722,9 +739,12 @@ impl Hashes {
                 };
                 edit.set(field, changed);
             }
-            values
+            Some(values)
         })?;
-        Ok(values.unwrap_or_else(|| vec![None; fields.len()]))
+        match values {
+            None => Ok(vec![None; fields.len()]),
+            Some(values) => values.ok_or(HashError::TooLarge { budget }),
+        }
     }
 
     /// HDEL: deletes `fields`; how many held a value.

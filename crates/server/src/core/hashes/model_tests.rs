@@ -312,7 +312,7 @@ fn run(ops: &[Op], ssd: bool) -> std::result::Result<(), TestCaseError> {
             Op::Get { key, fields } => {
                 let names: Vec<Vec<u8>> = fields.iter().map(|&f| field_of(f)).collect();
                 let refs: Vec<&[u8]> = names.iter().map(Vec::as_slice).collect();
-                match hashes.get(&keys, &key_of(key), &refs) {
+                match hashes.get(&keys, &key_of(key), &refs, usize::MAX) {
                     Ok(Some(values)) => {
                         let Some(Held::Hash(hash)) = model.get(&key) else {
                             return Err(TestCaseError::fail(format!(

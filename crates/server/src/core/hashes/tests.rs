@@ -62,10 +62,13 @@ fn a_hash_is_set_read_counted_and_deleted_in_either_layout() {
             pairs(&[("a", "one"), ("b", "2"), ("c", "three"), ("d", "4")])
         );
         assert_eq!(
-            hashes.get(&keys, b"h", &[b"a", b"zz"]).unwrap(),
+            hashes.get(&keys, b"h", &[b"a", b"zz"], usize::MAX).unwrap(),
             Some(vec![Some(b"one".to_vec()), None])
         );
-        assert_eq!(hashes.get(&keys, b"nope", &[b"a"]).unwrap(), None);
+        assert_eq!(
+            hashes.get(&keys, b"nope", &[b"a"], usize::MAX).unwrap(),
+            None
+        );
         assert_eq!(
             hashes
                 .delete_fields(&keys, b"h", &[b"a", b"a", b"zz"])
@@ -151,7 +154,7 @@ fn a_hash_replaced_by_a_string_and_made_again_never_shows_old_fields() {
             pairs(&[("new", "2")])
         );
         assert_eq!(
-            hashes.get(&keys, b"h", &[b"old"]).unwrap(),
+            hashes.get(&keys, b"h", &[b"old"], usize::MAX).unwrap(),
             Some(vec![None])
         );
         assert_eq!(hashes.len(&keys, b"h").unwrap(), 1);
@@ -170,7 +173,7 @@ fn a_partial_hash_reads_as_gone_and_is_dropped() {
         .delete(&element_key(header.id, b"f100"))
         .unwrap();
     assert_eq!(
-        hashes.get(&keys, b"h", &[b"f000"]).unwrap(),
+        hashes.get(&keys, b"h", &[b"f000"], usize::MAX).unwrap(),
         Some(vec![Some(b"v".to_vec())])
     );
     assert_eq!(hashes.len(&keys, b"h").unwrap(), 0);
@@ -223,7 +226,10 @@ fn expired_fields_are_never_served_and_leave_the_count() {
         assert_eq!(codes, [1, NO_FIELD]);
         assert_eq!(hashes.len(&keys, b"h").unwrap(), 2 + extra as u64);
         std::thread::sleep(std::time::Duration::from_millis(80));
-        assert_eq!(hashes.get(&keys, b"h", &[b"b"]).unwrap(), Some(vec![None]));
+        assert_eq!(
+            hashes.get(&keys, b"h", &[b"b"], usize::MAX).unwrap(),
+            Some(vec![None])
+        );
         assert_eq!(hashes.len(&keys, b"h").unwrap(), 1 + extra as u64);
         assert_eq!(
             hashes.all(&keys, b"h", Part::Both, 1 << 20).unwrap()[0],
@@ -240,7 +246,10 @@ fn expired_fields_are_never_served_and_leave_the_count() {
             .expire_fields(&keys, b"h", &[b"b"], now, ExpiryCondition::Always)
             .unwrap();
         assert_eq!(codes, [2]);
-        assert_eq!(hashes.get(&keys, b"h", &[b"b"]).unwrap(), Some(vec![None]));
+        assert_eq!(
+            hashes.get(&keys, b"h", &[b"b"], usize::MAX).unwrap(),
+            Some(vec![None])
+        );
     }
 }
 
@@ -323,7 +332,7 @@ fn a_command_of_a_great_many_fields_counts_each_once() {
     assert_eq!(hashes.set(&keys, b"h", &args, false).unwrap(), 100_000);
     assert_eq!(hashes.len(&keys, b"h").unwrap(), 100_000);
     assert_eq!(
-        hashes.get(&keys, b"h", &[&names[7]]).unwrap(),
+        hashes.get(&keys, b"h", &[&names[7]], usize::MAX).unwrap(),
         Some(vec![Some(b"again".to_vec())])
     );
     let all: Vec<&[u8]> = names.iter().map(Vec::as_slice).collect();

@@ -473,7 +473,7 @@ impl HashCommand<'_> {
                 }
             }
             HashCommand::Get { key, fields, reply } => {
-                let values = hashes.get(keys, key, fields)?;
+                let values = hashes.get(keys, key, fields, OUTPUT_BUDGET)?;
                 let value = |i: usize| values.as_ref().and_then(|v| v[i].as_deref());
                 match reply {
                     Get::One => out.maybe_bulk(value(0)),
@@ -541,7 +541,7 @@ impl HashCommand<'_> {
                 fields,
                 change,
             } => {
-                let values = hashes.get_and_change(keys, key, fields, change)?;
+                let values = hashes.get_and_change(keys, key, fields, change, OUTPUT_BUDGET)?;
                 out.array(values.len());
                 for value in &values {
                     out.maybe_bulk(value.as_deref());
