@@ -83,14 +83,13 @@ impl Inner {
     /// writers held back by `relieve_pressure` know after each pass.
     pub(super) fn flusher(&self) {
         while !self.shutdown.load(Ordering::Acquire) {
-            let low_watermark = self.flusher_target();
             // may do I/O: the SSD tier's read-modify-writes
-            let stuck = !self.make_room(low_watermark, usize::MAX);
+            let stuck = !self.make_room(|| self.flusher_target(), usize::MAX);
             self.flusher_stuck.store(stuck, Ordering::Release);
             self.flushed.1.notify_all();
             let mut idle = self.flush_wake.0.lock();
             // Nothing to do, or nothing it can do (all that is left is index): sleep.
-            if stuck || self.memory.snapshot().total() <= low_watermark {
+            if stuck || self.memory.snapshot().total() <= self.flusher_target() {
                 self.flush_wake
                     .1
                     .wait_for(&mut idle, Duration::from_millis(10));

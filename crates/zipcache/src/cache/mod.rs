@@ -91,6 +91,10 @@ pub(crate) struct Inner {
     flushed: (Mutex<()>, Condvar),
     /// Wakes the flusher early when a writer finds DRAM over budget.
     flush_wake: (Mutex<()>, Condvar),
+    /// Held for each step of `make_room` (look at the target, evict once) and while
+    /// `set_dram_capacity` changes the budget: a step never evicts for a budget that was
+    /// raised after it looked.
+    eviction_step: Mutex<()>,
     /// The flusher's last pass ended over the low watermark with nothing it could evict.
     flusher_stuck: AtomicBool,
     /// Writers in `relieve_pressure`'s wait for the flusher.
@@ -223,6 +227,7 @@ impl ZipCache {
             flushing: Mutex::new(()),
             flushed: (Mutex::new(()), Condvar::new()),
             flush_wake: (Mutex::new(()), Condvar::new()),
+            eviction_step: Mutex::new(()),
             flusher_stuck: AtomicBool::new(false),
             flusher_waiting: AtomicU64::new(0),
             io_rates: IoRates::default(),

@@ -38,9 +38,12 @@ impl ZipCache {
             )));
         }
         let inner = &self.inner;
-        inner.capacity.store(bytes, Ordering::Relaxed);
+        {
+            let _between_steps = inner.eviction_step.lock();
+            inner.capacity.store(bytes, Ordering::Relaxed);
+        }
         if inner.ssd.is_none() {
-            inner.make_room(inner.budget(), usize::MAX);
+            inner.make_room(|| inner.budget(), usize::MAX);
         } else {
             inner.wake_flusher();
         }
@@ -65,7 +68,7 @@ impl Inner {
             return;
         }
         if self.ssd.is_none() {
-            self.make_room(capacity, 64);
+            self.make_room(|| self.budget(), 64);
             return;
         }
         self.wake_flusher();
@@ -123,17 +126,21 @@ impl Inner {
     /// nothing while the lower tiers' indexes hold more than 1/8 of the budget, or those
     /// indexes take more than half of it, the SSD tier gives up a super-leaf and BT_LO its
     /// oldest extent: their descriptors live in DRAM too. With `evictions` off, nothing.
-    pub(super) fn make_room(&self, target: i64, attempts: usize) -> bool {
+    /// `target` is asked again at every step, under `eviction_step`: `set_dram_capacity`
+    /// may raise the budget while the flusher is part way down to the old one, and what
+    /// it evicted past the new one would be lost for nothing.
+    pub(super) fn make_room(&self, target: impl Fn() -> i64, attempts: usize) -> bool {
         /// DRAM evictions in a row that free nothing before the indexes are shrunk.
         const FUTILE: usize = 8;
         let used = || self.memory.snapshot().total();
         if !self.config.evictions {
-            return used() <= target;
+            return used() <= target();
         }
         let mut futile_runs = 0;
         for _ in 0..attempts {
+            let _step = self.eviction_step.lock();
             let before = used();
-            if before <= target || self.shutdown.load(Ordering::Relaxed) {
+            if before <= target() || self.shutdown.load(Ordering::Relaxed) {
                 return true;
             }
             let index = self.lower_index_bytes();
@@ -150,7 +157,7 @@ impl Inner {
             // Writers held back by `relieve_pressure` may go on as soon as there is room.
             self.flushed.1.notify_all();
         }
-        used() <= target
+        used() <= target()
     }
 
     pub(super) fn capacity(&self) -> u64 {
@@ -176,7 +183,7 @@ impl Inner {
         };
         governor.step(rss);
         if self.ssd.is_none() {
-            self.make_room(self.budget(), 1024);
+            self.make_room(|| self.budget(), 1024);
         }
     }
 
