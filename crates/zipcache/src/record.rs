@@ -423,6 +423,31 @@ fn parse_blob_header(blob: &[u8]) -> Option<(u8, u8, Meta, usize, usize)> {
     Some((bits, dictionary, meta, len, r.pos))
 }
 
+/// A blob of the same value with metadata `meta`: the header written anew, the data
+/// (compressed or not) copied as it is, so a change of metadata alone (a TTL set, a
+/// touch) costs a copy rather than a compression. Handed to `keep` as in
+/// `encode_blob_with`; `None` if `blob` is malformed.
+pub fn reheader_blob_with<R>(blob: &[u8], meta: &Meta, keep: impl FnOnce(&[u8]) -> R) -> Option<R> {
+    let (bits, dictionary, _, len, start) = parse_blob_header(blob)?;
+    SCRATCH.with_borrow_mut(|(_, out)| {
+        out.clear();
+        out.push(meta.bits() | (bits & BLOB_CODEC));
+        if dictionary != 0 {
+            out.push(dictionary);
+        }
+        meta.encode(out, CasBase::default());
+        put_varint(out, len as u64);
+        out.extend_from_slice(&blob[start..]);
+        Some(keep(out))
+    })
+}
+
+/// A blob's data: its value as stored (compressed or not), after the header.
+#[cfg(test)]
+pub fn blob_data(blob: &[u8]) -> Option<&[u8]> {
+    parse_blob_header(blob).map(|(.., start)| &blob[start..])
+}
+
 /// `encode_blob_with`, the blob in a `Vec`.
 #[cfg(test)]
 pub fn encode_blob(value: &[u8], meta: &Meta, dictionary: Option<&Dictionary>) -> Vec<u8> {
@@ -739,6 +764,47 @@ mod tests {
                 assert_eq!(blob_header(&blob), Some((meta, value.len())));
             }
         }
+    }
+
+    /// Re-headed, a blob decodes to the same value with the new metadata, whichever way
+    /// it was stored (raw, LZ4, a dictionary), and its data is the same bytes.
+    #[test]
+    fn a_blob_reheadered_keeps_its_data_and_takes_the_new_metadata() {
+        use crate::dictionary::tests::{documents, trained};
+        let dictionary = trained(1, 0, Default::default());
+        let document = documents(0, 7, 700);
+        let noise: Vec<u8> = (0..700u32)
+            .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+            .collect();
+        let old = Meta {
+            expires_at_ms: Some(5_000),
+            flags: 7,
+            ..Meta::default()
+        };
+        let new = Meta {
+            expires_at_ms: Some(90_000_000),
+            collection: true,
+            cas: 41,
+            ..Meta::default()
+        };
+        for (value, with) in [
+            (&document, Some(&*dictionary)),
+            (&document, None),
+            (&noise, None),
+        ] {
+            let blob = encode_blob(value, &old, with);
+            assert_eq!(blob_dictionary(&blob) != Some(0), with.is_some());
+            let again = reheader_blob_with(&blob, &new, <[u8]>::to_vec).expect("well formed");
+            assert_eq!(decode_blob(&again, with), Some((value.clone(), new)));
+            assert_eq!(again[BITS] & BLOB_CODEC, blob[BITS] & BLOB_CODEC);
+            assert_eq!(blob_dictionary(&again), blob_dictionary(&blob));
+            assert_eq!(
+                blob_data(&again),
+                blob_data(&blob),
+                "the data is copied, not compressed again"
+            );
+        }
+        assert_eq!(reheader_blob_with(&[0xff], &new, <[u8]>::to_vec), None);
     }
 
     #[test]

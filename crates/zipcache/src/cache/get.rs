@@ -9,7 +9,7 @@ use zipcache_device::{AlignedBuf, BlockDevice, ReadFuture};
 
 use super::{Inner, OpCounters, ZipCache};
 use crate::async_get::AsyncGet;
-use crate::dram::Lookup;
+use crate::dram::{Change, Lookup};
 use crate::large_objects::{LoFinished, LoRead};
 use crate::record::Meta;
 use crate::ssd::{Finished, PlannedRead, SsdHit, SsdTier};
@@ -408,7 +408,7 @@ impl Inner {
             let fresh = current == Lookup::Absent
                 && ssd.still_current(&hit.proof)
                 && self.lower_tiers_current(epoch);
-            let change = fresh.then_some(Some((
+            let change = fresh.then_some(Change::Put((
                 hit.value,
                 Meta {
                     clean: true,

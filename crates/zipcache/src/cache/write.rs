@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use super::get::item_of;
 use super::{Inner, ZipCache};
-use crate::dram::Stored;
+use crate::dram::Change;
 use crate::dram::{Lookup, Reclaimed};
 use crate::large_objects::{LargeEntry, LargeObjects};
 use crate::record::{ASSIGN_CAS, Meta};
@@ -201,9 +201,8 @@ impl ZipCache {
     }
 }
 
-/// What a read-modify-write leaves in DRAM (`DramTier::modify`): nothing, a tombstone,
-/// or an object.
-type DramChange = Option<Option<Stored>>;
+/// What a read-modify-write leaves in DRAM (`DramTier::modify`), if anything.
+type DramChange = Option<Change>;
 
 /// Whether a read-modify-write reads a large object's value from its extent.
 enum ValueRead {
@@ -285,7 +284,7 @@ impl Inner {
                         self.dram.mark_newer(key);
                         lo.remove(key);
                     }
-                    (Some(None), Ok((result, None)))
+                    (Some(Change::Delete), Ok((result, None)))
                 }
                 // A touch keeps the object's type: its collection mark, whatever the
                 // options say (a large object has none).
@@ -299,7 +298,7 @@ impl Inner {
                     lo.set_meta(key, meta);
                     // A new version given out is recorded, so that it is never given
                     // again, as for a large put (a DRAM tombstone); a kept one needs none.
-                    let change = (meta.cas == cas).then_some(None);
+                    let change = (meta.cas == cas).then_some(Change::Delete);
                     (change, Ok((result, Some(meta.cas))))
                 }
                 (Update::SetMeta(options), Some(found)) => {
@@ -307,7 +306,14 @@ impl Inner {
                         collection: found.item.collection,
                         ..options
                     };
-                    self.put_in_modify(key, found.item.value, options, cas, result)
+                    // The same value: a medium one's blob is re-headed, not compressed again.
+                    let (change, outcome) =
+                        self.put_in_modify(key, found.item.value, options, cas, result);
+                    let change = change.map(|change| match change {
+                        Change::Put(stored) => Change::Redate(stored),
+                        other => other,
+                    });
+                    (change, outcome)
                 }
                 (Update::Put { value, options }, _) => {
                     self.put_in_modify(key, value, options, cas, result)
@@ -378,13 +384,13 @@ impl Inner {
         let change = match self.large_for(key, &value) {
             Some(lo) => {
                 lo.put(key, &value, meta);
-                None
+                Change::Delete
             }
             None => {
                 if let Some(lo) = &self.large {
                     lo.remove(key);
                 }
-                Some((value, meta, options.access))
+                Change::Put((value, meta, options.access))
             }
         };
         (Some(change), Ok((result, Some(meta.cas))))

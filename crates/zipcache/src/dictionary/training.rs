@@ -355,6 +355,12 @@ impl<K: Kind> Trainer<K> {
         self.current.store(dictionary);
     }
 
+    /// Values offered since the last training started.
+    #[cfg(test)]
+    pub fn offered(&self) -> u64 {
+        self.reservoir.lock().seen
+    }
+
     /// What the reservoir's samples are charged.
     #[cfg(test)]
     pub fn sample_charge(&self) -> i64 {

@@ -63,7 +63,7 @@ mod tests {
     use super::super::test_support::*;
     use super::*;
     use crate::btree::Fence;
-    use crate::dram::Lookup;
+    use crate::dram::{Change, Lookup};
     use crate::record::{ASSIGN_CAS, Meta};
 
     /// Every new CAS version of a key is above every version handed out for it before,
@@ -95,7 +95,7 @@ mod tests {
                 }
                 1 => Some(dram.modify(&key, now, |_, cas| {
                     (
-                        Some(Some((value.clone(), assign.assigning(cas), None))),
+                        Some(Change::Put((value.clone(), assign.assigning(cas), None))),
                         cas,
                     )
                 })),
@@ -136,7 +136,7 @@ mod tests {
                                 clean: true,
                                 ..o.meta
                             };
-                            Some((o.value.clone().unwrap(), meta, None))
+                            Change::Put((o.value.clone().unwrap(), meta, None))
                         });
                         (change, ())
                     });

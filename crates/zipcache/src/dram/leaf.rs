@@ -390,10 +390,84 @@ impl DramTier {
 
 #[cfg(test)]
 mod tests {
-    use super::super::DramSettings;
     use super::super::test_support::*;
+    use super::super::{Change, DramSettings, Lookup};
     use super::*;
-    use crate::record::Meta;
+    use crate::record::{Meta, Payload};
+
+    /// The data of the blob `key`'s newest DRAM version names, if it is a medium one.
+    fn blob_data_of(dram: &DramTier, key: &[u8]) -> Option<Vec<u8>> {
+        dram.read_leaf(key, |leaf, st| {
+            let slot = dram
+                .with_record(leaf, st, key, |r| match r?.payload {
+                    Payload::Medium(slot) => Some(slot),
+                    _ => None,
+                })
+                .flatten()?;
+            let blob = st.blobs().get(usize::from(slot))?.as_deref()?;
+            crate::record::blob_data(blob).map(<[u8]>::to_vec)
+        })
+    }
+
+    /// A change of metadata alone (`Change::Redate`: a TTL set, a touch) keeps a medium
+    /// value's compressed bytes, whether its blob was buffered or in the page: the new
+    /// blob is the old one's data under a new header, and nothing is compressed (the
+    /// value is not offered to the dictionary trainer again, as each blob compressed
+    /// is). The value reads back whole with the new metadata, and the account stays
+    /// exact. A tiny value, inline, is written again as it is.
+    #[test]
+    fn a_redate_keeps_the_compressed_bytes_and_reads_back_whole() {
+        let (dram, memory) = tier_with(settings(256));
+        let value = |i: u32| format!("session {i} of user {i}: cart=apple,pear,plum; ").repeat(40);
+        let keys: Vec<u32> = (0..300).collect();
+        for &i in &keys {
+            let key = key(i);
+            let small = i % 10 == 0;
+            let value = if small {
+                b"tiny".to_vec()
+            } else {
+                value(i).into_bytes()
+            };
+            dram.put_with(&key, Some(&value), Meta::default(), None, 0, |_| ());
+        }
+        let offered = || dram.dictionaries.as_ref().expect("trained").blobs.offered();
+        let medium = keys.iter().filter(|&&i| i % 10 != 0).count() as u64;
+        assert_eq!(offered(), medium, "each blob compressed is offered");
+        for (round, merged) in [(1u64, false), (2, true), (3, true)] {
+            if merged {
+                dram.merge_all(0);
+            }
+            for &i in &keys {
+                let key = key(i);
+                let before = blob_data_of(&dram, &key);
+                assert_eq!(before.is_some(), i % 10 != 0, "key {i}");
+                let expires = Some(1_000_000 * round + u64::from(i));
+                dram.modify(&key, 0, |current, _| {
+                    let Lookup::Found(value, meta, access) = current else {
+                        panic!("key {i}: {current:?}");
+                    };
+                    let meta = Meta {
+                        expires_at_ms: expires,
+                        ..meta
+                    };
+                    (Some(Change::Redate((value, meta, access))), ())
+                });
+                assert_eq!(blob_data_of(&dram, &key), before, "key {i}, round {round}");
+                let Lookup::Found(value_after, meta, _) = dram.get(&key, 0, true) else {
+                    panic!("key {i} lost");
+                };
+                let expected = if i % 10 == 0 {
+                    b"tiny".to_vec()
+                } else {
+                    value(i).into_bytes()
+                };
+                assert_eq!(value_after, expected, "key {i}");
+                assert_eq!(meta.expires_at_ms, expires, "key {i}");
+            }
+            assert_eq!(recount(&dram), memory.snapshot(), "round {round}");
+            assert_eq!(offered(), medium, "round {round}: nothing compressed again");
+        }
+    }
 
     /// A leaf costs a 40-byte slot; with the tree's entry (a 4-byte id, its fence's
     /// distinct bytes and a 2-byte offset) and its share of the inner nodes it stays

@@ -67,11 +67,12 @@ use crate::dictionary::page::PageDictionary;
 use crate::dictionary::training::TrainingSettings;
 use crate::eviction::EvictionListener;
 use crate::memory::Memory;
-use crate::record::{ASSIGN_CAS, Meta, Payload, Record, blob_dictionary, decode_blob};
+use crate::record::{
+    ASSIGN_CAS, Meta, Payload, Record, blob_dictionary, decode_blob, reheader_blob_with,
+};
 use crate::restart::shadow::{MayBeOnFlash, Shadow};
 use crate::subpage_hash::dram_subpage;
 use access::{AccessClock, fingerprint};
-#[cfg(test)]
 use block::Block;
 use bypass::Bypass;
 use leaf::{DramLeaf, Extras, LeafState, MERGE_QUEUED, UNKNOWN, WRITTEN, blob_bytes};
@@ -194,6 +195,18 @@ fn reach<'v>(view: &'v View<DramLeaf>, id: &'v LeafId) -> Option<&'v DramLeaf> {
 
 /// A value `modify` stores: value, metadata and the access state it starts with.
 pub type Stored = (Vec<u8>, Meta, Option<AccessState>);
+
+/// What `modify` writes.
+pub enum Change {
+    /// A value.
+    Put(Stored),
+    /// The value `modify` found, with new metadata (a TTL set, a touch): a medium value's
+    /// blob keeps its compressed bytes under a new header rather than being compressed
+    /// again (`record::reheader_blob_with`).
+    Redate(Stored),
+    /// A tombstone.
+    Delete,
+}
 
 /// One key of a scan: its newest DRAM version, `None` for a tombstone or an expired value
 /// (which hide older versions in lower tiers).
@@ -465,7 +478,7 @@ impl DramTier {
                 }
             };
             // Marked above, where it needs a mark.
-            self.append_marked(id, leaf, st, &record, access, now_ms);
+            self.append_marked(id, leaf, st, &record, access, now_ms, None);
             result
         })
     }
@@ -497,30 +510,23 @@ impl DramTier {
 
     /// Atomic read-modify-write of one key: `decide` sees what DRAM holds (a hit's
     /// access state as it is, not marked) and the CAS version a put would take, and
-    /// returns the change to make (`Some(Some(value, meta, access))` put, as `put_with`
-    /// does, `Some(None)` delete, `None` nothing). The leaf stays locked throughout, so
-    /// no other write to the key interleaves.
+    /// returns the change to make, if any. The leaf stays locked throughout, so no other
+    /// write to the key interleaves.
     pub fn modify<R>(
         &self,
         key: &[u8],
         now_ms: u64,
-        decide: impl FnOnce(Lookup, u64) -> (Option<Option<Stored>>, R),
+        decide: impl FnOnce(Lookup, u64) -> (Option<Change>, R),
     ) -> R {
         self.write_leaf(key, |id, leaf, st| {
             let current = self.lookup_locked(leaf, st, key, now_ms, true);
             let cas = self.next_cas(st);
             let (change, result) = decide(current, cas);
-            match change {
-                None => {}
-                Some(Some((value, meta, access))) => {
-                    let record = Record {
-                        key,
-                        payload: Payload::Inline(&value),
-                        meta: meta.assigning(cas),
-                    };
-                    self.append_locked(id, leaf, st, &record, access, now_ms);
-                }
-                Some(None) => {
+            let (value, meta, access, redate) = match change {
+                None => return result,
+                Some(Change::Put((value, meta, access))) => (value, meta, access, false),
+                Some(Change::Redate((value, meta, access))) => (value, meta, access, true),
+                Some(Change::Delete) => {
                     // `decide` may have given the version to a large object.
                     self.raise_cas_floor(cas);
                     let record = Record {
@@ -529,10 +535,44 @@ impl DramTier {
                         meta: Meta::default(),
                     };
                     self.append_locked(id, leaf, st, &record, None, now_ms);
+                    return result;
                 }
+            };
+            let record = Record {
+                key,
+                payload: Payload::Inline(&value),
+                meta: meta.assigning(cas),
+            };
+            let blob = redate
+                .then(|| self.reheadered_blob(leaf, st, key, &record.meta))
+                .flatten();
+            // A clean copy (a promotion) is the flash version itself: nothing to hide.
+            if !record.meta.clean {
+                self.mark_newer(key);
             }
+            self.append_marked(id, leaf, st, &record, access, now_ms, blob);
             result
         })
+    }
+
+    /// The blob of `key`'s newest version in a locked leaf with `meta` for its header;
+    /// `None` if that version is not a medium object's blob (the value is then
+    /// compressed again).
+    fn reheadered_blob(
+        &self,
+        leaf: &DramLeaf,
+        st: &LeafState,
+        key: &[u8],
+        meta: &Meta,
+    ) -> Option<Block> {
+        let slot = self
+            .with_record(leaf, st, key, |r| match r?.payload {
+                Payload::Medium(slot) => Some(slot),
+                Payload::Inline(_) | Payload::Tombstone => None,
+            })
+            .flatten()?;
+        let blob = st.blobs().get(usize::from(slot))?.as_deref()?;
+        reheader_blob_with(blob, meta, Block::new)
     }
 
     /// Records in the shadow table (`restart/shadow.rs`) that `key`'s flash versions, if
@@ -562,10 +602,13 @@ impl DramTier {
         if !record.meta.clean {
             self.mark_newer(record.key);
         }
-        self.append_marked(id, leaf, st, record, access, now_ms);
+        self.append_marked(id, leaf, st, record, access, now_ms, None);
     }
 
-    /// `append_locked` for a write whose key the caller has marked already.
+    /// `append_locked` for a write whose key the caller has marked already; a medium
+    /// value takes `blob` if one is given (made already: `reheadered_blob`), else is
+    /// compressed into one.
+    #[allow(clippy::too_many_arguments)]
     fn append_marked(
         &self,
         id: LeafId,
@@ -574,6 +617,7 @@ impl DramTier {
         record: &Record<'_>,
         access: Option<AccessState>,
         now_ms: u64,
+        blob: Option<Block>,
     ) {
         leaf.touch();
         if !leaf.has(WRITTEN) {
@@ -590,7 +634,7 @@ impl DramTier {
             let blob = match record.payload {
                 // may compress: a medium value goes into its blob now, once
                 Payload::Inline(value) => {
-                    self.buffered_blob(extras, record.key, value, &record.meta)
+                    self.buffered_blob(extras, record.key, value, &record.meta, blob)
                 }
                 Payload::Medium(_) | Payload::Tombstone => None,
             };
@@ -637,14 +681,16 @@ impl DramTier {
     /// for the buffered record (the merges that follow take the blob as it is), whether
     /// that dictionary is no longer the current one, and the blob's `blob_bytes`. `None`
     /// for a tiny value, or if the table is full (the merge compresses the value then).
+    /// A blob `made` already (the leaf's own, re-headed) is taken as it is.
     fn buffered_blob(
         &self,
         extras: &mut Extras,
         key: &[u8],
         value: &[u8],
         meta: &Meta,
+        made: Option<Block>,
     ) -> Option<(u16, bool, usize)> {
-        if !self.is_medium(key, value) {
+        if made.is_none() && !self.is_medium(key, value) {
             return None;
         }
         let slot = extras.next_blob_slot()?;
@@ -653,11 +699,15 @@ impl DramTier {
             (Some(held), Some(current)) => !Arc::ptr_eq(held, current),
             _ => false,
         };
-        let dictionary = extras.dictionary.clone().or(current);
-        let blob = self.blob_of(value, meta, dictionary.as_deref());
-        if blob_dictionary(&blob).is_some_and(|id| id != 0) {
-            extras.dictionary = dictionary;
-        }
+        // A re-headed blob names the dictionary the leaf holds, or none.
+        let blob = made.unwrap_or_else(|| {
+            let dictionary = extras.dictionary.clone().or(current);
+            let blob = self.blob_of(value, meta, dictionary.as_deref());
+            if blob_dictionary(&blob).is_some_and(|id| id != 0) {
+                extras.dictionary = dictionary;
+            }
+            blob
+        });
         let bytes = blob_bytes([&blob]);
         extras.push_blob(blob);
         Some((slot, stale, bytes))
