@@ -345,6 +345,11 @@ impl DramTier {
             if !peek {
                 leaf.touch();
             }
+            // A GET's look through the buffer is what a bigger one costs (`next_level`);
+            // a write's own look, under the write lock, is part of the write.
+            if let Some(extras) = st.extras.as_ref().filter(|e| !e.buffer.is_empty()) {
+                extras.count_read();
+            }
             self.lookup_locked(leaf, st, key, now_ms, peek)
         });
         if let Some(counters) = counters {
@@ -425,11 +430,10 @@ impl DramTier {
         key: &[u8],
         f: impl FnOnce(Option<Record<'_>>) -> R,
     ) -> Option<R> {
-        if let Some(extras) = st.extras.as_ref().filter(|e| !e.buffer.is_empty()) {
-            extras.count_read();
-            if let Some(r) = extras.buffer.find(key) {
-                return Some(f(Some(r)));
-            }
+        if let Some(extras) = st.extras.as_ref().filter(|e| !e.buffer.is_empty())
+            && let Some(r) = extras.buffer.find(key)
+        {
+            return Some(f(Some(r)));
         }
         self.with_page_record(leaf, st, key, f)
     }
@@ -1070,6 +1074,27 @@ mod buffer_tests {
         for i in 0..8 {
             let found = matches!(dram.get(&key(i), 0, false), Lookup::Found(..));
             assert!(found, "key {i}");
+        }
+    }
+
+    /// A hash command reads its header (a GET) and then writes under the leaf lock
+    /// (`modify`, which looks for the key again): that look is part of the write, not a
+    /// read, so a leaf written so grows its buffer as a leaf only written does. It once
+    /// counted as a read, and session stores' leaves merged at the first limit forever.
+    #[test]
+    fn a_leaf_written_by_read_modify_writes_grows_its_buffer() {
+        let (dram, _) = medium_tier(256);
+        let mut written = 0u32;
+        while level_of(&dram, &key(0)) < MAX_LEVEL {
+            let k = key(written % 8);
+            dram.get(&k, 0, false);
+            let value = medium(written);
+            dram.modify(&k, 0, |_, _| {
+                (Some(Change::Put((value, Meta::default(), None))), ())
+            });
+            written += 1;
+            let level = level_of(&dram, &key(0));
+            assert!(written < 10_000, "stuck at level {level}");
         }
     }
 
