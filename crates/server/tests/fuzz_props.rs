@@ -202,6 +202,7 @@ const RESP_SEEDS: &[&[u8]] = &[
     b"HSCAN h 0 MATCH * COUNT 1\r\nHSCAN h 99 COUNT 1 NOVALUES\r\nTYPE h\r\nSCAN 0 TYPE hash\r\n",
     b"HPERSIST h FIELDS 1 a\r\nHTTL h FIELDS 2 a z\r\nHEXPIRE h -1 FIELDS 1 a\r\nHEXPIRE h 10 FIELDS 2 a\r\n",
     b"HGETDEL h FIELDS 1 a\r\nHSETEX h FNX KEEPTTL FIELDS 1 q w\r\nHGETEX h PERSIST FIELDS 1 q\r\n",
+    b"HSET h a 1\r\nRENAME h g\r\nRENAMENX g k\r\nRENAME nokey x\r\nHGETALL g\r\nRENAME k k\r\n",
 ];
 
 /// RESP requests whose replies depend on when they run (a 10 ms expiry, expiry times

@@ -37,8 +37,11 @@ mod elements;
 mod format;
 #[cfg(test)]
 mod model_tests;
+mod rename;
 #[cfg(test)]
 mod tests;
+
+pub use rename::Renamed;
 
 use std::collections::{BTreeMap, HashMap};
 use std::hash::BuildHasher;
@@ -369,9 +372,12 @@ impl Default for Hashes {
 }
 
 impl Hashes {
+    fn stripe(&self, key: &[u8]) -> usize {
+        self.hasher.hash_one(key) as usize % STRIPES
+    }
+
     fn lock(&self, key: &[u8]) -> MutexGuard<'_, ()> {
-        let stripe = self.hasher.hash_one(key) as usize % STRIPES;
-        self.stripes[stripe].lock()
+        self.stripes[self.stripe(key)].lock()
     }
 
     fn new_id(&self, keys: &Keyspace) -> HashId {
@@ -1031,22 +1037,29 @@ impl Hashes {
             Deleting::Deleted => Ok(true),
             Deleting::Hash => {
                 let _locked = self.lock(key);
-                let read = match self.header(keys, key) {
-                    Ok(Some(read)) => read,
-                    // Replaced by a string meanwhile: DEL deletes whatever is there.
-                    Ok(None) | Err(HashError::WrongType) => {
-                        return keys.delete(key).map_err(Into::into);
-                    }
-                    Err(error) => return Err(error),
-                };
-                if self.commit(keys, key, Some(&read.bytes), None)?
-                    && let Layout::Elements(header) = read.layout
-                {
-                    elements::delete_all(keys, header.id)?;
-                }
-                Ok(true)
+                self.delete_hash_locked(keys, key)
             }
         }
+    }
+
+    /// `delete_key` of a key found holding a hash, its stripe lock held: its header, then
+    /// its elements (whatever replaced it meanwhile is deleted instead). Whether the key
+    /// held anything.
+    fn delete_hash_locked(&self, keys: &Keyspace, key: &[u8]) -> Result<bool> {
+        let read = match self.header(keys, key) {
+            Ok(Some(read)) => read,
+            // Replaced by a string meanwhile: DEL deletes whatever is there.
+            Ok(None) | Err(HashError::WrongType) => {
+                return keys.delete(key).map_err(Into::into);
+            }
+            Err(error) => return Err(error),
+        };
+        if self.commit(keys, key, Some(&read.bytes), None)?
+            && let Layout::Elements(header) = read.layout
+        {
+            elements::delete_all(keys, header.id)?;
+        }
+        Ok(true)
     }
 }
 

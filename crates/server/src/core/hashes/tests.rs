@@ -339,3 +339,111 @@ fn a_command_of_a_great_many_fields_counts_each_once() {
     assert_eq!(hashes.delete_fields(&keys, b"h", &all).unwrap(), 100_000);
     assert_eq!(keys.info(b"h").unwrap(), None);
 }
+
+/// RENAME of a large hash copies its elements under a new id: the destination holds
+/// every field, the source's elements are gone with it, and neither key's later writes
+/// show through the other. A packed hash and a string move as their bytes, with their
+/// expiry; the destination's own elements go.
+#[test]
+fn a_renamed_hash_shares_no_fields_with_its_old_key() {
+    let keys = keyspace(8 << 20);
+    let hashes = Hashes::default();
+    grown(&hashes, &keys, b"big", 200);
+    let old = elements_header(&hashes, &keys, b"big");
+    grown(&hashes, &keys, b"target", 150);
+    let replaced = elements_header(&hashes, &keys, b"target");
+    assert_eq!(
+        hashes.rename(&keys, b"big", b"target", false).unwrap(),
+        Renamed::Done
+    );
+    let new = elements_header(&hashes, &keys, b"target");
+    assert_ne!(new.id, old.id);
+    assert_eq!((new.elements, new.volatile), (old.elements, old.volatile));
+    assert_eq!(keys.info(b"big").unwrap(), None);
+    let all = keys.engine().scan_keys::<&[u8]>(.., 10_000).unwrap();
+    assert_eq!(
+        all.len(),
+        1 + 200,
+        "the source's and the replaced hash's elements are deleted"
+    );
+    for gone in [old.id, replaced.id] {
+        let (start, end) = format::element_range(gone);
+        let left = keys
+            .engine()
+            .scan_keys::<&[u8]>(start.as_slice()..end.as_slice(), 10)
+            .unwrap();
+        assert!(left.is_empty(), "{gone:?}: {} left", left.len());
+    }
+    hashes
+        .set(&keys, b"big", &[b"f001", b"new"], false)
+        .unwrap();
+    hashes
+        .set(&keys, b"target", &[b"f002", b"changed"], false)
+        .unwrap();
+    let get = |key: &[u8], field: &[u8]| {
+        hashes
+            .get(&keys, key, &[field], usize::MAX)
+            .unwrap()
+            .unwrap()[0]
+            .clone()
+    };
+    assert_eq!(get(b"target", b"f001"), Some(b"v".to_vec()));
+    assert_eq!(get(b"big", b"f002"), None);
+    assert_eq!(hashes.len(&keys, b"target").unwrap(), 200);
+    assert_eq!(hashes.len(&keys, b"big").unwrap(), 1);
+
+    // A packed hash and a string, with their expiry; RENAMENX onto a key refuses.
+    let later = keys.engine().now_ms() + 60_000;
+    hashes.set(&keys, b"small", &[b"a", b"1"], false).unwrap();
+    let expiring = PutOptions {
+        expires_at_ms: Some(later),
+        ..PutOptions::default()
+    };
+    keys.put_with(b"s", b"text", expiring).unwrap();
+    assert_eq!(
+        hashes.rename(&keys, b"small", b"s", true).unwrap(),
+        Renamed::DestinationExists
+    );
+    assert_eq!(
+        hashes.rename(&keys, b"s", b"t", true).unwrap(),
+        Renamed::Done
+    );
+    let moved = keys.get_item(b"t", GetOptions::default()).unwrap().unwrap();
+    assert_eq!(
+        (moved.value.as_slice(), moved.expires_at_ms),
+        (&b"text"[..], Some(later))
+    );
+    assert_eq!(
+        hashes.rename(&keys, b"small", b"t", false).unwrap(),
+        Renamed::Done
+    );
+    assert_eq!(get(b"t", b"a"), Some(b"1".to_vec()));
+    assert_eq!(keys.info(b"small").unwrap(), None);
+    assert_eq!(
+        hashes.rename(&keys, b"small", b"x", false).unwrap(),
+        Renamed::NoSuchKey
+    );
+}
+
+/// A large hash that lost an element is dropped by RENAME, which answers as for a
+/// missing key: the copy is deleted again and the destination keeps what it held.
+#[test]
+fn a_partial_hash_is_not_renamed() {
+    let keys = keyspace(8 << 20);
+    let hashes = Hashes::default();
+    grown(&hashes, &keys, b"h", 200);
+    keys.put_with(b"d", b"kept", PutOptions::default()).unwrap();
+    let header = elements_header(&hashes, &keys, b"h");
+    keys.engine()
+        .delete(&element_key(header.id, b"f123"))
+        .unwrap();
+    assert_eq!(
+        hashes.rename(&keys, b"h", b"d", false).unwrap(),
+        Renamed::NoSuchKey
+    );
+    assert_eq!(keys.info(b"h").unwrap(), None);
+    let all = keys.engine().scan_keys::<&[u8]>(.., 10_000).unwrap();
+    assert_eq!(all.len(), 1, "nothing but `d` is left");
+    let kept = keys.get_item(b"d", GetOptions::default()).unwrap().unwrap();
+    assert_eq!(kept.value, b"kept");
+}

@@ -1,5 +1,6 @@
-//! Keyspace commands: DEL UNLINK EXISTS TYPE SCAN KEYS ZCRANGE DBSIZE FLUSHALL FLUSHDB.
-//! They name strings and hashes alike (`core/hashes.rs`): DEL takes a hash's elements.
+//! Keyspace commands: DEL UNLINK EXISTS TYPE RENAME RENAMENX SCAN KEYS ZCRANGE DBSIZE
+//! FLUSHALL FLUSHDB. They name strings and hashes alike (`core/hashes/`): DEL takes a
+//! hash's elements, RENAME moves a hash (`core/hashes/rename.rs`).
 //! SCAN, KEYS and ZCRANGE walk the engine's key order: SCAN and KEYS its keys only
 //! (`ZipCache::scan_keys`), ZCRANGE its values within the output budget
 //! (`ZipCache::scan_bytes`).
@@ -11,12 +12,14 @@ use super::{
     keyed, spec,
 };
 use crate::core::cursors;
-use crate::core::hashes::type_name;
+use crate::core::hashes::{Renamed, type_name};
 use crate::core::keyspace::Keyspace;
 use crate::resp::Resp;
 use crate::resp::{Reply, glob};
 use crate::transport::output::OUTPUT_BUDGET;
 
+/// RENAME's source missing, as Redis words it.
+const NO_SUCH_KEY: &str = "ERR no such key";
 /// A cursor that no scan handed out (or one forgotten), as Redis words a bad one.
 pub(super) const INVALID_CURSOR: &str = "ERR invalid cursor";
 /// Default and largest `LIMIT` of `ZCRANGE`.
@@ -45,6 +48,8 @@ pub const COMMANDS: &[Spec] = &[
     keyed("type", 2, READS_ONE, |a| {
         Ok(KeyCommand::Type { key: a.next()? }.into())
     }),
+    keyed("rename", 3, WRITES_ALL, |a| rename(a, false)),
+    keyed("renamenx", 3, WRITES_ALL, |a| rename(a, true)),
     spec("scan", -2, scan),
     spec("keys", 2, |a| {
         Ok(KeyCommand::Keys { pattern: a.next()? }.into())
@@ -65,6 +70,12 @@ pub enum KeyCommand<'a> {
     },
     Type {
         key: &'a [u8],
+    },
+    /// RENAME / RENAMENX (`only_new`).
+    Rename {
+        from: &'a [u8],
+        to: &'a [u8],
+        only_new: bool,
     },
     Scan {
         /// 0 starts; any other is a cursor handed out (`core/cursors.rs`).
@@ -91,6 +102,11 @@ impl<'a> From<KeyCommand<'a>> for Command<'a> {
     fn from(command: KeyCommand<'a>) -> Self {
         Command::Keys(command)
     }
+}
+
+fn rename<'a>(args: &mut Args<'a>, only_new: bool) -> Result<Command<'a>> {
+    let (from, to) = (args.next()?, args.next()?);
+    Ok(KeyCommand::Rename { from, to, only_new }.into())
 }
 
 /// SCAN's cursor stands for the last key returned (`core/cursors.rs`), so a scan resumes
@@ -252,6 +268,15 @@ impl KeyCommand<'_> {
                 for (key, value) in &items {
                     out.bulk(key);
                     out.bulk(value);
+                }
+            }
+            KeyCommand::Rename { from, to, only_new } => {
+                // may do I/O: the source's value (a large extent, a hash's elements)
+                match shared.core.hashes.rename(cache, from, to, only_new)? {
+                    Renamed::NoSuchKey => return Err(NO_SUCH_KEY.into()),
+                    Renamed::Done if only_new => out.integer(1),
+                    Renamed::Done => out.simple("OK"),
+                    Renamed::DestinationExists => out.integer(0),
                 }
             }
             KeyCommand::DbSize => out.integer(cache.engine().stats().objects_resident as i64),
