@@ -114,7 +114,8 @@ fn limits_have_clear_errors_and_change_nothing() {
     let long_field = "f".repeat(300);
     let refused = resp(&mut redis, &["HSET", "h", &long_field, "v", "b", "2"]);
     assert!(refused.starts_with("-ERR hash field too long"), "{refused}");
-    let long_value = "v".repeat(3000);
+    // Past the engine's largest value (1 MiB), with the element's own bytes.
+    let long_value = "v".repeat(1 << 20);
     let refused = resp(&mut redis, &["HSET", "h", "b", &long_value]);
     assert!(
         refused.starts_with("-ERR hash field value too long"),
@@ -136,7 +137,11 @@ fn limits_have_clear_errors_and_change_nothing() {
     let grown = "g".repeat(1800);
     assert_eq!(resp(&mut redis, &["HSET", "h", "g", &grown]), ":1");
     assert_eq!(resp(&mut redis, &["HSTRLEN", "h", "g"]), ":1800");
-    assert_eq!(resp(&mut redis, &["HLEN", "h"]), ":2");
+    // A value past `medium_max` is a large object of its own (BT_LO with an SSD tier).
+    let large = "L".repeat(100_000);
+    assert_eq!(resp(&mut redis, &["HSET", "h", "l", &large]), ":1");
+    assert_eq!(resp(&mut redis, &["HSTRLEN", "h", "l"]), ":100000");
+    assert_eq!(resp(&mut redis, &["HLEN", "h"]), ":3");
 }
 
 #[test]
@@ -208,6 +213,30 @@ fn hashes_spill_to_the_ssd_tier_and_come_back_whole_after_a_restart() {
     let cache = Arc::new(ZipCache::open(config.clone()).unwrap());
     let server = TestServer::on(cache.clone());
     let mut redis = Client::connect(server.resp);
+    // Fields past `medium_max`: large objects in BT_LO, which keeps their mark.
+    let document = [
+        ("big", "B".repeat(100_000)),
+        ("mid", "M".repeat(5_000)),
+        ("small", "s".into()),
+    ];
+    let mut args = vec!["HSET".to_string(), "document".to_string()];
+    args.extend(
+        document
+            .iter()
+            .flat_map(|(f, v)| [f.to_string(), v.clone()]),
+    );
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    assert_eq!(resp(&mut redis, &args), ":3");
+    let document_whole = |server: &TestServer| {
+        let mut redis = Client::connect(server.resp);
+        let got = resp(&mut redis, &["HGETALL", "document"]);
+        let want: Vec<String> = document
+            .iter()
+            .flat_map(|(f, v)| [format!("${}|{f}", f.len()), format!("${}|{v}", v.len())])
+            .collect();
+        assert_eq!(got, format!("*6|{}", want.join("|")), "the document hash");
+        assert_eq!(resp(&mut redis, &["TYPE", "document"]), "+hash");
+    };
     for i in 0..hashes {
         let mut args = vec!["HSET".to_string(), format!("session:{i}")];
         for (f, v) in fields(i) {
@@ -220,7 +249,9 @@ fn hashes_spill_to_the_ssd_tier_and_come_back_whole_after_a_restart() {
         cache.stats().ssd_objects > 0,
         "some elements are on the SSD"
     );
+    assert!(cache.stats().large_objects >= 2, "{:?}", cache.stats());
     let before = check(&server);
+    document_whole(&server);
     assert!(
         before * 10 >= (hashes / 7) * 9,
         "{before} whole of {}",
@@ -232,6 +263,7 @@ fn hashes_spill_to_the_ssd_tier_and_come_back_whole_after_a_restart() {
     let cache = Arc::new(ZipCache::open(config).unwrap());
     let server = TestServer::on(cache);
     let after = check(&server);
+    document_whole(&server);
     assert!(
         after * 10 >= before * 9,
         "{after} whole after the restart, {before} before"

@@ -105,10 +105,8 @@ pub struct PutOptions {
     pub access: Option<AccessState>,
     /// The value is a collection's header (a Redis hash's), not a string's bytes: string
     /// commands see the key as holding another type. Kept with the object on every tier
-    /// and reported as [`Item::collection`]. Only a small or medium object can be one: a
-    /// put whose key and value together pass `medium_max` (which would make a large
-    /// object, whose BT_LO entry has no room for the mark) is refused with
-    /// [`Error::ValueTooLarge`], whether or not there is an SSD tier.
+    /// and reported as [`Item::collection`]: a large object's BT_LO entry keeps it as a
+    /// tag (`TAG_COLLECTION`).
     pub collection: bool,
 }
 

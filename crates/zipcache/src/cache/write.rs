@@ -33,7 +33,6 @@ impl ZipCache {
         let inner = &self.inner;
         inner.check_key(key)?;
         inner.check_value(value)?;
-        inner.check_collection(key, value, options.collection)?;
         inner.check_room()?;
         inner.ops.puts.incr();
         let meta = inner.meta(&options);
@@ -286,26 +285,23 @@ impl Inner {
                     }
                     (Some(Change::Delete), Ok((result, None)))
                 }
-                // A touch keeps the object's type: its collection mark, whatever the
-                // options say (a large object has none).
-                (Update::SetMeta(options), Some(found)) if found.large => {
-                    let options = PutOptions {
-                        collection: false,
-                        ..options
-                    };
-                    let meta = self.meta(&options).assigning(cas);
-                    let lo = self.large.as_ref().expect("a large object is in BT_LO");
-                    lo.set_meta(key, meta);
-                    // A new version given out is recorded, so that it is never given
-                    // again, as for a large put (a DRAM tombstone); a kept one needs none.
-                    let change = (meta.cas == cas).then_some(Change::Delete);
-                    (change, Ok((result, Some(meta.cas))))
-                }
                 (Update::SetMeta(options), Some(found)) => {
+                    // A touch keeps the object's type: its collection mark, whatever the
+                    // options say.
                     let options = PutOptions {
                         collection: found.item.collection,
                         ..options
                     };
+                    if found.large {
+                        let meta = self.meta(&options).assigning(cas);
+                        let lo = self.large.as_ref().expect("a large object is in BT_LO");
+                        lo.set_meta(key, meta);
+                        // A new version given out is recorded, so that it is never given
+                        // again, as for a large put (a DRAM tombstone); a kept one needs
+                        // none.
+                        let change = (meta.cas == cas).then_some(Change::Delete);
+                        return (change, Ok((result, Some(meta.cas))));
+                    }
                     // The same value: a medium one's blob is re-headed, not compressed again.
                     let (change, outcome) =
                         self.put_in_modify(key, found.item.value, options, cas, result);
@@ -338,7 +334,7 @@ impl Inner {
                 return Some(Found {
                     item: Item {
                         access: None,
-                        collection: false,
+                        collection: meta.collection,
                         ..before
                     },
                     value_len,
@@ -371,10 +367,7 @@ impl Inner {
         cas: u64,
         result: R,
     ) -> (DramChange, Result<(R, Option<u64>)>) {
-        let checked = self
-            .check_value(&value)
-            .and_then(|()| self.check_collection(key, &value, options.collection))
-            .and_then(|()| self.check_room());
+        let checked = self.check_value(&value).and_then(|()| self.check_room());
         if let Err(e) = checked {
             return (None, Err(e));
         }
@@ -411,19 +404,6 @@ impl Inner {
             return Err(Error::ValueTooLarge {
                 len: value.len(),
                 max: self.config.max_value_size,
-            });
-        }
-        Ok(())
-    }
-
-    /// A collection's header must not make a large object: BT_LO keeps no collection
-    /// mark. Refused whether or not there is an SSD tier, so that the limit a client
-    /// meets does not depend on it.
-    fn check_collection(&self, key: &[u8], value: &[u8], collection: bool) -> Result<()> {
-        if collection && key.len() + value.len() > self.config.medium_max {
-            return Err(Error::ValueTooLarge {
-                len: value.len(),
-                max: self.config.medium_max.saturating_sub(key.len()),
             });
         }
         Ok(())

@@ -91,14 +91,19 @@ pub mod large {
     pub const NEXT_SEQ: U64 = U64(HEAD.end());
     /// Extents that follow, oldest first: key length (u16), key, first block relative to
     /// the region (u64), blocks (u32), value length (u32), sequence number (u64), tags
-    /// (u8: [`TAG_EXPIRY`], [`TAG_CLIENT_CAS`]), expiry (u64), flags (u32), CAS (u64).
+    /// (u8: [`TAG_EXPIRY`], [`TAG_CLIENT_CAS`], [`TAG_COLLECTION`]), expiry (u64), flags
+    /// (u32), CAS (u64).
     pub const COUNT: U32 = U32(NEXT_SEQ.end());
     pub const HEADER: usize = COUNT.end();
 
-    /// An extent's tags: it has an expiry; the client chose its CAS. Other bits are refused.
+    /// An extent's tags: it has an expiry; the client chose its CAS; it is a collection's
+    /// (a hash field's element: `Meta::collection`). Other bits are refused: an engine
+    /// older than a tag refuses the file that carries it (its BT_LO starts empty) rather
+    /// than serve an element as a string.
     pub const TAG_EXPIRY: u8 = 1;
     pub const TAG_CLIENT_CAS: u8 = 1 << 1;
-    pub const TAGS_KNOWN: u8 = TAG_EXPIRY | TAG_CLIENT_CAS;
+    pub const TAG_COLLECTION: u8 = 1 << 2;
+    pub const TAGS_KNOWN: u8 = TAG_EXPIRY | TAG_CLIENT_CAS | TAG_COLLECTION;
 
     /// Version 3 since extents of version 2 (format 5): an index of 2 names extents of
     /// version 1, which are refused, so it is not loaded (the region starts empty).

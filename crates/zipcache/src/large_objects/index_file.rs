@@ -8,7 +8,8 @@ use zipcache_device::BlockDevice;
 
 use super::{Extent, LargeObjects, Log};
 use crate::format::index_file::large::{
-    BLOCKS, COUNT, FILE, HEAD, HEADER, NEXT_SEQ, START, TAG_CLIENT_CAS, TAG_EXPIRY, TAGS_KNOWN,
+    BLOCKS, COUNT, FILE, HEAD, HEADER, NEXT_SEQ, START, TAG_CLIENT_CAS, TAG_COLLECTION, TAG_EXPIRY,
+    TAGS_KNOWN,
 };
 use crate::memory::Memory;
 use crate::record::Meta;
@@ -114,7 +115,8 @@ pub(super) fn encode_meta(out: &mut Vec<u8>, meta: &Meta) {
         0
     };
     let client_cas = if meta.client_cas { TAG_CLIENT_CAS } else { 0 };
-    out.push(expiry | client_cas);
+    let collection = if meta.collection { TAG_COLLECTION } else { 0 };
+    out.push(expiry | client_cas | collection);
     out.extend_from_slice(&meta.expires_at_ms.unwrap_or(0).to_le_bytes());
     out.extend_from_slice(&meta.flags.to_le_bytes());
     out.extend_from_slice(&meta.cas.to_le_bytes());
@@ -126,7 +128,7 @@ pub(super) fn decode_meta(f: &mut Fields<'_>) -> Option<Meta> {
     if tags & !TAGS_KNOWN != 0 {
         return None;
     }
-    let (has_expiry, client_cas) = (tags & TAG_EXPIRY != 0, tags & TAG_CLIENT_CAS != 0);
+    let has_expiry = tags & TAG_EXPIRY != 0;
     let expires_at_ms = f.u64()?;
     let flags = f.u32()?;
     let cas = f.u64()?;
@@ -135,9 +137,8 @@ pub(super) fn decode_meta(f: &mut Fields<'_>) -> Option<Meta> {
         flags,
         cas,
         clean: false,
-        client_cas,
-        // BT_LO keeps no collection mark: the engine refuses a large collection header.
-        collection: false,
+        client_cas: tags & TAG_CLIENT_CAS != 0,
+        collection: tags & TAG_COLLECTION != 0,
     })
 }
 

@@ -197,16 +197,8 @@ impl LargeObjects {
     /// Gives `key`'s large object the metadata `meta` (a touch) in its index entry
     /// alone: the value stays in its extent, unread and unwritten (the extent's header
     /// holds no metadata; a clean close saves the entry's, the crash journal logs it).
-    /// False if BT_LO holds no entry for `key`. No collection mark is kept (`put`).
+    /// False if BT_LO holds no entry for `key`.
     pub fn set_meta(&self, key: &[u8], meta: Meta) -> bool {
-        debug_assert!(
-            !meta.collection,
-            "a large object is never a collection's header"
-        );
-        let meta = Meta {
-            collection: false,
-            ..meta
-        };
         let log = self.log.lock();
         let Some(extent) = self.lookup(key) else {
             return false;

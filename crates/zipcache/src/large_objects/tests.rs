@@ -404,7 +404,7 @@ fn the_index_file_round_trips_and_refuses_damage() {
             cas: 77,
             clean: false,
             client_cas: i % 3 == 0,
-            collection: false,
+            collection: i % 4 == 1,
         };
         assert!(lo.put(format!("key-{i:02}").as_bytes(), &vec![i as u8; 5000], meta));
     }

@@ -15,17 +15,8 @@ use crate::ssd::host_compression::compress_if_smaller;
 impl LargeObjects {
     /// Writes a large object and points BT_LO at it. Returns false if it cannot be kept
     /// (larger than the region, or the device failed); any older large version is then
-    /// removed all the same. BT_LO keeps no collection mark (`Meta::collection`): the
-    /// engine refuses a collection's header that would be large.
+    /// removed all the same.
     pub fn put(&self, key: &[u8], value: &[u8], meta: Meta) -> bool {
-        debug_assert!(
-            !meta.collection,
-            "a large object is never a collection's header"
-        );
-        let meta = Meta {
-            collection: false,
-            ..meta
-        };
         let stored = self.stored_form(value);
         let blocks = (HEADER + key.len() + stored.bytes().len()).div_ceil(BLOCK_SIZE) as u64;
         if blocks > self.blocks / 2 {

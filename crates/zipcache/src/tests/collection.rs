@@ -1,15 +1,14 @@
-//! A collection's header (`PutOptions::collection`, record kind bit 6): the mark is kept
-//! with the object wherever it goes — write buffer, page, medium blob, the SSD tier and
-//! back, a warm restart after a clean close or a crash — and every read reports it; a
-//! touch keeps it, a put sets or clears it, and a header that would be a large object is
-//! refused.
+//! A collection's object (`PutOptions::collection`: record kind bit 6, BT_LO's
+//! `TAG_COLLECTION`): the mark is kept with the object wherever it goes — write buffer,
+//! page, medium blob, BT_LO, the SSD tier and back, a warm restart after a clean close or
+//! a crash — and every read reports it; a touch keeps it, a put sets or clears it.
 
 use std::ops::RangeFull;
 use std::path::{Path, PathBuf};
 
 use super::model::block_on;
 use crate::config::DeviceCompression;
-use crate::{Config, Error, GetOptions, Item, ItemInfo, PutOptions, SsdConfig, Update, ZipCache};
+use crate::{Config, GetOptions, Item, ItemInfo, PutOptions, SsdConfig, Update, ZipCache};
 
 fn header() -> PutOptions {
     PutOptions {
@@ -201,13 +200,20 @@ fn key(i: u32) -> Vec<u8> {
     format!("{i:016}").into_bytes()
 }
 
-/// Every third object is a header; every fifth is medium (a blob in DRAM).
+/// Every third object is a header; every fifth is medium (a blob in DRAM), every
+/// 61st large (in BT_LO).
 fn is_header(i: u32) -> bool {
     i.is_multiple_of(3)
 }
 
 fn value(i: u32) -> Vec<u8> {
-    let len = if i.is_multiple_of(5) { 400 } else { 40 };
+    let len = if i.is_multiple_of(61) {
+        3_000
+    } else if i.is_multiple_of(5) {
+        400
+    } else {
+        40
+    };
     let mut v = format!("value {i} ").into_bytes();
     v.resize(len, b'.');
     v
@@ -333,59 +339,71 @@ fn the_mark_survives_the_ssd_tier_and_restarts() {
     }
 }
 
-/// A header whose key and value would make a large object is refused, by a put and by
-/// an update's put alike, and nothing is stored; one at the limit is kept. With no SSD
-/// tier (no BT_LO) the limit is the same.
+/// A header past `medium_max` is a large object, in BT_LO with an SSD tier (a medium
+/// blob without one), and keeps its mark: every read reports it, a touch keeps it, a
+/// put sets or clears it, and a clean close and warm restart keep it, as the crash
+/// journal does after a crash.
 #[test]
-fn a_header_that_would_be_a_large_object_is_refused() {
+fn a_large_header_keeps_its_mark() {
     let dir = TempDir::new("collection-large");
     for ssd in [true, false] {
-        let cache = if ssd {
-            hybrid(&dir.0, DeviceCompression::Host)
-        } else {
-            ZipCache::open_on(Config::default(), None).unwrap()
+        let open = || match ssd {
+            true => hybrid(&dir.0, DeviceCompression::Host),
+            false => ZipCache::open_on(Config::default(), None).unwrap(),
         };
-        let medium_max = cache.config().medium_max;
+        let cache = open();
         let k = b"big-hash";
-        let max = medium_max - k.len();
-        let refused = |result: crate::Result<u64>| match result {
-            Err(Error::ValueTooLarge { len, max: limit }) => {
-                assert_eq!((len, limit), (max + 1, max))
-            }
-            other => panic!("a large header was not refused: {other:?}"),
-        };
-        refused(cache.put_with(k, &vec![1; max + 1], header()));
-        assert_eq!(cache.get(k).unwrap(), None);
-        assert_eq!(cache.info(k).unwrap(), None);
-        assert!(cache.scan_keys::<&[u8]>(all(), 10).unwrap().is_empty());
-        let put = |len| Update::Put {
-            value: vec![2; len],
-            options: header(),
-        };
-        refused(cache.update(k, |_| (put(max + 1), ())).map(|_| 0));
-        assert_eq!(cache.get(k).unwrap(), None);
-
-        // An update refused leaves the value it would have replaced.
-        cache.put(k, b"string", None).unwrap();
-        refused(cache.update(k, |_| (put(max + 1), ())).map(|_| 0));
-        assert_eq!(cache.get(k).unwrap().as_deref(), Some(&b"string"[..]));
-        assert_eq!(mark(&cache, k), Some(false));
-
-        // At the limit: a medium object, kept with its mark.
-        cache.update(k, |_| (put(max), ())).unwrap();
-        assert_eq!(mark(&cache, k), Some(true));
-        cache.put_with(k, &vec![3; max], header()).unwrap();
-        assert_eq!(mark(&cache, k), Some(true));
-        if ssd {
-            cache.close().unwrap();
+        let values = [cache.config().medium_max - k.len() + 1, 64 << 10].map(|len| vec![1; len]);
+        for value in &values {
+            cache.put_with(k, value, header()).unwrap();
+            assert_eq!(mark(&cache, k), Some(true), "{} bytes", value.len());
+            assert_eq!(cache.get(k).unwrap().as_ref(), Some(value));
         }
+        assert_eq!(cache.stats().large_objects, u64::from(ssd));
+        let touch = |collection| {
+            Update::SetMeta(PutOptions {
+                flags: 8,
+                collection,
+                ..PutOptions::default()
+            })
+        };
+        cache.update_meta(k, |_| (touch(false), ())).unwrap();
+        assert_eq!(mark(&cache, k), Some(true), "a touch keeps the type");
+        assert_eq!(cache.info(k).unwrap().unwrap().flags, 8);
+        let put = |collection| Update::Put {
+            value: vec![2; 64 << 10],
+            options: PutOptions {
+                collection,
+                ..PutOptions::default()
+            },
+        };
+        cache.update(k, |_| (put(false), ())).unwrap();
+        assert_eq!(mark(&cache, k), Some(false));
+        cache.update(k, |_| (put(true), ())).unwrap();
+        assert_eq!(mark(&cache, k), Some(true));
+        if !ssd {
+            continue;
+        }
+        cache.close().unwrap();
+        let cache = open();
+        assert!(cache.warm_started());
+        assert_eq!(mark(&cache, k), Some(true), "after a warm restart");
+        cache
+            .put_with(b"big-string", &values[1], PutOptions::default())
+            .unwrap();
+        cache.crash();
+        let cache = open();
+        assert_eq!(cache.stats().recovery_kind, "crash");
+        assert_eq!(mark(&cache, k), Some(true), "after a crash");
+        assert_eq!(mark(&cache, b"big-string"), Some(false), "after a crash");
+        cache.close().unwrap();
     }
 }
 
-/// A large object is never reported a header: not after a touch that asks for the mark,
+/// A large string is never reported a header: not after a touch that asks for the mark,
 /// nor when the item an `update_read_before` hands in claims it.
 #[test]
-fn a_large_object_never_carries_the_mark() {
+fn a_large_string_never_takes_the_mark() {
     let dir = TempDir::new("collection-large-touch");
     let cache = hybrid(&dir.0, DeviceCompression::Host);
     let k = b"big";

@@ -52,7 +52,7 @@ pub(super) fn write(
         .put_with(&key, &element_value(value, expires_at_ms), options)
     {
         Ok(_) => Ok(()),
-        // An element is never a large object (BT_LO keeps no collection bit).
+        // Past the engine's largest value, with the element's expiry before the value.
         Err(zipcache::Error::ValueTooLarge { max, .. }) => Err(HashError::ValueTooLarge {
             max: max.saturating_sub(1),
         }),

@@ -80,8 +80,8 @@ pub enum HashError {
     FieldTooLong {
         max: usize,
     },
-    /// A field's value longer than an element holds (with its key, the engine's largest
-    /// object short of BT_LO's).
+    /// A field's value longer than an element holds (the engine's `max_value_size`, less
+    /// the element's expiry).
     ValueTooLarge {
         max: usize,
     },

@@ -265,7 +265,7 @@ impl From<HashError> for ErrorReply {
                     .into()
             }
             HashError::ValueTooLarge { max } => format!(
-                "ERR hash field value too long: this cache holds field values of at most {max} bytes with their field's name"
+                "ERR hash field value too long: this cache holds field values of at most {max} bytes"
             )
             .into(),
             HashError::TooManyFields => {
