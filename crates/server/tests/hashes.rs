@@ -127,21 +127,42 @@ fn limits_have_clear_errors_and_change_nothing() {
     let big = "b".repeat(1400);
     assert_eq!(resp(&mut redis, &["HSET", "big", "f", &big]), ":1");
     let mut many = vec!["HMGET", "big"];
-    many.extend(std::iter::repeat_n("f", 1000));
+    many.extend(std::iter::repeat_n("f", 2000));
     assert!(resp(&mut redis, &many).starts_with("-ERR hash reply would pass"));
-    let mut many = vec!["HGETDEL", "big", "FIELDS", "1000"];
-    many.extend(std::iter::repeat_n("f", 1000));
+    let mut many = vec!["HGETDEL", "big", "FIELDS", "2000"];
+    many.extend(std::iter::repeat_n("f", 2000));
     assert!(resp(&mut redis, &many).starts_with("-ERR hash reply would pass"));
     assert_eq!(resp(&mut redis, &["HSTRLEN", "big", "f"]), ":1400");
     // A value that fits an element but not a packed hash makes the hash grow.
     let grown = "g".repeat(1800);
     assert_eq!(resp(&mut redis, &["HSET", "h", "g", &grown]), ":1");
     assert_eq!(resp(&mut redis, &["HSTRLEN", "h", "g"]), ":1800");
-    // A value past `medium_max` is a large object of its own (BT_LO with an SSD tier).
-    let large = "L".repeat(100_000);
+    // A value past `medium_max` is a large object of its own (BT_LO with an SSD tier),
+    // and one past the output budget is read back whole, alone or with a small hash.
+    let large = "L".repeat(300_000);
     assert_eq!(resp(&mut redis, &["HSET", "h", "l", &large]), ":1");
-    assert_eq!(resp(&mut redis, &["HSTRLEN", "h", "l"]), ":100000");
+    assert_eq!(resp(&mut redis, &["HSTRLEN", "h", "l"]), ":300000");
     assert_eq!(resp(&mut redis, &["HLEN", "h"]), ":3");
+    assert_eq!(
+        resp(&mut redis, &["HGET", "h", "l"]),
+        format!("$300000|{large}")
+    );
+    let all = resp(&mut redis, &["HGETALL", "h"]);
+    assert!(
+        all.starts_with("*6|") && all.contains(&large),
+        "{}",
+        &all[..40]
+    );
+    // Five of them pass the reply budget (the output budget and one such value).
+    for f in ["l2", "l3", "l4", "l5"] {
+        assert_eq!(resp(&mut redis, &["HSET", "h", f, &large]), ":1");
+    }
+    let refused = resp(&mut redis, &["HGETALL", "h"]);
+    assert!(
+        refused.starts_with("-ERR hash reply would pass"),
+        "{refused}"
+    );
+    assert_eq!(resp(&mut redis, &["HSTRLEN", "h", "l5"]), ":300000");
 }
 
 #[test]

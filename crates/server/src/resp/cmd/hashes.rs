@@ -18,6 +18,7 @@ use crate::core::hashes::{
     Exists, ExpiryCondition, FieldChange, FieldExpiry, HashError, MAX_FIELDS, NO_EXPIRY, NO_FIELD,
     Part, WRONGTYPE,
 };
+use crate::core::keyspace::Keyspace;
 use crate::resp::{Reply, Resp, glob};
 use crate::transport::output::OUTPUT_BUDGET;
 
@@ -473,7 +474,7 @@ impl HashCommand<'_> {
                 }
             }
             HashCommand::Get { key, fields, reply } => {
-                let values = hashes.get(keys, key, fields, OUTPUT_BUDGET)?;
+                let values = hashes.get(keys, key, fields, reply_budget(keys))?;
                 let value = |i: usize| values.as_ref().and_then(|v| v[i].as_deref());
                 match reply {
                     Get::One => out.maybe_bulk(value(0)),
@@ -488,7 +489,7 @@ impl HashCommand<'_> {
                 }
             }
             HashCommand::All { key, part } => {
-                let pairs = hashes.all(keys, key, part, OUTPUT_BUDGET)?;
+                let pairs = hashes.all(keys, key, part, reply_budget(keys))?;
                 match part {
                     Part::Both => out.map(pairs.len()),
                     Part::Fields | Part::Values => out.array(pairs.len()),
@@ -541,7 +542,8 @@ impl HashCommand<'_> {
                 fields,
                 change,
             } => {
-                let values = hashes.get_and_change(keys, key, fields, change, OUTPUT_BUDGET)?;
+                let values =
+                    hashes.get_and_change(keys, key, fields, change, reply_budget(keys))?;
                 out.array(values.len());
                 for value in &values {
                     out.maybe_bulk(value.as_deref());
@@ -605,7 +607,7 @@ impl HashCommand<'_> {
                 };
                 let part = if values { Part::Both } else { Part::Fields };
                 let (found, next) =
-                    hashes.scan(keys, key, after.as_deref(), count, part, OUTPUT_BUDGET)?;
+                    hashes.scan(keys, key, after.as_deref(), count, part, reply_budget(keys))?;
                 let found: Vec<_> = found
                     .into_iter()
                     .filter(|(field, _)| pattern.is_none_or(|p| glob::matches(p, field)))
@@ -623,12 +625,21 @@ impl HashCommand<'_> {
             }
             HashCommand::Random { key, count, values } => {
                 let part = if values { Part::Both } else { Part::Fields };
-                let all = hashes.all(keys, key, part, OUTPUT_BUDGET)?;
-                random_reply(out, &all, count, values);
+                let budget = reply_budget(keys);
+                let all = hashes.all(keys, key, part, budget)?;
+                random_reply(out, &all, count, values, budget);
             }
         }
         Ok(())
     }
+}
+
+/// What a hash command's reply may hold: the output budget and one more value of the
+/// largest the engine keeps, so that any field that can be written can be read back,
+/// by HGET and in an HGETALL of a hash otherwise small. Past it (a large hash's HGETALL,
+/// a field named over and over) the command is refused rather than held in memory.
+fn reply_budget(keys: &Keyspace) -> usize {
+    OUTPUT_BUDGET + keys.engine().config().max_value_size
 }
 
 fn integers(out: &mut Reply, numbers: &[i64]) {
@@ -641,7 +652,13 @@ fn integers(out: &mut Reply, numbers: &[i64]) {
 /// HRANDFIELD's reply from the hash's `fields`: one field or nil (`count` `None`); up to
 /// `count` distinct fields; or `-count` fields with repeats — with their values as
 /// `[field, value]` pairs in RESP3, flat in RESP2.
-fn random_reply(out: &mut Reply, fields: &[(Vec<u8>, Vec<u8>)], count: Option<i64>, values: bool) {
+fn random_reply(
+    out: &mut Reply,
+    fields: &[(Vec<u8>, Vec<u8>)],
+    count: Option<i64>,
+    values: bool,
+    budget: usize,
+) {
     let Some(count) = count else {
         return match fields.len() {
             0 => out.nil(),
@@ -657,9 +674,9 @@ fn random_reply(out: &mut Reply, fields: &[(Vec<u8>, Vec<u8>)], count: Option<i6
         for _ in 0..count.unsigned_abs() {
             let pair = &fields[random_below(fields.len())];
             bytes += pair.0.len() + pair.1.len() + 2 * super::keys::BULK_OVERHEAD;
-            if bytes > OUTPUT_BUDGET {
+            if bytes > budget {
                 return out.error(&format!(
-                    "ERR HRANDFIELD reply would pass {OUTPUT_BUDGET} bytes (the reply budget)"
+                    "ERR HRANDFIELD reply would pass {budget} bytes (the reply budget)"
                 ));
             }
             picked.push(pair);
