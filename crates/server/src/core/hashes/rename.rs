@@ -68,15 +68,16 @@ impl Hashes {
             }
             None => None,
         };
-        let value = match source_elements {
+        // A large hash's header names its copy; anything else moves as its bytes.
+        let copied = match source_elements {
             Some(header) => match self.copy_elements(keys, header)? {
-                Some(copy) => Layout::Elements(copy).encode(),
+                Some(copy) => Some(Layout::Elements(copy).encode()),
                 None => {
                     self.drop_partial(keys, from, header)?;
                     return Ok(Renamed::NoSuchKey);
                 }
             },
-            None => item.value.clone(),
+            None => None,
         };
         if replaced.is_some_and(|info| info.collection) {
             // may do I/O: a hash's elements
@@ -89,7 +90,7 @@ impl Hashes {
             ..PutOptions::default()
         };
         // may do I/O: a large value's extent; may evict
-        keys.put_with(to, &value, options)?;
+        keys.put_with(to, copied.as_deref().unwrap_or(&item.value), options)?;
         // may do I/O: one SSD block, or a large object's extent
         let (deleted, _) = keys.update(from, |current| match current {
             Some(c) if c.collection == item.collection && c.value == item.value => {
