@@ -32,6 +32,8 @@
 //! write, so a header and its elements change together. String writes take no lock: a
 //! SET over a hash replaces the header in one engine update, and a hash command whose
 //! header was replaced meanwhile (its bytes are no longer the ones it read) starts again.
+//! A write to a packed hash needs no such check: it reads, changes and writes the header
+//! in one engine update (`Hashes::edit_packed`), as a session store's HSET does.
 
 mod elements;
 mod format;
@@ -182,6 +184,52 @@ pub struct Edit {
 }
 
 impl Edit {
+    /// The fields `names` (each once) as `found` reads them, none changed yet.
+    fn of(
+        now_ms: u64,
+        names: &[&[u8]],
+        mut found: impl FnMut(&[u8]) -> Result<Field>,
+    ) -> Result<Edit> {
+        let mut edit = Edit {
+            now_ms,
+            fields: Vec::with_capacity(names.len()),
+            index: HashMap::with_capacity_and_hasher(names.len(), Default::default()),
+        };
+        for &name in names {
+            if edit.position(name).is_some() {
+                continue;
+            }
+            let before = found(name)?;
+            edit.add(Named {
+                name: name.to_vec(),
+                after: before.clone(),
+                before,
+            });
+        }
+        Ok(edit)
+    }
+
+    /// What the command changed: `(name, before, after)` of each field whose value or
+    /// expiry differs from what was read (a dead field met becomes absent). A new field
+    /// longer than `max_field` is refused.
+    fn changes(self, max_field: usize) -> Result<Vec<(Vec<u8>, Field, Field)>> {
+        let mut changes = Vec::new();
+        for field in self.fields {
+            let after = match field.after {
+                Field::Dead { .. } => Field::Absent,
+                after => after,
+            };
+            if after == field.before {
+                continue;
+            }
+            if field.before == Field::Absent && field.name.len() > max_field {
+                return Err(HashError::FieldTooLong { max: max_field });
+            }
+            changes.push((field.name, field.before, after));
+        }
+        Ok(changes)
+    }
+
     fn position(&self, name: &[u8]) -> Option<usize> {
         self.index.get(name).copied()
     }
@@ -347,6 +395,71 @@ fn packed_field(fields: &[Packed], name: &[u8], now_ms: u64) -> Field {
     }
 }
 
+/// A packed hash's fields after a command's changes.
+enum Repacked {
+    Empty,
+    /// The header of the fields packed.
+    Packed(Vec<u8>),
+    /// Too many or too large to pack in `room` bytes: they become elements.
+    Grown(Vec<Packed>),
+}
+
+/// `fields` with `changes` made and the fields expired by `now_ms` dropped, packed if
+/// they fit in `room` bytes.
+fn repack(
+    fields: Vec<Packed>,
+    changes: Vec<(Vec<u8>, Field, Field)>,
+    now_ms: u64,
+    room: usize,
+) -> Repacked {
+    // By name: a command may name a great many fields, each found in log time.
+    let mut by_name: BTreeMap<Vec<u8>, Packed> = fields
+        .into_iter()
+        .filter(|f| f.expires_at_ms.is_none_or(|at| at > now_ms))
+        .map(|f| (f.name.clone(), f))
+        .collect();
+    for (name, _, after) in changes {
+        match after {
+            Field::Live {
+                value,
+                expires_at_ms,
+            } => {
+                let packed = Packed {
+                    name: name.clone(),
+                    value,
+                    expires_at_ms,
+                };
+                by_name.insert(name, packed);
+            }
+            _ => {
+                by_name.remove(&name);
+            }
+        }
+    }
+    let fields: Vec<Packed> = by_name.into_values().collect();
+    if fields.is_empty() {
+        return Repacked::Empty;
+    }
+    let packed = format::packed_bytes(&fields);
+    if fields.len() <= PACKED_MAX_FIELDS && packed.len() <= room {
+        Repacked::Packed(packed)
+    } else {
+        Repacked::Grown(fields)
+    }
+}
+
+/// The engine write of a hash's new header over `current`: the key's expiry is kept.
+fn header_put(header: Vec<u8>, current: Option<&Item>) -> Update {
+    Update::Put {
+        value: header,
+        options: PutOptions {
+            expires_at_ms: current.and_then(|c| c.expires_at_ms),
+            collection: true,
+            ..PutOptions::default()
+        },
+    }
+}
+
 /// What DEL found at a key.
 enum Deleting {
     Nothing,
@@ -385,6 +498,15 @@ impl Hashes {
             epoch: keys.engine().run_epoch(),
             serial: self.serial.fetch_add(1, Ordering::Relaxed),
         }
+    }
+
+    /// The bytes a packed header at `key` may take: it is one medium object.
+    fn packed_room(keys: &Keyspace, key: &[u8]) -> usize {
+        keys.engine()
+            .config()
+            .medium_max
+            .saturating_sub(key.len())
+            .min(PACKED_MAX_BYTES)
     }
 
     /// The longest field a hash may hold: an element's key is the engine's.
@@ -438,14 +560,7 @@ impl Hashes {
             }
             let update = match new {
                 None => Update::Delete,
-                Some(value) => Update::Put {
-                    value,
-                    options: PutOptions {
-                        expires_at_ms: current.and_then(|c| c.expires_at_ms),
-                        collection: true,
-                        ..PutOptions::default()
-                    },
-                },
+                Some(header) => header_put(header, current),
             };
             (update, true)
         })?;
@@ -481,49 +596,28 @@ impl Hashes {
         let max_field = Self::max_field(keys);
         loop {
             let _locked = self.lock(key);
+            // A write to a packed hash (or to none) is one read-modify-write of its
+            // header: the header is not read a second time to check it.
+            if create && let Some(out) = self.edit_packed(keys, key, names, &mut run)? {
+                return Ok(Some(out));
+            }
             let read = self.header(keys, key)?;
             if read.is_none() && !create {
                 return Ok(None);
             }
             let now_ms = keys.engine().now_ms();
-            let mut edit = Edit {
-                now_ms,
-                fields: Vec::with_capacity(names.len()),
-                index: HashMap::with_capacity_and_hasher(names.len(), Default::default()),
-            };
-            for &name in names {
-                if edit.position(name).is_some() {
-                    continue;
-                }
-                let found = match read.as_ref().map(|r| &r.layout) {
+            let mut edit = Edit::of(now_ms, names, |name| {
+                Ok(match read.as_ref().map(|r| &r.layout) {
                     Some(Layout::Packed(fields)) => packed_field(fields, name, now_ms),
                     // A field too long for an element's key was never stored.
                     Some(Layout::Elements(header)) if name.len() <= max_field => {
                         elements::read(keys, header.id, name)?
                     }
                     _ => Field::Absent,
-                };
-                edit.add(Named {
-                    name: name.to_vec(),
-                    after: found.clone(),
-                    before: found,
-                });
-            }
+                })
+            })?;
             let out = run(&mut edit);
-            let mut changes = Vec::new();
-            for field in edit.fields {
-                let after = match field.after {
-                    Field::Dead { .. } => Field::Absent,
-                    after => after,
-                };
-                if after == field.before {
-                    continue;
-                }
-                if field.before == Field::Absent && field.name.len() > max_field {
-                    return Err(HashError::FieldTooLong { max: max_field });
-                }
-                changes.push((field.name, field.before, after));
-            }
+            let changes = edit.changes(max_field)?;
             if changes.is_empty() {
                 return Ok(Some(out));
             }
@@ -538,6 +632,54 @@ impl Hashes {
                 return Ok(Some(out));
             }
         }
+    }
+
+    /// [`edit`](Self::edit) of a packed hash, or of none, as one engine update: the
+    /// header read, `run`, and the header written, all under its DRAM leaf's lock.
+    /// `None` where the general path must run: the key holds an elements hash or bytes
+    /// that are not a header, or the fields grow past a packed hash (element writes are
+    /// engine writes of their own, not made under another key's leaf lock).
+    fn edit_packed<T>(
+        &self,
+        keys: &Keyspace,
+        key: &[u8],
+        names: &[&[u8]],
+        run: &mut impl FnMut(&mut Edit) -> T,
+    ) -> Result<Option<T>> {
+        let max_field = Self::max_field(keys);
+        let room = Self::packed_room(keys, key);
+        // may do I/O: one SSD block; may evict
+        let (outcome, _) = keys.update(key, |current| {
+            let fields = match current {
+                None => Vec::new(),
+                Some(item) if !item.collection || !format::is_hash(&item.value) => {
+                    return (Update::Keep, Err(HashError::WrongType));
+                }
+                Some(item) => match Layout::decode(&item.value) {
+                    Some(Layout::Packed(fields)) => fields,
+                    _ => return (Update::Keep, Ok(None)),
+                },
+            };
+            let now_ms = keys.engine().now_ms();
+            let found = |name: &[u8]| Ok(packed_field(&fields, name, now_ms));
+            let mut edit = match Edit::of(now_ms, names, found) {
+                Ok(edit) => edit,
+                Err(e) => return (Update::Keep, Err(e)),
+            };
+            let out = run(&mut edit);
+            let changes = match edit.changes(max_field) {
+                Ok(changes) if changes.is_empty() => return (Update::Keep, Ok(Some(out))),
+                Ok(changes) => changes,
+                Err(e) => return (Update::Keep, Err(e)),
+            };
+            let update = match repack(fields, changes, now_ms, room) {
+                Repacked::Empty => Update::Delete,
+                Repacked::Packed(header) => header_put(header, current),
+                Repacked::Grown(_) => return (Update::Keep, Ok(None)),
+            };
+            (update, Ok(Some(out)))
+        })?;
+        outcome
     }
 
     /// Writes and deletes the elements `changes` name; the header that counts them
@@ -587,44 +729,11 @@ impl Hashes {
         changes: Vec<(Vec<u8>, Field, Field)>,
         now_ms: u64,
     ) -> Result<Option<Vec<u8>>> {
-        // By name: a command may name a great many fields, each found in log time.
-        let mut by_name: BTreeMap<Vec<u8>, Packed> = fields
-            .into_iter()
-            .filter(|f| f.expires_at_ms.is_none_or(|at| at > now_ms))
-            .map(|f| (f.name.clone(), f))
-            .collect();
-        for (name, _, after) in changes {
-            match after {
-                Field::Live {
-                    value,
-                    expires_at_ms,
-                } => {
-                    let packed = Packed {
-                        name: name.clone(),
-                        value,
-                        expires_at_ms,
-                    };
-                    by_name.insert(name, packed);
-                }
-                _ => {
-                    by_name.remove(&name);
-                }
-            }
-        }
-        let fields: Vec<Packed> = by_name.into_values().collect();
-        if fields.is_empty() {
-            return Ok(None);
-        }
-        let packed = format::packed_bytes(&fields);
-        let room = keys
-            .engine()
-            .config()
-            .medium_max
-            .saturating_sub(key.len())
-            .min(PACKED_MAX_BYTES);
-        if fields.len() <= PACKED_MAX_FIELDS && packed.len() <= room {
-            return Ok(Some(packed));
-        }
+        let fields = match repack(fields, changes, now_ms, Self::packed_room(keys, key)) {
+            Repacked::Empty => return Ok(None),
+            Repacked::Packed(header) => return Ok(Some(header)),
+            Repacked::Grown(fields) => fields,
+        };
         if fields.len() as u64 > MAX_FIELDS {
             return Err(HashError::TooManyFields);
         }
