@@ -153,16 +153,50 @@ fn limits_have_clear_errors_and_change_nothing() {
         "{}",
         &all[..40]
     );
-    // Five of them pass the reply budget (the output budget and one such value).
+    // Five of them pass the reply budget (the output budget and one such value): the
+    // reply goes out a part at a time, whole.
     for f in ["l2", "l3", "l4", "l5"] {
         assert_eq!(resp(&mut redis, &["HSET", "h", f, &large]), ":1");
     }
-    let refused = resp(&mut redis, &["HGETALL", "h"]);
-    assert!(
-        refused.starts_with("-ERR hash reply would pass"),
-        "{refused}"
-    );
+    let all = resp(&mut redis, &["HGETALL", "h"]);
+    assert!(all.starts_with("*14|$1|a|$1|1|$1|g|"), "{}", &all[..40]);
+    assert_eq!(all.matches(&large).count(), 5);
     assert_eq!(resp(&mut redis, &["HSTRLEN", "h", "l5"]), ":300000");
+}
+
+/// HGETALL, HKEYS and HVALS of a hash of 6 MiB — past the reply budget — stream it
+/// whole, in field order, in RESP2 and RESP3, on a connection that goes on serving.
+#[test]
+fn a_hash_past_the_reply_budget_streams_whole() {
+    let server = TestServer::start();
+    let mut redis = Client::connect(server.resp);
+    let value = |i: usize| format!("{i:05}").repeat(200);
+    for chunk in (0..6000).collect::<Vec<_>>().chunks(500) {
+        let mut args = vec!["HSET".to_string(), "big".to_string()];
+        for &i in chunk {
+            args.push(format!("f{i:05}"));
+            args.push(value(i));
+        }
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        assert_eq!(resp(&mut redis, &args), ":500");
+    }
+    let fields: Vec<String> = (0..6000).map(|i| format!("f{i:05}")).collect();
+    let all = resp(&mut redis, &["HGETALL", "big"]);
+    let want: Vec<String> = (0..6000)
+        .flat_map(|i| [format!("$6|{}", fields[i]), format!("$1000|{}", value(i))])
+        .collect();
+    assert_eq!(all, format!("*12000|{}", want.join("|")));
+    let keys = resp(&mut redis, &["HKEYS", "big"]);
+    let want: Vec<String> = fields.iter().map(|f| format!("$6|{f}")).collect();
+    assert_eq!(keys, format!("*6000|{}", want.join("|")));
+    let values = resp(&mut redis, &["HVALS", "big"]);
+    assert!(values.starts_with(&format!("*6000|$1000|{}", value(0))));
+    assert!(values.ends_with(&value(5999)));
+    assert!(resp(&mut redis, &["HELLO", "3"]).starts_with('%'));
+    let all = resp(&mut redis, &["HGETALL", "big"]);
+    assert!(all.starts_with("%6000|$6|f00000|$1000|"), "{}", &all[..40]);
+    assert_eq!(all.matches("|$1000|").count(), 6000);
+    assert_eq!(resp(&mut redis, &["HLEN", "big"]), ":6000");
 }
 
 #[test]

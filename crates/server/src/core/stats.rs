@@ -71,6 +71,7 @@ counters! {
     total_items: reset,
     total_commands_processed: reset,
     protocol_errors: reset,
+    broken_hash_replies: reset,
 }
 
 #[derive(Default)]

@@ -10,12 +10,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::core::auth::Logins;
+use crate::core::hashes::Streamed;
 use crate::core::stats::Counters;
 use crate::core::{Core, ServerOptions};
 use crate::transport::connection::{Session, Step};
 use crate::transport::output::Output;
 use crate::transport::prefetch::{Prefetch, ReadAhead};
 use crate::transport::{Peer, Protocol, Transport};
+use cmd::hashes::stream_hash;
 use cmd::strings::MultiGet;
 
 /// Client ids for `CLIENT ID` / `HELLO`, unique for the process like Redis's.
@@ -77,6 +79,9 @@ pub struct RespSession {
     client: Client,
     /// An MGET at the front of the input whose values are part-way out.
     multi_get: Option<MultiGet>,
+    /// An HGETALL (HKEYS, HVALS) at the front of the input, its request's length, whose
+    /// fields are part-way out.
+    hash_reply: Option<(Streamed, usize)>,
     /// Progress through the request at the front of the input.
     framer: parse::Framer,
     /// The request at the front waits for its SSD reads: it was counted when it first
@@ -98,6 +103,7 @@ impl RespSession {
             shared,
             client,
             multi_get: None,
+            hash_reply: None,
             awaiting: false,
             framer: parse::Framer::default(),
         }
@@ -114,6 +120,9 @@ impl Session for RespSession {
         };
         if let Some(multi_get) = self.multi_get.take() {
             return multi_get.run(&self.shared, input, &mut out, reads, &mut self.multi_get);
+        }
+        if let Some((stream, len)) = self.hash_reply.take() {
+            return stream_hash(&self.shared, stream, len, &mut out, &mut self.hash_reply);
         }
         let (authenticated, max_request_size) = (
             self.client.authenticated,
@@ -153,6 +162,9 @@ impl Session for RespSession {
                         reads,
                         &mut self.multi_get,
                     ),
+                    cmd::Flow::StreamedHash(stream) => {
+                        stream_hash(&self.shared, stream, len, &mut out, &mut self.hash_reply)
+                    }
                 }
             }
         }

@@ -76,20 +76,19 @@ pub(super) fn delete(keys: &Keyspace, id: HashId, field: &[u8]) -> Result<Field>
     Ok(before)
 }
 
-/// The elements of hash `id` after field `after`, in field order: at most `limit`
-/// examined, and none past the one that takes the bytes held — the live ones' as `part`
-/// keeps them, the dead ones' names — past `budget`.
+/// The elements of hash `id` after field `after`, in field order, live or dead as of
+/// `now` (ms): at most `limit` examined, and none past the one that takes the bytes held
+/// — the live ones' as `part` keeps them, the dead ones' names — past `budget`.
 pub(super) fn walk(
     keys: &Keyspace,
     id: HashId,
     after: Option<&[u8]>,
-    limit: usize,
-    budget: usize,
+    (limit, budget): (usize, usize),
     part: Part,
+    now: u64,
 ) -> Result<Walked> {
     let (start, end) = element_range(id);
     let prefix = start.len();
-    let now = keys.engine().now_ms();
     let mut from = match after {
         Some(field) => Bound::Excluded(element_key(id, field)),
         None => Bound::Included(start),

@@ -150,6 +150,11 @@ pub(super) fn is_hash(bytes: &[u8]) -> bool {
     matches!(bytes.first(), Some(&(ELEMENTS | PACKED)))
 }
 
+/// Whether a hash header's fields are elements of their own.
+pub(super) fn is_elements(bytes: &[u8]) -> bool {
+    bytes.first() == Some(&ELEMENTS)
+}
+
 fn expiry_code(expires_at_ms: Option<u64>) -> u64 {
     expires_at_ms.map_or(0, |at| at.saturating_add(1))
 }

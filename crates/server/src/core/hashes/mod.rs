@@ -40,10 +40,12 @@ mod format;
 #[cfg(test)]
 mod model_tests;
 mod rename;
+mod stream;
 #[cfg(test)]
 mod tests;
 
 pub use rename::Renamed;
+pub use stream::{All, Streamed};
 
 use std::collections::{BTreeMap, HashMap};
 use std::hash::BuildHasher;
@@ -385,6 +387,8 @@ fn count(header: &mut Header, before: &Field, after: Option<bool>) {
 struct Read {
     bytes: Vec<u8>,
     layout: Layout,
+    /// The header's CAS version: a large hash's changes at each write of the hash.
+    version: u64,
 }
 
 /// A packed hash's fields as `Field`s, by name.
@@ -448,15 +452,47 @@ fn repack(
     }
 }
 
-/// The engine write of a hash's new header over `current`: the key's expiry is kept.
+/// The engine write of a hash's new header over `current`: the key's expiry is kept. A
+/// large hash's header takes a new CAS version at every write of the hash, which a
+/// streamed HGETALL checks between its parts (a packed header, read whole at once,
+/// needs none and is spared its bytes).
 fn header_put(header: Vec<u8>, current: Option<&Item>) -> Update {
     Update::Put {
-        value: header,
         options: PutOptions {
             expires_at_ms: current.and_then(|c| c.expires_at_ms),
             collection: true,
+            assign_cas: format::is_elements(&header),
             ..PutOptions::default()
         },
+        value: header,
+    }
+}
+
+/// The live elements of a large hash as of `now_ms`; `None` if it is partial. Without
+/// expiring fields its keys are counted, no value read; with some, its live fields are
+/// counted a page at a time.
+fn live_elements(keys: &Keyspace, header: Header, now_ms: u64) -> Result<Option<u64>> {
+    if !elements::whole(keys, header)? {
+        return Ok(None);
+    }
+    if header.volatile == 0 {
+        return Ok(Some(header.elements));
+    }
+    let (mut live, mut after) = (0, None);
+    loop {
+        let page = elements::walk(
+            keys,
+            header.id,
+            after.as_deref(),
+            (LEN_PAGE, usize::MAX),
+            Part::Fields,
+            now_ms,
+        )?;
+        live += page.live.len() as u64;
+        match page.next {
+            Some(next) => after = Some(next),
+            None => return Ok(Some(live)),
+        }
     }
 }
 
@@ -531,6 +567,7 @@ impl Hashes {
             Some(layout) => Ok(Some(Read {
                 bytes: item.value,
                 layout,
+                version: item.cas,
             })),
             None => {
                 self.commit(keys, key, Some(&item.value), None)?;
@@ -1028,27 +1065,11 @@ impl Hashes {
             }
             Layout::Elements(header) => header,
         };
-        if !elements::whole(keys, header)? {
-            self.drop_partial(keys, key, header)?;
-            return Ok(0);
-        }
-        if header.volatile == 0 {
-            return Ok(header.elements);
-        }
-        let (mut live, mut after) = (0, None);
-        loop {
-            let page = elements::walk(
-                keys,
-                header.id,
-                after.as_deref(),
-                LEN_PAGE,
-                usize::MAX,
-                Part::Fields,
-            )?;
-            live += page.live.len() as u64;
-            match page.next {
-                Some(next) => after = Some(next),
-                None => return Ok(live),
+        match live_elements(keys, header, keys.engine().now_ms())? {
+            Some(live) => Ok(live),
+            None => {
+                self.drop_partial(keys, key, header)?;
+                Ok(0)
             }
         }
     }
@@ -1101,7 +1122,9 @@ impl Hashes {
                         self.drop_partial(keys, key, header)?;
                         return Ok((Vec::new(), None));
                     }
-                    let walked = elements::walk(keys, header.id, after, limit, budget, part)?;
+                    let now_ms = keys.engine().now_ms();
+                    let walked =
+                        elements::walk(keys, header.id, after, (limit, budget), part, now_ms)?;
                     if limit == usize::MAX
                         && walked.next.is_none()
                         && walked.elements != header.elements

@@ -87,6 +87,8 @@ impl Hashes {
             flags: item.flags,
             expires_at_ms: item.expires_at_ms,
             collection: item.collection,
+            // A large hash's header is versioned (`header_put`).
+            assign_cas: copied.is_some(),
             ..PutOptions::default()
         };
         // may do I/O: a large value's extent; may evict

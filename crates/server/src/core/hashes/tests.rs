@@ -447,3 +447,134 @@ fn a_partial_hash_is_not_renamed() {
     let kept = keys.get_item(b"d", GetOptions::default()).unwrap().unwrap();
     assert_eq!(kept.value, b"kept");
 }
+
+/// Every part of a streamed whole-hash read, until it is done; `None` if the hash
+/// changed part-way.
+fn stream_all(
+    hashes: &Hashes,
+    keys: &Keyspace,
+    mut stream: Streamed,
+    budget: usize,
+) -> Option<Pairs> {
+    let mut all = Vec::new();
+    while !stream.done() {
+        all.extend(hashes.next_part(keys, &mut stream, budget).unwrap()?);
+    }
+    Some(all)
+}
+
+/// A hash past the reply budget is read whole a part at a time: its length promised
+/// first, its fields in order, expired ones left out, each part about the budget.
+#[test]
+fn a_hash_past_the_reply_budget_is_streamed_whole() {
+    let keys = keyspace(32 << 20);
+    let hashes = Hashes::default();
+    grown(&hashes, &keys, b"h", 300);
+    let expiring = keys.engine().now_ms() + 60_000;
+    hashes
+        .set_expiring(
+            &keys,
+            b"h",
+            &[b"f007", b"x"],
+            Exists::Any,
+            FieldExpiry::At(expiring),
+        )
+        .unwrap();
+    let whole = hashes.all(&keys, b"h", Part::Both, usize::MAX).unwrap();
+    assert_eq!(whole.len(), 300);
+    assert!(matches!(
+        hashes.all(&keys, b"h", Part::Both, 1000),
+        Err(HashError::TooLarge { .. })
+    ));
+    for part in [Part::Both, Part::Fields, Part::Values] {
+        let All::Streamed { count, mut stream } = hashes.read_all(&keys, b"h", part, 1000).unwrap()
+        else {
+            panic!("not streamed");
+        };
+        assert_eq!(count, 300);
+        let first = hashes.next_part(&keys, &mut stream, 1000).unwrap().unwrap();
+        assert!((1..300).contains(&first.len()), "{}", first.len());
+        let mut got = first;
+        got.extend(stream_all(&hashes, &keys, stream, 1000).unwrap());
+        let want: Pairs = whole
+            .iter()
+            .map(|(f, v)| part.keep(f.clone(), v.clone()))
+            .collect();
+        let want: Pairs = match part {
+            Part::Values => want.into_iter().map(|(_, v)| (Vec::new(), v)).collect(),
+            _ => want,
+        };
+        let got: Pairs = match part {
+            Part::Values => got.into_iter().map(|(_, v)| (Vec::new(), v)).collect(),
+            _ => got,
+        };
+        assert_eq!(got, want, "{part:?}");
+    }
+    // A renamed hash's header is versioned too.
+    assert_eq!(
+        hashes.rename(&keys, b"h", b"moved", false).unwrap(),
+        Renamed::Done
+    );
+    let All::Streamed { stream, .. } = hashes.read_all(&keys, b"moved", Part::Both, 1000).unwrap()
+    else {
+        panic!("not streamed");
+    };
+    assert_eq!(stream_all(&hashes, &keys, stream, 1000).unwrap(), whole);
+    // A small hash is still one reply.
+    hashes.set(&keys, b"small", &[b"a", b"1"], false).unwrap();
+    assert!(matches!(
+        hashes.read_all(&keys, b"small", Part::Both, 1000).unwrap(),
+        All::Whole(pairs) if pairs == [(b"a".to_vec(), b"1".to_vec())]
+    ));
+    assert!(matches!(
+        hashes.read_all(&keys, b"none", Part::Both, 1000).unwrap(),
+        All::Whole(pairs) if pairs.is_empty()
+    ));
+}
+
+/// A streamed read whose hash is written, deleted, replaced or loses an element
+/// part-way stops: the rest of its promised length cannot be another hash's fields.
+#[test]
+fn a_streamed_read_stops_when_its_hash_changes() {
+    let keys = keyspace(32 << 20);
+    let hashes = Hashes::default();
+    type Change<'a> = &'a dyn Fn(&Hashes, &Keyspace);
+    let changes: [Change; 5] = [
+        // A field's value overwritten: the header's bytes stay as they were.
+        &|h, k| assert_eq!(h.set(k, b"h", &[b"f250", b"new"], false).unwrap(), 0),
+        &|h, k| assert_eq!(h.delete_fields(k, b"h", &[b"f250"]).unwrap(), 1),
+        &|h, k| assert!(h.delete_key(k, b"h").unwrap()),
+        &|_, k| {
+            let string = Update::Put {
+                value: b"a string".to_vec(),
+                options: PutOptions::default(),
+            };
+            k.update(b"h", |_| (string, ())).unwrap();
+        },
+        // An element evicted (deleted under the hash).
+        &|h, k| {
+            let id = elements_header(h, k, b"h").id;
+            assert!(k.engine().delete(&element_key(id, b"f250")).unwrap());
+        },
+    ];
+    for (n, change) in changes.iter().enumerate() {
+        grown(&hashes, &keys, b"h", 300);
+        let All::Streamed { mut stream, .. } =
+            hashes.read_all(&keys, b"h", Part::Both, 1000).unwrap()
+        else {
+            panic!("not streamed");
+        };
+        hashes.next_part(&keys, &mut stream, 1000).unwrap().unwrap();
+        change(&hashes, &keys);
+        assert_eq!(stream_all(&hashes, &keys, stream, 1000), None, "change {n}");
+        hashes.delete_key(&keys, b"h").unwrap();
+        // Unchanged, the same read goes through.
+        grown(&hashes, &keys, b"h", 300);
+        let All::Streamed { stream, .. } = hashes.read_all(&keys, b"h", Part::Both, 1000).unwrap()
+        else {
+            panic!("not streamed");
+        };
+        assert_eq!(stream_all(&hashes, &keys, stream, 1000).unwrap().len(), 300);
+        hashes.delete_key(&keys, b"h").unwrap();
+    }
+}

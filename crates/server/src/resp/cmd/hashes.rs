@@ -10,16 +10,18 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use super::keys::INVALID_CURSOR;
 use super::strings::{NOT_FLOAT, float, float_text};
 use super::{
-    Args, Command, ErrorReply, NOT_INTEGER, READS_ONE, Result, SYNTAX, Spec, WRITES_ONE, integer,
-    keyed,
+    Args, Command, ErrorReply, Flow, NOT_INTEGER, READS_ONE, Result, SYNTAX, Spec, WRITES_ONE,
+    integer, keyed,
 };
 use crate::core::cursors;
 use crate::core::hashes::{
-    Exists, ExpiryCondition, FieldChange, FieldExpiry, HashError, MAX_FIELDS, NO_EXPIRY, NO_FIELD,
-    Part, WRONGTYPE,
+    All, Exists, ExpiryCondition, FieldChange, FieldExpiry, HashError, MAX_FIELDS, NO_EXPIRY,
+    NO_FIELD, Part, Streamed, WRONGTYPE,
 };
 use crate::core::keyspace::Keyspace;
+use crate::core::stats::Counters;
 use crate::resp::{Reply, Resp, glob};
+use crate::transport::connection::Step;
 use crate::transport::output::OUTPUT_BUDGET;
 
 /// The latest field expiry Redis takes: 2^46 − 1 ms after the epoch (`HFE_MAX_ABS_TIME_MSEC`).
@@ -463,7 +465,7 @@ fn all<'a>(args: &mut Args<'a>, part: Part) -> Result<Command<'a>> {
 }
 
 impl HashCommand<'_> {
-    pub fn execute(self, shared: &Resp, out: &mut Reply) -> Result<()> {
+    pub fn execute(self, shared: &Resp, out: &mut Reply) -> Result<Flow> {
         let (hashes, keys) = (&shared.core.hashes, &shared.core.keys);
         match self {
             HashCommand::Set { key, pairs, reply } => {
@@ -489,17 +491,14 @@ impl HashCommand<'_> {
                 }
             }
             HashCommand::All { key, part } => {
-                let pairs = hashes.all(keys, key, part, reply_budget(keys))?;
-                match part {
-                    Part::Both => out.map(pairs.len()),
-                    Part::Fields | Part::Values => out.array(pairs.len()),
-                }
-                for (field, value) in &pairs {
-                    if part != Part::Values {
-                        out.bulk(field);
+                match hashes.read_all(keys, key, part, reply_budget(keys))? {
+                    All::Whole(pairs) => {
+                        all_header(out, part, pairs.len() as u64);
+                        all_fields(out, part, &pairs);
                     }
-                    if part != Part::Fields {
-                        out.bulk(value);
+                    All::Streamed { count, stream } => {
+                        all_header(out, part, count);
+                        return Ok(Flow::StreamedHash(stream));
                     }
                 }
             }
@@ -630,8 +629,58 @@ impl HashCommand<'_> {
                 random_reply(out, &all, count, values, budget);
             }
         }
-        Ok(())
+        Ok(Flow::Continue)
     }
+}
+
+/// The length of an HGETALL (a map: RESP2 counts its fields and values), HKEYS or HVALS.
+fn all_header(out: &mut Reply, part: Part, fields: u64) {
+    let fields = usize::try_from(fields).unwrap_or(usize::MAX);
+    match part {
+        Part::Both => out.map(fields),
+        Part::Fields | Part::Values => out.array(fields),
+    }
+}
+
+fn all_fields(out: &mut Reply, part: Part, pairs: &[(Vec<u8>, Vec<u8>)]) {
+    for (field, value) in pairs {
+        if part != Part::Values {
+            out.bulk(field);
+        }
+        if part != Part::Fields {
+            out.bulk(value);
+        }
+    }
+}
+
+/// Sends the next parts of a whole-hash reply too large to be sent at once
+/// (`core/hashes/stream.rs`) within the output budget; leaves in `resume` where it
+/// stopped unless the reply is complete. The request is `len` bytes.
+pub fn stream_hash(
+    shared: &Resp,
+    mut stream: Streamed,
+    len: usize,
+    out: &mut Reply,
+    resume: &mut Option<(Streamed, usize)>,
+) -> Step {
+    let (hashes, keys) = (&shared.core.hashes, &shared.core.keys);
+    while !stream.done() {
+        if !out.buf.within_budget() {
+            *resume = Some((stream, len));
+            return Step::Partial;
+        }
+        let budget = OUTPUT_BUDGET.saturating_sub(out.buf.reply_len());
+        match hashes.next_part(keys, &mut stream, budget) {
+            Ok(Some(pairs)) => all_fields(out, stream.part(), &pairs),
+            // The reply's length is out: a short reply and a closed connection tell the
+            // client, where an error in its place would be read as a field.
+            Ok(None) | Err(_) => {
+                Counters::bump(&shared.core.counters.broken_hash_replies);
+                return Step::Close;
+            }
+        }
+    }
+    Step::Consumed(len)
 }
 
 /// What a hash command's reply may hold: the output budget and one more value of the

@@ -7,7 +7,7 @@
 mod cluster;
 mod connection;
 mod expiry;
-mod hashes;
+pub(crate) mod hashes;
 mod keys;
 mod server;
 pub(crate) mod strings;
@@ -69,6 +69,9 @@ pub enum Flow {
     /// An MGET of this many keys wrote its array header: its values follow, as the
     /// socket drains (`strings::MultiGet`).
     MultiGet(usize),
+    /// An HGETALL, HKEYS or HVALS wrote its length: its fields follow, as the socket
+    /// drains (`hashes::stream_hash`).
+    StreamedHash(crate::core::hashes::Streamed),
 }
 
 /// One parsed request, borrowing its keys and values from the read buffer.
@@ -450,7 +453,7 @@ impl<'a> Command<'a> {
             Command::Server(command) => command.execute(shared, out)?,
             Command::Connection(command) => return command.execute(shared, client, out),
             Command::Cluster(command) => command.execute(shared, client, out)?,
-            Command::Hashes(command) => command.execute(shared, out)?,
+            Command::Hashes(command) => return command.execute(shared, out),
         }
         Ok(Flow::Continue)
     }

@@ -335,6 +335,10 @@ fn info(shared: &Resp, sections: &[&[u8]]) -> String {
                 "auth_timeout_kicks",
                 counter("auth_timeout_kicks").to_string(),
             ),
+            (
+                "broken_hash_replies",
+                counter("broken_hash_replies").to_string(),
+            ),
             // Redis 7's name for refused AUTH and HELLO AUTH.
             ("acl_access_denied_auth", counter("auth_errors").to_string()),
         ]),
