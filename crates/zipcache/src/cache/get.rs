@@ -308,6 +308,9 @@ impl Inner {
                 self.ops.expired.incr();
                 return self.miss();
             }
+            // `get` reads values whole (`Wanted::Value`); a live value left sealed would
+            // still hide every older version below it.
+            Lookup::Sealed(..) => return self.miss(),
             Lookup::Deleted => false,
             Lookup::Absent => self.ssd.is_some(),
         };

@@ -8,7 +8,7 @@ use std::time::Duration;
 use super::get::item_of;
 use super::{Inner, ZipCache};
 use crate::dram::Change;
-use crate::dram::{Lookup, Reclaimed};
+use crate::dram::{Lookup, Reclaimed, Wanted};
 use crate::large_objects::{LargeEntry, LargeObjects};
 use crate::record::{ASSIGN_CAS, Meta};
 use crate::restart::shadow::FLUSHING;
@@ -67,7 +67,7 @@ impl ZipCache {
             (large, on_ssd)
         });
         let existed = match before {
-            Lookup::Found(..) => true,
+            Lookup::Found(..) | Lookup::Sealed(..) => true,
             Lookup::Expired => false,
             Lookup::Deleted => large.is_some(),
             Lookup::Absent => large.is_some() || on_ssd,
@@ -215,11 +215,14 @@ enum ValueRead {
 
 /// A live object as a read-modify-write finds it under its DRAM leaf's lock.
 struct Found {
-    /// Without its value if it is large and was not read (`ValueRead::UnlessLarge`).
+    /// Without its value if it was not read (`ValueRead::UnlessLarge`: a large one, or a
+    /// medium one in DRAM left compressed).
     item: Item,
     value_len: usize,
     /// Held in BT_LO: a metadata change rewrites its index entry alone.
     large: bool,
+    /// `item` holds the value.
+    read: bool,
 }
 
 impl Found {
@@ -228,6 +231,7 @@ impl Found {
             value_len: item.value.len(),
             item,
             large: false,
+            read: true,
         }
     }
 
@@ -254,7 +258,11 @@ impl Inner {
     ) -> Result<(R, Option<u64>)> {
         self.check_key(key)?;
         let now = self.now();
-        self.dram.modify(key, now, |current, cas| {
+        let wanted = match read {
+            ValueRead::UnlessLarge => Wanted::Meta,
+            ValueRead::Whole | ValueRead::ReadBefore(_) => Wanted::Value,
+        };
+        self.dram.modify_wanting(key, now, wanted, |current, cas| {
             // The leaf stays locked while BT_LO and the SSD are read, so no write slips in.
             // What a racing flush_all is erasing below must not come back as a new value.
             let epoch = self.flush_epoch.load(Ordering::SeqCst);
@@ -264,6 +272,15 @@ impl Inner {
                     access,
                     ..item_of(value, &meta)
                 })),
+                Lookup::Sealed(meta, value_len, access) => Some(Found {
+                    item: Item {
+                        access,
+                        ..item_of(Vec::new(), &meta)
+                    },
+                    value_len,
+                    large: false,
+                    read: false,
+                }),
                 Lookup::Expired => None,
                 Lookup::Deleted => below(self.large_found(key, now, read)),
                 Lookup::Absent => below(self.large_found(key, now, read).or_else(|| {
@@ -302,11 +319,28 @@ impl Inner {
                         let change = (meta.cas == cas).then_some(Change::Delete);
                         return (change, Ok((result, Some(meta.cas))));
                     }
+                    if !found.read {
+                        // A medium value left compressed: its blob is re-headed.
+                        if let Err(e) = self.check_room() {
+                            return (None, Err(e));
+                        }
+                        let meta = self.meta(&options).assigning(cas);
+                        let change = Change::Redate {
+                            value: None,
+                            meta,
+                            access: options.access,
+                        };
+                        return (Some(change), Ok((result, Some(meta.cas))));
+                    }
                     // The same value: a medium one's blob is re-headed, not compressed again.
                     let (change, outcome) =
                         self.put_in_modify(key, found.item.value, options, cas, result);
                     let change = change.map(|change| match change {
-                        Change::Put(stored) => Change::Redate(stored),
+                        Change::Put((value, meta, access)) => Change::Redate {
+                            value: Some(value),
+                            meta,
+                            access,
+                        },
                         other => other,
                     });
                     (change, outcome)
@@ -339,6 +373,7 @@ impl Inner {
                     },
                     value_len,
                     large: true,
+                    read: true,
                 });
             }
         } else if let ValueRead::UnlessLarge = read {
@@ -347,6 +382,7 @@ impl Inner {
                 item: item_of(Vec::new(), &entry.meta),
                 value_len: entry.value_len,
                 large: true,
+                read: false,
             });
         }
         // may do I/O: the whole extent

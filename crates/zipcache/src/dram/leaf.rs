@@ -122,6 +122,13 @@ impl LeafState {
         self.extras.as_ref().map_or(&[], |e| &e.blobs)
     }
 
+    /// Whether a buffered write may take one more blob (`Extras::next_blob_slot`).
+    pub(super) fn blob_slot_free(&self) -> bool {
+        self.extras
+            .as_ref()
+            .is_none_or(|e| e.next_blob_slot().is_some())
+    }
+
     pub(super) fn dictionary(&self) -> Option<&Dictionary> {
         self.extras.as_ref()?.dictionary.as_deref()
     }
@@ -391,7 +398,7 @@ impl DramTier {
 #[cfg(test)]
 mod tests {
     use super::super::test_support::*;
-    use super::super::{Change, DramSettings, Lookup};
+    use super::super::{Change, DramSettings, Lookup, Wanted};
     use super::*;
     use crate::record::{Meta, Payload};
 
@@ -442,15 +449,35 @@ mod tests {
                 let before = blob_data_of(&dram, &key);
                 assert_eq!(before.is_some(), i % 10 != 0, "key {i}");
                 let expires = Some(1_000_000 * round + u64::from(i));
-                dram.modify(&key, 0, |current, _| {
-                    let Lookup::Found(value, meta, access) = current else {
-                        panic!("key {i}: {current:?}");
+                // The last round reads the metadata alone: a medium value stays sealed.
+                let wanted = if round == 3 {
+                    Wanted::Meta
+                } else {
+                    Wanted::Value
+                };
+                let medium_len = value(i).len();
+                dram.modify_wanting(&key, 0, wanted, |current, _| {
+                    let (value, meta, access) = match current {
+                        Lookup::Found(value, meta, access) => (Some(value), meta, access),
+                        Lookup::Sealed(meta, len, access) if wanted == Wanted::Meta => {
+                            assert_eq!(len, medium_len, "key {i}");
+                            (None, meta, access)
+                        }
+                        other => panic!("key {i}: {other:?}"),
                     };
+                    assert_eq!(value.is_none(), wanted == Wanted::Meta && i % 10 != 0);
                     let meta = Meta {
                         expires_at_ms: expires,
                         ..meta
                     };
-                    (Some(Change::Redate((value, meta, access))), ())
+                    (
+                        Some(Change::Redate {
+                            value,
+                            meta,
+                            access,
+                        }),
+                        (),
+                    )
                 });
                 assert_eq!(blob_data_of(&dram, &key), before, "key {i}, round {round}");
                 let Lookup::Found(value_after, meta, _) = dram.get(&key, 0, true) else {

@@ -68,7 +68,8 @@ use crate::dictionary::training::TrainingSettings;
 use crate::eviction::EvictionListener;
 use crate::memory::Memory;
 use crate::record::{
-    ASSIGN_CAS, Meta, Payload, Record, blob_dictionary, decode_blob, reheader_blob_with,
+    ASSIGN_CAS, Meta, Payload, Record, blob_dictionary, blob_header, decode_blob,
+    reheader_blob_with,
 };
 use crate::restart::shadow::{MayBeOnFlash, Shadow};
 use crate::subpage_hash::dram_subpage;
@@ -86,6 +87,9 @@ use write_buffer::{Pressure, limit_at};
 pub enum Lookup {
     /// A live value, and with `track_access` its access state before this read.
     Found(Vec<u8>, Meta, Option<AccessState>),
+    /// A live medium value left compressed, with its length: what a write that needs
+    /// the metadata alone finds (`Wanted::Meta`). Never what `get` answers.
+    Sealed(Meta, usize, Option<AccessState>),
     /// A tombstone: the key was deleted or replaced by a large object. Also what a
     /// damaged page or blob answers (counted): it may have held a newer version or a
     /// tombstone, so the older SSD copies must stay hidden.
@@ -94,6 +98,16 @@ pub enum Lookup {
     Expired,
     /// Not in DRAM; lower tiers may have it.
     Absent,
+}
+
+/// How much of a live value a lookup under the leaf lock hands back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Wanted {
+    /// The value, decompressed.
+    Value,
+    /// Its metadata and length: a medium value's blob is not decompressed
+    /// (`Lookup::Sealed`), as a TTL change or a delete needs no value.
+    Meta,
 }
 
 /// A DRAM leaf as the tree names it: its slot in the tier's table of descriptors.
@@ -202,8 +216,13 @@ pub enum Change {
     Put(Stored),
     /// The value `modify` found, with new metadata (a TTL set, a touch): a medium value's
     /// blob keeps its compressed bytes under a new header rather than being compressed
-    /// again (`record::reheader_blob_with`).
-    Redate(Stored),
+    /// again (`record::reheader_blob_with`). `value` is stored where DRAM holds no blob of
+    /// it; `None` for a value found sealed (`Lookup::Sealed`), whose blob is re-headed.
+    Redate {
+        value: Option<Vec<u8>>,
+        meta: Meta,
+        access: Option<AccessState>,
+    },
     /// A tombstone.
     Delete,
 }
@@ -350,7 +369,7 @@ impl DramTier {
             if let Some(extras) = st.extras.as_ref().filter(|e| !e.buffer.is_empty()) {
                 extras.count_read();
             }
-            self.lookup_locked(leaf, st, key, now_ms, peek)
+            self.lookup_locked(leaf, st, key, now_ms, peek, Wanted::Value)
         });
         if let Some(counters) = counters {
             self.reads.record(counters);
@@ -364,34 +383,46 @@ impl DramTier {
         }
     }
 
-    fn resolve(&self, st: &LeafState, r: &Record<'_>, now_ms: u64) -> Lookup {
-        let (value, meta) = match r.payload {
+    fn resolve(&self, st: &LeafState, r: &Record<'_>, now_ms: u64, wanted: Wanted) -> Lookup {
+        let found = match r.payload {
             Payload::Tombstone => return Lookup::Deleted,
-            Payload::Inline(v) => (v.to_vec(), r.meta),
+            Payload::Inline(v) => Some(Lookup::Found(v.to_vec(), r.meta, None)),
             Payload::Medium(slot) => {
-                match st
-                    .blobs()
-                    .get(slot as usize)
-                    .and_then(Option::as_deref)
-                    .and_then(|blob| decode_blob(blob, st.dictionary()))
-                {
-                    Some(found) => found,
-                    None => {
-                        self.counters.corrupt_pages.fetch_add(1, Ordering::Relaxed);
-                        return Lookup::Deleted;
-                    }
+                let blob = st.blobs().get(slot as usize).and_then(Option::as_deref);
+                match wanted {
+                    Wanted::Value => blob
+                        .and_then(|blob| decode_blob(blob, st.dictionary()))
+                        .map(|(value, meta)| Lookup::Found(value, meta, None)),
+                    // The header alone, of a blob that names the leaf's dictionary or none
+                    // (as `decode_blob` asks).
+                    Wanted::Meta => blob
+                        .filter(|blob| {
+                            blob_dictionary(blob).is_some_and(|id| {
+                                id == 0 || st.dictionary().is_some_and(|d| d.id() == id)
+                            })
+                        })
+                        .and_then(blob_header)
+                        .map(|(meta, len)| Lookup::Sealed(meta, len, None)),
                 }
             }
         };
-        if meta.expired(now_ms) {
-            Lookup::Expired
-        } else {
-            Lookup::Found(value, meta, None)
+        match found {
+            Some(Lookup::Found(_, meta, _) | Lookup::Sealed(meta, _, _))
+                if meta.expired(now_ms) =>
+            {
+                Lookup::Expired
+            }
+            Some(live) => live,
+            None => {
+                self.counters.corrupt_pages.fetch_add(1, Ordering::Relaxed);
+                Lookup::Deleted
+            }
         }
     }
 
-    /// What the leaf holding `key` knows of it; the caller holds the leaf's lock. A hit
-    /// is marked fetched and accessed now unless `peek`.
+    /// What the leaf holding `key` knows of it, a live value as `wanted` asks; the
+    /// caller holds the leaf's lock. A hit is marked fetched and accessed now unless
+    /// `peek`.
     fn lookup_locked(
         &self,
         leaf: &DramLeaf,
@@ -399,19 +430,24 @@ impl DramTier {
         key: &[u8],
         now_ms: u64,
         peek: bool,
+        wanted: Wanted,
     ) -> Lookup {
         let found = self.with_record(leaf, st, key, |r| match r {
-            Some(r) => self.resolve(st, &r, now_ms),
+            Some(r) => self.resolve(st, &r, now_ms, wanted),
             // Not in this leaf; unless the leaf lost its page, then nobody knows.
             None if leaf.lost() => Lookup::Deleted,
             None => Lookup::Absent,
         });
+        let access = || {
+            st.access_table()
+                .and_then(|table| table.read(self.access_clock(), fingerprint(key), now_ms, peek))
+        };
         match found {
             Some(Lookup::Found(value, meta, _)) if self.settings.track_access => {
-                let access = st.access_table().and_then(|table| {
-                    table.read(self.access_clock(), fingerprint(key), now_ms, peek)
-                });
-                Lookup::Found(value, meta, access)
+                Lookup::Found(value, meta, access())
+            }
+            Some(Lookup::Sealed(meta, len, _)) if self.settings.track_access => {
+                Lookup::Sealed(meta, len, access())
             }
             Some(found) => found,
             None => {
@@ -497,7 +533,7 @@ impl DramTier {
         alongside: impl FnOnce(&Lookup) -> R,
     ) -> (Lookup, R) {
         self.write_leaf(key, |id, leaf, st| {
-            let before = self.lookup_locked(leaf, st, key, now_ms, true);
+            let before = self.lookup_locked(leaf, st, key, now_ms, true, Wanted::Meta);
             let result = alongside(&before);
             // Without a lower tier a tombstone is only needed to hide a DRAM copy.
             if self.settings.keep_tombstones || before != Lookup::Absent {
@@ -522,34 +558,66 @@ impl DramTier {
         now_ms: u64,
         decide: impl FnOnce(Lookup, u64) -> (Option<Change>, R),
     ) -> R {
+        self.modify_wanting(key, now_ms, Wanted::Value, decide)
+    }
+
+    /// `modify`, with a live value found as `wanted` asks: `Wanted::Meta` leaves a
+    /// medium value compressed (`Lookup::Sealed`), for a change of its metadata alone.
+    pub fn modify_wanting<R>(
+        &self,
+        key: &[u8],
+        now_ms: u64,
+        wanted: Wanted,
+        decide: impl FnOnce(Lookup, u64) -> (Option<Change>, R),
+    ) -> R {
         self.write_leaf(key, |id, leaf, st| {
-            let current = self.lookup_locked(leaf, st, key, now_ms, true);
+            let current = self.lookup_locked(leaf, st, key, now_ms, true, wanted);
             let cas = self.next_cas(st);
             let (change, result) = decide(current, cas);
+            let tombstone = |st: &mut LeafState| {
+                // `decide` may have given the version to a large object.
+                self.raise_cas_floor(cas);
+                let record = Record {
+                    key,
+                    payload: Payload::Tombstone,
+                    meta: Meta::default(),
+                };
+                self.append_locked(id, leaf, st, &record, None, now_ms);
+            };
             let (value, meta, access, redate) = match change {
                 None => return result,
-                Some(Change::Put((value, meta, access))) => (value, meta, access, false),
-                Some(Change::Redate((value, meta, access))) => (value, meta, access, true),
+                Some(Change::Put((value, meta, access))) => (Some(value), meta, access, false),
+                Some(Change::Redate {
+                    value,
+                    meta,
+                    access,
+                }) => (value, meta, access, true),
                 Some(Change::Delete) => {
-                    // `decide` may have given the version to a large object.
-                    self.raise_cas_floor(cas);
-                    let record = Record {
-                        key,
-                        payload: Payload::Tombstone,
-                        meta: Meta::default(),
-                    };
-                    self.append_locked(id, leaf, st, &record, None, now_ms);
+                    tombstone(st);
+                    return result;
+                }
+            };
+            let meta = meta.assigning(cas);
+            let blob = redate
+                .then(|| self.reheadered_blob(leaf, st, key, &meta))
+                .flatten();
+            let value = match (value, &blob) {
+                (Some(value), _) => value,
+                // A sealed value is kept as its blob, re-headed, or not at all: the
+                // record's own bytes are never stored then (`buffered_blob` takes the
+                // blob given, in the slot checked free here under the same lock).
+                (None, Some(_)) if st.blob_slot_free() => Vec::new(),
+                // No slot for it (a leaf of 65,536 blobs): forgotten, as a cache may.
+                (None, _) => {
+                    tombstone(st);
                     return result;
                 }
             };
             let record = Record {
                 key,
                 payload: Payload::Inline(&value),
-                meta: meta.assigning(cas),
+                meta,
             };
-            let blob = redate
-                .then(|| self.reheadered_blob(leaf, st, key, &record.meta))
-                .flatten();
             // A clean copy (a promotion) is the flash version itself: nothing to hide.
             if !record.meta.clean {
                 self.mark_newer(key);
@@ -957,7 +1025,7 @@ mod buffer_tests {
             dram.read_leaf(&key(i), |leaf, st| {
                 let in_page = dram.with_page_record(leaf, st, &key(i), |r| {
                     let r = r.expect("the old version in the page");
-                    dram.resolve(st, &r, 0)
+                    dram.resolve(st, &r, 0, Wanted::Value)
                 });
                 assert_eq!(in_page, Some(found(old)), "key {i}");
             });

@@ -4,7 +4,7 @@
 use zipcache::Update;
 
 use super::{
-    Args, Command, NO_TOUCH, NOT_INTEGER, READS_ONE, Result, Spec, WRITES_ONE, expiry_ms, integer,
+    Args, Command, NOT_INTEGER, READS_ONE, Result, Spec, WRITES_ONE, expiry_ms, integer,
     invalid_expire, keyed, redate,
 };
 use crate::resp::Reply;
@@ -134,7 +134,8 @@ impl ExpiryCommand<'_> {
                 at,
                 conditions,
             } => {
-                let (changed, _) = cache.update(key, |current| {
+                // The value is not read: a medium one's blob is re-headed as it is.
+                let (changed, _) = cache.update_meta(key, |current| {
                     let Some(item) = current else {
                         return (Update::Keep, false);
                     };
@@ -142,7 +143,7 @@ impl ExpiryCommand<'_> {
                         return (Update::Keep, false);
                     }
                     match u64::try_from(at) {
-                        Ok(at) if at > now => (redate(item, Some(at)), true),
+                        Ok(at) if at > now => (redate(item.flags, item.access, Some(at)), true),
                         _ => (Update::Delete, true),
                     }
                 })?;
@@ -153,7 +154,7 @@ impl ExpiryCommand<'_> {
                 millis,
                 absolute,
             } => {
-                let reply = match cache.get_item(key, NO_TOUCH)?.map(|i| i.expires_at_ms) {
+                let reply = match cache.info(key)?.map(|i| i.expires_at_ms) {
                     None => -2,
                     Some(None) => -1,
                     Some(Some(at)) => {
@@ -169,8 +170,10 @@ impl ExpiryCommand<'_> {
                 out.integer(reply);
             }
             ExpiryCommand::Persist { key } => {
-                let (changed, _) = cache.update(key, |current| match current {
-                    Some(item) if item.expires_at_ms.is_some() => (redate(item, None), true),
+                let (changed, _) = cache.update_meta(key, |current| match current {
+                    Some(item) if item.expires_at_ms.is_some() => {
+                        (redate(item.flags, item.access, None), true)
+                    }
                     _ => (Update::Keep, false),
                 })?;
                 out.integer(changed as i64);

@@ -14,7 +14,7 @@ pub(crate) mod strings;
 
 use std::borrow::Cow;
 
-use zipcache::{GetOptions, Item, PutOptions, Update};
+use zipcache::{AccessState, GetOptions, Item, PutOptions, Update};
 
 use super::{Client, Reply};
 use crate::core::cluster::{Cluster, Route};
@@ -280,10 +280,6 @@ fn wrong_number(name: &str) -> ErrorReply {
 pub fn refused(flush_all_enabled: bool) -> &'static [&'static str] {
     if flush_all_enabled { &[] } else { &FLUSHES }
 }
-
-/// How commands that only look at whether a key exists, or at its expiry, read it (as
-/// Redis's `LOOKUP_NOTOUCH`): without marking the item fetched or accessed.
-const NO_TOUCH: GetOptions = GetOptions { peek: true };
 
 /// Runs one request (`argv` is never empty) and writes its reply.
 pub fn execute(
@@ -625,11 +621,11 @@ pub fn rewrite(item: Option<&Item>, value: Vec<u8>) -> Update {
 
 /// `item` as it is, access state included, expiring at `at` instead (EXPIRE, PERSIST,
 /// GETEX).
-pub fn redate(item: &Item, at: Option<u64>) -> Update {
+pub fn redate(flags: u32, access: Option<AccessState>, at: Option<u64>) -> Update {
     Update::SetMeta(PutOptions {
         expires_at_ms: at,
-        flags: item.flags,
-        access: item.access,
+        flags,
+        access,
         ..PutOptions::default()
     })
 }

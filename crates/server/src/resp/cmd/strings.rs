@@ -617,7 +617,7 @@ fn getex(shared: &Resp, key: &[u8], expiry: NewExpiry) -> Result<Option<Vec<u8>>
         let update = match expiry.resolve(current) {
             Some(at) if at <= now => Update::Delete,
             at if at == item.expires_at_ms => Update::Keep,
-            at => super::redate(item, at),
+            at => super::redate(item.flags, item.access, at),
         };
         (update, Ok(Some(item.value.clone())))
     })?;
