@@ -32,8 +32,6 @@
 //! write, so a header and its elements change together. String writes take no lock: a
 //! SET over a hash replaces the header in one engine update, and a hash command whose
 //! header was replaced meanwhile (its bytes are no longer the ones it read) starts again.
-//! A write to a packed hash needs no such check: it reads, changes and writes the header
-//! in one engine update (`Hashes::edit_packed`), as a session store's HSET does.
 
 mod elements;
 mod format;
@@ -633,11 +631,6 @@ impl Hashes {
         let max_field = Self::max_field(keys);
         loop {
             let _locked = self.lock(key);
-            // A write to a packed hash (or to none) is one read-modify-write of its
-            // header: the header is not read a second time to check it.
-            if create && let Some(out) = self.edit_packed(keys, key, names, &mut run)? {
-                return Ok(Some(out));
-            }
             let read = self.header(keys, key)?;
             if read.is_none() && !create {
                 return Ok(None);
@@ -669,54 +662,6 @@ impl Hashes {
                 return Ok(Some(out));
             }
         }
-    }
-
-    /// [`edit`](Self::edit) of a packed hash, or of none, as one engine update: the
-    /// header read, `run`, and the header written, all under its DRAM leaf's lock.
-    /// `None` where the general path must run: the key holds an elements hash or bytes
-    /// that are not a header, or the fields grow past a packed hash (element writes are
-    /// engine writes of their own, not made under another key's leaf lock).
-    fn edit_packed<T>(
-        &self,
-        keys: &Keyspace,
-        key: &[u8],
-        names: &[&[u8]],
-        run: &mut impl FnMut(&mut Edit) -> T,
-    ) -> Result<Option<T>> {
-        let max_field = Self::max_field(keys);
-        let room = Self::packed_room(keys, key);
-        // may do I/O: one SSD block; may evict
-        let (outcome, _) = keys.update(key, |current| {
-            let fields = match current {
-                None => Vec::new(),
-                Some(item) if !item.collection || !format::is_hash(&item.value) => {
-                    return (Update::Keep, Err(HashError::WrongType));
-                }
-                Some(item) => match Layout::decode(&item.value) {
-                    Some(Layout::Packed(fields)) => fields,
-                    _ => return (Update::Keep, Ok(None)),
-                },
-            };
-            let now_ms = keys.engine().now_ms();
-            let found = |name: &[u8]| Ok(packed_field(&fields, name, now_ms));
-            let mut edit = match Edit::of(now_ms, names, found) {
-                Ok(edit) => edit,
-                Err(e) => return (Update::Keep, Err(e)),
-            };
-            let out = run(&mut edit);
-            let changes = match edit.changes(max_field) {
-                Ok(changes) if changes.is_empty() => return (Update::Keep, Ok(Some(out))),
-                Ok(changes) => changes,
-                Err(e) => return (Update::Keep, Err(e)),
-            };
-            let update = match repack(fields, changes, now_ms, room) {
-                Repacked::Empty => Update::Delete,
-                Repacked::Packed(header) => header_put(header, current),
-                Repacked::Grown(_) => return (Update::Keep, Ok(None)),
-            };
-            (update, Ok(Some(out)))
-        })?;
-        outcome
     }
 
     /// Writes and deletes the elements `changes` name; the header that counts them
