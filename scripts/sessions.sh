@@ -57,36 +57,43 @@ summary="$OUT/summary.md"
 
 skip() { [[ "${SKIP:-}" == *"$1"* ]]; }
 
-# a. Sessions held, DRAM only.
-skip a || {
-for run in $(seq "$RUNS"); do
-    "$BIN" bench sessions --sessions "$SESSIONS" --dram "$DRAM" --out "$OUT/dram-$run" \
-        >"$OUT/dram-$run.txt"
-done
-python3 - "$OUT" "$RUNS" >>"$summary" <<'PY'
+# RUNS runs of `zipcache bench sessions` of $2 sessions (into OUT/$1-RUN) and a table of
+# the fields named after $2 and the server CPU, each run's figure and the medians' ratio.
+runs_table() {
+    local name=$1 sessions=$2
+    shift 2
+    for run in $(seq "$RUNS"); do
+        "$BIN" bench sessions --sessions "$sessions" --dram "$DRAM" --out "$OUT/$name-$run" \
+            >"$OUT/$name-$run.txt"
+    done
+    python3 - "$OUT/$name" "$RUNS" "$@" >>"$summary" <<'PY'
 import json, statistics, sys
-out, runs = sys.argv[1], int(sys.argv[2])
-rows = [json.load(open(f"{out}/dram-{r}/sessions.json")) for r in range(1, runs + 1)]
+prefix, runs, fields = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+rows = [{t["target"]: t for t in json.load(open(f"{prefix}-{r}/sessions.json"))}
+        for r in range(1, runs + 1)]
+names = {"whole": "sessions held whole", "hset_per_second": "HSET + EXPIRE per s",
+         "hgetall_per_second": "HGETALL per s"}
 def med(target, field):
-    return statistics.median(next(t for t in run if t["target"] == target)[field] for run in rows)
-def all_(target, field):
-    return " · ".join(f'{next(t for t in run if t["target"] == target)[field]:,.0f}' for run in rows)
+    return statistics.median(run[target][field] for run in rows)
 print("| | ZipCache | redis-server | ratio (medians) |")
 print("|---|---|---|---|")
-for field, name in [("whole", "sessions held whole"), ("hset_per_second", "HSET + EXPIRE per s"),
-                    ("hgetall_per_second", "HGETALL per s")]:
+for field in fields:
+    each = lambda t: " · ".join(f"{run[t][field]:,.0f}" for run in rows)
     z, r = med("zipcache", field), med("redis", field)
-    print(f"| {name} | {all_('zipcache', field)} | {all_('redis', field)} | {z / r:.2f}x |")
+    print(f"| {names[field]} | {each('zipcache')} | {each('redis')} | {z / r:.2f}x |")
 for field, name in [("server_cpu_us_per_write", "server CPU per session written, µs"),
                     ("server_cpu_us_per_read", "server CPU per HGETALL, µs")]:
     z, r = med("zipcache", field), med("redis", field)
     print(f"| {name} | {z:.2f} | {r:.2f} | {z / r:.2f}x |")
-wrong = sum(t["wrong"] for run in rows for t in run)
-written = rows[0][0]["written"]
-print(f"\n{written:,} sessions written per run; wrong or partial sessions read back: {wrong}; "
-      f"Redis held {med('redis', 'whole_per_dram_mib'):,.0f} per MiB of DRAM.\n")
+wrong = sum(t["wrong"] for run in rows for t in run.values())
+print(f"\n{rows[0]['zipcache']['written']:,} sessions written per run; wrong or partial "
+      f"sessions read back: {wrong}; Redis held {med('redis', 'whole_per_dram_mib'):,.0f} "
+      f"per MiB of DRAM.\n")
 PY
 }
+
+# a. Sessions held, DRAM only.
+skip a || runs_table dram "$SESSIONS" whole hset_per_second hgetall_per_second
 
 # c. Through the SSD tier.
 skip c || {
@@ -120,33 +127,9 @@ PY
 
 # e. Every session held by both: rates and CPU of hits alike.
 skip e || {
-for run in $(seq "$RUNS"); do
-    "$BIN" bench sessions --sessions "$HELD_SESSIONS" --dram "$DRAM" --out "$OUT/held-$run" \
-        >"$OUT/held-$run.txt"
-done
-python3 - "$OUT" "$RUNS" >>"$summary" <<'PY'
-import json, statistics, sys
-out, runs = sys.argv[1], int(sys.argv[2])
-rows = [{t["target"]: t for t in json.load(open(f"{out}/held-{r}/sessions.json"))}
-        for r in range(1, runs + 1)]
-def med(target, field):
-    return statistics.median(run[target][field] for run in rows)
-held = " · ".join(f'{run["zipcache"]["whole"]:,} / {run["redis"]["whole"]:,}' for run in rows)
-print(f"Every session held ({rows[0]['zipcache']['written']:,} written; held whole by "
-      f"ZipCache / Redis: {held}):\n")
-print("| | ZipCache | redis-server | ratio (medians) |")
-print("|---|---|---|---|")
-for field, name in [("hset_per_second", "HSET + EXPIRE per s"),
-                    ("hgetall_per_second", "HGETALL per s")]:
-    runs_of = lambda t: " · ".join(f"{run[t][field]:,.0f}" for run in rows)
-    z, r = med("zipcache", field), med("redis", field)
-    print(f"| {name} | {runs_of('zipcache')} | {runs_of('redis')} | {z / r:.2f}x |")
-for field, name in [("server_cpu_us_per_write", "server CPU per session written, µs"),
-                    ("server_cpu_us_per_read", "server CPU per HGETALL, µs")]:
-    z, r = med("zipcache", field), med("redis", field)
-    print(f"| {name} | {z:.2f} | {r:.2f} | {z / r:.2f}x |")
-print()
-PY
+    echo "Every session held (part e):" >>"$summary"
+    echo >>"$summary"
+    runs_table held "$HELD_SESSIONS" whole hset_per_second hgetall_per_second
 }
 
 # b. redis-benchmark HSET (one large hash) and HGETALL (one session).
