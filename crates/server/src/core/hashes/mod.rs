@@ -1039,26 +1039,30 @@ impl Hashes {
                 return Ok((Vec::new(), None));
             };
             match read.layout {
-                Layout::Packed(mut fields) => {
+                Layout::Packed(fields) => {
                     let now_ms = keys.engine().now_ms();
                     let (mut live, mut dead, mut bytes) = (Vec::new(), Vec::new(), 0);
                     let mut next = None;
                     let from =
                         fields.partition_point(|f| after.is_some_and(|a| f.name.as_slice() <= a));
-                    for at in from..fields.len() {
-                        if at - from == limit || bytes > budget {
-                            next = Some(fields[at - 1].name.clone());
+                    // Names and values move into the reply; the last one examined, live or
+                    // dead, is where a scan goes on (`limit` is at least 1).
+                    let mut last_live = false;
+                    for (examined, field) in fields.into_iter().skip(from).enumerate() {
+                        if examined == limit || bytes > budget {
+                            next = match last_live {
+                                true => live.last().map(|(name, _): &(Vec<u8>, _)| name.clone()),
+                                false => dead.last().cloned(),
+                            };
                             break;
                         }
-                        let field = &mut fields[at];
-                        if field.expires_at_ms.is_some_and(|t| t <= now_ms) {
-                            dead.push(field.name.clone());
+                        last_live = field.expires_at_ms.is_none_or(|t| t > now_ms);
+                        if !last_live {
+                            dead.push(field.name);
                             continue;
                         }
-                        // The value moves into the reply; the name stays for `next`.
-                        let value = std::mem::take(&mut field.value);
-                        bytes += part.bytes(&field.name, &value) + 2 * REPLY_OVERHEAD;
-                        live.push(part.keep(field.name.clone(), value));
+                        bytes += part.bytes(&field.name, &field.value) + 2 * REPLY_OVERHEAD;
+                        live.push(part.keep(field.name, field.value));
                     }
                     (live, dead, next)
                 }

@@ -301,6 +301,16 @@ fn scans_of_either_layout_go_on_where_they_stopped() {
         let keys = keyspace(8 << 20);
         let hashes = Hashes::default();
         grown(&hashes, &keys, b"h", n);
+        // The last field of each page of 7 expires: a page may end on a dead field.
+        let soon = FieldExpiry::At(keys.engine().now_ms() + 50);
+        let expiring = |i: usize| i % 7 == 6;
+        for i in (0..n).filter(|&i| expiring(i)) {
+            let field = format!("f{i:03}").into_bytes();
+            hashes
+                .set_expiring(&keys, b"h", &[&field, b"v"], Exists::Any, soon)
+                .unwrap();
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
         let (mut seen, mut after) = (Vec::new(), None);
         loop {
             let (found, next) = hashes
@@ -313,8 +323,11 @@ fn scans_of_either_layout_go_on_where_they_stopped() {
                 None => break,
             }
         }
-        let want: Vec<Vec<u8>> = (0..n).map(|i| format!("f{i:03}").into_bytes()).collect();
-        assert_eq!(seen, want);
+        let want: Vec<Vec<u8>> = (0..n)
+            .filter(|&i| !expiring(i))
+            .map(|i| format!("f{i:03}").into_bytes())
+            .collect();
+        assert_eq!(seen, want, "{n} fields");
     }
 }
 
