@@ -8,8 +8,8 @@
 use std::ops::Bound;
 
 use super::{
-    Args, Command, NOT_INTEGER, READS_ALL, READS_ONE, Result, SYNTAX, Spec, WRITES_ALL, integer,
-    keyed, spec,
+    Args, Command, NOT_INTEGER, READS_ALL, READS_ONE, Result, SYNTAX, Spec, WRITES_ALL, WRITES_TWO,
+    integer, keyed, spec,
 };
 use crate::core::cursors;
 use crate::core::hashes::{Renamed, type_name};
@@ -48,8 +48,8 @@ pub const COMMANDS: &[Spec] = &[
     keyed("type", 2, READS_ONE, |a| {
         Ok(KeyCommand::Type { key: a.next()? }.into())
     }),
-    keyed("rename", 3, WRITES_ALL, |a| rename(a, false)),
-    keyed("renamenx", 3, WRITES_ALL, |a| rename(a, true)),
+    keyed("rename", 3, WRITES_TWO, |a| rename(a, false)),
+    keyed("renamenx", 3, WRITES_TWO, |a| rename(a, true)),
     spec("scan", -2, scan),
     spec("keys", 2, |a| {
         Ok(KeyCommand::Keys { pattern: a.next()? }.into())

@@ -148,6 +148,11 @@ pub const WRITES_ALL: KeyPositions = KeyPositions {
     writes: true,
     ..READS_ALL
 };
+/// Writes the two keys that are its arguments (RENAME: Redis's COMMAND says 1, 2, 1).
+pub const WRITES_TWO: KeyPositions = KeyPositions {
+    last: 2,
+    ..WRITES_ONE
+};
 /// Writes key/value pairs.
 pub const WRITES_PAIRS: KeyPositions = KeyPositions {
     step: 2,
@@ -683,6 +688,13 @@ mod tests {
         // pairs, as in Redis.
         assert_eq!(keys_of(&[b"mset", b"a", b"1", b"b"]), [k("a"), k("b")]);
         assert_eq!(keys_of(&[b"del", b"a", b"b"]), [k("a"), k("b")]);
+        assert_eq!(keys_of(&[b"rename", b"a", b"b"]), [k("a"), k("b")]);
+        let rename = FAMILIES
+            .iter()
+            .find_map(|t| lookup(t, b"renamenx"))
+            .unwrap();
+        let positions = rename.keys.unwrap();
+        assert_eq!((positions.first, positions.last, positions.step), (1, 2, 1));
         assert_eq!(keys_of(&[b"expire", b"a", b"10"]), [k("a")]);
         assert!(keys_of(&[b"scan", b"0"]).is_empty());
         assert!(keys_of(&[b"cluster", b"keyslot", b"a"]).is_empty());
