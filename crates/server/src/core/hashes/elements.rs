@@ -83,7 +83,8 @@ pub(super) fn walk(
     keys: &Keyspace,
     id: HashId,
     after: Option<&[u8]>,
-    (limit, budget): (usize, usize),
+    limit: usize,
+    budget: usize,
     part: Part,
     now: u64,
 ) -> Result<Walked> {

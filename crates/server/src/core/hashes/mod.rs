@@ -482,7 +482,8 @@ fn live_elements(keys: &Keyspace, header: Header, now_ms: u64) -> Result<Option<
             keys,
             header.id,
             after.as_deref(),
-            (LEN_PAGE, usize::MAX),
+            LEN_PAGE,
+            usize::MAX,
             Part::Fields,
             now_ms,
         )?;
@@ -1073,7 +1074,7 @@ impl Hashes {
                     }
                     let now_ms = keys.engine().now_ms();
                     let walked =
-                        elements::walk(keys, header.id, after, (limit, budget), part, now_ms)?;
+                        elements::walk(keys, header.id, after, limit, budget, part, now_ms)?;
                     if limit == usize::MAX
                         && walked.next.is_none()
                         && walked.elements != header.elements

@@ -110,7 +110,8 @@ impl Hashes {
             keys,
             stream.id,
             stream.after.as_deref(),
-            (usize::MAX, budget),
+            usize::MAX,
+            budget,
             stream.part,
             stream.now_ms,
         )?;

@@ -483,44 +483,43 @@ fn a_hash_past_the_reply_budget_is_streamed_whole() {
     let keys = keyspace(32 << 20);
     let hashes = Hashes::default();
     grown(&hashes, &keys, b"h", 300);
-    let expiring = keys.engine().now_ms() + 60_000;
+    // f007 expires: the streams leave it out (and leave it for a write to delete).
+    let soon = keys.engine().now_ms() + 50;
     hashes
         .set_expiring(
             &keys,
             b"h",
             &[b"f007", b"x"],
             Exists::Any,
-            FieldExpiry::At(expiring),
+            FieldExpiry::At(soon),
         )
         .unwrap();
-    let whole = hashes.all(&keys, b"h", Part::Both, usize::MAX).unwrap();
-    assert_eq!(whole.len(), 300);
+    std::thread::sleep(std::time::Duration::from_millis(100));
     assert!(matches!(
         hashes.all(&keys, b"h", Part::Both, 1000),
         Err(HashError::TooLarge { .. })
     ));
+    let mut streamed = Vec::new();
     for part in [Part::Both, Part::Fields, Part::Values] {
         let All::Streamed { count, mut stream } = hashes.read_all(&keys, b"h", part, 1000).unwrap()
         else {
             panic!("not streamed");
         };
-        assert_eq!(count, 300);
+        assert_eq!(count, 299);
         let first = hashes.next_part(&keys, &mut stream, 1000).unwrap().unwrap();
-        assert!((1..300).contains(&first.len()), "{}", first.len());
+        assert!((1..299).contains(&first.len()), "{}", first.len());
         let mut got = first;
         got.extend(stream_all(&hashes, &keys, stream, 1000).unwrap());
+        streamed.push((part, got));
+    }
+    let whole = hashes.all(&keys, b"h", Part::Both, usize::MAX).unwrap();
+    assert_eq!(whole.len(), 299);
+    assert!(!whole.iter().any(|(f, _)| f == b"f007"));
+    for (part, got) in streamed {
         let want: Pairs = whole
             .iter()
             .map(|(f, v)| part.keep(f.clone(), v.clone()))
             .collect();
-        let want: Pairs = match part {
-            Part::Values => want.into_iter().map(|(_, v)| (Vec::new(), v)).collect(),
-            _ => want,
-        };
-        let got: Pairs = match part {
-            Part::Values => got.into_iter().map(|(_, v)| (Vec::new(), v)).collect(),
-            _ => got,
-        };
         assert_eq!(got, want, "{part:?}");
     }
     // A renamed hash's header is versioned too.
