@@ -994,8 +994,13 @@ fn large_key(i: usize) -> String {
 /// Every read of a large value allocates its whole extent, and a connection reads ahead
 /// the GETs it has been sent: 100 connections each sending `get big0 … big63` (64 MiB of
 /// values) without reading held 4.8 GB against a 128 MiB `max_clients_memory` before the
-/// reads in flight and their answers were charged to it. The bound is the issue's: what
-/// the connections' buffers may hold, and 64 MiB besides.
+/// reads in flight and their answers were charged to it. The bound was the issue's, what
+/// the connections' buffers may hold and 64 MiB besides, until a CI run passed it
+/// (+131.8 MiB; +105 to +121 here): the connections the budget closed dropped their
+/// reads in flight, whose buffers lived on uncharged until the device completed them,
+/// and a crowd of connections each started one read past a spent budget. With both
+/// charged until freed (`prefetch::abandon`, `ConnectionBuffers::room`) it measured
+/// +72 to +74 MiB, so the bound is now 32 MiB besides.
 #[test]
 fn connections_reading_large_values_ahead_without_reading_replies() {
     let server = start_with(
@@ -1014,8 +1019,9 @@ fn connections_reading_large_values_ahead_without_reading_replies() {
         .collect();
     drop(conn);
     let bound = Bound {
-        above_baseline: CLIENTS_MEMORY + 64 * MIB,
-        why: "max_clients_memory + 64 MiB: reads in flight and their answers charged to it",
+        above_baseline: CLIENTS_MEMORY + 32 * MIB,
+        why: "max_clients_memory + 32 MiB: reads in flight and their answers charged to it \
+              until freed",
     };
     under_attack(server, bound, |server| {
         let keys: Vec<String> = (0..LARGE_VALUES).map(large_key).collect();

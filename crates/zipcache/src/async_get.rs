@@ -4,6 +4,8 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 
 use crate::{Item, Result};
@@ -16,8 +18,20 @@ pub struct AsyncGet(State);
 
 enum State {
     Ready(Option<Result<Option<Item>>>),
-    /// The read, and the bytes of the device buffer it holds until it completes.
-    Reading(Reading, usize),
+    /// The read, the bytes of the device buffer it holds until it completes, and whether
+    /// its answer is still wanted ([`AsyncGet::abandon`]).
+    Reading(Reading, usize, Arc<Abandoned>),
+}
+
+/// Set once nobody wants a GET's answer: the read stops at its next device completion,
+/// without decoding what it read or reading further.
+#[derive(Default)]
+pub(crate) struct Abandoned(AtomicBool);
+
+impl Abandoned {
+    pub(crate) fn is_set(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
 }
 
 impl AsyncGet {
@@ -25,11 +39,14 @@ impl AsyncGet {
         AsyncGet(State::Ready(Some(answer)))
     }
 
+    /// A GET whose device read is in flight: `read` resolves with its answer and stops
+    /// early once `abandoned` is set.
     pub(crate) fn reading(
         read: impl Future<Output = Result<Option<Item>>> + Send + 'static,
         buffer_bytes: usize,
+        abandoned: Arc<Abandoned>,
     ) -> AsyncGet {
-        AsyncGet(State::Reading(Box::pin(read), buffer_bytes))
+        AsyncGet(State::Reading(Box::pin(read), buffer_bytes, abandoned))
     }
 
     /// The bytes the GET's device buffer holds while its read is in flight (a BT_LO
@@ -38,7 +55,24 @@ impl AsyncGet {
     pub fn buffer_bytes(&self) -> usize {
         match self.0 {
             State::Ready(_) => 0,
-            State::Reading(_, bytes) => bytes,
+            State::Reading(_, bytes, _) => bytes,
+        }
+    }
+
+    /// Gives up the answer, returning a future that resolves once the device holds no
+    /// buffer for this GET any more (none if it holds none now). Dropping a GET in flight
+    /// frees its buffer only when the device completes the read, unseen: a server that
+    /// charges what its connections hold awaits this to keep the charge until then. No
+    /// value is decoded, no access marked, no further tier read.
+    pub fn abandon(self) -> Option<impl Future<Output = ()> + Send + 'static> {
+        match self.0 {
+            State::Ready(_) => None,
+            State::Reading(read, _, abandoned) => {
+                abandoned.0.store(true, Ordering::Relaxed);
+                Some(async move {
+                    let _unwanted = read.await;
+                })
+            }
         }
     }
 
@@ -59,7 +93,7 @@ impl Future for AsyncGet {
             State::Ready(answer) => {
                 Poll::Ready(answer.take().expect("AsyncGet polled after completion"))
             }
-            State::Reading(read, _) => read.as_mut().poll(cx),
+            State::Reading(read, ..) => read.as_mut().poll(cx),
         }
     }
 }

@@ -24,8 +24,11 @@
 //! of each read in flight (a BT_LO read holds its whole extent) from the moment it starts,
 //! then its decoded answer, and the hit held. A read-ahead stops once the reads and
 //! answers hold [`MAX_HELD_BYTES`] or the budget for all connections is spent: the
-//! request then waits until earlier replies drain (back-pressure, not an error), and the
-//! front request's next key is still read, one at a time however large.
+//! request then waits until earlier replies drain (back-pressure, not an error). The
+//! front request's next key is still read past this connection's share, one at a time
+//! however large; past the budget for all, it waits for room, which closes the biggest
+//! connection ([`ConnectionBuffers::room`]), so that a crowd of connections does not
+//! each pass the budget by a read.
 //!
 //! Owner: each connection task holds its `Prefetch` and hands it to every request it runs
 //! (`Session::step`'s `reads`), synchronously: no other connection's request can run in
@@ -53,8 +56,8 @@ const MAX_READS: usize = 64;
 /// Answers one connection may hold, and the bytes its reads in flight and answers may
 /// hold (read buffers, keys and values) before it stops reading ahead: one read may hold a
 /// 1 MiB item's extent. A read starts while they are under this, and is charged as it
-/// starts, so they pass it by one read at most. The front request's next key is always
-/// read, so it can always progress.
+/// starts, so they pass it by one read at most. The front request's next key is read
+/// past them, so it can always progress.
 const MAX_ANSWERS: usize = 1024;
 const MAX_HELD_BYTES: usize = 1 << 20;
 /// Keys past the answered ones a request's admission looks at, starting their reads: it
@@ -110,6 +113,9 @@ pub struct Prefetch {
     /// The keyspace's generations when the answers held were read
     /// ([`Keyspace::changes`]).
     generations_seen: u64,
+    /// The front request's next read waits for every connection's buffers to fall under
+    /// the budget ([`Prefetch::settle`]).
+    awaiting_room: bool,
 }
 
 /// The bytes of the hit held.
@@ -128,9 +134,31 @@ impl Default for Prefetch {
 
 impl Drop for Prefetch {
     fn drop(&mut self) {
+        for (key, fetches) in std::mem::take(&mut self.fetches) {
+            for (_, fetch) in fetches {
+                self.drop_fetch(&key, fetch);
+            }
+        }
         self.buffers
             .release(self.held_bytes + hit_bytes(&self.held));
     }
+}
+
+/// A read in flight nobody will take ([`AsyncGet::abandon`]): its buffer is held until the
+/// device completes it, so its charge stays on the connection's share until then, released
+/// by a task on this thread (a connection closed by the budget dropped its reads in
+/// flight, and a burst of such reads, uncharged, held 40 MiB more than the budget).
+/// Without a runtime (sessions driven by tests), released at once.
+fn abandon(buffers: &Arc<ConnectionBuffers>, read: AsyncGet, bytes: usize) {
+    let (Some(freed), Ok(runtime)) = (read.abandon(), tokio::runtime::Handle::try_current()) else {
+        buffers.release(bytes);
+        return;
+    };
+    let buffers = buffers.clone();
+    runtime.spawn(async move {
+        freed.await;
+        buffers.release(bytes);
+    });
 }
 
 impl Prefetch {
@@ -147,6 +175,7 @@ impl Prefetch {
             walked: 0,
             held: None,
             generations_seen: 0,
+            awaiting_room: false,
         }
     }
 
@@ -154,8 +183,13 @@ impl Prefetch {
     /// read that has completed meanwhile to the ready answers: the connection then runs
     /// as far as its answers allow and writes those replies while later reads are still
     /// in flight, rather than holding every reply until the slowest read of the pipeline.
+    /// With none in flight, awaits room for the front request's next read.
     pub async fn settle(&mut self) {
+        let awaiting_room = std::mem::take(&mut self.awaiting_room);
         let Some((key, options)) = self.reading.pop_front() else {
+            if awaiting_room {
+                self.buffers.room().await;
+            }
             return;
         };
         if let Some(Fetch::Reading(read)) = self.fetch_mut(&key, options) {
@@ -220,6 +254,18 @@ impl Prefetch {
         self.answers -= usize::from(answer);
     }
 
+    /// Counts out a GET no request will take: an answer's bytes are released now, a read
+    /// in flight's once the device is done with its buffer ([`abandon`]).
+    fn drop_fetch(&mut self, key: &[u8], fetch: Fetch) {
+        let (bytes, answer) = weigh(key, &fetch);
+        self.held_bytes -= bytes;
+        self.answers -= usize::from(answer);
+        match fetch {
+            Fetch::Answered(_) => self.buffers.release(bytes),
+            Fetch::Reading(read) => abandon(&self.buffers, read, bytes),
+        }
+    }
+
     fn fetch_mut(&mut self, key: &[u8], options: GetOptions) -> Option<&mut Fetch> {
         let fetches = self.fetches.get_mut(key)?;
         let (_, fetch) = fetches.iter_mut().find(|(o, _)| *o == options)?;
@@ -278,7 +324,8 @@ impl Prefetch {
     /// the caps allow, and returns how many of them, from the first, are answered — a key
     /// repeated among those counts once, as its answer is taken once. `front`: the
     /// request at the front, admitted with those answers (it drops what it leaves of them
-    /// when it ends), whose first key starts even past the caps.
+    /// when it ends), whose first key starts even past this connection's caps; past the
+    /// budget for all connections, it waits for room (`settle`).
     fn start(
         &mut self,
         cache: &Keyspace,
@@ -298,6 +345,10 @@ impl Prefetch {
             let first = front && ready.is_empty() && past_ready == 0;
             if self.fetch(key, options).is_none() {
                 if self.full() && !first {
+                    break;
+                }
+                if self.buffers.budget_spent() {
+                    self.awaiting_room = true;
                     break;
                 }
                 self.begin(cache, key, options);
@@ -355,9 +406,8 @@ impl Prefetch {
         let mut dropped_a_read = false;
         for key in keys {
             for (_, fetch) in self.fetches.remove(key).unwrap_or_default() {
-                let (bytes, answer) = weigh(key, &fetch);
-                self.let_go((bytes, answer));
-                dropped_a_read |= !answer;
+                dropped_a_read |= matches!(fetch, Fetch::Reading(_));
+                self.drop_fetch(key, fetch);
             }
         }
         if dropped_a_read {
@@ -548,6 +598,8 @@ impl ReadAhead<'_> {
 mod tests {
     use zipcache::Config;
 
+    use std::time::Duration;
+
     use super::super::buffer_budget::BufferBudget;
     use super::*;
 
@@ -671,15 +723,76 @@ mod tests {
         drop(reads);
         assert_eq!(budget.buffered(), 0);
 
-        // Every connection together at the budget: the front's first key only.
+        // Every connection together at the budget: not even the front's first key until
+        // there is room, which closes the biggest.
         let budget = BufferBudget::new(1 << 20);
         let others = budget.register();
         others.charge(1 << 20);
         let mut reads = Prefetch::new(Arc::new(budget.register()));
+        assert_eq!(reads.start(&cache, &keys, plain, true), 0);
+        assert!(reads.reading.is_empty() && reads.awaiting_room);
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let settled = tokio::time::timeout(Duration::from_millis(50), reads.settle());
+            assert!(settled.await.is_err(), "no room while the budget is spent");
+        });
+        assert!(others.is_closed(), "the biggest was told to close");
         reads.start(&cache, &keys, plain, true);
-        assert_eq!(reads.reading.len(), 1);
+        runtime.block_on(async {
+            let settled = tokio::time::timeout(Duration::from_secs(10), reads.settle());
+            tokio::join!(
+                async { assert!(settled.await.is_ok(), "room once it went") },
+                async { drop(others) }
+            );
+        });
+        assert!(!reads.awaiting_room);
+        assert_eq!(budget.buffered(), 0);
+        reads.start(&cache, &keys, plain, true);
+        assert_eq!(reads.reading.len(), 4, "the share's reads start");
         reads.clear();
-        assert_eq!(budget.buffered(), 1 << 20, "cleared, it holds nothing");
+        assert_eq!(budget.buffered(), 0, "cleared, it holds nothing");
+        drop(cache);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// Reads in flight that no request will take keep their charge until the device is
+    /// done with their buffers: released by a task on the connection's thread, not when
+    /// they are dropped.
+    #[test]
+    fn reads_dropped_in_flight_stay_charged_until_their_buffers_are_freed() {
+        const LEN: usize = 256 << 10;
+        let dir = std::env::temp_dir().join(format!("zipcache-abandon-{}", std::process::id()));
+        let cache = Keyspace::new(
+            Arc::new(with_large_values(&dir, 4, LEN)),
+            Default::default(),
+        );
+        let keys: Vec<Vec<u8>> = (0..4).map(|i| format!("big{i}").into_bytes()).collect();
+        let keys: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
+        let budget = BufferBudget::new(64 << 20);
+        let buffers = Arc::new(budget.register());
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let mut reads = Prefetch::new(buffers.clone());
+            reads.start(&cache, &keys, GetOptions::default(), true);
+            let charged = reads.held_bytes;
+            assert!(charged >= 4 * LEN && !reads.reading.is_empty());
+            // A later request changes two of the keys, then the connection goes.
+            reads.forget([keys[0], keys[1]]);
+            drop(reads);
+            assert_eq!(budget.buffered(), charged, "every buffer still charged");
+            for _ in 0..100 {
+                if budget.buffered() == 0 {
+                    break;
+                }
+                tokio::task::yield_now().await;
+            }
+            assert_eq!(budget.buffered(), 0, "released once the reads completed");
+        });
         drop(cache);
         let _ = std::fs::remove_dir_all(&dir);
     }

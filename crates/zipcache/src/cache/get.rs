@@ -8,7 +8,7 @@ use std::sync::atomic::Ordering;
 use zipcache_device::{AlignedBuf, BlockDevice, ReadFuture};
 
 use super::{Inner, OpCounters, ZipCache};
-use crate::async_get::AsyncGet;
+use crate::async_get::{Abandoned, AsyncGet};
 use crate::dram::{Change, Lookup};
 use crate::large_objects::{LoFinished, LoRead};
 use crate::record::Meta;
@@ -49,11 +49,13 @@ impl ZipCache {
         let counted = reading.is_in_flight().then(|| ReadInFlight::new(inner));
         let buffer_bytes = reading.buffer_bytes();
         let (inner, key) = (self.inner.clone(), key.to_vec());
+        let abandoned = Arc::new(Abandoned::default());
+        let unwanted = abandoned.clone();
         AsyncGet::reading(
             async move {
                 let _counted_until_answered_or_dropped = counted;
                 loop {
-                    let next = inner.complete(&key, reading, now, options).await;
+                    let next = inner.complete(&key, reading, now, options, &unwanted).await;
                     // may do I/O: the next read (the SSD tier's, or the key's extent again)
                     reading = match inner.submit(&key, next, now, options) {
                         Ok(reading) => reading,
@@ -62,6 +64,7 @@ impl ZipCache {
                 }
             },
             buffer_bytes,
+            abandoned,
         )
     }
 
@@ -145,9 +148,13 @@ async fn finish_ssd_async(
     mut read: PlannedRead,
     mut block: ReadFuture,
     now: u64,
+    abandoned: &Abandoned,
 ) -> Option<SsdHit> {
     loop {
         let (result, buf) = block.await;
+        if abandoned.is_set() {
+            return None;
+        }
         match ssd.finish_get(read, key, result.is_ok().then_some(&buf[..]), now) {
             Finished::Done(hit) => return hit,
             Finished::Retry => {}
@@ -268,8 +275,16 @@ impl Inner {
         }
     }
 
-    /// Waits for the read `reading` submitted and says where the GET goes next.
-    async fn complete(&self, key: &[u8], reading: Reading, now: u64, options: GetOptions) -> Next {
+    /// Waits for the read `reading` submitted and says where the GET goes next: nowhere
+    /// once `abandoned` (a miss no one sees, not counted).
+    async fn complete(
+        &self,
+        key: &[u8],
+        reading: Reading,
+        now: u64,
+        options: GetOptions,
+        abandoned: &Abandoned,
+    ) -> Next {
         match reading {
             Reading::Extent {
                 read,
@@ -278,15 +293,21 @@ impl Inner {
                 ..
             } => {
                 let (result, buf) = extent.await;
+                if abandoned.is_set() {
+                    return Next::Answer(None);
+                }
                 let lo = self.large.as_ref().expect("an extent read follows BT_LO");
-                let found = lo.finish_get(read, key, result.is_ok().then_some(&buf[..]));
+                let found = lo.finish_get(read, key, result.is_ok().then_some(buf));
                 self.after_extent(key, found, then_ssd, now, options)
             }
             Reading::Ssd {
                 read, epoch, block, ..
             } => {
                 let ssd = self.ssd.as_ref().expect("an SSD read follows the SSD tier");
-                let hit = finish_ssd_async(ssd, &self.ops, key, read, block, now).await;
+                let hit = finish_ssd_async(ssd, &self.ops, key, read, block, now, abandoned).await;
+                if abandoned.is_set() {
+                    return Next::Answer(None);
+                }
                 Next::Answer(self.ssd_answer(key, hit, epoch, now, options))
             }
         }

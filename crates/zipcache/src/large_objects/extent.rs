@@ -60,7 +60,8 @@ pub(super) fn checksum(buf: &[u8], body: usize) -> u32 {
 /// The value in an extent read for `extent` under `key`, or `None` if anything in it
 /// disagrees: header, lengths (a stored length past the bytes read, a value that does not
 /// decompress to exactly its length), sequence number, key or CRC32C.
-pub(super) fn decode(buf: &[u8], key: &[u8], extent: &Extent) -> Option<Vec<u8>> {
+pub(super) fn decode(read: AlignedBuf, key: &[u8], extent: &Extent) -> Option<Vec<u8>> {
+    let buf = &read[..];
     let value_len = extent.value_len as usize;
     if buf.len() < HEADER || !MAGIC.is_in(buf) || VERSION.get(buf) != EXTENT_VERSION {
         return None;
@@ -76,12 +77,12 @@ pub(super) fn decode(buf: &[u8], key: &[u8], extent: &Extent) -> Option<Vec<u8>>
     if !ok {
         return None;
     }
-    let stored = &buf[HEADER + key.len()..HEADER + body];
+    let stored = HEADER + key.len()..HEADER + body;
     match ENCODING.get(buf) {
-        STORED_RAW if stored_len == value_len => Some(stored.to_vec()),
+        STORED_RAW if stored_len == value_len => Some(read.into_vec(stored)),
         STORED_LZ4 => {
             let mut value = vec![0; value_len];
-            decompress_exactly(stored, &mut value).then_some(value)
+            decompress_exactly(&buf[stored], &mut value).then_some(value)
         }
         _ => None,
     }

@@ -83,7 +83,7 @@ impl LargeObjects {
         let mut buf = read.buffer();
         // may do I/O: the whole extent
         let done = self.device.read(read.lba(), &mut buf).is_ok();
-        self.finish_get(read, key, done.then_some(&buf[..]))
+        self.finish_get(read, key, done.then_some(buf))
     }
 
     /// The second half of a GET: the value in the extent read for `read` (`None` if the
@@ -94,7 +94,7 @@ impl LargeObjects {
     /// follow its removal from BT_LO, and another extent's trim lands only while the log
     /// owns that extent's blocks (`trim_if_owned`). Bytes that fail the header or checksum
     /// are damage: a miss.
-    pub fn finish_get(&self, read: LoRead, key: &[u8], bytes: Option<&[u8]>) -> LoFinished {
+    pub fn finish_get(&self, read: LoRead, key: &[u8], bytes: Option<AlignedBuf>) -> LoFinished {
         if self.lookup(key).is_none_or(|now| now.seq != read.0.seq) {
             return LoFinished::Moved;
         }

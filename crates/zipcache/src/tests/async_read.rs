@@ -107,6 +107,40 @@ fn a_get_in_flight_reports_its_buffer() {
     assert!(ready.take_ready().is_some());
 }
 
+/// An abandoned GET waits only for its device read, which holds its buffer until then,
+/// and then ends: nothing decoded, promoted or counted as a hit or a miss.
+#[test]
+fn an_abandoned_get_ends_with_its_read_and_answers_nothing() {
+    let (mut h, device) = harness(false);
+    h.put_all(0..3_000, 64);
+    evict_to_ssd(&h);
+    let before = h.cache.stats();
+    let reading = h.cache.get_item_async(&key_of(5), GetOptions::default());
+    assert_eq!(device.in_flight(), 1);
+    let mut freed = Box::pin(reading.abandon().expect("a read in flight"));
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    assert!(
+        freed.as_mut().poll(&mut cx).is_pending(),
+        "the read holds its buffer"
+    );
+    device.release_all();
+    block_on(freed);
+    let after = h.cache.stats();
+    assert_eq!(after.ssd_hits, before.ssd_hits);
+    assert_eq!(after.misses, before.misses);
+    assert_eq!(
+        after.ssd_promotions, before.ssd_promotions,
+        "promotes every hit"
+    );
+    assert_eq!(after.ssd_reads_in_flight, 0);
+    // A GET answered at once has nothing to wait for.
+    h.put_all(3_000..3_001, 64);
+    let ready = h
+        .cache
+        .get_item_async(&key_of(3_000), GetOptions::default());
+    assert!(ready.abandon().is_none());
+}
+
 #[test]
 fn a_read_overtaken_by_a_rewrite_never_installs_the_older_value() {
     let (mut h, device) = harness(false);
