@@ -107,6 +107,37 @@ fn a_request_over_the_limit_is_refused_and_closed_others_are_served() {
     );
 }
 
+/// A connection refused for a request over the limit lets go of what it buffered before
+/// its reply goes out, not after the second it lingers for the client to close: other
+/// connections' reads wait for room while the connections hold the budget and its
+/// overdraft, and a crowd of lingering connections once stalled them for 0.9 s.
+#[test]
+fn a_refused_request_is_freed_before_the_connection_lingers() {
+    let server = TestServer::with_options(ServerOptions {
+        max_request_size: Some(256 << 10),
+        ..TestServer::options()
+    });
+    let mut mc = connect(server.memcached);
+    let mut set = b"set big 0 0 1000000\r\n".to_vec();
+    set.extend(vec![b'v'; 400 << 10]);
+    send_all(&mut mc, &set);
+    let mut line = Vec::new();
+    let mut byte = [0u8; 1];
+    while !line.ends_with(b"\r\n") {
+        mc.read_exact(&mut byte).expect("the refusal");
+        line.push(byte[0]);
+    }
+    assert_eq!(line, b"SERVER_ERROR request exceeds max-request-size\r\n");
+    // The refused connection is still open, lingering; the stats connection holds one
+    // read's buffer.
+    let buffered = stat(&server, "conn_buffer_bytes");
+    assert!(
+        buffered < 64 << 10,
+        "{buffered} bytes buffered after the refusal"
+    );
+    drop(mc);
+}
+
 /// Requests up to the default limit (the item size + 256 KiB) are served: a value of
 /// the largest size, and memcached's too-large value still swallowed, connection kept.
 #[test]

@@ -272,9 +272,15 @@ impl Input<'_> {
     fn consume(&mut self, n: usize) {
         self.bytes.drain(..n);
         if self.bytes.is_empty() {
-            self.bytes = Vec::new();
-            self.charge_capacity();
+            self.free();
         }
+    }
+
+    /// Frees the buffer, and its charge: a closing connection does before it lingers,
+    /// which would hold them against every other connection's budget for a second.
+    fn free(&mut self) {
+        self.bytes = Vec::new();
+        self.charge_capacity();
     }
 }
 
@@ -494,6 +500,9 @@ pub async fn serve<T: Stream, S: Session>(
                     break;
                 }
                 Processed::Close => {
+                    input.free();
+                    reads.clear();
+                    reply.free();
                     linger(stream).await;
                     return;
                 }
@@ -504,6 +513,9 @@ pub async fn serve<T: Stream, S: Session>(
         input.consume(pos);
         if input.bytes.len() > transport.max_request_size {
             Counters::bump(&counters.request_size_kicks);
+            // Freed before the refusal goes out, and the second the connection lingers.
+            input.free();
+            reads.clear();
             reply.out.clear();
             session.too_large(&mut reply.out);
             if stream.write_all(&reply.out[..]).await.is_ok() && stream.flush().await.is_ok() {

@@ -25,10 +25,10 @@
 //! then its decoded answer, and the hit held. A read-ahead stops once the reads and
 //! answers hold [`MAX_HELD_BYTES`] or the budget for all connections is spent: the
 //! request then waits until earlier replies drain (back-pressure, not an error). The
-//! front request's next key is still read past this connection's share, one at a time
-//! however large; past the budget for all, it waits for room, which closes the biggest
-//! connection ([`ConnectionBuffers::room`]), so that a crowd of connections does not
-//! each pass the budget by a read.
+//! front request's next key is still read past this connection's share and past the
+//! budget for all, one at a time however large, within the budget's overdraft; past
+//! that it waits for room ([`ConnectionBuffers::room`]), so that a crowd of connections
+//! does not each pass the budget by a read.
 //!
 //! Owner: each connection task holds its `Prefetch` and hands it to every request it runs
 //! (`Session::step`'s `reads`), synchronously: no other connection's request can run in
@@ -113,8 +113,8 @@ pub struct Prefetch {
     /// The keyspace's generations when the answers held were read
     /// ([`Keyspace::changes`]).
     generations_seen: u64,
-    /// The front request's next read waits for every connection's buffers to fall under
-    /// the budget ([`Prefetch::settle`]).
+    /// The front request's next read waits for every connection's buffers to fall within
+    /// the budget's overdraft ([`Prefetch::settle`]).
     awaiting_room: bool,
 }
 
@@ -324,8 +324,8 @@ impl Prefetch {
     /// the caps allow, and returns how many of them, from the first, are answered — a key
     /// repeated among those counts once, as its answer is taken once. `front`: the
     /// request at the front, admitted with those answers (it drops what it leaves of them
-    /// when it ends), whose first key starts even past this connection's caps; past the
-    /// budget for all connections, it waits for room (`settle`).
+    /// when it ends), whose first key starts even past the caps; past the budget's
+    /// overdraft, it waits for room (`settle`).
     fn start(
         &mut self,
         cache: &Keyspace,
@@ -347,7 +347,7 @@ impl Prefetch {
                 if self.full() && !first {
                     break;
                 }
-                if self.buffers.budget_spent() {
+                if self.buffers.overdrawn() {
                     self.awaiting_room = true;
                     break;
                 }
@@ -723,12 +723,18 @@ mod tests {
         drop(reads);
         assert_eq!(budget.buffered(), 0);
 
-        // Every connection together at the budget: not even the front's first key until
-        // there is room, which closes the biggest.
+        // Every connection together at the budget: the front's first key only.
         let budget = BufferBudget::new(1 << 20);
         let others = budget.register();
         others.charge(1 << 20);
         let mut reads = Prefetch::new(Arc::new(budget.register()));
+        reads.start(&cache, &keys, plain, true);
+        assert_eq!(reads.reading.len(), 1);
+        reads.clear();
+        // Past the budget's overdraft (an eighth): not even that until there is room,
+        // which the closing of the biggest makes.
+        others.charge(1 << 17);
+        assert!(others.is_closed());
         assert_eq!(reads.start(&cache, &keys, plain, true), 0);
         assert!(reads.reading.is_empty() && reads.awaiting_room);
         let runtime = tokio::runtime::Builder::new_current_thread()
@@ -737,9 +743,11 @@ mod tests {
             .unwrap();
         runtime.block_on(async {
             let settled = tokio::time::timeout(Duration::from_millis(50), reads.settle());
-            assert!(settled.await.is_err(), "no room while the budget is spent");
+            assert!(
+                settled.await.is_err(),
+                "no room while the overdraft is spent"
+            );
         });
-        assert!(others.is_closed(), "the biggest was told to close");
         reads.start(&cache, &keys, plain, true);
         runtime.block_on(async {
             let settled = tokio::time::timeout(Duration::from_secs(10), reads.settle());
