@@ -121,17 +121,6 @@ impl ConnectionBuffers {
     pub fn charge(&self, n: usize) {
         self.held.bytes.fetch_add(n, Ordering::Relaxed);
         let total = self.budget.buffered.fetch_add(n, Ordering::Relaxed) + n;
-        static PEAK: AtomicUsize = AtomicUsize::new(0);
-        let was = PEAK.fetch_max(total, Ordering::Relaxed);
-        if total > was && total >> 22 != was >> 22 {
-            use std::io::Write;
-            let mut f = std::fs::OpenOptions::new()
-                .append(true)
-                .create(true)
-                .open("/tmp/budget.log")
-                .unwrap();
-            let _ = writeln!(f, "peak {} MiB", total >> 20);
-        }
         if total > self.budget.limit {
             self.budget.close_biggest();
         }
