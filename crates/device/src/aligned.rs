@@ -65,8 +65,7 @@ impl AlignedBuf {
     /// The bytes `range` of the buffer as a `Vec`: moved to the front of the buffer's own
     /// allocation where it fills nearly all of it, so that a large value read from the
     /// device takes no second allocation (a copy into 1 MiB of fresh pages per read of a
-    /// 1 MiB value: 27 % of the page faults of a burst of such reads); copied out where
-    /// most of the allocation would be spare.
+    /// 1 MiB value); copied out where most of the allocation would be spare.
     pub fn into_vec(mut self, range: std::ops::Range<usize>) -> Vec<u8> {
         let window = self.offset + range.start..self.offset + range.end;
         let spare = self.storage.capacity() - range.len();

@@ -6,7 +6,7 @@
 //! is spent ([`ConnectionBuffers::budget_spent`]). The read the front request needs may
 //! pass the budget, by [`OVERDRAFT`] of it for all connections together, then waits for
 //! room ([`ConnectionBuffers::room`]): a hundred connections each starting one 1 MiB read
-//! past a spent 64 MiB budget held 92 MiB
+//! past a spent 64 MiB budget went well past it
 //! (`connections_reading_large_values_ahead_without_reading_replies`), and with no
 //! overdraft every small read of a well-behaved client waited while readers that never
 //! read their replies held the budget.

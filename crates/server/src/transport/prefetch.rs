@@ -147,7 +147,8 @@ impl Drop for Prefetch {
 /// A read in flight nobody will take ([`AsyncGet::abandon`]): its buffer is held until the
 /// device completes it, so its charge stays on the connection's share until then, released
 /// by a task on this thread (a connection closed by the budget dropped its reads in
-/// flight, and a burst of such reads, uncharged, held 40 MiB more than the budget).
+/// flight, and a burst of such reads, uncharged, passed the budget:
+/// `connections_reading_large_values_ahead_without_reading_replies`).
 /// Without a runtime (sessions driven by tests), released at once.
 fn abandon(buffers: &Arc<ConnectionBuffers>, read: AsyncGet, bytes: usize) {
     let (Some(freed), Ok(runtime)) = (read.abandon(), tokio::runtime::Handle::try_current()) else {
