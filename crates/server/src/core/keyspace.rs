@@ -244,6 +244,11 @@ impl Keyspace {
         self.engine.get_item_async(&self.stored(key), options)
     }
 
+    /// See `ZipCache::reads_large_object`.
+    pub fn reads_large_object(&self, key: &[u8]) -> bool {
+        self.engine.reads_large_object(&self.stored(key))
+    }
+
     pub fn put_with(&self, key: &[u8], value: &[u8], options: PutOptions) -> Result<u64> {
         // may evict
         self.engine.put_with(&self.stored(key), value, options)

@@ -3,13 +3,14 @@
 //! [`ConnectionBuffers`]; when the total passes the budget, the connection holding the
 //! most is told to close, whichever connection's charge passed it. What a connection may
 //! do without, its SSD reads ahead of the request at the front, waits while the budget
-//! is spent ([`ConnectionBuffers::budget_spent`]). The read the front request needs may
-//! pass the budget, by [`OVERDRAFT`] of it for all connections together, then waits for
-//! room ([`ConnectionBuffers::room`]): a hundred connections each starting one 1 MiB read
-//! past a spent 64 MiB budget went well past it
-//! (`connections_reading_large_values_ahead_without_reading_replies`), and with no
-//! overdraft every small read of a well-behaved client waited while readers that never
-//! read their replies held the budget.
+//! is spent ([`ConnectionBuffers::budget_spent`]). A large object's read the front
+//! request needs may pass the budget, by [`OVERDRAFT`] of it for all connections
+//! together, then waits for room ([`ConnectionBuffers::room`]): a hundred connections
+//! each starting one 1 MiB read past a spent 64 MiB budget went well past it
+//! (`connections_reading_large_values_ahead_without_reading_replies`). A read of one SSD
+//! block never waits (`transport/prefetch.rs`): when small reads waited too, a
+//! well-behaved client's waited while readers that never read their replies held the
+//! budget.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};

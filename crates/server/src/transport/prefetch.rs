@@ -26,9 +26,11 @@
 //! answers hold [`MAX_HELD_BYTES`] or the budget for all connections is spent: the
 //! request then waits until earlier replies drain (back-pressure, not an error). The
 //! front request's next key is still read past this connection's share and past the
-//! budget for all, one at a time however large, within the budget's overdraft; past
-//! that it waits for room ([`ConnectionBuffers::room`]), so that a crowd of connections
-//! does not each pass the budget by a read.
+//! budget for all, one at a time however large. A large object's read (BT_LO's whole
+//! extent) passes the budget by its overdraft at most, then waits for room
+//! ([`ConnectionBuffers::room`]), so that a crowd of connections does not each pass the
+//! budget by a megabyte; a read of one SSD block never waits, so that a well-behaved
+//! client's small reads are not held behind readers that never read their replies.
 //!
 //! Owner: each connection task holds its `Prefetch` and hands it to every request it runs
 //! (`Session::step`'s `reads`), synchronously: no other connection's request can run in
@@ -325,8 +327,8 @@ impl Prefetch {
     /// the caps allow, and returns how many of them, from the first, are answered — a key
     /// repeated among those counts once, as its answer is taken once. `front`: the
     /// request at the front, admitted with those answers (it drops what it leaves of them
-    /// when it ends), whose first key starts even past the caps; past the budget's
-    /// overdraft, it waits for room (`settle`).
+    /// when it ends), whose first key starts even past the caps; a large object's read
+    /// past the budget's overdraft waits for room (`settle`).
     fn start(
         &mut self,
         cache: &Keyspace,
@@ -348,7 +350,7 @@ impl Prefetch {
                 if self.full() && !first {
                     break;
                 }
-                if self.buffers.overdrawn() {
+                if self.buffers.overdrawn() && cache.reads_large_object(key) {
                     self.awaiting_room = true;
                     break;
                 }
@@ -738,6 +740,13 @@ mod tests {
         assert!(others.is_closed());
         assert_eq!(reads.start(&cache, &keys, plain, true), 0);
         assert!(reads.reading.is_empty() && reads.awaiting_room);
+        // A key BT_LO does not hold needs one block at most: it does not wait (small
+        // reads of well-behaved clients waited while readers that never read held the
+        // budget: `zipcache bench hostile`'s worst latency went from 0.2 s to 0.85 s).
+        let mut small = Prefetch::new(Arc::new(budget.register()));
+        assert_eq!(small.start(&cache, &[b"small"], plain, true), 1);
+        assert!(!small.awaiting_room);
+        drop(small);
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_time()
             .build()

@@ -84,6 +84,15 @@ impl ZipCache {
         out
     }
 
+    /// Whether a GET of `key` would read a large object's whole extent: BT_LO holds a live
+    /// one under it (its index alone is asked: nothing is read or counted). A server asks
+    /// it only when its connections' buffers are past their budget, to make large reads
+    /// wait for room and let one-block reads go.
+    pub fn reads_large_object(&self, key: &[u8]) -> bool {
+        let now = self.inner.now();
+        (self.inner.large.as_ref()).is_some_and(|lo| lo.entry(key, now).is_some())
+    }
+
     /// Whether a GET may have to read the SSD tier: without one, `get_item` never waits
     /// for a device and `get_item_async` is always ready.
     pub fn has_ssd_tier(&self) -> bool {
