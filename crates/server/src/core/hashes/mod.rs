@@ -28,10 +28,11 @@
 //! expiring without its header knowing: an expired field still counts, is never served,
 //! and is deleted by the next command that meets it.
 //!
-//! Every hash command holds its key's stripe lock from reading the header to its last
-//! write, so a header and its elements change together. A write to a packed hash (or one
-//! creating a hash) is one engine update of the header: read, edited and stored under the
-//! header's leaf lock ([`Hashes::edit_packed`]). String writes take no lock: a
+//! Every hash command that writes, or reads a large hash, holds its key's stripe lock from
+//! reading the header to its last write, so a header and its elements change together. A
+//! packed hash is one object: a write to it (or one creating a hash) is one engine update
+//! of the header, read, edited and stored under the header's leaf lock
+//! ([`Hashes::edit_packed`]), and a read takes no stripe lock ([`Hashes::read`]). String writes take no lock: a
 //! SET over a hash replaces the header in one engine update, and a hash command whose
 //! header was replaced meanwhile (its bytes are no longer the ones it read) starts again.
 
@@ -392,17 +393,13 @@ struct Read {
 }
 
 impl Read {
-    /// The hash the object `item` holds; `None` if its bytes are not a header's. A string
-    /// (or another collection) is the wrong type.
-    fn of(item: &Item) -> Result<Option<Read>> {
+    /// The layout of the hash the object `item` holds; `None` if its bytes are not a
+    /// header's. A string (or another collection) is the wrong type.
+    fn layout(item: &Item) -> Result<Option<Layout>> {
         if !item.collection || !format::is_hash(&item.value) {
             return Err(HashError::WrongType);
         }
-        Ok(Layout::decode(&item.value).map(|layout| Read {
-            bytes: item.value.clone(),
-            layout,
-            version: item.cas,
-        }))
+        Ok(Layout::decode(&item.value))
     }
 }
 
@@ -585,13 +582,15 @@ impl Hashes {
         let Some(item) = keys.get_item(key, GetOptions::default())? else {
             return Ok(None);
         };
-        match Read::of(&item)? {
-            Some(read) => Ok(Some(read)),
-            None => {
-                self.commit(keys, key, Some(&item.value), None)?;
-                Ok(None)
-            }
-        }
+        let Some(layout) = Read::layout(&item)? else {
+            self.commit(keys, key, Some(&item.value), None)?;
+            return Ok(None);
+        };
+        Ok(Some(Read {
+            bytes: item.value,
+            layout,
+            version: item.cas,
+        }))
     }
 
     /// Stores the header `new` (or deletes the key, `None`) if `key` still holds the
@@ -697,6 +696,32 @@ impl Hashes {
         }
     }
 
+    /// [`Hashes::edit`] for a command that only reads: a packed hash is one object, read
+    /// whole at once, so `run` runs on it without the lock (readers of one hot session on
+    /// both threads queued on it). A large hash, or an expired field met (deleted), is
+    /// edited under the lock.
+    fn read<T>(
+        &self,
+        keys: &Keyspace,
+        key: &[u8],
+        names: &[&[u8]],
+        mut run: impl FnMut(&mut Edit) -> T,
+    ) -> Result<Option<T>> {
+        let now_ms = keys.engine().now_ms();
+        let Some(read) = self.header(keys, key)? else {
+            return Ok(None);
+        };
+        if let Layout::Packed(fields) = read.layout {
+            let found = |name: &[u8]| Ok(packed_field(&fields, name, now_ms));
+            let mut edit = Edit::of(now_ms, names, found)?;
+            let out = run(&mut edit);
+            if edit.changes(usize::MAX)?.is_empty() {
+                return Ok(Some(out));
+            }
+        }
+        self.edit(keys, key, names, false, run)
+    }
+
     /// [`Hashes::edit`] of a packed hash (or of none, which it creates) as one engine
     /// update of its header: `run` edits the fields as the update reads them, and the
     /// header they make is stored in the same update (a header that is not one is
@@ -714,19 +739,27 @@ impl Hashes {
         let (max_field, room) = (Self::max_field(keys), Self::packed_room(keys, key));
         // may do I/O: one SSD block; may evict
         let (outcome, _) = keys.update(key, |current| {
-            let read = match current.map(Read::of).transpose() {
-                Ok(read) => read.flatten(),
+            let layout = match current.map(Read::layout).transpose() {
+                Ok(layout) => layout.flatten(),
                 Err(wrong_type) => return (Update::Keep, Err(wrong_type)),
             };
             // A header whose bytes are not one is dropped unless the command stores one.
-            let otherwise = match (current, &read) {
+            let otherwise = match (current, &layout) {
                 (Some(_), None) => Update::Delete,
                 _ => Update::Keep,
             };
-            let fields = match read.as_ref().map(|r| &r.layout) {
+            // The hash as read, for the elements' path: its bytes copied only then.
+            let read = |layout| {
+                current.map(|item| Read {
+                    bytes: item.value.clone(),
+                    layout,
+                    version: item.cas,
+                })
+            };
+            let fields = match layout {
                 None => Vec::new(),
-                Some(Layout::Packed(fields)) => fields.clone(),
-                Some(Layout::Elements(_)) => return (otherwise, Ok(InHeader::Elements(read))),
+                Some(Layout::Packed(fields)) => fields,
+                Some(elements) => return (otherwise, Ok(InHeader::Elements(read(elements)))),
             };
             let found = |name: &[u8]| Ok(packed_field(&fields, name, now_ms));
             let mut edit = match Edit::of(now_ms, names, found) {
@@ -742,7 +775,11 @@ impl Hashes {
             match repack(fields, changes, now_ms, room) {
                 Repacked::Empty => (Update::Delete, Ok(InHeader::Done(out))),
                 Repacked::Packed(header) => (header_put(header, current), Ok(InHeader::Done(out))),
-                Repacked::Grown(_) => (otherwise, Ok(InHeader::Elements(read))),
+                Repacked::Grown(_) => {
+                    // The fields as read went into `repack`: decoded again, on this rare path.
+                    let packed = current.and_then(|item| Layout::decode(&item.value));
+                    (otherwise, Ok(InHeader::Elements(packed.and_then(read))))
+                }
             }
         })?;
         outcome
@@ -888,9 +925,7 @@ impl Hashes {
         fields: &[&[u8]],
         budget: usize,
     ) -> Result<Option<Vec<Option<Vec<u8>>>>> {
-        let values = self.edit(keys, key, fields, false, |edit| {
-            values(edit, fields, budget)
-        })?;
+        let values = self.read(keys, key, fields, |edit| values(edit, fields, budget))?;
         values
             .map(|v| v.ok_or(HashError::TooLarge { budget }))
             .transpose()
@@ -1040,7 +1075,7 @@ impl Hashes {
         key: &[u8],
         fields: &[&[u8]],
     ) -> Result<Vec<Option<Option<u64>>>> {
-        let expiries = self.edit(keys, key, fields, false, |edit| {
+        let expiries = self.read(keys, key, fields, |edit| {
             fields
                 .iter()
                 .map(|f| match edit.get(f) {
@@ -1118,9 +1153,22 @@ impl Hashes {
         budget: usize,
     ) -> Result<(Pairs, Option<Vec<u8>>)> {
         let (live, dead, next) = {
-            let _locked = self.lock(key);
-            let Some(read) = self.header(keys, key)? else {
+            // A packed hash is one object, read whole at once: no lock (readers of one hot
+            // session on both threads queued on it). A large one's header and elements are
+            // read under the lock, the header again.
+            let Some(mut read) = self.header(keys, key)? else {
                 return Ok((Vec::new(), None));
+            };
+            let _locked = match read.layout {
+                Layout::Packed(_) => None,
+                Layout::Elements(_) => {
+                    let locked = self.lock(key);
+                    match self.header(keys, key)? {
+                        Some(again) => read = again,
+                        None => return Ok((Vec::new(), None)),
+                    }
+                    Some(locked)
+                }
             };
             match read.layout {
                 Layout::Packed(fields) => {

@@ -644,3 +644,34 @@ fn a_packed_hash_is_written_in_one_engine_update() {
     assert!(matches!(layout(&hashes, &keys, b"s"), Layout::Elements(_)));
     assert_eq!(hashes.len(&keys, b"s").unwrap(), 202);
 }
+
+/// HGET, HGETALL and HTTL of a packed hash take no lock: it is one object, read whole at
+/// once (readers of one hot session on both serving threads queued on the stripe lock).
+#[test]
+fn a_packed_hash_is_read_without_the_lock() {
+    let keys = Arc::new(keyspace(8 << 20));
+    let hashes = Arc::new(Hashes::default());
+    hashes
+        .set(&keys, b"s", &[b"a", b"1", b"b", b"2"], false)
+        .unwrap();
+    let held = hashes.lock(b"s");
+    let (k, h) = (keys.clone(), hashes.clone());
+    let reader = std::thread::spawn(move || {
+        (
+            h.get(&k, b"s", &[b"b", b"c"], 1 << 20).unwrap(),
+            h.all(&k, b"s", Part::Both, 1 << 20).unwrap(),
+            h.field_expiries(&k, b"s", &[b"a"]).unwrap(),
+        )
+    });
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !reader.is_finished() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let finished = reader.is_finished();
+    drop(held);
+    assert!(finished, "a read of a packed hash waited for the lock");
+    let (values, all, expiries) = reader.join().unwrap();
+    assert_eq!(values, Some(vec![Some(b"2".to_vec()), None]));
+    assert_eq!(all, pairs(&[("a", "1"), ("b", "2")]));
+    assert_eq!(expiries, vec![Some(None)]);
+}
