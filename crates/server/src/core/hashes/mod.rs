@@ -30,9 +30,8 @@
 //!
 //! Every hash command that writes, or reads a large hash, holds its key's stripe lock from
 //! reading the header to its last write, so a header and its elements change together. A
-//! packed hash is one object: a write to it (or one creating a hash) is one engine update
-//! of the header, read, edited and stored under the header's leaf lock
-//! ([`Hashes::edit_packed`]), and a read takes no stripe lock ([`Hashes::read`]). String writes take no lock: a
+//! packed hash is one object, read whole at once: a read of it takes no stripe lock
+//! ([`Hashes::read`]). String writes take no lock: a
 //! SET over a hash replaces the header in one engine update, and a hash command whose
 //! header was replaced meanwhile (its bytes are no longer the ones it read) starts again.
 
@@ -392,26 +391,6 @@ struct Read {
     version: u64,
 }
 
-impl Read {
-    /// The layout of the hash the object `item` holds; `None` if its bytes are not a
-    /// header's. A string (or another collection) is the wrong type.
-    fn layout(item: &Item) -> Result<Option<Layout>> {
-        if !item.collection || !format::is_hash(&item.value) {
-            return Err(HashError::WrongType);
-        }
-        Ok(Layout::decode(&item.value))
-    }
-}
-
-/// How [`Hashes::edit_packed`]'s engine update left the key.
-enum InHeader<T> {
-    /// The command ran on a packed hash, or on none, and what it left is stored.
-    Done(T),
-    /// It needs elements: the hash is large, or the command grows it past a packed one.
-    /// The hash as the update read it (`None`: none, or a header that was not one).
-    Elements(Option<Read>),
-}
-
 /// A packed hash's fields as `Field`s, by name.
 fn packed_field(fields: &[Packed], name: &[u8], now_ms: u64) -> Field {
     match fields.binary_search_by(|f| f.name.as_slice().cmp(name)) {
@@ -582,15 +561,20 @@ impl Hashes {
         let Some(item) = keys.get_item(key, GetOptions::default())? else {
             return Ok(None);
         };
-        let Some(layout) = Read::layout(&item)? else {
-            self.commit(keys, key, Some(&item.value), None)?;
-            return Ok(None);
-        };
-        Ok(Some(Read {
-            bytes: item.value,
-            layout,
-            version: item.cas,
-        }))
+        if !item.collection || !format::is_hash(&item.value) {
+            return Err(HashError::WrongType);
+        }
+        match Layout::decode(&item.value) {
+            Some(layout) => Ok(Some(Read {
+                bytes: item.value,
+                layout,
+                version: item.cas,
+            })),
+            None => {
+                self.commit(keys, key, Some(&item.value), None)?;
+                Ok(None)
+            }
+        }
     }
 
     /// Stores the header `new` (or deletes the key, `None`) if `key` still holds the
@@ -639,9 +623,6 @@ impl Hashes {
     /// last (and runs the command again if a string write replaced the hash meanwhile).
     /// A dead field met is deleted. Without a hash at `key`: `None` unless `create`,
     /// which edits a new one.
-    ///
-    /// A command that may create the hash edits a packed one (or none) in one engine
-    /// update of its header ([`Hashes::edit_packed`]): the header is not read before it.
     fn edit<T>(
         &self,
         keys: &Keyspace,
@@ -653,21 +634,11 @@ impl Hashes {
         let max_field = Self::max_field(keys);
         loop {
             let _locked = self.lock(key);
-            let now_ms = keys.engine().now_ms();
-            // A command naming more fields than a packed hash holds is edited outside
-            // the update, which holds the header's leaf locked while it runs.
-            let read = if create && names.len() <= PACKED_MAX_FIELDS {
-                // may do I/O: one SSD block; may evict
-                match self.edit_packed(keys, key, names, now_ms, &mut run)? {
-                    InHeader::Done(out) => return Ok(Some(out)),
-                    InHeader::Elements(read) => read,
-                }
-            } else {
-                self.header(keys, key)?
-            };
+            let read = self.header(keys, key)?;
             if read.is_none() && !create {
                 return Ok(None);
             }
+            let now_ms = keys.engine().now_ms();
             let mut edit = Edit::of(now_ms, names, |name| {
                 Ok(match read.as_ref().map(|r| &r.layout) {
                     Some(Layout::Packed(fields)) => packed_field(fields, name, now_ms),
@@ -720,69 +691,6 @@ impl Hashes {
             }
         }
         self.edit(keys, key, names, false, run)
-    }
-
-    /// [`Hashes::edit`] of a packed hash (or of none, which it creates) as one engine
-    /// update of its header: `run` edits the fields as the update reads them, and the
-    /// header they make is stored in the same update (a header that is not one is
-    /// dropped). A large hash, or one the command grows past a packed one, is left as it
-    /// is: its elements are written outside the update, which holds the header's leaf
-    /// locked (`InHeader::Elements`).
-    fn edit_packed<T>(
-        &self,
-        keys: &Keyspace,
-        key: &[u8],
-        names: &[&[u8]],
-        now_ms: u64,
-        run: &mut impl FnMut(&mut Edit) -> T,
-    ) -> Result<InHeader<T>> {
-        let (max_field, room) = (Self::max_field(keys), Self::packed_room(keys, key));
-        // may do I/O: one SSD block; may evict
-        let (outcome, _) = keys.update(key, |current| {
-            let layout = match current.map(Read::layout).transpose() {
-                Ok(layout) => layout.flatten(),
-                Err(wrong_type) => return (Update::Keep, Err(wrong_type)),
-            };
-            // A header whose bytes are not one is dropped unless the command stores one.
-            let otherwise = match (current, &layout) {
-                (Some(_), None) => Update::Delete,
-                _ => Update::Keep,
-            };
-            // The hash as read, for the elements' path: its bytes copied only then.
-            let read = |layout| {
-                current.map(|item| Read {
-                    bytes: item.value.clone(),
-                    layout,
-                    version: item.cas,
-                })
-            };
-            let fields = match layout {
-                None => Vec::new(),
-                Some(Layout::Packed(fields)) => fields,
-                Some(elements) => return (otherwise, Ok(InHeader::Elements(read(elements)))),
-            };
-            let found = |name: &[u8]| Ok(packed_field(&fields, name, now_ms));
-            let mut edit = match Edit::of(now_ms, names, found) {
-                Ok(edit) => edit,
-                Err(error) => return (otherwise, Err(error)),
-            };
-            let out = run(&mut edit);
-            let changes = match edit.changes(max_field) {
-                Ok(changes) if changes.is_empty() => return (otherwise, Ok(InHeader::Done(out))),
-                Ok(changes) => changes,
-                Err(error) => return (otherwise, Err(error)),
-            };
-            match repack(fields, changes, now_ms, room) {
-                Repacked::Empty => (Update::Delete, Ok(InHeader::Done(out))),
-                Repacked::Packed(header) => (header_put(header, current), Ok(InHeader::Done(out))),
-                Repacked::Grown(_) => {
-                    // The fields as read went into `repack`: decoded again, on this rare path.
-                    let packed = current.and_then(|item| Layout::decode(&item.value));
-                    (otherwise, Ok(InHeader::Elements(packed.and_then(read))))
-                }
-            }
-        })?;
-        outcome
     }
 
     /// Writes and deletes the elements `changes` name; the header that counts them

@@ -591,60 +591,6 @@ fn a_streamed_read_stops_when_its_hash_changes() {
     }
 }
 
-/// A write to a packed hash, or one creating a hash, is one engine update of its header:
-/// no GET before it (a session's HSET read the header, then updated it). A header whose
-/// bytes are not one is replaced by the write, and a write that grows the hash past a
-/// packed one still makes elements.
-#[test]
-fn a_packed_hash_is_written_in_one_engine_update() {
-    let keys = keyspace(8 << 20);
-    let hashes = Hashes::default();
-    let gets = || keys.engine().stats().gets;
-    let before = gets();
-    assert_eq!(
-        hashes
-            .set(&keys, b"s", &[b"user", b"42", b"cart", b"{}"], false)
-            .unwrap(),
-        2
-    );
-    assert_eq!(
-        hashes.set(&keys, b"s", &[b"cart", b"{1}"], false).unwrap(),
-        0
-    );
-    assert_eq!(hashes.set(&keys, b"s", &[b"user", b"7"], true).unwrap(), 0);
-    assert_eq!(gets(), before, "no GET of the header");
-    assert_eq!(
-        hashes.all(&keys, b"s", Part::Both, 1 << 20).unwrap(),
-        pairs(&[("cart", "{1}"), ("user", "42")])
-    );
-
-    // A damaged header (a packed hash's tag, then nothing a header holds).
-    let damaged = zipcache::PutOptions {
-        collection: true,
-        ..Default::default()
-    };
-    let packed_tag = Layout::Packed(Vec::new()).encode()[0];
-    keys.put_with(b"d", &[packed_tag, 0xff], damaged).unwrap();
-    assert_eq!(hashes.set(&keys, b"d", &[b"f", b"v"], false).unwrap(), 1);
-    assert_eq!(
-        hashes.all(&keys, b"d", Part::Both, 1 << 20).unwrap(),
-        pairs(&[("f", "v")])
-    );
-    keys.put_with(b"d", &[packed_tag, 0xff], damaged).unwrap();
-    assert_eq!(hashes.set(&keys, b"d", &[b"f", b"v"], true).unwrap(), 1);
-
-    keys.put_with(b"string", b"v", zipcache::PutOptions::default())
-        .unwrap();
-    assert!(matches!(
-        hashes.set(&keys, b"string", &[b"f", b"v"], false),
-        Err(HashError::WrongType)
-    ));
-
-    grown(&hashes, &keys, b"s", 200);
-    assert!(matches!(layout(&hashes, &keys, b"s"), Layout::Elements(_)));
-    assert_eq!(hashes.len(&keys, b"s").unwrap(), 202);
-}
-
 /// HGET, HGETALL and HTTL of a packed hash take no lock: it is one object, read whole at
 /// once (readers of one hot session on both serving threads queued on the stripe lock).
 #[test]
