@@ -109,8 +109,8 @@ fn a_request_over_the_limit_is_refused_and_closed_others_are_served() {
 
 /// A connection refused for a request over the limit lets go of what it buffered before
 /// its reply goes out, not after the second it lingers for the client to close: other
-/// connections' reads wait for room while the connections hold the budget and its
-/// overdraft, and a crowd of lingering connections once stalled them for 0.9 s.
+/// connections' large reads wait for room while the connections hold the budget and its
+/// overdraft, and a crowd of lingering connections would hold it for that second.
 #[test]
 fn a_refused_request_is_freed_before_the_connection_lingers() {
     let server = TestServer::with_options(ServerOptions {
