@@ -358,6 +358,15 @@ impl Stored {
         }
     }
 
+    /// The blob's codec bits and dictionary id (0 for none).
+    fn codec(&self) -> (u8, u8) {
+        match self {
+            Stored::Raw => (BLOB_RAW, 0),
+            Stored::Lz4 => (BLOB_LZ4, 0),
+            Stored::Dictionary(id) => (BLOB_DICTIONARY, *id),
+        }
+    }
+
     fn data<'a>(&self, value: &'a [u8], compressed: &'a [u8]) -> &'a [u8] {
         match self {
             Stored::Raw => value,
@@ -396,17 +405,76 @@ pub fn encode_blob_with<R>(
 ) -> R {
     SCRATCH.with_borrow_mut(|(compressed, out)| {
         let stored = Stored::of(value, dictionary, compressed);
-        out.clear();
-        match stored {
-            Stored::Raw => out.push(meta.bits() | BLOB_RAW),
-            Stored::Lz4 => out.push(meta.bits() | BLOB_LZ4),
-            Stored::Dictionary(id) => out.extend_from_slice(&[meta.bits() | BLOB_DICTIONARY, id]),
-        }
-        meta.encode(out, CasBase::default());
-        put_varint(out, value.len() as u64);
-        out.extend_from_slice(stored.data(value, compressed));
+        let (codec, id) = stored.codec();
+        put_blob(
+            out,
+            codec,
+            id,
+            meta,
+            value.len(),
+            stored.data(value, compressed),
+        );
         keep(out)
     })
+}
+
+/// A medium value compressed ahead of its blob's header, whose metadata (a CAS version)
+/// a write learns only under its leaf's lock: a PUT compresses before it takes the lock,
+/// so that writers of one leaf (a fill's keys in order all land in the last one) do not
+/// queue behind each other's compression.
+pub struct Compressed {
+    stored: Stored,
+    len: usize,
+    /// Empty where the value is stored as it is.
+    data: Vec<u8>,
+}
+
+impl Compressed {
+    /// `value` compressed as `encode_blob_with` would with `dictionary`.
+    pub fn of(value: &[u8], dictionary: Option<&Dictionary>) -> Compressed {
+        let mut data = Vec::new();
+        let stored = Stored::of(value, dictionary, &mut data);
+        if matches!(stored, Stored::Raw) {
+            data = Vec::new();
+        }
+        Compressed {
+            stored,
+            len: value.len(),
+            data,
+        }
+    }
+
+    /// The blob of `value`, the value compressed, with `meta`: what `encode_blob_with`
+    /// makes, handed to `keep` as there.
+    pub fn blob_with<R>(&self, value: &[u8], meta: &Meta, keep: impl FnOnce(&[u8]) -> R) -> R {
+        debug_assert_eq!(value.len(), self.len, "the value compressed");
+        SCRATCH.with_borrow_mut(|(_, out)| {
+            let (codec, id) = self.stored.codec();
+            put_blob(
+                out,
+                codec,
+                id,
+                meta,
+                self.len,
+                self.stored.data(value, &self.data),
+            );
+            keep(out)
+        })
+    }
+}
+
+/// Writes a blob into `out` (cleared first): its header — the `codec` bits with `meta`'s,
+/// the `dictionary` id for `BLOB_DICTIONARY`, `meta`, the value's length `len` — then
+/// its `data`.
+fn put_blob(out: &mut Vec<u8>, codec: u8, dictionary: u8, meta: &Meta, len: usize, data: &[u8]) {
+    out.clear();
+    out.push(meta.bits() | codec);
+    if codec == BLOB_DICTIONARY {
+        out.push(dictionary);
+    }
+    meta.encode(out, CasBase::default());
+    put_varint(out, len as u64);
+    out.extend_from_slice(data);
 }
 
 /// A blob's header: codec bits, dictionary id (0 for none), metadata, value length,
@@ -430,14 +498,14 @@ fn parse_blob_header(blob: &[u8]) -> Option<(u8, u8, Meta, usize, usize)> {
 pub fn reheader_blob_with<R>(blob: &[u8], meta: &Meta, keep: impl FnOnce(&[u8]) -> R) -> Option<R> {
     let (bits, dictionary, _, len, start) = parse_blob_header(blob)?;
     SCRATCH.with_borrow_mut(|(_, out)| {
-        out.clear();
-        out.push(meta.bits() | (bits & BLOB_CODEC));
-        if dictionary != 0 {
-            out.push(dictionary);
-        }
-        meta.encode(out, CasBase::default());
-        put_varint(out, len as u64);
-        out.extend_from_slice(&blob[start..]);
+        put_blob(
+            out,
+            bits & BLOB_CODEC,
+            dictionary,
+            meta,
+            len,
+            &blob[start..],
+        );
         Some(keep(out))
     })
 }
@@ -560,6 +628,42 @@ mod tests {
     use super::*;
     use crate::format::record::MAX_VARINT;
     use proptest::prelude::*;
+
+    /// A value compressed ahead of its metadata (`Compressed`) makes the blob that
+    /// `encode_blob_with` makes, byte for byte: with a dictionary, with LZ4 alone, and
+    /// as it is.
+    #[test]
+    fn a_blob_compressed_ahead_is_the_blob_encoded_at_once() {
+        let memory = std::sync::Arc::new(crate::memory::Memory::default());
+        let dictionary = crate::dictionary::tests::trained(1, 0, memory);
+        let random: Vec<u8> = (0..700u64)
+            .map(|i| crate::dictionary::training::mix(i) as u8)
+            .collect();
+        let values = [
+            crate::dictionary::tests::documents(0, 3, 700),
+            b"abc".repeat(300),
+            random,
+        ];
+        let meta = Meta {
+            cas: 300,
+            flags: 7,
+            expires_at_ms: Some(1 << 40),
+            ..Meta::default()
+        };
+        let mut codecs = Vec::new();
+        for value in &values {
+            for d in [Some(&*dictionary), None] {
+                let at_once = encode_blob_with(value, &meta, d, <[u8]>::to_vec);
+                let ahead = Compressed::of(value, d).blob_with(value, &meta, <[u8]>::to_vec);
+                assert_eq!(ahead, at_once);
+                assert_eq!(decode_blob(&ahead, d).map(|(v, _)| v).as_ref(), Some(value));
+                codecs.push(ahead[BITS] & BLOB_CODEC);
+            }
+        }
+        for codec in [BLOB_DICTIONARY, BLOB_LZ4, BLOB_RAW] {
+            assert!(codecs.contains(&codec), "{codec} in {codecs:?}");
+        }
+    }
 
     /// Lengths on both sides of every varint boundary a value length can cross in a page.
     fn boundary_len() -> impl Strategy<Value = usize> {

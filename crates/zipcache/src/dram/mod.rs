@@ -22,7 +22,8 @@
 //! Modules by technique: this one holds the tier, its GET, writes and scan; [`leaf`] the
 //! leaf descriptor, its state and what that is charged; [`access`] objects' access state
 //! (setting `track_access`); [`page`] the page format;
-//! [`merge`] buffer merges and splits; [`share`] a full leaf sharing with its
+//! [`medium_blob`] a medium value's blob as a write makes it; [`merge`] buffer merges
+//! and splits; [`share`] a full leaf sharing with its
 //! neighbour before it splits; [`eviction`] CLOCK and group eviction; [`hot`]
 //! compression bypassing; [`cas`] CAS versions; [`tally`] object counts for `stats`;
 //! [`remark`] marking dirty keys again for the crash journal.
@@ -38,6 +39,8 @@ mod eviction;
 mod frequency;
 mod hot;
 mod leaf;
+mod medium_blob;
+use medium_blob::BlobSource;
 mod merge;
 pub(crate) mod packed_page;
 mod page;
@@ -76,7 +79,7 @@ use crate::subpage_hash::dram_subpage;
 use access::{AccessClock, fingerprint};
 use block::Block;
 use bypass::Bypass;
-use leaf::{DramLeaf, Extras, LeafState, MERGE_QUEUED, UNKNOWN, WRITTEN, blob_bytes};
+use leaf::{DramLeaf, Extras, LeafState, MERGE_QUEUED, UNKNOWN, WRITTEN};
 use packed_page::PackedLayout;
 pub use reclaim::Reclaimed;
 use slots::{SlotId, Slots, View};
@@ -488,6 +491,8 @@ impl DramTier {
         now_ms: u64,
         alongside: impl FnOnce(u64) -> R,
     ) -> R {
+        // may compress: a medium value, before the leaf's lock (`medium_blob.rs`)
+        let blob = value.map_or(BlobSource::Compress, |v| self.compress_ahead(key, v));
         self.write_leaf(key, |id, leaf, st| {
             let meta = meta.assigning(if meta.cas == ASSIGN_CAS && !meta.client_cas {
                 self.next_cas(st)
@@ -518,7 +523,7 @@ impl DramTier {
                 }
             };
             // Marked above, where it needs a mark.
-            self.append_marked(id, leaf, st, &record, access, now_ms, None);
+            self.append_marked(id, leaf, st, &record, access, now_ms, blob);
             result
         })
     }
@@ -622,6 +627,7 @@ impl DramTier {
             if !record.meta.clean {
                 self.mark_newer(key);
             }
+            let blob = blob.map_or(BlobSource::Compress, BlobSource::Made);
             self.append_marked(id, leaf, st, &record, access, now_ms, blob);
             result
         })
@@ -674,12 +680,11 @@ impl DramTier {
         if !record.meta.clean {
             self.mark_newer(record.key);
         }
-        self.append_marked(id, leaf, st, record, access, now_ms, None);
+        self.append_marked(id, leaf, st, record, access, now_ms, BlobSource::Compress);
     }
 
     /// `append_locked` for a write whose key the caller has marked already; a medium
-    /// value takes `blob` if one is given (made already: `reheadered_blob`), else is
-    /// compressed into one.
+    /// value's blob comes from `blob` (`medium_blob.rs`).
     #[allow(clippy::too_many_arguments)]
     fn append_marked(
         &self,
@@ -689,7 +694,7 @@ impl DramTier {
         record: &Record<'_>,
         access: Option<AccessState>,
         now_ms: u64,
-        blob: Option<Block>,
+        blob: BlobSource,
     ) {
         leaf.touch();
         if !leaf.has(WRITTEN) {
@@ -746,43 +751,6 @@ impl DramTier {
                 self.merge_full(leaf, st, now_ms);
             }
         }
-    }
-
-    /// Compresses a medium value written to a leaf into a blob of the leaf's table, with
-    /// the dictionary its blobs use (else the current one), and returns the blob's slot
-    /// for the buffered record (the merges that follow take the blob as it is), whether
-    /// that dictionary is no longer the current one, and the blob's `blob_bytes`. `None`
-    /// for a tiny value, or if the table is full (the merge compresses the value then).
-    /// A blob `made` already (the leaf's own, re-headed) is taken as it is.
-    fn buffered_blob(
-        &self,
-        extras: &mut Extras,
-        key: &[u8],
-        value: &[u8],
-        meta: &Meta,
-        made: Option<Block>,
-    ) -> Option<(u16, bool, usize)> {
-        if made.is_none() && !self.is_medium(key, value) {
-            return None;
-        }
-        let slot = extras.next_blob_slot()?;
-        let current = self.current_dictionary();
-        let stale = match (&extras.dictionary, &current) {
-            (Some(held), Some(current)) => !Arc::ptr_eq(held, current),
-            _ => false,
-        };
-        // A re-headed blob names the dictionary the leaf holds, or none.
-        let blob = made.unwrap_or_else(|| {
-            let dictionary = extras.dictionary.clone().or(current);
-            let blob = self.blob_of(value, meta, dictionary.as_deref());
-            if blob_dictionary(&blob).is_some_and(|id| id != 0) {
-                extras.dictionary = dictionary;
-            }
-            blob
-        });
-        let bytes = blob_bytes([&blob]);
-        extras.push_blob(blob);
-        Some((slot, stale, bytes))
     }
 
     fn restamp(
