@@ -47,7 +47,7 @@ mod tests;
 pub use rename::Renamed;
 pub use stream::{All, Streamed};
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -181,9 +181,14 @@ struct Named {
 pub struct Edit {
     now_ms: u64,
     fields: Vec<Named>,
-    /// Where each name is in `fields`: a command may name a great many.
-    index: HashMap<Vec<u8>, usize, foldhash::fast::RandomState>,
+    /// Where each name is in `fields`, once there are more than [`SCANNED_NAMES`]: a
+    /// command may name a great many. Fewer are found by a scan, which costs a session's
+    /// HSET of a dozen fields no allocation or hash per name.
+    index: Option<HashMap<Vec<u8>, usize, foldhash::fast::RandomState>>,
 }
+
+/// The most names an [`Edit`] finds by scanning its fields.
+const SCANNED_NAMES: usize = 16;
 
 impl Edit {
     /// The fields `names` (each once) as `found` reads them, none changed yet.
@@ -195,7 +200,7 @@ impl Edit {
         let mut edit = Edit {
             now_ms,
             fields: Vec::with_capacity(names.len()),
-            index: HashMap::with_capacity_and_hasher(names.len(), Default::default()),
+            index: None,
         };
         for &name in names {
             if edit.position(name).is_some() {
@@ -233,11 +238,19 @@ impl Edit {
     }
 
     fn position(&self, name: &[u8]) -> Option<usize> {
-        self.index.get(name).copied()
+        match &self.index {
+            Some(index) => index.get(name).copied(),
+            None => self.fields.iter().position(|f| f.name == name),
+        }
     }
 
     fn add(&mut self, named: Named) {
-        self.index.insert(named.name.clone(), self.fields.len());
+        if let Some(index) = &mut self.index {
+            index.insert(named.name.clone(), self.fields.len());
+        } else if self.fields.len() == SCANNED_NAMES {
+            let all = self.fields.iter().chain([&named]).enumerate();
+            self.index = Some(all.map(|(at, f)| (f.name.clone(), at)).collect());
+        }
         self.fields.push(named);
     }
 
@@ -412,35 +425,39 @@ enum Repacked {
 /// they fit in `room` bytes.
 fn repack(
     fields: Vec<Packed>,
-    changes: Vec<(Vec<u8>, Field, Field)>,
+    mut changes: Vec<(Vec<u8>, Field, Field)>,
     now_ms: u64,
     room: usize,
 ) -> Repacked {
-    // By name: a command may name a great many fields, each found in log time.
-    let mut by_name: BTreeMap<Vec<u8>, Packed> = fields
-        .into_iter()
-        .filter(|f| f.expires_at_ms.is_none_or(|at| at > now_ms))
-        .map(|f| (f.name.clone(), f))
-        .collect();
-    for (name, _, after) in changes {
-        match after {
-            Field::Live {
-                value,
-                expires_at_ms,
-            } => {
-                let packed = Packed {
-                    name: name.clone(),
-                    value,
-                    expires_at_ms,
-                };
-                by_name.insert(name, packed);
-            }
-            _ => {
-                by_name.remove(&name);
-            }
+    // A merge of two lists in name order: `fields` as `Layout::decode` reads them (in
+    // order, distinct), the changes (one a name, `Edit`) sorted here.
+    changes.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+    let mut changes = changes.into_iter().peekable();
+    let mut merged = Vec::with_capacity(fields.len() + changes.len());
+    // A field a change leaves live, as packed.
+    let packed = |(name, _, after): (Vec<u8>, Field, Field)| match after {
+        Field::Live {
+            value,
+            expires_at_ms,
+        } => Some(Packed {
+            name,
+            value,
+            expires_at_ms,
+        }),
+        Field::Absent | Field::Dead { .. } => None,
+    };
+    for field in fields {
+        while let Some(change) = changes.next_if(|c| c.0 < field.name) {
+            merged.extend(packed(change));
+        }
+        match changes.next_if(|c| c.0 == field.name) {
+            Some(change) => merged.extend(packed(change)),
+            None if field.expires_at_ms.is_none_or(|at| at > now_ms) => merged.push(field),
+            None => {}
         }
     }
-    let fields: Vec<Packed> = by_name.into_values().collect();
+    merged.extend(changes.filter_map(packed));
+    let fields = merged;
     if fields.is_empty() {
         return Repacked::Empty;
     }
@@ -654,14 +671,15 @@ impl Hashes {
             if changes.is_empty() {
                 return Ok(Some(out));
             }
-            let new = match read.as_ref().map(|r| &r.layout) {
-                Some(Layout::Elements(header)) => self.change_elements(keys, *header, changes)?,
+            let (bytes, layout) = read.map(|r| (r.bytes, r.layout)).unzip();
+            let new = match layout {
+                Some(Layout::Elements(header)) => self.change_elements(keys, header, changes)?,
                 Some(Layout::Packed(fields)) => {
-                    self.change_packed(keys, key, fields.clone(), changes, now_ms)?
+                    self.change_packed(keys, key, fields, changes, now_ms)?
                 }
                 None => self.change_packed(keys, key, Vec::new(), changes, now_ms)?,
             };
-            if self.commit(keys, key, read.as_ref().map(|r| r.bytes.as_slice()), new)? {
+            if self.commit(keys, key, bytes.as_deref(), new)? {
                 return Ok(Some(out));
             }
         }

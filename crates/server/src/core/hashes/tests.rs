@@ -621,3 +621,60 @@ fn a_packed_hash_is_read_without_the_lock() {
     assert_eq!(all, pairs(&[("a", "1"), ("b", "2")]));
     assert_eq!(expiries, vec![Some(None)]);
 }
+
+proptest::proptest! {
+    /// `repack` (a merge of a packed hash's fields, in name order, with a command's
+    /// changes, in any order) leaves what a map by name would: a change to a live value
+    /// sets its field, any other removes it, and a field that expired and was not
+    /// changed is dropped.
+    #[test]
+    fn repacking_is_a_map_by_name(
+        fields in proptest::collection::btree_map(
+            proptest::collection::vec(0u8..6, 1..3),
+            (proptest::collection::vec(proptest::prelude::any::<u8>(), 0..4), proptest::option::of(0u64..5)),
+            0..10,
+        ),
+        changes in proptest::collection::btree_map(
+            proptest::collection::vec(0u8..6, 1..3),
+            (0u8..3, proptest::collection::vec(proptest::prelude::any::<u8>(), 0..4), proptest::option::of(3u64..6)),
+            0..10,
+        ),
+        turn in 0usize..10,
+    ) {
+        let now_ms = 2;
+        let packed = |name: &Vec<u8>, (value, expires_at_ms): &(Vec<u8>, Option<u64>)| Packed {
+            name: name.clone(),
+            value: value.clone(),
+            expires_at_ms: *expires_at_ms,
+        };
+        let mut model: std::collections::BTreeMap<Vec<u8>, Packed> = fields
+            .iter()
+            .filter(|(_, (_, at))| at.is_none_or(|at| at > now_ms))
+            .map(|(name, field)| (name.clone(), packed(name, field)))
+            .collect();
+        let mut edits: Vec<(Vec<u8>, Field, Field)> = changes
+            .iter()
+            .map(|(name, (kind, value, at))| {
+                let after = match kind {
+                    0 => Field::Live { value: value.clone(), expires_at_ms: *at },
+                    1 => Field::Absent,
+                    _ => Field::Dead { had_expiry: at.is_some() },
+                };
+                match &after {
+                    Field::Live { .. } => model.insert(name.clone(), packed(name, &(value.clone(), *at))),
+                    _ => model.remove(name),
+                };
+                (name.clone(), Field::Absent, after)
+            })
+            .collect();
+        let len = edits.len();
+        edits.rotate_left(turn.min(len));
+        let fields: Vec<Packed> = fields.iter().map(|(n, f)| packed(n, f)).collect();
+        let expected: Vec<Packed> = model.into_values().collect();
+        match repack(fields, edits, now_ms, usize::MAX) {
+            Repacked::Empty => proptest::prop_assert!(expected.is_empty()),
+            Repacked::Packed(bytes) => proptest::prop_assert_eq!(bytes, format::packed_bytes(&expected)),
+            Repacked::Grown(_) => proptest::prop_assert!(false, "{} fields grew", expected.len()),
+        }
+    }
+}
