@@ -1040,8 +1040,7 @@ impl Hashes {
     /// partial (then it is dropped). A large hash without expiring fields has its keys
     /// counted, no value read; with some, its live fields are counted a page at a time.
     pub fn len(&self, keys: &Keyspace, key: &[u8]) -> Result<u64> {
-        let _locked = self.lock(key);
-        let Some(read) = self.header(keys, key)? else {
+        let Some((read, _locked)) = self.header_to_read_whole(keys, key)? else {
             return Ok(0);
         };
         let header = match read.layout {
@@ -1064,6 +1063,25 @@ impl Hashes {
         }
     }
 
+    /// The hash at `key` for a command that reads it whole (HGETALL and its kin, HLEN),
+    /// and the lock the reading needs: a packed hash is one object, read whole at once,
+    /// so none (readers of one hot session on both threads queued on it); a large one's
+    /// header and elements are read under the lock, the header again.
+    fn header_to_read_whole(
+        &self,
+        keys: &Keyspace,
+        key: &[u8],
+    ) -> Result<Option<(Read, Option<MutexGuard<'_, ()>>)>> {
+        let Some(read) = self.header(keys, key)? else {
+            return Ok(None);
+        };
+        if let Layout::Packed(_) = read.layout {
+            return Ok(Some((read, None)));
+        }
+        let locked = self.lock(key);
+        Ok(self.header(keys, key)?.map(|again| (again, Some(locked))))
+    }
+
     /// The live fields of the hash at `key` after `after`, `limit` fields examined at
     /// most and none past the one that takes the reply past `budget`, and the field to
     /// go on after if some are left. A read of the whole hash (`limit` unbounded) past
@@ -1079,22 +1097,8 @@ impl Hashes {
         budget: usize,
     ) -> Result<(Pairs, Option<Vec<u8>>)> {
         let (live, dead, next) = {
-            // A packed hash is one object, read whole at once: no lock (readers of one hot
-            // session on both threads queued on it). A large one's header and elements are
-            // read under the lock, the header again.
-            let Some(mut read) = self.header(keys, key)? else {
+            let Some((read, _locked)) = self.header_to_read_whole(keys, key)? else {
                 return Ok((Vec::new(), None));
-            };
-            let _locked = match read.layout {
-                Layout::Packed(_) => None,
-                Layout::Elements(_) => {
-                    let locked = self.lock(key);
-                    match self.header(keys, key)? {
-                        Some(again) => read = again,
-                        None => return Ok((Vec::new(), None)),
-                    }
-                    Some(locked)
-                }
             };
             match read.layout {
                 Layout::Packed(fields) => {

@@ -591,8 +591,9 @@ fn a_streamed_read_stops_when_its_hash_changes() {
     }
 }
 
-/// HGET, HGETALL and HTTL of a packed hash take no lock: it is one object, read whole at
-/// once (readers of one hot session on both serving threads queued on the stripe lock).
+/// HGET, HGETALL, HLEN and HTTL of a packed hash take no lock: it is one object, read
+/// whole at once (readers of one hot session on both serving threads queued on the
+/// stripe lock).
 #[test]
 fn a_packed_hash_is_read_without_the_lock() {
     let keys = Arc::new(keyspace(8 << 20));
@@ -607,6 +608,7 @@ fn a_packed_hash_is_read_without_the_lock() {
             h.get(&k, b"s", &[b"b", b"c"], 1 << 20).unwrap(),
             h.all(&k, b"s", Part::Both, 1 << 20).unwrap(),
             h.field_expiries(&k, b"s", &[b"a"]).unwrap(),
+            h.len(&k, b"s").unwrap(),
         )
     });
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
@@ -616,7 +618,8 @@ fn a_packed_hash_is_read_without_the_lock() {
     let finished = reader.is_finished();
     drop(held);
     assert!(finished, "a read of a packed hash waited for the lock");
-    let (values, all, expiries) = reader.join().unwrap();
+    let (values, all, expiries, len) = reader.join().unwrap();
+    assert_eq!(len, 2);
     assert_eq!(values, Some(vec![Some(b"2".to_vec()), None]));
     assert_eq!(all, pairs(&[("a", "1"), ("b", "2")]));
     assert_eq!(expiries, vec![Some(None)]);
