@@ -175,4 +175,72 @@ mod tests {
         assert_eq!((named, held), (Some(older.id()), older.id()));
         assert_eq!(read.map(|(v, _)| v), Some(value));
     }
+
+    /// Writers of one leaf's keys compress ahead while another thread swaps the blob
+    /// dictionary back and forth: whichever dictionary a value was compressed with, the
+    /// leaf stores it with its own, and every key reads back the last value written to
+    /// it, through the merges the writes set off and after a merge of everything.
+    #[test]
+    fn values_compressed_ahead_across_dictionary_swaps_read_back() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+
+        use super::super::Lookup;
+
+        let (dram, _) = tier_with(settings(256));
+        let dictionaries = dram.dictionaries.clone().expect("dictionaries on");
+        let memory = Arc::new(Memory::default());
+        let generations = [trained(1, 0, memory.clone()), trained(2, 0, memory)];
+        let value = |writer: u32, i: u32, round: u32| {
+            documents(0, u64::from(writer << 20 | i << 4 | round), 1_200)
+        };
+        let done = AtomicBool::new(false);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let mut turn = 0;
+                while !done.load(Ordering::Relaxed) {
+                    dictionaries
+                        .blobs
+                        .make_current(Some(generations[turn % 2].clone()));
+                    turn += 1;
+                    std::thread::yield_now();
+                }
+            });
+            let writers: Vec<_> = (0..2u32)
+                .map(|writer| {
+                    let (dram, value) = (&dram, &value);
+                    s.spawn(move || {
+                        for round in 0..3 {
+                            for i in 0..150 {
+                                // Neighbouring keys: both writers share leaves.
+                                let key = key(i * 2 + writer);
+                                let v = value(writer, i, round);
+                                dram.put_with(&key, Some(&v), Meta::default(), None, 0, |_| ());
+                            }
+                        }
+                    })
+                })
+                .collect();
+            for writer in writers {
+                writer.join().expect("a writer");
+            }
+            done.store(true, Ordering::Relaxed);
+        });
+        dram.merge_all(0);
+        for writer in 0..2u32 {
+            for i in 0..150 {
+                match dram.get(&key(i * 2 + writer), 0, true) {
+                    Lookup::Found(v, _, _) => {
+                        assert!(v == value(writer, i, 2), "key {i} of {writer}")
+                    }
+                    other => panic!("key {i} of {writer}: {other:?}"),
+                }
+            }
+        }
+        assert_eq!(
+            dram.counters
+                .corrupt_pages
+                .load(std::sync::atomic::Ordering::Relaxed),
+            0
+        );
+    }
 }
