@@ -27,7 +27,8 @@ use zipcache::ZipCache;
 
 pub use crate::core::access::Credentials;
 pub use crate::core::auth::Password;
-pub use crate::core::cluster::{Announce, ClusterMode, key_slot};
+pub use crate::core::cluster::{Announce, ClusterMode};
+pub use crate::core::slot::key_slot;
 pub use crate::core::{Runtime, ServerOptions, TlsFiles};
 pub use server::{ServerHandle, start};
 pub use settings::{Port, ServeArgs, Settings};

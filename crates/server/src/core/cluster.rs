@@ -1,5 +1,5 @@
-//! Redis Cluster as this node serves it (`--cluster-mode`): which of the 16,384 hash
-//! slots a key belongs to, the node's id, and the address it tells clients to reach it
+//! Redis Cluster as this node serves it (`--cluster-mode`): the slots it owns (a key's
+//! slot: `slot.rs`), the node's id, and the address it tells clients to reach it
 //! at. Protocol-neutral: RESP's `CLUSTER` commands and its redirections read it.
 //!
 //! `emulated`: one node owns every slot, so cluster-aware clients (redis-py
@@ -13,34 +13,14 @@ use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crc::{CRC_16_XMODEM, Crc};
 use parking_lot::{RwLock, RwLockReadGuard};
 use zipcache::ZipCache;
 
 use super::ServerOptions;
 use super::keyspace::{Generations, Keyspace};
+use super::slot::SLOTS;
 use super::sweep::Sweep;
 use super::topology::{ID_LEN, Node, Role, Topology};
-
-/// Hash slots of a Redis Cluster.
-pub const SLOTS: u16 = 16_384;
-
-const CRC16: Crc<u16> = Crc::<u16>::new(&CRC_16_XMODEM);
-
-/// Redis's `keyHashSlot`: CRC16/XMODEM of the key, or of its hash tag — what lies between
-/// the first `{` and the first `}` after it, if that is not empty — modulo 16,384.
-pub fn key_slot(key: &[u8]) -> u16 {
-    let hashed = key
-        .iter()
-        .position(|&b| b == b'{')
-        .and_then(|open| {
-            let tag = &key[open + 1..];
-            let close = tag.iter().position(|&b| b == b'}')?;
-            (close > 0).then(|| &tag[..close])
-        })
-        .unwrap_or(key);
-    CRC16.checksum(hashed) % SLOTS
-}
 
 /// How the RESP port takes part in a Redis Cluster.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum, serde::Deserialize)]
@@ -707,27 +687,7 @@ fn new_node_id() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// Slots `redis-server` 7.0 answered to `CLUSTER KEYSLOT` (`CRATES.md`), hash tags
-    /// included: the first `{…}` counts only if it is not empty.
-    #[test]
-    fn slots_are_those_redis_computes() {
-        for (key, slot) in [
-            (&b"foo"[..], 12182),
-            (b"{user1}.x", 8106),
-            (b"user1", 8106),
-            (b"123456789", 12739),
-            (b"", 0),
-            (b"{}foo", 9500),
-            (b"foo{}{bar}", 8363),
-            (b"foo{{bar}}zap", 4015),
-            (b"{bar", 4015),
-            (b"foo{bar}{zap}", 5061),
-            (b"bar", 5061),
-        ] {
-            assert_eq!(key_slot(key), slot, "{}", String::from_utf8_lossy(key));
-        }
-    }
+    use crate::core::slot::key_slot;
 
     #[test]
     fn node_ids_are_forty_hex_digits_and_differ() {

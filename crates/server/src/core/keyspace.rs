@@ -34,7 +34,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
 use zipcache::{AsyncGet, GetOptions, Item, ItemInfo, PutOptions, Result, Update, ZipCache};
 
-use super::cluster::{SLOTS, key_slot};
+use super::slot::{SLOTS, key_slot};
 
 const ESCAPE: u8 = 0x00;
 /// The first byte of every collection element's stored key (`core/hashes.rs`).

@@ -9,6 +9,7 @@ pub mod cursors;
 pub mod hashes;
 pub mod keyspace;
 mod options;
+pub mod slot;
 pub mod stats;
 mod sweep;
 pub mod topology;

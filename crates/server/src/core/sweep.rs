@@ -145,7 +145,7 @@ impl Sweep {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::cluster::key_slot;
+    use crate::core::slot::key_slot;
     use zipcache::{GetOptions, PutOptions};
 
     /// After a slot's generation moves, the sweep deletes its stored keys — and only

@@ -12,7 +12,7 @@
 //! ids are any 40 bytes, a range `A-B` needs `A < B`, a slot has one master. Pure data:
 //! who this node is and what a change costs its keys is `core/cluster.rs`'s job.
 
-use super::cluster::SLOTS;
+use super::slot::SLOTS;
 
 /// A node's id: 40 bytes, as Kvrocks checks them (the controller makes them of
 /// `[a-zA-Z0-9]`; Redis of hex digits).

@@ -847,7 +847,7 @@ mod tests {
         let plain = GetOptions::default();
         let mut prefetch = Prefetch::default();
         assert_eq!(prefetch.start(&cache, &[b"k"], plain, true), 1);
-        generations.bump(crate::core::cluster::key_slot(b"k"));
+        generations.bump(crate::core::slot::key_slot(b"k"));
         let got = prefetch.get_item(&cache, b"k", plain).unwrap();
         assert_eq!(got, None, "read again under the new generation: a miss");
     }

@@ -8,7 +8,8 @@ use std::ops::Bound;
 
 use super::keys::BULK_OVERHEAD;
 use super::{Args, Command, ErrorReply, Result, Spec, integer, spec, with_subcommands};
-use crate::core::cluster::{ClusterMode, Redirect, SLOTS, State, key_slot, valid_node_id};
+use crate::core::cluster::{ClusterMode, Redirect, State, valid_node_id};
+use crate::core::slot::{SLOTS, key_slot};
 use crate::core::topology::{Role, run};
 use crate::resp::{Client, Reply, Resp};
 use crate::transport::output::OUTPUT_BUDGET;
@@ -598,7 +599,8 @@ pub fn same_slot<'a>(mut keys: impl Iterator<Item = &'a [u8]>) -> Result<Option<
 #[cfg(test)]
 mod tests {
     use crate::core::ServerOptions;
-    use crate::core::cluster::{ClusterMode, key_slot};
+    use crate::core::cluster::ClusterMode;
+    use crate::core::slot::key_slot;
     use crate::fuzzing::resp_request;
     use crate::serving_tests::{dram_engine, resp_session, serve_in_process};
     use crate::transport::output::OUTPUT_BUDGET;
