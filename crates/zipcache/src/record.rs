@@ -424,7 +424,6 @@ pub fn encode_blob_with<R>(
 /// queue behind each other's compression.
 pub struct Compressed {
     stored: Stored,
-    len: usize,
     /// Empty where the value is stored as it is.
     data: Vec<u8>,
 }
@@ -437,17 +436,12 @@ impl Compressed {
         if matches!(stored, Stored::Raw) {
             data = Vec::new();
         }
-        Compressed {
-            stored,
-            len: value.len(),
-            data,
-        }
+        Compressed { stored, data }
     }
 
     /// The blob of `value`, the value compressed, with `meta`: what `encode_blob_with`
     /// makes, handed to `keep` as there.
     pub fn blob_with<R>(&self, value: &[u8], meta: &Meta, keep: impl FnOnce(&[u8]) -> R) -> R {
-        debug_assert_eq!(value.len(), self.len, "the value compressed");
         SCRATCH.with_borrow_mut(|(_, out)| {
             let (codec, id) = self.stored.codec();
             put_blob(
@@ -455,7 +449,7 @@ impl Compressed {
                 codec,
                 id,
                 meta,
-                self.len,
+                value.len(),
                 self.stored.data(value, &self.data),
             );
             keep(out)

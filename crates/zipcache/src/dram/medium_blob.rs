@@ -79,29 +79,40 @@ impl DramTier {
         let blob = match source {
             // A re-headed blob names the dictionary the leaf holds, or none.
             BlobSource::Made(made) => made,
-            source => {
-                let dictionary = extras.dictionary.clone().or(current);
-                let blob = match source {
-                    BlobSource::Ahead(ahead) if same(&ahead.dictionary, &dictionary) => {
-                        ahead.compressed.blob_with(value, meta, Block::new)
-                    }
-                    // Compressed with another dictionary than the leaf's (it holds an
-                    // older one, or one was swapped in meanwhile): again, with the
-                    // leaf's; the value was offered to the trainer already.
-                    BlobSource::Ahead(_) => {
-                        encode_blob_with(value, meta, dictionary.as_deref(), Block::new)
-                    }
-                    _ => self.blob_of(value, meta, dictionary.as_deref()),
-                };
-                if blob_dictionary(&blob).is_some_and(|id| id != 0) {
-                    extras.dictionary = dictionary;
-                }
-                blob
-            }
+            BlobSource::Ahead(ahead) => self.leaf_blob(extras, value, meta, current, Some(ahead)),
+            BlobSource::Compress => self.leaf_blob(extras, value, meta, current, None),
         };
         let bytes = blob_bytes([&blob]);
         extras.push_blob(blob);
         Some((slot, stale, bytes))
+    }
+
+    /// `value`'s blob compressed with the dictionary the leaf's blobs use, else `current`
+    /// (which the leaf then holds, if the blob names it): the bytes compressed `ahead`
+    /// where they used that dictionary, else compressed here.
+    fn leaf_blob(
+        &self,
+        extras: &mut Extras,
+        value: &[u8],
+        meta: &Meta,
+        current: Option<Arc<Dictionary>>,
+        ahead: Option<Ahead>,
+    ) -> Block {
+        let dictionary = extras.dictionary.clone().or(current);
+        let blob = match ahead {
+            Some(ahead) if same(&ahead.dictionary, &dictionary) => {
+                ahead.compressed.blob_with(value, meta, Block::new)
+            }
+            // Compressed with another dictionary than the leaf's (it holds an older one,
+            // or one was swapped in meanwhile): again, with the leaf's; the value was
+            // offered to the trainer already.
+            Some(_) => encode_blob_with(value, meta, dictionary.as_deref(), Block::new),
+            None => self.blob_of(value, meta, dictionary.as_deref()),
+        };
+        if blob_dictionary(&blob).is_some_and(|id| id != 0) {
+            extras.dictionary = dictionary;
+        }
+        blob
     }
 }
 
