@@ -1172,7 +1172,8 @@ mod buffer_tests {
     fn a_leaf_of_tiny_values_keeps_its_first_limit() {
         let (dram, _) = tier_with(settings(256));
         for i in 0..2_000u32 {
-            put(&dram, &key(i % 8), &[i as u8; 100]);
+            // A key's next value is longer or shorter: appended, not written over the last.
+            put(&dram, &key(i % 8), &vec![i as u8; 100 + (i % 3) as usize]);
         }
         assert!(dram.counters.foreground_merges.load(Ordering::Relaxed) >= 10);
         assert_eq!(level_of(&dram, &key(0)), 0);

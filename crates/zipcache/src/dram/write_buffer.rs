@@ -22,7 +22,7 @@ use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 use crate::format::buffer::{CAS_TOP, FILTER, FILTER_LEN};
 use crate::memory::alloc_size;
-use crate::record::{Record, key_and_len, records};
+use crate::record::{Payload, Record, key_and_len, records};
 
 /// The records appended since the last merge. A leaf keeps it in a box beside its blobs
 /// only while it is not empty, so the many leaves without one pay nothing for it.
@@ -83,6 +83,8 @@ pub fn next_level(level: u8, writes: usize, reads: u32, room: bool) -> u8 {
 }
 
 impl WriteBuffer {
+    /// Buffers `record`: appended, or written over its key's newest record
+    /// (`replace_newest`). The pressure says whether the leaf should merge.
     pub fn append(&mut self, record: &Record<'_>, limit: usize) -> Pressure {
         let cas_top = self.cas_top().max(record.meta.ordered_cas());
         // Room for the record at once: its bytes pushed one by one grew the vector
@@ -94,15 +96,16 @@ impl WriteBuffer {
             self.bytes.reserve_exact(FILTER + filter + encoded);
             self.bytes.resize(FILTER + filter, 0);
             FILTER_LEN.set(&mut self.bytes, filter as u8);
-        } else {
-            self.bytes.reserve(encoded);
         }
         CAS_TOP.set(&mut self.bytes, cas_top);
-        let filter = self.filter_mut();
-        for bit in filter_bits(record.key, filter.len() * 8) {
-            filter[bit / 8] |= 1 << (bit % 8);
+        if !self.replace_newest(record, encoded) {
+            self.bytes.reserve(encoded);
+            let filter = self.filter_mut();
+            for bit in filter_bits(record.key, filter.len() * 8) {
+                filter[bit / 8] |= 1 << (bit % 8);
+            }
+            record.encode(&mut self.bytes);
         }
-        record.encode(&mut self.bytes);
         let len = self.len();
         if limit == 0 || len > limit.max(64).saturating_mul(4) {
             Pressure::Overflowing
@@ -113,9 +116,44 @@ impl WriteBuffer {
         }
     }
 
+    /// Writes `record` (`encoded` bytes) over its key's newest buffered record where that
+    /// takes as many bytes and the write keeps the leaf's versions as appending would: a
+    /// version at least the replaced one's, which a merge would keep above it, or neither
+    /// ordered. A key written again and again (a large hash's header at every HSET, a
+    /// counter) then holds one record, not a buffer full of its versions that every GET
+    /// walks and a merge every few dozen writes empties. Merges keep a key's newest
+    /// record alone, so the leaf reads as if the record were appended.
+    ///
+    /// Not a medium value's pointer: each takes a new slot of the leaf's blob table,
+    /// which only a merge empties, so its writes must go on filling the buffer.
+    fn replace_newest(&mut self, record: &Record<'_>, encoded: usize) -> bool {
+        if matches!(record.payload, Payload::Medium(_)) {
+            return false;
+        }
+        let Some((at, len)) = self.newest(record.key) else {
+            return false;
+        };
+        let start = self.filter_end() + at;
+        let replaceable = len == encoded
+            && Record::parse(&self.bytes[start..])
+                .is_some_and(|(old, _)| record.meta.ordered_cas() >= old.meta.ordered_cas());
+        if replaceable {
+            let mut bytes = Vec::with_capacity(encoded);
+            record.encode(&mut bytes);
+            self.bytes[start..start + len].copy_from_slice(&bytes);
+        }
+        replaceable
+    }
+
     /// The newest buffered record of `key`: the others are only skipped, the last match
     /// alone decoded.
     pub fn find(&self, key: &[u8]) -> Option<Record<'_>> {
+        let (at, _) = self.newest(key)?;
+        Record::parse(&self.run()[at..]).map(|(record, _)| record)
+    }
+
+    /// Where in the run the newest record of `key` starts, and its length.
+    fn newest(&self, key: &[u8]) -> Option<(usize, usize)> {
         if !self.may_hold(key) {
             return None;
         }
@@ -123,11 +161,11 @@ impl WriteBuffer {
         let (mut at, mut newest) = (0, None);
         while let Some((k, len)) = key_and_len(&run[at..]) {
             if k == key {
-                newest = Some(at);
+                newest = Some((at, len));
             }
             at += len;
         }
-        Record::parse(&run[newest?..]).map(|(record, _)| record)
+        newest
     }
 
     /// Buffered records, oldest first.
@@ -207,7 +245,7 @@ impl WriteBuffer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::record::{Meta, Payload};
+    use crate::record::Meta;
 
     fn rec<'a>(key: &'a [u8], value: Option<&'a [u8]>) -> Record<'a> {
         let payload = value.map_or(Payload::Tombstone, Payload::Inline);
@@ -229,15 +267,16 @@ mod tests {
         assert_eq!(b.find(b"other"), None);
         let big = [0u8; 52];
         assert_eq!(b.append(&rec(b"x", Some(&big)), 64), Pressure::Full);
-        for _ in 0..4 {
-            b.append(&rec(b"y", Some(&big)), 64);
+        for y in [b"y0", b"y1", b"y2", b"y3"] {
+            b.append(&rec(y, Some(&big)), 64);
         }
         assert_eq!(b.append(&rec(b"z", Some(&big)), 64), Pressure::Overflowing);
-        assert_eq!(b.records().count(), 9);
+        // "k"'s second value took its first's place.
+        assert_eq!(b.records().count(), 8);
         assert!(b.charge() >= alloc_size(b.bytes.len()));
 
         let taken = b.take();
-        assert_eq!(taken.records().count(), 9);
+        assert_eq!(taken.records().count(), 8);
         assert!(b.is_empty());
         assert_eq!(b.charge(), 0, "a merged buffer keeps no capacity");
     }
@@ -284,6 +323,62 @@ mod tests {
         assert_eq!(b.find(b"k").unwrap().meta.cas, 9);
         assert_eq!(b.take().cas_top(), 9);
         assert_eq!(b.cas_top(), 0);
+    }
+
+    /// A key written again in a record of the same length takes its newest record's
+    /// place when its version is at least that one's; otherwise, or at another length,
+    /// it is appended (a merge then counts the version it replaced as gone).
+    #[test]
+    fn a_key_written_again_takes_its_newest_records_place() {
+        let mut b = WriteBuffer::default();
+        let at = |cas, value: &'static [u8]| Record {
+            meta: Meta {
+                cas,
+                ..Meta::default()
+            },
+            ..rec(b"hot", Some(value))
+        };
+        b.append(&at(7, b"aa"), 1 << 10);
+        b.append(&rec(b"other", Some(b"x")), 1 << 10);
+        let len = b.len();
+        b.append(&at(8, b"bb"), 1 << 10);
+        assert_eq!(b.len(), len, "written in place");
+        assert_eq!(b.records().count(), 2);
+        let found = b.find(b"hot").unwrap();
+        assert_eq!((found.meta.cas, found.payload), (8, Payload::Inline(b"bb")));
+        assert_eq!(b.records().last().unwrap().key, b"other", "the order kept");
+        // A write without an ordered version (a client's) would lose the replaced one's
+        // unseen: appended.
+        let clients = Record {
+            meta: Meta {
+                cas: 5,
+                client_cas: true,
+                ..Meta::default()
+            },
+            ..at(0, b"cc")
+        };
+        assert_eq!(clients.encoded_len(), at(8, b"bb").encoded_len());
+        b.append(&clients, 1 << 10);
+        assert_eq!(b.records().count(), 3);
+        // So is one of another length, and a tombstone.
+        b.append(&at(9, b"dddd"), 1 << 10);
+        b.append(&rec(b"hot", None), 1 << 10);
+        assert_eq!(b.records().count(), 5);
+        assert_eq!(b.find(b"hot").unwrap().payload, Payload::Tombstone);
+        // Two writes without versions: the second over the first.
+        b.append(&rec(b"plain", Some(b"1")), 1 << 10);
+        b.append(&rec(b"plain", Some(b"2")), 1 << 10);
+        assert_eq!(b.records().count(), 6);
+        assert_eq!(b.find(b"plain").unwrap().payload, Payload::Inline(b"2"));
+        // A medium value's pointer names a new blob slot: appended.
+        let pointer = |slot| Record {
+            payload: Payload::Medium(slot),
+            ..rec(b"doc", None)
+        };
+        b.append(&pointer(0), 1 << 10);
+        b.append(&pointer(1), 1 << 10);
+        assert_eq!(b.records().count(), 8);
+        assert_eq!(b.cas_top(), 9);
     }
 
     /// A fill's buffer: 100 keys of medium values (pointer records) under a limit of
