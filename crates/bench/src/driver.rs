@@ -45,6 +45,8 @@ pub struct Workload {
     /// Open loop: requests per second offered (all threads together), Poisson arrivals;
     /// `None` = closed loop (every virtual client sends its next request on a reply).
     pub rate: Option<f64>,
+    /// A fill reads every key back once after its figures are taken (`--read-back`).
+    pub read_back: bool,
 }
 
 impl Workload {
@@ -92,6 +94,9 @@ pub struct Counts {
     pub hits: u64,
     pub misses: u64,
     pub puts: u64,
+    /// Key and value bytes of the PUTs stored, look-aside fills included: what the bytes
+    /// a cache wrote to flash are set against.
+    pub put_bytes: u64,
     pub deletes: u64,
     pub scans: u64,
     pub unsupported: u64,
@@ -103,13 +108,14 @@ pub struct Counts {
 }
 
 impl Counts {
-    fn new() -> Counts {
+    pub(crate) fn new() -> Counts {
         Counts {
             ops: 0,
             gets: 0,
             hits: 0,
             misses: 0,
             puts: 0,
+            put_bytes: 0,
             deletes: 0,
             scans: 0,
             unsupported: 0,
@@ -126,6 +132,7 @@ impl Counts {
         self.hits += other.hits;
         self.misses += other.misses;
         self.puts += other.puts;
+        self.put_bytes += other.put_bytes;
         self.deletes += other.deletes;
         self.scans += other.scans;
         self.unsupported += other.unsupported;
@@ -156,6 +163,9 @@ impl Counts {
         is_fill: bool,
         latency: Option<Duration>,
     ) -> bool {
+        if let (Request::Put(key, value), Reply::Stored) = (request, reply) {
+            self.put_bytes += (key.len() + value.len()) as u64;
+        }
         match (request, reply) {
             (_, Reply::Stored) if is_fill => {}
             (_, other) if is_fill => self.error(format!("fill: {other:?}")),
@@ -198,6 +208,22 @@ pub struct Run {
     pub bench_cpu_seconds: Option<f64>,
     /// Keys found by probing `0..keys` after a fill, for targets that keep no count.
     pub probed_resident: Option<u64>,
+    /// A fill's keys read back after its figures were taken (`--read-back`).
+    pub read_back: Option<ReadBack>,
+}
+
+/// Every key of a fill read once (GET, verified), after the fill's figures were taken:
+/// what a GET of what the fill left costs the server.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct ReadBack {
+    pub gets: u64,
+    /// GETs that found their key's value.
+    pub found: u64,
+    pub wrong_values: u64,
+    pub elapsed_s: f64,
+    /// The server's CPU seconds meanwhile (and the background work the GETs left, as a
+    /// fill's count): a target whose server the bench knows.
+    pub server_cpu_seconds: Option<f64>,
 }
 
 /// One thread's share of `total`.
@@ -246,8 +272,8 @@ pub fn fill(target: &dyn Target, w: &Workload, progress: &ProgressBar) -> Result
     }
     let bench_cpu_seconds = own_cpu().zip(cpu).map(|(a, b)| a - b);
     let after = target.snapshot()?;
-    let probed_resident = if target.probe_resident() {
-        Some(count_resident(target, w)?)
+    let read = if w.read_back || target.probe_resident() {
+        Some(read_back(target, w)?)
     } else {
         None
     };
@@ -257,7 +283,11 @@ pub fn fill(target: &dyn Target, w: &Workload, progress: &ProgressBar) -> Result
         after,
         elapsed,
         bench_cpu_seconds,
-        probed_resident,
+        probed_resident: read
+            .as_ref()
+            .filter(|_| target.probe_resident())
+            .map(|r| r.found),
+        read_back: read.filter(|_| w.read_back),
     })
 }
 
@@ -279,10 +309,13 @@ fn fill_ids(
         requests.extend((next..end).map(|id| Request::Put(w.key(id), w.values.value(id, 0))));
         replies.clear();
         client.execute(&requests, &mut replies)?;
-        for (reply, _) in &replies {
-            match reply {
-                Reply::Stored => counts.puts += 1,
-                other => counts.error(format!("{other:?}")),
+        for (request, (reply, _)) in requests.iter().zip(&replies) {
+            match (request, reply) {
+                (Request::Put(key, value), Reply::Stored) => {
+                    counts.puts += 1;
+                    counts.put_bytes += (key.len() + value.len()) as u64;
+                }
+                (_, other) => counts.error(format!("{other:?}")),
             }
         }
         counts.ops += end - next;
@@ -292,30 +325,78 @@ fn fill_ids(
     Ok(counts)
 }
 
-/// How many of keys `0..keys` a GET finds (each found value verified).
-fn count_resident(target: &dyn Target, w: &Workload) -> Result<u64, String> {
-    let mut client = target.client()?;
+/// Reads keys `0..keys` once each (thread `t` takes the slice it filled), each value
+/// found verified, then waits for the cache's process to go idle, as a fill does.
+fn read_back(target: &dyn Target, w: &Workload) -> Result<ReadBack, String> {
+    let before = target.snapshot()?.server_cpu_seconds;
+    let start = Instant::now();
+    let totals = Mutex::new((0u64, 0u64, 0u64));
+    std::thread::scope(|s| -> Result<(), String> {
+        let handles: Vec<_> = (0..w.threads)
+            .map(|t| {
+                let totals = &totals;
+                s.spawn(move || -> Result<(), String> {
+                    let mut client = target.client()?;
+                    let first: u64 = (0..t).map(|i| share(w.keys, w.threads, i)).sum();
+                    let ids = first..first + share(w.keys, w.threads, t);
+                    let (gets, found, wrong) = read_ids(client.as_mut(), w, ids)?;
+                    let mut totals = totals.lock().expect("read-back lock");
+                    totals.0 += gets;
+                    totals.1 += found;
+                    totals.2 += wrong;
+                    Ok(())
+                })
+            })
+            .collect();
+        handles.into_iter().try_for_each(|h| {
+            h.join()
+                .map_err(|_| "a read-back thread panicked".to_string())?
+        })
+    })?;
+    let elapsed = start.elapsed();
+    if let Some(pid) = target.cache_pid() {
+        crate::procfs::wait_idle(pid, FILL_IDLE_LIMIT);
+    }
+    let after = target.snapshot()?.server_cpu_seconds;
+    let (gets, found, wrong_values) = totals.into_inner().expect("read-back lock");
+    Ok(ReadBack {
+        gets,
+        found,
+        wrong_values,
+        elapsed_s: elapsed.as_secs_f64(),
+        server_cpu_seconds: after.zip(before).map(|(a, b)| a - b),
+    })
+}
+
+/// GETs of `ids` in batches: how many were sent, found, and found wrong.
+fn read_ids(
+    client: &mut dyn Client,
+    w: &Workload,
+    ids: std::ops::Range<u64>,
+) -> Result<(u64, u64, u64), String> {
     let batch = client.batch_size() as u64;
-    let mut found = 0;
+    let (mut gets, mut found, mut wrong) = (0, 0, 0);
     let mut requests = Vec::new();
     let mut replies = Vec::new();
-    let mut next = 0;
-    while next < w.keys && !STOP.load(Relaxed) {
-        let end = (next + batch).min(w.keys);
+    let mut next = ids.start;
+    while next < ids.end && !STOP.load(Relaxed) {
+        let end = (next + batch).min(ids.end);
         requests.clear();
         requests.extend((next..end).map(|id| Request::Get(w.key(id))));
         replies.clear();
         client.execute(&requests, &mut replies)?;
-        found += replies
-            .iter()
-            .zip(next..end)
-            .filter(|((reply, _), id)| {
-                matches!(reply, Reply::Value(Some(v)) if w.values.verify(*id, v))
-            })
-            .count() as u64;
+        for ((reply, _), id) in replies.iter().zip(next..end) {
+            gets += 1;
+            if let Reply::Value(Some(v)) = reply {
+                match w.values.verify(id, v) {
+                    true => found += 1,
+                    false => wrong += 1,
+                }
+            }
+        }
         next = end;
     }
-    Ok(found)
+    Ok((gets, found, wrong))
 }
 
 /// The cachebench look-aside loop. Warm-up runs first on every thread; the target is
@@ -396,6 +477,7 @@ pub fn lookaside(target: &dyn Target, w: &Workload, progress: &ProgressBar) -> R
         elapsed,
         bench_cpu_seconds,
         probed_resident: None,
+        read_back: None,
     })
 }
 

@@ -181,6 +181,11 @@ pub struct Params {
     /// Look-aside: time a miss waits for the backend before its PUT (paper: 1000).
     #[arg(long, default_value_t = 1000)]
     pub backend_latency_us: u64,
+    /// Fill: after the fill's figures are taken, GET every key once (each value verified)
+    /// and report the server's CPU per GET (`read_back`, `server_cpu_us_per_get`). The
+    /// GETs change what the cache holds (promotions), so the figures come first.
+    #[arg(long)]
+    pub read_back: bool,
     /// Hard cap on any phase, so no run is unbounded.
     #[arg(long, default_value_t = 900.0)]
     pub time_limit: f64,
@@ -361,6 +366,7 @@ impl Params {
             trace: None,
             trace_cursor: 0.into(),
             rate: self.rate,
+            read_back: self.read_back,
         })
     }
 
@@ -398,6 +404,7 @@ impl Params {
             trace: Some(Arc::new(trace)),
             trace_cursor: 0.into(),
             rate: self.rate,
+            read_back: self.read_back,
         })
     }
 

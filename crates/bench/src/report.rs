@@ -6,9 +6,9 @@ use std::path::Path;
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
-use crate::Params;
-use crate::driver::Run;
+use crate::driver::{ReadBack, Run};
 use crate::targets::Holdings;
+use crate::{Mode, Params};
 
 /// GET latency percentiles in microseconds.
 #[derive(Clone, Debug, Serialize)]
@@ -35,7 +35,8 @@ pub struct TargetResult {
     pub dram_hit_ratio: Option<f64>,
     pub ssd_hit_ratio: Option<f64>,
     pub get_latency_us: Latency,
-    /// Values that came back different from what was stored: must be 0.
+    /// Values that came back different from what was stored (in the read-back too):
+    /// must be 0.
     pub wrong_values: u64,
     pub errors: u64,
     pub first_error: Option<String>,
@@ -61,6 +62,18 @@ pub struct TargetResult {
     pub server_cpu_seconds: Option<f64>,
     /// `server_cpu_seconds` per million measured operations.
     pub server_cpu_s_per_mop: Option<f64>,
+    /// A fill's: the server's CPU microseconds per SET (every measured operation is one).
+    pub server_cpu_us_per_set: Option<f64>,
+    /// The server's CPU microseconds per GET of `read_back`.
+    pub server_cpu_us_per_get: Option<f64>,
+    /// Key and value bytes of the PUTs stored in the measured phase.
+    pub put_bytes: u64,
+    /// `host_bytes_written` per byte of `put_bytes`: what each byte a client stored cost
+    /// the flash, for every target that writes a file (`wa_host` sets the same bytes
+    /// against what zipcache evicted to its SSD tier).
+    pub flash_bytes_per_put_byte: Option<f64>,
+    /// A fill's keys read back after its figures were taken (`--read-back`).
+    pub read_back: Option<ReadBack>,
     pub workload: Params,
     /// The trace replayed (`--trace`): its requests, unique keys and op counts.
     pub trace: Option<crate::trace::TraceSummary>,
@@ -113,6 +126,7 @@ impl TargetResult {
             elapsed,
             bench_cpu_seconds,
             probed_resident,
+            read_back,
         } = run;
         let hit_ratio = ratio(Some(c.hits), c.gets);
         let (dram_hit_ratio, ssd_hit_ratio) = if dram_only {
@@ -140,6 +154,10 @@ impl TargetResult {
             .ssd_budget()
             .filter(|_| !dram_only)
             .and_then(|ssd| Some(objects_resident? as f64 / (ssd as f64 / (1 << 20) as f64)));
+        let server_cpu_s_per_mop = server_cpu_seconds
+            .filter(|_| c.ops > 0)
+            .map(|s| s / c.ops as f64 * 1e6);
+        let host_bytes_written = delta(after.host_bytes_written, before.host_bytes_written);
         let ssd_objects_per_flash_mib = ssd_objects
             .zip(ssd_flash_bytes.filter(|&bytes| bytes > 0))
             .map(|(objects, bytes)| objects as f64 / (bytes as f64 / (1 << 20) as f64));
@@ -161,7 +179,7 @@ impl TargetResult {
                 p99: percentile_us(h, 0.99),
                 p999: percentile_us(h, 0.999),
             },
-            wrong_values: c.wrong_values,
+            wrong_values: c.wrong_values + read_back.as_ref().map_or(0, |r| r.wrong_values),
             errors: c.errors,
             first_error: c.first_error.clone(),
             unsupported_ops: c.unsupported,
@@ -170,12 +188,17 @@ impl TargetResult {
             objects_resident_source,
             objects_per_ssd_mib,
             ssd_objects_per_flash_mib,
-            host_bytes_written: delta(after.host_bytes_written, before.host_bytes_written),
+            host_bytes_written,
             bench_cpu_seconds,
             server_cpu_seconds,
-            server_cpu_s_per_mop: server_cpu_seconds
-                .filter(|_| c.ops > 0)
-                .map(|s| s / c.ops as f64 * 1e6),
+            server_cpu_s_per_mop,
+            server_cpu_us_per_set: server_cpu_s_per_mop.filter(|_| params.mode == Mode::Fill),
+            server_cpu_us_per_get: read_back.as_ref().and_then(|r| {
+                Some(r.server_cpu_seconds? / r.gets.max(1) as f64 * 1e6).filter(|_| r.gets > 0)
+            }),
+            put_bytes: c.put_bytes,
+            flash_bytes_per_put_byte: ratio(host_bytes_written, c.put_bytes).filter(|_| !dram_only),
+            read_back,
             workload: params.clone(),
             trace: None,
             get_latency_ns: (!h.is_empty()).then(|| h.clone()),
@@ -199,9 +222,12 @@ fn us(v: f64) -> String {
     format!("{v:.1}")
 }
 
-/// The summary table, one row per target.
+/// The summary table, one row per target. A fill's server CPU is per SET, and per GET
+/// of its read-back; a look-aside's per request of the mix.
 pub fn table(results: &[TargetResult]) -> String {
-    let header = [
+    let fill = results.iter().all(|r| r.mode == Mode::Fill.name());
+    let cpu = if fill { "srvCPUus/SET" } else { "srvCPUus/req" };
+    let mut header = vec![
         "target",
         "ops",
         "ops/s",
@@ -215,12 +241,21 @@ pub fn table(results: &[TargetResult]) -> String {
         "dramMiB",
         "rssMiB",
         "obj/MiB",
-        "srvCPUs/Mop",
+        cpu,
         "obj/ssdMiB",
         "ssdObj/flashMiB",
+        "flashB/putB",
         "wrong",
         "errors",
     ];
+    let cpu_at = header
+        .iter()
+        .position(|&h| h == cpu)
+        .expect("the CPU column")
+        + 1;
+    if fill {
+        header.insert(cpu_at, "srvCPUus/GET");
+    }
     let rows: Vec<Vec<String>> = results
         .iter()
         .map(|r| {
@@ -234,7 +269,7 @@ pub fn table(results: &[TargetResult]) -> String {
                 .objects_resident
                 .zip(Some(r.workload.dram * nodes as u64))
                 .map(|(o, d)| o as f64 / (d as f64 / (1 << 20) as f64));
-            vec![
+            let mut row = vec![
                 r.target.clone(),
                 r.ops.to_string(),
                 format!("{:.0}", r.throughput_ops),
@@ -251,9 +286,14 @@ pub fn table(results: &[TargetResult]) -> String {
                 cell(r.server_cpu_s_per_mop, |v| format!("{v:.2}")),
                 cell(r.objects_per_ssd_mib, |v| format!("{v:.0}")),
                 cell(r.ssd_objects_per_flash_mib, |v| format!("{v:.0}")),
+                cell(r.flash_bytes_per_put_byte, |v| format!("{v:.2}")),
                 r.wrong_values.to_string(),
                 r.errors.to_string(),
-            ]
+            ];
+            if fill {
+                row.insert(cpu_at, cell(r.server_cpu_us_per_get, |v| format!("{v:.2}")));
+            }
+            row
         })
         .collect();
     let widths: Vec<usize> = (0..header.len())
@@ -305,4 +345,89 @@ pub fn write_json(path: &Path, results: &[TargetResult]) -> Result<(), String> {
     let text = serde_json::to_string_pretty(results).map_err(|e| e.to_string())?;
     let mut file = std::fs::File::create(path).map_err(|e| format!("{}: {e}", path.display()))?;
     writeln!(file, "{text}").map_err(|e| format!("{}: {e}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use clap::Parser;
+
+    use super::*;
+    use crate::driver::Counts;
+    use crate::targets::Snapshot;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        params: Params,
+    }
+
+    fn params(args: &[&str]) -> Params {
+        let argv = ["bench"].iter().chain(args);
+        Cli::try_parse_from(argv).expect("flags parse").params
+    }
+
+    /// A fill of 1,000 SETs of 100 bytes (0.02 s of the server's CPU, 300,000 bytes
+    /// written to its file), and 500 GETs read back (0.001 s).
+    fn fill_run() -> Run {
+        let mut counts = Counts::new();
+        counts.ops = 1000;
+        counts.puts = 1000;
+        counts.put_bytes = 100_000;
+        let snapshot = |cpu, written| Snapshot {
+            server_cpu_seconds: Some(cpu),
+            host_bytes_written: Some(written),
+            ..Snapshot::default()
+        };
+        Run {
+            counts,
+            before: snapshot(1.0, 50_000),
+            after: snapshot(1.02, 350_000),
+            elapsed: Duration::from_secs(1),
+            bench_cpu_seconds: None,
+            probed_resident: None,
+            read_back: Some(ReadBack {
+                gets: 500,
+                found: 400,
+                wrong_values: 1,
+                elapsed_s: 0.1,
+                server_cpu_seconds: Some(0.001),
+            }),
+        }
+    }
+
+    #[test]
+    fn a_fill_reports_cpu_per_set_and_per_get_and_flash_bytes_per_byte_stored() {
+        let fill = params(&["--mode", "fill", "--ssd-size", "64MiB"]);
+        let r = TargetResult::new("t", false, fill_run(), &fill);
+        let close = |a: Option<f64>, b: f64| a.is_some_and(|a| (a - b).abs() < 1e-9);
+        assert!(
+            close(r.server_cpu_us_per_set, 20.0),
+            "{:?}",
+            r.server_cpu_us_per_set
+        );
+        assert!(
+            close(r.server_cpu_us_per_get, 2.0),
+            "{:?}",
+            r.server_cpu_us_per_get
+        );
+        assert!(close(r.flash_bytes_per_put_byte, 3.0));
+        assert_eq!(r.wrong_values, 1, "the read-back's wrong values count");
+        let shown = table(&[r]);
+        assert!(shown.contains("srvCPUus/SET  srvCPUus/GET"), "{shown}");
+        assert!(shown.contains("20.00          2.00"), "{shown}");
+        // Without flash, no flash figure; in a look-aside, CPU is per request of the mix.
+        let r = TargetResult::new("t", true, fill_run(), &fill);
+        assert_eq!(r.flash_bytes_per_put_byte, None);
+        let lookaside = params(&["--mode", "lookaside"]);
+        let r = TargetResult::new("t", false, fill_run(), &lookaside);
+        assert_eq!(r.server_cpu_us_per_set, None);
+        assert!(close(r.server_cpu_s_per_mop, 20.0));
+        let shown = table(&[r]);
+        assert!(
+            shown.contains("srvCPUus/req") && !shown.contains("/GET"),
+            "{shown}"
+        );
+    }
 }

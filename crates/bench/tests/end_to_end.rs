@@ -112,11 +112,29 @@ fn fill_reports_resident_objects() {
         "none",
         "--eta",
         "0.5",
+        "--read-back",
     ]);
     for result in &results {
         check_schema(result);
         let target = result["target"].as_str().unwrap();
         assert_eq!(result["errors"], 0, "{target}: {}", result["first_error"]);
+        // Every key read back, found and verified; the same bytes stored everywhere.
+        let read_back = &result["read_back"];
+        assert_eq!(read_back["gets"], 30000, "{target}: {read_back}");
+        assert_eq!(read_back["found"], 30000, "{target}: {read_back}");
+        assert_eq!(result["wrong_values"], 0, "{target}");
+        assert_eq!(result["put_bytes"], results[0]["put_bytes"], "{target}");
+        assert!(result["put_bytes"].as_u64().unwrap() > 30000 * 16);
+        assert!(
+            result["flash_bytes_per_put_byte"].is_null(),
+            "{target}: no flash"
+        );
+        // The server's CPU is known for memcached, which the bench started: per SET of
+        // the fill and per GET of the read-back.
+        for figure in ["server_cpu_us_per_set", "server_cpu_us_per_get"] {
+            let known = result[figure].as_f64().is_some_and(|us| us > 0.0);
+            assert_eq!(known, target == "memcached", "{target}: {figure}");
+        }
         // Everything fits: every key is resident. The engine's `objects_resident` is kept
         // by concurrent writers and may trail by a few under a 2-thread fill (every key is
         // still found by GET), so zipcache's count gets 0.1% slack.

@@ -77,6 +77,7 @@ pub fn lookaside_workload(keys: u64, ops: u64) -> Workload {
         trace: None,
         trace_cursor: 0.into(),
         rate: None,
+        read_back: false,
     }
 }
 
