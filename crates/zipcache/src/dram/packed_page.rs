@@ -166,11 +166,20 @@ impl PackedLayout {
 }
 
 impl Table<'_> {
-    /// Where sub-page `i` ends in the body.
+    /// Where sub-page `i` ends in the body. Read by its width's own load, not copied
+    /// through a buffer: every GET checks the whole table (`PackedLayout::table`), and
+    /// a `memcpy` call per entry was 5 % of the server's CPU in uniform GETs.
     pub fn end(&self, i: usize) -> usize {
-        let mut bytes = [0u8; 4];
-        bytes[..self.width].copy_from_slice(&self.ends[i * self.width..][..self.width]);
-        u32::from_le_bytes(bytes) as usize
+        let e = &self.ends[i * self.width..][..self.width];
+        match *e {
+            [a, b] => usize::from(u16::from_le_bytes([a, b])),
+            [a, b, c, d] => u32::from_le_bytes([a, b, c, d]) as usize,
+            // `end_width` gives 2 or 4 today; any width reads as its little-endian bytes.
+            _ => e
+                .iter()
+                .rev()
+                .fold(0, |end, &byte| end << 8 | usize::from(byte)),
+        }
     }
 
     /// Bytes of the whole body.
@@ -319,6 +328,31 @@ mod tests {
     fn large_leaves_use_wide_ends() {
         let l = layout(1 << 20);
         assert_eq!(l.table_len(), 64);
+        // Sub-pages ending past 64 KiB: their ends take all four bytes.
+        let keys: Vec<Vec<u8>> = (0..4u8).map(|i| vec![b'k', i]).collect();
+        let value = vec![7u8; 40_000];
+        let recs: Vec<Record> = keys
+            .iter()
+            .map(|key| Record {
+                key,
+                payload: Payload::Inline(&value),
+                meta: Meta::default(),
+            })
+            .collect();
+        let page = build(&l, &recs).unwrap();
+        let (table, body) = l.split(&page).unwrap();
+        assert_eq!(table.body_len(), 4 * recs[0].encoded_len());
+        assert!(table.body_len() > 1 << 17);
+        for i in 0..16 {
+            let bytes = &page[4 * i..4 * i + 4];
+            assert_eq!(
+                table.end(i),
+                u32::from_le_bytes(bytes.try_into().unwrap()) as usize
+            );
+        }
+        for r in &recs {
+            assert_eq!(l.find(&table, body, r.key), Some(*r));
+        }
     }
 
     proptest! {
