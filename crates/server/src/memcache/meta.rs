@@ -118,7 +118,8 @@ fn value_reply(
     out: &mut Vec<u8>,
 ) {
     if with_value {
-        out.extend_from_slice(format!("VA {}", item.value.len()).as_bytes());
+        out.extend_from_slice(b"VA ");
+        out.extend_from_slice(itoa::Buffer::new().format(item.value.len()).as_bytes());
     } else {
         out.extend_from_slice(b"HD");
     }
