@@ -238,6 +238,34 @@ fn own_cpu() -> Option<f64> {
 /// Longest a fill waits for the cache's process to go idle before its figures are taken.
 const FILL_IDLE_LIMIT: Duration = Duration::from_secs(60);
 
+/// Runs `run` on `w.threads` threads at once, each with a client of its own and its
+/// contiguous slice of keys `0..keys` (thread `t` the `t`-th): each thread's result.
+fn by_slices<T: Send>(
+    target: &dyn Target,
+    w: &Workload,
+    run: impl Fn(&mut dyn Client, std::ops::Range<u64>) -> Result<T, String> + Sync,
+) -> Result<Vec<T>, String> {
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..w.threads)
+            .map(|t| {
+                let run = &run;
+                s.spawn(move || -> Result<T, String> {
+                    let mut client = target.client()?;
+                    let first: u64 = (0..t).map(|i| share(w.keys, w.threads, i)).sum();
+                    run(client.as_mut(), first..first + share(w.keys, w.threads, t))
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .map_err(|_| "a bench thread panicked".to_string())?
+            })
+            .collect()
+    })
+}
+
 /// Inserts keys `0..keys` once each (thread `t` takes a contiguous slice), waits for the
 /// cache's process to go idle, then snapshots.
 pub fn fill(target: &dyn Target, w: &Workload, progress: &ProgressBar) -> Result<Run, String> {
@@ -245,25 +273,12 @@ pub fn fill(target: &dyn Target, w: &Workload, progress: &ProgressBar) -> Result
     let cpu = own_cpu();
     let start = Instant::now();
     let deadline = start + w.duration;
-    let totals = Mutex::new(Counts::new());
-    std::thread::scope(|s| -> Result<(), String> {
-        let handles: Vec<_> = (0..w.threads)
-            .map(|t| {
-                let totals = &totals;
-                s.spawn(move || -> Result<(), String> {
-                    let mut client = target.client()?;
-                    let first: u64 = (0..t).map(|i| share(w.keys, w.threads, i)).sum();
-                    let ids = first..first + share(w.keys, w.threads, t);
-                    let counts = fill_ids(client.as_mut(), w, ids, deadline, progress)?;
-                    totals.lock().expect("counts lock").merge(&counts);
-                    Ok(())
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .try_for_each(|h| h.join().map_err(|_| "a fill thread panicked".to_string())?)
-    })?;
+    let mut counts = Counts::new();
+    for slice in by_slices(target, w, |client, ids| {
+        fill_ids(client, w, ids, deadline, progress)
+    })? {
+        counts.merge(&slice);
+    }
     let elapsed = start.elapsed();
     // CPU per SET counts what the fill left to do in the background (merges, evictions
     // to flash), not only what its requests did before they were answered.
@@ -278,7 +293,7 @@ pub fn fill(target: &dyn Target, w: &Workload, progress: &ProgressBar) -> Result
         None
     };
     Ok(Run {
-        counts: totals.into_inner().expect("counts lock"),
+        counts,
         before,
         after,
         elapsed,
@@ -330,35 +345,15 @@ fn fill_ids(
 fn read_back(target: &dyn Target, w: &Workload) -> Result<ReadBack, String> {
     let before = target.snapshot()?.server_cpu_seconds;
     let start = Instant::now();
-    let totals = Mutex::new((0u64, 0u64, 0u64));
-    std::thread::scope(|s| -> Result<(), String> {
-        let handles: Vec<_> = (0..w.threads)
-            .map(|t| {
-                let totals = &totals;
-                s.spawn(move || -> Result<(), String> {
-                    let mut client = target.client()?;
-                    let first: u64 = (0..t).map(|i| share(w.keys, w.threads, i)).sum();
-                    let ids = first..first + share(w.keys, w.threads, t);
-                    let (gets, found, wrong) = read_ids(client.as_mut(), w, ids)?;
-                    let mut totals = totals.lock().expect("read-back lock");
-                    totals.0 += gets;
-                    totals.1 += found;
-                    totals.2 += wrong;
-                    Ok(())
-                })
-            })
-            .collect();
-        handles.into_iter().try_for_each(|h| {
-            h.join()
-                .map_err(|_| "a read-back thread panicked".to_string())?
-        })
-    })?;
+    let slices = by_slices(target, w, |client, ids| read_ids(client, w, ids))?;
     let elapsed = start.elapsed();
     if let Some(pid) = target.cache_pid() {
         crate::procfs::wait_idle(pid, FILL_IDLE_LIMIT);
     }
     let after = target.snapshot()?.server_cpu_seconds;
-    let (gets, found, wrong_values) = totals.into_inner().expect("read-back lock");
+    let (gets, found, wrong_values) = slices
+        .into_iter()
+        .fold((0, 0, 0), |t, s| (t.0 + s.0, t.1 + s.1, t.2 + s.2));
     Ok(ReadBack {
         gets,
         found,
