@@ -193,9 +193,10 @@ impl TargetResult {
             server_cpu_seconds,
             server_cpu_s_per_mop,
             server_cpu_us_per_set: server_cpu_s_per_mop.filter(|_| params.mode == Mode::Fill),
-            server_cpu_us_per_get: read_back.as_ref().and_then(|r| {
-                Some(r.server_cpu_seconds? / r.gets.max(1) as f64 * 1e6).filter(|_| r.gets > 0)
-            }),
+            server_cpu_us_per_get: read_back
+                .as_ref()
+                .filter(|r| r.gets > 0)
+                .and_then(|r| Some(r.server_cpu_seconds? / r.gets as f64 * 1e6)),
             put_bytes: c.put_bytes,
             flash_bytes_per_put_byte: ratio(host_bytes_written, c.put_bytes).filter(|_| !dram_only),
             read_back,

@@ -130,9 +130,10 @@ fn fill_reports_resident_objects() {
             "{target}: no flash"
         );
         // The server's CPU is known for memcached, which the bench started: per SET of
-        // the fill and per GET of the read-back.
+        // the fill and per GET of the read-back (in 10 ms ticks, which a fast machine
+        // may not reach in 30,000 requests: known, not necessarily above 0).
         for figure in ["server_cpu_us_per_set", "server_cpu_us_per_get"] {
-            let known = result[figure].as_f64().is_some_and(|us| us > 0.0);
+            let known = result[figure].as_f64().is_some_and(|us| us >= 0.0);
             assert_eq!(known, target == "memcached", "{target}: {figure}");
         }
         // Everything fits: every key is resident. The engine's `objects_resident` is kept
