@@ -18,11 +18,12 @@ fi
 # memjs, the binary-protocol client of tests/binary_clients.rs, and ioredis, the cluster
 # client of tests/cluster_fleet.rs (found through `npm root -g`).
 $SUDO npm install --global --silent memjs ioredis
-# Python clients for the client tests; vega_datasets is the real-data value source.
+# Python clients for the client tests; vega_datasets is the real-data value source,
+# botocore's JSON files the mixed-schema documents' (`--values json-mixed`).
 # pylibmc is built against libmemcached-dev: its wheel bundles a Cyrus SASL that finds
 # none of the system's mechanisms, so its SASL logins fail.
 python3 -m pip install --quiet --disable-pip-version-check --no-binary pylibmc \
-    pymemcache redis==8.1.0 vega_datasets pylibmc pytest packaging
+    pymemcache redis==8.1.0 vega_datasets botocore pylibmc pytest packaging
 # redis-py's own test suite (its source release, of the version installed): its hash
 # tests run against our server (tests/hashes.rs).
 REDIS_PY=$(python3 -c 'import redis; print(redis.__version__)')

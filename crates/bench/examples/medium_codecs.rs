@@ -1,17 +1,20 @@
-//! Codecs a medium object could be stored with, measured on the `--values json`
-//! documents (issue 21's fill row): per document, the bytes each stores and the CPU it
-//! takes to compress and to decompress one, with a dictionary trained by the engine's
-//! trainer as it trains one at a 16 MiB budget. The engine uses zstd level 1 with the
-//! dictionary (`dictionary/mod.rs`); docs/RESULTS.md has the figures and the choice.
+//! Codecs a medium object could be stored with, measured on the `--values json` or
+//! `--values json-mixed` documents (issue 21's fill row, issue 33's mixed documents): per
+//! document, the bytes each stores and the CPU it takes to compress and to decompress
+//! one, with a dictionary trained by the engine's trainer as it trains one at a 16 MiB
+//! budget, and as the reference, zstd level 3 with a 112 KiB dictionary trained by zstd
+//! on as many other documents of the source as are measured. The engine uses zstd level
+//! 1 with the dictionary (`dictionary/mod.rs`); docs/RESULTS.md has the figures and the
+//! choice.
 //!
-//! `cargo run --release -p zipcache-bench --example medium_codecs [DOCUMENTS [DICTIONARY_KIB]]`
+//! `cargo run --release -p zipcache-bench --example medium_codecs [json|json-mixed [DOCUMENTS [DICTIONARY_KIB]]]`
 
 use std::hint::black_box;
 use std::sync::Arc;
 
 use zipcache::internals::{Memory, PageDictionary, train_from_samples};
 use zipcache_bench::procfs::cpu_seconds;
-use zipcache_bench::values::{Content, Documents, ValueGen};
+use zipcache_bench::values::{Content, Documents, MixedDocuments, ValueGen};
 use zstd::zstd_safe::{
     self, CCtx, CParameter, DCtx, DParameter, DictAttachPref, FrameFormat, ParamSwitch,
 };
@@ -22,6 +25,9 @@ const SAMPLES: usize = 512;
 const SAMPLE_PREFIX: usize = 1024;
 const HELD_OUT_EVERY: usize = 8;
 const DICTIONARY_KIB: usize = 64;
+/// The reference: zstd's own trainer, a dictionary of 112 KiB, used at level 3.
+const REFERENCE_KIB: usize = 112;
+const REFERENCE_LEVEL: i32 = 3;
 /// Passes over the documents a timed round makes (the process's CPU time has 10 ms
 /// ticks), and the rounds, of which the fastest counts.
 const PASSES: usize = 10;
@@ -130,6 +136,85 @@ impl Codec for Lz4 {
     }
 }
 
+/// The bytes of a document up to its first field's name's end (at most 32): its schema's
+/// cheapest fingerprint.
+fn first_field(document: &[u8]) -> &[u8] {
+    let head = &document[..document.len().min(32)];
+    head.windows(2)
+        .position(|w| w == b"\":")
+        .map_or(head, |end| &head[..end])
+}
+
+/// zstd 1 with one of several dictionaries: one for each of the commonest first fields
+/// of the reservoir's samples (trained on those samples alone), the whole reservoir's
+/// for the rest; or, with `best`, whichever stores the document in the fewest bytes. The
+/// dictionary used is named by a byte ahead of the frame.
+struct Clustered {
+    fields: Vec<Vec<u8>>,
+    codecs: Vec<Zstd>,
+    best: bool,
+    scratch: Vec<u8>,
+}
+
+impl Clustered {
+    fn new(samples: &[&[u8]], clusters: usize, size: usize, best: bool) -> Clustered {
+        let mut counts = std::collections::HashMap::<&[u8], usize>::new();
+        for s in samples {
+            *counts.entry(first_field(s)).or_default() += 1;
+        }
+        let mut common: Vec<(&[u8], usize)> = counts.into_iter().collect();
+        common.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+        let mut fields = Vec::new();
+        let mut codecs = Vec::new();
+        for (field, _) in common.into_iter().take(clusters) {
+            let theirs: Vec<&[u8]> = samples
+                .iter()
+                .copied()
+                .filter(|s| first_field(s) == field)
+                .collect();
+            if let Some(raw) = train_from_samples(&theirs, size) {
+                fields.push(field.to_vec());
+                codecs.push(Zstd::new(&raw, 1, false, false));
+            }
+        }
+        let all = train_from_samples(samples, size).expect("trains");
+        codecs.push(Zstd::new(&all, 1, false, false));
+        Clustered {
+            fields,
+            codecs,
+            best,
+            scratch: Vec::new(),
+        }
+    }
+}
+
+impl Codec for Clustered {
+    fn compress(&mut self, value: &[u8], out: &mut Vec<u8>) {
+        let chosen = if self.best {
+            (0..self.codecs.len())
+                .min_by_key(|&i| {
+                    self.codecs[i].compress(value, &mut self.scratch);
+                    self.scratch.len()
+                })
+                .expect("one codec at least")
+        } else {
+            let field = first_field(value);
+            self.fields
+                .iter()
+                .position(|f| f == field)
+                .unwrap_or(self.fields.len())
+        };
+        self.codecs[chosen].compress(value, &mut self.scratch);
+        out.clear();
+        out.push(chosen as u8);
+        out.extend_from_slice(&self.scratch);
+    }
+
+    fn decompress(&mut self, data: &[u8], len: usize, out: &mut Vec<u8>) {
+        self.codecs[usize::from(data[0])].decompress(&data[1..], len, out);
+    }
+}
+
 /// CPU nanoseconds per document of `f` over every document, the fastest of the rounds.
 fn ns_per_document(documents: usize, mut f: impl FnMut()) -> f64 {
     let pid = std::process::id();
@@ -184,13 +269,23 @@ fn measure(name: &str, codec: &mut dyn Codec, documents: &[Vec<u8>]) {
 
 fn main() {
     let mut args = std::env::args().skip(1);
+    let source = args.next().unwrap_or_else(|| "json".into());
     let count: u64 = args.next().map_or(20_000, |n| n.parse().expect("a count"));
     let dictionary_kib: usize = args
         .next()
         .map_or(DICTIONARY_KIB, |n| n.parse().expect("KiB"));
     let values = ValueGen {
         sizes: Documents::sizes(),
-        content: Content::Documents(Arc::new(Documents::load().expect("vega_datasets"))),
+        content: match source.as_str() {
+            "json" => Content::Documents(Arc::new(Documents::load().expect("vega_datasets"))),
+            "json-mixed" => {
+                let mixed = MixedDocuments::load().expect("botocore");
+                let (documents, files) = mixed.counts();
+                println!("the source: {documents} documents cut from {files} files");
+                Content::MixedDocuments(Arc::new(mixed))
+            }
+            other => panic!("documents are json or json-mixed, not {other}"),
+        },
         seed: 42,
         overwrite_sizes: None,
     };
@@ -208,12 +303,24 @@ fn main() {
     let raw = train_from_samples(&samples, dictionary_kib << 10).expect("trains");
     let mean = documents.iter().map(Vec::len).sum::<usize>() as f64 / count as f64;
     println!(
-        "{count} documents of {mean:.0} B on average; a dictionary of {} B trained on {} samples",
+        "{count} {source} documents of {mean:.0} B on average; a dictionary of {} B trained on {} samples",
         raw.len(),
         samples.len()
     );
+    // The reference's training set: as many documents again, none of them measured.
+    let training: Vec<Vec<u8>> = (count + SAMPLES as u64..2 * count + SAMPLES as u64)
+        .map(|k| values.value(k, 0))
+        .collect();
+    let reference = zstd::dict::from_samples(&training, REFERENCE_KIB << 10).expect("trains");
     println!("| codec | stored B/doc | ratio | compress ns/doc (CPU) | decompress ns/doc (CPU) |");
     println!("|---|---:|---:|---:|---:|");
+    measure(
+        &format!(
+            "reference: zstd {REFERENCE_LEVEL} + {REFERENCE_KIB} KiB dictionary trained on {count} documents"
+        ),
+        &mut Zstd::new(&reference, REFERENCE_LEVEL, false, false),
+        &documents,
+    );
     for (level, huffman, copy) in [
         (3, false, false),
         (1, false, false),
@@ -244,4 +351,16 @@ fn main() {
         &documents,
     );
     measure("LZ4 alone", &mut Lz4, &documents);
+    // Mixed schemas: a dictionary per cluster of values, from the same reservoir.
+    for (clusters, best) in [(4, false), (4, true)] {
+        let name = format!(
+            "zstd 1 + {} of {clusters} first-field dictionaries and the reservoir's",
+            if best { "the best" } else { "the document's" }
+        );
+        measure(
+            &name,
+            &mut Clustered::new(&samples, clusters, dictionary_kib << 10, best),
+            &documents,
+        );
+    }
 }

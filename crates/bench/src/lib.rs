@@ -32,7 +32,7 @@ pub mod workload;
 
 use report::TargetResult;
 use targets::Budget;
-use values::{Content, Dataset, Documents, SizeDist, ValueGen};
+use values::{Content, Dataset, Documents, MixedDocuments, SizeDist, ValueGen};
 use workload::{HotPlacement, KeyChooser, Locality, OpMix};
 
 /// Arguments of `zipcache bench` (SPEC §8).
@@ -142,8 +142,10 @@ pub struct Params {
     pub eta: f64,
     /// `synthetic` (η-controlled), `json` (JSON documents of 256 B – 8 KiB built from the
     /// records of vega_datasets tables; sizes log-normal around 560 B unless
-    /// --value-size-file), or a real dataset of the PyPI package vega_datasets:
-    /// airports, seattle-weather, stocks, cars, iris, ...
+    /// --value-size-file), `json-mixed` (JSON documents of many schemas, the same sizes:
+    /// objects and arrays cut out of the JSON files of the PyPI package botocore), or a
+    /// real dataset of the PyPI package vega_datasets: airports, seattle-weather, stocks,
+    /// cars, iris, ...
     #[arg(long, default_value = "synthetic")]
     pub values: String,
     /// strong (80% of requests to 8% of keys), moderate (20%), weak (64%), zero, zipf:S.
@@ -234,7 +236,7 @@ const DEFAULT_KEYS: u64 = 1_000_000;
 
 impl Params {
     fn value_gen(&self) -> Result<ValueGen, String> {
-        let json = self.values == "json";
+        let json = matches!(self.values.as_str(), "json" | "json-mixed");
         let sizes = match &self.value_size_file {
             Some(path) => SizeDist::from_file(path)?,
             None if json => Documents::sizes(),
@@ -246,11 +248,15 @@ impl Params {
         }
         if json && self.overwrite_size_file.is_some() {
             // A document ends at a record, so its length does not name its version.
-            return Err("--overwrite-size-file does not apply to --values json".into());
+            return Err(format!(
+                "--overwrite-size-file does not apply to --values {}",
+                self.values
+            ));
         }
         let content = match self.values.as_str() {
             "synthetic" => Content::Synthetic { eta: self.eta },
             "json" => Content::Documents(Arc::new(Documents::load()?)),
+            "json-mixed" => Content::MixedDocuments(Arc::new(MixedDocuments::load()?)),
             name => Content::Dataset(Arc::new(Dataset::load(name)?)),
         };
         Ok(ValueGen {

@@ -151,6 +151,9 @@ pub enum Content {
     Dataset(Arc<Dataset>),
     /// JSON documents: arrays of consecutive records of one real table ([`Documents`]).
     Documents(Arc<Documents>),
+    /// JSON documents of many schemas: objects and arrays cut out of many real JSON
+    /// files ([`MixedDocuments`]).
+    MixedDocuments(Arc<MixedDocuments>),
 }
 
 /// Generates and verifies values.
@@ -201,6 +204,9 @@ impl ValueGen {
             }
             Content::Dataset(dataset) => dataset.fill(mix64(self.seed ^ key_id), len),
             Content::Documents(documents) => documents.document(mix64(self.seed ^ key_id), len),
+            Content::MixedDocuments(documents) => {
+                documents.document(mix64(self.seed ^ key_id), len).to_vec()
+            }
         }
     }
 
@@ -212,7 +218,7 @@ impl ValueGen {
     pub fn verify(&self, key_id: u64, bytes: &[u8]) -> bool {
         let stamped = match &self.content {
             Content::Synthetic { eta } => random_len(bytes.len(), *eta) >= STAMP,
-            Content::Dataset(_) | Content::Documents(_) => false,
+            Content::Dataset(_) | Content::Documents(_) | Content::MixedDocuments(_) => false,
         };
         match &self.overwrite_sizes {
             _ if stamped => {
@@ -482,6 +488,130 @@ impl Documents {
     }
 }
 
+/// The PyPI package `--values json-mixed` cuts its documents from: botocore (Apache-2.0,
+/// Amazon.com, Inc.), whose `data` directory holds ~1,900 JSON files of ~450 services —
+/// API models, endpoint rule sets, request and response examples, paginators, waiters.
+pub const MIXED_PACKAGE: &str = "botocore";
+
+/// The longest a JSON document of [`MixedDocuments`] is.
+pub const MAX_DOCUMENT: usize = 8192;
+
+/// JSON documents of many schemas: every object and array, [`MIN_DOCUMENT`] to
+/// [`MAX_DOCUMENT`] bytes once serialised compactly, found at any depth of the JSON files
+/// (`.json`, `.json.gz`) under a directory, each once. Unlike [`Documents`], whose
+/// records repeat one table's field names, neighbouring keys hold documents of
+/// unrelated shapes, as a cache of many applications' objects does.
+#[derive(Debug)]
+pub struct MixedDocuments {
+    /// Distinct, shortest first (ties in byte order), so that a build is deterministic.
+    docs: Vec<Vec<u8>>,
+    files: usize,
+}
+
+impl MixedDocuments {
+    /// The documents of the installed [`MIXED_PACKAGE`].
+    pub fn load() -> Result<MixedDocuments, String> {
+        let dir = package_dir(
+            MIXED_PACKAGE,
+            "data",
+            "ZIPCACHE_MIXED_JSON_DIR",
+            "--values json-mixed",
+        )?;
+        Self::load_from(&dir)
+    }
+
+    /// The documents of every JSON file under `dir`.
+    pub fn load_from(dir: &Path) -> Result<MixedDocuments, String> {
+        let mut paths = Vec::new();
+        json_files(dir, &mut paths)?;
+        paths.sort();
+        let mut docs = std::collections::BTreeSet::new();
+        for path in &paths {
+            let value: serde_json::Value = read_json(path)?;
+            cut_documents(&value, &mut docs);
+        }
+        let mut docs: Vec<Vec<u8>> = docs.into_iter().collect();
+        docs.sort_by(|a, b| a.len().cmp(&b.len()).then_with(|| a.cmp(b)));
+        if docs.is_empty() {
+            return Err(format!(
+                "{}: no JSON object or array of {MIN_DOCUMENT}–{MAX_DOCUMENT} bytes in {} files",
+                dir.display(),
+                paths.len()
+            ));
+        }
+        Ok(MixedDocuments {
+            docs,
+            files: paths.len(),
+        })
+    }
+
+    /// Documents held, and the files they came from.
+    pub fn counts(&self) -> (usize, usize) {
+        (self.docs.len(), self.files)
+    }
+
+    /// The document `pick` (a hash of the key) chooses for a value of `len` bytes: one
+    /// of those from three quarters of `len` to `len` long, or the longest shorter one
+    /// where there is none (the shortest where none is shorter).
+    fn document(&self, pick: u64, len: usize) -> &[u8] {
+        let end = self.docs.partition_point(|d| d.len() <= len);
+        let start = self.docs.partition_point(|d| d.len() < len * 3 / 4);
+        let i = match end.checked_sub(start) {
+            Some(n) if n > 0 => start + (pick % n as u64) as usize,
+            _ => end.saturating_sub(1),
+        };
+        &self.docs[i]
+    }
+}
+
+/// Every `.json` and `.json.gz` file under `dir`.
+fn json_files(dir: &Path, out: &mut Vec<PathBuf>) -> Result<(), String> {
+    let entries = std::fs::read_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    for entry in entries {
+        let path = entry.map_err(|e| format!("{}: {e}", dir.display()))?.path();
+        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+        if path.is_dir() {
+            json_files(&path, out)?;
+        } else if name.ends_with(".json") || name.ends_with(".json.gz") {
+            out.push(path);
+        }
+    }
+    Ok(())
+}
+
+/// A JSON file, gzip-compressed where its name ends in `.gz`.
+fn read_json(path: &Path) -> Result<serde_json::Value, String> {
+    let bad = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
+    let file = std::fs::File::open(path).map_err(|e| bad(&e))?;
+    let reader = std::io::BufReader::new(file);
+    if path.extension().is_some_and(|e| e == "gz") {
+        serde_json::from_reader(flate2::read::GzDecoder::new(reader)).map_err(|e| bad(&e))
+    } else {
+        serde_json::from_reader(reader).map_err(|e| bad(&e))
+    }
+}
+
+/// Adds every object and array in `value` (itself included) whose compact form is
+/// [`MIN_DOCUMENT`] to [`MAX_DOCUMENT`] bytes long to `docs`.
+fn cut_documents(value: &serde_json::Value, docs: &mut std::collections::BTreeSet<Vec<u8>>) {
+    let children: Box<dyn Iterator<Item = &serde_json::Value>> = match value {
+        serde_json::Value::Object(map) => Box::new(map.values()),
+        serde_json::Value::Array(items) => Box::new(items.iter()),
+        _ => return,
+    };
+    let text = value.to_string().into_bytes();
+    // Nothing shorter than a document holds one.
+    if text.len() < MIN_DOCUMENT {
+        return;
+    }
+    if text.len() <= MAX_DOCUMENT {
+        docs.insert(text);
+    }
+    for child in children {
+        cut_documents(child, docs);
+    }
+}
+
 fn available(dir: &Path) -> Vec<String> {
     let mut names: Vec<String> = std::fs::read_dir(dir)
         .into_iter()
@@ -502,26 +632,38 @@ fn available(dir: &Path) -> Vec<String> {
 /// The data directory of the installed `vega_datasets` package: `$ZIPCACHE_DATASETS_DIR`, or
 /// asked of `python3`, which knows where its site-packages are.
 fn dataset_dir() -> Result<PathBuf, String> {
-    if let Some(dir) = std::env::var_os("ZIPCACHE_DATASETS_DIR") {
+    package_dir(
+        DATASET_PACKAGE,
+        "_data",
+        "ZIPCACHE_DATASETS_DIR",
+        "real-data values",
+    )
+}
+
+/// Directory `subdir` of the installed PyPI package `package` (its import name too):
+/// `$env` if set, or asked of `python3`, which knows where its site-packages are. `what`
+/// names the values that need it in the error.
+fn package_dir(package: &str, subdir: &str, env: &str, what: &str) -> Result<PathBuf, String> {
+    if let Some(dir) = std::env::var_os(env) {
         return Ok(PathBuf::from(dir));
     }
     let missing = || {
         format!(
-            "real-data values need the PyPI package {DATASET_PACKAGE}: `pip install {DATASET_PACKAGE}` \
-             (or point ZIPCACHE_DATASETS_DIR at a directory of its CSV/JSON files)"
+            "{what} need the PyPI package {package}: `pip install {package}` \
+             (or point {env} at a directory of its data files)"
         )
     };
     let output = Command::new("python3")
         .args([
             "-c",
-            "import os, vega_datasets; print(os.path.dirname(vega_datasets.__file__))",
+            &format!("import os, {package}; print(os.path.dirname({package}.__file__))"),
         ])
         .output()
         .map_err(|_| missing())?;
     if !output.status.success() {
         return Err(missing());
     }
-    let dir = PathBuf::from(String::from_utf8_lossy(&output.stdout).trim()).join("_data");
+    let dir = PathBuf::from(String::from_utf8_lossy(&output.stdout).trim()).join(subdir);
     if dir.is_dir() {
         Ok(dir)
     } else {
@@ -701,6 +843,150 @@ mod tests {
         lens.sort_unstable();
         let median = lens[lens.len() / 2];
         assert!((500..=620).contains(&median), "median {median}");
+    }
+
+    fn mixed(documents: MixedDocuments) -> ValueGen {
+        ValueGen {
+            sizes: Documents::sizes(),
+            content: Content::MixedDocuments(Arc::new(documents)),
+            seed: 5,
+            overwrite_sizes: None,
+        }
+    }
+
+    /// An object of `fields` string fields of `width` characters, named by `prefix`.
+    fn object(prefix: &str, fields: usize, width: usize) -> serde_json::Value {
+        (0..fields)
+            .map(|i| (format!("{prefix}{i}"), "x".repeat(width).into()))
+            .collect::<serde_json::Map<_, _>>()
+            .into()
+    }
+
+    #[test]
+    fn mixed_documents_are_the_objects_and_arrays_of_every_json_file_within_bounds() {
+        use std::io::Write;
+        let dir = std::env::temp_dir().join(format!("zc-mixed-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("service/2024")).unwrap();
+        // A file longer than a document: its members are documents, the short one
+        // is not; inside the array, each object is one too (and the array, once short
+        // enough).
+        let small = object("s", 3, 10);
+        let medium = object("m", 10, 40);
+        let items: Vec<serde_json::Value> =
+            (0..3).map(|i| object(&format!("i{i}"), 4, 70)).collect();
+        let whole = serde_json::json!({"small": small, "medium": medium, "items": items,
+            "big": object("b", 40, 300)});
+        std::fs::write(dir.join("a.json"), whole.to_string()).unwrap();
+        // Nested and gzip-compressed; the same `medium` again counts once.
+        let gz = serde_json::json!({"again": medium, "other": object("g", 8, 50)});
+        let mut encoder = flate2::write::GzEncoder::new(
+            std::fs::File::create(dir.join("service/2024/b.json.gz")).unwrap(),
+            flate2::Compression::default(),
+        );
+        encoder.write_all(gz.to_string().as_bytes()).unwrap();
+        encoder.finish().unwrap();
+        std::fs::write(dir.join("service/notes.txt"), medium.to_string()).unwrap();
+        let loaded = MixedDocuments::load_from(&dir).unwrap();
+        let texts: Vec<String> = loaded
+            .docs
+            .iter()
+            .map(|d| String::from_utf8(d.clone()).unwrap())
+            .collect();
+        let expected: std::collections::BTreeSet<String> = [
+            medium.to_string(),
+            serde_json::Value::Array(items.clone()).to_string(),
+            items[0].to_string(),
+            items[1].to_string(),
+            items[2].to_string(),
+            object("g", 8, 50).to_string(),
+            gz.to_string(),
+        ]
+        .into_iter()
+        .collect();
+        assert_eq!(
+            texts
+                .iter()
+                .cloned()
+                .collect::<std::collections::BTreeSet<_>>(),
+            expected
+        );
+        assert_eq!(texts.len(), expected.len(), "each document once");
+        assert!(small.to_string().len() < MIN_DOCUMENT && whole.to_string().len() > MAX_DOCUMENT);
+        assert_eq!(loaded.counts(), (7, 2));
+        assert!(
+            loaded.docs.windows(2).all(|w| w[0].len() <= w[1].len()),
+            "shortest first"
+        );
+        std::fs::write(dir.join("broken.json"), "{\"a\": ").unwrap();
+        let broken = MixedDocuments::load_from(&dir).unwrap_err();
+        assert!(broken.contains("broken.json"), "{broken}");
+        std::fs::remove_dir_all(&dir).unwrap();
+        let empty = std::env::temp_dir().join(format!("zc-mixed-empty-{}", std::process::id()));
+        std::fs::create_dir_all(&empty).unwrap();
+        std::fs::write(empty.join("tiny.json"), "[1, 2]").unwrap();
+        assert!(
+            MixedDocuments::load_from(&empty)
+                .unwrap_err()
+                .contains("no JSON object")
+        );
+        std::fs::remove_dir_all(&empty).unwrap();
+    }
+
+    /// A key's document is one whose length is within a quarter below its drawn size,
+    /// where the source has one; keys spread over all of them.
+    #[test]
+    fn a_mixed_document_is_near_its_size_and_chosen_by_the_key() {
+        let docs: Vec<Vec<u8>> = (0..400)
+            .map(|i| {
+                let text = format!("[{i},\"{}\"]", "y".repeat(250 + i * 10));
+                text.into_bytes()
+            })
+            .collect();
+        let loaded = MixedDocuments { docs, files: 1 };
+        for len in [600, 1000, 3000] {
+            let chosen: std::collections::HashSet<&[u8]> = (0..500)
+                .map(|pick| loaded.document(mix64(pick), len))
+                .collect();
+            assert!(
+                chosen
+                    .iter()
+                    .all(|d| (len * 3 / 4..=len).contains(&d.len())),
+                "{len}"
+            );
+            assert!(chosen.len() > 10, "{len}: {} documents", chosen.len());
+        }
+        // Shorter than every document: the shortest; longer than all: the longest.
+        assert_eq!(loaded.document(1, 10).len(), loaded.docs[0].len());
+        assert_eq!(loaded.document(1, 100_000), &loaded.docs[399][..]);
+        let generator = mixed(loaded);
+        for key in 0..200 {
+            let doc = generator.value(key, 0);
+            assert!(generator.verify(key, &doc));
+            assert_eq!(doc, generator.value(key, 3), "a document has no version");
+        }
+    }
+
+    /// The documents the bench serves: botocore's, which `scripts/test.sh` installs.
+    #[test]
+    fn mixed_documents_of_botocore_are_many_and_verify() {
+        let loaded = MixedDocuments::load().unwrap();
+        let (docs, files) = loaded.counts();
+        assert!(
+            docs > 50_000 && files > 500,
+            "{docs} documents of {files} files"
+        );
+        let generator = mixed(loaded);
+        let mut lens = Vec::new();
+        for key in 0..2_000 {
+            let doc = generator.value(key, 0);
+            assert!(generator.verify(key, &doc));
+            serde_json::from_slice::<serde_json::Value>(&doc).unwrap();
+            lens.push(doc.len());
+        }
+        lens.sort_unstable();
+        let median = lens[lens.len() / 2];
+        assert!((400..=620).contains(&median), "median {median}");
     }
 
     #[test]
