@@ -172,6 +172,42 @@ fn real_dataset_values_verify() {
     assert!(results[0]["hits"].as_u64().unwrap() > 0);
 }
 
+/// JSON documents of many schemas (botocore's, which `scripts/test.sh` installs) through
+/// both tiers: more than 8 MiB of DRAM holds, so some go to flash, each read back and
+/// compared byte for byte.
+#[test]
+fn mixed_json_documents_round_trip_through_dram_and_flash() {
+    let results = bench(&[
+        "--target",
+        "zipcache",
+        "--mode",
+        "fill",
+        "--keys",
+        "60000",
+        "--dram",
+        "8MiB",
+        "--ssd-size",
+        "64MiB",
+        "--values",
+        "json-mixed",
+        "--read-back",
+    ]);
+    let result = &results[0];
+    check_schema(result);
+    assert_eq!(result["errors"], 0, "{}", result["first_error"]);
+    assert_eq!(result["wrong_values"], 0);
+    let read_back = &result["read_back"];
+    assert_eq!(read_back["wrong_values"], 0, "{read_back}");
+    assert!(
+        read_back["found"].as_u64().unwrap() > 40_000,
+        "most documents kept: {read_back}"
+    );
+    assert!(
+        result["ssd_objects"].as_u64().unwrap() > 0,
+        "some on flash: {result}"
+    );
+}
+
 #[test]
 fn open_loop_reports_server_cpu_and_runs_memcached_ext_with_and_without_page_cache() {
     require("memcached", "memcached");
