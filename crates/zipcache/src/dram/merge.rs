@@ -278,7 +278,8 @@ impl DramTier {
     /// values sit in a buffer whole and uncompressed, and a leaf of them merges in a
     /// fraction of the time: growing their buffers took 5–7 MiB more RSS in a 64 MiB fill
     /// of 64-byte values (allocator pages of the buffers' larger size classes), and the
-    /// RSS governor took it from the objects.
+    /// RSS governor took it from the objects. Their buffers hold twice `write_buffer`
+    /// from the start instead (`write_buffer::buffer_limit`).
     pub(super) fn merge_full(&self, leaf: &DramLeaf, st: &mut LeafState, now_ms: u64) {
         if leaf.has(WRITTEN)
             && let Some(extras) = &st.extras
@@ -888,6 +889,7 @@ impl DramTier {
 mod tests {
     use super::super::test_support::*;
     use super::*;
+    use crate::dram::write_buffer::TINY_LEAF_BUFFERS;
 
     /// A merge's view of a leaf: the newest version of each key, in key order, knowing
     /// whether the page had the key and the largest version it replaced (which the CAS
@@ -1068,10 +1070,12 @@ mod tests {
     }
 
     /// Write buffers at rest after a fill: only leaves written since their last merge
-    /// hold one, no more than `write_buffer` once the housekeeper found them idle, and it
-    /// is gone once merged.
+    /// hold one, no more than its first limit (`buffer_limit`: twice `write_buffer` for a
+    /// leaf of tiny values, as here) once the housekeeper found them idle, and it is gone
+    /// once merged. These values compress to a few bytes, so that is up to ~4 bytes an
+    /// object (~0.6 in a fill of 64-byte values half zeros).
     #[test]
-    fn write_buffers_at_rest_take_under_two_bytes_an_object() {
+    fn write_buffers_at_rest_take_under_five_bytes_an_object() {
         let (dram, memory) = tier_with(settings(256));
         for i in 0..40_000u32 {
             let key = format!("{:016}", i.wrapping_mul(2_654_435_761) % 1_000_000).into_bytes();
@@ -1094,7 +1098,15 @@ mod tests {
         }
         let objects = dram.tally(0).objects;
         let at_rest = memory.snapshot().write_buffers as f64 / objects as f64;
-        assert!(at_rest <= 2.0, "{at_rest} buffer bytes per object");
+        assert!(at_rest <= 5.0, "{at_rest} buffer bytes per object");
+        // No buffer past its limit and one record.
+        let limit = TINY_LEAF_BUFFERS * 256 + 128;
+        let most = dram.leaves().into_iter().map(|id| {
+            let view = dram.view();
+            let leaf = view.get(id.0).unwrap();
+            leaf.state.read().buffer().map_or(0, WriteBuffer::len)
+        });
+        assert!(most.max().unwrap_or(0) <= limit);
         dram.merge_all(0);
         assert_eq!(memory.snapshot().write_buffers, 0);
         assert_eq!(dram.tally(0).objects, objects);

@@ -83,7 +83,7 @@ use leaf::{DramLeaf, Extras, LeafState, MERGE_QUEUED, UNKNOWN, WRITTEN};
 use packed_page::PackedLayout;
 pub use reclaim::Reclaimed;
 use slots::{SlotId, Slots, View};
-use write_buffer::{Pressure, limit_at};
+use write_buffer::{Pressure, buffer_limit};
 
 /// What the DRAM tier knows about a key.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -700,7 +700,7 @@ impl DramTier {
         if !leaf.has(WRITTEN) {
             leaf.set(WRITTEN, true);
         }
-        let limit = limit_at(self.settings.write_buffer, leaf.buffer_level());
+        let limit = buffer_limit(self.settings.write_buffer, leaf.buffer_level(), st);
         let pressure = self.charged_knowing_blobs(leaf, st, |st| {
             let extras = st.extras.get_or_insert_default();
             extras.buffered.store(UNKNOWN, Ordering::Relaxed);
@@ -910,7 +910,7 @@ impl DramTier {
 mod buffer_tests {
     use super::leaf::WRITTEN;
     use super::test_support::*;
-    use super::write_buffer::{MAX_LEVEL, WriteBuffer};
+    use super::write_buffer::{MAX_LEVEL, TINY_LEAF_BUFFERS, WriteBuffer};
     use super::*;
     use crate::memory::alloc_size;
 
@@ -1168,14 +1168,22 @@ mod buffer_tests {
         dram.read_leaf(&key(0), |leaf, _| assert!(leaf.has(WRITTEN)));
     }
 
+    /// A leaf of tiny values buffers `TINY_LEAF_BUFFERS` × `write_buffer` and grows no
+    /// further (its level stays 0). Without a merger here, the buffer merges in the
+    /// foreground at four times its limit.
     #[test]
-    fn a_leaf_of_tiny_values_keeps_its_first_limit() {
+    fn a_leaf_of_tiny_values_buffers_twice_its_first_limit_and_no_more() {
         let (dram, _) = tier_with(settings(256));
+        let held = || dram.read_leaf(&key(0), |_, st| st.buffer().map_or(0, WriteBuffer::len));
+        let mut most = 0;
         for i in 0..2_000u32 {
             // A key's next value is longer or shorter: appended, not written over the last.
             put(&dram, &key(i % 8), &vec![i as u8; 100 + (i % 3) as usize]);
+            most = most.max(held());
+            assert_eq!(level_of(&dram, &key(0)), 0, "write {i}");
         }
         assert!(dram.counters.foreground_merges.load(Ordering::Relaxed) >= 10);
-        assert_eq!(level_of(&dram, &key(0)), 0);
+        let limit = TINY_LEAF_BUFFERS * 256;
+        assert!((4 * 256 + 128..=4 * limit + 128).contains(&most), "{most}");
     }
 }
