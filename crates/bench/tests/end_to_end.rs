@@ -177,7 +177,12 @@ fn real_dataset_values_verify() {
 /// compared byte for byte.
 #[test]
 fn mixed_json_documents_round_trip_through_dram_and_flash() {
+    // A directory of its own: the tests of this binary share one process, and so the
+    // bench's default directory, which another test's in-process engine may be using.
+    let dir = std::env::temp_dir().join(format!("zc-bench-mixed-{}", std::process::id()));
     let results = bench(&[
+        "--data-dir",
+        dir.to_str().unwrap(),
         "--target",
         "zipcache",
         "--mode",
@@ -206,6 +211,7 @@ fn mixed_json_documents_round_trip_through_dram_and_flash() {
         result["ssd_objects"].as_u64().unwrap() > 0,
         "some on flash: {result}"
     );
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
