@@ -525,13 +525,13 @@ impl MixedDocuments {
         let mut paths = Vec::new();
         json_files(dir, &mut paths)?;
         paths.sort();
-        let mut docs = std::collections::BTreeSet::new();
+        let mut docs = Vec::new();
         for path in &paths {
             let value: serde_json::Value = read_json(path)?;
             cut_documents(&value, &mut docs);
         }
-        let mut docs: Vec<Vec<u8>> = docs.into_iter().collect();
-        docs.sort_by(|a, b| a.len().cmp(&b.len()).then_with(|| a.cmp(b)));
+        docs.sort_unstable_by(|a, b| a.len().cmp(&b.len()).then_with(|| a.cmp(b)));
+        docs.dedup();
         if docs.is_empty() {
             return Err(format!(
                 "{}: no JSON object or array of {MIN_DOCUMENT}–{MAX_DOCUMENT} bytes in {} files",
@@ -593,7 +593,7 @@ fn read_json(path: &Path) -> Result<serde_json::Value, String> {
 
 /// Adds every object and array in `value` (itself included) whose compact form is
 /// [`MIN_DOCUMENT`] to [`MAX_DOCUMENT`] bytes long to `docs`.
-fn cut_documents(value: &serde_json::Value, docs: &mut std::collections::BTreeSet<Vec<u8>>) {
+fn cut_documents(value: &serde_json::Value, docs: &mut Vec<Vec<u8>>) {
     let children: Box<dyn Iterator<Item = &serde_json::Value>> = match value {
         serde_json::Value::Object(map) => Box::new(map.values()),
         serde_json::Value::Array(items) => Box::new(items.iter()),
@@ -605,7 +605,7 @@ fn cut_documents(value: &serde_json::Value, docs: &mut std::collections::BTreeSe
         return;
     }
     if text.len() <= MAX_DOCUMENT {
-        docs.insert(text);
+        docs.push(text);
     }
     for child in children {
         cut_documents(child, docs);

@@ -80,9 +80,10 @@ pub const TINY_LEAF_BUFFERS: usize = 2;
 /// object's pointer), so at `write_buffer` it merged every three writes, and merges took
 /// half the server's CPU under pipelined SETs of 64-byte values. Twice the room halved
 /// its merges for 0.6 % fewer objects in a 64 MiB fill (its buffers at rest: ~0.6 B an
-/// object). Growing it as a leaf of medium objects grows, or merging what it held past
-/// `write_buffer` once idle, left the allocator's pages of the buffers' size classes half
-/// empty in some fills: up to 8 % fewer objects.
+/// object; docs/history/RESULTS-HISTORY.md). Buffers whose size changes with the load
+/// (grown as a leaf of medium objects grows, or merged down once idle) left the
+/// allocator's pages of their size classes half empty in some fills, and fewer objects
+/// held.
 pub fn buffer_limit(write_buffer: usize, level: u8, st: &LeafState) -> usize {
     match st.blobs().is_empty() {
         true => TINY_LEAF_BUFFERS * write_buffer,
