@@ -427,6 +427,7 @@ pub async fn serve<T: Stream, S: Session>(
             Some(Ok(0) | Err(_)) => return,
             Some(Ok(n)) => Counters::add(&counters.bytes_read, n),
         }
+        reply.out.take_spare();
         let mut pos = 0;
         loop {
             let (consumed, processed) = process(

@@ -1,6 +1,7 @@
 //! A connection's reply under construction: bytes appended by the requests it runs, and
 //! the large values they reference rather than copy.
 
+use std::cell::RefCell;
 use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
 
@@ -14,6 +15,27 @@ pub const OUTPUT_BUDGET: usize = 256 * 1024;
 /// Values this long and longer go into a reply by reference ([`Output::append_value`]);
 /// shorter ones are copied, cheaper than a write of their own.
 const SHARED_VALUE_MIN: usize = 16 << 10;
+
+/// The largest reply buffer a serving thread keeps for the next burst's replies
+/// ([`Output::free`]), and the most capacity it keeps in all.
+const SPARE_CAPACITY: usize = 64 << 10;
+const SPARES_CAPACITY: usize = 1 << 20;
+
+/// Reply buffers the bursts on a serving thread left, for the next ones to take
+/// (`Output::take_spare`): a buffer freed after every burst and grown again by doubling
+/// cost a pipeline of hash replies a twentieth of its CPU (reallocations and first
+/// touches of fresh pages). Several, because a round's connections each hold a reply
+/// until they write together (`after_neighbours`); bounded per thread whatever the
+/// number of connections. A connection is charged for the one it takes as for its own.
+#[derive(Default)]
+struct Spares {
+    buffers: Vec<Vec<u8>>,
+    capacity: usize,
+}
+
+thread_local! {
+    static SPARES: RefCell<Spares> = RefCell::default();
+}
 
 /// The reply a connection's requests append to. Its bytes are a `Vec<u8>` (requests
 /// write through `Deref`); the values it references sit at offsets of those bytes, so a
@@ -102,10 +124,35 @@ impl Output {
         self.value_bytes = 0;
     }
 
-    /// Empties the reply and frees its buffer: a connection waiting for input holds none,
-    /// however large its last reply was.
+    /// Empties the reply and lets its buffer go: a connection waiting for input holds
+    /// none, however large its last reply was. A buffer of up to [`SPARE_CAPACITY`] is
+    /// kept among the serving thread's spares while they take under [`SPARES_CAPACITY`].
     pub fn free(&mut self) {
+        let mut bytes = std::mem::take(&mut self.bytes);
         *self = Output::default();
+        let capacity = bytes.capacity();
+        if (1..=SPARE_CAPACITY).contains(&capacity) {
+            SPARES.with_borrow_mut(|spares| {
+                if spares.capacity + capacity <= SPARES_CAPACITY {
+                    bytes.clear();
+                    spares.capacity += capacity;
+                    spares.buffers.push(bytes);
+                }
+            });
+        }
+    }
+
+    /// Takes one of the serving thread's spare buffers, if there is one and this reply
+    /// holds no buffer of its own, before a burst of requests appends to it.
+    pub fn take_spare(&mut self) {
+        if self.bytes.capacity() == 0 {
+            SPARES.with_borrow_mut(|spares| {
+                if let Some(bytes) = spares.buffers.pop() {
+                    spares.capacity -= bytes.capacity();
+                    self.bytes = bytes;
+                }
+            });
+        }
     }
 }
 
@@ -171,5 +218,67 @@ mod tests {
         );
         out.free();
         assert_eq!(out.held_besides(None), 0);
+    }
+
+    /// A burst's buffer, freed, is one of the thread's spares and a later burst's reply
+    /// starts in it; a buffer past `SPARE_CAPACITY` is let go, and the spares never
+    /// hold more than `SPARES_CAPACITY`. Each test runs on a thread of its own: its
+    /// spares start empty.
+    #[test]
+    fn freed_buffers_are_later_bursts_within_the_spares_bound() {
+        let mut first = Output::default();
+        first.extend_from_slice(&[b'x'; 10_000]);
+        let (ptr, capacity) = (first.bytes.as_ptr(), first.bytes.capacity());
+        first.free();
+        assert_eq!(first.held_besides(None), 0, "a freed reply holds nothing");
+        let mut next = Output::default();
+        next.take_spare();
+        assert_eq!(
+            (next.bytes.as_ptr(), next.bytes.capacity()),
+            (ptr, capacity)
+        );
+        assert!(next.is_empty());
+        // Taken: no spare is left, and a connection holding a buffer keeps its own.
+        let mut other = Output::default();
+        other.take_spare();
+        assert_eq!(other.bytes.capacity(), 0);
+        next.extend_from_slice(b"reply");
+        next.take_spare();
+        assert_eq!(next.bytes.as_ptr(), ptr);
+        next.free();
+        let mut huge = Output::default();
+        huge.extend_from_slice(&vec![b'y'; SPARE_CAPACITY + 1]);
+        huge.free();
+        // Many connections freeing at once: the spares stop at their bound.
+        let mut many: Vec<Output> = (0..2 * SPARES_CAPACITY / SPARE_CAPACITY)
+            .map(|_| {
+                let mut out = Output::default();
+                out.reserve_exact(SPARE_CAPACITY);
+                out
+            })
+            .collect();
+        many.iter_mut().for_each(Output::free);
+        let kept = SPARES.with_borrow(|spares| {
+            assert_eq!(
+                spares.capacity,
+                spares.buffers.iter().map(Vec::capacity).sum::<usize>()
+            );
+            spares.capacity
+        });
+        assert!(
+            kept <= SPARES_CAPACITY && kept > SPARES_CAPACITY / 2,
+            "{kept}"
+        );
+        let mut taken = 0;
+        loop {
+            let mut out = Output::default();
+            out.take_spare();
+            if out.bytes.capacity() == 0 {
+                break;
+            }
+            assert!(out.bytes.capacity() <= SPARE_CAPACITY && out.is_empty());
+            taken += out.bytes.capacity();
+        }
+        assert_eq!(taken, kept);
     }
 }

@@ -15,6 +15,8 @@
 //! byte, low first, at most 10 bytes). Bytes read from the engine are untrusted: every
 //! parse checks them whole and answers `None` for bytes the encoders never make.
 
+use std::ops::Range;
+
 use crate::core::keyspace::ELEMENT;
 
 /// The first byte of a header whose fields are elements of their own.
@@ -50,78 +52,141 @@ pub(super) struct Packed {
     pub expires_at_ms: Option<u64>,
 }
 
-/// A header as read: a small hash whole, or a large one's counts.
+/// One field of a packed header where its bytes hold it: a read finds a field, or
+/// sends a whole hash, without a copy of every name and value (decoded into vectors
+/// they took a seventh of an HGETALL's CPU).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) struct FieldSpan {
+    name: Range<usize>,
+    value: Range<usize>,
+    pub expires_at_ms: Option<u64>,
+}
+
+impl FieldSpan {
+    /// The field's name in `bytes`, the header it was found in.
+    pub fn name<'a>(&self, bytes: &'a [u8]) -> &'a [u8] {
+        &bytes[self.name.clone()]
+    }
+
+    /// The field's value in `bytes`, the header it was found in.
+    pub fn value<'a>(&self, bytes: &'a [u8]) -> &'a [u8] {
+        &bytes[self.value.clone()]
+    }
+
+    /// The field copied out of `bytes`, the header it was found in, to be changed.
+    pub fn to_packed(&self, bytes: &[u8]) -> Packed {
+        Packed {
+            name: self.name(bytes).to_vec(),
+            value: self.value(bytes).to_vec(),
+            expires_at_ms: self.expires_at_ms,
+        }
+    }
+}
+
+/// A packed hash's live fields where its header's bytes hold them: HGETALL, HKEYS and
+/// HVALS send them from there.
+pub struct PackedFields {
+    bytes: Vec<u8>,
+    fields: Vec<FieldSpan>,
+}
+
+impl PackedFields {
+    /// `fields`, found in `bytes` by [`Layout::decode`].
+    pub(super) fn new(bytes: Vec<u8>, fields: Vec<FieldSpan>) -> PackedFields {
+        PackedFields { bytes, fields }
+    }
+
+    pub fn len(&self) -> usize {
+        self.fields.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.fields.is_empty()
+    }
+
+    /// Each field's name and value, in field order.
+    pub fn pairs(&self) -> impl Iterator<Item = (&[u8], &[u8])> {
+        self.fields
+            .iter()
+            .map(|f| (f.name(&self.bytes), f.value(&self.bytes)))
+    }
+}
+
+/// A header as read: where a small hash's fields are in its bytes, or a large one's
+/// counts.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(super) enum Layout {
-    Packed(Vec<Packed>),
+    Packed(Vec<FieldSpan>),
     Elements(Header),
 }
 
-impl Layout {
+impl Header {
     pub fn encode(&self) -> Vec<u8> {
-        match self {
-            Layout::Packed(fields) => packed_bytes(fields),
-            Layout::Elements(header) => {
-                let mut out = vec![ELEMENTS];
-                let id = header.id;
-                for n in [id.epoch, id.serial, header.elements, header.volatile] {
-                    put_leb(&mut out, n);
-                }
-                out
-            }
+        let mut out = vec![ELEMENTS];
+        for n in [self.id.epoch, self.id.serial, self.elements, self.volatile] {
+            put_leb(&mut out, n);
         }
+        out
     }
+}
 
-    /// `None` for bytes `encode` never makes (a packed hash's fields out of order or
+impl Layout {
+    /// `None` for bytes the encoders never make (a packed hash's fields out of order or
     /// repeated, or none; more elements with an expiry than elements).
     pub fn decode(bytes: &[u8]) -> Option<Layout> {
-        let (&kind, mut rest) = bytes.split_first()?;
-        let number = |rest: &mut &[u8]| {
-            let (n, used) = read_leb(rest)?;
-            *rest = &rest[used..];
+        let (&kind, _) = bytes.split_first()?;
+        let mut at = 1;
+        let mut number = || {
+            let (n, used) = read_leb(&bytes[at..])?;
+            at += used;
             Some(n)
         };
         let layout = match kind {
             ELEMENTS => {
                 let header = Header {
                     id: HashId {
-                        epoch: number(&mut rest)?,
-                        serial: number(&mut rest)?,
+                        epoch: number()?,
+                        serial: number()?,
                     },
-                    elements: number(&mut rest)?,
-                    volatile: number(&mut rest)?,
+                    elements: number()?,
+                    volatile: number()?,
                 };
                 (header.volatile <= header.elements).then_some(Layout::Elements(header))?
             }
             PACKED => {
-                let n = number(&mut rest)?;
-                let mut fields: Vec<Packed> = Vec::with_capacity(n.min(1024) as usize);
+                let n = number()?;
+                let mut fields: Vec<FieldSpan> = Vec::with_capacity(n.min(1024) as usize);
                 for _ in 0..n {
-                    let bytes = |rest: &mut &[u8], n: u64| {
-                        let n = usize::try_from(n).ok().filter(|&n| n <= rest.len())?;
-                        let (taken, left) = rest.split_at(n);
-                        *rest = left;
-                        Some(taken.to_vec())
+                    let span = |at: &mut usize| {
+                        let (len, used) = read_leb(&bytes[*at..])?;
+                        let start = *at + used;
+                        let end = start.checked_add(usize::try_from(len).ok()?)?;
+                        (end <= bytes.len()).then(|| {
+                            *at = end;
+                            start..end
+                        })
                     };
-                    let len = number(&mut rest)?;
-                    let name = bytes(&mut rest, len)?;
-                    let expires_at_ms = number(&mut rest)?.checked_sub(1);
-                    let len = number(&mut rest)?;
-                    let value = bytes(&mut rest, len)?;
-                    if fields.last().is_some_and(|last| last.name >= name) {
+                    let name = span(&mut at)?;
+                    let (expiry, used) = read_leb(&bytes[at..])?;
+                    at += used;
+                    let value = span(&mut at)?;
+                    if fields
+                        .last()
+                        .is_some_and(|last| bytes[last.name.clone()] >= bytes[name.clone()])
+                    {
                         return None;
                     }
-                    fields.push(Packed {
+                    fields.push(FieldSpan {
                         name,
                         value,
-                        expires_at_ms,
+                        expires_at_ms: expiry.checked_sub(1),
                     });
                 }
                 (!fields.is_empty()).then_some(Layout::Packed(fields))?
             }
             _ => return None,
         };
-        rest.is_empty().then_some(layout)
+        (at == bytes.len()).then_some(layout)
     }
 }
 
@@ -227,32 +292,41 @@ pub(super) fn parse_element(bytes: &[u8]) -> Option<(Option<u64>, &[u8])> {
 mod tests {
     use super::*;
 
-    fn packed(list: &[(&str, &str, Option<u64>)]) -> Layout {
-        Layout::Packed(
-            list.iter()
-                .map(|(n, v, e)| Packed {
-                    name: n.as_bytes().to_vec(),
-                    value: v.as_bytes().to_vec(),
-                    expires_at_ms: *e,
-                })
-                .collect(),
-        )
+    fn packed(list: &[(&str, &str, Option<u64>)]) -> Vec<Packed> {
+        list.iter()
+            .map(|(n, v, e)| Packed {
+                name: n.as_bytes().to_vec(),
+                value: v.as_bytes().to_vec(),
+                expires_at_ms: *e,
+            })
+            .collect()
+    }
+
+    /// The fields a packed header's bytes hold, copied out.
+    fn fields_of(bytes: &[u8]) -> Option<Vec<Packed>> {
+        match Layout::decode(bytes)? {
+            Layout::Packed(spans) => Some(spans.iter().map(|f| f.to_packed(bytes)).collect()),
+            Layout::Elements(_) => None,
+        }
     }
 
     #[test]
     fn headers_round_trip_and_bytes_never_made_are_refused() {
-        let elements = Layout::Elements(Header {
+        let header = Header {
             id: HashId {
                 epoch: u64::MAX,
                 serial: 300,
             },
             elements: 12,
             volatile: 2,
-        });
+        };
         let small = packed(&[("a", "1", None), ("b", "", Some(7)), ("c", "three", None)]);
-        for layout in [&elements, &small] {
-            let bytes = layout.encode();
-            assert_eq!(Layout::decode(&bytes).as_ref(), Some(layout));
+        assert_eq!(
+            Layout::decode(&header.encode()),
+            Some(Layout::Elements(header))
+        );
+        assert_eq!(fields_of(&packed_bytes(&small)), Some(small.clone()));
+        for bytes in [header.encode(), packed_bytes(&small)] {
             assert_eq!(Layout::decode(&bytes[..bytes.len() - 1]), None);
             assert_eq!(Layout::decode(&[bytes.as_slice(), b"x"].concat()), None);
             assert!(is_hash(&bytes));
@@ -264,9 +338,9 @@ mod tests {
             "more volatile than all"
         );
         assert_eq!(Layout::decode(b"\x02\x00"), None, "an empty packed hash");
-        let unordered = packed(&[("b", "1", None), ("a", "2", None)]).encode();
+        let unordered = packed_bytes(&packed(&[("b", "1", None), ("a", "2", None)]));
         assert_eq!(Layout::decode(&unordered), None);
-        let repeated = packed(&[("a", "1", None), ("a", "2", None)]).encode();
+        let repeated = packed_bytes(&packed(&[("a", "1", None), ("a", "2", None)]));
         assert_eq!(Layout::decode(&repeated), None);
         // A length past the bytes there are.
         assert_eq!(Layout::decode(b"\x02\x01\x7f"), None);

@@ -54,7 +54,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use parking_lot::{Mutex, MutexGuard};
 use zipcache::{GetOptions, Item, ItemInfo, PutOptions, Update};
 
-use self::format::{ELEMENT_KEY_OVERHEAD, HashId, Header, Layout, Packed};
+use self::format::{ELEMENT_KEY_OVERHEAD, FieldSpan, HashId, Header, Layout, Packed};
 use super::keyspace::Keyspace;
 
 /// Locks hash commands take, by their key's hash.
@@ -410,10 +410,11 @@ struct Read {
     version: u64,
 }
 
-/// A packed hash's fields as `Field`s, by name.
-fn packed_field(fields: &[Packed], name: &[u8], now_ms: u64) -> Field {
-    match fields.binary_search_by(|f| f.name.as_slice().cmp(name)) {
-        Ok(at) => Field::at(&fields[at].value, fields[at].expires_at_ms, now_ms),
+/// A packed hash's fields, found where `bytes` (its header) hold them, as `Field`s, by
+/// name.
+fn packed_field(bytes: &[u8], fields: &[FieldSpan], name: &[u8], now_ms: u64) -> Field {
+    match fields.binary_search_by(|f| f.name(bytes).cmp(name)) {
+        Ok(at) => Field::at(fields[at].value(bytes), fields[at].expires_at_ms, now_ms),
         Err(_) => Field::Absent,
     }
 }
@@ -671,10 +672,12 @@ impl Hashes {
             }
             let now_ms = keys.engine().now_ms();
             let mut edit = Edit::of(now_ms, names, |name| {
-                Ok(match read.as_ref().map(|r| &r.layout) {
-                    Some(Layout::Packed(fields)) => packed_field(fields, name, now_ms),
+                Ok(match read.as_ref().map(|r| (&r.bytes, &r.layout)) {
+                    Some((bytes, Layout::Packed(fields))) => {
+                        packed_field(bytes, fields, name, now_ms)
+                    }
                     // A field too long for an element's key was never stored.
-                    Some(Layout::Elements(header)) if name.len() <= max_field => {
+                    Some((_, Layout::Elements(header))) if name.len() <= max_field => {
                         elements::read(keys, header.id, name)?
                     }
                     _ => Field::Absent,
@@ -689,6 +692,8 @@ impl Hashes {
             let new = match layout {
                 Some(Layout::Elements(header)) => self.change_elements(keys, header, changes)?,
                 Some(Layout::Packed(fields)) => {
+                    let bytes = bytes.as_deref().unwrap_or_default();
+                    let fields = fields.iter().map(|f| f.to_packed(bytes)).collect();
                     self.change_packed(keys, key, fields, changes, now_ms)?
                 }
                 None => self.change_packed(keys, key, Vec::new(), changes, now_ms)?,
@@ -714,8 +719,8 @@ impl Hashes {
         let Some(read) = self.header(keys, key)? else {
             return Ok(None);
         };
-        if let Layout::Packed(fields) = read.layout {
-            let found = |name: &[u8]| Ok(packed_field(&fields, name, now_ms));
+        if let Layout::Packed(fields) = &read.layout {
+            let found = |name: &[u8]| Ok(packed_field(&read.bytes, fields, name, now_ms));
             let mut edit = Edit::of(now_ms, names, found)?;
             let out = run(&mut edit);
             if edit.changes(usize::MAX)?.is_empty() {
@@ -758,7 +763,7 @@ impl Hashes {
                 }
             }
         }
-        Ok((header.elements > 0).then(|| Layout::Elements(header).encode()))
+        Ok((header.elements > 0).then(|| header.encode()))
     }
 
     /// A packed hash's fields with `changes` made (and its expired fields dropped):
@@ -801,7 +806,7 @@ impl Hashes {
                 Some(field.expires_at_ms.is_some()),
             );
         }
-        Ok(Some(Layout::Elements(header).encode()))
+        Ok(Some(header.encode()))
     }
 
     /// HSET / HMSET / HSETNX: stores each `(field, value)` of `pairs`, without expiry
@@ -1120,11 +1125,11 @@ impl Hashes {
                     let (mut live, mut dead, mut bytes) = (Vec::new(), Vec::new(), 0);
                     let mut next = None;
                     let from =
-                        fields.partition_point(|f| after.is_some_and(|a| f.name.as_slice() <= a));
-                    // Names and values move into the reply; the last one examined, live or
-                    // dead, is where a scan goes on (`limit` is at least 1).
+                        fields.partition_point(|f| after.is_some_and(|a| f.name(&read.bytes) <= a));
+                    // The last one examined, live or dead, is where a scan goes on (`limit`
+                    // is at least 1).
                     let mut last_live = false;
-                    for (examined, field) in fields.into_iter().skip(from).enumerate() {
+                    for (examined, field) in fields.iter().skip(from).enumerate() {
                         if examined == limit || bytes > budget {
                             next = match last_live {
                                 true => live.last().map(|(name, _): &(Vec<u8>, _)| name.clone()),
@@ -1133,12 +1138,14 @@ impl Hashes {
                             break;
                         }
                         last_live = field.expires_at_ms.is_none_or(|t| t > now_ms);
+                        let name = field.name(&read.bytes);
                         if !last_live {
-                            dead.push(field.name);
+                            dead.push(name.to_vec());
                             continue;
                         }
-                        bytes += part.bytes(&field.name, &field.value) + 2 * REPLY_OVERHEAD;
-                        live.push(part.keep(field.name, field.value));
+                        let value = field.value(&read.bytes);
+                        bytes += part.bytes(name, value) + 2 * REPLY_OVERHEAD;
+                        live.push(part.keep(name.to_vec(), value.to_vec()));
                     }
                     (live, dead, next)
                 }
@@ -1173,7 +1180,7 @@ impl Hashes {
 
     /// Deletes a hash found partial: its header, then what is left of its elements.
     fn drop_partial(&self, keys: &Keyspace, key: &[u8], header: Header) -> Result<()> {
-        let bytes = Layout::Elements(header).encode();
+        let bytes = header.encode();
         if self.commit(keys, key, Some(&bytes), None)? {
             elements::delete_all(keys, header.id)?;
         }

@@ -71,7 +71,7 @@ impl Hashes {
         // A large hash's header names its copy; anything else moves as its bytes.
         let copied = match source_elements {
             Some(header) => match self.copy_elements(keys, header)? {
-                Some(copy) => Some(Layout::Elements(copy).encode()),
+                Some(copy) => Some(copy.encode()),
                 None => {
                     self.drop_partial(keys, from, header)?;
                     return Ok(Renamed::NoSuchKey);

@@ -14,12 +14,14 @@
 //! version of the hash. Expired fields met are left for the next command that writes the
 //! hash to delete: a delete here would change the version the rest of the reply checks.
 
-use super::format::{HashId, Layout};
-use super::{HashError, Hashes, Pairs, Part, Result, elements, live_elements};
+use super::format::{HashId, Layout, PackedFields};
+use super::{HashError, Hashes, Pairs, Part, REPLY_OVERHEAD, Result, elements, live_elements};
 use crate::core::keyspace::Keyspace;
 
 /// A whole-hash read as it starts.
 pub enum All {
+    /// Every field of a packed hash, none expired, in one reply from its header's bytes.
+    Packed(PackedFields),
     /// Every live field, in one reply.
     Whole(Pairs),
     /// `count` live fields, sent by [`Hashes::next_part`].
@@ -58,6 +60,26 @@ impl Hashes {
     /// and then sent a part at a time. Nothing if the key holds no hash, or if the hash
     /// was partial (then it is dropped).
     pub fn read_all(&self, keys: &Keyspace, key: &[u8], part: Part, budget: usize) -> Result<All> {
+        // A session's hash, the common case: sent from its header as read, no field
+        // copied. One with an expired field (deleted as it is read), or whose reply may
+        // pass `budget`, is read as any other.
+        let Some(read) = self.header(keys, key)? else {
+            return Ok(All::Whole(Vec::new()));
+        };
+        if let Layout::Packed(fields) = read.layout {
+            let now_ms = keys.engine().now_ms();
+            let reply_bytes: usize = fields
+                .iter()
+                .map(|f| part.bytes(f.name(&read.bytes), f.value(&read.bytes)) + 2 * REPLY_OVERHEAD)
+                .sum();
+            if reply_bytes <= budget
+                && fields
+                    .iter()
+                    .all(|f| f.expires_at_ms.is_none_or(|t| t > now_ms))
+            {
+                return Ok(All::Packed(PackedFields::new(read.bytes, fields)));
+            }
+        }
         match self.all(keys, key, part, budget) {
             Err(HashError::TooLarge { .. }) => self.start(keys, key, part, budget),
             whole => whole.map(All::Whole),

@@ -536,12 +536,59 @@ fn a_hash_past_the_reply_budget_is_streamed_whole() {
     hashes.set(&keys, b"small", &[b"a", b"1"], false).unwrap();
     assert!(matches!(
         hashes.read_all(&keys, b"small", Part::Both, 1000).unwrap(),
-        All::Whole(pairs) if pairs == [(b"a".to_vec(), b"1".to_vec())]
+        All::Packed(fields) if fields.pairs().eq([(&b"a"[..], &b"1"[..])])
     ));
     assert!(matches!(
         hashes.read_all(&keys, b"none", Part::Both, 1000).unwrap(),
         All::Whole(pairs) if pairs.is_empty()
     ));
+}
+
+/// HGETALL, HKEYS and HVALS of a packed hash send its fields from the header's bytes
+/// as read — the same fields `all` copies out — unless one has expired (then it is read
+/// as before, and the expired field deleted) or the reply would pass the budget.
+#[test]
+fn a_packed_hash_is_sent_from_its_header_unless_a_field_expired() {
+    let keys = keyspace(32 << 20);
+    let hashes = Hashes::default();
+    let fields: [&[u8]; 6] = [b"c", b"3", b"a", b"1", b"b", b"two"];
+    hashes.set(&keys, b"s", &fields, false).unwrap();
+    for part in [Part::Both, Part::Fields, Part::Values] {
+        let All::Packed(packed) = hashes.read_all(&keys, b"s", part, 1000).unwrap() else {
+            panic!("{part:?}: not sent from the header");
+        };
+        let copied = hashes.all(&keys, b"s", part, 1000).unwrap();
+        assert_eq!(packed.len(), 3);
+        for ((name, value), (want_name, want_value)) in packed.pairs().zip(&copied) {
+            assert_eq!(name, want_name.as_slice());
+            if part != Part::Fields {
+                assert_eq!(value, want_value.as_slice());
+            }
+        }
+    }
+    assert!(matches!(
+        hashes.read_all(&keys, b"s", Part::Both, 10),
+        Err(HashError::TooLarge { .. })
+    ));
+    let soon = keys.engine().now_ms() + 30;
+    hashes
+        .set_expiring(
+            &keys,
+            b"s",
+            &[b"b", b"two"],
+            Exists::Any,
+            FieldExpiry::At(soon),
+        )
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(60));
+    assert!(matches!(
+        hashes.read_all(&keys, b"s", Part::Both, 1000).unwrap(),
+        All::Whole(pairs) if pairs == [(b"a".to_vec(), b"1".to_vec()), (b"c".to_vec(), b"3".to_vec())]
+    ));
+    assert!(
+        matches!(hashes.read_all(&keys, b"s", Part::Both, 1000).unwrap(), All::Packed(f) if f.len() == 2),
+        "the expired field was deleted as it was read"
+    );
 }
 
 /// A streamed read whose hash is written, deleted, replaced or loses an element

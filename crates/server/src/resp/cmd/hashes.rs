@@ -16,7 +16,7 @@ use super::{
 use crate::core::cursors;
 use crate::core::hashes::{
     All, Exists, ExpiryCondition, FieldChange, FieldExpiry, HashError, MAX_FIELDS, NO_EXPIRY,
-    NO_FIELD, Part, Streamed, WRONGTYPE,
+    NO_FIELD, Pairs, Part, Streamed, WRONGTYPE,
 };
 use crate::core::keyspace::Keyspace;
 use crate::core::stats::Counters;
@@ -492,9 +492,13 @@ impl HashCommand<'_> {
             }
             HashCommand::All { key, part } => {
                 match hashes.read_all(keys, key, part, reply_budget(keys))? {
+                    All::Packed(fields) => {
+                        all_header(out, part, fields.len() as u64);
+                        all_fields(out, part, fields.pairs());
+                    }
                     All::Whole(pairs) => {
                         all_header(out, part, pairs.len() as u64);
-                        all_fields(out, part, &pairs);
+                        all_fields(out, part, owned_pairs(&pairs));
                     }
                     All::Streamed { count, stream } => {
                         all_header(out, part, count);
@@ -642,7 +646,7 @@ fn all_header(out: &mut Reply, part: Part, fields: u64) {
     }
 }
 
-fn all_fields(out: &mut Reply, part: Part, pairs: &[(Vec<u8>, Vec<u8>)]) {
+fn all_fields<'a>(out: &mut Reply, part: Part, pairs: impl Iterator<Item = (&'a [u8], &'a [u8])>) {
     for (field, value) in pairs {
         if part != Part::Values {
             out.bulk(field);
@@ -651,6 +655,10 @@ fn all_fields(out: &mut Reply, part: Part, pairs: &[(Vec<u8>, Vec<u8>)]) {
             out.bulk(value);
         }
     }
+}
+
+fn owned_pairs(pairs: &Pairs) -> impl Iterator<Item = (&[u8], &[u8])> {
+    pairs.iter().map(|(f, v)| (f.as_slice(), v.as_slice()))
 }
 
 /// Sends the next parts of a whole-hash reply too large to be sent at once
@@ -671,7 +679,7 @@ pub fn stream_hash(
         }
         let budget = OUTPUT_BUDGET.saturating_sub(out.buf.reply_len());
         match hashes.next_part(keys, &mut stream, budget) {
-            Ok(Some(pairs)) => all_fields(out, stream.part(), &pairs),
+            Ok(Some(pairs)) => all_fields(out, stream.part(), owned_pairs(&pairs)),
             // The reply's length is out: a short reply and a closed connection tell the
             // client, where an error in its place would be read as a field.
             Ok(None) | Err(_) => {
