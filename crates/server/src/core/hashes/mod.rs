@@ -226,7 +226,7 @@ impl Edit {
     /// expiry differs from what was read (a dead field met becomes absent). A new field
     /// longer than `max_field` is refused.
     fn changes(self, max_field: usize) -> Result<Vec<(Vec<u8>, Field, Field)>> {
-        let mut changes = Vec::new();
+        let mut changes = Vec::with_capacity(self.fields.len());
         for field in self.fields {
             let after = match field.after {
                 Field::Dead { .. } => Field::Absent,
