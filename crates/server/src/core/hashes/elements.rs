@@ -47,16 +47,20 @@ pub(super) fn write(
     };
     let key = element_key(id, field);
     // may evict
-    match keys
-        .engine()
+    keys.engine()
         .put_with(&key, &element_value(value, expires_at_ms), options)
-    {
-        Ok(_) => Ok(()),
+        .map_err(write_error)?;
+    Ok(())
+}
+
+/// What a failed write of an element tells the client.
+pub(super) fn write_error(error: zipcache::Error) -> HashError {
+    match error {
         // Past the engine's largest value, with the element's expiry before the value.
-        Err(zipcache::Error::ValueTooLarge { max, .. }) => Err(HashError::ValueTooLarge {
+        zipcache::Error::ValueTooLarge { max, .. } => HashError::ValueTooLarge {
             max: max.saturating_sub(1),
-        }),
-        Err(error) => Err(error.into()),
+        },
+        error => error.into(),
     }
 }
 

@@ -29,7 +29,10 @@
 //! and is deleted by the next command that meets it.
 //!
 //! Every hash command that writes, or reads a large hash, holds its key's stripe lock from
-//! reading the header to its last write, so a header and its elements change together. A
+//! reading the header to its last write, so a header and its elements change together:
+//! alone, or — a command on one field of a large hash (`one_field.rs`) — shared with
+//! others on one field, each changing its element and then its header's counts in one
+//! engine update each, while the commands that read a hash whole wait. A
 //! packed hash is one object, read whole at once: a read of it takes no stripe lock
 //! ([`Hashes::read`]). String writes take no lock: a
 //! SET over a hash replaces the header in one engine update, and a hash command whose
@@ -39,6 +42,7 @@ mod elements;
 mod format;
 #[cfg(test)]
 mod model_tests;
+mod one_field;
 mod rename;
 mod stream;
 #[cfg(test)]
@@ -49,9 +53,9 @@ pub use stream::{All, Streamed};
 
 use std::collections::HashMap;
 use std::hash::BuildHasher;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use parking_lot::{Mutex, MutexGuard};
+use parking_lot::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 use zipcache::{GetOptions, Item, ItemInfo, PutOptions, Update};
 
 use self::format::{ELEMENT_KEY_OVERHEAD, FieldSpan, HashId, Header, Layout, Packed};
@@ -220,6 +224,19 @@ impl Edit {
             });
         }
         Ok(edit)
+    }
+
+    /// The one field `name`, holding `before`.
+    fn one(now_ms: u64, name: &[u8], before: Field) -> Edit {
+        Edit {
+            now_ms,
+            fields: vec![Named {
+                name: name.to_vec(),
+                after: before.clone(),
+                before,
+            }],
+            index: None,
+        }
     }
 
     /// What the command changed: `(name, before, after)` of each field whose value or
@@ -521,6 +538,17 @@ fn live_elements(keys: &Keyspace, header: Header, now_ms: u64) -> Result<Option<
     }
 }
 
+/// A lock `try_lock` gives, tried [`SPINS`] times with a pause between, else `wait`ed for.
+fn spin_then_wait<G>(try_lock: impl Fn() -> Option<G>, wait: impl FnOnce() -> G) -> G {
+    for _ in 0..SPINS {
+        if let Some(locked) = try_lock() {
+            return locked;
+        }
+        std::hint::spin_loop();
+    }
+    wait()
+}
+
 /// What DEL found at a key.
 enum Deleting {
     Nothing,
@@ -531,15 +559,25 @@ enum Deleting {
 /// The hashes of one server: their ids and their locks.
 pub struct Hashes {
     serial: AtomicU64,
-    stripes: Box<[Mutex<()>]>,
+    stripes: Box<[Stripe]>,
     hasher: foldhash::fast::FixedState,
+}
+
+/// The hash commands of the keys whose hash falls in one stripe.
+#[derive(Default)]
+struct Stripe {
+    lock: RwLock<()>,
+    /// A command on one field takes the shared way (`one_field.rs`) only while this is
+    /// set: by a command that found a large hash here, cleared by one on one field that
+    /// found none. A command on one field of a packed hash then reads its header once.
+    large: AtomicBool,
 }
 
 impl Default for Hashes {
     fn default() -> Self {
         Hashes {
             serial: AtomicU64::new(0),
-            stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
+            stripes: (0..STRIPES).map(|_| Stripe::default()).collect(),
             hasher: foldhash::fast::FixedState::default(),
         }
     }
@@ -550,16 +588,17 @@ impl Hashes {
         self.hasher.hash_one(key) as usize % STRIPES
     }
 
-    /// The stripe lock of `key`: tried `SPINS` times, then waited for.
-    fn lock(&self, key: &[u8]) -> MutexGuard<'_, ()> {
-        let stripe = &self.stripes[self.stripe(key)];
-        for _ in 0..SPINS {
-            if let Some(locked) = stripe.try_lock() {
-                return locked;
-            }
-            std::hint::spin_loop();
-        }
-        stripe.lock()
+    /// The stripe lock of `key`, held alone: tried `SPINS` times, then waited for.
+    fn lock(&self, key: &[u8]) -> RwLockWriteGuard<'_, ()> {
+        let stripe = &self.stripes[self.stripe(key)].lock;
+        spin_then_wait(|| stripe.try_write(), || stripe.write())
+    }
+
+    /// The stripe lock of `key`, shared with the other commands on one field of a
+    /// large hash (`one_field.rs`).
+    fn lock_shared(&self, key: &[u8]) -> RwLockReadGuard<'_, ()> {
+        let stripe = &self.stripes[self.stripe(key)].lock;
+        spin_then_wait(|| stripe.try_read(), || stripe.read())
     }
 
     fn new_id(&self, keys: &Keyspace) -> HashId {
@@ -663,6 +702,13 @@ impl Hashes {
         create: bool,
         mut run: impl FnMut(&mut Edit) -> T,
     ) -> Result<Option<T>> {
+        let stripe = &self.stripes[self.stripe(key)];
+        if let [name] = names
+            && stripe.large.load(Ordering::Relaxed)
+            && let Some(out) = self.edit_one_element(keys, key, name, &mut run)?
+        {
+            return Ok(Some(out));
+        }
         let max_field = Self::max_field(keys);
         loop {
             let _locked = self.lock(key);
@@ -698,6 +744,9 @@ impl Hashes {
                 }
                 None => self.change_packed(keys, key, Vec::new(), changes, now_ms)?,
             };
+            if new.as_deref().is_some_and(format::is_elements) {
+                stripe.large.store(true, Ordering::Relaxed);
+            }
             if self.commit(keys, key, bytes.as_deref(), new)? {
                 return Ok(Some(out));
             }
@@ -1090,7 +1139,7 @@ impl Hashes {
         &self,
         keys: &Keyspace,
         key: &[u8],
-    ) -> Result<Option<(Read, Option<MutexGuard<'_, ()>>)>> {
+    ) -> Result<Option<(Read, Option<RwLockWriteGuard<'_, ()>>)>> {
         let Some(read) = self.header(keys, key)? else {
             return Ok(None);
         };

@@ -9,7 +9,7 @@
 
 use std::ops::Bound;
 
-use parking_lot::MutexGuard;
+use parking_lot::RwLockWriteGuard;
 use zipcache::{GetOptions, PutOptions, Update};
 
 use super::format::{self, Header, Layout, element_key, element_range};
@@ -107,13 +107,13 @@ impl Hashes {
     }
 
     /// Both keys' stripe locks, the lower stripe first (one lock if they share it).
-    fn lock_both(&self, a: &[u8], b: &[u8]) -> [Option<MutexGuard<'_, ()>>; 2] {
+    fn lock_both(&self, a: &[u8], b: &[u8]) -> [Option<RwLockWriteGuard<'_, ()>>; 2] {
         let (i, j) = (self.stripe(a), self.stripe(b));
         if i == j {
-            return [Some(self.stripes[i].lock()), None];
+            return [Some(self.stripes[i].lock.write()), None];
         }
-        let first = self.stripes[i.min(j)].lock();
-        [Some(first), Some(self.stripes[i.max(j)].lock())]
+        let first = self.stripes[i.min(j)].lock.write();
+        [Some(first), Some(self.stripes[i.max(j)].lock.write())]
     }
 
     /// `header`'s elements copied under a new id, and the header that counts them;

@@ -672,6 +672,157 @@ fn a_packed_hash_is_read_without_the_lock() {
     assert_eq!(expiries, vec![Some(None)]);
 }
 
+/// Numbers below `n`, the same from the same seed (xorshift).
+struct Draws(u64);
+
+impl Draws {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n
+    }
+}
+
+/// Waits up to 10 s for `thread` to finish; whether it did.
+fn finishes<T>(thread: &std::thread::JoinHandle<T>) -> bool {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !thread.is_finished() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    thread.is_finished()
+}
+
+/// A command on one field of a large hash shares the stripe lock (`one_field.rs`): it
+/// runs while another holds the lock shared, and waits while one holds it alone; a
+/// command on several fields, or one reading the hash whole, waits for the shared
+/// holders. A command on one field of a packed hash takes the lock alone.
+#[test]
+fn commands_on_one_field_of_a_large_hash_share_its_lock() {
+    let keys = Arc::new(keyspace(8 << 20));
+    let hashes = Arc::new(Hashes::default());
+    grown(&hashes, &keys, b"h", 200);
+    let shared = hashes.lock_shared(b"h");
+    let (k, h) = (keys.clone(), hashes.clone());
+    let one = std::thread::spawn(move || {
+        let added = h.set(&k, b"h", &[b"new", b"1"], false).unwrap();
+        let n = h.update_field(&k, b"h", b"n", |_| Ok::<_, ()>(b"5".to_vec()));
+        let deleted = h.delete_fields(&k, b"h", &[b"f000"]).unwrap();
+        (added, n.unwrap().unwrap(), deleted)
+    });
+    assert!(
+        finishes(&one),
+        "a command on one field waited for a shared holder"
+    );
+    assert_eq!(one.join().unwrap(), (1, b"5".to_vec(), 1));
+    let (k, h) = (keys.clone(), hashes.clone());
+    let several = std::thread::spawn(move || h.set(&k, b"h", &[b"a", b"1", b"b", b"2"], false));
+    let (k, h) = (keys.clone(), hashes.clone());
+    let whole = std::thread::spawn(move || h.len(&k, b"h"));
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    assert!(!several.is_finished() && !whole.is_finished());
+    drop(shared);
+    assert_eq!(several.join().unwrap().unwrap(), 2);
+    // 200, one set, one incremented, one deleted; and two more if `several` ran first.
+    assert!(matches!(whole.join().unwrap().unwrap(), 201 | 203));
+
+    let alone = hashes.lock(b"h");
+    let (k, h) = (keys.clone(), hashes.clone());
+    let one = std::thread::spawn(move || h.set(&k, b"h", &[b"late", b"1"], false));
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    assert!(
+        !one.is_finished(),
+        "a command on one field ran beside a holder alone"
+    );
+    drop(alone);
+    assert_eq!(one.join().unwrap().unwrap(), 1);
+
+    hashes.set(&keys, b"p", &[b"a", b"1"], false).unwrap();
+    let shared = hashes.lock_shared(b"p");
+    let (k, h) = (keys.clone(), hashes.clone());
+    let packed = std::thread::spawn(move || h.set(&k, b"p", &[b"b", b"2"], false));
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    assert!(
+        !packed.is_finished(),
+        "a packed hash's field written beside a shared holder"
+    );
+    drop(shared);
+    assert_eq!(packed.join().unwrap().unwrap(), 1);
+}
+
+/// Threads writing one large hash field by field (HSET, HINCRBY, HDEL, HSETNX) beside
+/// commands on several fields and whole reads: no whole read ever finds it partial (a
+/// miscount between a field's change and its header's would drop the hash), its count
+/// always matches its fields, and every increment is kept.
+#[test]
+fn threads_writing_one_large_hash_field_by_field_keep_it_whole() {
+    const THREADS: usize = 4;
+    const ROUNDS: usize = 3_000;
+    let keys = Arc::new(keyspace(64 << 20));
+    let hashes = Arc::new(Hashes::default());
+    grown(&hashes, &keys, b"h", 200);
+    let writers: Vec<_> = (0..THREADS)
+        .map(|t| {
+            let (keys, hashes) = (keys.clone(), hashes.clone());
+            std::thread::spawn(move || {
+                let mut rng = Draws(t as u64 + 1);
+                for round in 0..ROUNDS {
+                    let field = format!("d{}", rng.below(64)).into_bytes();
+                    match rng.below(5) {
+                        0 => drop(hashes.set(&keys, b"h", &[&field, b"x"], false).unwrap()),
+                        1 => drop(hashes.delete_fields(&keys, b"h", &[&field]).unwrap()),
+                        2 => drop(hashes.set(&keys, b"h", &[&field, b"y"], true).unwrap()),
+                        3 => {
+                            let pairs: [&[u8]; 4] = [&field, b"z", b"d0", b"w"];
+                            hashes.set(&keys, b"h", &pairs, false).unwrap();
+                        }
+                        _ => {
+                            let total = hashes.update_field(&keys, b"h", b"total", |old| {
+                                let old = old.map_or(0, |v| {
+                                    std::str::from_utf8(v).unwrap().parse::<u64>().unwrap()
+                                });
+                                Ok::<_, ()>((old + 1).to_string().into_bytes())
+                            });
+                            total.unwrap().unwrap();
+                        }
+                    }
+                    if round % 50 == 0 {
+                        let all = hashes.all(&keys, b"h", Part::Both, 1 << 24).unwrap();
+                        let len = hashes.len(&keys, b"h").unwrap();
+                        assert!(all.len() >= 200, "a whole read found the hash partial");
+                        assert!(len >= 200, "HLEN found the hash partial");
+                    }
+                }
+            })
+        })
+        .collect();
+    for writer in writers {
+        writer.join().unwrap();
+    }
+    let all = hashes.all(&keys, b"h", Part::Both, 1 << 24).unwrap();
+    assert_eq!(hashes.len(&keys, b"h").unwrap(), all.len() as u64);
+    assert_eq!(
+        elements_header(&hashes, &keys, b"h").elements,
+        all.len() as u64
+    );
+    let increments = all
+        .iter()
+        .find(|(f, _)| f == b"total")
+        .map(|(_, v)| v.clone());
+    let counted = (0..THREADS)
+        .map(|t| {
+            let mut rng = Draws(t as u64 + 1);
+            (0..ROUNDS)
+                .filter(|_| {
+                    rng.below(64);
+                    rng.below(5) == 4
+                })
+                .count()
+        })
+        .sum::<usize>();
+    assert_eq!(increments, Some(counted.to_string().into_bytes()));
+}
+
 proptest::proptest! {
     /// `repack` (a merge of a packed hash's fields, in name order, with a command's
     /// changes, in any order) leaves what a map by name would: a change to a live value
