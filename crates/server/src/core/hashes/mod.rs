@@ -53,12 +53,13 @@ pub use stream::{All, Streamed};
 
 use std::collections::HashMap;
 use std::hash::BuildHasher;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 use zipcache::{GetOptions, Item, ItemInfo, PutOptions, Update};
 
 use self::format::{ELEMENT_KEY_OVERHEAD, FieldSpan, HashId, Header, Layout, Packed};
+use self::one_field::LastLarge;
 use super::keyspace::Keyspace;
 
 /// Locks hash commands take, by their key's hash.
@@ -567,10 +568,9 @@ pub struct Hashes {
 #[derive(Default)]
 struct Stripe {
     lock: RwLock<()>,
-    /// A command on one field takes the shared way (`one_field.rs`) only while this is
-    /// set: by a command that found a large hash here, cleared by one on one field that
-    /// found none. A command on one field of a packed hash then reads its header once.
-    large: AtomicBool,
+    /// The large hash last met here: a command on one field takes the shared way
+    /// (`one_field.rs`) only if there is one, and skips reading the header of that one.
+    last_large: LastLarge,
 }
 
 impl Default for Hashes {
@@ -704,7 +704,7 @@ impl Hashes {
     ) -> Result<Option<T>> {
         let stripe = &self.stripes[self.stripe(key)];
         if let [name] = names
-            && stripe.large.load(Ordering::Relaxed)
+            && stripe.last_large.any()
             && let Some(out) = self.edit_one_element(keys, key, name, &mut run)?
         {
             return Ok(Some(out));
@@ -744,10 +744,14 @@ impl Hashes {
                 }
                 None => self.change_packed(keys, key, Vec::new(), changes, now_ms)?,
             };
-            if new.as_deref().is_some_and(format::is_elements) {
-                stripe.large.store(true, Ordering::Relaxed);
-            }
+            let large = match new.as_deref().map(Layout::decode) {
+                Some(Some(Layout::Elements(header))) => Some(header),
+                _ => None,
+            };
             if self.commit(keys, key, bytes.as_deref(), new)? {
+                if let Some(header) = large {
+                    stripe.last_large.remember(key, header);
+                }
                 return Ok(Some(out));
             }
         }

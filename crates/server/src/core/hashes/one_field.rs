@@ -7,6 +7,11 @@
 //! element is read and changed in one (so of two commands adding one field, one finds
 //! it absent), then the header's counts take what that change did to them (not a value
 //! read before: another command may have counted since) and the header a new version.
+//! The element's key needs the hash's id: each stripe remembers the large hash last met
+//! there ([`LargeHash`]), so a hot hash's header is not read before each command — only
+//! checked after it, by the second step, or by a read when nothing changed (a command
+//! that found the id stale has read or changed an element no hash holds, which no
+//! reply shows: it runs again the general way).
 //! Between the two the header miscounts by this command's change; the commands that
 //! read a hash whole — and check its count against its elements, or a streamed HGETALL
 //! its version — hold the lock alone, as does every command on several fields (its
@@ -16,17 +21,57 @@
 //! more, and the command runs again the general way ([`Hashes::edit`]), as a command
 //! whose commit failed does.
 
-use std::sync::atomic::Ordering;
-
+use parking_lot::Mutex;
 use zipcache::{PutOptions, Update};
 
-use super::format::{Layout, element_key, element_value, is_hash};
-use super::{Edit, Field, Hashes, MAX_FIELDS, Result, count, elements, header_put};
+use super::format::{Header, Layout, element_key, element_value, is_hash};
+use super::{Edit, Field, HashError, Hashes, MAX_FIELDS, Result, count, elements, header_put};
 use crate::core::keyspace::Keyspace;
 
 /// Fields below [`MAX_FIELDS`] under which a hash takes the shared way: each serving
 /// thread may add one field past what it read, so the limit holds for up to this many.
 const ADDS_IN_FLIGHT: u64 = 1 << 16;
+
+/// The large hash a stripe's commands met last: its key and its header as last seen.
+#[derive(Default)]
+pub(super) struct LastLarge(Mutex<Option<LargeHash>>);
+
+struct LargeHash {
+    key: Box<[u8]>,
+    header: Header,
+}
+
+impl LastLarge {
+    /// Whether a large hash was met here (one field's commands take the shared way only
+    /// then, so that one on a packed hash reads its header once).
+    pub(super) fn any(&self) -> bool {
+        self.0.lock().is_some()
+    }
+
+    /// The header last seen at `key`, if `key` is the hash remembered.
+    fn of(&self, key: &[u8]) -> Option<Header> {
+        let last = self.0.lock();
+        last.as_ref().filter(|l| *l.key == *key).map(|l| l.header)
+    }
+
+    /// Remembers `header` as the large hash at `key`.
+    pub(super) fn remember(&self, key: &[u8], header: Header) {
+        let mut last = self.0.lock();
+        match last.as_mut() {
+            Some(last) if *last.key == *key => last.header = header,
+            _ => {
+                *last = Some(LargeHash {
+                    key: key.into(),
+                    header,
+                })
+            }
+        }
+    }
+
+    fn forget(&self) {
+        *self.0.lock() = None;
+    }
+}
 
 impl Hashes {
     /// `run` on field `name` of the large hash at `key`, its change stored as the
@@ -40,16 +85,21 @@ impl Hashes {
         name: &[u8],
         run: &mut impl FnMut(&mut Edit) -> T,
     ) -> Result<Option<T>> {
+        let last = &self.stripes[self.stripe(key)].last_large;
         let _shared = self.lock_shared(key);
-        // may do I/O: one SSD block
-        let Some(read) = self.header(keys, key)? else {
-            return Ok(None);
-        };
-        let Layout::Elements(header) = read.layout else {
-            self.stripes[self.stripe(key)]
-                .large
-                .store(false, Ordering::Relaxed);
-            return Ok(None);
+        let (header, remembered) = match last.of(key) {
+            Some(header) => (header, true),
+            // may do I/O: one SSD block
+            None => match self.header(keys, key)?.map(|read| read.layout) {
+                Some(Layout::Elements(header)) => {
+                    last.remember(key, header);
+                    (header, false)
+                }
+                _ => {
+                    last.forget();
+                    return Ok(None);
+                }
+            },
         };
         let max_field = Self::max_field(keys);
         if name.len() > max_field || header.elements >= MAX_FIELDS - ADDS_IN_FLIGHT {
@@ -90,25 +140,51 @@ impl Hashes {
             .map_err(elements::write_error)?;
         let (out, change) = done?;
         let Some((before, after)) = change else {
+            // Nothing changed: the id read just now was current then; one remembered
+            // is checked now (the key held it before and after the element's read, so
+            // throughout: an id is never given twice).
+            if remembered && !self.holds(keys, key, header)? {
+                last.forget();
+                return Ok(None);
+            }
             return Ok(Some(out));
         };
         // may do I/O: one SSD block; may evict
         let (counted, _) = keys.update(key, |current| {
             let Some(current) = current.filter(|c| c.collection && is_hash(&c.value)) else {
-                return (Update::Keep, false);
+                return (Update::Keep, None);
             };
             let Some(Layout::Elements(mut now)) = Layout::decode(&current.value) else {
-                return (Update::Keep, false);
+                return (Update::Keep, None);
             };
             if now.id != header.id {
-                return (Update::Keep, false);
+                return (Update::Keep, None);
             }
             count(&mut now, &before, after);
             match now.elements {
-                0 => (Update::Delete, true),
-                _ => (header_put(now.encode(), Some(current)), true),
+                0 => (Update::Delete, Some(now)),
+                _ => (header_put(now.encode(), Some(current)), Some(now)),
             }
         })?;
-        Ok(counted.then_some(out))
+        match counted {
+            Some(now) if now.elements > 0 => last.remember(key, now),
+            // Its last field deleted: the hash is gone.
+            Some(_) => last.forget(),
+            None => {
+                last.forget();
+                return Ok(None);
+            }
+        }
+        Ok(Some(out))
+    }
+
+    /// Whether `key` holds the large hash `header` names (by its id).
+    fn holds(&self, keys: &Keyspace, key: &[u8], header: Header) -> Result<bool> {
+        // may do I/O: one SSD block
+        Ok(match self.header(keys, key) {
+            Ok(Some(read)) => matches!(read.layout, Layout::Elements(h) if h.id == header.id),
+            Ok(None) | Err(HashError::WrongType) => false,
+            Err(error) => return Err(error),
+        })
     }
 }

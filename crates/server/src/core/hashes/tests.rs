@@ -750,6 +750,52 @@ fn commands_on_one_field_of_a_large_hash_share_its_lock() {
     assert_eq!(packed.join().unwrap().unwrap(), 1);
 }
 
+/// A stripe remembers the large hash it met last, and a command on one of its fields
+/// uses that id without reading the header first (`one_field.rs`): replaced since — by a
+/// string, or by another hash renamed over it — the id is found stale after the element
+/// was read or written, and the command answers from what the key holds now.
+#[test]
+fn a_remembered_large_hash_replaced_since_is_never_read() {
+    let keys = keyspace(8 << 20);
+    let hashes = Hashes::default();
+    let get = |key: &[u8], field: &[u8]| hashes.get(&keys, key, &[field], usize::MAX);
+    let names: Vec<Vec<u8>> = (0..200).map(|i| format!("f{i:03}").into_bytes()).collect();
+    let of_src: Vec<&[u8]> = names.iter().flat_map(|n| [n.as_slice(), b"src"]).collect();
+    hashes.set(&keys, b"src", &of_src, false).unwrap();
+    grown(&hashes, &keys, b"h", 200);
+    assert_eq!(
+        hashes.set(&keys, b"h", &[b"f000", b"old"], false).unwrap(),
+        0
+    );
+    let old = elements_header(&hashes, &keys, b"h");
+    hashes.rename(&keys, b"src", b"h", false).unwrap();
+    assert_ne!(elements_header(&hashes, &keys, b"h").id, old.id);
+    // A write through the stale id, then a read.
+    assert_eq!(hashes.set(&keys, b"h", &[b"f001", b"x"], false).unwrap(), 0);
+    assert_eq!(get(b"h", b"f001").unwrap(), Some(vec![Some(b"x".to_vec())]));
+    assert_eq!(hashes.len(&keys, b"h").unwrap(), 200);
+    hashes.rename(&keys, b"h", b"src", false).unwrap();
+    hashes.rename(&keys, b"src", b"h", false).unwrap();
+    assert_eq!(
+        get(b"h", b"f000").unwrap(),
+        Some(vec![Some(b"src".to_vec())])
+    );
+
+    // Made large again, remembered, then a string written over it (no stripe lock).
+    grown(&hashes, &keys, b"s", 200);
+    assert_eq!(
+        hashes.set(&keys, b"s", &[b"f000", b"old"], false).unwrap(),
+        0
+    );
+    keys.put_with(b"s", b"a string", zipcache::PutOptions::default())
+        .unwrap();
+    assert!(matches!(get(b"s", b"f000"), Err(HashError::WrongType)));
+    let incremented = hashes.update_field(&keys, b"s", b"f000", |_| Ok::<_, ()>(b"1".to_vec()));
+    assert!(matches!(incremented, Err(HashError::WrongType)));
+    keys.delete(b"s").unwrap();
+    assert_eq!(get(b"s", b"f000").unwrap(), None);
+}
+
 /// Threads writing one large hash field by field (HSET, HINCRBY, HDEL, HSETNX) beside
 /// commands on several fields and whole reads: no whole read ever finds it partial (a
 /// miscount between a field's change and its header's would drop the hash), its count
