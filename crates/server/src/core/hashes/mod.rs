@@ -744,9 +744,13 @@ impl Hashes {
                 }
                 None => self.change_packed(keys, key, Vec::new(), changes, now_ms)?,
             };
-            let large = match new.as_deref().map(Layout::decode) {
-                Some(Some(Layout::Elements(header))) => Some(header),
-                _ => None,
+            // A packed header is not decoded again for this.
+            let large = match new.as_deref().filter(|n| format::is_elements(n)) {
+                Some(bytes) => match Layout::decode(bytes) {
+                    Some(Layout::Elements(header)) => Some(header),
+                    _ => None,
+                },
+                None => None,
             };
             if self.commit(keys, key, bytes.as_deref(), new)? {
                 if let Some(header) = large {

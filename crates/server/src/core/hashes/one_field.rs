@@ -7,11 +7,6 @@
 //! element is read and changed in one (so of two commands adding one field, one finds
 //! it absent), then the header's counts take what that change did to them (not a value
 //! read before: another command may have counted since) and the header a new version.
-//! The element's key needs the hash's id: each stripe remembers the large hash last met
-//! there ([`LargeHash`]), so a hot hash's header is not read before each command — only
-//! checked after it, by the second step, or by a read when nothing changed (a command
-//! that found the id stale has read or changed an element no hash holds, which no
-//! reply shows: it runs again the general way).
 //! Between the two the header miscounts by this command's change; the commands that
 //! read a hash whole — and check its count against its elements, or a streamed HGETALL
 //! its version — hold the lock alone, as does every command on several fields (its
@@ -20,6 +15,12 @@
 //! expiry take no stripe lock), the element changed belongs to an id no key names any
 //! more, and the command runs again the general way ([`Hashes::edit`]), as a command
 //! whose commit failed does.
+//!
+//! The element's key needs the hash's id: each stripe remembers the large hash last met
+//! there ([`LargeHash`]), so a hot hash's header is not read before each command — only
+//! checked after it, by the second step, or by a read when nothing changed (a command
+//! that found the id stale has read or changed an element no hash holds, which no
+//! reply shows: it runs again the general way).
 
 use parking_lot::Mutex;
 use zipcache::{PutOptions, Update};
