@@ -638,6 +638,36 @@ fn a_streamed_read_stops_when_its_hash_changes() {
     }
 }
 
+/// Numbers below `n`, the same from the same seed (xorshift).
+struct Draws(u64);
+
+impl Draws {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n
+    }
+}
+
+/// Waits up to 10 s for `thread` to finish; whether it did.
+fn finishes<T>(thread: &std::thread::JoinHandle<T>) -> bool {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !thread.is_finished() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    thread.is_finished()
+}
+
+/// Waits a while with `held` held, checks `thread` is still waiting for it, lets it go;
+/// what `thread` returns.
+fn waits_while_held<G, T>(held: G, thread: std::thread::JoinHandle<T>, why: &str) -> T {
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    assert!(!thread.is_finished(), "{why}");
+    drop(held);
+    thread.join().unwrap()
+}
+
 /// HGET, HGETALL, HLEN and HTTL of a packed hash take no lock: it is one object, read
 /// whole at once (readers of one hot session on both serving threads queued on the
 /// stripe lock).
@@ -658,11 +688,7 @@ fn a_packed_hash_is_read_without_the_lock() {
             h.len(&k, b"s").unwrap(),
         )
     });
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while !reader.is_finished() && std::time::Instant::now() < deadline {
-        std::thread::sleep(std::time::Duration::from_millis(5));
-    }
-    let finished = reader.is_finished();
+    let finished = finishes(&reader);
     drop(held);
     assert!(finished, "a read of a packed hash waited for the lock");
     let (values, all, expiries, len) = reader.join().unwrap();
@@ -670,27 +696,6 @@ fn a_packed_hash_is_read_without_the_lock() {
     assert_eq!(values, Some(vec![Some(b"2".to_vec()), None]));
     assert_eq!(all, pairs(&[("a", "1"), ("b", "2")]));
     assert_eq!(expiries, vec![Some(None)]);
-}
-
-/// Numbers below `n`, the same from the same seed (xorshift).
-struct Draws(u64);
-
-impl Draws {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0 % n
-    }
-}
-
-/// Waits up to 10 s for `thread` to finish; whether it did.
-fn finishes<T>(thread: &std::thread::JoinHandle<T>) -> bool {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while !thread.is_finished() && std::time::Instant::now() < deadline {
-        std::thread::sleep(std::time::Duration::from_millis(5));
-    }
-    thread.is_finished()
 }
 
 /// A command on one field of a large hash shares the stripe lock (`one_field.rs`): it
@@ -729,25 +734,15 @@ fn commands_on_one_field_of_a_large_hash_share_its_lock() {
     let alone = hashes.lock(b"h");
     let (k, h) = (keys.clone(), hashes.clone());
     let one = std::thread::spawn(move || h.set(&k, b"h", &[b"late", b"1"], false));
-    std::thread::sleep(std::time::Duration::from_millis(100));
-    assert!(
-        !one.is_finished(),
-        "a command on one field ran beside a holder alone"
-    );
-    drop(alone);
-    assert_eq!(one.join().unwrap().unwrap(), 1);
+    let why = "a command on one field ran beside a holder alone";
+    assert_eq!(waits_while_held(alone, one, why).unwrap(), 1);
 
     hashes.set(&keys, b"p", &[b"a", b"1"], false).unwrap();
     let shared = hashes.lock_shared(b"p");
     let (k, h) = (keys.clone(), hashes.clone());
     let packed = std::thread::spawn(move || h.set(&k, b"p", &[b"b", b"2"], false));
-    std::thread::sleep(std::time::Duration::from_millis(100));
-    assert!(
-        !packed.is_finished(),
-        "a packed hash's field written beside a shared holder"
-    );
-    drop(shared);
-    assert_eq!(packed.join().unwrap().unwrap(), 1);
+    let why = "a packed hash's field written beside a shared holder";
+    assert_eq!(waits_while_held(shared, packed, why).unwrap(), 1);
 }
 
 /// A stripe remembers the large hash it met last, and a command on one of its fields
