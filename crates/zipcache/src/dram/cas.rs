@@ -63,17 +63,22 @@ mod tests {
     use super::super::test_support::*;
     use super::*;
     use crate::btree::Fence;
-    use crate::dram::{Change, Lookup};
+    use crate::dram::{Change, DramSettings, Lookup};
     use crate::record::{ASSIGN_CAS, Meta};
 
     /// Every new CAS version of a key is above every version handed out for it before,
-    /// through overwrites, deletes, expiry, merges, splits, evictions (to nowhere and to
-    /// a lower tier whose copies come back as clean objects) and damaged pages.
+    /// through overwrites (by versions of the client's choosing too), deletes, expiry,
+    /// merges, splits, evictions (to nowhere and to a lower tier whose copies come back
+    /// as clean objects) and damaged pages, of inline and medium values.
     #[test]
     fn a_keys_cas_versions_only_grow() {
         use rand::{Rng, SeedableRng};
         let mut rng = rand::rngs::StdRng::seed_from_u64(7);
-        let (dram, _) = tier_with(settings(128));
+        let (dram, _) = tier_with(DramSettings {
+            tiny_max: 96,
+            dictionaries: None,
+            ..settings(128)
+        });
         let sink = RecordingSink {
             span: (Fence::from(&[][..]), None),
             batches: Mutex::default(),
@@ -118,6 +123,15 @@ mod tests {
                     dram.evict_one(None, now);
                     None
                 }
+                6 => {
+                    let meta = Meta {
+                        cas: rng.random(),
+                        client_cas: true,
+                        ..Meta::default()
+                    };
+                    dram.put_with(&key, Some(&value), meta, None, now, |_| ());
+                    None
+                }
                 _ => Some(dram.put_with(&key, Some(&value), assign, None, now, |cas| cas)),
             };
             if let Some(cas) = cas {
@@ -143,6 +157,35 @@ mod tests {
                 }
             }
             now += rng.random_range(0..2);
+        }
+    }
+
+    /// A version of the client's choosing that replaces the buffer's last record, the
+    /// key's newest, is appended below it: the version it hides leaves only with a merge,
+    /// which raises the floor over it, so it is never handed out again.
+    #[test]
+    fn a_version_hidden_by_a_clients_is_never_handed_out_again() {
+        let (dram, _) = tier_with(DramSettings {
+            tiny_max: 96,
+            dictionaries: None,
+            ..settings(4096)
+        });
+        let assign = Meta {
+            cas: ASSIGN_CAS,
+            ..Meta::default()
+        };
+        let clients = Meta {
+            cas: 3,
+            client_cas: true,
+            ..Meta::default()
+        };
+        for (k, len) in [(1, 16), (2, 200)] {
+            let key = key(k);
+            let first = dram.put_with(&key, Some(&vec![1; len]), assign, None, 0, |cas| cas);
+            dram.put_with(&key, Some(&vec![2; len]), clients, None, 0, |_| ());
+            dram.merge_all(0);
+            let next = dram.put_with(&key, Some(&vec![3; len]), assign, None, 0, |cas| cas);
+            assert!(next > first, "{len}-byte values: {next} after {first}");
         }
     }
 

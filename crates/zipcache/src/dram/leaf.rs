@@ -11,12 +11,12 @@ use thin_vec::ThinVec;
 use super::DramTier;
 use super::access::AccessTable;
 use super::block::Block;
-use super::write_buffer::WriteBuffer;
+use super::write_buffer::{Newest, WriteBuffer};
 use crate::btree::Lockable;
 use crate::dictionary::Dictionary;
 use crate::dictionary::page::PageDictionary;
 use crate::memory::{Charge, alloc_size};
-use crate::record::{Payload, Record};
+use crate::record::Record;
 
 /// What the blobs themselves take (not their table).
 pub(super) fn blob_bytes<'a>(blobs: impl IntoIterator<Item = &'a Block>) -> usize {
@@ -70,25 +70,33 @@ impl Extras {
         self.reads.store(reads.saturating_add(1), Ordering::Relaxed);
     }
 
-    /// Frees the blob of `key`'s newest buffered version if it is a medium one: the write
-    /// about to replace it leaves nothing that reads it (its record keeps the metadata a
-    /// merge needs), so overwrites between two merges hold no dead blobs.
+    /// Makes way for a write of `record`: frees the blob of its key's newest buffered
+    /// version if it is a medium one — the write about to replace it leaves nothing that
+    /// reads it (its record keeps the metadata a merge needs), so overwrites between two
+    /// merges hold no dead blobs — and, if that version is the buffer's last record, takes
+    /// it out with its blob's slot when that is the table's last (a pipeline's SET and
+    /// then EXPIRE of one key leave one record and one slot, not two).
     /// Returns the bytes freed (`blob_bytes`).
-    pub(super) fn forget_buffered_blob(&mut self, key: &[u8]) -> usize {
-        // Without blobs no buffered record points at one: the buffer need not be read.
+    pub(super) fn make_way(&mut self, record: &Record<'_>) -> usize {
+        // Without blobs no buffered record points at one: the buffer need not be read
+        // here (`WriteBuffer::append` takes back a last record of an inline value).
         if self.blobs.is_empty() {
             return 0;
         }
-        if let Some(Record {
-            payload: Payload::Medium(slot),
-            ..
-        }) = self.buffer.find(key)
-            && let Some(blob) = self.blobs.get_mut(usize::from(slot))
-        {
-            blob_bytes(blob.take().as_ref())
-        } else {
-            0
+        let (slot, taken_back) = match self.buffer.take_back_last(record) {
+            Some(Newest::TakenBack(Some(slot))) => (slot, true),
+            Some(Newest::Kept(Some(slot))) => (slot, false),
+            _ => return 0,
+        };
+        let at = usize::from(slot);
+        let freed = self
+            .blobs
+            .get_mut(at)
+            .map_or(0, |blob| blob_bytes(blob.take().as_ref()));
+        if taken_back && at + 1 == self.blobs.len() {
+            self.blobs.pop();
         }
+        freed
     }
 
     /// The slot the next blob will take; `None` once a record could not name it.

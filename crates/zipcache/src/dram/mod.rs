@@ -707,7 +707,7 @@ impl DramTier {
             if self.settings.track_access {
                 self.restamp(extras, record, access, now_ms);
             }
-            let freed = extras.forget_buffered_blob(record.key);
+            let freed = extras.make_way(record);
             let blob = match record.payload {
                 // may compress: a medium value goes into its blob now, once
                 Payload::Inline(value) => {
@@ -1018,12 +1018,31 @@ mod buffer_tests {
             put(&dram, &key(7), &doc(7, version));
         }
         let live = dram.read_leaf(&key(7), |_, st| {
-            assert_eq!(st.blobs().len(), 20, "a slot for each write");
+            assert_eq!(
+                st.blobs().len(),
+                1,
+                "each write takes its buffer's last record back, and the slot"
+            );
             let live: Vec<usize> = st.blobs().iter().flatten().map(|b| b.len()).collect();
-            assert_eq!(live.len(), 1, "the replaced blobs are freed");
+            assert_eq!(live.len(), 1);
             live[0]
         });
         assert_eq!(dram.get(&key(7), 0, false), found(&doc(7, 19)));
+        assert_eq!(memory.snapshot(), recount(&dram));
+        // Another key's write in between: key 7's newest record is kept below it, its
+        // blob freed, and the next write of key 7 takes a new slot.
+        put(&dram, &key(8), &doc(8, 0));
+        put(&dram, &key(7), &doc(7, 20));
+        dram.read_leaf(&key(7), |_, st| {
+            assert_eq!(st.blobs().len(), 3, "a slot for each write not last");
+            assert_eq!(
+                st.blobs().iter().flatten().count(),
+                2,
+                "the replaced blob freed"
+            );
+        });
+        assert_eq!(dram.get(&key(7), 0, false), found(&doc(7, 20)));
+        assert_eq!(dram.get(&key(8), 0, false), found(&doc(8, 0)));
         let mediums = memory.snapshot().mediums as usize;
         assert!(
             mediums < alloc_size(live) + 20 * 16 + 128,
@@ -1032,7 +1051,7 @@ mod buffer_tests {
         assert_eq!(memory.snapshot(), recount(&dram));
         dram.delete(&key(7), 0, |_| ());
         dram.read_leaf(&key(7), |_, st| {
-            assert_eq!(st.blobs().iter().flatten().count(), 0);
+            assert_eq!(st.blobs().iter().flatten().count(), 1, "key 8's alone");
         });
         assert_eq!(memory.snapshot(), recount(&dram));
         dram.merge_all(0);

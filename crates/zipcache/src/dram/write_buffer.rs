@@ -63,6 +63,25 @@ pub enum Pressure {
     Overflowing,
 }
 
+/// What became of a key's newest buffered record before a write of the key
+/// (`WriteBuffer::take_back_last`), and the blob slot it names if it is a medium one's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Newest {
+    /// Out of the buffer: the write's record goes where it was.
+    TakenBack(Option<u16>),
+    /// Still buffered, below the write's.
+    Kept(Option<u16>),
+}
+
+/// Whether a write of `new` keeps the leaf's versions as appending it would, were it
+/// written in the place of `old`, its key's newest record: a version at least the old
+/// one's, which a merge would keep above it, or neither ordered. Otherwise the old
+/// version disappears unseen (a client's unordered version over an ordered one), and
+/// only a merge may let it go, raising the CAS floor.
+fn may_take_place(new: &Record<'_>, old: &Record<'_>) -> bool {
+    new.meta.ordered_cas() >= old.meta.ordered_cas()
+}
+
 /// Doublings of `write_buffer` a buffer may grow by.
 pub const MAX_LEVEL: u8 = 3;
 
@@ -143,10 +162,13 @@ impl WriteBuffer {
     /// ordered. A key written again and again (a large hash's header at every HSET, a
     /// counter) then holds one record, not a buffer full of its versions that every GET
     /// walks and a merge every few dozen writes empties. Merges keep a key's newest
-    /// record alone, so the leaf reads as if the record were appended.
+    /// record alone, so the leaf reads as if the record were appended. A newest record
+    /// that is the buffer's last goes whatever the new one's length (`take_back_last`),
+    /// and the new one is appended in its place.
     ///
     /// Not a medium value's pointer: each takes a new slot of the leaf's blob table,
-    /// which only a merge empties, so its writes must go on filling the buffer.
+    /// which only a merge empties, so its writes must go on filling the buffer — but the
+    /// last record, whose blob the leaf takes back with its slot (`Extras::make_way`).
     fn replace_newest(&mut self, record: &Record<'_>, encoded: usize) -> bool {
         if matches!(record.payload, Payload::Medium(_)) {
             return false;
@@ -155,15 +177,42 @@ impl WriteBuffer {
             return false;
         };
         let start = self.filter_end() + at;
-        let replaceable = len == encoded
-            && Record::parse(&self.bytes[start..])
-                .is_some_and(|(old, _)| record.meta.ordered_cas() >= old.meta.ordered_cas());
+        let Some((old, _)) = Record::parse(&self.bytes[start..]) else {
+            return false;
+        };
+        if !may_take_place(record, &old) {
+            return false;
+        }
+        if start + len == self.bytes.len() && !matches!(old.payload, Payload::Medium(_)) {
+            self.bytes.truncate(start);
+            return false;
+        }
+        let replaceable = len == encoded;
         if replaceable {
             let mut bytes = Vec::with_capacity(encoded);
             record.encode(&mut bytes);
             self.bytes[start..start + len].copy_from_slice(&bytes);
         }
         replaceable
+    }
+
+    /// `key`'s newest buffered record, taken out of the buffer if it is the last one and a
+    /// write of `record` may take its place (as in `replace_newest`): what the leaf must
+    /// do with the blob it points at, if any.
+    pub fn take_back_last(&mut self, record: &Record<'_>) -> Option<Newest> {
+        let (at, len) = self.newest(record.key)?;
+        let start = self.filter_end() + at;
+        let (old, _) = Record::parse(&self.bytes[start..])?;
+        let slot = match old.payload {
+            Payload::Medium(slot) => Some(slot),
+            Payload::Inline(_) | Payload::Tombstone => None,
+        };
+        if start + len == self.bytes.len() && may_take_place(record, &old) {
+            self.bytes.truncate(start);
+            Some(Newest::TakenBack(slot))
+        } else {
+            Some(Newest::Kept(slot))
+        }
     }
 
     /// The newest buffered record of `key`: the others are only skipped, the last match
@@ -292,12 +341,12 @@ mod tests {
             b.append(&rec(y, Some(&big)), 64);
         }
         assert_eq!(b.append(&rec(b"z", Some(&big)), 64), Pressure::Overflowing);
-        // "k"'s second value took its first's place.
-        assert_eq!(b.records().count(), 8);
+        // "k"'s second value took its first's place, and its tombstone the second's.
+        assert_eq!(b.records().count(), 7);
         assert!(b.charge() >= alloc_size(b.bytes.len()));
 
         let taken = b.take();
-        assert_eq!(taken.records().count(), 8);
+        assert_eq!(taken.records().count(), 7);
         assert!(b.is_empty());
         assert_eq!(b.charge(), 0, "a merged buffer keeps no capacity");
     }
@@ -340,15 +389,18 @@ mod tests {
             b.append(&with_cas(cas, client), 1 << 10);
             assert_eq!(b.cas_top(), top);
         }
-        assert_eq!(b.records().count(), 4);
+        // 5 and the client's version were appended (each below the one before), 9 took
+        // the client's place.
+        assert_eq!(b.records().count(), 3);
         assert_eq!(b.find(b"k").unwrap().meta.cas, 9);
         assert_eq!(b.take().cas_top(), 9);
         assert_eq!(b.cas_top(), 0);
     }
 
     /// A key written again in a record of the same length takes its newest record's
-    /// place when its version is at least that one's; otherwise, or at another length,
-    /// it is appended (a merge then counts the version it replaced as gone).
+    /// place when its version is at least that one's — at any length if that record is
+    /// the buffer's last; otherwise it is appended (a merge then counts the version it
+    /// replaced as gone).
     #[test]
     fn a_key_written_again_takes_its_newest_records_place() {
         let mut b = WriteBuffer::default();
@@ -381,24 +433,28 @@ mod tests {
         assert_eq!(clients.encoded_len(), at(8, b"bb").encoded_len());
         b.append(&clients, 1 << 10);
         assert_eq!(b.records().count(), 3);
-        // So is one of another length, and a tombstone.
+        // The buffer's last record goes for one of another length; a tombstone (no
+        // version) over a version is appended.
         b.append(&at(9, b"dddd"), 1 << 10);
+        assert_eq!(b.records().count(), 3);
+        assert_eq!(b.find(b"hot").unwrap().payload, Payload::Inline(b"dddd"));
         b.append(&rec(b"hot", None), 1 << 10);
-        assert_eq!(b.records().count(), 5);
+        assert_eq!(b.records().count(), 4);
         assert_eq!(b.find(b"hot").unwrap().payload, Payload::Tombstone);
         // Two writes without versions: the second over the first.
         b.append(&rec(b"plain", Some(b"1")), 1 << 10);
         b.append(&rec(b"plain", Some(b"2")), 1 << 10);
-        assert_eq!(b.records().count(), 6);
+        assert_eq!(b.records().count(), 5);
         assert_eq!(b.find(b"plain").unwrap().payload, Payload::Inline(b"2"));
-        // A medium value's pointer names a new blob slot: appended.
+        // A medium value's pointer names a new blob slot: appended (the leaf takes back a
+        // last one with its slot first, `Extras::make_way`).
         let pointer = |slot| Record {
             payload: Payload::Medium(slot),
             ..rec(b"doc", None)
         };
         b.append(&pointer(0), 1 << 10);
         b.append(&pointer(1), 1 << 10);
-        assert_eq!(b.records().count(), 8);
+        assert_eq!(b.records().count(), 7);
         assert_eq!(b.cas_top(), 9);
     }
 
