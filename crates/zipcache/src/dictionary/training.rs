@@ -218,14 +218,35 @@ impl<K: Kind> Trainer<K> {
     /// A value just written: it may join the reservoir, and a full window starts a
     /// training in the background (on its own thread).
     pub fn offer(self: &Arc<Self>, value: &[u8]) {
-        self.offer_all([value]);
+        self.offer_each([value], |value, sample| {
+            sample.extend_from_slice(&value[..value.len().min(K::SAMPLE_PREFIX)]);
+        });
     }
 
-    /// `offer` for several values, under one lock.
-    pub fn offer_all<'v>(self: &Arc<Self>, values: impl IntoIterator<Item = &'v [u8]>) {
+    /// `offer` for several values, under one lock, each written out by `write` only if
+    /// the reservoir takes it: once a dictionary fits, most are not taken (a quarter of a
+    /// window of 16 reservoirs), so the records merges and flushes offer need not all
+    /// be encoded to be offered.
+    pub fn offer_each<T>(
+        self: &Arc<Self>,
+        values: impl IntoIterator<Item = T>,
+        mut write: impl FnMut(T, &mut Vec<u8>),
+    ) {
         let mut r = self.reservoir.lock();
+        let mut written = Vec::new();
+        let mut charged = 0;
         for value in values {
-            self.sample(&mut r, value);
+            if let Some(slot) = self.slot(&mut r) {
+                written.clear();
+                write(value, &mut written);
+                let sample = &written[..written.len().min(K::SAMPLE_PREFIX)];
+                charged += keep(&mut r, slot, sample.into());
+            }
+        }
+        // Once for all: the budget's counters are shared with every thread's writes.
+        if charged != 0 {
+            r.charged += charged;
+            self.memory.change_dictionaries(charged);
         }
         let busy = r.training.as_ref().is_some_and(|t| !t.is_finished());
         if r.seen >= r.window && !busy {
@@ -242,28 +263,16 @@ impl<K: Kind> Trainer<K> {
         }
     }
 
-    /// Reservoir sampling: `value` takes a slot with the probability that keeps every
-    /// value of the window equally likely to be in it.
-    fn sample(&self, r: &mut Reservoir, value: &[u8]) {
+    /// Reservoir sampling: the slot the window's next value takes, with the probability
+    /// that keeps every value of the window equally likely to be in it, if any.
+    fn slot(&self, r: &mut Reservoir) -> Option<usize> {
         r.seen += 1;
-        let slot = if r.samples.len() < self.settings.samples {
+        if r.samples.len() < self.settings.samples {
             Some(r.samples.len())
         } else {
             r.rng = r.rng.wrapping_add(0x9e37_79b9_7f4a_7c15);
             let pick = (mix(r.rng) % r.seen) as usize;
             (pick < self.settings.samples).then_some(pick)
-        };
-        if let Some(slot) = slot {
-            let sample: Box<[u8]> = value[..value.len().min(K::SAMPLE_PREFIX)].into();
-            let mut delta = alloc_size(sample.len()) as i64;
-            if slot == r.samples.len() {
-                r.samples.push(sample);
-            } else {
-                delta -= alloc_size(r.samples[slot].len()) as i64;
-                r.samples[slot] = sample;
-            }
-            r.charged += delta;
-            self.memory.change_dictionaries(delta);
         }
     }
 
@@ -374,6 +383,19 @@ impl<K: Kind> Trainer<K> {
             let _ = t.join();
         }
     }
+}
+
+/// Puts `sample` in the reservoir's `slot` (`Trainer::slot`): the bytes the reservoir
+/// holds more.
+fn keep(r: &mut Reservoir, slot: usize, sample: Box<[u8]>) -> i64 {
+    let mut delta = alloc_size(sample.len()) as i64;
+    if slot == r.samples.len() {
+        r.samples.push(sample);
+    } else {
+        delta -= alloc_size(r.samples[slot].len()) as i64;
+        r.samples[slot] = sample;
+    }
+    delta
 }
 
 pub(crate) fn mix(x: u64) -> u64 {

@@ -569,21 +569,12 @@ impl DramTier {
             return;
         };
         let tiny_max = self.settings.tiny_max;
-        // The samples end to end, and where each ends: two allocations a merge.
-        let mut samples = Vec::with_capacity(buffer.len());
-        let mut ends = Vec::with_capacity(16);
-        for r in buffer.records() {
-            if matches!(r.payload, Payload::Inline(v) if r.key.len() + v.len() < tiny_max) {
-                r.encode_in(&mut samples, CasBase(r.meta.cas));
-                ends.push(samples.len());
-            }
-        }
-        if !ends.is_empty() {
-            let starts = std::iter::once(0).chain(ends.iter().copied());
-            dictionaries
-                .pages
-                .offer_all(starts.zip(&ends).map(|(start, &end)| &samples[start..end]));
-        }
+        let tiny = buffer.records().filter(
+            |r| matches!(r.payload, Payload::Inline(v) if r.key.len() + v.len() < tiny_max),
+        );
+        dictionaries
+            .pages
+            .offer_each(tiny, |r, sample| r.encode_in(sample, CasBase(r.meta.cas)));
     }
 
     /// Whether `key` and `value` make a medium object (its value in a blob of its own).

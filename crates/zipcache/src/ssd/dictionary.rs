@@ -291,20 +291,14 @@ impl BlockDictionaries {
     /// records, then the trainer's newest dictionary adopted (may do I/O: `adopt`).
     pub fn take_in(&self, objects: &[&EvictedObject]) {
         let Some(trainer) = &self.trainer else { return };
-        let mut encoded = Vec::new();
-        let mut ends = Vec::new();
-        for o in objects {
-            let Some(value) = &o.value else { continue };
-            let record = Record {
+        let records = objects.iter().filter_map(|o| {
+            Some(Record {
                 key: &o.key,
-                payload: Payload::Inline(value),
+                payload: Payload::Inline(o.value.as_deref()?),
                 meta: o.meta,
-            };
-            record.encode(&mut encoded);
-            ends.push(encoded.len());
-        }
-        let starts = std::iter::once(0).chain(ends.iter().copied());
-        trainer.offer_all(starts.zip(&ends).map(|(start, &end)| &encoded[start..end]));
+            })
+        });
+        trainer.offer_each(records, |record, sample| record.encode(sample));
         self.adopt();
     }
 
@@ -645,7 +639,7 @@ mod tests {
         let trainer = dictionaries.trainer.as_ref().unwrap();
         for round in 0..4u64 {
             let values: Vec<Vec<u8>> = (0..512).map(|i| noise(round << 20 | i, 64)).collect();
-            trainer.offer_all(values.iter().map(|v| &v[..]));
+            values.iter().for_each(|v| trainer.offer(v));
             trainer.settle();
         }
         assert!(trainer.counters.trained.load(Ordering::Relaxed) >= 1);
