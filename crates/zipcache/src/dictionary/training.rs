@@ -233,14 +233,15 @@ impl<K: Kind> Trainer<K> {
         mut write: impl FnMut(T, &mut Vec<u8>),
     ) {
         let mut r = self.reservoir.lock();
-        let mut written = Vec::new();
         let mut charged = 0;
         for value in values {
             if let Some(slot) = self.slot(&mut r) {
-                written.clear();
-                write(value, &mut written);
-                let sample = &written[..written.len().min(K::SAMPLE_PREFIX)];
-                charged += keep(&mut r, slot, sample.into());
+                // Written where it is kept: a medium PUT's value (`offer`, on a serving
+                // thread) is copied once, into a buffer of its prefix's length.
+                let mut sample = Vec::new();
+                write(value, &mut sample);
+                sample.truncate(K::SAMPLE_PREFIX);
+                charged += keep(&mut r, slot, sample.into_boxed_slice());
             }
         }
         // Once for all: the budget's counters are shared with every thread's writes.
