@@ -7,8 +7,9 @@
 #      budget (redis-server `--maxmemory`, ZipCache `--dram`), SESSIONS sessions of 12
 #      fields written by pipelined HSET + EXPIRE, every one read back by HGETALL and
 #      compared with what was written (whole, gone or wrong) — RUNS runs;
-#   b. redis-benchmark -t hset -P 16 (one hash of up to 100,000 fields: a large hash) and
-#      HGETALL of one 12-field session, -P 16, against ZipCache and redis-server;
+#   b. redis-benchmark -t hset -P 16 (one hash of up to 100,000 fields: a large hash), HGET
+#      of one of its fields, and HGETALL of one 12-field session, -P 16, against ZipCache
+#      and redis-server;
 #   c. ZipCache with an SSD tier of SSD behind the same DRAM, SSD_SESSIONS sessions
 #      (sessions per MiB of flash);
 #   d. real records as hashes (`--values records`: vega_datasets' rows, a field per
@@ -152,8 +153,8 @@ start() { # $1: name, $2: port
 {
     echo "redis-benchmark -n $BENCH_N -P 16, requests per second:"
     echo
-    echo "| | HSET (-t hset -r 100000: one hash) | HGETALL of a 12-field session |"
-    echo "|---|---|---|"
+    echo "| | HSET (-t hset -r 100000: one hash) | HGET of one of its fields | HGETALL of a 12-field session |"
+    echo "|---|---|---|---|"
 } >>"$summary"
 # The last "N requests per second" redis-benchmark printed.
 rps() { awk '{for (i = 1; i < NF; i++) if ($(i + 1) == "requests") n = $i} END {print n}'; }
@@ -162,12 +163,14 @@ for target in zipcache redis; do
     start "$target" "$port"
     hset=$(redis-benchmark -h 127.0.0.1 -p "$port" -t hset -n "$BENCH_N" -P 16 -q -r 100000 \
         2>&1 | tr '\r' '\n' | rps)
+    hget=$(redis-benchmark -h 127.0.0.1 -p "$port" -n "$BENCH_N" -P 16 -q -r 100000 \
+        HGET myhash 'element:__rand_int__' 2>&1 | tr '\r' '\n' | rps)
     fields=()
     for f in $(seq 12); do fields+=("sessionAttr:field$f" "value-$f-$(printf '%032d' "$f")"); done
     redis-cli -p "$port" HSET session:1 "${fields[@]}" >/dev/null
     hgetall=$(redis-benchmark -h 127.0.0.1 -p "$port" -n "$BENCH_N" -P 16 -q \
         HGETALL session:1 2>&1 | tr '\r' '\n' | rps)
-    echo "| $target | $hset | $hgetall |" >>"$summary"
+    echo "| $target | $hset | $hget | $hgetall |" >>"$summary"
     kill "${PIDS[-1]}"
     unset 'PIDS[-1]'
     port=$((port + 1))

@@ -763,8 +763,9 @@ impl Hashes {
 
     /// [`Hashes::edit`] for a command that only reads: a packed hash is one object, read
     /// whole at once, so `run` runs on it without the lock (readers of one hot session on
-    /// both threads queued on it). A large hash, or an expired field met (deleted), is
-    /// edited under the lock.
+    /// both threads queued on it); one field of a large hash is read under the shared
+    /// lock ([`Hashes::read_one_element`]). Several fields of a large hash, or an expired
+    /// field met (deleted), are edited under the lock.
     fn read<T>(
         &self,
         keys: &Keyspace,
@@ -772,17 +773,28 @@ impl Hashes {
         names: &[&[u8]],
         mut run: impl FnMut(&mut Edit) -> T,
     ) -> Result<Option<T>> {
+        if let [name] = names
+            && let Some(out) = self.read_one_element(keys, key, name, &mut run)?
+        {
+            return Ok(Some(out));
+        }
         let now_ms = keys.engine().now_ms();
         let Some(read) = self.header(keys, key)? else {
             return Ok(None);
         };
-        if let Layout::Packed(fields) = &read.layout {
-            let found = |name: &[u8]| Ok(packed_field(&read.bytes, fields, name, now_ms));
-            let mut edit = Edit::of(now_ms, names, found)?;
-            let out = run(&mut edit);
-            if edit.changes(usize::MAX)?.is_empty() {
-                return Ok(Some(out));
+        match &read.layout {
+            Layout::Packed(fields) => {
+                let found = |name: &[u8]| Ok(packed_field(&read.bytes, fields, name, now_ms));
+                let mut edit = Edit::of(now_ms, names, found)?;
+                let out = run(&mut edit);
+                if edit.changes(usize::MAX)?.is_empty() {
+                    return Ok(Some(out));
+                }
             }
+            // The next read of one field of it takes the way above.
+            Layout::Elements(header) => self.stripes[self.stripe(key)]
+                .last_large
+                .remember(key, *header),
         }
         self.edit(keys, key, names, false, run)
     }

@@ -179,6 +179,44 @@ impl Hashes {
         Ok(Some(out))
     }
 
+    /// `run` for a command that only reads field `name` of the large hash remembered at
+    /// `key`: the element read as it is (no engine update), then the key checked to hold
+    /// the hash still — before and after the read, so throughout (an id is never given
+    /// twice, nor moved to another key). The shared lock keeps out the commands on
+    /// several fields, whose changes a reader sees all or none of. `None` if the command
+    /// must take the general way: no hash remembered at `key`, a name longer than any
+    /// element's, a dead field met (the general way deletes it), or a header replaced.
+    pub(super) fn read_one_element<T>(
+        &self,
+        keys: &Keyspace,
+        key: &[u8],
+        name: &[u8],
+        run: &mut impl FnMut(&mut Edit) -> T,
+    ) -> Result<Option<T>> {
+        let last = &self.stripes[self.stripe(key)].last_large;
+        let Some(header) = last.of(key) else {
+            return Ok(None);
+        };
+        let max_field = Self::max_field(keys);
+        if name.len() > max_field {
+            return Ok(None);
+        }
+        let _shared = self.lock_shared(key);
+        let now_ms = keys.engine().now_ms();
+        // may do I/O: one SSD block, or a large element's extent
+        let mut edit = Edit::one(now_ms, name, elements::read(keys, header.id, name)?);
+        let out = run(&mut edit);
+        if !edit.changes(max_field)?.is_empty() {
+            return Ok(None);
+        }
+        // may do I/O: one SSD block
+        if !self.holds(keys, key, header)? {
+            last.forget();
+            return Ok(None);
+        }
+        Ok(Some(out))
+    }
+
     /// Whether `key` holds the large hash `header` names (by its id).
     fn holds(&self, keys: &Keyspace, key: &[u8], header: Header) -> Result<bool> {
         // may do I/O: one SSD block

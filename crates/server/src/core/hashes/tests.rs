@@ -721,6 +721,16 @@ fn commands_on_one_field_of_a_large_hash_share_its_lock() {
     );
     assert_eq!(one.join().unwrap(), (1, b"5".to_vec(), 1));
     let (k, h) = (keys.clone(), hashes.clone());
+    let read = std::thread::spawn(move || h.get(&k, b"h", &[b"new"], 1 << 20));
+    assert!(
+        finishes(&read),
+        "a read of one field waited for a shared holder"
+    );
+    assert_eq!(
+        read.join().unwrap().unwrap(),
+        Some(vec![Some(b"1".to_vec())])
+    );
+    let (k, h) = (keys.clone(), hashes.clone());
     let several = std::thread::spawn(move || h.set(&k, b"h", &[b"a", b"1", b"b", b"2"], false));
     let (k, h) = (keys.clone(), hashes.clone());
     let whole = std::thread::spawn(move || h.len(&k, b"h"));
@@ -736,6 +746,31 @@ fn commands_on_one_field_of_a_large_hash_share_its_lock() {
     let one = std::thread::spawn(move || h.set(&k, b"h", &[b"late", b"1"], false));
     let why = "a command on one field ran beside a holder alone";
     assert_eq!(waits_while_held(alone, one, why).unwrap(), 1);
+    let alone = hashes.lock(b"h");
+    let (k, h) = (keys.clone(), hashes.clone());
+    let read = std::thread::spawn(move || h.get(&k, b"h", &[b"late"], 1 << 20));
+    let why = "a read of one field ran beside a holder alone";
+    assert_eq!(
+        waits_while_held(alone, read, why).unwrap(),
+        Some(vec![Some(b"1".to_vec())])
+    );
+
+    // A large hash only read (as after a restart) is remembered by its first read.
+    let hashes = Arc::new(Hashes::default());
+    assert_eq!(
+        hashes.get(&keys, b"h", &[b"late"], 1 << 20).unwrap(),
+        Some(vec![Some(b"1".to_vec())])
+    );
+    let shared = hashes.lock_shared(b"h");
+    let (k, h) = (keys.clone(), hashes.clone());
+    let read = std::thread::spawn(move || h.get(&k, b"h", &[b"f001"], 1 << 20));
+    let finished = finishes(&read);
+    drop(shared);
+    assert!(finished, "a large hash read was not remembered");
+    assert_eq!(
+        read.join().unwrap().unwrap(),
+        Some(vec![Some(b"v".to_vec())])
+    );
 
     hashes.set(&keys, b"p", &[b"a", b"1"], false).unwrap();
     let shared = hashes.lock_shared(b"p");
