@@ -144,6 +144,29 @@ fn shutdown_answers_what_was_sent_then_stops_listening() {
     );
 }
 
+/// Connections waiting for their next request are closed by shutdown at once, not after
+/// the drain timeout (5 s) that lets busy ones finish.
+#[test]
+fn shutdown_closes_idle_connections_at_once() {
+    let server = TestServer::start();
+    let mut idle = [
+        Client::connect(server.memcached),
+        Client::connect(server.resp),
+    ];
+    assert_eq!(
+        idle[0].ask("version\r\n", 1)[0].split(' ').next(),
+        Some("VERSION")
+    );
+    assert_eq!(idle[1].ask("PING\r\n", 1), ["+PONG"]);
+    let began = Instant::now();
+    server.stop();
+    let took = began.elapsed();
+    assert!(took < Duration::from_secs(3), "shutdown took {took:?}");
+    for client in &mut idle {
+        assert!(client.closed(), "an idle connection stayed open");
+    }
+}
+
 #[test]
 fn the_shared_runtime_serves_both_protocols() {
     let server = TestServer::with_options(ServerOptions {

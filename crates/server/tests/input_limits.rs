@@ -301,3 +301,52 @@ fn a_later_flush_all_replaces_the_pending_one() {
     std::thread::sleep(Duration::from_millis(1800));
     assert_eq!(mc.ask("get k\r\n", 3), ["VALUE k 0 1", "b", "END"]);
 }
+
+/// A client that asks for a big value again and again and never reads: its reply waits
+/// in the server, charged to the budget, while the kernel's buffers are full. Past the
+/// budget it is the biggest and is closed while its write waits (long before its write
+/// timeout), and the clients whose requests pushed the total over are served.
+#[test]
+fn a_connection_whose_replies_wait_for_its_reader_is_closed_by_the_budget() {
+    let server = TestServer::with_options(ServerOptions {
+        max_request_size: Some(2 << 20),
+        max_clients_memory: Some(2 << 20),
+        write_timeout: Some(Duration::from_secs(600)),
+        ..TestServer::options()
+    });
+    let mut setter = Client::connect(server.resp);
+    setter.send(&resp_command(&[b"SET", b"big", &vec![b'v'; 1_000_000]]));
+    assert_eq!(setter.line(), "+OK");
+
+    let mut stalled = connect(server.resp);
+    send_all(&mut stalled, &resp_command(&[b"GET", b"big"]).repeat(16));
+    // Its reply is charged while it waits for the reader.
+    assert!(eventually(Duration::from_secs(10), || {
+        stat(&server, "conn_buffer_bytes") >= 1_000_000
+    }));
+    // Three requests of 400 kB, each smaller than the waiting reply, pass the budget.
+    let mut late = Vec::new();
+    for i in 0..3 {
+        let key = format!("late{i}");
+        let request = resp_command(&[b"SET", key.as_bytes(), &vec![b'w'; 400_000]]);
+        let mut stream = connect(server.resp);
+        send_all(&mut stream, &request[..request.len() - 10]);
+        late.push((stream, request));
+    }
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            stat(&server, "buffer_budget_kicks") == 1
+        }),
+        "the waiting reply was not closed by the budget"
+    );
+    assert!(
+        until_closed(&mut stalled).is_some(),
+        "the stalled reader stays open"
+    );
+    for (stream, request) in &mut late {
+        send_all(stream, &request[request.len() - 10..]);
+        let mut reply = [0u8; 5];
+        stream.read_exact(&mut reply).expect("reply");
+        assert_eq!(&reply, b"+OK\r\n");
+    }
+}

@@ -6,8 +6,10 @@
 
 use std::future::Future;
 use std::io;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::task::Poll;
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -234,6 +236,16 @@ async fn linger<T: Stream>(mut stream: T) {
     .await;
 }
 
+/// `future`'s output if it is ready at its first poll; `None` if it waits (it is then
+/// registered to be woken, and may be polled on).
+async fn poll_once<F: Future>(mut future: Pin<&mut F>) -> Option<F::Output> {
+    std::future::poll_fn(|cx| match future.as_mut().poll(cx) {
+        Poll::Ready(output) => Poll::Ready(Some(output)),
+        Poll::Pending => Poll::Ready(None),
+    })
+    .await
+}
+
 /// `future`'s output, or `None` if `deadline` passes first.
 async fn until<F: Future>(deadline: Option<Instant>, future: F) -> Option<F::Output> {
     match deadline {
@@ -397,6 +409,12 @@ pub async fn serve<T: Stream, S: Session>(
     };
     let opened = Instant::now();
     let mut progress = Progress::default();
+    // Waited for beside every read and every write that waits: made once, so that each
+    // wait does not register a new waiter with the budget and the shutdown signal and
+    // unlink it again (locks both) — each returns once it resolves, never polled again.
+    let mut stopping = shutdown.clone();
+    let mut server_stops = std::pin::pin!(stopping.changed());
+    let mut budget_closes = std::pin::pin!(buffers.closed());
     loop {
         progress.logged_in |= session.authenticated();
         let deadline = read_deadline(transport, opened, progress);
@@ -407,9 +425,9 @@ pub async fn serve<T: Stream, S: Session>(
         };
         let read = tokio::select! {
             read = until(deadline.map(|(at, _)| at), read) => read,
-            () = buffers.closed() => None,
+            () = budget_closes.as_mut() => None,
             // In-flight requests finished synchronously before we got here.
-            _ = shutdown.changed() => return,
+            _ = server_stops.as_mut() => return,
         };
         if buffers.is_closed() {
             Counters::bump(&counters.buffer_budget_kicks);
@@ -449,20 +467,35 @@ pub async fn serve<T: Stream, S: Session>(
                 // Replies waiting for a slow reader count against the budget for all
                 // connections' buffers, as the input does.
                 reply.charge(reads.held_item());
+                after_neighbours(connections_here).await;
                 // Large values are written from the items the reply references, not
-                // copied. TLS writes sit in rustls until flushed; for TCP the flush is free.
-                let out = &reply.out;
-                let write = async {
-                    after_neighbours(connections_here).await;
-                    for part in out.parts() {
-                        stream.write_all(part).await?;
+                // copied (the write is dropped before the reply is touched again). TLS
+                // writes sit in rustls until flushed; for TCP the flush is free.
+                let written = {
+                    let out = &reply.out;
+                    let write = async {
+                        for part in out.parts() {
+                            stream.write_all(part).await?;
+                        }
+                        stream.flush().await
+                    };
+                    let mut write = std::pin::pin!(write);
+                    // Most replies go out at once: the write timeout's timer and the wait for
+                    // the budget are set up (a clock read and two locks) only for one that
+                    // waits for the client to read.
+                    match poll_once(write.as_mut()).await {
+                        Some(written) => Some(written),
+                        None => {
+                            let deadline =
+                                transport.write_timeout.map(|limit| Instant::now() + limit);
+                            tokio::select! {
+                                written = until(deadline, write) => written,
+                                () = budget_closes.as_mut() => {
+                                    Some(Err(io::ErrorKind::OutOfMemory.into()))
+                                }
+                            }
+                        }
                     }
-                    stream.flush().await
-                };
-                let deadline = transport.write_timeout.map(|limit| Instant::now() + limit);
-                let written = tokio::select! {
-                    written = until(deadline, write) => written,
-                    () = buffers.closed() => Some(Err(io::ErrorKind::OutOfMemory.into())),
                 };
                 match written {
                     Some(Ok(())) => {}
@@ -490,7 +523,7 @@ pub async fn serve<T: Stream, S: Session>(
                 Processed::Await => {
                     tokio::select! {
                         () = reads.settle() => {}
-                        () = buffers.closed() => {
+                        () = budget_closes.as_mut() => {
                             Counters::bump(&counters.buffer_budget_kicks);
                             return;
                         }
