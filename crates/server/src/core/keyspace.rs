@@ -273,6 +273,17 @@ impl Keyspace {
         item.filter(|i| !(self.strings_only && i.collection))
     }
 
+    /// [`Keyspace::update`] counted as a read of the key (`ZipCache::update_as_read`).
+    pub fn update_as_read<R>(
+        &self,
+        key: &[u8],
+        f: impl FnOnce(Option<&Item>) -> (Update, R),
+    ) -> Result<(R, Option<u64>)> {
+        // may do I/O: a large object's whole extent, or one SSD block; may evict
+        self.engine
+            .update_as_read(&self.stored(key), |current| f(self.visible_ref(current)))
+    }
+
     pub fn update_read_before<R>(
         &self,
         key: &[u8],

@@ -8,7 +8,7 @@ use std::time::Duration;
 use super::get::item_of;
 use super::{Inner, ZipCache};
 use crate::dram::Change;
-use crate::dram::{Lookup, Reclaimed, Wanted};
+use crate::dram::{Look, Lookup, Reclaimed, Wanted};
 use crate::large_objects::{LargeEntry, LargeObjects};
 use crate::record::{ASSIGN_CAS, Meta};
 use crate::restart::shadow::FLUSHING;
@@ -86,6 +86,25 @@ impl ZipCache {
     ) -> Result<(R, Option<u64>)> {
         // may do I/O: a large object's whole extent, or one SSD block
         self.update_read_before(key, None, f)
+    }
+
+    /// [`ZipCache::update`] for a command that reads the value where it used to GET it
+    /// first (a hash edited in one update): the read counts in the frequency sketch as
+    /// the GET's did, so that eviction still sees the object read (uncounted, DRAM-only
+    /// eviction took every such object for cold and emptied whole leaves of them).
+    pub fn update_as_read<R>(
+        &self,
+        key: &[u8],
+        f: impl FnOnce(Option<&Item>) -> (Update, R),
+    ) -> Result<(R, Option<u64>)> {
+        // may do I/O: a large object's whole extent, or one SSD block
+        let outcome = self
+            .inner
+            .read_modify_write(key, ValueRead::WholeAsRead, |found| {
+                f(found.map(|found| &found.item))
+            });
+        self.inner.relieve_pressure();
+        outcome
     }
 
     /// [`ZipCache::update`] with the value the caller already read (`before`, from
@@ -206,6 +225,8 @@ type DramChange = Option<Change>;
 /// Whether a read-modify-write reads a large object's value from its extent.
 enum ValueRead {
     Whole,
+    /// `Whole`, the look counted as a GET (`Look::Read`).
+    WholeAsRead,
     /// Its index entry alone: the closure needs no value.
     UnlessLarge,
     /// The value the caller read before (off its thread): used, without reading the
@@ -260,96 +281,102 @@ impl Inner {
         let now = self.now();
         let wanted = match read {
             ValueRead::UnlessLarge => Wanted::Meta,
-            ValueRead::Whole | ValueRead::ReadBefore(_) => Wanted::Value,
+            ValueRead::Whole | ValueRead::ReadBefore(_) | ValueRead::WholeAsRead => Wanted::Value,
         };
-        self.dram.modify_wanting(key, now, wanted, |current, cas| {
-            // The leaf stays locked while BT_LO and the SSD are read, so no write slips in.
-            // What a racing flush_all is erasing below must not come back as a new value.
-            let epoch = self.flush_epoch.load(Ordering::SeqCst);
-            let below = |found: Option<Found>| found.filter(|_| self.lower_tiers_current(epoch));
-            let current = match current {
-                Lookup::Found(value, meta, access) => Some(Found::small(Item {
-                    access,
-                    ..item_of(value, &meta)
-                })),
-                Lookup::Sealed(meta, value_len, access) => Some(Found {
-                    item: Item {
+        let look = match read {
+            ValueRead::WholeAsRead => Look::Read,
+            _ => Look::Peek,
+        };
+        self.dram
+            .modify_wanting(key, now, wanted, look, |current, cas| {
+                // The leaf stays locked while BT_LO and the SSD are read, so no write slips in.
+                // What a racing flush_all is erasing below must not come back as a new value.
+                let epoch = self.flush_epoch.load(Ordering::SeqCst);
+                let below =
+                    |found: Option<Found>| found.filter(|_| self.lower_tiers_current(epoch));
+                let current = match current {
+                    Lookup::Found(value, meta, access) => Some(Found::small(Item {
                         access,
-                        ..item_of(Vec::new(), &meta)
-                    },
-                    value_len,
-                    large: false,
-                    read: false,
-                }),
-                Lookup::Expired => None,
-                Lookup::Deleted => below(self.large_found(key, now, read)),
-                Lookup::Absent => below(self.large_found(key, now, read).or_else(|| {
-                    // may do I/O: one 4 KiB read
-                    let hit = self.ssd.as_ref().and_then(|ssd| ssd.get(key, now));
-                    hit.map(|hit| Found::small(item_of(hit.value, &hit.meta)))
-                })),
-            };
-            let (update, result) = f(current.as_ref());
-            match (update, current) {
-                (Update::Keep, _) | (Update::Delete | Update::SetMeta(_), None) => {
-                    (None, Ok((result, None)))
-                }
-                (Update::Delete, Some(_)) => {
-                    if let Some(lo) = &self.large {
-                        // may write the crash journal: the key first, then BT_LO's log
-                        self.dram.mark_newer(key);
-                        lo.remove(key);
-                    }
-                    (Some(Change::Delete), Ok((result, None)))
-                }
-                (Update::SetMeta(options), Some(found)) => {
-                    // A touch keeps the object's type: its collection mark, whatever the
-                    // options say.
-                    let options = PutOptions {
-                        collection: found.item.collection,
-                        ..options
-                    };
-                    if found.large {
-                        let meta = self.meta(&options).assigning(cas);
-                        let lo = self.large.as_ref().expect("a large object is in BT_LO");
-                        lo.set_meta(key, meta);
-                        // A new version given out is recorded, so that it is never given
-                        // again, as for a large put (a DRAM tombstone); a kept one needs
-                        // none.
-                        let change = (meta.cas == cas).then_some(Change::Delete);
-                        return (change, Ok((result, Some(meta.cas))));
-                    }
-                    if !found.read {
-                        // A medium value left compressed: its blob is re-headed.
-                        if let Err(e) = self.check_room() {
-                            return (None, Err(e));
-                        }
-                        let meta = self.meta(&options).assigning(cas);
-                        let change = Change::Redate {
-                            value: None,
-                            meta,
-                            access: options.access,
-                        };
-                        return (Some(change), Ok((result, Some(meta.cas))));
-                    }
-                    // The same value: a medium one's blob is re-headed, not compressed again.
-                    let (change, outcome) =
-                        self.put_in_modify(key, found.item.value, options, cas, result);
-                    let change = change.map(|change| match change {
-                        Change::Put((value, meta, access)) => Change::Redate {
-                            value: Some(value),
-                            meta,
+                        ..item_of(value, &meta)
+                    })),
+                    Lookup::Sealed(meta, value_len, access) => Some(Found {
+                        item: Item {
                             access,
+                            ..item_of(Vec::new(), &meta)
                         },
-                        other => other,
-                    });
-                    (change, outcome)
+                        value_len,
+                        large: false,
+                        read: false,
+                    }),
+                    Lookup::Expired => None,
+                    Lookup::Deleted => below(self.large_found(key, now, read)),
+                    Lookup::Absent => below(self.large_found(key, now, read).or_else(|| {
+                        // may do I/O: one 4 KiB read
+                        let hit = self.ssd.as_ref().and_then(|ssd| ssd.get(key, now));
+                        hit.map(|hit| Found::small(item_of(hit.value, &hit.meta)))
+                    })),
+                };
+                let (update, result) = f(current.as_ref());
+                match (update, current) {
+                    (Update::Keep, _) | (Update::Delete | Update::SetMeta(_), None) => {
+                        (None, Ok((result, None)))
+                    }
+                    (Update::Delete, Some(_)) => {
+                        if let Some(lo) = &self.large {
+                            // may write the crash journal: the key first, then BT_LO's log
+                            self.dram.mark_newer(key);
+                            lo.remove(key);
+                        }
+                        (Some(Change::Delete), Ok((result, None)))
+                    }
+                    (Update::SetMeta(options), Some(found)) => {
+                        // A touch keeps the object's type: its collection mark, whatever the
+                        // options say.
+                        let options = PutOptions {
+                            collection: found.item.collection,
+                            ..options
+                        };
+                        if found.large {
+                            let meta = self.meta(&options).assigning(cas);
+                            let lo = self.large.as_ref().expect("a large object is in BT_LO");
+                            lo.set_meta(key, meta);
+                            // A new version given out is recorded, so that it is never given
+                            // again, as for a large put (a DRAM tombstone); a kept one needs
+                            // none.
+                            let change = (meta.cas == cas).then_some(Change::Delete);
+                            return (change, Ok((result, Some(meta.cas))));
+                        }
+                        if !found.read {
+                            // A medium value left compressed: its blob is re-headed.
+                            if let Err(e) = self.check_room() {
+                                return (None, Err(e));
+                            }
+                            let meta = self.meta(&options).assigning(cas);
+                            let change = Change::Redate {
+                                value: None,
+                                meta,
+                                access: options.access,
+                            };
+                            return (Some(change), Ok((result, Some(meta.cas))));
+                        }
+                        // The same value: a medium one's blob is re-headed, not compressed again.
+                        let (change, outcome) =
+                            self.put_in_modify(key, found.item.value, options, cas, result);
+                        let change = change.map(|change| match change {
+                            Change::Put((value, meta, access)) => Change::Redate {
+                                value: Some(value),
+                                meta,
+                                access,
+                            },
+                            other => other,
+                        });
+                        (change, outcome)
+                    }
+                    (Update::Put { value, options }, _) => {
+                        self.put_in_modify(key, value, options, cas, result)
+                    }
                 }
-                (Update::Put { value, options }, _) => {
-                    self.put_in_modify(key, value, options, cas, result)
-                }
-            }
-        })
+            })
     }
 
     /// `key`'s large object, read whole or (`UnlessLarge`) as BT_LO's index describes it.

@@ -206,7 +206,8 @@ impl ReadFrequency {
         }
     }
 
-    fn estimate(&self, key: &[u8]) -> u8 {
+    /// How often `key` was read, as its counters say.
+    pub(super) fn estimate(&self, key: &[u8]) -> u8 {
         self.locate(key).smallest()
     }
 

@@ -406,7 +406,7 @@ impl DramTier {
 #[cfg(test)]
 mod tests {
     use super::super::test_support::*;
-    use super::super::{Change, DramSettings, Lookup, Wanted};
+    use super::super::{Change, DramSettings, Look, Lookup, Wanted};
     use super::*;
     use crate::record::{Meta, Payload};
 
@@ -464,7 +464,7 @@ mod tests {
                     Wanted::Value
                 };
                 let medium_len = value(i).len();
-                dram.modify_wanting(&key, 0, wanted, |current, _| {
+                dram.modify_wanting(&key, 0, wanted, Look::Peek, |current, _| {
                     let (value, meta, access) = match current {
                         Lookup::Found(value, meta, access) => (Some(value), meta, access),
                         Lookup::Sealed(meta, len, access) if wanted == Wanted::Meta => {

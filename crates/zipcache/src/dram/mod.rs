@@ -113,6 +113,17 @@ pub enum Wanted {
     Meta,
 }
 
+/// Whether a read-modify-write's look at its key counts as a GET of it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Look {
+    /// Not at all: the object's access state, its leaf's CLOCK bit and the frequency
+    /// sketch stay as they were.
+    Peek,
+    /// As a GET's would (`DramTier::get`): for a write that reads the value where a GET
+    /// used to read it first, so that eviction still sees the object read.
+    Read,
+}
+
 /// A DRAM leaf as the tree names it: its slot in the tier's table of descriptors.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LeafId(SlotId);
@@ -563,7 +574,7 @@ impl DramTier {
         now_ms: u64,
         decide: impl FnOnce(Lookup, u64) -> (Option<Change>, R),
     ) -> R {
-        self.modify_wanting(key, now_ms, Wanted::Value, decide)
+        self.modify_wanting(key, now_ms, Wanted::Value, Look::Peek, decide)
     }
 
     /// `modify`, with a live value found as `wanted` asks: `Wanted::Meta` leaves a
@@ -573,10 +584,22 @@ impl DramTier {
         key: &[u8],
         now_ms: u64,
         wanted: Wanted,
+        look: Look,
         decide: impl FnOnce(Lookup, u64) -> (Option<Change>, R),
     ) -> R {
+        // Counted first, unlike a GET: a merge the write sets off sheds by these counts,
+        // and must not find the key unread.
+        if look == Look::Read {
+            self.reads.record(self.reads.locate(key));
+        }
         self.write_leaf(key, |id, leaf, st| {
-            let current = self.lookup_locked(leaf, st, key, now_ms, true, wanted);
+            if look == Look::Read {
+                leaf.touch();
+                if let Some(extras) = st.extras.as_ref().filter(|e| !e.buffer.is_empty()) {
+                    extras.count_read();
+                }
+            }
+            let current = self.lookup_locked(leaf, st, key, now_ms, look == Look::Peek, wanted);
             let cas = self.next_cas(st);
             let (change, result) = decide(current, cas);
             let tombstone = |st: &mut LeafState| {
@@ -1136,21 +1159,58 @@ mod buffer_tests {
     /// (`modify`, which looks for the key again): that look is part of the write, not a
     /// read, so a leaf written so grows its buffer as a leaf only written does. It once
     /// counted as a read, and session stores' leaves merged at the first limit forever.
+    /// A write that reads in the GET's place (`Look::Read`) counts that one read alone.
     #[test]
     fn a_leaf_written_by_read_modify_writes_grows_its_buffer() {
-        let (dram, _) = medium_tier(256);
-        let mut written = 0u32;
-        while level_of(&dram, &key(0)) < MAX_LEVEL {
-            let k = key(written % 8);
-            dram.get(&k, 0, false);
-            let value = medium(written);
-            dram.modify(&k, 0, |_, _| {
-                (Some(Change::Put((value, Meta::default(), None))), ())
-            });
-            written += 1;
-            let level = level_of(&dram, &key(0));
-            assert!(written < 10_000, "stuck at level {level}");
+        for get_first in [true, false] {
+            let (dram, _) = medium_tier(256);
+            let mut written = 0u32;
+            while level_of(&dram, &key(0)) < MAX_LEVEL {
+                let k = key(written % 8);
+                let look = match get_first {
+                    true => {
+                        dram.get(&k, 0, false);
+                        Look::Peek
+                    }
+                    false => Look::Read,
+                };
+                let value = medium(written);
+                dram.modify_wanting(&k, 0, Wanted::Value, look, |_, _| {
+                    (Some(Change::Put((value, Meta::default(), None))), ())
+                });
+                written += 1;
+                let level = level_of(&dram, &key(0));
+                assert!(written < 10_000, "{look:?}: stuck at level {level}");
+            }
         }
+    }
+
+    /// A write that reads in a GET's place (`Look::Read`) is seen read as the GET's
+    /// object was: its leaf accessed once more than by the write (hot leaves are told by
+    /// those counts), its key counted in the frequency sketch — before the write, since a
+    /// merge the write sets off sheds by those counts (counted after it, a session store
+    /// held a tenth fewer sessions). A peek counts neither.
+    #[test]
+    fn a_write_that_reads_as_a_get_counts_its_key_read_before_it_writes() {
+        let (dram, _) = tier_with(settings(4096));
+        let k = key(1);
+        put(&dram, &k, b"v");
+        let accesses = || dram.read_leaf(&k, |leaf, _| leaf.access.load(Ordering::Relaxed));
+        let write = |look| {
+            let before = accesses();
+            let seen = dram.modify_wanting(&k, 0, Wanted::Value, look, |current, _| {
+                assert!(matches!(current, Lookup::Found(..)), "{look:?}");
+                let seen = dram.reads.estimate(&k);
+                (
+                    Some(Change::Put((b"w".to_vec(), Meta::default(), None))),
+                    seen,
+                )
+            });
+            (seen, accesses() - before)
+        };
+        assert_eq!(write(Look::Peek), (0, 1), "the write's own access");
+        assert_eq!(write(Look::Read), (1, 2), "counted before the write");
+        assert_eq!(dram.reads.estimate(&k), 1);
     }
 
     #[test]

@@ -428,6 +428,36 @@ struct Read {
     version: u64,
 }
 
+impl Read {
+    /// The hash the object `item` holds; `None` if its bytes are not a header's. A string
+    /// is the wrong type.
+    fn of(item: &Item) -> Result<Option<Read>> {
+        Ok(layout_of(item)?.map(|layout| Read {
+            bytes: item.value.clone(),
+            layout,
+            version: item.cas,
+        }))
+    }
+}
+
+/// What the header `item` says; `None` if its bytes are not a header's. A string is the
+/// wrong type.
+fn layout_of(item: &Item) -> Result<Option<Layout>> {
+    if !item.collection || !format::is_hash(&item.value) {
+        return Err(HashError::WrongType);
+    }
+    Ok(Layout::decode(&item.value))
+}
+
+/// How [`Hashes::edit_packed`]'s engine update left the key.
+enum InHeader<T> {
+    /// The command ran on a packed hash, or on none, and what it left is stored.
+    Done(T),
+    /// It needs elements: the hash is large, or the command grows it past a packed one.
+    /// The hash as the update read it (`None`: none, or a header that was not one).
+    Elements(Option<Read>),
+}
+
 /// A packed hash's fields, found where `bytes` (its header) hold them, as `Field`s, by
 /// name.
 fn packed_field(bytes: &[u8], fields: &[FieldSpan], name: &[u8], now_ms: u64) -> Field {
@@ -632,15 +662,8 @@ impl Hashes {
         let Some(item) = keys.get_item(key, GetOptions::default())? else {
             return Ok(None);
         };
-        if !item.collection || !format::is_hash(&item.value) {
-            return Err(HashError::WrongType);
-        }
-        match Layout::decode(&item.value) {
-            Some(layout) => Ok(Some(Read {
-                bytes: item.value,
-                layout,
-                version: item.cas,
-            })),
+        match Read::of(&item)? {
+            Some(read) => Ok(Some(read)),
             None => {
                 self.commit(keys, key, Some(&item.value), None)?;
                 Ok(None)
@@ -694,6 +717,9 @@ impl Hashes {
     /// last (and runs the command again if a string write replaced the hash meanwhile).
     /// A dead field met is deleted. Without a hash at `key`: `None` unless `create`,
     /// which edits a new one.
+    ///
+    /// A command that may create the hash edits a packed one (or none) in one engine
+    /// update of its header ([`Hashes::edit_packed`]): the header is not read before it.
     fn edit<T>(
         &self,
         keys: &Keyspace,
@@ -712,11 +738,21 @@ impl Hashes {
         let max_field = Self::max_field(keys);
         loop {
             let _locked = self.lock(key);
-            let read = self.header(keys, key)?;
+            let now_ms = keys.engine().now_ms();
+            // A command naming more fields than a packed hash holds is edited outside
+            // the update, which holds the header's leaf locked while it runs.
+            let read = if create && names.len() <= PACKED_MAX_FIELDS {
+                // may do I/O: one SSD block; may evict
+                match self.edit_packed(keys, key, names, now_ms, &mut run)? {
+                    InHeader::Done(out) => return Ok(Some(out)),
+                    InHeader::Elements(read) => read,
+                }
+            } else {
+                self.header(keys, key)?
+            };
             if read.is_none() && !create {
                 return Ok(None);
             }
-            let now_ms = keys.engine().now_ms();
             let mut edit = Edit::of(now_ms, names, |name| {
                 Ok(match read.as_ref().map(|r| (&r.bytes, &r.layout)) {
                     Some((bytes, Layout::Packed(fields))) => {
@@ -759,6 +795,61 @@ impl Hashes {
                 return Ok(Some(out));
             }
         }
+    }
+
+    /// [`Hashes::edit`] of a packed hash (or of none, which it creates) as one engine
+    /// update of its header, counted as the read the GET before it was: `run` edits the
+    /// fields as the update reads them, and the header they make is stored in the same
+    /// update (a header that is not one is dropped). A large hash, or one the command
+    /// grows past a packed one, is left as it is: its elements are written outside the
+    /// update, which holds the header's leaf locked (`InHeader::Elements`).
+    fn edit_packed<T>(
+        &self,
+        keys: &Keyspace,
+        key: &[u8],
+        names: &[&[u8]],
+        now_ms: u64,
+        run: &mut impl FnMut(&mut Edit) -> T,
+    ) -> Result<InHeader<T>> {
+        let (max_field, room) = (Self::max_field(keys), Self::packed_room(keys, key));
+        // may do I/O: one SSD block; may evict
+        let (outcome, _) = keys.update_as_read(key, |current| {
+            let layout = match current.map(layout_of).transpose() {
+                Ok(layout) => layout.flatten(),
+                Err(wrong_type) => return (Update::Keep, Err(wrong_type)),
+            };
+            // A header whose bytes are not one is dropped unless the command stores one.
+            let otherwise = match (current, &layout) {
+                (Some(_), None) => Update::Delete,
+                _ => Update::Keep,
+            };
+            // The hash as read, for a command that goes on outside the update.
+            let read = || current.and_then(|item| Read::of(item).ok().flatten());
+            let bytes = current.map_or(&[][..], |item| &item.value[..]);
+            let fields = match layout {
+                None => Vec::new(),
+                Some(Layout::Packed(fields)) => fields,
+                Some(Layout::Elements(_)) => return (otherwise, Ok(InHeader::Elements(read()))),
+            };
+            let found = |name: &[u8]| Ok(packed_field(bytes, &fields, name, now_ms));
+            let mut edit = match Edit::of(now_ms, names, found) {
+                Ok(edit) => edit,
+                Err(error) => return (otherwise, Err(error)),
+            };
+            let out = run(&mut edit);
+            let changes = match edit.changes(max_field) {
+                Ok(changes) if changes.is_empty() => return (otherwise, Ok(InHeader::Done(out))),
+                Ok(changes) => changes,
+                Err(error) => return (otherwise, Err(error)),
+            };
+            let fields = fields.iter().map(|f| f.to_packed(bytes)).collect();
+            match repack(fields, changes, now_ms, room) {
+                Repacked::Empty => (Update::Delete, Ok(InHeader::Done(out))),
+                Repacked::Packed(header) => (header_put(header, current), Ok(InHeader::Done(out))),
+                Repacked::Grown(_) => (otherwise, Ok(InHeader::Elements(read()))),
+            }
+        })?;
+        outcome
     }
 
     /// [`Hashes::edit`] for a command that only reads: a packed hash is one object, read

@@ -14,7 +14,9 @@
 //! whole). If the header was replaced between the steps (a string SET or the key's
 //! expiry take no stripe lock), the element changed belongs to an id no key names any
 //! more, and the command runs again the general way ([`Hashes::edit`]), as a command
-//! whose commit failed does.
+//! whose commit failed does. A command that only reads the field (HGET, HEXISTS,
+//! HSTRLEN, HTTL) takes one step, a GET of the element
+//! ([`Hashes::read_one_element`]): no leaf locked exclusively, nothing written.
 //!
 //! The element's key needs the hash's id: each stripe remembers the large hash last met
 //! there ([`LargeHash`]), so a hot hash's header is not read before each command — only

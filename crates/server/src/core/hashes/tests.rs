@@ -698,6 +698,35 @@ fn a_packed_hash_is_read_without_the_lock() {
     assert_eq!(expiries, vec![Some(None)]);
 }
 
+/// HSET and HINCRBY of a packed hash (or of none) run in one engine update of
+/// its header, the header not read by a GET first; a command that grows the hash past a
+/// packed one, or names more fields than one holds, goes on the general way.
+#[test]
+fn a_packed_hash_is_written_in_one_engine_update() {
+    let keys = keyspace(8 << 20);
+    let hashes = Hashes::default();
+    let gets = || keys.engine().stats().gets;
+    let before = gets();
+    hashes
+        .set(&keys, b"s", &[b"a", b"1", b"b", b"2"], false)
+        .unwrap();
+    hashes.set(&keys, b"s", &[b"a", b"3"], false).unwrap();
+    let n = hashes.update_field(&keys, b"s", b"n", |_| Ok::<_, ()>(b"5".to_vec()));
+    assert_eq!(n.unwrap().unwrap(), b"5".to_vec());
+    assert_eq!(
+        gets(),
+        before,
+        "a packed hash's header read before its update"
+    );
+    assert_eq!(
+        hashes.all(&keys, b"s", Part::Both, 1 << 20).unwrap(),
+        pairs(&[("a", "3"), ("b", "2"), ("n", "5")])
+    );
+    grown(&hashes, &keys, b"s", 200);
+    assert!(matches!(layout(&hashes, &keys, b"s"), Layout::Elements(_)));
+    assert_eq!(hashes.len(&keys, b"s").unwrap(), 203);
+}
+
 /// A command on one field of a large hash shares the stripe lock (`one_field.rs`): it
 /// runs while another holds the lock shared, and waits while one holds it alone; a
 /// command on several fields, or one reading the hash whole, waits for the shared
