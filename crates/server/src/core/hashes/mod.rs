@@ -34,7 +34,8 @@
 //! others on one field, each changing its element and then its header's counts in one
 //! engine update each, while the commands that read a hash whole wait. A
 //! packed hash is one object, read whole at once: a read of it takes no stripe lock
-//! ([`Hashes::read`]). String writes take no lock: a
+//! ([`Hashes::read`]), and a write of it is one engine update that reads it
+//! ([`Hashes::edit_packed`]). String writes take no lock: a
 //! SET over a hash replaces the header in one engine update, and a hash command whose
 //! header was replaced meanwhile (its bytes are no longer the ones it read) starts again.
 
