@@ -430,8 +430,8 @@ struct Read {
 }
 
 impl Read {
-    /// The hash the object `item` holds; `None` if its bytes are not a header's. A string
-    /// is the wrong type.
+    /// The hash the object `item` holds, its bytes copied; `None` if they are not a
+    /// header's. A string is the wrong type.
     fn of(item: &Item) -> Result<Option<Read>> {
         Ok(layout_of(item)?.map(|layout| Read {
             bytes: item.value.clone(),
@@ -663,8 +663,13 @@ impl Hashes {
         let Some(item) = keys.get_item(key, GetOptions::default())? else {
             return Ok(None);
         };
-        match Read::of(&item)? {
-            Some(read) => Ok(Some(read)),
+        // The header's bytes are moved into the `Read`, not copied: every HGETALL reads one.
+        match layout_of(&item)? {
+            Some(layout) => Ok(Some(Read {
+                bytes: item.value,
+                layout,
+                version: item.cas,
+            })),
             None => {
                 self.commit(keys, key, Some(&item.value), None)?;
                 Ok(None)
