@@ -319,7 +319,8 @@ fn a_connection_whose_replies_wait_for_its_reader_is_closed_by_the_budget() {
     assert_eq!(setter.line(), "+OK");
 
     let mut stalled = connect(server.resp);
-    send_all(&mut stalled, &resp_command(&[b"GET", b"big"]).repeat(16));
+    // 64 MB of replies: more than any loopback socket buffers take, so one waits here.
+    send_all(&mut stalled, &resp_command(&[b"GET", b"big"]).repeat(64));
     // Its reply is charged while it waits for the reader.
     assert!(eventually(Duration::from_secs(10), || {
         stat(&server, "conn_buffer_bytes") >= 1_000_000

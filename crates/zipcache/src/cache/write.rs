@@ -287,96 +287,95 @@ impl Inner {
             ValueRead::WholeAsRead => Look::Read,
             _ => Look::Peek,
         };
-        self.dram
-            .modify_wanting(key, now, wanted, look, |current, cas| {
-                // The leaf stays locked while BT_LO and the SSD are read, so no write slips in.
-                // What a racing flush_all is erasing below must not come back as a new value.
-                let epoch = self.flush_epoch.load(Ordering::SeqCst);
-                let below =
-                    |found: Option<Found>| found.filter(|_| self.lower_tiers_current(epoch));
-                let current = match current {
-                    Lookup::Found(value, meta, access) => Some(Found::small(Item {
+        let dram = &self.dram;
+        dram.modify_wanting(key, now, wanted, look, |current, cas| {
+            // The leaf stays locked while BT_LO and the SSD are read, so no write slips in.
+            // What a racing flush_all is erasing below must not come back as a new value.
+            let epoch = self.flush_epoch.load(Ordering::SeqCst);
+            let below = |found: Option<Found>| found.filter(|_| self.lower_tiers_current(epoch));
+            let current = match current {
+                Lookup::Found(value, meta, access) => Some(Found::small(Item {
+                    access,
+                    ..item_of(value, &meta)
+                })),
+                Lookup::Sealed(meta, value_len, access) => Some(Found {
+                    item: Item {
                         access,
-                        ..item_of(value, &meta)
-                    })),
-                    Lookup::Sealed(meta, value_len, access) => Some(Found {
-                        item: Item {
-                            access,
-                            ..item_of(Vec::new(), &meta)
-                        },
-                        value_len,
-                        large: false,
-                        read: false,
-                    }),
-                    Lookup::Expired => None,
-                    Lookup::Deleted => below(self.large_found(key, now, read)),
-                    Lookup::Absent => below(self.large_found(key, now, read).or_else(|| {
-                        // may do I/O: one 4 KiB read
-                        let hit = self.ssd.as_ref().and_then(|ssd| ssd.get(key, now));
-                        hit.map(|hit| Found::small(item_of(hit.value, &hit.meta)))
-                    })),
-                };
-                let (update, result) = f(current.as_ref());
-                match (update, current) {
-                    (Update::Keep, _) | (Update::Delete | Update::SetMeta(_), None) => {
-                        (None, Ok((result, None)))
-                    }
-                    (Update::Delete, Some(_)) => {
-                        if let Some(lo) = &self.large {
-                            // may write the crash journal: the key first, then BT_LO's log
-                            self.dram.mark_newer(key);
-                            lo.remove(key);
-                        }
-                        (Some(Change::Delete), Ok((result, None)))
-                    }
-                    (Update::SetMeta(options), Some(found)) => {
-                        // A touch keeps the object's type: its collection mark, whatever the
-                        // options say.
-                        let options = PutOptions {
-                            collection: found.item.collection,
-                            ..options
-                        };
-                        if found.large {
-                            let meta = self.meta(&options).assigning(cas);
-                            let lo = self.large.as_ref().expect("a large object is in BT_LO");
-                            lo.set_meta(key, meta);
-                            // A new version given out is recorded, so that it is never given
-                            // again, as for a large put (a DRAM tombstone); a kept one needs
-                            // none.
-                            let change = (meta.cas == cas).then_some(Change::Delete);
-                            return (change, Ok((result, Some(meta.cas))));
-                        }
-                        if !found.read {
-                            // A medium value left compressed: its blob is re-headed.
-                            if let Err(e) = self.check_room() {
-                                return (None, Err(e));
-                            }
-                            let meta = self.meta(&options).assigning(cas);
-                            let change = Change::Redate {
-                                value: None,
-                                meta,
-                                access: options.access,
-                            };
-                            return (Some(change), Ok((result, Some(meta.cas))));
-                        }
-                        // The same value: a medium one's blob is re-headed, not compressed again.
-                        let (change, outcome) =
-                            self.put_in_modify(key, found.item.value, options, cas, result);
-                        let change = change.map(|change| match change {
-                            Change::Put((value, meta, access)) => Change::Redate {
-                                value: Some(value),
-                                meta,
-                                access,
-                            },
-                            other => other,
-                        });
-                        (change, outcome)
-                    }
-                    (Update::Put { value, options }, _) => {
-                        self.put_in_modify(key, value, options, cas, result)
-                    }
+                        ..item_of(Vec::new(), &meta)
+                    },
+                    value_len,
+                    large: false,
+                    read: false,
+                }),
+                Lookup::Expired => None,
+                Lookup::Deleted => below(self.large_found(key, now, read)),
+                Lookup::Absent => below(self.large_found(key, now, read).or_else(|| {
+                    // may do I/O: one 4 KiB read
+                    let hit = self.ssd.as_ref().and_then(|ssd| ssd.get(key, now));
+                    hit.map(|hit| Found::small(item_of(hit.value, &hit.meta)))
+                })),
+            };
+            let (update, result) = f(current.as_ref());
+            match (update, current) {
+                (Update::Keep, _) | (Update::Delete | Update::SetMeta(_), None) => {
+                    (None, Ok((result, None)))
                 }
-            })
+                (Update::Delete, Some(_)) => {
+                    if let Some(lo) = &self.large {
+                        // may write the crash journal: the key first, then BT_LO's log
+                        self.dram.mark_newer(key);
+                        lo.remove(key);
+                    }
+                    (Some(Change::Delete), Ok((result, None)))
+                }
+                (Update::SetMeta(options), Some(found)) => {
+                    // A touch keeps the object's type: its collection mark, whatever the
+                    // options say.
+                    let options = PutOptions {
+                        collection: found.item.collection,
+                        ..options
+                    };
+                    if found.large {
+                        let meta = self.meta(&options).assigning(cas);
+                        let lo = self.large.as_ref().expect("a large object is in BT_LO");
+                        lo.set_meta(key, meta);
+                        // A new version given out is recorded, so that it is never given
+                        // again, as for a large put (a DRAM tombstone); a kept one needs
+                        // none.
+                        let change = (meta.cas == cas).then_some(Change::Delete);
+                        return (change, Ok((result, Some(meta.cas))));
+                    }
+                    if !found.read {
+                        // A medium value left compressed: its blob is re-headed.
+                        if let Err(e) = self.check_room() {
+                            return (None, Err(e));
+                        }
+                        let meta = self.meta(&options).assigning(cas);
+                        let change = Change::Redate {
+                            value: None,
+                            meta,
+                            access: options.access,
+                        };
+                        return (Some(change), Ok((result, Some(meta.cas))));
+                    }
+                    // The same value: a medium one's blob is re-headed, not compressed again.
+                    let (change, outcome) =
+                        self.put_in_modify(key, found.item.value, options, cas, result);
+                    let change = change.map(|change| match change {
+                        Change::Put((value, meta, access)) => Change::Redate {
+                            value: Some(value),
+                            meta,
+                            access,
+                        },
+                        other => other,
+                    });
+                    (change, outcome)
+                }
+                (Update::Put { value, options }, _) => {
+                    self.put_in_modify(key, value, options, cas, result)
+                }
+            }
+        })
     }
 
     /// `key`'s large object, read whole or (`UnlessLarge`) as BT_LO's index describes it.

@@ -124,6 +124,19 @@ pub enum Look {
     Read,
 }
 
+/// What a GET's look at `leaf` counts: its access (a peek's not), and a read of its
+/// buffer — what a bigger buffer costs (`next_level`). A write's own look, under the
+/// write lock, is part of the write and counts neither (unless it reads in a GET's
+/// place, `Look::Read`).
+fn count_look(leaf: &DramLeaf, st: &LeafState, peek: bool) {
+    if !peek {
+        leaf.touch();
+    }
+    if let Some(extras) = st.extras.as_ref().filter(|e| !e.buffer.is_empty()) {
+        extras.count_read();
+    }
+}
+
 /// A DRAM leaf as the tree names it: its slot in the tier's table of descriptors.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LeafId(SlotId);
@@ -375,14 +388,7 @@ impl DramTier {
         // Found first and counted last: the sketch's cache line comes in during the walk.
         let counters = (!peek).then(|| self.reads.locate(key));
         let lookup = self.read_leaf(key, |leaf, st| {
-            if !peek {
-                leaf.touch();
-            }
-            // A GET's look through the buffer is what a bigger one costs (`next_level`);
-            // a write's own look, under the write lock, is part of the write.
-            if let Some(extras) = st.extras.as_ref().filter(|e| !e.buffer.is_empty()) {
-                extras.count_read();
-            }
+            count_look(leaf, st, peek);
             self.lookup_locked(leaf, st, key, now_ms, peek, Wanted::Value)
         });
         if let Some(counters) = counters {
@@ -594,10 +600,7 @@ impl DramTier {
         }
         self.write_leaf(key, |id, leaf, st| {
             if look == Look::Read {
-                leaf.touch();
-                if let Some(extras) = st.extras.as_ref().filter(|e| !e.buffer.is_empty()) {
-                    extras.count_read();
-                }
+                count_look(leaf, st, false);
             }
             let current = self.lookup_locked(leaf, st, key, now_ms, look == Look::Peek, wanted);
             let cas = self.next_cas(st);
@@ -1188,8 +1191,8 @@ mod buffer_tests {
     /// A write that reads in a GET's place (`Look::Read`) is seen read as the GET's
     /// object was: its leaf accessed once more than by the write (hot leaves are told by
     /// those counts), its key counted in the frequency sketch — before the write, since a
-    /// merge the write sets off sheds by those counts (counted after it, a session store
-    /// held a tenth fewer sessions). A peek counts neither.
+    /// merge the write sets off sheds by those counts and must not find the key unread.
+    /// A peek counts neither.
     #[test]
     fn a_write_that_reads_as_a_get_counts_its_key_read_before_it_writes() {
         let (dram, _) = tier_with(settings(4096));

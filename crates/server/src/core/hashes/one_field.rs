@@ -24,6 +24,8 @@
 //! that found the id stale has read or changed an element no hash holds, which no
 //! reply shows: it runs again the general way).
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use parking_lot::Mutex;
 use zipcache::{PutOptions, Update};
 
@@ -36,8 +38,14 @@ use crate::core::keyspace::Keyspace;
 const ADDS_IN_FLIGHT: u64 = 1 << 16;
 
 /// The large hash a stripe's commands met last: its key and its header as last seen.
+/// Whether there is one is also kept outside the lock, so that the commands on a packed
+/// hash — every session's HGET and HSET — in a stripe that never met a large one look
+/// without taking it.
 #[derive(Default)]
-pub(super) struct LastLarge(Mutex<Option<LargeHash>>);
+pub(super) struct LastLarge {
+    last: Mutex<Option<LargeHash>>,
+    any: AtomicBool,
+}
 
 struct LargeHash {
     key: Box<[u8]>,
@@ -48,18 +56,22 @@ impl LastLarge {
     /// Whether a large hash was met here (one field's commands take the shared way only
     /// then, so that one on a packed hash reads its header once).
     pub(super) fn any(&self) -> bool {
-        self.0.lock().is_some()
+        self.any.load(Ordering::Relaxed)
     }
 
     /// The header last seen at `key`, if `key` is the hash remembered.
     fn of(&self, key: &[u8]) -> Option<Header> {
-        let last = self.0.lock();
+        if !self.any() {
+            return None;
+        }
+        let last = self.last.lock();
         last.as_ref().filter(|l| *l.key == *key).map(|l| l.header)
     }
 
     /// Remembers `header` as the large hash at `key`.
     pub(super) fn remember(&self, key: &[u8], header: Header) {
-        let mut last = self.0.lock();
+        let mut last = self.last.lock();
+        self.any.store(true, Ordering::Relaxed);
         match last.as_mut() {
             Some(last) if *last.key == *key => last.header = header,
             _ => {
@@ -72,7 +84,9 @@ impl LastLarge {
     }
 
     fn forget(&self) {
-        *self.0.lock() = None;
+        let mut last = self.last.lock();
+        *last = None;
+        self.any.store(false, Ordering::Relaxed);
     }
 }
 
