@@ -19,7 +19,9 @@
 use std::cell::RefCell;
 
 use crate::dictionary::Dictionary;
-use crate::format::blob::{BITS, BLOB_CODEC, BLOB_DICTIONARY, BLOB_LZ4, BLOB_RAW, DICTIONARY_ID};
+use crate::format::blob::{
+    BITS, BLOB_CODEC, BLOB_DICTIONARY, BLOB_HOT, BLOB_LZ4, BLOB_RAW, DICTIONARY_ID,
+};
 use crate::format::record::{
     CLEAN, CLIENT_CAS, COLLECTION, HAS_CAS, HAS_EXPIRY, HAS_FLAGS, MAX_METADATA, MEDIUM_POINTER,
     PAYLOAD_INLINE, PAYLOAD_MASK, PAYLOAD_MEDIUM, PAYLOAD_TOMBSTONE, RECORD_HEADER,
@@ -418,6 +420,34 @@ pub fn encode_blob_with<R>(
     })
 }
 
+/// A medium object's blob with its value stored as is, for a hot leaf (`BLOB_HOT`),
+/// handed to `keep` as in `encode_blob_with`.
+pub fn hot_blob_with<R>(value: &[u8], meta: &Meta, keep: impl FnOnce(&[u8]) -> R) -> R {
+    SCRATCH.with_borrow_mut(|(_, out)| {
+        put_blob(out, BLOB_HOT, 0, meta, value.len(), value);
+        keep(out)
+    })
+}
+
+/// Whether a blob is stored as is for its hot leaf (`hot_blob_with`).
+pub fn is_hot_blob(blob: &[u8]) -> bool {
+    blob.first()
+        .is_some_and(|bits| bits & BLOB_CODEC == BLOB_HOT)
+}
+
+/// Whether a blob's value is compressed (LZ4, or zstd with a dictionary).
+pub fn is_compressed_blob(blob: &[u8]) -> bool {
+    blob.first()
+        .is_some_and(|bits| matches!(bits & BLOB_CODEC, BLOB_LZ4 | BLOB_DICTIONARY))
+}
+
+/// The bytes `blob` would take stored as is for a hot leaf: its header (without a
+/// dictionary id) and its value's length.
+pub fn hot_blob_len(blob: &[u8]) -> Option<usize> {
+    let (_, dictionary, _, len, start) = parse_blob_header(blob)?;
+    Some(start - usize::from(dictionary != 0) + len)
+}
+
 /// A medium value compressed ahead of its blob's header, whose metadata (a CAS version)
 /// a write learns only under its leaf's lock: a PUT compresses before it takes the lock,
 /// so that writers of one leaf (a fill's keys in order all land in the last one) do not
@@ -525,7 +555,7 @@ pub fn blob_header(blob: &[u8]) -> Option<(Meta, usize)> {
 /// bytes alone (a merge asks of every blob it keeps).
 pub fn blob_dictionary(blob: &[u8]) -> Option<u8> {
     match blob.get(BITS)? & BLOB_CODEC {
-        BLOB_LZ4 | BLOB_RAW => Some(0),
+        BLOB_LZ4 | BLOB_RAW | BLOB_HOT => Some(0),
         BLOB_DICTIONARY => blob.get(DICTIONARY_ID).copied().filter(|&id| id != 0),
         _ => None,
     }
@@ -537,7 +567,7 @@ pub fn blob_dictionary(blob: &[u8]) -> Option<u8> {
 pub fn decode_blob(blob: &[u8], dictionary: Option<&Dictionary>) -> Option<(Vec<u8>, Meta)> {
     let (bits, id, meta, len, start) = parse_blob_header(blob)?;
     let data = &blob[start..];
-    if bits & BLOB_CODEC == BLOB_RAW {
+    if matches!(bits & BLOB_CODEC, BLOB_RAW | BLOB_HOT) {
         return (data.len() == len).then(|| (data.to_vec(), meta));
     }
     if !plausible(len, data.len()) {

@@ -51,7 +51,7 @@ impl Inner {
             if housekeeper && last_bypass.elapsed() >= BYPASS_PERIOD {
                 last_bypass = Instant::now();
                 self.dram.free_retired_leaves();
-                self.dram.bypass_pass();
+                self.dram.bypass_pass(self.budget());
                 self.dram.shrink_idle_buffers();
             }
             if housekeeper && last_rss.elapsed() >= RSS_PERIOD {

@@ -166,7 +166,7 @@ impl Inner {
 
     /// What the cache may hold now: `dram_capacity`, less what the RSS governor withholds
     /// (never more than half of it, even after `set_dram_capacity` lowered it).
-    pub(super) fn budget(&self) -> i64 {
+    pub(crate) fn budget(&self) -> i64 {
         let capacity = self.capacity() as i64;
         let withheld = self.governor.as_ref().map_or(0, |g| g.reserve());
         capacity - withheld.min(capacity / 2)

@@ -476,7 +476,10 @@ mod tests {
         };
         let (low, victim) = dram.tree.find(&key(1300));
         let (right_first, right) = dram.tree.next_leaf(&low).unwrap();
-        dram.set_hot(dram.view().get(right.0).unwrap(), true);
+        dram.set_heat(
+            dram.view().get(right.0).unwrap(),
+            super::super::hot::Heat::Hot,
+        );
         unreference(&dram, victim);
         *dram.hand.lock() = low;
         assert!(dram.evict_one(Some(&sink), 0));

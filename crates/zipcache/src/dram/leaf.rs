@@ -210,6 +210,8 @@ pub(super) const RETIRED: u8 = 1 << 4;
 pub(super) const RAW_PAGE: u8 = 1 << 5;
 /// Written since the last pass of `shrink_idle_buffers`.
 pub(super) const WRITTEN: u8 = 1 << 6;
+/// Its medium objects' blobs are stored as is (`hot.rs`, `Heat::HotBlobs`).
+pub(super) const RAW_BLOBS: u8 = 1 << 7;
 
 /// One slot of the tier's table: 40 bytes per leaf.
 #[derive(Default)]

@@ -17,7 +17,7 @@ use super::DramTier;
 use super::block::Block;
 use super::leaf::{Extras, blob_bytes};
 use crate::dictionary::Dictionary;
-use crate::record::{Compressed, Meta, blob_dictionary, encode_blob_with};
+use crate::record::{Compressed, Meta, blob_dictionary, encode_blob_with, hot_blob_with};
 
 /// A medium value compressed before its write took the leaf's lock, with the dictionary
 /// that was current then.
@@ -54,7 +54,8 @@ impl DramTier {
     }
 
     /// Puts a medium value written to a leaf into a blob of the leaf's table, compressed
-    /// with the dictionary its blobs use (else the current one), and returns the blob's
+    /// with the dictionary its blobs use (else the current one) — or stored as is if the
+    /// leaf's blobs are (`raw_blobs`: `hot.rs`) — and returns the blob's
     /// slot for the buffered record (the merges that follow take the blob as it is),
     /// whether that dictionary is no longer the current one, and the blob's
     /// `blob_bytes`. `None` for a tiny value, or if the table is full (the merge
@@ -66,6 +67,7 @@ impl DramTier {
         value: &[u8],
         meta: &Meta,
         source: BlobSource,
+        raw_blobs: bool,
     ) -> Option<(u16, bool, usize)> {
         if matches!(source, BlobSource::Compress) && !self.is_medium(key, value) {
             return None;
@@ -79,6 +81,9 @@ impl DramTier {
         let blob = match source {
             // A re-headed blob names the dictionary the leaf holds, or none.
             BlobSource::Made(made) => made,
+            // What was compressed ahead goes unused: a hot leaf's reads would only
+            // decompress it again.
+            _ if raw_blobs => hot_blob_with(value, meta, Block::new),
             BlobSource::Ahead(ahead) => self.leaf_blob(extras, value, meta, current, Some(ahead)),
             BlobSource::Compress => self.leaf_blob(extras, value, meta, current, None),
         };
@@ -154,7 +159,7 @@ mod tests {
             dictionaries.blobs.make_current(Some(Arc::clone(ahead)));
             let source = dram.compress_ahead(&key(1), &value);
             dictionaries.blobs.make_current(Some(Arc::clone(at_lock)));
-            dram.buffered_blob(extras, &key(1), &value, &meta, source)
+            dram.buffered_blob(extras, &key(1), &value, &meta, source, false)
                 .expect("a slot");
             let blob = extras
                 .blobs

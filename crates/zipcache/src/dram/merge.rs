@@ -10,6 +10,7 @@ use parking_lot::{Condvar, Mutex};
 
 use super::access::AccessTable;
 use super::block::Block;
+use super::hot::Heat;
 use super::leaf::{
     DramLeaf, LOST, LeafContents, LeafState, MERGE_QUEUED, REFERENCED, RETIRED, WRITTEN, install,
 };
@@ -421,7 +422,7 @@ impl DramTier {
             _ if fits => vec![(0, objs.len())],
             _ => self.partition(&objs),
         };
-        let hot = leaf.hot();
+        let heat = leaf.heat();
         let fences = split_fences(&objs, &chunks, |o| o.key);
         let mut objs_iter = objs.into_iter();
         let mut contents = Vec::with_capacity(chunks.len());
@@ -429,7 +430,7 @@ impl DramTier {
             let chunk: Vec<Obj> = objs_iter.by_ref().take(end - start).collect();
             contents.push(self.build(
                 chunk,
-                hot && i == 0,
+                if i == 0 { heat } else { Heat::Cool },
                 access_table.as_deref(),
                 dictionary.as_ref(),
                 prior,
@@ -661,13 +662,13 @@ impl DramTier {
     }
 
     /// Page, blobs and access state (from `access_table`, the merged leaf's) for one
-    /// leaf's worth of objects; `dictionary` is the one its blobs that name one were
+    /// leaf's worth of objects kept as `heat` says; `dictionary` is the one its blobs that name one were
     /// compressed with (`survivors` sees to it); `prior` the merged leaf's page, if it
     /// was compressed with a page dictionary (`DramTier::page`).
     fn build(
         &self,
         objs: Vec<Obj>,
-        hot: bool,
+        heat: Heat,
         access_table: Option<&AccessTable>,
         dictionary: Option<&Arc<Dictionary>>,
         prior: Option<PriorPage>,
@@ -706,7 +707,8 @@ impl DramTier {
             self.layout
                 .build(&mut records)
                 .map_or((None, None, 0), |packed| {
-                    let (page, dictionary, lz4_beat) = self.page(summary, &packed, hot, prior);
+                    let (page, dictionary, lz4_beat) =
+                        self.page(summary, &packed, heat != Heat::Cool, prior);
                     (Some(page), dictionary, lz4_beat)
                 })
         };
@@ -720,6 +722,9 @@ impl DramTier {
         let mut named = false;
         for o in objs {
             if let Body::Blob(b) = o.body {
+                // may compress: a blob stored as is for heat leaving a hot leaf (`hot.rs`)
+                let raw_blobs = heat == Heat::HotBlobs;
+                let b = self.blob_for_heat(&b, raw_blobs, dictionary).unwrap_or(b);
                 named |= blob_dictionary(&b).is_some_and(|id| id != 0);
                 blobs.push(Some(b));
             }
@@ -728,7 +733,7 @@ impl DramTier {
         LeafContents {
             page,
             lz4_beat,
-            raw: hot,
+            raw: heat != Heat::Cool,
             blobs,
             dictionary: dictionary.filter(|_| named).cloned(),
             page_dictionary,

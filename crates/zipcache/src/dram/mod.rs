@@ -79,7 +79,7 @@ use crate::subpage_hash::dram_subpage;
 use access::{AccessClock, fingerprint};
 use block::Block;
 use bypass::Bypass;
-use leaf::{DramLeaf, Extras, LeafState, MERGE_QUEUED, UNKNOWN, WRITTEN};
+use leaf::{DramLeaf, Extras, LeafState, MERGE_QUEUED, RAW_BLOBS, UNKNOWN, WRITTEN};
 use packed_page::PackedLayout;
 pub use reclaim::Reclaimed;
 use slots::{SlotId, Slots, View};
@@ -727,6 +727,7 @@ impl DramTier {
             leaf.set(WRITTEN, true);
         }
         let limit = buffer_limit(self.settings.write_buffer, leaf.buffer_level(), st);
+        let raw_blobs = leaf.has(RAW_BLOBS);
         let pressure = self.charged_knowing_blobs(leaf, st, |st| {
             let extras = st.extras.get_or_insert_default();
             extras.buffered.store(UNKNOWN, Ordering::Relaxed);
@@ -737,7 +738,7 @@ impl DramTier {
             let blob = match record.payload {
                 // may compress: a medium value goes into its blob now, once
                 Payload::Inline(value) => {
-                    self.buffered_blob(extras, record.key, value, &record.meta, blob)
+                    self.buffered_blob(extras, record.key, value, &record.meta, blob, raw_blobs)
                 }
                 Payload::Medium(_) | Payload::Tombstone => None,
             };

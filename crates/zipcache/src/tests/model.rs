@@ -605,7 +605,7 @@ impl Harness {
             }
             Op::Advance { ms } => self.clock.advance(ms),
             Op::Maintain => {
-                self.cache.inner.dram.bypass_pass();
+                self.cache.inner.dram.bypass_pass(self.cache.inner.budget());
                 self.cache.inner.dram.merge_all(self.clock.now_ms());
                 // Compaction forced: every page and blob not in a page its thread
                 // allocates from moves.

@@ -385,7 +385,7 @@ fn hot_leaves_of_medium_objects_stay_within_the_budget() {
                 }
             }
             if i % 20 == 0 {
-                cache.inner.dram.bypass_pass();
+                cache.inner.dram.bypass_pass(cache.inner.budget());
             }
         }
         assert_within_budget(&cache, &format!("round {round}"));
