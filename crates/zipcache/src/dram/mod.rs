@@ -79,7 +79,8 @@ use crate::subpage_hash::dram_subpage;
 use access::{AccessClock, fingerprint};
 use block::Block;
 use bypass::Bypass;
-use leaf::{DramLeaf, Extras, LeafState, MERGE_QUEUED, RAW_BLOBS, UNKNOWN, WRITTEN};
+use hot::Heat;
+use leaf::{DramLeaf, Extras, LeafState, MERGE_QUEUED, UNKNOWN, WRITTEN};
 use packed_page::PackedLayout;
 pub use reclaim::Reclaimed;
 use slots::{SlotId, Slots, View};
@@ -727,7 +728,7 @@ impl DramTier {
             leaf.set(WRITTEN, true);
         }
         let limit = buffer_limit(self.settings.write_buffer, leaf.buffer_level(), st);
-        let raw_blobs = leaf.has(RAW_BLOBS);
+        let raw_blobs = leaf.heat() == Heat::HotBlobs;
         let pressure = self.charged_knowing_blobs(leaf, st, |st| {
             let extras = st.extras.get_or_insert_default();
             extras.buffered.store(UNKNOWN, Ordering::Relaxed);
