@@ -14,7 +14,8 @@ pub struct Stats {
     pub dram_hot_page_bytes: u64,
     /// Per-page write buffers.
     pub dram_write_buffer_bytes: u64,
-    /// Individually compressed medium objects.
+    /// Medium objects' blobs: each compressed alone, or stored as is in a hot leaf while
+    /// the budget has room to spare (`hot_blob_leaves`).
     pub dram_medium_bytes: u64,
     /// Per-object access state (setting `track_access`; 0 without it).
     pub dram_access_bytes: u64,
@@ -55,6 +56,8 @@ pub struct Stats {
     pub dram_clean_objects: u64,
     pub dram_leaves: u64,
     pub hot_leaves: u64,
+    /// Hot leaves whose medium objects' blobs are stored as is (DRAM had room to spare).
+    pub hot_blob_leaves: u64,
     pub ssd_objects: u64,
     pub large_objects: u64,
     /// Large objects forgotten: dropped from the head of the log, or too big for it.

@@ -150,6 +150,7 @@ impl Inner {
             dram_objects,
             dram_leaves: self.dram.leaf_count(),
             hot_leaves: c.hot_leaves.load(Ordering::Relaxed).max(0) as u64,
+            hot_blob_leaves: c.hot_blob_leaves.load(Ordering::Relaxed).max(0) as u64,
             compression_ratio_dram: ratio(raw, holding).unwrap_or(0.0),
             gets,
             hits,

@@ -7,7 +7,9 @@ use std::sync::atomic::Ordering;
 
 use parking_lot::RwLockWriteGuard;
 
-use super::leaf::{DramLeaf, HOT, LOST, LeafState, RAW_PAGE, REFERENCED, RETIRED, UNKNOWN};
+use super::leaf::{
+    DramLeaf, HOT, LOST, LeafState, RAW_BLOBS, RAW_PAGE, REFERENCED, RETIRED, UNKNOWN,
+};
 use super::merge::{Shed, Shedding};
 use super::slots::View;
 use super::{DramTier, LeafId};
@@ -291,6 +293,11 @@ impl DramTier {
         for (_, id) in &run[1..] {
             if leaf(id).set(HOT, false) {
                 self.counters.hot_leaves.fetch_sub(1, Ordering::Relaxed);
+            }
+            if leaf(id).set(RAW_BLOBS, false) {
+                self.counters
+                    .hot_blob_leaves
+                    .fetch_sub(1, Ordering::Relaxed);
             }
             self.memory.change_index(self.leaves.free(id.0));
         }

@@ -116,6 +116,11 @@ impl DramTier {
         }
         let raw_blobs = heat == Heat::HotBlobs;
         let reblob = leaf.set(RAW_BLOBS, raw_blobs) != raw_blobs;
+        if reblob {
+            self.counters
+                .hot_blob_leaves
+                .fetch_add(if raw_blobs { 1 } else { -1 }, Ordering::Relaxed);
+        }
         let converted = st
             .page
             .as_deref()

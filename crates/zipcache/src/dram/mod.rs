@@ -190,6 +190,8 @@ pub struct DramCounters {
     pub write_drops: AtomicU64,
     pub corrupt_pages: AtomicU64,
     pub hot_leaves: AtomicI64,
+    /// Hot leaves whose blobs are stored as is (`Heat::HotBlobs`).
+    pub hot_blob_leaves: AtomicI64,
     /// Bytes of pages and blobs moved out of sparse allocator pages (`defrag.rs`).
     pub defrag_moved_bytes: AtomicU64,
 }
