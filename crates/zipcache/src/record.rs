@@ -894,6 +894,30 @@ mod tests {
         }
     }
 
+    /// A blob stored as is for a hot leaf decodes to its value and metadata without a
+    /// dictionary, names none, and is as long as `hot_blob_len` says of the same value's
+    /// compressed blob; only the compressed one counts as compressed.
+    #[test]
+    fn a_hot_blob_holds_its_value_as_is() {
+        let meta = Meta {
+            expires_at_ms: Some(1_234_567),
+            collection: true,
+            ..Meta::default()
+        };
+        let value = b"{\"user\":\"ada\",\"cart\":[1,2,3]}".repeat(20);
+        let hot = hot_blob_with(&value, &meta, <[u8]>::to_vec);
+        let compressed = encode_blob(&value, &meta, None);
+        assert!(is_hot_blob(&hot) && !is_compressed_blob(&hot));
+        assert!(is_compressed_blob(&compressed) && !is_hot_blob(&compressed));
+        assert_eq!(blob_dictionary(&hot), Some(0));
+        assert_eq!(decode_blob(&hot, None), Some((value.clone(), meta)));
+        assert_eq!(blob_header(&hot), Some((meta, value.len())));
+        assert_eq!(hot_blob_len(&compressed), Some(hot.len()));
+        assert_eq!(hot_blob_len(&hot), Some(hot.len()));
+        // Cut short, it is damaged, not a shorter value.
+        assert_eq!(decode_blob(&hot[..hot.len() - 1], None), None);
+    }
+
     /// Re-headed, a blob decodes to the same value with the new metadata, whichever way
     /// it was stored (raw, LZ4, a dictionary), and its data is the same bytes.
     #[test]

@@ -662,9 +662,9 @@ impl DramTier {
     }
 
     /// Page, blobs and access state (from `access_table`, the merged leaf's) for one
-    /// leaf's worth of objects kept as `heat` says; `dictionary` is the one its blobs that name one were
-    /// compressed with (`survivors` sees to it); `prior` the merged leaf's page, if it
-    /// was compressed with a page dictionary (`DramTier::page`).
+    /// leaf's worth of objects, kept as `heat` says; `dictionary` is the one its blobs
+    /// that name one were compressed with (`survivors` sees to it); `prior` the merged
+    /// leaf's page, if it was compressed with a page dictionary (`DramTier::page`).
     fn build(
         &self,
         objs: Vec<Obj>,
@@ -720,10 +720,11 @@ impl DramTier {
         // Pushed one by one: `collect` would reuse the far larger `objs` allocation.
         let mut blobs = thin_vec::ThinVec::new();
         let mut named = false;
+        let raw_blobs = heat == Heat::HotBlobs;
         for o in objs {
             if let Body::Blob(b) = o.body {
-                // may compress: a blob stored as is for heat leaving a hot leaf (`hot.rs`)
-                let raw_blobs = heat == Heat::HotBlobs;
+                // may compress: a blob stored as is for heat that leaves a hot leaf (and
+                // decompress: one that joins a leaf keeping its blobs as is), `hot.rs`
                 let b = self.blob_for_heat(&b, raw_blobs, dictionary).unwrap_or(b);
                 named |= blob_dictionary(&b).is_some_and(|id| id != 0);
                 blobs.push(Some(b));
