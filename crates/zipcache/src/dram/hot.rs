@@ -1,10 +1,11 @@
 //! Adaptive compression bypassing (paper §3.2): the hottest leaves, within a share of
 //! the DRAM budget, keep their pages uncompressed, and — while the budget has room to
 //! spare — their medium objects' blobs too (`BLOB_HOT`: a GET of a hot medium object
-//! decompresses nothing, and a read-modify-write of one, such as an HSET of a hot
-//! session, compresses nothing under its lock). A blob stored as is for heat is
-//! compressed again when its leaf cools (`set_heat`) or a merge moves it into a leaf
-//! that is not hot (`merge.rs`, `build`, through [`DramTier::blob_for_heat`]).
+//! decompresses nothing, and a write of one compresses nothing: a PUT not before the
+//! leaf's lock, a read-modify-write such as an HSET of a hot session not under it). A
+//! blob stored as is for heat is compressed again when its leaf cools (`set_heat`) or a
+//! merge moves it into a leaf that is not hot (`merge.rs`, `build`, through
+//! [`DramTier::blob_for_heat`]).
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -101,6 +102,19 @@ impl DramTier {
             }
             leaf.access.store(count >> 1, Ordering::Relaxed);
         }
+    }
+
+    /// Whether `key`'s leaf stores its blobs as is, asked without its lock before a write
+    /// compresses its value ahead of it (the lock decides: a wrong answer costs a
+    /// compression, or a compression under the lock). A walk of the tree only while
+    /// some leaf does.
+    pub(super) fn keeps_blobs_as_is(&self, key: &[u8]) -> bool {
+        self.counters.hot_blob_leaves.load(Ordering::Relaxed) > 0
+            && self.tree.with_leaf(key, |id| {
+                self.view()
+                    .get(id.0)
+                    .is_some_and(|leaf| leaf.heat() == Heat::HotBlobs)
+            })
     }
 
     pub(super) fn set_heat(&self, leaf: &DramLeaf, heat: Heat) {
@@ -321,6 +335,9 @@ mod tests {
             memory.snapshot().mediums > cool_bytes + 40 * 1000,
             "charged as they are"
         );
+        // Nothing compressed ahead of the lock either: `compress_ahead` offers each value
+        // it compresses to the trainer.
+        let offered = trainer.offered();
         for i in 0..10 {
             dram.put_with(
                 &key(i),
@@ -331,6 +348,7 @@ mod tests {
                 |_| (),
             );
         }
+        assert_eq!(trainer.offered(), offered);
         let written = blobs(&dram);
         assert_eq!(written.compressed_in_hot, 0, "{written:?}");
         assert!(written.hot_in_hot >= 40, "{written:?}");

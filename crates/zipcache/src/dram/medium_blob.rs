@@ -81,8 +81,9 @@ impl DramTier {
         let blob = match source {
             // A re-headed blob names the dictionary the leaf holds, or none.
             BlobSource::Made(made) => made,
-            // What was compressed ahead goes unused: a hot leaf's reads would only
-            // decompress it again.
+            // Not compressed ahead, unless the leaf turned hot since the write asked
+            // (`keeps_blobs_as_is`): then what was compressed goes unused, as a hot
+            // leaf's reads would only decompress it again.
             _ if raw_blobs => hot_blob_with(value, meta, Block::new),
             BlobSource::Ahead(ahead) => self.leaf_blob(extras, value, meta, current, Some(ahead)),
             BlobSource::Compress => self.leaf_blob(extras, value, meta, current, None),
