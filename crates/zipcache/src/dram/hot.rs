@@ -84,7 +84,9 @@ impl DramTier {
                     charge.mediums as u64,
                 )
             };
-            let blobs_as_is = as_is <= blob_room;
+            // A leaf without blobs stays `Hot`: nothing to store as is, and no medium
+            // PUT need ask where its value goes (`keeps_blobs_as_is`).
+            let blobs_as_is = as_is > 0 && as_is <= blob_room;
             pinned += page + buffer + if blobs_as_is { as_is } else { blobs };
             if pinned > hot_budget {
                 break;
@@ -465,5 +467,24 @@ mod tests {
         );
         assert_eq!(pass(i64::MAX / 2).0, Heat::HotBlobs);
         assert_eq!(reads(&dram, &key(7)), Some(value(7)));
+        // A hot leaf of tiny values alone has no blobs to store as is.
+        for i in 0..2000 {
+            dram.put_with(
+                &key(100_000 + i),
+                Some(b"tiny"),
+                Meta::default(),
+                None,
+                0,
+                |_| (),
+            );
+        }
+        dram.merge_all(0);
+        let tiny = key(100_500);
+        for _ in 0..4000 {
+            dram.get(&tiny, 0, false);
+        }
+        dram.bypass_pass(i64::MAX / 2);
+        let (heat, blobs) = dram.read_leaf(&tiny, |leaf, st| (leaf.heat(), st.blobs().len()));
+        assert_eq!((heat, blobs), (Heat::Hot, 0));
     }
 }
