@@ -37,10 +37,12 @@ pub(super) enum BlobSource {
 }
 
 impl DramTier {
-    /// `value` compressed ahead of its write's lock, if it is a medium value; it joins
-    /// the sample that dictionaries are trained on now.
+    /// `value` compressed ahead of its write's lock, if it is a medium value bound for a
+    /// leaf that does not store its blobs as is (`hot.rs`; the lock decides again); it
+    /// joins the sample that dictionaries are trained on now.
     pub(super) fn compress_ahead(&self, key: &[u8], value: &[u8]) -> BlobSource {
-        if !self.is_medium(key, value) {
+        // Medium first: the heat's question may walk the tree.
+        if !self.is_medium(key, value) || self.keeps_blobs_as_is(key) {
             return BlobSource::Compress;
         }
         if let Some(dictionaries) = &self.dictionaries {

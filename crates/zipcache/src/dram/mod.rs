@@ -511,12 +511,8 @@ impl DramTier {
         now_ms: u64,
         alongside: impl FnOnce(u64) -> R,
     ) -> R {
-        // may compress: a medium value, before the leaf's lock (`medium_blob.rs`) — unless
-        // its leaf stores blobs as is (`hot.rs`), which the lock tells again
-        let blob = match value {
-            Some(v) if !self.keeps_blobs_as_is(key) => self.compress_ahead(key, v),
-            _ => BlobSource::Compress,
-        };
+        // may compress: a medium value, before the leaf's lock (`medium_blob.rs`)
+        let blob = value.map_or(BlobSource::Compress, |v| self.compress_ahead(key, v));
         self.write_leaf(key, |id, leaf, st| {
             let meta = meta.assigning(if meta.cas == ASSIGN_CAS && !meta.client_cas {
                 self.next_cas(st)
