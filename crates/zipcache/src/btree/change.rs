@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 
 use parking_lot::{RwLock, RwLockWriteGuard};
 
-use super::node::{Children, LeafEntries, Node, route};
+use super::node::{Children, InnerEntries, LeafEntries, Node};
 use super::{BTree, Child, FANOUT, Fence, Ranged};
 
 impl<C: Child> BTree<C> {
@@ -104,7 +104,10 @@ impl<C: Child> BTree<C> {
             Some(right) => {
                 self.depth.fetch_add(1, Ordering::Relaxed);
                 let node = Node {
-                    children: Children::Nodes(vec![(left.low(), left), (right.low(), right)]),
+                    children: Children::Nodes(InnerEntries::new(vec![
+                        (left.low(), left),
+                        (right.low(), right),
+                    ])),
                 };
                 delta.added += node.bytes();
                 Arc::new(node)
@@ -148,11 +151,11 @@ impl<C: Child> BTree<C> {
                 }
             }
             Children::Nodes(v) => {
-                let at = route(v, low);
+                let at = v.route(low);
                 let (left, right) = Self::insert_into(&v[at].1, low, leaf, delta);
                 let mut v = match right {
                     Some(right) => with_inserted(v, at + 1, (right.low(), right)),
-                    None => v.clone(),
+                    None => v.to_vec(),
                 };
                 v[at] = (left.low(), left);
                 split_if_full(v)
@@ -212,15 +215,15 @@ impl<C: Child> BTree<C> {
                 Children::Leaves(LeafEntries::repack(&bytes, &entries))
             }
             Children::Nodes(v) => {
-                let at = route(v, low);
+                let at = v.route(low);
                 let child = Self::remove_from(&v[at].1, low, delta)?;
-                let mut v = v.clone();
+                let mut v = v.to_vec();
                 if child.len() == 0 {
                     v.remove(at);
                 } else {
                     v[at] = (child.low(), child);
                 }
-                Children::Nodes(v)
+                Children::Nodes(InnerEntries::new(v))
             }
         };
         delta.removed += node.bytes();
@@ -257,9 +260,11 @@ fn with_inserted<T: Clone>(v: &[T], at: usize, item: T) -> Vec<T> {
 /// Splits an overfull inner entry vector in two halves.
 fn split_if_full<C>(mut v: Vec<(Fence, Arc<Node<C>>)>) -> (Children<C>, Option<Children<C>>) {
     if v.len() <= FANOUT {
-        return (Children::Nodes(v), None);
+        return (Children::Nodes(InnerEntries::new(v)), None);
     }
     let right = v.split_off(v.len() / 2);
-    v.shrink_to_fit();
-    (Children::Nodes(v), Some(Children::Nodes(right)))
+    (
+        Children::Nodes(InnerEntries::new(v)),
+        Some(Children::Nodes(InnerEntries::new(right))),
+    )
 }

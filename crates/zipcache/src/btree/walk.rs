@@ -1,7 +1,7 @@
 //! The lock-free reads: route a key down from the loaded root to its leaf, and walk the
 //! leaves in key order on one snapshot of the tree.
 
-use super::node::{Children, LeafEntries, Node, route};
+use super::node::{Children, LeafEntries, Node};
 use super::{BTree, Child, Fence};
 
 impl<C: Child> BTree<C> {
@@ -26,7 +26,7 @@ impl<C: Child> BTree<C> {
         let mut node = root;
         loop {
             match &node.children {
-                Children::Nodes(v) => node = &v[route(v, key)].1,
+                Children::Nodes(v) => node = &v[v.route(key)].1,
                 Children::Leaves(v) => return (v, v.route(key)),
             }
         }
@@ -71,9 +71,7 @@ impl<C: Child> BTree<C> {
         loop {
             match &node.children {
                 Children::Nodes(v) => {
-                    let i = v
-                        .partition_point(|(l, _)| l.as_ref() < low)
-                        .checked_sub(1)?;
+                    let i = v.count_below(low, true).checked_sub(1)?;
                     node = &v[i].1;
                 }
                 Children::Leaves(v) => {
@@ -116,7 +114,7 @@ impl<C: Child> BTree<C> {
                 v.fence_into(i, fence);
                 visit(fence, &v.children[i])
             }),
-            Children::Nodes(v) => v[route(v, key)..]
+            Children::Nodes(v) => v[v.route(key)..]
                 .iter()
                 .all(|(_, child)| Self::walk_from(child, key, fence, visit)),
         }

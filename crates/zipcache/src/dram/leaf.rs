@@ -507,8 +507,8 @@ mod tests {
     }
 
     /// A leaf costs a 40-byte slot; with the tree's entry (a 4-byte id, its fence's
-    /// distinct bytes and a 2-byte offset) and its share of the inner nodes it stays
-    /// within 64 bytes, as the account charges it. The account matches a recount of
+    /// distinct bytes, a 2-byte offset and a 4-byte head) and its share of the inner
+    /// nodes it stays within 64 bytes, as the account charges it. The account matches a recount of
     /// every allocation's size and capacity, before and after evictions.
     #[test]
     fn a_leaf_costs_at_most_64_bytes_and_the_account_is_exact() {
