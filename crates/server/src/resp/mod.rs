@@ -4,6 +4,7 @@ pub(crate) mod cmd;
 mod glob;
 pub mod parse;
 
+use std::borrow::Cow;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -110,6 +111,22 @@ impl RespSession {
     }
 }
 
+/// Calls `f` with a request's arguments as byte slices: from an array on the stack for
+/// the usual few (a `Vec` per command was a heap allocation and free for every request),
+/// collected for more.
+fn with_argv<R>(args: &[Cow<'_, [u8]>], f: impl FnOnce(&[&[u8]]) -> R) -> R {
+    const FEW: usize = 8;
+    if args.len() <= FEW {
+        let mut few: [&[u8]; FEW] = [&[]; FEW];
+        for (slot, arg) in few.iter_mut().zip(args) {
+            *slot = arg;
+        }
+        f(&few[..args.len()])
+    } else {
+        f(&args.iter().map(|a| a.as_ref()).collect::<Vec<&[u8]>>())
+    }
+}
+
 impl Session for RespSession {
     type Takeover = Infallible;
 
@@ -147,8 +164,10 @@ impl Session for RespSession {
                 if !std::mem::take(&mut self.awaiting) {
                     Counters::bump(&self.shared.core.counters.total_commands_processed);
                 }
-                let args: Vec<&[u8]> = args.iter().map(|a| a.as_ref()).collect();
-                match cmd::execute(&self.shared, &mut self.client, &args, &mut out, reads) {
+                let flow = with_argv(&args, |argv| {
+                    cmd::execute(&self.shared, &mut self.client, argv, &mut out, reads)
+                });
+                match flow {
                     cmd::Flow::Continue => Step::Consumed(len),
                     cmd::Flow::Close => Step::Close,
                     cmd::Flow::Await => {
@@ -180,10 +199,12 @@ impl Session for RespSession {
         else {
             return None;
         };
-        let args: Vec<&[u8]> = args.iter().map(|a| a.as_ref()).collect();
         // An empty command is skipped by `step` without running.
-        (args.is_empty() || cmd::read_ahead(&self.shared, &self.client, &args, ahead))
-            .then_some(len)
+        let ready = args.is_empty()
+            || with_argv(&args, |argv| {
+                cmd::read_ahead(&self.shared, &self.client, argv, ahead)
+            });
+        ready.then_some(len)
     }
 
     fn take_over(&mut self) -> Option<Infallible> {
@@ -292,6 +313,29 @@ impl Reply<'_> {
             self.header(b'%', pairs);
         } else {
             self.array(pairs * 2);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Whatever their number, on the stack or collected, the arguments reach the command
+    /// whole and in order.
+    #[test]
+    fn every_argument_reaches_the_command() {
+        for n in [0, 1, 8, 9, 40] {
+            let args: Vec<Cow<'_, [u8]>> = (0..n)
+                .map(|i| match i % 2 {
+                    0 => Cow::Owned(format!("owned-{i}").into_bytes()),
+                    _ => Cow::Borrowed(b"borrowed".as_slice()),
+                })
+                .collect();
+            let seen: Vec<Vec<u8>> =
+                with_argv(&args, |argv| argv.iter().map(|a| a.to_vec()).collect());
+            let expected: Vec<Vec<u8>> = args.iter().map(|a| a.to_vec()).collect();
+            assert_eq!(seen, expected, "{n} arguments");
         }
     }
 }

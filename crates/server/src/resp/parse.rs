@@ -181,6 +181,10 @@ impl Framer {
                 (count, end + 2)
             }
         };
+        // The elements read by this call; those read by earlier calls are framed again
+        // below, from a pass over their headers, as `input` may have moved since.
+        let resumed = self.elements > 0;
+        let mut args = Vec::with_capacity(if resumed { 0 } else { count.min(16) });
         while self.elements < count {
             if input.len() < self.next_complete_at {
                 return Parsed::Incomplete;
@@ -191,11 +195,20 @@ impl Framer {
                     return Parsed::Incomplete;
                 }
                 Element::Refused(refusal) => return refusal,
-                Element::Read { next, .. } => {
+                Element::Read { data, next } => {
                     self.elements += 1;
                     self.next = next;
+                    if !resumed {
+                        args.push(Cow::Borrowed(data));
+                    }
                 }
             }
+        }
+        if !resumed {
+            return Parsed::Command {
+                args,
+                len: self.next,
+            };
         }
         // Every element is in: one more pass over their headers frames the arguments.
         let mut args = Vec::with_capacity(count);
@@ -284,6 +297,14 @@ fn element<'a>(
 }
 
 fn integer(text: &[u8]) -> Option<i64> {
+    // A length: a few digits, read without going through `str` (at most 18 cannot
+    // overflow); anything else as `str::parse` reads it.
+    if (1..=18).contains(&text.len()) && text.iter().all(u8::is_ascii_digit) {
+        return Some(
+            text.iter()
+                .fold(0, |n: i64, digit| n * 10 + i64::from(digit - b'0')),
+        );
+    }
     std::str::from_utf8(text).ok()?.parse().ok()
 }
 
@@ -489,6 +510,36 @@ mod tests {
         let (framed, examined) = trickled(&line, 3);
         assert_eq!(framed[2].len(), 60_000);
         assert!(examined <= 2 * line.len(), "{examined} for {}", line.len());
+    }
+
+    /// Lengths read as `str::parse` reads them, the digits-only fast path included: signs,
+    /// leading zeros, the largest values and one past them, and bytes that are no number.
+    #[test]
+    fn integers_read_as_str_parse_reads_them() {
+        let texts: [&[u8]; 13] = [
+            b"0",
+            b"16",
+            b"007",
+            b"+5",
+            b"-1",
+            b"",
+            b"1 ",
+            b"x",
+            b"123456789012345678",
+            b"9223372036854775807",
+            b"9223372036854775808",
+            b"99999999999999999999",
+            b"\xff1",
+        ];
+        for text in texts {
+            let expected = std::str::from_utf8(text).ok().and_then(|t| t.parse().ok());
+            assert_eq!(
+                integer(text),
+                expected,
+                "{:?}",
+                String::from_utf8_lossy(text)
+            );
+        }
     }
 
     /// Resumed at every cut, the framer frames what one parse of the whole does.
