@@ -184,7 +184,7 @@ impl Framer {
         // The elements read by this call; those read by earlier calls are framed again
         // below, from a pass over their headers, as `input` may have moved since.
         let resumed = self.elements > 0;
-        let mut args = Vec::with_capacity(if resumed { 0 } else { count.min(16) });
+        let mut args = Vec::new();
         while self.elements < count {
             if input.len() < self.next_complete_at {
                 return Parsed::Incomplete;
@@ -199,6 +199,11 @@ impl Framer {
                     self.elements += 1;
                     self.next = next;
                     if !resumed {
+                        // Allocated once an element is in: a request trickling in
+                        // costs no allocation per read.
+                        if args.is_empty() {
+                            args.reserve(count.min(16));
+                        }
                         args.push(Cow::Borrowed(data));
                     }
                 }

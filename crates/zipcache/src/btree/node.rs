@@ -84,8 +84,12 @@ impl<C: Child> LeafEntries<C> {
 
     /// How many fences are below `key` (`strict`) or at most `key`.
     pub(super) fn count_below(&self, key: &[u8], strict: bool) -> usize {
-        let after_first = self.count_after_first(key, strict);
-        after_first + usize::from(after_first > 0 || self.first_is_below(key, strict))
+        with_first(self.count_after_first(key, strict), strict, || {
+            match self.children.is_empty() {
+                true => KeyOrder::Greater,
+                false => self.prefix().iter().chain(self.suffix(0)).cmp(key.iter()),
+            }
+        })
     }
 
     /// How many fences after the first are below `key` (`strict`) or at most `key`.
@@ -94,19 +98,6 @@ impl<C: Child> LeafEntries<C> {
         let skip = self.heads.prefix.len() - self.shared as usize;
         self.heads
             .count_below(key, strict, |i| &self.suffix(i + 1)[skip..])
-    }
-
-    /// Whether fence 0 is below `key` (`strict`) or at most `key`.
-    fn first_is_below(&self, key: &[u8], strict: bool) -> bool {
-        if self.children.is_empty() {
-            return false;
-        }
-        let fence = self.prefix().iter().chain(self.suffix(0));
-        match fence.cmp(key.iter()) {
-            KeyOrder::Less => true,
-            KeyOrder::Equal => !strict,
-            KeyOrder::Greater => false,
-        }
     }
 
     /// Index of the entry whose range holds `key`: the last with `fence <= key` (the
@@ -155,9 +146,8 @@ fn common_prefix(a: &[u8], b: &[u8]) -> usize {
 /// numbers read from one array, and reads a fence itself only where two heads are equal.
 /// Comparing the fences chased a pointer and called memcmp at every step: the walk took
 /// 13 % of the server's CPU in pipelined `SET`s and `GET`s of tiny values, half of it in
-/// memcmp. The first fence stays
-/// out: the first node of each level, the root among them, has the empty fence, and
-/// with it no prefix its fences share.
+/// memcmp. The first fence stays out: the first node of each level, the root among them,
+/// has the empty fence, and with it no prefix its fences share.
 pub(super) struct Heads {
     prefix: Box<[u8]>,
     heads: Box<[u32]>,
@@ -204,11 +194,7 @@ impl Heads {
                 let key_rest = &key[prefix.len()..];
                 let key_head = head(key_rest);
                 let below = |i: usize| match self.heads[i].cmp(&key_head) {
-                    KeyOrder::Equal => match rest(i).cmp(key_rest) {
-                        KeyOrder::Less => true,
-                        KeyOrder::Equal => !strict,
-                        KeyOrder::Greater => false,
-                    },
+                    KeyOrder::Equal => counts(rest(i).cmp(key_rest), strict),
                     order => order == KeyOrder::Less,
                 };
                 // The fences below are a run from the start: halve the rest of the
@@ -236,6 +222,20 @@ impl Heads {
     }
 }
 
+/// Whether a fence ordered `order` against a key counts as below it (`strict`) or at
+/// most it.
+fn counts(order: KeyOrder, strict: bool) -> bool {
+    order == KeyOrder::Less || (order == KeyOrder::Equal && !strict)
+}
+
+/// A node's count of fences below a key (`strict`) or at most it, from the count
+/// `after_first` of those after the first and how fence 0 orders against the key
+/// (`first`, asked only if none after it counts: they are sorted; `Greater` for a node
+/// without entries).
+fn with_first(after_first: usize, strict: bool, first: impl FnOnce() -> KeyOrder) -> usize {
+    after_first + usize::from(after_first > 0 || counts(first(), strict))
+}
+
 /// The entries of an inner node: its children and their low fences, in key order, with
 /// the fences' heads.
 pub(super) struct InnerEntries<C> {
@@ -253,14 +253,11 @@ impl<C> InnerEntries<C> {
 
     /// How many fences are below `key` (`strict`) or at most `key`.
     pub(super) fn count_below(&self, key: &[u8], strict: bool) -> usize {
-        let after_first = self.count_after_first(key, strict);
-        let first_is_below = || {
-            self.entries.first().is_some_and(|(fence, _)| match strict {
-                true => &fence[..] < key,
-                false => &fence[..] <= key,
-            })
-        };
-        after_first + usize::from(after_first > 0 || first_is_below())
+        with_first(self.count_after_first(key, strict), strict, || {
+            self.entries
+                .first()
+                .map_or(KeyOrder::Greater, |(fence, _)| fence[..].cmp(key))
+        })
     }
 
     /// How many fences after the first are below `key` (`strict`) or at most `key`.
