@@ -1,4 +1,5 @@
-//! DRAM-tier latencies: early-termination decode (paper Table 1), GET on a compressed
+//! DRAM-tier latencies: early-termination decode (paper Table 1), a GET's decode of a page
+//! compressed in 1, 2 and 4 chunks (setting `page_chunks`), GET on a compressed
 //! and on a bypassed hot page, GET of a medium object compressed with a trained
 //! dictionary, and GET throughput with 1 and 2 threads.
 //!
@@ -10,8 +11,8 @@ use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use zipcache::internals::{
-    Memory, Meta, PackedLayout, PageDictionary, Payload, Record, compress_page, decompress_prefix,
-    dram_subpage, text_record,
+    Chunks, Memory, Meta, PackedLayout, PageDictionary, Payload, Record, compress_chunks,
+    compress_page, decode_span, decompress_prefix, dram_subpage, text_record,
 };
 use zipcache::{Config, ZipCache};
 
@@ -22,6 +23,7 @@ use zipcache::{Config, ZipCache};
 fn leaf_page(value: impl Fn(u64) -> Vec<u8>) -> (Vec<usize>, Vec<u8>) {
     let layout = PackedLayout {
         subpages: 16,
+        chunks: 1,
         capacity: 4096,
         hash: dram_subpage,
     };
@@ -111,6 +113,55 @@ fn early_termination(c: &mut Criterion) {
                         dictionary,
                         &mut out
                     ))
+                })
+            });
+        }
+        group.finish();
+    }
+}
+
+/// A GET's decode of a 4 KiB leaf compressed in `k` chunks (setting `page_chunks`): each
+/// iteration decodes the span of every one of the 16 sub-pages in turn, as GETs of keys
+/// spread over them do, so a sixteenth of its time is a GET's mean; text rows with an LZ4
+/// page dictionary, and the paper's values. Prints each page's compressed size.
+fn page_in_chunks(c: &mut Criterion) {
+    let dictionary = {
+        let rows: Vec<u8> = (1_000..2_000).flat_map(text_record).collect();
+        PageDictionary::prepare(1, &rows, Arc::new(Memory::default())).expect("prepares")
+    };
+    let pages = [
+        (
+            "page_in_chunks_text_dictionary",
+            leaf_page(text_record),
+            Some(&*dictionary),
+        ),
+        ("page_in_chunks", leaf_page(synthetic_value), None),
+    ];
+    for (name, (ends, body), dictionary) in pages {
+        let mut group = c.benchmark_group(name);
+        for k in [1usize, 2, 4] {
+            let chunks = Chunks::new((1..=k).map(|c| ends[c * 16 / k - 1])).expect("1..=16");
+            let mut compressed = Vec::new();
+            assert!(compress_chunks(&body, &chunks, dictionary, &mut compressed));
+            eprintln!(
+                "{name}, {k} chunks: {} B of records in {} B",
+                body.len(),
+                compressed.len()
+            );
+            let mut out = vec![0u8; body.len()];
+            group.bench_function(format!("chunks_{k}_every_subpage"), |b| {
+                b.iter(|| {
+                    for s in 0..16 {
+                        let start = if s == 0 { 0 } else { ends[s - 1] };
+                        let span = start..ends[s];
+                        assert!(decode_span(
+                            black_box(&compressed),
+                            &chunks,
+                            span,
+                            dictionary,
+                            &mut out
+                        ));
+                    }
                 })
             });
         }
@@ -274,5 +325,11 @@ fn get_throughput(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, early_termination, get_latency, get_throughput);
+criterion_group!(
+    benches,
+    early_termination,
+    page_in_chunks,
+    get_latency,
+    get_throughput
+);
 criterion_main!(benches);

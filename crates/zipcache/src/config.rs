@@ -10,6 +10,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 pub use zipcache_device::DeviceCompression;
 
 use crate::dictionary::training::{MIN_BUDGET, TrainingSettings};
+use crate::dram::early_termination::MAX_CHUNKS;
 use crate::error::{Error, Result};
 use crate::record::max_inline_record;
 
@@ -59,6 +60,12 @@ pub struct Config {
     pub leaf_size: usize,
     /// Hash-partitioned sub-pages per DRAM leaf (`n`).
     pub subpages: usize,
+    /// Independent LZ4 blocks a DRAM page's body is compressed in, each of a run of
+    /// whole sub-pages: a GET decodes one, through its sub-page (1: the paper's page).
+    /// More chunks trade objects held for CPU per GET (docs/RESULTS.md, "A page in
+    /// chunks": with 2, about a seventh less server CPU per GET of real rows for 1–2 %
+    /// fewer objects).
+    pub page_chunks: usize,
     /// Size of a BT_SSD super-leaf (`m` × 4 KiB).
     pub superleaf_size: usize,
     /// Under-filling threshold `T` of SSD sub-pages.
@@ -156,6 +163,7 @@ impl Default for Config {
             ssd: None,
             leaf_size: 4096,
             subpages: 16,
+            page_chunks: 2,
             superleaf_size: 64 << 10,
             fill_threshold: 0.75,
             write_buffer: 256,
@@ -236,6 +244,7 @@ impl Config {
         "dram",
         "leaf_size",
         "subpages",
+        "page_chunks",
         "superleaf_size",
         "fill_threshold",
         "write_buffer",
@@ -269,6 +278,7 @@ impl Config {
             "dram" | "dram_capacity" => self.dram_capacity = parse_size(value)?,
             "leaf_size" => self.leaf_size = parse_usize(name, value)?,
             "subpages" => self.subpages = parse_usize(name, value)?,
+            "page_chunks" => self.page_chunks = parse_usize(name, value)?,
             "superleaf_size" => self.superleaf_size = parse_usize(name, value)?,
             "fill_threshold" => self.fill_threshold = parse_f64(name, value)?,
             "write_buffer" => self.write_buffer = parse_usize(name, value)?,
@@ -359,6 +369,12 @@ impl Config {
             return bad(format!(
                 "subpages {} must be 1..=256 and divide leaf_size {}",
                 self.subpages, self.leaf_size
+            ));
+        }
+        if self.page_chunks == 0 || self.page_chunks > self.subpages.min(MAX_CHUNKS) {
+            return bad(format!(
+                "page_chunks {} must be 1..={} (at most subpages, {})",
+                self.page_chunks, MAX_CHUNKS, self.subpages
             ));
         }
         if self.tiny_max > self.medium_max {
@@ -525,6 +541,24 @@ mod tests {
             .expect("sub-pages have no size of their own: 64 of them hold 250 B keys");
         c.subpages = 3;
         assert!(c.validate().is_err());
+        for (subpages, chunks, ok) in [
+            (16, 1, true),
+            (16, 16, true),
+            (16, 0, false),
+            (2, 4, false),
+            (64, 17, false),
+        ] {
+            let c = Config {
+                subpages,
+                page_chunks: chunks,
+                ..Config::default()
+            };
+            assert_eq!(
+                c.validate().is_ok(),
+                ok,
+                "{subpages} sub-pages in {chunks} chunks"
+            );
+        }
         let c = Config {
             dram_capacity: 1000,
             ..Config::default()

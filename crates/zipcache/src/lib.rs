@@ -127,13 +127,16 @@ pub enum Update {
     Delete,
 }
 
-/// Building blocks the benchmarks measure on their own (paper Table 1 and Fig. 2a).
+/// Building blocks the benchmarks measure on their own (paper Table 1 and Fig. 2a, a page
+/// in chunks).
 /// Not a stable interface.
 #[doc(hidden)]
 pub mod internals {
     pub use crate::dictionary::page::{PageDictionary, text_record};
     pub use crate::dictionary::training::train_from_samples;
-    pub use crate::dram::early_termination::{compress_page, decompress_prefix};
+    pub use crate::dram::early_termination::{
+        Chunks, compress_chunks, compress_page, decode_span, decompress_prefix,
+    };
     pub use crate::dram::packed_page::PackedLayout;
     pub use crate::memory::Memory;
     pub use crate::record::{CasBase, Meta, Payload, Record};

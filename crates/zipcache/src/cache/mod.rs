@@ -362,6 +362,7 @@ fn dram_settings(config: &Config, with_ssd: bool) -> DramSettings {
     DramSettings {
         leaf_size: config.leaf_size,
         subpages: config.subpages,
+        page_chunks: config.page_chunks,
         write_buffer: config.write_buffer,
         tiny_max: config.tiny_max,
         dram_capacity: config.dram_capacity,

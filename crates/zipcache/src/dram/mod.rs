@@ -157,6 +157,8 @@ impl Child for LeafId {
 pub struct DramSettings {
     pub leaf_size: usize,
     pub subpages: usize,
+    /// Chunks a page's body is compressed in (`early_termination.rs`).
+    pub page_chunks: usize,
     pub write_buffer: usize,
     pub tiny_max: usize,
     pub dram_capacity: u64,
@@ -278,6 +280,7 @@ impl DramTier {
     pub fn new(settings: DramSettings, memory: Arc<Memory>, bypass_r: f64) -> Self {
         let layout = PackedLayout {
             subpages: settings.subpages,
+            chunks: settings.page_chunks,
             capacity: settings.leaf_size,
             hash: dram_subpage,
         };

@@ -19,12 +19,18 @@
 //! base is a whole varint): a damaged one reads as a damaged page, never as a slice out
 //! of bounds.
 
+use std::ops::Range;
+
+use super::early_termination::{Chunks, MAX_CHUNKS};
 use crate::format::page::end_width;
 use crate::record::{CasBase, Record, put_varint, read_varint, records_in};
 
 #[derive(Clone, Copy, Debug)]
 pub struct PackedLayout {
     pub subpages: usize,
+    /// Chunks the body is compressed in (`early_termination.rs`), each of a run of whole
+    /// sub-pages: chunk `c` holds sub-pages `c × subpages / chunks` up to the next's.
+    pub chunks: usize,
     /// Most body bytes one page holds (`leaf_size`).
     pub capacity: usize,
     pub hash: fn(&[u8], usize) -> usize,
@@ -146,17 +152,32 @@ impl PackedLayout {
         Some((table, body))
     }
 
-    /// Bytes of the body, from its start, that hold `key`'s sub-page.
-    pub fn prefix_for(&self, table: &Table<'_>, key: &[u8]) -> usize {
-        table.end(self.subpage_of(key))
+    /// Where `key`'s sub-page lies in the body.
+    pub fn subpage_for(&self, table: &Table<'_>, key: &[u8]) -> Range<usize> {
+        table.subpage(self.subpage_of(key))
     }
 
-    /// The record of `key` in a body (or a prefix of one that covers its sub-page).
+    /// Where each chunk of a body with header `table` ends (`chunks` taken within 1 and
+    /// the sub-pages, at most `MAX_CHUNKS`); `None` for a table whose ends decrease.
+    pub fn chunks(&self, table: &Table<'_>) -> Option<Chunks> {
+        let k = self.chunks.clamp(1, self.subpages.min(MAX_CHUNKS));
+        Chunks::new((0..k).map(|c| table.end((c + 1) * self.subpages / k - 1)))
+    }
+
+    /// The record of `key` in a body (or in any bytes that hold its sub-page where the
+    /// body would).
     pub fn find<'p>(&self, table: &Table<'_>, body: &'p [u8], key: &[u8]) -> Option<Record<'p>> {
-        let s = self.subpage_of(key);
-        let start = if s == 0 { 0 } else { table.end(s - 1) };
-        let sub = body.get(start..table.end(s))?;
-        records_in(sub, table.cas_base).find(|r| r.key == key)
+        self.find_in(table, body.get(self.subpage_for(table, key))?, key)
+    }
+
+    /// The record of `key` in `subpage`, the bytes of its sub-page.
+    pub fn find_in<'p>(
+        &self,
+        table: &Table<'_>,
+        subpage: &'p [u8],
+        key: &[u8],
+    ) -> Option<Record<'p>> {
+        records_in(subpage, table.cas_base).find(|r| r.key == key)
     }
 
     /// Every record of a body whose header names `cas_base`, sub-page by sub-page.
@@ -166,6 +187,12 @@ impl PackedLayout {
 }
 
 impl Table<'_> {
+    /// Where sub-page `i` lies in the body.
+    pub fn subpage(&self, i: usize) -> Range<usize> {
+        let start = if i == 0 { 0 } else { self.end(i - 1) };
+        start..self.end(i)
+    }
+
     /// Where sub-page `i` ends in the body. Read by its width's own load, not copied
     /// through a buffer: every GET checks the whole table (`PackedLayout::table`), and
     /// a `memcpy` call per entry was 5 % of the server's CPU in uniform GETs.
@@ -213,6 +240,7 @@ mod tests {
     fn layout(capacity: usize) -> PackedLayout {
         PackedLayout {
             subpages: 16,
+            chunks: 4,
             capacity,
             hash: dram_subpage,
         }
@@ -248,7 +276,7 @@ mod tests {
         let body = &page[33..];
         assert_eq!(l.find(&table, body, a), Some(recs[0]));
         assert_eq!(
-            l.find(&table, &body[..l.prefix_for(&table, b)], b),
+            l.find(&table, &body[..l.subpage_for(&table, b).end], b),
             Some(recs[1])
         );
     }
@@ -377,7 +405,7 @@ mod tests {
                     let body = &page[table.len()..];
                     prop_assert_eq!(table.body_len(), total);
                     for r in &recs {
-                        let prefix = &body[..l.prefix_for(&table, r.key)];
+                        let prefix = &body[..l.subpage_for(&table, r.key).end];
                         prop_assert_eq!(l.find(&table, prefix, r.key), Some(*r));
                     }
                     prop_assert_eq!(l.all(table.cas_base(), body).count(), recs.len());

@@ -45,6 +45,7 @@ pub(super) fn tier() -> DramTier {
     let settings = DramSettings {
         leaf_size: 4096,
         subpages: 16,
+        page_chunks: 4,
         write_buffer: 0,
         tiny_max: 1024,
         dram_capacity: 64 << 20,

@@ -9,6 +9,8 @@
 //!            cas_base                (varint: the smallest CAS version in the page, 0 if none)
 //! body    := sub-page 0 | sub-page 1 | ... | sub-page n-1      (bytes ends[n-1])
 //! ```
+//! A cold body is compressed in chunks of whole sub-pages, a table of where each block
+//! ends in front of them (`dram/early_termination.rs` draws it).
 //! The summary's varints put everything after them at offsets found by reading: the
 //! fields here are those of fixed width, placed at a given offset.
 
