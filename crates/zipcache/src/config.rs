@@ -62,9 +62,9 @@ pub struct Config {
     pub subpages: usize,
     /// Independent LZ4 blocks a DRAM page's body is compressed in, each of a run of
     /// whole sub-pages: a GET decodes one, through its sub-page (1: the paper's page).
-    /// More chunks trade objects held for CPU per GET (docs/RESULTS.md, "A page in
-    /// chunks": with 2, about a seventh less server CPU per GET of real rows for 1–2 %
-    /// fewer objects).
+    /// More chunks trade objects held for CPU per GET (docs/RESULTS.md, G3, and the
+    /// history's "A page in chunks": with 2, about a fifth less server CPU per GET of
+    /// real rows for 1–3 % fewer objects).
     pub page_chunks: usize,
     /// Size of a BT_SSD super-leaf (`m` × 4 KiB).
     pub superleaf_size: usize,
