@@ -1,8 +1,9 @@
 //! A merge that patches the page instead of rebuilding it: on a leaf of tiny values (no
 //! blobs, no access table, not hot) whose buffer only sets values that never expire,
 //! with versions the engine assigned, the sub-pages that no buffered key hashes to are
-//! copied as they are, and only the others are parsed and written again, each write
-//! replacing its key's record or joining the sub-page in key order. The page that comes
+//! copied as they are, and only the others are walked and written again, each write
+//! replacing its key's record (the one record decoded whole) or joining the sub-page in
+//! key order. The page that comes
 //! out is the one the whole merge (`merge_locked`) builds, byte for byte, so a leaf
 //! takes this way only where that is certain: its CAS base stays (no replaced record
 //! holds it), the records copied are inline values without an expiry (a merge drops
@@ -175,20 +176,21 @@ impl DramTier {
             let mut last: Option<&[u8]> = None;
             let mut at = 0;
             while at < sub.len() {
-                let (r, used) = Record::parse_in(&sub[at..], base)?;
-                let lasting =
-                    matches!(r.payload, Payload::Inline(_)) && r.meta.expires_at_ms.is_none();
-                if !lasting || last.is_some_and(|k| k >= r.key) {
+                // A record a write passes is copied: its key and kind tell enough. Only
+                // one replaced is decoded whole.
+                let (kind, key, used) = kind_key_and_len(&sub[at..])?;
+                if !lasting_inline(kind) || last.is_some_and(|k| k >= key) {
                     return None;
                 }
-                last = Some(r.key);
-                while let Some(w) = writes.next_if(|w| w.subpage == s && w.record.key < r.key) {
+                last = Some(key);
+                while let Some(w) = writes.next_if(|w| w.subpage == s && w.record.key < key) {
                     summary.objects += 1;
                     gone = gone.max(w.gone(0));
                     add(&mut summary, &w.record, &mut out);
                 }
-                match writes.next_if(|w| w.subpage == s && w.record.key == r.key) {
+                match writes.next_if(|w| w.subpage == s && w.record.key == key) {
                     Some(w) => {
+                        let (r, _) = Record::parse_in(&sub[at..at + used], base)?;
                         if r.meta.cas == base.0 && base.0 != 0 {
                             // The base may move.
                             return None;
