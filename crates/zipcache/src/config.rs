@@ -3,6 +3,7 @@
 //! `Config::set(name, value)` is what `--set NAME=VALUE` on the command line and the keys of
 //! a TOML config file go through, so the engine, the server and the bench agree on names.
 
+use std::cell::Cell;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -24,15 +25,71 @@ pub trait Clock: Send + Sync + std::fmt::Debug {
     fn now_ms(&self) -> u64;
 }
 
+/// The system's clock, or the instant a [`PinnedNow`] holds on this thread.
 #[derive(Debug, Default)]
 pub struct SystemClock;
 
 impl Clock for SystemClock {
     fn now_ms(&self) -> u64 {
-        SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_millis() as u64)
-            .unwrap_or(0)
+        match PINNED.get() {
+            Pin::Off => system_now_ms(),
+            Pin::Armed => {
+                let now = system_now_ms();
+                PINNED.set(Pin::At(now));
+                now
+            }
+            Pin::At(now) => now,
+        }
+    }
+}
+
+fn system_now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// Whether [`SystemClock`] answers a pinned instant on this thread.
+#[derive(Clone, Copy)]
+enum Pin {
+    Off,
+    /// A [`PinnedNow`] lives, and the clock was not read since: the first read fixes it.
+    Armed,
+    At(u64),
+}
+
+thread_local! {
+    static PINNED: Cell<Pin> = const { Cell::new(Pin::Off) };
+}
+
+/// One instant for everything a request does: while it lives, [`SystemClock`] answers
+/// on this thread the time it first read, as a Redis command sees one time
+/// (`commandTimeSnapshot`). A server request then reads the clock once, not once per
+/// engine call (a clock read costs tens of nanoseconds on a virtual machine, and an
+/// HSET makes four), and not at all if nothing asks. A pin made while one lives keeps
+/// the outer one's instant. Other threads, and the engine's own, read the clock as it
+/// runs.
+#[must_use = "the time is pinned only while the guard lives"]
+pub struct PinnedNow {
+    outermost: bool,
+}
+
+impl PinnedNow {
+    pub fn pin() -> PinnedNow {
+        let outermost = matches!(PINNED.get(), Pin::Off);
+        if outermost {
+            PINNED.set(Pin::Armed);
+        }
+        PinnedNow { outermost }
+    }
+}
+
+impl Drop for PinnedNow {
+    fn drop(&mut self) {
+        if self.outermost {
+            PINNED.set(Pin::Off);
+        }
     }
 }
 
@@ -487,6 +544,43 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A pinned instant holds on its thread until the outermost pin goes, and nowhere
+    /// else.
+    #[test]
+    fn a_pinned_instant_holds_on_its_thread_until_the_outer_pin_goes() {
+        let clock = SystemClock;
+        let outer = PinnedNow::pin();
+        let pinned = clock.now_ms();
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        assert_eq!(clock.now_ms(), pinned);
+        let elsewhere = std::thread::spawn(|| SystemClock.now_ms()).join().unwrap();
+        assert!(elsewhere >= pinned + 20, "{elsewhere} against {pinned}");
+        {
+            let _inner = PinnedNow::pin();
+            assert_eq!(clock.now_ms(), pinned);
+        }
+        assert_eq!(
+            clock.now_ms(),
+            pinned,
+            "an inner pin keeps the outer instant"
+        );
+        drop(outer);
+        assert!(clock.now_ms() >= pinned + 20);
+    }
+
+    /// A pin fixes the time of the first read made under it, not its own: a request
+    /// that waited before it asked sees the time it asked.
+    #[test]
+    fn a_pin_fixes_the_time_of_its_first_read() {
+        let _pin = PinnedNow::pin();
+        let pinned_at = system_now_ms();
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let first = SystemClock.now_ms();
+        assert!(first >= pinned_at + 20, "{first} against {pinned_at}");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        assert_eq!(SystemClock.now_ms(), first);
+    }
 
     #[test]
     fn sizes_parse_with_binary_units() {

@@ -28,7 +28,7 @@ mod tests;
 
 pub use async_get::AsyncGet;
 pub use cache::ZipCache;
-pub use config::{Clock, Config, SsdConfig, SystemClock, parse_size};
+pub use config::{Clock, Config, PinnedNow, SsdConfig, SystemClock, parse_size};
 pub use dram::Reclaimed;
 pub use error::{Error, Result};
 pub use eviction::EvictionListener;

@@ -166,6 +166,8 @@ pub fn process<S: Session>(
     let _submit_reads_at_return = zipcache_device::batch_thread_ring_submissions();
     let mut pos = 0;
     while pos < input.len() {
+        // One instant for the request: its engine calls read the clock once between them.
+        let _now = zipcache::PinnedNow::pin();
         match session.step(&input[pos..], out, reads) {
             Step::NeedMore => break,
             Step::Consumed(n) => {
