@@ -7,9 +7,13 @@
 #
 #   scripts/redis-cpu.sh zipcache 16 --threads 1     # zipcache serve, GET -P 16, one thread
 #   TEST=set N=400000 scripts/redis-cpu.sh redis 1   # redis-server, SET -P 1
+#   TEST=hget scripts/redis-cpu.sh zipcache 16       # HGET of one field of a large hash
 #
 # Arguments: SERVER (zipcache | redis), PIPELINE, then flags for `zipcache serve`.
-# Environment: TEST (get), N (1000000 requests), C (50 clients), BIN (target/release/zipcache).
+# Environment: TEST (get; or any redis-benchmark -t test, such as set or hset; or hget:
+# `HGET myhash element:__rand_int__`, one field of the hash that 400,000 HSETs of
+# `-t hset` made first), N (1000000 requests), C (50 clients), BIN
+# (target/release/zipcache).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 server=$1
@@ -31,13 +35,20 @@ for _ in $(seq 200); do
     redis-cli -p "$port" ping >/dev/null 2>&1 && break
     sleep 0.05
 done
-redis-benchmark -p "$port" -t set -n 400000 -r 200000 -d 64 -c 50 -P 16 -q >/dev/null
+test=${TEST:-get}
+if [ "$test" = hget ]; then
+    redis-benchmark -p "$port" -t hset -n 400000 -r 200000 -d 64 -c 50 -P 16 -q >/dev/null
+    measured=(HGET myhash 'element:__rand_int__')
+else
+    redis-benchmark -p "$port" -t set -n 400000 -r 200000 -d 64 -c 50 -P 16 -q >/dev/null
+    measured=(-t "$test")
+fi
 cpu() { awk '{ print $14 + $15 }' "/proc/$pid/stat"; }
 ticks=$(getconf CLK_TCK)
 before=$(cpu)
 n=${N:-1000000}
-rps=$(redis-benchmark -p "$port" -t "${TEST:-get}" -n "$n" -r 200000 -d 64 -c "${C:-50}" \
-    -P "$pipeline" -q | tr '\r' '\n' | awk '/per second/ { print $2 }')
+rps=$(redis-benchmark -p "$port" -n "$n" -r 200000 -d 64 -c "${C:-50}" -P "$pipeline" -q \
+    "${measured[@]}" | tr '\r' '\n' | awk '/requests per second/ { for (i = 1; i < NF; i++) if ($(i + 1) == "requests") print $i }')
 after=$(cpu)
-python3 -c "print(f'$server $* -P $pipeline ${TEST:-get}: {float($rps):,.0f} requests/s, ' \
+python3 -c "print(f'$server $* -P $pipeline $test: {float($rps):,.0f} requests/s, ' \
     f'{($after - $before) / $ticks * 1e6 / $n:.2f} µs of server CPU per request')"
