@@ -202,8 +202,9 @@ pub struct Stats {
     /// refused a write): a crash now restarts cold. A full table heals once DRAM has
     /// written enough down for every dirty key to fit again.
     pub crash_journal_incomplete: bool,
-    /// Marks that found the shadow table full (each left it incomplete until a heal):
-    /// many mean `crash_journal_bytes` is too small for the objects DRAM holds.
+    /// Marks that found the shadow table full while it was whole or a heal watched
+    /// (each left it incomplete until a heal; while it is incomplete, writes do not
+    /// mark): many mean `crash_journal_bytes` is too small for the objects DRAM holds.
     pub crash_journal_overflows: u64,
     /// Times a full shadow table healed.
     pub crash_journal_heals: u64,

@@ -98,22 +98,27 @@ impl Inner {
     }
 
     /// A shadow table that overflowed (a crash would restart cold) is trusted again once
-    /// every key it must name is in it: while it has room, DRAM's dirty keys that the SSD
-    /// may hold are marked again (`DramTier::remark_dirty`), and the table heals unless a
-    /// mark found no room meanwhile. How many of DRAM's dirty keys need a mark only the
-    /// walk finds out, so a walk that ran out of room makes the next look wait longer.
+    /// every key it must name is in it: while it has room, a heal begins (writes mark
+    /// their keys again), DRAM's dirty keys that the SSD may hold are marked again
+    /// (`DramTier::remark_dirty`), and the table heals unless a mark found no room
+    /// meanwhile. How many of DRAM's dirty keys need a mark only the walk finds out, so a
+    /// walk that ran out of room makes the next look wait longer.
     fn heal_shadow(&self) -> Healing {
         let Some(shadow) = &self.shadow else {
             return Healing::Done;
         };
-        let Some(seen) = shadow.overflowed() else {
+        if !shadow.overflowed() {
             return Healing::Done;
-        };
+        }
         // Within three quarters of the table: two-choice buckets fill unevenly past that.
         if shadow.len() * 4 > shadow.capacity() * 3 {
             return Healing::Futile;
         }
-        if self.dram.remark_dirty(self.now()) && shadow.heal(seen) {
+        let Some(watching) = shadow.begin_heal() else {
+            return Healing::Futile;
+        };
+        let marked = self.dram.remark_dirty(self.now());
+        if shadow.finish_heal(watching, marked) {
             Healing::Done
         } else {
             Healing::Futile

@@ -1,14 +1,15 @@
 //! The DRAM tier's marks in the crash journal's shadow table (`restart/shadow.rs`): a
 //! write marks its key if the SSD tier may hold it (`Marking`); and marking every dirty
 //! object's key again, so that a table which overflowed (`INCOMPLETE`) can be trusted
-//! once more (`Shadow::heal`).
+//! once more (`Shadow::finish_heal`).
 //!
 //! Thread: the housekeeper's (`cache/background.rs`). The walk goes through the key space
 //! in order, one leaf at a time, locked shared, so no write or eviction of the leaf runs
 //! while its keys are marked. A key never leaves its place in the key space: whatever
 //! leaf holds it later (a split, a share), the walk either passed it — and marked it
-//! under the lock — or reaches it still. Every write after the walk passed a key marks it
-//! itself (`append_locked`), or finds no room, which `Shadow::heal` then sees.
+//! under the lock — or reaches it still. The heal began before the walk (`begin_heal`),
+//! so every write after the walk passed a key marks it itself (`append_locked`), or
+//! finds no room, which `Shadow::finish_heal` then sees.
 
 use std::sync::Arc;
 
@@ -71,7 +72,7 @@ mod tests {
     use super::super::test_support::{EveryKey, key, settings, tier_with};
     use super::MayBeOnFlash;
     use crate::record::Meta;
-    use crate::restart::shadow::{INCOMPLETE, Shadow};
+    use crate::restart::shadow::{HEALING, INCOMPLETE, Shadow};
 
     /// Values written here and tombstones are dirty; a third of the values are clean
     /// copies (promotions), and every seventh key is deleted after.
@@ -152,17 +153,19 @@ mod tests {
         let shadow = Arc::new(Shadow::in_memory(4, &[]));
         let dram = dram.with_shadow(shadow.clone(), Arc::new(EveryKey));
         fill(&dram);
-        let seen = shadow
-            .overflowed()
-            .expect("200 dirty keys in 32 slots overflow");
+        assert!(shadow.overflowed(), "200 dirty keys in 32 slots overflow");
+        let watching = shadow.begin_heal().unwrap();
         assert!(
             !dram.remark_dirty(0),
             "the table still has no room for them"
         );
-        let now = shadow.overflowed().unwrap();
-        assert!(now > seen, "the walk's marks found no room either");
-        assert!(!shadow.heal(seen));
-        assert_ne!(shadow.flags() & INCOMPLETE, 0);
+        assert_ne!(
+            shadow.flags(),
+            watching,
+            "the walk's marks found no room either"
+        );
+        assert!(!shadow.finish_heal(watching, false));
+        assert_eq!(shadow.flags() & (INCOMPLETE | HEALING), INCOMPLETE);
     }
 
     /// Emptied (as the evictions that write keys down empty it) and marked again, the
@@ -177,15 +180,40 @@ mod tests {
             shadow.clear(&key(i));
         }
         shadow.set_flag(INCOMPLETE, true);
-        let seen = shadow.overflowed().unwrap();
+        assert!(!dram.remark_dirty(0), "no heal watches: nothing is marked");
+        assert!((0..300u32).all(|i| !shadow.contains(&key(i))));
+        let watching = shadow.begin_heal().unwrap();
         assert!(dram.remark_dirty(0));
         for i in 0..300u32 {
             let dirty = i % 3 != 0 || i % 7 == 0;
             assert_eq!(shadow.contains(&key(i)), dirty, "key {i}");
         }
-        assert!(shadow.heal(seen));
-        assert_eq!(shadow.overflowed(), None);
+        assert!(shadow.finish_heal(watching, true));
+        assert!(!shadow.overflowed());
+        assert_eq!(shadow.flags() & HEALING, 0);
         assert_eq!(shadow.heals(), 1);
+    }
+
+    /// While the table is incomplete and no heal watches, writes leave it as it is; from
+    /// the start of a heal they mark again, so that a write the walk already passed is
+    /// in the table when the heal ends.
+    #[test]
+    fn writes_mark_again_once_a_heal_begins() {
+        let (dram, _) = tier_with(settings(256));
+        let shadow = Arc::new(Shadow::in_memory(1 << 8, &[]));
+        let dram = dram.with_shadow(shadow.clone(), Arc::new(EveryKey));
+        shadow.set_flag(INCOMPLETE, true);
+        let put = |i: u32| dram.put_with(&key(i), Some(b"v"), Meta::default(), None, 0, |_| ());
+        put(1);
+        assert!(!shadow.contains(&key(1)));
+        let watching = shadow.begin_heal().unwrap();
+        assert!(shadow.begin_heal().is_none(), "one heal at a time");
+        assert!(dram.remark_dirty(0));
+        put(2);
+        assert!(shadow.contains(&key(1)) && shadow.contains(&key(2)));
+        assert!(shadow.finish_heal(watching, true));
+        put(3);
+        assert!(shadow.contains(&key(3)), "a whole table takes every mark");
     }
 
     /// A medium value promoted as a clean copy, then ended by an expire (a write of the

@@ -18,10 +18,14 @@
 //! mark first looks in both. An empty slot is 0. No tombstones: a clear empties the
 //! slot, and every look reads both whole buckets. A key that finds both buckets full is
 //! not recorded: the table says so ([`INCOMPLETE`]), and a crash while it says so
-//! restarts cold. The state heals: once the table has room again, the housekeeper marks
-//! every dirty DRAM object's key again (`DramTier::remark_dirty`), and if no mark failed
-//! meanwhile the flag goes (`heal`). A burst of new keys that overflows the table costs a
-//! crash-warm restart only until DRAM has written it down.
+//! restarts cold. Writes then stop marking (`mark`): what the table holds no longer
+//! decides anything until a heal, and a mark that scans two full buckets and counts its
+//! failure in the shared header word cost 2.5 % of the server's CPU in a fill. The state
+//! heals: once the table has room again, the housekeeper starts a heal ([`HEALING`]:
+//! writes mark again), marks every dirty DRAM object's key again
+//! (`DramTier::remark_dirty`), and if no mark failed meanwhile the flag goes
+//! (`finish_heal`). A burst of new keys that overflows the table costs a crash-warm
+//! restart only until DRAM has written it down.
 //!
 //! Thread: marks run on writers' threads, clears on the flusher's, reads on GETs';
 //! the fingerprint's owner is whoever holds the key's DRAM leaf lock, so two marks or a
@@ -50,8 +54,12 @@ pub(crate) const FLUSHING: u64 = 2;
 /// Set when BT_SSD's descriptor log could not be written: it no longer describes the
 /// tier, so a crash must start cold, for the rest of the run.
 pub(crate) const UNLOGGED: u64 = 4;
-/// Added to the header's flags word by each mark that found no room (its high 32 bits
-/// count them, wrapping), together with [`INCOMPLETE`].
+/// Set, with [`INCOMPLETE`], while a heal walks DRAM (`begin_heal`): writes mark their
+/// keys again, and the first that finds no room clears it.
+pub(crate) const HEALING: u64 = 8;
+/// Added to the header's flags word by each mark that found no room while the table was
+/// whole or a heal watched (its high 32 bits count them, wrapping), together with
+/// [`INCOMPLETE`].
 const FAILED_MARK: u64 = 1 << 32;
 /// The flags under which a crashed run's table is not trusted.
 pub(crate) const UNTRUSTED: u64 = INCOMPLETE | FLUSHING | UNLOGGED;
@@ -276,9 +284,16 @@ impl Shadow {
     }
 
     /// Records that `key`'s flash version, if any, is older than DRAM's state of it;
-    /// false if it found no room (the table is then [`INCOMPLETE`]). Called under the
-    /// key's DRAM leaf lock, before the write is visible.
+    /// false if it is not recorded: it found no room (the table is then [`INCOMPLETE`]),
+    /// or the table is incomplete and no heal watches, so that a crash starts cold
+    /// whatever it holds and the next heal marks the key again. Called under the key's
+    /// DRAM leaf lock, before the write is visible: a heal that began before the lock was
+    /// taken is seen here, and one that begins after walks the key's leaf after it.
     pub(crate) fn mark(&self, key: &[u8]) -> bool {
+        let flags = self.words()[FLAGS].load(Ordering::Acquire);
+        if flags & (INCOMPLETE | HEALING) == INCOMPLETE {
+            return false;
+        }
         self.mark_fingerprint(fingerprint(key))
     }
 
@@ -318,44 +333,64 @@ impl Shadow {
         }
         self.overflows.fetch_add(1, Ordering::Relaxed);
         // The flag and the count of marks that found no room move in one step: a heal
-        // that began before this failure then finds the word changed (`heal`).
+        // that began before this failure then finds the word changed (`finish_heal`),
+        // and writes stop marking until the next one.
         let _ = self.words()[FLAGS].fetch_update(Ordering::AcqRel, Ordering::Acquire, |w| {
-            Some(w.wrapping_add(FAILED_MARK) | INCOMPLETE)
+            Some((w.wrapping_add(FAILED_MARK) | INCOMPLETE) & !HEALING)
         });
         false
     }
 
-    /// While the table is [`INCOMPLETE`], the header's flags word as it is now; `heal`
-    /// takes it back.
-    pub(crate) fn overflowed(&self) -> Option<u64> {
-        let word = self.words()[FLAGS].load(Ordering::Acquire);
-        (word & INCOMPLETE != 0).then_some(word)
+    /// Whether the table is [`INCOMPLETE`].
+    pub(crate) fn overflowed(&self) -> bool {
+        self.flags() & INCOMPLETE != 0
     }
 
-    /// Clears [`INCOMPLETE`] after every dirty DRAM object's key was marked again, unless
-    /// the flags word moved since `overflowed` said `seen` — a mark that found no room
-    /// counts in it —: true if it did.
-    pub(crate) fn heal(&self, seen: u64) -> bool {
-        let healed = self.words()[FLAGS]
-            .compare_exchange(
-                seen,
-                seen & !INCOMPLETE,
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            )
-            .is_ok();
+    /// Starts a heal of an [`INCOMPLETE`] table: from now on writes mark their keys
+    /// again ([`HEALING`]). The flags word as it is then, which `finish_heal` must find
+    /// unchanged; `None` if the table is whole or a heal is under way.
+    pub(crate) fn begin_heal(&self) -> Option<u64> {
+        let flags = &self.words()[FLAGS];
+        let seen = flags.load(Ordering::Acquire);
+        if seen & (INCOMPLETE | HEALING) != INCOMPLETE {
+            return None;
+        }
+        let watching = seen | HEALING;
+        flags
+            .compare_exchange(seen, watching, Ordering::AcqRel, Ordering::Acquire)
+            .ok()
+            .map(|_| watching)
+    }
+
+    /// Ends the heal `begin_heal` started (`watching`, the flags word it returned): if
+    /// every dirty DRAM object's key was marked again (`marked`) and the word did not
+    /// move since — a mark that found no room moves it —, [`INCOMPLETE`] goes, and true;
+    /// otherwise the table stays incomplete and writes stop marking again.
+    pub(crate) fn finish_heal(&self, watching: u64, marked: bool) -> bool {
+        let flags = &self.words()[FLAGS];
+        let healed = marked
+            && flags
+                .compare_exchange(
+                    watching,
+                    watching & !(INCOMPLETE | HEALING),
+                    Ordering::AcqRel,
+                    Ordering::Acquire,
+                )
+                .is_ok();
         if healed {
             self.heals.fetch_add(1, Ordering::Relaxed);
+        } else {
+            flags.fetch_and(!HEALING, Ordering::AcqRel);
         }
         healed
     }
 
-    /// Marks that found no room, ever.
+    /// Marks that found no room, ever (while the table was whole or a heal watched).
     pub(crate) fn overflows(&self) -> u64 {
         self.overflows.load(Ordering::Relaxed)
     }
 
-    /// Times the table healed (`heal`).
+    /// Times the table healed (`finish_heal`).
     pub(crate) fn heals(&self) -> u64 {
         self.heals.load(Ordering::Relaxed)
     }
