@@ -68,9 +68,8 @@ thread_local! {
 /// (`commandTimeSnapshot`). A server request then reads the clock once, not once per
 /// engine call (a clock read costs tens of nanoseconds on a virtual machine, and an
 /// HSET or HGET of a large hash's field makes three or four), and not at all if nothing
-/// asks. A pin made while one lives keeps
-/// the outer one's instant. Other threads, and the engine's own, read the clock as it
-/// runs.
+/// asks. A pin made while one lives keeps the outer one's instant. Other threads, and
+/// the engine's own, read the clock as it runs.
 #[must_use = "the time is pinned only while the guard lives"]
 pub struct PinnedNow {
     outermost: bool,

@@ -3,12 +3,11 @@
 //! with versions the engine assigned, the sub-pages that no buffered key hashes to are
 //! copied as they are, and only the others are walked and written again, each write
 //! replacing its key's record (the one record decoded whole) or joining the sub-page in
-//! key order. The page that comes
-//! out is the one the whole merge (`merge_locked`) builds, byte for byte, so a leaf
-//! takes this way only where that is certain: its CAS base stays (no replaced record
-//! holds it), the records copied are inline values without an expiry (a merge drops
-//! expired ones), its sub-pages hold their keys in order, and the objects still fit one
-//! page. Anything else merges whole.
+//! key order. The page that comes out is the one the whole merge (`merge_locked`)
+//! builds, byte for byte, so a leaf takes this way only where that is certain: its CAS
+//! base stays (no replaced record holds it), the records copied are inline values
+//! without an expiry (a merge drops expired ones), its sub-pages hold their keys in
+//! order, and the objects still fit one page. Anything else merges whole.
 //!
 //! In a SET load of 64-byte values over 200,000 keys, parsing every record of the page
 //! into the merge's objects and encoding them again took most of the merger's CPU
